@@ -1,0 +1,1 @@
+"""mvc_hooks: training-loop integration for mvc (imports only mvc's public API)."""

@@ -1,0 +1,6 @@
+"""The ``mvc`` command line: one module per group of commands."""
+
+from .base import main
+from . import core  # noqa: F401  (registers init, commit, log, show, checkout, branch, tag, status)
+
+__all__ = ["main"]

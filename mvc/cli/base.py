@@ -1,0 +1,102 @@
+"""The ``mvc`` command group and what every command shares.
+
+Commands parse options, call one API function, and render its result. Only
+this package prints. Expected errors (``MvcError``, OS errors such as a full
+disk) become one line on stderr and exit 1; usage errors exit 2; no Python
+traceback reaches the user for them.
+"""
+
+import dataclasses
+import json
+import sys
+
+import click
+
+from ..errors import MvcError
+
+
+class Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except MvcError as exc:
+            fail(str(exc))
+        except OSError as exc:
+            fail(f"{exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}")
+        except KeyboardInterrupt:
+            click.echo("mvc: interrupted", err=True)
+            sys.exit(130)
+
+
+def fail(message: str, code: int = 1):
+    click.echo(f"mvc: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mvc", prog_name="mvc")
+@click.option("-C", "directory", default=".", metavar="PATH", help="Run as if started in PATH.")
+@click.pass_context
+def main(ctx, directory):
+    """mvc: Git for model checkpoints."""
+    ctx.obj = directory
+
+
+def open_repo():
+    """The repository the command runs in (``-C`` or the current directory)."""
+    from .. import Repository
+    return Repository.open(click.get_current_context().find_root().obj or ".")
+
+
+def to_jsonable(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return out
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)
+    return value
+
+
+def echo_json(value) -> None:
+    click.echo(json.dumps(to_jsonable(value), indent=2, sort_keys=False))
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def progress_bar(total: int, label: str):
+    """A click progress bar on a terminal (stderr); a no-op when piped."""
+    if not sys.stderr.isatty() or total <= 0:
+        return None
+    return click.progressbar(length=total, label=label, file=sys.stderr)
+
+
+def parse_pairs(pairs, what: str) -> dict:
+    """``k=v`` options into a dict; values become int, float, bool or stay text."""
+    out = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint=what)
+        out[key] = parse_value(raw)
+    return out
+
+
+def parse_value(raw: str):
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(raw.lower(), raw)

@@ -1,0 +1,62 @@
+"""The errors mvc raises.
+
+Every expected failure is an ``MvcError``; subclasses say what went wrong.
+Messages name the object involved and say what to do about it. Only the CLI
+maps these to exit codes.
+"""
+
+
+class MvcError(Exception):
+    """Root of every error mvc raises on purpose."""
+
+
+class NotARepository(MvcError):
+    """No ``.mvc`` directory was found where one was expected."""
+
+
+class RepositoryExists(MvcError):
+    """``init`` was asked to create a repository where one already is."""
+
+
+class UnknownRevision(MvcError):
+    """A revision names no commit, branch or tag."""
+
+
+class AmbiguousRevision(MvcError):
+    """An id prefix matches more than one commit."""
+
+
+class ObjectNotFound(MvcError):
+    """An object or chunk the index should hold is missing."""
+
+
+class CorruptObject(MvcError):
+    """Stored bytes do not decode, or do not match their id."""
+
+
+class ChecksumMismatch(CorruptObject):
+    """A chunk's bytes do not hash to its id."""
+
+
+class RefConflict(MvcError):
+    """A ref moved between reading it and updating it (compare-and-swap failed)."""
+
+
+class LockHeld(MvcError):
+    """Someone else holds the write lock that is needed."""
+
+
+class ProtectedRef(MvcError):
+    """A protected ref would be moved or deleted without ``force``."""
+
+
+class InvalidRefName(MvcError):
+    """A branch or tag name breaks the ref-name rules."""
+
+
+class UnsupportedFormat(MvcError):
+    """The repository uses a format version or extension this mvc does not know."""
+
+
+class BadInput(MvcError):
+    """A state or an input file cannot be stored (unsupported object, bad file)."""

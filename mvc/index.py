@@ -1,0 +1,209 @@
+"""The index: one LMDB environment holding everything small and transactional.
+
+Named databases (``docs/format.md`` gives keys and values exactly):
+
+- ``chunks``   chunk id -> Location (pack name, offset, length); derived data,
+  rebuildable from the packs' trailers
+- ``tensors``, ``trees``, ``commits``   object id -> canonical encoding
+- ``refs``     ref name -> direct (id + flags) or symbolic (target name)
+- ``reflog``   ref name, NUL, sequence number -> encoded entry
+- ``locks``    branch name -> encoded lock holder
+- ``meta``     repository settings (``chunk_size``)
+
+Only one process writes at a time (LMDB's writer lock); readers never
+block. This is the only module that imports ``lmdb``.
+"""
+
+import struct
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import lmdb
+
+from . import encoding
+from .errors import CorruptObject, MvcError
+from .packs import Location
+
+OBJECT_KINDS = ("tensors", "trees", "commits")
+DB_NAMES = ("chunks",) + OBJECT_KINDS + ("refs", "reflog", "locks", "meta")
+_LOCATION = struct.Struct("<16sQI")
+_SEQ = struct.Struct(">Q")
+DIRECT, SYMBOLIC = 0, 1
+FLAG_PROTECTED = 1
+MAP_SIZE = 1 << 36  # address space only; the file grows as it is used
+
+
+@dataclass(frozen=True)
+class RefValue:
+    """A ref: either direct (``id``) or symbolic (``target``, a ref name)."""
+
+    id: Optional[bytes] = None
+    target: Optional[str] = None
+    protected: bool = False
+
+
+def _encode_ref(value: RefValue) -> bytes:
+    if value.target is not None:
+        return bytes([SYMBOLIC]) + value.target.encode()
+    return bytes([DIRECT]) + value.id + bytes([FLAG_PROTECTED if value.protected else 0])
+
+
+def _decode_ref(name: str, raw: bytes) -> RefValue:
+    if raw[:1] == bytes([SYMBOLIC]):
+        return RefValue(target=raw[1:].decode("utf-8", "replace"))
+    if raw[:1] == bytes([DIRECT]) and len(raw) == 34:
+        return RefValue(id=raw[1:33], protected=bool(raw[33] & FLAG_PROTECTED))
+    raise CorruptObject(f"ref {name!r} has a damaged value in the index")
+
+
+def _location(raw: bytes) -> Location:
+    if len(raw) != _LOCATION.size:
+        raise CorruptObject("a chunk location in the index is damaged")
+    return Location(*_LOCATION.unpack(raw))
+
+
+class Txn:
+    """One LMDB transaction, speaking in mvc's types."""
+
+    def __init__(self, txn, dbs: dict):
+        self._txn = txn
+        self._dbs = dbs
+
+    # chunks
+    def chunk(self, cid: bytes) -> Optional[Location]:
+        raw = self._txn.get(cid, db=self._dbs["chunks"])
+        return None if raw is None else _location(raw)
+
+    def put_chunk(self, cid: bytes, loc: Location, overwrite: bool = False) -> bool:
+        raw = _LOCATION.pack(loc.pack, loc.offset, loc.length)
+        return self._txn.put(cid, raw, db=self._dbs["chunks"], overwrite=overwrite)
+
+    def delete_chunk(self, cid: bytes) -> None:
+        self._txn.delete(cid, db=self._dbs["chunks"])
+
+    def chunks(self) -> Iterator[tuple]:
+        for key, raw in self._txn.cursor(db=self._dbs["chunks"]):
+            yield key, _location(raw)
+
+    def drop_chunks(self) -> None:
+        """Empty the chunk index (before rebuilding it from packs)."""
+        self._txn.drop(self._dbs["chunks"], delete=False)
+
+    # objects
+    def get(self, kind: str, oid: bytes) -> Optional[bytes]:
+        return self._txn.get(oid, db=self._dbs[kind])
+
+    def put(self, kind: str, oid: bytes, data: bytes) -> bool:
+        """Store an object; False if it was already there (ids are content)."""
+        return self._txn.put(oid, data, db=self._dbs[kind], overwrite=False)
+
+    def delete(self, kind: str, oid: bytes) -> None:
+        self._txn.delete(oid, db=self._dbs[kind])
+
+    def ids(self, kind: str, prefix: bytes = b"") -> Iterator[bytes]:
+        cursor = self._txn.cursor(db=self._dbs[kind])
+        if not cursor.set_range(prefix):
+            return
+        for key in cursor.iternext(keys=True, values=False):
+            if not key.startswith(prefix):
+                return
+            yield key
+
+    # refs
+    def ref(self, name: str) -> Optional[RefValue]:
+        raw = self._txn.get(name.encode(), db=self._dbs["refs"])
+        return None if raw is None else _decode_ref(name, raw)
+
+    def set_ref(self, name: str, value: RefValue) -> None:
+        self._txn.put(name.encode(), _encode_ref(value), db=self._dbs["refs"])
+
+    def delete_ref(self, name: str) -> None:
+        self._txn.delete(name.encode(), db=self._dbs["refs"])
+
+    def refs(self, prefix: str = "") -> Iterator[tuple]:
+        for key in self.ids("refs", prefix.encode()):
+            name = key.decode("utf-8", "replace")
+            yield name, _decode_ref(name, self._txn.get(key, db=self._dbs["refs"]))
+
+    # reflog
+    def append_reflog(self, name: str, entry: dict) -> None:
+        prefix = name.encode() + b"\x00"
+        cursor = self._txn.cursor(db=self._dbs["reflog"])
+        found = cursor.set_range(name.encode() + b"\x01")
+        found = cursor.prev() if found else cursor.last()
+        seq = 0
+        if found and cursor.key().startswith(prefix):
+            seq = _SEQ.unpack(cursor.key()[len(prefix):])[0] + 1
+        self._txn.put(prefix + _SEQ.pack(seq), encoding.pack(entry), db=self._dbs["reflog"])
+
+    def reflog(self, name: Optional[str] = None) -> Iterator[tuple]:
+        """(ref name, sequence, entry) in order, for one ref or all."""
+        prefix = b"" if name is None else name.encode() + b"\x00"
+        for key in self.ids("reflog", prefix):
+            ref, _, seq = key.rpartition(b"\x00")
+            raw = self._txn.get(key, db=self._dbs["reflog"])
+            yield ref.decode("utf-8", "replace"), _SEQ.unpack(seq)[0], encoding.unpack(raw, "reflog entry")
+
+    def delete_reflog(self, name: str, seq: int) -> None:
+        self._txn.delete(name.encode() + b"\x00" + _SEQ.pack(seq), db=self._dbs["reflog"])
+
+    # locks
+    def lock(self, name: str) -> Optional[dict]:
+        raw = self._txn.get(name.encode(), db=self._dbs["locks"])
+        return None if raw is None else encoding.unpack(raw, f"lock on {name!r}")
+
+    def put_lock(self, name: str, holder: dict) -> None:
+        self._txn.put(name.encode(), encoding.pack(holder), db=self._dbs["locks"])
+
+    def delete_lock(self, name: str) -> None:
+        self._txn.delete(name.encode(), db=self._dbs["locks"])
+
+    def locks(self) -> Iterator[tuple]:
+        for key in self.ids("locks"):
+            name = key.decode("utf-8", "replace")
+            yield name, self.lock(name)
+
+    # meta
+    def meta(self, key: str) -> Optional[bytes]:
+        return self._txn.get(key.encode(), db=self._dbs["meta"])
+
+    def put_meta(self, key: str, value: bytes) -> None:
+        self._txn.put(key.encode(), value, db=self._dbs["meta"])
+
+
+class Index:
+    """The LMDB environment of one repository, opened once per process."""
+
+    def __init__(self, path: Path, create: bool = False):
+        try:
+            self.env = lmdb.open(str(path), subdir=True, create=create, max_dbs=len(DB_NAMES),
+                                 map_size=MAP_SIZE, readahead=False, meminit=False)
+            self.dbs = {n: self.env.open_db(n.encode(), create=create) for n in DB_NAMES}
+        except lmdb.Error as exc:
+            raise CorruptObject(f"the index at {path} cannot be opened ({exc}); "
+                                "run 'mvc fsck --rebuild-index' if the packs are intact") from None
+
+    @contextmanager
+    def read(self) -> Iterator[Txn]:
+        with self._errors(), self.env.begin(write=False, buffers=False) as txn:
+            yield Txn(txn, self.dbs)
+
+    @contextmanager
+    def write(self) -> Iterator[Txn]:
+        """A write transaction: committed (durably) if the block succeeds, else aborted."""
+        with self._errors(), self.env.begin(write=True) as txn:
+            yield Txn(txn, self.dbs)
+
+    @contextmanager
+    def _errors(self):
+        try:
+            yield
+        except lmdb.MapFullError:
+            raise MvcError("the index is full (64 GiB); run 'mvc gc' to prune it") from None
+        except lmdb.Error as exc:
+            raise CorruptObject(f"the index failed: {exc}") from None
+
+    def close(self) -> None:
+        self.env.close()

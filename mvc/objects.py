@@ -1,0 +1,221 @@
+"""The objects mvc stores, and their canonical encodings.
+
+- **tensor**: dtype, shape, the chunk size it was split with, and the ids of
+  its chunks (runs of at most ``chunk_size`` bytes of its raw little-endian
+  data, starting at its first byte).
+- **tree**: the structure of a state. Dicts (str or int keys), lists,
+  tuples and plain values (None, bool, int, float, str, bytes) are kept as
+  they are; each tensor is a ``TensorLeaf`` naming a tensor object.
+- **commit**: tree id, parent ids, message, author, time and the training
+  record (step, epoch, metrics, context).
+
+Each object encodes itself as a canonical msgpack map with a ``type`` field
+(see ``docs/format.md``); its id is the BLAKE3 digest of those bytes. Each
+``decode`` checks what it reads and raises only ``CorruptObject``.
+"""
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from . import dtypes, encoding, hashing
+from .encoding import Ext
+from .errors import CorruptObject
+
+ID_SIZE = hashing.DIGEST_SIZE
+EXT_TUPLE = 1
+EXT_TENSOR = 2
+EXT_SHARED_TENSOR = 3
+MAX_DIMS = 64
+
+
+def object_id(data: bytes) -> bytes:
+    return hashing.digest(data)
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise CorruptObject(what)
+
+
+def _is_id(value) -> bool:
+    return type(value) is bytes and len(value) == ID_SIZE
+
+
+def _decode_map(data: bytes, kind: str) -> dict:
+    value = encoding.unpack(data, f"{kind} object")
+    _check(type(value) is dict, f"{kind} object is not a map")
+    _check(value.get("type") == kind, f"object is not a {kind} (type {value.get('type')!r})")
+    return value
+
+
+def _fields(value: dict, kind: str, names: set) -> None:
+    _check(set(value) == names, f"{kind} object has fields {sorted(map(str, value))}, expected {sorted(names)}")
+
+
+@dataclass(frozen=True)
+class TensorObject:
+    dtype: str
+    shape: tuple
+    chunk_size: int
+    chunks: tuple
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * dtypes.itemsize(self.dtype)
+
+    def chunk_spans(self) -> Iterator[tuple]:
+        """(chunk id, byte offset in the tensor, length) for each chunk."""
+        total = self.nbytes
+        for i, cid in enumerate(self.chunks):
+            start = i * self.chunk_size
+            yield cid, start, min(self.chunk_size, total - start)
+
+    def encode(self) -> bytes:
+        return encoding.pack({
+            "type": "tensor", "dtype": self.dtype, "shape": list(self.shape),
+            "chunk_size": self.chunk_size, "chunks": list(self.chunks),
+        })
+
+    @classmethod
+    def decode(cls, data: bytes) -> "TensorObject":
+        v = _decode_map(data, "tensor")
+        _fields(v, "tensor", {"type", "dtype", "shape", "chunk_size", "chunks"})
+        dtype, shape, size, chunks = v["dtype"], v["shape"], v["chunk_size"], v["chunks"]
+        dtypes.torch_dtype(dtype)
+        _check(type(shape) is list and len(shape) <= MAX_DIMS, "tensor shape is not a list of dims")
+        _check(all(type(d) is int and d >= 0 for d in shape), "tensor shape has a bad dimension")
+        _check(type(size) is int and size > 0, "tensor chunk_size is not a positive int")
+        _check(type(chunks) is list and all(_is_id(c) for c in chunks), "tensor chunks are not ids")
+        obj = cls(dtype, tuple(shape), size, tuple(chunks))
+        _check(len(chunks) == -(-obj.nbytes // size), "tensor chunk count does not match its size")
+        return obj
+
+
+@dataclass(frozen=True)
+class TensorLeaf:
+    """A tensor in a tree. Leaves with the same ``group`` share storage."""
+
+    id: bytes
+    group: Any = None
+
+
+def _encode_node(node) -> Any:
+    if isinstance(node, TensorLeaf):
+        if node.group is None:
+            return Ext(EXT_TENSOR, node.id)
+        return Ext(EXT_SHARED_TENSOR, node.id + struct.pack(">I", node.group))
+    if type(node) is tuple:
+        return Ext(EXT_TUPLE, encoding.pack([_encode_node(v) for v in node]))
+    if type(node) is list:
+        return [_encode_node(v) for v in node]
+    if type(node) is dict:
+        return {k: _encode_node(v) for k, v in node.items()}
+    return node
+
+
+_PLAIN = (type(None), bool, int, float, str, bytes)
+
+
+def _decode_node(node) -> Any:
+    t = type(node)
+    if t in _PLAIN:
+        return node
+    if t is list:
+        return [_decode_node(v) for v in node]
+    if t is dict:
+        _check(all(type(k) in (int, str) for k in node), "tree has a map key that is not str or int")
+        return {k: _decode_node(v) for k, v in node.items()}
+    if t is Ext:
+        if node.code == EXT_TUPLE:
+            inner = encoding.unpack(node.data, "tuple in tree")
+            _check(type(inner) is list, "tuple in tree is not an array")
+            return tuple(_decode_node(v) for v in inner)
+        if node.code == EXT_TENSOR:
+            _check(len(node.data) == ID_SIZE, "tensor leaf has a bad id")
+            return TensorLeaf(node.data)
+        if node.code == EXT_SHARED_TENSOR:
+            _check(len(node.data) == ID_SIZE + 4, "shared tensor leaf has a bad payload")
+            return TensorLeaf(node.data[:ID_SIZE], struct.unpack(">I", node.data[ID_SIZE:])[0])
+    raise CorruptObject(f"tree holds an unknown value ({t.__name__})")
+
+
+@dataclass(frozen=True)
+class TreeObject:
+    root: Any
+
+    def encode(self) -> bytes:
+        return encoding.pack({"type": "tree", "root": _encode_node(self.root)})
+
+    @classmethod
+    def decode(cls, data: bytes) -> "TreeObject":
+        v = _decode_map(data, "tree")
+        _fields(v, "tree", {"type", "root"})
+        try:
+            return cls(_decode_node(v["root"]))
+        except RecursionError:
+            raise CorruptObject("tree object is nested too deeply") from None
+
+
+def walk(node, path=()) -> Iterator[tuple]:
+    """(key path, leaf) for every tensor leaf and plain value, in key order."""
+    if type(node) is dict:
+        for k in sorted(node, key=encoding.key_order):
+            yield from walk(node[k], path + (k,))
+    elif type(node) in (list, tuple):
+        for i, v in enumerate(node):
+            yield from walk(v, path + (i,))
+    else:
+        yield path, node
+
+
+def format_path(path: tuple) -> str:
+    """A key path as users see it: keys joined with dots."""
+    return ".".join(str(k) for k in path)
+
+
+_COMMIT_FIELDS = {"type", "tree", "parents", "message", "author", "time",
+                  "step", "epoch", "metrics", "context"}
+
+
+@dataclass(frozen=True)
+class CommitObject:
+    tree: bytes
+    parents: tuple
+    message: str
+    author: str
+    time: int  # microseconds since the Unix epoch, UTC
+    step: Any = None
+    epoch: Any = None
+    metrics: dict = field(default_factory=dict)
+    context: dict = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return encoding.pack({
+            "type": "commit", "tree": self.tree, "parents": list(self.parents),
+            "message": self.message, "author": self.author, "time": self.time,
+            "step": self.step, "epoch": self.epoch, "metrics": self.metrics,
+            "context": self.context,
+        })
+
+    @classmethod
+    def decode(cls, data: bytes) -> "CommitObject":
+        v = _decode_map(data, "commit")
+        _fields(v, "commit", _COMMIT_FIELDS)
+        _check(_is_id(v["tree"]), "commit tree is not an id")
+        _check(type(v["parents"]) is list and all(_is_id(p) for p in v["parents"]), "commit parents are not ids")
+        _check(type(v["message"]) is str and type(v["author"]) is str, "commit message or author is not text")
+        _check(type(v["time"]) is int, "commit time is not an int")
+        for name in ("step", "epoch"):
+            _check(v[name] is None or type(v[name]) is int, f"commit {name} is not an int")
+        metrics = v["metrics"]
+        _check(type(metrics) is dict and all(type(k) is str and type(x) in (int, float) for k, x in metrics.items()),
+               "commit metrics are not a map of numbers")
+        _check(type(v["context"]) is dict, "commit context is not a map")
+        return cls(v["tree"], tuple(v["parents"]), v["message"], v["author"], v["time"],
+                   v["step"], v["epoch"], metrics, v["context"])

@@ -1,0 +1,169 @@
+"""Pack files: append-only files of chunk records.
+
+A pack is written by one process, then sealed with a trailer that lists its
+records, so the index can be rebuilt from packs alone (``docs/format.md``
+gives every byte)::
+
+    header   b"MVCPACK1"
+    record   id (32) | length (u32 LE) | data (length bytes)   ... repeated
+    trailer  count (u32 LE) | count x [id (32) | offset (u64 LE) | length (u32 LE)]
+    footer   BLAKE3(trailer) (32) | trailer offset (u64 LE) | b"MVCSEAL1"
+
+A pack is written as ``pack-<name>.pack.tmp`` and renamed to
+``pack-<name>.pack`` only once sealed and fsynced: a ``.pack`` file is always
+complete, a ``.tmp`` file is a crash leftover that nothing references.
+"""
+
+import os
+import secrets
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import hashing
+from .errors import CorruptObject
+
+HEADER = b"MVCPACK1"
+SEAL = b"MVCSEAL1"
+RECORD_HEAD = struct.Struct("<32sI")
+ENTRY = struct.Struct("<32sQI")
+FOOTER = struct.Struct("<32sQ8s")
+NAME_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a chunk's bytes lie: pack name (16 bytes), data offset, length."""
+
+    pack: bytes
+    offset: int
+    length: int
+
+
+def pack_filename(name: bytes) -> str:
+    return f"pack-{name.hex()}.pack"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PackWriter:
+    """Appends chunk records to a new pack; ``seal`` makes it durable.
+
+    Call order: ``add`` any number of times, then ``seal`` once (or
+    ``abort``). Nothing is visible under a ``.pack`` name before ``seal``
+    returns; a writer that is never sealed leaves only a ``.tmp`` file.
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.name = secrets.token_bytes(NAME_BYTES)
+        self.tmp_path = self.directory / (pack_filename(self.name) + ".tmp")
+        self.fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.offset = 0
+        self.entries: list = []
+        self._write([HEADER])
+
+    def _write(self, buffers: list) -> None:
+        total = sum(len(b) for b in buffers)
+        written = os.writev(self.fd, buffers)
+        while written < total:  # short write: finish the rest plainly
+            rest = b"".join(bytes(b) for b in buffers)[written:]
+            written += os.write(self.fd, rest)
+        self.offset += total
+
+    def add(self, chunk_id: bytes, data) -> Location:
+        """Append one chunk record; returns where its data lies."""
+        mv = memoryview(data).cast("B")
+        self._write([RECORD_HEAD.pack(chunk_id, len(mv)), mv])
+        loc = Location(self.name, self.offset - len(mv), len(mv))
+        self.entries.append((chunk_id, loc.offset, loc.length))
+        return loc
+
+    def seal(self) -> Path:
+        """Write the trailer, fsync, and rename into place; returns the path."""
+        body = struct.pack("<I", len(self.entries)) + b"".join(ENTRY.pack(*e) for e in self.entries)
+        trailer_offset = self.offset
+        self._write([body, FOOTER.pack(hashing.digest(body), trailer_offset, SEAL)])
+        os.fsync(self.fd)
+        os.close(self.fd)
+        self.fd = None
+        final = self.directory / pack_filename(self.name)
+        os.rename(self.tmp_path, final)
+        fsync_dir(self.directory)
+        return final
+
+    def abort(self) -> None:
+        """Close and remove the unsealed file (best effort)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        try:
+            os.unlink(self.tmp_path)
+        except FileNotFoundError:
+            pass
+
+
+def read_trailer(path: Path) -> list:
+    """The (id, offset, length) entries a sealed pack lists; CorruptObject if damaged."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        if size < len(HEADER) + 4 + FOOTER.size or f.read(len(HEADER)) != HEADER:
+            raise CorruptObject(f"pack {path.name} has no valid header or is truncated")
+        f.seek(size - FOOTER.size)
+        digest, trailer_offset, seal = FOOTER.unpack(f.read(FOOTER.size))
+        body_len = size - FOOTER.size - trailer_offset
+        if seal != SEAL or not len(HEADER) <= trailer_offset or body_len < 4:
+            raise CorruptObject(f"pack {path.name} is not sealed (truncated or damaged trailer)")
+        f.seek(trailer_offset)
+        body = f.read(body_len)
+    if hashing.digest(body) != digest:
+        raise CorruptObject(f"pack {path.name} has a damaged trailer (checksum mismatch)")
+    (count,) = struct.unpack_from("<I", body)
+    if body_len != 4 + count * ENTRY.size:
+        raise CorruptObject(f"pack {path.name} trailer length does not match its count")
+    entries = [ENTRY.unpack_from(body, 4 + i * ENTRY.size) for i in range(count)]
+    for cid, offset, length in entries:
+        if offset < len(HEADER) + RECORD_HEAD.size or offset + length > trailer_offset:
+            raise CorruptObject(f"pack {path.name} lists a record outside its data")
+    return entries
+
+
+class PackReader:
+    """Reads chunk data from sealed packs by location; keeps files open."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self._fds: dict = {}
+
+    def _fd(self, name: bytes) -> int:
+        fd = self._fds.get(name)
+        if fd is None:
+            path = self.directory / pack_filename(name)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise CorruptObject(f"pack {path.name} is missing; run 'mvc fsck'") from None
+            fd = self._fds.setdefault(name, fd)
+        return fd
+
+    def read_into(self, loc: Location, buffer) -> None:
+        """Read a chunk's bytes into ``buffer`` (exactly ``loc.length`` bytes)."""
+        got = os.preadv(self._fd(loc.pack), [buffer], loc.offset)
+        if got != loc.length:
+            raise CorruptObject(f"pack {pack_filename(loc.pack)} is truncated at offset {loc.offset}")
+
+    def read(self, loc: Location) -> bytes:
+        buffer = bytearray(loc.length)
+        self.read_into(loc, buffer)
+        return bytes(buffer)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

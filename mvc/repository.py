@@ -1,0 +1,710 @@
+"""The repository: packs, index and refs tied together by transactions.
+
+Write order makes crashes harmless: chunks go to a new pack, the pack is
+sealed and fsynced, and only then does one LMDB write transaction index the
+chunks, store the tensor, tree and commit objects, and move the branch by
+compare-and-swap against the parent the commit was built on. A crash before
+that transaction leaves only unreferenced pack bytes. Every chunk read back
+is re-hashed and compared with its id.
+"""
+
+import getpass
+import math
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+import torch
+
+from . import dtypes, hashing, refs
+from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CorruptObject, InvalidRefName,
+                     MvcError, NotARepository, ObjectNotFound, ProtectedRef, RefConflict,
+                     RepositoryExists, UnknownRevision, UnsupportedFormat)
+from .index import Index, RefValue, Txn
+from .objects import CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id, walk
+from .packs import PackReader, PackWriter
+from .state import flatten, rebuild, tree_root
+
+MVC_DIR = ".mvc"
+FORMAT_VERSION = 1
+KNOWN_EXTENSIONS: frozenset = frozenset()
+DEFAULT_CHUNK_SIZE = 1 << 20
+BATCH_BYTES = 8 << 20  # work handed to one thread at a time: amortises task overhead
+THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class CommitStats:
+    """What a commit wrote: ``bytes_new`` went to a pack, the rest was reused."""
+
+    tensors: int
+    chunks: int
+    chunks_new: int
+    bytes_total: int
+    bytes_new: int
+
+    @property
+    def bytes_reused(self) -> int:
+        return self.bytes_total - self.bytes_new
+
+
+@dataclass(frozen=True)
+class Commit:
+    id: str
+    tree: str
+    parents: tuple
+    message: str
+    author: str
+    time: float  # seconds since the Unix epoch
+    step: Optional[int] = None
+    epoch: Optional[int] = None
+    metrics: dict = field(default_factory=dict)
+    context: dict = field(default_factory=dict)
+    stats: Optional[CommitStats] = None
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12]
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str
+    id: str
+    protected: bool = False
+
+
+@dataclass(frozen=True)
+class Head:
+    branch: Optional[str]  # None when HEAD is detached
+    id: Optional[str]  # None on a branch with no commits yet
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One leaf of a commit's tree: a tensor or a plain value."""
+
+    path: tuple
+    kind: str  # "tensor" or "value"
+    dtype: Optional[str] = None
+    shape: Optional[tuple] = None
+    nbytes: int = 0
+    tensor_id: Optional[str] = None
+    chunks: tuple = ()
+    value: Any = None
+
+    @property
+    def key(self) -> str:
+        return format_path(self.path)
+
+
+@dataclass(frozen=True)
+class Status:
+    path: str
+    head: Head
+    branches: int
+    tags: int
+    commits: int
+    chunks: int
+    packs: int
+    pack_bytes: int
+    chunk_size: int
+
+
+def find_root(path) -> Path:
+    """The directory holding ``.mvc``: ``path`` or the nearest parent that has one."""
+    start = Path(path).resolve()
+    for candidate in (start, *start.parents):
+        if (candidate / MVC_DIR).is_dir():
+            return candidate
+    raise NotARepository(f"not an mvc repository (or any parent up to /): {path}; run 'mvc init' first")
+
+
+def read_format(mvc_dir: Path) -> int:
+    """The format version in ``FORMAT``; UnsupportedFormat if this mvc cannot read it."""
+    try:
+        lines = (mvc_dir / "FORMAT").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        raise NotARepository(f"{mvc_dir} has no readable FORMAT file; it is not an mvc repository") from None
+    fields = dict(line.partition(" ")[::2] for line in lines if line.strip())
+    version = fields.get("mvc-format", "")
+    if not version.isdigit():
+        raise UnsupportedFormat(f"{mvc_dir}/FORMAT is damaged: no 'mvc-format N' line")
+    if int(version) > FORMAT_VERSION:
+        raise UnsupportedFormat(f"repository format {version} is newer than this mvc reads "
+                                f"({FORMAT_VERSION}); upgrade mvc")
+    unknown = set(fields.get("extensions", "").split()) - KNOWN_EXTENSIONS
+    if unknown:
+        raise UnsupportedFormat(f"repository uses extensions this mvc does not know: {sorted(unknown)}")
+    return int(version)
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def default_author() -> str:
+    author = os.environ.get("MVC_AUTHOR")
+    if author:
+        return author
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user database entry (containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _plain(value, where: str):
+    """Metadata as plain encodable values; numpy/torch scalars become numbers."""
+    if value is None or type(value) in (bool, int, float, str, bytes):
+        return value
+    if isinstance(value, (np.generic, torch.Tensor)) and getattr(value, "ndim", 0) == 0:
+        return value.item()
+    for base in (int, float, str):  # subclasses such as enums store as their base
+        if isinstance(value, base):
+            return base(value)
+    if isinstance(value, (torch.dtype, torch.device, Path)):
+        return str(value)
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if type(k) not in (str, int):
+                raise BadInput(f"{where} key {k!r} is not a str or int")
+            out[k] = _plain(v, f"{where}.{k}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise BadInput(f"{where} holds a {type(value).__name__}; metadata must be plain values")
+
+
+def _metrics(metrics) -> dict:
+    out = {}
+    for k, v in (metrics or {}).items():
+        v = _plain(v, f"metric {k!r}")
+        if type(k) is not str or type(v) not in (int, float):
+            raise BadInput(f"metric {k!r} must map a name to a number, not {type(v).__name__}")
+        out[k] = v
+    return out
+
+
+def _batches(spans: list, size_of: Callable) -> list:
+    batches, current, total = [], [], 0
+    for span in spans:
+        current.append(span)
+        total += size_of(span)
+        if total >= BATCH_BYTES:
+            batches.append(current)
+            current, total = [], 0
+    if current:
+        batches.append(current)
+    return batches
+
+
+class BaseRepository:
+    """A ``.mvc`` repository: commit, load, history and refs.
+
+    ``mvc.Repository`` adds the higher verbs (fsck, gc, diff, bisect) on top.
+    Open one per process; it is safe to use from one thread at a time.
+    """
+
+    def __init__(self, root):
+        self.root = Path(root)
+        self.dir = self.root / MVC_DIR
+        read_format(self.dir)
+        self.index = Index(self.dir / "index")
+        self.packs = PackReader(self.dir / "packs")
+        with self.index.read() as txn:
+            raw = txn.meta("chunk_size")
+        if raw is None or len(raw) != 8:
+            raise CorruptObject("the index has no chunk_size setting; run 'mvc fsck'")
+        self.chunk_size = int.from_bytes(raw, "little")
+
+    # -- lifecycle ---------------------------------------------------------
+
+    @classmethod
+    def init(cls, path=".", chunk_size: int = DEFAULT_CHUNK_SIZE):
+        """Create ``path/.mvc`` and open it; RepositoryExists if it is there."""
+        if not isinstance(chunk_size, int) or not 1 <= chunk_size < 1 << 32:
+            raise BadInput(f"chunk size must be between 1 byte and 4 GiB, not {chunk_size}")
+        root = Path(path)
+        mvc_dir = root / MVC_DIR
+        if mvc_dir.exists():
+            raise RepositoryExists(f"{mvc_dir} already exists")
+        for sub in ("packs", "tmp", "locks"):
+            (mvc_dir / sub).mkdir(parents=True)
+        index = Index(mvc_dir / "index", create=True)
+        with index.write() as txn:
+            txn.put_meta("chunk_size", chunk_size.to_bytes(8, "little"))
+            txn.set_ref(refs.HEAD, RefValue(target=refs.BRANCHES + "main"))
+        index.close()
+        tmp = mvc_dir / "FORMAT.tmp"
+        tmp.write_text(f"mvc-format {FORMAT_VERSION}\nextensions\n", encoding="utf-8")
+        os.replace(tmp, mvc_dir / "FORMAT")  # last: a half-made .mvc is not a repository
+        return cls(root)
+
+    @classmethod
+    def open(cls, path="."):
+        """Open the repository at ``path`` or its nearest parent; NotARepository if none."""
+        return cls(find_root(path))
+
+    def close(self) -> None:
+        self.packs.close()
+        self.index.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- objects -----------------------------------------------------------
+
+    def _object(self, txn: Txn, kind: str, oid: bytes, what: str) -> bytes:
+        data = txn.get(kind, oid)
+        if data is None:
+            raise ObjectNotFound(f"{what} {oid.hex()[:12]} is missing from the index; run 'mvc fsck'")
+        return data
+
+    def _commit_object(self, txn: Txn, oid: bytes) -> CommitObject:
+        return CommitObject.decode(self._object(txn, "commits", oid, "commit"))
+
+    def _tree_object(self, txn: Txn, oid: bytes) -> TreeObject:
+        return TreeObject.decode(self._object(txn, "trees", oid, "tree"))
+
+    def _tensor_object(self, txn: Txn, oid: bytes) -> TensorObject:
+        return TensorObject.decode(self._object(txn, "tensors", oid, "tensor"))
+
+    @staticmethod
+    def _to_commit(oid: bytes, obj: CommitObject, stats=None) -> Commit:
+        return Commit(oid.hex(), obj.tree.hex(), tuple(p.hex() for p in obj.parents), obj.message,
+                      obj.author, obj.time / 1e6, obj.step, obj.epoch, dict(obj.metrics),
+                      dict(obj.context), stats)
+
+    # -- revisions ---------------------------------------------------------
+
+    def _head(self, txn: Txn) -> tuple:
+        """(branch ref name or None, commit id or None) that HEAD names."""
+        head = txn.ref(refs.HEAD)
+        if head is None:
+            raise CorruptObject("HEAD is missing from the index; run 'mvc checkout BRANCH'")
+        if head.target is None:
+            return None, head.id
+        ref = txn.ref(head.target)
+        return head.target, (ref.id if ref else None)
+
+    def _resolve_base(self, txn: Txn, base: str) -> bytes:
+        if base in (refs.HEAD, "@"):
+            branch, oid = self._head(txn)
+            if oid is None:
+                raise UnknownRevision(f"HEAD: branch {branch[len(refs.BRANCHES):]!r} has no commits yet")
+            return oid
+        lower = base.lower()
+        if len(base) == 64 and all(c in "0123456789abcdef" for c in lower):
+            oid = bytes.fromhex(lower)
+            if txn.get("commits", oid) is not None:
+                return oid
+        for name in (base, refs.BRANCHES + base, refs.TAGS + base):
+            if name.startswith((refs.BRANCHES, refs.TAGS)):
+                ref = txn.ref(name)
+                if ref is not None and ref.id is not None:
+                    return ref.id
+        if len(base) >= refs.MIN_PREFIX and all(c in "0123456789abcdef" for c in lower):
+            matches = self._prefix_matches(txn, lower)
+            if len(matches) == 1:
+                return matches[0]
+            if len(matches) > 1:
+                shown = ", ".join(m.hex()[:12] for m in matches[:5])
+                raise AmbiguousRevision(f"id prefix {base!r} matches {len(matches)} commits ({shown}); "
+                                        "give more digits")
+        raise UnknownRevision(f"unknown revision {base!r}: no commit, branch or tag by that name")
+
+    def _prefix_matches(self, txn: Txn, prefix: str) -> list:
+        floor = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
+        return [oid for oid in txn.ids("commits", floor) if oid.hex().startswith(prefix)]
+
+    def _resolve(self, txn: Txn, rev: str) -> bytes:
+        base, ops = refs.split_revision(rev)
+        oid = self._resolve_base(txn, base)
+        for op, n in ops:
+            if op == "~":
+                for _ in range(n):
+                    oid = self._parent(txn, oid, 1, rev)
+            elif n:
+                oid = self._parent(txn, oid, n, rev)
+        return oid
+
+    def _parent(self, txn: Txn, oid: bytes, nth: int, rev: str) -> bytes:
+        parents = self._commit_object(txn, oid).parents
+        if len(parents) < nth:
+            raise UnknownRevision(f"{rev}: commit {oid.hex()[:12]} has no parent number {nth}")
+        return parents[nth - 1]
+
+    def resolve(self, rev: str = refs.HEAD) -> str:
+        """The full hex id of the commit ``rev`` names; UnknownRevision/AmbiguousRevision."""
+        with self.index.read() as txn:
+            return self._resolve(txn, rev).hex()
+
+    def get_commit(self, rev: str = refs.HEAD) -> Commit:
+        with self.index.read() as txn:
+            oid = self._resolve(txn, rev)
+            return self._to_commit(oid, self._commit_object(txn, oid))
+
+    def log(self, rev: Optional[str] = None, n: Optional[int] = None) -> Iterator[Commit]:
+        """Commits from ``rev`` (default HEAD) along first parents, newest first.
+
+        An unborn HEAD (no commits yet) gives an empty log.
+        """
+        with self.index.read() as txn:
+            if rev is None:
+                oid = self._head(txn)[1]
+            else:
+                oid = self._resolve(txn, rev)
+            commits = []
+            while oid is not None and (n is None or len(commits) < n):
+                obj = self._commit_object(txn, oid)
+                commits.append(self._to_commit(oid, obj))
+                oid = obj.parents[0] if obj.parents else None
+        return iter(commits)
+
+    # -- commit ------------------------------------------------------------
+
+    def _target_ref(self, txn: Txn, branch: Optional[str]) -> Optional[str]:
+        """The branch ref a commit moves: ``branch`` or HEAD's; None when detached."""
+        if branch is not None:
+            return refs.BRANCHES + refs.check_name(branch, "branch")
+        return self._head(txn)[0]
+
+    def _tip(self, txn: Txn, ref: Optional[str]) -> Optional[bytes]:
+        if ref is None:
+            return self._head(txn)[1]
+        value = txn.ref(ref)
+        return value.id if value else None
+
+    def commit(self, state, message: str = "", *, step: Optional[int] = None,
+               epoch: Optional[int] = None, metrics: Optional[dict] = None,
+               context: Optional[dict] = None, branch: Optional[str] = None,
+               author: Optional[str] = None, rebase: bool = False,
+               progress: Optional[Callable[[int], None]] = None) -> Commit:
+        """Store ``state`` as a new commit on ``branch`` (default: HEAD's branch).
+
+        The branch moves by compare-and-swap from the tip it had when the
+        commit started; if another commit landed meanwhile this raises
+        RefConflict, or with ``rebase=True`` commits onto the new tip.
+        ``progress`` is called with the bytes processed so far.
+        Raises BadInput for a state or metadata that cannot be stored.
+        """
+        for name, value in (("step", step), ("epoch", epoch)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise BadInput(f"{name} must be an int, not {value!r}")
+        metrics = _metrics(metrics)
+        context = _plain(context or {}, "context")
+        if not isinstance(message, str):
+            raise BadInput("commit message must be text")
+        with self.index.read() as txn:
+            ref = self._target_ref(txn, branch)
+            parent = self._tip(txn, ref)
+        root, slots = flatten(state)
+        new_chunks, stats = self._write_chunks(slots, progress)
+        tensors = {}
+        for slot in slots:
+            chunk_size = self.chunk_size
+            obj = TensorObject(slot.dtype, slot.shape, chunk_size, tuple(slot.chunks))
+            data = obj.encode()
+            slot.id = object_id(data)
+            tensors[slot.id] = data
+        tree_data = TreeObject(tree_root(root)).encode()
+        tree_id = object_id(tree_data)
+        when = _now_us()
+        with self.index.write() as txn:
+            tip = self._tip(txn, ref)
+            if tip != parent:
+                if not rebase:
+                    raise RefConflict(self._conflict_message(ref, parent, tip))
+                parent = tip
+            self._check_can_move(txn, ref)
+            for cid, loc in new_chunks.items():
+                txn.put_chunk(cid, loc)
+            for tid, data in tensors.items():
+                txn.put("tensors", tid, data)
+            txn.put("trees", tree_id, tree_data)
+            obj = CommitObject(tree_id, (parent,) if parent else (), message,
+                               author or default_author(), when, step, epoch, metrics, context)
+            data = obj.encode()
+            oid = object_id(data)
+            txn.put("commits", oid, data)
+            self._move_ref(txn, ref or refs.HEAD, parent, oid, f"commit: {message.splitlines()[0] if message else ''}")
+        return self._to_commit(oid, obj, stats)
+
+    @staticmethod
+    def _conflict_message(ref, old, new) -> str:
+        name = ref[len(refs.BRANCHES):] if ref else "HEAD"
+        was = old.hex()[:12] if old else "nothing"
+        now = new.hex()[:12] if new else "nothing"
+        return (f"branch {name!r} moved from {was} to {now} while this commit was written; "
+                "nothing was committed: commit again on top of the new tip")
+
+    def _check_can_move(self, txn: Txn, ref: Optional[str]) -> None:
+        """Refuse to move a protected ref (commits included)."""
+        if ref is None:
+            return
+        value = txn.ref(ref)
+        if value is not None and value.protected:
+            raise ProtectedRef(f"{ref.replace('heads/', 'branch ').replace('tags/', 'tag ')} is protected; "
+                               "unprotect it or pass --force")
+
+    def _move_ref(self, txn: Txn, ref: str, old: Optional[bytes], new: Optional[bytes], why: str,
+                  protected: Optional[bool] = None) -> None:
+        current = txn.ref(ref)
+        if ref == refs.HEAD and (current is None or current.target is None):
+            txn.set_ref(ref, RefValue(id=new))
+        elif new is None:
+            txn.delete_ref(ref)
+        else:
+            keep = current.protected if current is not None and current.id is not None else False
+            txn.set_ref(ref, RefValue(id=new, protected=keep if protected is None else protected))
+        txn.append_reflog(ref, {"old": old, "new": new, "time": _now_us(), "message": why})
+
+    def _write_chunks(self, slots: list, progress) -> tuple:
+        """Hash every chunk (in threads) and append the new ones to one new pack.
+
+        Sets ``slot.chunks``; returns ({chunk id: Location}, CommitStats).
+        """
+        size = self.chunk_size
+        spans = [(slot, off, min(size, slot.data.nbytes - off))
+                 for slot in slots for off in range(0, slot.data.nbytes, size)]
+        for slot in slots:
+            slot.chunks = []
+
+        def hash_batch(batch):
+            return [hashing.digest(slot.data[off:off + n]) for slot, off, n in batch]
+
+        new, writer, bytes_new, done = {}, None, 0, 0
+        try:
+            with ThreadPoolExecutor(THREADS) as pool, self.index.read() as txn:
+                batches = _batches(spans, lambda s: s[2])
+                for batch, digests in zip(batches, pool.map(hash_batch, batches)):
+                    for (slot, off, n), cid in zip(batch, digests):
+                        slot.chunks.append(cid)
+                        if cid not in new and txn.chunk(cid) is None:
+                            writer = writer or PackWriter(self.dir / "packs")
+                            new[cid] = writer.add(cid, slot.data[off:off + n])
+                            bytes_new += n
+                    done += sum(s[2] for s in batch)
+                    if progress:
+                        progress(done)
+            if writer:
+                writer.seal()
+        except BaseException:
+            if writer:
+                writer.abort()
+            raise
+        total = sum(s.data.nbytes for s in slots)
+        return new, CommitStats(len(slots), len(spans), len(new), total, bytes_new)
+
+    # -- load --------------------------------------------------------------
+
+    def load(self, rev: str = refs.HEAD, map_location=None):
+        """The state committed at ``rev``: the same nested structure, CPU tensors.
+
+        ``map_location`` (a device or device string) moves tensors after loading.
+        Every chunk is verified against its id; ChecksumMismatch names the
+        tensor's key path and the commit.
+        """
+        with self.index.read() as txn:
+            oid = self._resolve(txn, rev)
+            tree = self._tree_object(txn, self._commit_object(txn, oid).tree)
+            leaves = [(p, leaf) for p, leaf in walk(tree.root) if isinstance(leaf, TensorLeaf)]
+            tensors = self._read_tensors(txn, leaves, oid)
+        return _materialize(tree.root, tensors, map_location)
+
+    def _read_tensors(self, txn: Txn, leaves: list, commit_id: bytes) -> dict:
+        """{tensor id: CPU tensor} for the leaves, read in threads and verified."""
+        jobs, out = [], {}
+        for path, leaf in leaves:
+            if leaf.id in out:
+                continue
+            obj = self._tensor_object(txn, leaf.id)
+            tensor = torch.empty(obj.shape, dtype=dtypes.torch_dtype(obj.dtype))
+            out[leaf.id] = tensor
+            buffer = tensor.reshape(-1).view(torch.uint8).numpy()
+            for cid, off, n in obj.chunk_spans():
+                jobs.append((self._location(txn, cid, path, commit_id), buffer[off:off + n], cid, path))
+        self._run_reads(jobs, commit_id)
+        return out
+
+    def _location(self, txn: Txn, cid: bytes, path: tuple, commit_id: bytes):
+        loc = txn.chunk(cid)
+        if loc is None:
+            raise ObjectNotFound(f"chunk {cid.hex()[:12]} of tensor {format_path(path)!r} in commit "
+                                 f"{commit_id.hex()[:12]} is missing from the index; run 'mvc fsck'")
+        return loc
+
+    def _run_reads(self, jobs: list, commit_id: bytes) -> None:
+        def read_batch(batch):
+            for loc, buffer, cid, path in batch:
+                if loc.length != buffer.nbytes:
+                    raise CorruptObject(f"chunk {cid.hex()[:12]} of tensor {format_path(path)!r} has the "
+                                        "wrong length in the index; run 'mvc fsck'")
+                self.packs.read_into(loc, buffer)
+                if hashing.digest(buffer) != cid:
+                    raise ChecksumMismatch(
+                        f"chunk {cid.hex()[:12]} of tensor {format_path(path)!r} in commit "
+                        f"{commit_id.hex()[:12]} is corrupt (BLAKE3 mismatch); run 'mvc fsck'")
+        with ThreadPoolExecutor(THREADS) as pool:
+            for _ in pool.map(read_batch, _batches(jobs, lambda j: j[1].nbytes)):
+                pass
+
+    def read_chunk(self, chunk_id: bytes, what: str = "") -> bytes:
+        """One chunk's verified bytes; ObjectNotFound / ChecksumMismatch."""
+        with self.index.read() as txn:
+            loc = txn.chunk(chunk_id)
+        if loc is None:
+            raise ObjectNotFound(f"chunk {chunk_id.hex()[:12]}{what} is missing from the index")
+        data = self.packs.read(loc)
+        if hashing.digest(data) != chunk_id:
+            raise ChecksumMismatch(f"chunk {chunk_id.hex()[:12]}{what} is corrupt (BLAKE3 mismatch)")
+        return data
+
+    def tensor_object(self, tensor_id: str) -> TensorObject:
+        with self.index.read() as txn:
+            return self._tensor_object(txn, bytes.fromhex(tensor_id))
+
+    def entries(self, rev: str = refs.HEAD) -> list:
+        """Every leaf of the tree at ``rev``, in key order (no tensor data is read)."""
+        with self.index.read() as txn:
+            oid = self._resolve(txn, rev)
+            tree = self._tree_object(txn, self._commit_object(txn, oid).tree)
+            out = []
+            for path, leaf in walk(tree.root):
+                if isinstance(leaf, TensorLeaf):
+                    obj = self._tensor_object(txn, leaf.id)
+                    out.append(Entry(path, "tensor", obj.dtype, obj.shape, obj.nbytes, leaf.id.hex(), obj.chunks))
+                else:
+                    out.append(Entry(path, "value", value=leaf))
+        return out
+
+    # -- refs --------------------------------------------------------------
+
+    def head(self) -> Head:
+        with self.index.read() as txn:
+            ref, oid = self._head(txn)
+        return Head(ref[len(refs.BRANCHES):] if ref else None, oid.hex() if oid else None)
+
+    def _refs(self, prefix: str) -> list:
+        with self.index.read() as txn:
+            return [Ref(name[len(prefix):], v.id.hex(), v.protected)
+                    for name, v in txn.refs(prefix) if v.id is not None]
+
+    def branches(self) -> list:
+        return self._refs(refs.BRANCHES)
+
+    def tags(self) -> list:
+        return self._refs(refs.TAGS)
+
+    def _set_ref(self, ref: str, rev: str, force: bool, protect: Optional[bool], why: str) -> Ref:
+        with self.index.write() as txn:
+            oid = self._resolve(txn, rev)
+            current = txn.ref(ref)
+            if current is not None and not force:
+                if current.protected and current.id != oid:
+                    raise ProtectedRef(f"{_human(ref)} is protected; pass --force to move it")
+                if current.id != oid:
+                    raise RefConflict(f"{_human(ref)} already exists at {current.id.hex()[:12]}; "
+                                      "pass --force to move it")
+            self._move_ref(txn, ref, current.id if current else None, oid, why, protect)
+            value = txn.ref(ref)
+        return Ref(ref.split("/", 1)[1], oid.hex(), value.protected)
+
+    def _delete_ref(self, ref: str, force: bool) -> None:
+        with self.index.write() as txn:
+            current = txn.ref(ref)
+            if current is None:
+                raise UnknownRevision(f"{_human(ref)} does not exist")
+            if current.protected and not force:
+                raise ProtectedRef(f"{_human(ref)} is protected; pass --force to delete it")
+            if self._head(txn)[0] == ref:
+                raise RefConflict(f"{_human(ref)} is checked out; check out another branch first")
+            self._move_ref(txn, ref, current.id, None, "delete")
+
+    def create_branch(self, name: str, rev: str = refs.HEAD, force: bool = False) -> Ref:
+        """Point branch ``name`` at ``rev``; RefConflict if it exists elsewhere (unless force)."""
+        ref = refs.BRANCHES + refs.check_name(name, "branch")
+        return self._set_ref(ref, rev, force, None, f"branch: {rev}")
+
+    def delete_branch(self, name: str, force: bool = False) -> None:
+        self._delete_ref(refs.BRANCHES + refs.check_name(name, "branch"), force)
+
+    def create_tag(self, name: str, rev: str = refs.HEAD, protect: bool = False, force: bool = False) -> Ref:
+        """Tag ``rev``; a protected tag is not moved or deleted without ``force``."""
+        ref = refs.TAGS + refs.check_name(name, "tag")
+        return self._set_ref(ref, rev, force, True if protect else None, f"tag: {rev}")
+
+    def delete_tag(self, name: str, force: bool = False) -> None:
+        self._delete_ref(refs.TAGS + refs.check_name(name, "tag"), force)
+
+    def set_protected(self, name: str, protected: bool = True, kind: str = "branch") -> Ref:
+        """Protect or unprotect a branch or tag (kind "branch" or "tag")."""
+        ref = (refs.BRANCHES if kind == "branch" else refs.TAGS) + refs.check_name(name, kind)
+        with self.index.write() as txn:
+            current = txn.ref(ref)
+            if current is None:
+                raise UnknownRevision(f"{_human(ref)} does not exist")
+            txn.set_ref(ref, RefValue(id=current.id, protected=protected))
+        return Ref(name, current.id.hex(), protected)
+
+    def checkout(self, rev: str) -> Head:
+        """Move HEAD: onto a branch (by name) or detached at any other revision."""
+        with self.index.write() as txn:
+            ref = refs.BRANCHES + rev
+            value = txn.ref(ref) if refs._name_problem(rev) == "" else None
+            old = self._head(txn)[1]
+            if value is not None:
+                txn.set_ref(refs.HEAD, RefValue(target=ref))
+                new = value.id
+            else:
+                new = self._resolve(txn, rev)
+                txn.set_ref(refs.HEAD, RefValue(id=new))
+            txn.append_reflog(refs.HEAD, {"old": old, "new": new, "time": _now_us(),
+                                          "message": f"checkout: {rev}"})
+        return self.head()
+
+    def status(self) -> Status:
+        with self.index.read() as txn:
+            ref, oid = self._head(txn)
+            n_branches = sum(1 for _ in txn.refs(refs.BRANCHES))
+            n_tags = sum(1 for _ in txn.refs(refs.TAGS))
+            n_commits = sum(1 for _ in txn.ids("commits"))
+            n_chunks = sum(1 for _ in txn.ids("chunks"))
+        packs = list((self.dir / "packs").glob("pack-*.pack"))
+        head = Head(ref[len(refs.BRANCHES):] if ref else None, oid.hex() if oid else None)
+        return Status(str(self.root), head, n_branches, n_tags, n_commits, n_chunks, len(packs),
+                      sum(p.stat().st_size for p in packs), self.chunk_size)
+
+
+def _human(ref: str) -> str:
+    kind, _, name = ref.partition("/")
+    return f"{'branch' if kind == 'heads' else 'tag'} {name!r}"
+
+
+def _materialize(root, tensors: dict, map_location):
+    """Build the state from its tree: non-shared leaves get their own tensor."""
+    used, groups = set(), {}
+
+    def take(tid):
+        tensor = tensors[tid].clone() if tid in used else tensors[tid]
+        used.add(tid)
+        return tensor if map_location is None else tensor.to(map_location)
+
+    def leaf(node: TensorLeaf):
+        if node.group is None:
+            return take(node.id)
+        key = (node.id, node.group)
+        if key not in groups:
+            groups[key] = take(node.id)
+        return groups[key]
+    return rebuild(root, leaf)

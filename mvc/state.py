@@ -1,0 +1,145 @@
+"""Flattening a state into a tree and building it back.
+
+A **state** is what users commit: nested dicts (str or int keys), lists and
+tuples whose leaves are tensors or plain values (None, bool, int, float,
+str, bytes). ``flatten`` walks it in key order and replaces every tensor by
+a ``TensorSlot`` holding its raw bytes; the repository hashes and stores the
+slots, then ``tree_root`` turns them into ``TensorLeaf`` references.
+Tensors that are the same view of the same storage (tied weights) get one
+group number, so they share storage again when loaded. Anything else is a
+``BadInput`` naming its key path: nothing is ever pickled.
+"""
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from . import dtypes, encoding
+from .errors import BadInput
+from .objects import TensorLeaf, format_path
+
+_PLAIN = (type(None), bool, str, bytes, float)
+
+
+@dataclass
+class TensorSlot:
+    path: tuple
+    dtype: str
+    shape: tuple
+    data: np.ndarray  # 1-D uint8 view of the tensor's contiguous CPU bytes
+    group: Any = None
+    id: bytes = b""
+
+
+def tensor_bytes(t: torch.Tensor) -> np.ndarray:
+    """The raw little-endian bytes of a tensor, as a 1-D uint8 array on CPU."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.resolve_conj().resolve_neg().contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def _storage_key(t: torch.Tensor):
+    if t.numel() == 0 or t.layout != torch.strided:
+        return None
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(),
+            tuple(t.shape), t.stride(), t.dtype)
+
+
+def _check_tensor(t: torch.Tensor, path: tuple) -> str:
+    where = format_path(path) or "<root>"
+    if t.layout != torch.strided:
+        raise BadInput(f"tensor at {where!r} has layout {t.layout}; only dense tensors can be stored")
+    if t.device.type == "meta":
+        raise BadInput(f"tensor at {where!r} is on the meta device and holds no data")
+    return dtypes.name_of(t.dtype, where)
+
+
+def _items(node, path=()) -> list:
+    if not isinstance(node, dict):
+        return list(enumerate(node))
+    for key in node:
+        if type(key) not in (int, str):
+            where = f" at {format_path(path)!r}" if path else ""
+            raise BadInput(f"dict key {key!r}{where} is a {type(key).__name__}; keys must be str or int")
+    return [(k, node[k]) for k in sorted(node, key=encoding.key_order)]
+
+
+def _shared_keys(state) -> set:
+    seen, shared = set(), set()
+
+    def visit(node):
+        if isinstance(node, torch.Tensor):
+            key = _storage_key(node)
+            if key is not None:
+                (shared if key in seen else seen).add(key)
+        elif isinstance(node, (dict, list, tuple)):
+            for _, v in _items(node):
+                visit(v)
+    visit(state)
+    return shared
+
+
+def flatten(state) -> tuple:
+    """(root, slots): the state's structure with TensorSlots, and the slots."""
+    if sys.byteorder != "little":
+        raise BadInput("mvc stores little-endian bytes and does not run on big-endian hosts yet")
+    shared = _shared_keys(state)
+    groups: dict = {}
+    slots: list = []
+
+    def visit(node, path):
+        if isinstance(node, torch.Tensor):
+            name = _check_tensor(node, path)
+            key = _storage_key(node)
+            if key in shared and key in groups:  # a tied tensor: one slot, stored once
+                return groups[key]
+            group = len(groups) if key in shared else None
+            slot = TensorSlot(path, name, tuple(node.shape), tensor_bytes(node), group)
+            if group is not None:
+                groups[key] = slot
+            slots.append(slot)
+            return slot
+        if isinstance(node, dict):
+            return {k: visit(v, path + (k,)) for k, v in _items(node, path)}
+        if isinstance(node, (list, tuple)):
+            children = [visit(v, path + (i,)) for i, v in enumerate(node)]
+            return tuple(children) if isinstance(node, tuple) else children
+        if isinstance(node, int) and not isinstance(node, bool):
+            node = int(node)
+            if not encoding.INT_MIN <= node <= encoding.INT_MAX:
+                raise BadInput(f"integer at {format_path(path)!r} does not fit in 64 bits")
+            return node
+        for base in _PLAIN:
+            if isinstance(node, base):  # subclasses (numpy floats, str enums) store as the base
+                return node if type(node) is base else base(node)
+        where = format_path(path) or "<root>"
+        raise BadInput(
+            f"cannot store {type(node).__module__}.{type(node).__qualname__} at {where!r}: "
+            "a state holds only tensors, dicts, lists, tuples, None, bool, int, float, str and bytes"
+        )
+
+    root = visit(state, ())
+    return root, slots
+
+
+def tree_root(node) -> Any:
+    """The flattened structure with each TensorSlot replaced by its TensorLeaf."""
+    return rebuild(node, lambda slot: TensorLeaf(slot.id, slot.group), TensorSlot)
+
+
+def rebuild(node, leaf_fn: Callable, leaf_type=TensorLeaf) -> Any:
+    """A copy of ``node`` with every ``leaf_type`` leaf replaced by leaf_fn(leaf)."""
+    if isinstance(node, leaf_type):
+        return leaf_fn(node)
+    if type(node) is dict:
+        return {k: rebuild(v, leaf_fn, leaf_type) for k, v in node.items()}
+    if type(node) is list:
+        return [rebuild(v, leaf_fn, leaf_type) for v in node]
+    if type(node) is tuple:
+        return tuple(rebuild(v, leaf_fn, leaf_type) for v in node)
+    return node

@@ -122,7 +122,7 @@ def find_root(path) -> Path:
     for candidate in (start, *start.parents):
         if (candidate / MVC_DIR).is_dir():
             return candidate
-    raise NotARepository(f"not an mvc repository (or any parent up to /): {path}; run 'mvc init' first")
+    raise NotARepository(f"not an mvc repository (nor is any parent): {start}; run 'mvc init' first")
 
 
 def read_format(mvc_dir: Path) -> int:

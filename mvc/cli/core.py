@@ -1,0 +1,309 @@
+"""Core commands: init, commit, log, show, checkout, export, branch, tag, status."""
+
+import time
+from pathlib import Path
+
+import click
+
+from .. import Repository
+from ..files import FORMATS, read_checkpoint, state_nbytes, write_checkpoint
+from ..repository import DEFAULT_CHUNK_SIZE
+from .base import echo_json, human_bytes, main, open_repo, parse_pairs, progress_bar
+
+
+# -- rendering helpers --------------------------------------------------------
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(seconds))
+
+
+def _number(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _record(c) -> str:
+    """step, epoch and metrics of a commit on one line."""
+    parts = []
+    if c.step is not None:
+        parts.append(f"step {c.step}")
+    if c.epoch is not None:
+        parts.append(f"epoch {c.epoch}")
+    parts += [f"{k}={_number(v)}" for k, v in sorted(c.metrics.items())]
+    return "  ".join(parts)
+
+
+def _decorations(repo) -> dict:
+    """{commit id: ["HEAD -> main", "tag: v1", ...]} like git log's decorations."""
+    head = repo.head()
+    out: dict = {}
+    for ref in repo.branches():
+        name = f"HEAD -> {ref.name}" if ref.name == head.branch else ref.name
+        out.setdefault(ref.id, []).append(name)
+    for ref in repo.tags():
+        out.setdefault(ref.id, []).append(f"tag: {ref.name}")
+    if head.branch is None and head.id:
+        out.setdefault(head.id, []).insert(0, "HEAD")
+    return out
+
+
+def _flat(mapping: dict, prefix: str = "") -> list:
+    """Nested metadata as (dotted key, value) pairs, for display."""
+    items = []
+    for k, v in mapping.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            items += _flat(v, key + ".")
+        else:
+            items.append((key, v))
+    return items
+
+
+# -- commands -------------------------------------------------------------------
+
+@main.command()
+@click.argument("path", default=".", type=click.Path(file_okay=False))
+@click.option("--chunk-size", type=click.IntRange(1, (1 << 32) - 1), default=DEFAULT_CHUNK_SIZE,
+              show_default=True, help="Bytes per chunk: smaller dedups finer, larger writes faster.")
+def init(path, chunk_size):
+    """Create an empty repository in PATH/.mvc."""
+    repo = Repository.init(path, chunk_size=chunk_size)
+    click.echo(f"Initialized empty mvc repository in {repo.dir}")
+    repo.close()
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-m", "--message", default="", help="Commit message.")
+@click.option("-b", "--branch", default=None, help="Branch to commit to (default: HEAD's).")
+@click.option("--step", type=int, default=None, help="Training step of this checkpoint.")
+@click.option("--epoch", type=int, default=None, help="Training epoch of this checkpoint.")
+@click.option("--metric", "metrics", multiple=True, metavar="K=V", help="A metric (repeatable).")
+@click.option("--context", "context", multiple=True, metavar="K=V", help="A context field (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the commit as JSON.")
+def commit(file, message, branch, step, epoch, metrics, context, as_json):
+    """Commit the state in FILE (.pt/.pth/.bin/.ckpt or .safetensors)."""
+    metrics = parse_pairs(metrics, "--metric")
+    context = parse_pairs(context, "--context")
+    state = read_checkpoint(file)
+    with open_repo() as repo:
+        total = state_nbytes(state)
+        bar = progress_bar(total, "committing")
+        if bar is None:
+            c = repo.commit(state, message, step=step, epoch=epoch, metrics=metrics,
+                            context=context, branch=branch)
+        else:
+            with bar:
+                last = [0]
+
+                def advance(done):
+                    bar.update(done - last[0])
+                    last[0] = done
+                c = repo.commit(state, message, step=step, epoch=epoch, metrics=metrics,
+                                context=context, branch=branch, progress=advance)
+        branch_name = branch or repo.head().branch or "HEAD"
+    if as_json:
+        echo_json(c)
+        return
+    s = c.stats
+    click.echo(f"[{branch_name} {c.short_id}] {message}")
+    click.echo(f" {s.tensors} tensor{'' if s.tensors == 1 else 's'}, {human_bytes(s.bytes_total)}: {human_bytes(s.bytes_new)} new, "
+               f"{human_bytes(s.bytes_reused)} shared with the repository "
+               f"({s.chunks_new} of {s.chunks} chunks written)")
+
+
+@main.command()
+@click.argument("rev", required=False)
+@click.option("-n", "--max-count", type=click.IntRange(min=0), default=None, help="Show at most N commits.")
+@click.option("--oneline", is_flag=True, help="One line per commit.")
+@click.option("--json", "as_json", is_flag=True, help="Print commits as JSON.")
+def log(rev, max_count, oneline, as_json):
+    """Show the history from REV (default HEAD), newest first."""
+    with open_repo() as repo:
+        commits = list(repo.log(rev, n=max_count))
+        decorations = _decorations(repo)
+    if as_json:
+        echo_json(commits)
+        return
+    for c in commits:
+        names = decorations.get(c.id)
+        deco = f" ({', '.join(names)})" if names else ""
+        if oneline:
+            record = _record(c)
+            title = c.message.splitlines()[0] if c.message else ""
+            click.echo(f"{c.short_id}{deco} {record + '  ' if record else ''}{title}".rstrip())
+            continue
+        click.echo(f"commit {c.id}{deco}")
+        click.echo(f"Author: {c.author}")
+        click.echo(f"Date:   {_when(c.time)}")
+        if _record(c):
+            click.echo(f"Record: {_record(c)}")
+        click.echo()
+        for line in (c.message or "(no message)").splitlines():
+            click.echo(f"    {line}")
+        click.echo()
+
+
+@main.command()
+@click.argument("rev", default="HEAD")
+@click.option("--tensors", "show_tensors", is_flag=True, help="List every tensor and value in the tree.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def show(rev, show_tensors, as_json):
+    """Show a commit: its record, training context and (with --tensors) its tree."""
+    with open_repo() as repo:
+        c = repo.get_commit(rev)
+        entries = repo.entries(c.id) if show_tensors else None
+    if as_json:
+        out = {"commit": c}
+        if entries is not None:
+            out["entries"] = [_entry_json(e) for e in entries]
+        echo_json(out)
+        return
+    click.echo(f"commit {c.id}")
+    if c.parents:
+        click.echo(f"Parent: {' '.join(c.parents)}")
+    click.echo(f"Author: {c.author}")
+    click.echo(f"Date:   {_when(c.time)}")
+    if _record(c):
+        click.echo(f"Record: {_record(c)}")
+    click.echo()
+    for line in (c.message or "(no message)").splitlines():
+        click.echo(f"    {line}")
+    if c.context:
+        click.echo("\nContext:")
+        for key, value in _flat(c.context):
+            click.echo(f"  {key}: {value}")
+    if entries is not None:
+        _show_entries(entries)
+
+
+def _entry_json(e) -> dict:
+    if e.kind == "tensor":
+        return {"key": e.key, "kind": "tensor", "dtype": e.dtype, "shape": list(e.shape),
+                "nbytes": e.nbytes, "tensor_id": e.tensor_id, "chunks": len(e.chunks)}
+    return {"key": e.key, "kind": "value", "value": e.value}
+
+
+def _show_entries(entries) -> None:
+    tensors = [e for e in entries if e.kind == "tensor"]
+    total = sum(e.nbytes for e in tensors)
+    click.echo(f"\nTree: {len(tensors)} tensors, {human_bytes(total)}")
+    width = max([len(e.key) for e in entries] + [3])
+    for e in entries:
+        if e.kind == "tensor":
+            shape = "x".join(map(str, e.shape)) or "scalar"
+            click.echo(f"  {e.key:<{width}}  {e.dtype:<6} {shape:<16} {human_bytes(e.nbytes):>10}  "
+                       f"{e.tensor_id[:12]}")
+        else:
+            click.echo(f"  {e.key:<{width}}  = {e.value!r}")
+
+
+@main.command()
+@click.argument("rev")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the checkpoint to this file instead of moving HEAD.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="File format (default: from the suffix of --output, else pt).")
+def checkout(rev, output, fmt):
+    """Move HEAD to REV, or with -o write REV's checkpoint to a file."""
+    if output is None:
+        if fmt:
+            raise click.UsageError("--format needs -o/--output")
+        with open_repo() as repo:
+            head = repo.checkout(rev)
+        where = f"branch '{head.branch}'" if head.branch else f"detached HEAD at {head.id[:12]}"
+        click.echo(f"HEAD is now on {where}")
+        return
+    _export(rev, output, fmt)
+
+
+@main.command()
+@click.argument("rev", default="HEAD")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="File to write.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="File format (default: from the suffix, else pt).")
+def export(rev, output, fmt):
+    """Write REV's checkpoint to a .pt or .safetensors file."""
+    _export(rev, output, fmt)
+
+
+def _export(rev, output, fmt):
+    fmt = fmt or ("safetensors" if Path(output).suffix.lower() == ".safetensors" else "pt")
+    with open_repo() as repo:
+        cid = repo.resolve(rev)
+        state = repo.load(cid)
+    path = write_checkpoint(state, output, fmt)
+    click.echo(f"wrote {cid[:12]} to {path} ({fmt}, {human_bytes(path.stat().st_size)})")
+
+
+def _list_refs(items, current=None, as_json=False):
+    if as_json:
+        echo_json(items)
+        return
+    for ref in items:
+        mark = "*" if ref.name == current else " "
+        flag = "  [protected]" if ref.protected else ""
+        click.echo(f"{mark} {ref.name:<24} {ref.id[:12]}{flag}")
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.argument("rev", default="HEAD")
+@click.option("-d", "--delete", "delete", metavar="NAME", default=None, help="Delete branch NAME.")
+@click.option("-f", "--force", is_flag=True, help="Move or delete even if protected or existing.")
+@click.option("--protect/--unprotect", default=None, help="Protect NAME from moves and deletion.")
+@click.option("--json", "as_json", is_flag=True, help="List branches as JSON.")
+def branch(name, rev, delete, force, protect, as_json):
+    """List branches, create NAME at REV, or delete one with -d."""
+    with open_repo() as repo:
+        if delete:
+            repo.delete_branch(delete, force=force)
+            click.echo(f"Deleted branch {delete}")
+        elif name is None:
+            _list_refs(repo.branches(), repo.head().branch, as_json)
+        elif protect is not None and rev == "HEAD" and name in {b.name for b in repo.branches()}:
+            ref = repo.set_protected(name, protect, "branch")
+            click.echo(f"{'Protected' if protect else 'Unprotected'} branch {ref.name}")
+        else:
+            ref = repo.create_branch(name, rev, force=force)
+            if protect is not None:
+                ref = repo.set_protected(name, protect, "branch")
+            click.echo(f"Branch {ref.name} at {ref.id[:12]}{' (protected)' if ref.protected else ''}")
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.argument("rev", default="HEAD")
+@click.option("-d", "--delete", "delete", metavar="NAME", default=None, help="Delete tag NAME.")
+@click.option("-f", "--force", is_flag=True, help="Move or delete even a protected tag.")
+@click.option("--protect", is_flag=True, help="Protect the tag from moves and deletion.")
+@click.option("--json", "as_json", is_flag=True, help="List tags as JSON.")
+def tag(name, rev, delete, force, protect, as_json):
+    """List tags, tag REV as NAME, or delete one with -d."""
+    with open_repo() as repo:
+        if delete:
+            repo.delete_tag(delete, force=force)
+            click.echo(f"Deleted tag {delete}")
+        elif name is None:
+            _list_refs(repo.tags(), as_json=as_json)
+        else:
+            ref = repo.create_tag(name, rev, protect=protect, force=force)
+            click.echo(f"Tag {ref.name} at {ref.id[:12]}{' (protected)' if ref.protected else ''}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def status(as_json):
+    """Show where HEAD is and what the repository holds."""
+    with open_repo() as repo:
+        s = repo.status()
+    if as_json:
+        echo_json(s)
+        return
+    if s.head.branch:
+        click.echo(f"On branch {s.head.branch}")
+    else:
+        click.echo(f"HEAD detached at {s.head.id[:12]}")
+    click.echo(f"HEAD commit: {s.head.id[:12] if s.head.id else '(no commits yet)'}")
+    click.echo(f"{s.commits} commits, {s.branches} branches, {s.tags} tags")
+    click.echo(f"{s.chunks} chunks in {s.packs} packs, {human_bytes(s.pack_bytes)} on disk "
+               f"(chunk size {human_bytes(s.chunk_size)})")

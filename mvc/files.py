@@ -1,0 +1,95 @@
+"""Checkpoint files: importing ``.pt``/``.safetensors`` states and exporting them.
+
+Imports never unpickle arbitrary objects: ``.pt``/``.pth``/``.bin`` files are
+read with ``torch.load(weights_only=True)``, which refuses anything but
+tensors and plain containers. Exports are written to a temporary file and
+renamed into place, so a failed export never leaves a half-written file.
+"""
+
+import os
+import pickle
+import re
+import zipfile
+from pathlib import Path
+
+import torch
+
+from .errors import BadInput
+from .objects import format_path, walk
+
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+FORMATS = ("pt", "safetensors")
+
+
+def read_checkpoint(path) -> object:
+    """The state stored in a ``.pt``-style or ``.safetensors`` file; BadInput if unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        return _read_safetensors(path)
+    if suffix in TORCH_SUFFIXES:
+        return _read_torch(path)
+    raise BadInput(f"{path}: unknown checkpoint type {suffix or '(no suffix)'!r}; "
+                   f"use one of {', '.join(TORCH_SUFFIXES)} or .safetensors")
+
+
+def _read_torch(path: Path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"(unsupported GLOBAL [\w.]+|Unsupported global: GLOBAL [\w.]+|Unsupported operand \S+)", str(exc))
+        why = f" ({found.group(1).strip()[:160]})" if found else ""
+        raise BadInput(f"{path}: refused to load: it holds objects other than tensors and plain "
+                       f"values, and mvc never unpickles those{why}") from None
+    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, OSError, KeyError) as exc:
+        raise BadInput(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__}: "
+                       f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
+
+
+def _read_safetensors(path: Path):
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise BadInput(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def state_nbytes(state) -> int:
+    """Bytes of tensor data in a state (what a commit of it hashes)."""
+    return sum(leaf.nbytes for _, leaf in walk(state) if isinstance(leaf, torch.Tensor))
+
+
+def tensors_by_key(state) -> dict:
+    """{dotted key path: tensor} for every tensor in a state (safetensors' flat view)."""
+    out = {}
+    for path, leaf in walk(state):
+        if isinstance(leaf, torch.Tensor):
+            key = format_path(path)
+            if key in out:
+                raise BadInput(f"two tensors flatten to the same key {key!r}; export as pt instead")
+            out[key] = leaf
+    return out
+
+
+def write_checkpoint(state, path, fmt: str = "pt") -> Path:
+    """Write ``state`` to ``path`` as ``pt`` (torch.save) or ``safetensors``; returns the path."""
+    if fmt not in FORMATS:
+        raise BadInput(f"unknown format {fmt!r}; use pt or safetensors")
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        if fmt == "pt":
+            torch.save(state, tmp)
+        else:
+            from safetensors.torch import save_file
+            # safetensors refuses tensors that share memory: give each its own copy.
+            flat = {k: v.contiguous().clone() for k, v in tensors_by_key(state).items()}
+            save_file(flat, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path

@@ -1,0 +1,14 @@
+"""Shared fixtures. A tiny chunk size makes small test tensors span many chunks."""
+
+import pytest
+
+import mvc
+
+SMALL_CHUNK = 64
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = mvc.Repository.init(tmp_path, chunk_size=SMALL_CHUNK)
+    yield r
+    r.close()

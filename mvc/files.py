@@ -9,7 +9,6 @@ renamed into place, so a failed export never leaves a half-written file.
 import os
 import pickle
 import re
-import zipfile
 from pathlib import Path
 
 import torch
@@ -39,11 +38,12 @@ def _read_torch(path: Path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        found = re.search(r"(unsupported GLOBAL [\w.]+|Unsupported global: GLOBAL [\w.]+|Unsupported operand \S+)", str(exc))
-        why = f" ({found.group(1).strip()[:160]})" if found else ""
+        found = re.search(r"(?i)unsupported global:? (?:GLOBAL )?([\w.]+)", str(exc))
+        if not found:
+            raise BadInput(f"{path}: not a readable PyTorch checkpoint (damaged pickle data)") from None
         raise BadInput(f"{path}: refused to load: it holds objects other than tensors and plain "
-                       f"values, and mvc never unpickles those{why}") from None
-    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, OSError, KeyError) as exc:
+                       f"values ({found.group(1)}), and mvc never unpickles those") from None
+    except Exception as exc:  # a hostile or damaged file can make the unpickler raise anything
         raise BadInput(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__}: "
                        f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
 

@@ -14,7 +14,9 @@ Only one process writes at a time (LMDB's writer lock); readers never
 block. This is the only module that imports ``lmdb``.
 """
 
+import os
 import struct
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +144,8 @@ class Txn:
         """(ref name, sequence, entry) in order, for one ref or all."""
         prefix = b"" if name is None else name.encode() + b"\x00"
         for key in self.ids("reflog", prefix):
-            ref, _, seq = key.rpartition(b"\x00")
+            # the sequence is 8 big-endian bytes that may hold NULs: split by length
+            ref, seq = key[:-_SEQ.size - 1], key[-_SEQ.size:]
             raw = self._txn.get(key, db=self._dbs["reflog"])
             yield ref.decode("utf-8", "replace"), _SEQ.unpack(seq)[0], encoding.unpack(raw, "reflog entry")
 
@@ -173,17 +176,46 @@ class Txn:
         self._txn.put(key.encode(), value, db=self._dbs["meta"])
 
 
+# LMDB allows one environment per file per process, so every Index on the
+# same path shares one: {real path: [environment, databases, users]}.
+_OPEN: dict = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def _open_env(path: Path, create: bool) -> tuple:
+    key = os.path.realpath(path)
+    with _OPEN_LOCK:
+        entry = _OPEN.get(key)
+        if entry is None:
+            try:
+                env = lmdb.open(key, subdir=True, create=create, max_dbs=len(DB_NAMES),
+                                map_size=MAP_SIZE, readahead=False, meminit=False)
+                dbs = {n: env.open_db(n.encode(), create=create) for n in DB_NAMES}
+            except lmdb.Error as exc:
+                raise CorruptObject(f"the index at {path} cannot be opened ({exc}); "
+                                    "run 'mvc fsck --rebuild-index' if the packs are intact") from None
+            entry = _OPEN[key] = [env, dbs, 0]
+        entry[2] += 1
+        return key, entry[0], entry[1]
+
+
+def _close_env(key: str) -> None:
+    with _OPEN_LOCK:
+        entry = _OPEN.get(key)
+        if entry is None:
+            return
+        entry[2] -= 1
+        if entry[2] <= 0:
+            del _OPEN[key]
+            entry[0].close()
+
+
 class Index:
-    """The LMDB environment of one repository, opened once per process."""
+    """The LMDB environment of one repository (shared by every Index on it in a process)."""
 
     def __init__(self, path: Path, create: bool = False):
-        try:
-            self.env = lmdb.open(str(path), subdir=True, create=create, max_dbs=len(DB_NAMES),
-                                 map_size=MAP_SIZE, readahead=False, meminit=False)
-            self.dbs = {n: self.env.open_db(n.encode(), create=create) for n in DB_NAMES}
-        except lmdb.Error as exc:
-            raise CorruptObject(f"the index at {path} cannot be opened ({exc}); "
-                                "run 'mvc fsck --rebuild-index' if the packs are intact") from None
+        self._key, self.env, self.dbs = _open_env(path, create)
+        self._closed = False
 
     @contextmanager
     def read(self) -> Iterator[Txn]:
@@ -206,4 +238,6 @@ class Index:
             raise CorruptObject(f"the index failed: {exc}") from None
 
     def close(self) -> None:
-        self.env.close()
+        if not self._closed:
+            self._closed = True
+            _close_env(self._key)

@@ -1,0 +1,189 @@
+"""The core commands through click's runner: output, JSON, exit codes, bad input."""
+
+import json
+import os
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+
+import mvc
+from mvc.cli import main
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+
+    def run(*args, code=0):
+        result = runner.invoke(main, [str(a) for a in args], catch_exceptions=False)
+        assert result.exit_code == code, (args, result.output, result.stderr)
+        return result
+    assert "Initialized" in run("init", "--chunk-size", "64").output
+    return run
+
+
+def _state(seed=0):
+    torch.manual_seed(seed)
+    return {"model": {"w": torch.randn(8, 8), "b": torch.randn(8)}, "step": 3, "cfg": ("a", 1.5)}
+
+
+def test_commit_log_show(cli, tmp_path):
+    torch.save(_state(), tmp_path / "a.pt")
+    out = cli("commit", "a.pt", "-m", "first", "--step", "10", "--metric", "loss=2.5",
+              "--context", "lr=0.001", "--context", "opt=adamw").output
+    assert "[main " in out and "first" in out and "new" in out and "shared" in out
+    state = _state()
+    state["model"]["w"][0, 0] += 1
+    torch.save(state, tmp_path / "b.pt")
+    out = cli("commit", "b.pt", "-m", "second", "--step", "20", "--metric", "loss=2.0").output
+    # one 64-byte chunk of w changed; everything else is shared
+    assert "64 B new" in out
+
+    oneline = cli("log", "--oneline").output.splitlines()
+    assert len(oneline) == 2
+    assert "(HEAD -> main)" in oneline[0] and "step 20" in oneline[0] and "loss=2" in oneline[0]
+    assert oneline[1].endswith("first")
+    assert len(cli("log", "-n", "1", "--oneline").output.splitlines()) == 1
+
+    commits = json.loads(cli("log", "--json").output)
+    assert [c["message"] for c in commits] == ["second", "first"]
+    assert commits[1]["context"] == {"lr": 0.001, "opt": "adamw"}
+    assert commits[0]["parents"] == [commits[1]["id"]]
+
+    shown = cli("show", "HEAD~1", "--tensors").output
+    assert "lr: 0.001" in shown and "model.w" in shown and "F32" in shown and "cfg.0" in shown
+    data = json.loads(cli("show", commits[0]["id"][:8], "--json", "--tensors").output)
+    assert data["commit"]["step"] == 20
+    keys = {e["key"]: e for e in data["entries"]}
+    assert keys["model.w"]["shape"] == [8, 8] and keys["model.w"]["chunks"] == 4
+    assert keys["step"]["value"] == 3
+
+
+def test_checkout_to_files_round_trips(cli, tmp_path):
+    state = _state()
+    torch.save(state, tmp_path / "a.pt")
+    cli("commit", "a.pt", "-m", "x")
+    cli("checkout", "HEAD", "-o", "out.pt")
+    back = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert torch.equal(back["model"]["w"], state["model"]["w"]) and back["cfg"] == ("a", 1.5)
+    cli("checkout", "main", "-o", "out.safetensors")
+    flat = load_file(str(tmp_path / "out.safetensors"))
+    assert set(flat) == {"model.w", "model.b"}
+    assert torch.equal(flat["model.b"], state["model"]["b"])
+    cli("export", "-o", "again.bin", "--format", "pt")
+    assert torch.equal(torch.load(tmp_path / "again.bin", weights_only=True)["model"]["b"], state["model"]["b"])
+
+
+def test_commit_safetensors_file(cli, tmp_path):
+    tensors = {"a": torch.arange(10, dtype=torch.int16), "b": torch.ones(2, 2, dtype=torch.bfloat16)}
+    save_file(tensors, str(tmp_path / "w.safetensors"))
+    cli("commit", "w.safetensors", "-m", "st")
+    with mvc.Repository.open(tmp_path) as repo:
+        back = repo.load()
+    assert back.keys() == tensors.keys()
+    assert all(torch.equal(back[k], tensors[k]) and back[k].dtype == tensors[k].dtype for k in tensors)
+
+
+def test_branches_tags_and_checkout(cli, tmp_path):
+    torch.save(_state(0), tmp_path / "a.pt")
+    torch.save(_state(1), tmp_path / "b.pt")
+    cli("commit", "a.pt", "-m", "one")
+    cli("commit", "b.pt", "-m", "two")
+    cli("branch", "exp", "HEAD~1")
+    listing = cli("branch").output
+    assert "* main" in listing and "  exp" in listing
+    cli("tag", "v1", "HEAD~1", "--protect")
+    assert "[protected]" in cli("tag").output
+    err = cli("tag", "v1", "HEAD", code=1)
+    assert "protected" in err.stderr and "Traceback" not in err.output
+    cli("tag", "-d", "v1", code=1)
+    cli("tag", "v1", "HEAD", "--force")
+    cli("tag", "-d", "v1", "--force")
+    assert cli("tag").output == ""
+
+    assert "branch 'exp'" in cli("checkout", "exp").output
+    assert json.loads(cli("status", "--json").output)["head"]["branch"] == "exp"
+    cli("commit", "a.pt", "-m", "on exp")
+    assert [c["message"] for c in json.loads(cli("log", "--json").output)] == ["on exp", "one"]
+    assert [c["message"] for c in json.loads(cli("log", "main", "--json").output)] == ["two", "one"]
+    err = cli("branch", "-d", "exp", code=1)
+    assert "checked out" in err.stderr
+    main_id = json.loads(cli("log", "main", "-n", "1", "--json").output)[0]["id"]
+    assert "detached" in cli("checkout", main_id[:10]).output
+    assert "HEAD detached" in cli("status").output
+    cli("branch", "-d", "exp")
+    assert "exp" not in cli("branch").output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["show", "nope"], "unknown revision 'nope'"),
+    (["show", "HEAD~5"], "no parent"),
+    (["commit", "missing.pt"], "no such file"),
+    (["commit", "notes.txt"], "unknown checkpoint type"),
+    (["commit", "garbage.pt"], "not a readable PyTorch checkpoint"),
+    (["commit", "evil.pt"], "never unpickles"),
+    (["commit", "garbage.safetensors"], "not a readable safetensors file"),
+    (["branch", "bad name"], "not valid"),
+    (["branch", "a..b"], "not valid"),
+    (["tag", "x~1"], "not valid"),
+])
+def test_bad_input_is_one_line_and_exit_1(cli, tmp_path, args, message):
+    torch.save(_state(), tmp_path / "a.pt")
+    cli("commit", "a.pt")
+    (tmp_path / "notes.txt").write_text("hi")
+    (tmp_path / "garbage.pt").write_bytes(os.urandom(100))
+    (tmp_path / "garbage.safetensors").write_bytes(os.urandom(100))
+    torch.save({"e": _Evil()}, tmp_path / "evil.pt")
+    result = cli(*args, code=1)
+    assert message in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert not (tmp_path / "pwned").exists()
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_unsupported_object_in_state_names_key(cli, tmp_path):
+    torch.save({"model": {"w": torch.ones(2)}, "bad": {"deep": torch.nn.Linear(1, 1)}}, tmp_path / "m.pt")
+    # A Linear module is refused by torch's weights-only loader before mvc sees it
+    assert "never unpickles" in cli("commit", "m.pt", code=1).stderr
+    with mvc.Repository.open(tmp_path) as repo:
+        with pytest.raises(mvc.BadInput, match="bad.deep"):
+            repo.commit({"bad": {"deep": object()}})
+
+
+def test_not_a_repository(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["log"])
+    assert result.exit_code == 1 and "not an mvc repository" in result.stderr
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "nowhere"), "status"])
+    assert result.exit_code == 1
+
+
+def test_usage_errors_exit_2(cli):
+    assert cli("log", "--bogus", code=2)
+    assert cli("checkout", "HEAD", "--format", "pt", code=2)
+
+
+def test_conflicting_commit_is_a_clear_error(cli, tmp_path, monkeypatch):
+    torch.save(_state(), tmp_path / "a.pt")
+    cli("commit", "a.pt", "-m", "base")
+    real = mvc.Repository._write_chunks
+    raced = []
+
+    def racing(self, slots, progress):
+        if not raced:  # another writer lands first, once
+            raced.append(True)
+            with mvc.Repository.open(tmp_path) as other:
+                other.commit({"x": torch.zeros(1)}, "racer")
+        return real(self, slots, progress)
+    monkeypatch.setattr(mvc.Repository, "_write_chunks", racing)
+    result = cli("commit", "a.pt", "-m", "loser", code=1)
+    assert "moved" in result.stderr and "nothing was committed" in result.stderr
+    monkeypatch.setattr(mvc.Repository, "_write_chunks", real)
+    assert [c["message"] for c in json.loads(cli("log", "--json").output)] == ["racer", "base"]

@@ -4,9 +4,18 @@ The verbs live in their own modules (fsck, gc, diff, bisect) and take a
 repository; the methods here only forward to them, so the layers point down.
 """
 
+from . import fsck as _fsck
 from .repository import BaseRepository
 
 
 class Repository(BaseRepository):
     """A ``.mvc`` repository. ``Repository.init(path)`` creates one,
     ``Repository.open(path)`` finds one in ``path`` or above."""
+
+    def fsck(self, quick: bool = False, threads=None, progress=None) -> "_fsck.FsckReport":
+        """Check everything reachable; see ``mvc.fsck.fsck``."""
+        return _fsck.fsck(self, quick=quick, threads=threads, progress=progress)
+
+    def rebuild_index(self) -> "_fsck.RebuildReport":
+        """Rebuild the chunk index from the packs' trailers; see ``mvc.fsck.rebuild_index``."""
+        return _fsck.rebuild_index(self)

@@ -2,5 +2,6 @@
 
 from .base import main
 from . import core  # noqa: F401  (registers init, commit, log, show, checkout, branch, tag, status)
+from . import integrity  # noqa: F401  (registers fsck)
 
 __all__ = ["main"]

@@ -8,12 +8,13 @@ from .api import Repository
 from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CorruptObject, InvalidRefName,
                      LockHeld, MvcError, NotARepository, ObjectNotFound, ProtectedRef, RefConflict,
                      RepositoryExists, UnknownRevision, UnsupportedFormat)
+from .locks import BranchLock
 from .repository import Commit, CommitStats, Entry, Head, Ref, Status
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Repository", "Commit", "CommitStats", "Entry", "Head", "Ref", "Status",
+    "Repository", "BranchLock", "Commit", "CommitStats", "Entry", "Head", "Ref", "Status",
     "MvcError", "AmbiguousRevision", "BadInput", "ChecksumMismatch", "CorruptObject",
     "InvalidRefName", "LockHeld", "NotARepository", "ObjectNotFound", "ProtectedRef",
     "RefConflict", "RepositoryExists", "UnknownRevision", "UnsupportedFormat", "__version__",

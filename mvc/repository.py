@@ -21,11 +21,12 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
-from . import dtypes, hashing, refs
+from . import dtypes, hashing, locks as locking, refs
 from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CorruptObject, InvalidRefName,
                      MvcError, NotARepository, ObjectNotFound, ProtectedRef, RefConflict,
                      RepositoryExists, UnknownRevision, UnsupportedFormat)
 from .index import Index, RefValue, Txn
+from .locks import BranchLock
 from .objects import CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id, walk
 from .packs import PackReader, PackWriter
 from .state import flatten, rebuild, tree_root
@@ -211,6 +212,8 @@ class BaseRepository:
     ``mvc.Repository`` adds the higher verbs (fsck, gc, diff, bisect) on top.
     Open one per process; it is safe to use from one thread at a time.
     """
+
+    lock_timeout = 60.0  # seconds a commit or load waits for a running gc (and gc for them)
 
     def __init__(self, root):
         self.root = Path(root)
@@ -405,40 +408,46 @@ class BaseRepository:
         context = _plain(context or {}, "context")
         if not isinstance(message, str):
             raise BadInput("commit message must be text")
-        with self.index.read() as txn:
-            ref = self._target_ref(txn, branch)
-            parent = self._tip(txn, ref)
-        root, slots = flatten(state)
-        new_chunks, stats = self._write_chunks(slots, progress)
-        tensors = {}
-        for slot in slots:
-            chunk_size = self.chunk_size
-            obj = TensorObject(slot.dtype, slot.shape, chunk_size, tuple(slot.chunks))
-            data = obj.encode()
-            slot.id = object_id(data)
-            tensors[slot.id] = data
-        tree_data = TreeObject(tree_root(root)).encode()
-        tree_id = object_id(tree_data)
-        when = _now_us()
-        with self.index.write() as txn:
-            tip = self._tip(txn, ref)
-            if tip != parent:
-                if not rebase:
-                    raise RefConflict(self._conflict_message(ref, parent, tip))
-                parent = tip
-            self._check_can_move(txn, ref)
-            for cid, loc in new_chunks.items():
-                txn.put_chunk(cid, loc)
-            for tid, data in tensors.items():
-                txn.put("tensors", tid, data)
-            txn.put("trees", tree_id, tree_data)
-            obj = CommitObject(tree_id, (parent,) if parent else (), message,
-                               author or default_author(), when, step, epoch, metrics, context)
-            data = obj.encode()
-            oid = object_id(data)
-            txn.put("commits", oid, data)
-            self._move_ref(txn, ref or refs.HEAD, parent, oid, f"commit: {message.splitlines()[0] if message else ''}")
-        return self._to_commit(oid, obj, stats)
+        me = locking.this_process(author or default_author())
+        # The shared gc lock covers the first dedup lookup through the index
+        # transaction: gc must not delete a chunk this commit chose not to write.
+        with locking.shared_gc_lock(self.dir / "locks", self.lock_timeout):
+            with self.index.read() as txn:
+                ref = self._target_ref(txn, branch)
+                parent = self._tip(txn, ref)
+                self._check_writer(txn, ref, me)  # fail before writing chunks, and again below
+            root, slots = flatten(state)
+            new_chunks, stats = self._write_chunks(slots, progress)
+            tensors = {}
+            for slot in slots:
+                chunk_size = self.chunk_size
+                obj = TensorObject(slot.dtype, slot.shape, chunk_size, tuple(slot.chunks))
+                data = obj.encode()
+                slot.id = object_id(data)
+                tensors[slot.id] = data
+            tree_data = TreeObject(tree_root(root)).encode()
+            tree_id = object_id(tree_data)
+            when = _now_us()
+            with self.index.write() as txn:
+                tip = self._tip(txn, ref)
+                if tip != parent:
+                    if not rebase:
+                        raise RefConflict(self._conflict_message(ref, parent, tip))
+                    parent = tip
+                self._check_can_move(txn, ref)
+                self._check_writer(txn, ref, me)
+                for cid, loc in new_chunks.items():
+                    txn.put_chunk(cid, loc)
+                for tid, data in tensors.items():
+                    txn.put("tensors", tid, data)
+                txn.put("trees", tree_id, tree_data)
+                obj = CommitObject(tree_id, (parent,) if parent else (), message,
+                                   me.owner, when, step, epoch, metrics, context)
+                data = obj.encode()
+                oid = object_id(data)
+                txn.put("commits", oid, data)
+                self._move_ref(txn, ref or refs.HEAD, parent, oid, f"commit: {message.splitlines()[0] if message else ''}")
+            return self._to_commit(oid, obj, stats)
 
     @staticmethod
     def _conflict_message(ref, old, new) -> str:
@@ -456,6 +465,12 @@ class BaseRepository:
         if value is not None and value.protected:
             raise ProtectedRef(f"{ref.replace('heads/', 'branch ').replace('tags/', 'tag ')} is protected; "
                                "unprotect it or pass --force")
+
+    @staticmethod
+    def _check_writer(txn: Txn, ref: Optional[str], me: locking.Holder) -> None:
+        """LockHeld if another live owner holds the write lock of branch ``ref``."""
+        if ref is not None and ref.startswith(refs.BRANCHES):
+            locking.check_writer(txn, ref[len(refs.BRANCHES):], me)
 
     def _move_ref(self, txn: Txn, ref: str, old: Optional[bytes], new: Optional[bytes], why: str,
                   protected: Optional[bool] = None) -> None:
@@ -515,7 +530,8 @@ class BaseRepository:
         Every chunk is verified against its id; ChecksumMismatch names the
         tensor's key path and the commit.
         """
-        with self.index.read() as txn:
+        # gc must not move or delete a pack between reading a location and reading the pack
+        with locking.shared_gc_lock(self.dir / "locks", self.lock_timeout), self.index.read() as txn:
             oid = self._resolve(txn, rev)
             tree = self._tree_object(txn, self._commit_object(txn, oid).tree)
             leaves = [(p, leaf) for p, leaf in walk(tree.root) if isinstance(leaf, TensorLeaf)]
@@ -610,6 +626,8 @@ class BaseRepository:
         with self.index.write() as txn:
             oid = self._resolve(txn, rev)
             current = txn.ref(ref)
+            if current is not None:
+                self._check_writer(txn, ref, locking.this_process(default_author()))
             if current is not None and not force:
                 if current.protected and current.id != oid:
                     raise ProtectedRef(f"{_human(ref)} is protected; pass --force to move it")
@@ -627,6 +645,7 @@ class BaseRepository:
                 raise UnknownRevision(f"{_human(ref)} does not exist")
             if current.protected and not force:
                 raise ProtectedRef(f"{_human(ref)} is protected; pass --force to delete it")
+            self._check_writer(txn, ref, locking.this_process(default_author()))
             if self._head(txn)[0] == ref:
                 raise RefConflict(f"{_human(ref)} is checked out; check out another branch first")
             self._move_ref(txn, ref, current.id, None, "delete")
@@ -656,6 +675,42 @@ class BaseRepository:
                 raise UnknownRevision(f"{_human(ref)} does not exist")
             txn.set_ref(ref, RefValue(id=current.id, protected=protected))
         return Ref(name, current.id.hex(), protected)
+
+    # -- branch locks (mvc/locks.py) --------------------------------------
+
+    def lock_branch(self, branch: str, named: bool = False, owner: Optional[str] = None) -> BranchLock:
+        """Lock ``branch`` for writing; commits by anyone else raise LockHeld.
+
+        By default the lock belongs to this process and lapses when it exits
+        (a dead owner's lock on the same host is taken over). ``named=True``
+        makes it belong to ``owner`` (default: the commit author) until
+        unlocked. Locking again as the owner is a no-op. Raises LockHeld
+        naming the holder if another live owner holds it.
+        """
+        name = refs.check_name(branch, "branch")
+        me = locking.this_process(owner or default_author())
+        with self.index.write() as txn:
+            return locking.acquire(txn, name, me, named)
+
+    def unlock_branch(self, branch: str, force: bool = False, owner: Optional[str] = None) -> None:
+        """Release ``branch``'s lock (a no-op if unlocked).
+
+        Raises LockHeld if another live owner holds it, unless ``force``.
+        """
+        name = refs.check_name(branch, "branch")
+        me = locking.this_process(owner or default_author())
+        with self.index.write() as txn:
+            locking.release(txn, name, me, force)
+
+    def branch_lock(self, branch: str) -> Optional[BranchLock]:
+        """Who holds ``branch``'s write lock, or None."""
+        with self.index.read() as txn:
+            return locking.get(txn, refs.check_name(branch, "branch"))
+
+    def locks(self) -> list:
+        """Every branch lock, stale ones (dead owner on this host) included."""
+        with self.index.read() as txn:
+            return locking.all_locks(txn)
 
     def checkout(self, rev: str) -> Head:
         """Move HEAD: onto a branch (by name) or detached at any other revision."""

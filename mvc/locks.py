@@ -1,0 +1,295 @@
+"""Write locks: branch locks, kept in the index, and the gc lock, a file lock.
+
+- **branch lock**: a record in the index ``locks`` db naming who may move a
+  branch. Two kinds:
+
+  - a *process lock* (``repo.lock_branch(b)``, what a training run takes)
+    belongs to one process: its host, pid and start time (the start time
+    tells a reused pid from the owner). It lapses when the process dies: on
+    the same host the next writer takes it over; from another host nobody
+    can tell, so it holds until ``mvc unlock --force``.
+  - a *named lock* (``repo.lock_branch(b, named=True)``, what ``mvc lock``
+    takes) belongs to an owner name, by default the commit author
+    (``$MVC_AUTHOR`` or ``user@host``). It holds until unlocked, and every
+    process committing as that author counts as its owner.
+
+- **holder**: the identity a caller presents: this process (host, pid,
+  start time) and its owner name.
+- **gc lock**: ``.mvc/locks/gc.lock``, taken with ``flock``: shared by every
+  commit and load for their whole duration, exclusive by gc. gc first takes
+  ``gc.gate`` exclusively, which new commits must pass (shared, briefly), so
+  a stream of commits cannot starve gc. The kernel drops flocks when their
+  process dies: a killed commit or gc never leaves this lock behind.
+"""
+
+import fcntl
+import functools
+import os
+import socket
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+from .errors import CorruptObject, LockHeld
+
+GC_LOCK = "gc.lock"
+GC_GATE = "gc.gate"
+_FIELDS = {"host": str, "pid": int, "since": float, "owner": str, "started": (str, type(None)), "named": bool}
+
+
+@dataclass(frozen=True)
+class BranchLock:
+    """Who holds a branch's write lock, and since when."""
+
+    branch: str
+    host: str
+    pid: int  # the process that took it (for a named lock: only for information)
+    since: float  # seconds since the Unix epoch
+    owner: str  # the owner's name: the commit author, or what ``mvc lock --owner`` said
+    started: Optional[str] = None  # the process's start token (boot id / start ticks); None if unknown
+    named: bool = False  # held by the owner name until unlocked, not by the process
+    stale: bool = False  # its process is dead (same host): the next writer takes it over
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(self.since))
+        ago = _ago(time.time() - self.since)
+        if self.named:
+            return f"{self.owner} (taken by pid {self.pid} on {self.host}) since {when} ({ago})"
+        return f"pid {self.pid} on {self.host} ({self.owner}) since {when} ({ago})"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The identity a caller presents: this process and its owner name."""
+
+    host: str
+    pid: int
+    started: Optional[str]
+    owner: str
+
+
+def this_process(owner: str) -> Holder:
+    pid = os.getpid()
+    return Holder(socket.gethostname(), pid, start_token(pid), owner)
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit} ago"
+    return f"{seconds} s ago"
+
+
+# -- processes ----------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _proc_stat(pid: int) -> Optional[tuple]:
+    """(state letter, start time in clock ticks since boot) from /proc; None without /proc."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw.rpartition(")")[2].split()  # the command name may hold spaces and parens
+    if len(fields) < 20:
+        return None
+    return fields[0], fields[19]
+
+
+def start_token(pid: int) -> Optional[str]:
+    """What tells this run of ``pid`` from a later process reusing the number."""
+    stat = _proc_stat(pid)
+    return None if stat is None else f"{_boot_id()}/{stat[1]}"
+
+
+def process_alive(pid: int, started: Optional[str]) -> bool:
+    """Whether process ``pid`` (on this host) still runs and is the one that started at ``started``."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        pass
+    stat = _proc_stat(pid)
+    if stat is None:
+        return True
+    if stat[0] in ("Z", "X"):  # killed but not yet reaped: it will never write again
+        return False
+    return started is None or started == f"{_boot_id()}/{stat[1]}"
+
+
+# -- branch locks (in an index transaction) -----------------------------------
+
+def _decode(branch: str, value) -> BranchLock:
+    if type(value) is not dict or set(value) != set(_FIELDS) or not all(
+            isinstance(value[k], t) for k, t in _FIELDS.items()):
+        raise CorruptObject(f"the lock on branch {branch!r} is damaged; remove it with "
+                            f"'mvc unlock --force {branch}'")
+    lock = BranchLock(branch, value["host"], value["pid"], value["since"], value["owner"],
+                      value["started"], value["named"])
+    stale = not lock.named and lock.host == socket.gethostname() and not process_alive(lock.pid, lock.started)
+    return BranchLock(**{**lock.__dict__, "stale": stale})
+
+
+def _encode(lock: BranchLock) -> dict:
+    return {"host": lock.host, "pid": lock.pid, "since": float(lock.since), "owner": lock.owner,
+            "started": lock.started, "named": lock.named}
+
+
+def get(txn, branch: str) -> Optional[BranchLock]:
+    """The lock on ``branch`` or None; CorruptObject if its record is damaged."""
+    value = txn.lock(branch)
+    return None if value is None else _decode(branch, value)
+
+
+def all_locks(txn) -> list:
+    return [_decode(name, value) for name, value in txn.locks()]
+
+
+def owns(lock: BranchLock, me: Holder) -> bool:
+    if lock.named:
+        return lock.owner == me.owner
+    return (lock.host, lock.pid) == (me.host, me.pid) and lock.started in (None, me.started)
+
+
+def _refuse(lock: BranchLock, doing: str) -> LockHeld:
+    b = lock.branch
+    if lock.named:
+        advice = f"ask {lock.owner} to run 'mvc unlock {b}', or free it with 'mvc unlock --force {b}'"
+    elif lock.host != socket.gethostname():
+        advice = (f"mvc cannot tell from here whether it still runs; if it is gone, free the lock "
+                  f"with 'mvc unlock --force {b}'")
+    else:
+        advice = f"wait for that process to finish, or free the lock with 'mvc unlock --force {b}'"
+    return LockHeld(f"cannot {doing} branch {b!r}: it is locked by {lock.describe()}; {advice}")
+
+
+def acquire(txn, branch: str, me: Holder, named: bool) -> BranchLock:
+    """Lock ``branch`` for ``me``; idempotent for its owner, takes over a stale lock.
+
+    Raises LockHeld naming the holder if another live owner holds it.
+    """
+    current = get(txn, branch)
+    if current is not None and owns(current, me):
+        return current
+    if current is not None and not current.stale:
+        raise _refuse(current, "lock")
+    lock = BranchLock(branch, me.host, me.pid, time.time(), me.owner, None if named else me.started, named)
+    txn.put_lock(branch, _encode(lock))
+    return lock
+
+
+def release(txn, branch: str, me: Holder, force: bool) -> None:
+    """Unlock ``branch``; a no-op if it is not locked.
+
+    Raises LockHeld if another live owner holds it and ``force`` is false.
+    A damaged lock record can only be removed with ``force``.
+    """
+    if force:
+        txn.delete_lock(branch)
+        return
+    current = get(txn, branch)
+    if current is None:
+        return
+    if not owns(current, me) and not current.stale:
+        raise _refuse(current, "unlock")
+    txn.delete_lock(branch)
+
+
+def check_writer(txn, branch: str, me: Holder) -> None:
+    """Raise LockHeld if someone other than ``me`` holds a live lock on ``branch``."""
+    current = get(txn, branch)
+    if current is not None and not current.stale and not owns(current, me):
+        raise _refuse(current, "commit to")
+
+
+# -- the gc lock (flock) ------------------------------------------------------
+
+def _open(path: Path) -> int:
+    path.parent.mkdir(exist_ok=True)
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+
+def _try_flock(fd: int, mode: int, timeout: float) -> bool:
+    """Take ``flock(fd, mode)``, polling for up to ``timeout`` seconds; False if it stayed busy."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+
+def _gc_holder(lock_dir: Path) -> str:
+    try:
+        text = (lock_dir / GC_GATE).read_text().split()
+        pid, host, since = text[0], text[1], float(text[2])
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+        return f"pid {pid} on {host}, started {when}"
+    except (OSError, IndexError, ValueError):
+        return "pid unknown"
+
+
+@contextmanager
+def shared_gc_lock(lock_dir: Path, timeout: float) -> Iterator[None]:
+    """Held by a commit or load while it runs, so gc cannot delete what it relies on.
+
+    Waits up to ``timeout`` seconds for a running gc; raises LockHeld
+    ('gc is running (pid ...)') if it does not finish in time.
+    """
+    gate = _open(lock_dir / GC_GATE)
+    lock = None
+    try:
+        if _try_flock(gate, fcntl.LOCK_SH, timeout):
+            lock = _open(lock_dir / GC_LOCK)
+            if _try_flock(lock, fcntl.LOCK_SH, timeout):
+                os.close(gate)
+                gate = None
+                yield
+                return
+        raise LockHeld(f"gc is running ({_gc_holder(lock_dir)}) and did not finish within {timeout:.0f} s; "
+                       "try again when it is done")
+    finally:
+        for fd in (gate, lock):
+            if fd is not None:
+                os.close(fd)
+
+
+@contextmanager
+def exclusive_gc_lock(lock_dir: Path, timeout: float) -> Iterator[None]:
+    """Held by gc: no commit or load runs meanwhile (new ones wait at the gate).
+
+    Raises LockHeld if another gc runs or commits keep running for ``timeout`` seconds.
+    """
+    gate = _open(lock_dir / GC_GATE)
+    lock = None
+    try:
+        if not _try_flock(gate, fcntl.LOCK_EX, timeout):
+            raise LockHeld(f"another gc is running ({_gc_holder(lock_dir)}); try again when it is done")
+        os.ftruncate(gate, 0)
+        os.pwrite(gate, f"{os.getpid()} {socket.gethostname()} {time.time()}\n".encode(), 0)
+        lock = _open(lock_dir / GC_LOCK)
+        if not _try_flock(lock, fcntl.LOCK_EX, timeout):
+            raise LockHeld(f"commits kept running for {timeout:.0f} s, so gc could not start; "
+                           "run it again between checkpoints")
+        yield
+    finally:
+        for fd in (lock, gate):
+            if fd is not None:
+                os.close(fd)

@@ -1,0 +1,198 @@
+"""Branch write locks and the gc lock, with real processes as the other holders."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import mvc
+from mvc import locks
+
+# A child that does one thing to the repository, says "ready", and lives until its stdin closes.
+HOLDER = r"""
+import sys, mvc
+from mvc import locks
+repo = mvc.Repository.open(sys.argv[1])
+action = sys.argv[2]
+if action == "lock":
+    repo.lock_branch(sys.argv[3])
+elif action == "named":
+    repo.lock_branch(sys.argv[3], named=True, owner=sys.argv[4])
+elif action == "gc":
+    held = locks.exclusive_gc_lock(repo.dir / "locks", 5)
+    held.__enter__()
+elif action == "commit":
+    held = locks.shared_gc_lock(repo.dir / "locks", 5)
+    held.__enter__()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+class Child:
+    def __init__(self, repo, *args):
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(repo.root), *args],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "ready"
+        self.pid = self.proc.pid
+
+    def stop(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def child(repo):
+    children = []
+
+    def start(*args):
+        children.append(Child(repo, *args))
+        return children[-1]
+    yield start
+    for c in children:
+        if c.proc.poll() is None:
+            c.stop()
+
+
+def state(n=1):
+    return {"w": torch.arange(40, dtype=torch.float32) * n}
+
+
+def test_lock_is_idempotent_and_listed(repo):
+    assert repo.branch_lock("main") is None
+    lock = repo.lock_branch("main")
+    assert (lock.branch, lock.pid, lock.host, lock.named, lock.stale) == ("main", os.getpid(),
+                                                                         socket.gethostname(), False, False)
+    assert abs(lock.since - time.time()) < 3600
+    assert repo.lock_branch("main") == lock
+    assert repo.branch_lock("main") == lock
+    assert repo.locks() == [lock]
+    repo.commit(state(), "owner commits")
+    repo.unlock_branch("main")
+    assert repo.branch_lock("main") is None and repo.locks() == []
+    repo.unlock_branch("main")  # unlocking an unlocked branch is a no-op
+
+
+def test_live_holder_in_another_process_blocks_lock_and_commit(repo, child):
+    first = repo.commit(state(1), "before")
+    holder = child("lock", "main")
+    with pytest.raises(mvc.LockHeld) as err:
+        repo.lock_branch("main")
+    assert f"pid {holder.pid} on {socket.gethostname()}" in str(err.value)
+    with pytest.raises(mvc.LockHeld) as err:
+        repo.commit(state(2), "blocked")
+    message = str(err.value)
+    assert f"pid {holder.pid}" in message and "since" in message and "mvc unlock --force main" in message
+    assert repo.resolve("main") == first.id
+    repo.commit(state(3), "other branch", branch="side")  # only main is locked
+    with pytest.raises(mvc.LockHeld):
+        repo.unlock_branch("main")
+    with pytest.raises(mvc.LockHeld):
+        repo.create_branch("main", "side", force=True)
+    repo.checkout("side")
+    with pytest.raises(mvc.LockHeld):
+        repo.delete_branch("main", force=True)
+    assert repo.resolve("main") == first.id
+
+
+def test_dead_owner_on_this_host_is_taken_over(repo, child):
+    holder = child("lock", "main")
+    holder.stop()
+    stale = repo.branch_lock("main")
+    assert stale.pid == holder.pid and stale.stale
+    repo.commit(state(), "a stale lock does not block")
+    lock = repo.lock_branch("main")
+    assert lock.pid == os.getpid() and not lock.stale
+
+
+def test_reused_pid_is_not_the_owner(repo, child):
+    other = child("lock", "side")  # a live process; forge a lock naming its pid with another start time
+    with repo.index.write() as txn:
+        txn.put_lock("main", {"host": socket.gethostname(), "pid": other.pid, "since": time.time(),
+                              "owner": "x@y", "started": "some-earlier-boot/1", "named": False})
+    assert repo.branch_lock("main").stale
+    assert repo.lock_branch("main").pid == os.getpid()
+
+
+def test_lock_from_another_host_is_never_assumed_dead(repo):
+    with repo.index.write() as txn:
+        txn.put_lock("main", {"host": "gpu-node-7", "pid": 999999, "since": time.time() - 7200,
+                              "owner": "bob@gpu-node-7", "started": None, "named": False})
+    assert not repo.branch_lock("main").stale
+    with pytest.raises(mvc.LockHeld) as err:
+        repo.commit(state(), "blocked")
+    assert "pid 999999 on gpu-node-7" in str(err.value) and "2 h ago" in str(err.value)
+    assert "cannot tell" in str(err.value)
+    repo.unlock_branch("main", force=True)
+    repo.commit(state(), "free again")
+
+
+def test_named_lock_outlives_its_process_and_admits_its_owner(repo, child):
+    holder = child("named", "main", "alice")
+    holder.stop()
+    lock = repo.branch_lock("main")
+    assert lock.named and lock.owner == "alice" and not lock.stale
+    with pytest.raises(mvc.LockHeld) as err:
+        repo.commit(state(1), "bob", author="bob")
+    assert "alice" in str(err.value) and "mvc unlock main" in str(err.value)
+    landed = repo.commit(state(2), "alice", author="alice")
+    assert repo.resolve("main") == landed.id
+    with pytest.raises(mvc.LockHeld):
+        repo.unlock_branch("main", owner="bob")
+    repo.unlock_branch("main", owner="alice")
+    assert repo.branch_lock("main") is None
+
+
+def test_damaged_lock_record_is_reported_and_can_be_forced_away(repo):
+    with repo.index.write() as txn:
+        txn.put_lock("main", {"host": 3})
+    with pytest.raises(mvc.CorruptObject, match="mvc unlock --force main"):
+        repo.branch_lock("main")
+    with pytest.raises(mvc.CorruptObject):
+        repo.commit(state(), "refused")
+    repo.unlock_branch("main", force=True)
+    repo.commit(state(), "fine")
+
+
+def test_commit_and_load_fail_clearly_while_gc_holds_the_lock(repo, child):
+    repo.commit(state(), "before gc")
+    repo.lock_timeout = 0.2
+    gc = child("gc")
+    with pytest.raises(mvc.LockHeld) as err:
+        repo.commit(state(), "waits, then gives up")
+    assert f"gc is running (pid {gc.pid} on {socket.gethostname()}" in str(err.value)
+    with pytest.raises(mvc.LockHeld, match="gc is running"):
+        repo.load("main")
+    gc.stop()
+    repo.commit(state(), "gc is gone")
+
+
+def test_commit_waits_for_gc_to_finish(repo, child):
+    gc = child("gc")
+    done = []
+    worker = threading.Thread(target=lambda: done.append(repo.commit(state(), "waited")))
+    worker.start()
+    assert repo.head().id is None  # nothing can land while gc holds the lock
+    gc.stop()
+    worker.join(timeout=60)
+    assert done and repo.resolve("main") == done[0].id
+
+
+def test_killed_gc_releases_its_lock(repo, child):
+    gc = child("gc")
+    gc.proc.kill()
+    gc.proc.wait()
+    repo.lock_timeout = 5
+    repo.commit(state(), "the kernel dropped the flock")
+
+
+def test_gc_waits_for_running_commits(repo, child):
+    child("commit")
+    with pytest.raises(mvc.LockHeld, match="commits kept running"):
+        with locks.exclusive_gc_lock(repo.dir / "locks", 0.2):
+            pass

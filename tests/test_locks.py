@@ -196,3 +196,35 @@ def test_gc_waits_for_running_commits(repo, child):
     with pytest.raises(mvc.LockHeld, match="commits kept running"):
         with locks.exclusive_gc_lock(repo.dir / "locks", 0.2):
             pass
+
+
+def cli(repo, *args):
+    from click.testing import CliRunner
+    from mvc.cli import main
+    return CliRunner().invoke(main, ["-C", str(repo.root), *args])
+
+
+def test_cli_lock_list_and_unlock(repo):
+    import json
+    result = cli(repo, "lock", "main", "--owner", "alice")
+    assert result.exit_code == 0 and "for alice" in result.output
+    assert cli(repo, "lock", "main", "--owner", "alice").exit_code == 0  # already hers: no-op
+    listed = json.loads(cli(repo, "lock", "--list", "--json").output)
+    assert [(x["branch"], x["owner"], x["named"], x["pid"] > 0) for x in listed] == [("main", "alice", True, True)]
+    assert "main\tlocked by alice" in cli(repo, "lock", "--list").output
+    with pytest.raises(mvc.LockHeld):
+        repo.commit(state(), "bob is refused", author="bob")
+    refused = cli(repo, "unlock", "main", "--owner", "bob")
+    assert refused.exit_code == 1
+    assert refused.output.strip().splitlines() == [refused.output.strip()]  # one line, no traceback
+    assert refused.output.startswith("mvc: error: cannot unlock branch 'main': it is locked by alice")
+    assert cli(repo, "unlock", "main", "--owner", "alice").output == "unlocked branch 'main'\n"
+    assert cli(repo, "unlock", "main").output == "branch 'main' was not locked\n"
+    cli(repo, "lock", "main", "--owner", "alice")
+    assert cli(repo, "unlock", "--force", "main").exit_code == 0
+    assert repo.branch_lock("main") is None
+
+
+def test_cli_lock_usage_errors_exit_2(repo):
+    assert cli(repo, "lock").exit_code == 2
+    assert cli(repo, "lock", "main", "--list").exit_code == 2

@@ -98,3 +98,65 @@ def fsck(ctx, quick, rebuild_index, as_json):
         _show_report(report)
     if not report.ok:
         ctx.exit(1)
+
+
+# -- branch locks -------------------------------------------------------------
+
+def _lock_line(lock) -> str:
+    kind = "stale: its process is gone" if lock.stale else ("named" if lock.named else "process")
+    return f"{lock.branch}\tlocked by {lock.describe()}  [{kind}]"
+
+
+@main.command()
+@click.argument("branch", required=False)
+@click.option("--owner", metavar="NAME", help="Hold the lock as NAME (default: your commit author, "
+              "$MVC_AUTHOR or user@host).")
+@click.option("--list", "list_locks", is_flag=True, help="List every branch lock instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def lock(branch, owner, list_locks, as_json):
+    """Lock BRANCH for writing, or list the locks (--list).
+
+    The lock belongs to an owner name, not to this short-lived command: it
+    holds until 'mvc unlock BRANCH' run as the same owner, or 'mvc unlock
+    --force BRANCH'. While it holds, commits to BRANCH by any other author
+    fail with an error naming the holder; commits whose author is the owner
+    go through. Locking a branch you already hold does nothing.
+
+    Training runs lock their branch through the API (repo.lock_branch),
+    which gives a lock that ends with their process.
+    """
+    if list_locks == bool(branch):
+        raise click.UsageError("give a BRANCH to lock, or --list")
+    with open_repo() as repo:
+        if list_locks:
+            held = repo.locks()
+        else:
+            held = [repo.lock_branch(branch, named=True, owner=owner)]
+    if as_json:
+        echo_json(held if list_locks else held[0])
+    elif list_locks:
+        for item in held:
+            click.echo(_lock_line(item))
+    else:
+        click.echo(f"locked branch {branch!r} for {held[0].owner}; 'mvc unlock {branch}' releases it")
+
+
+@main.command()
+@click.argument("branch")
+@click.option("--owner", metavar="NAME", help="Release as NAME (default: your commit author).")
+@click.option("--force", is_flag=True, help="Remove the lock whoever holds it (also a damaged one).")
+def unlock(branch, owner, force):
+    """Release BRANCH's write lock.
+
+    Without --force only its owner may: the owner name of a lock taken with
+    'mvc lock' (see --owner), the process of a lock taken by a training run,
+    or anyone once that process has died on this host. Unlocking a branch
+    that is not locked does nothing.
+    """
+    with open_repo() as repo:
+        held = None if force else repo.branch_lock(branch)
+        repo.unlock_branch(branch, force=force, owner=owner)
+    if force or held is not None:
+        click.echo(f"unlocked branch {branch!r}")
+    else:
+        click.echo(f"branch {branch!r} was not locked")

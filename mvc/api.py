@@ -4,6 +4,8 @@ The verbs live in their own modules (fsck, gc, diff, bisect) and take a
 repository; the methods here only forward to them, so the layers point down.
 """
 
+from . import bisect as _bisect
+from . import diff as _diff
 from . import fsck as _fsck
 from .repository import BaseRepository
 
@@ -19,3 +21,12 @@ class Repository(BaseRepository):
     def rebuild_index(self) -> "_fsck.RebuildReport":
         """Rebuild the chunk index from the packs' trailers; see ``mvc.fsck.rebuild_index``."""
         return _fsck.rebuild_index(self)
+
+    def diff(self, a: str, b=None, only=None):
+        """Compare commit ``a`` with ``b`` (default HEAD); see ``mvc.diff.diff``."""
+        return _diff.diff(self, a, b, only)
+
+    def bisect(self, good: str, bad: str, is_good, branch=None, progress=None):
+        """Find the first commit after ``good`` for which ``is_good(state)`` is
+        False; see ``mvc.bisect.bisect``."""
+        return _bisect.bisect(self, good, bad, is_good, branch=branch, progress=progress)

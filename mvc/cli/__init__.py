@@ -3,5 +3,6 @@
 from .base import main
 from . import core  # noqa: F401  (registers init, commit, log, show, checkout, branch, tag, status)
 from . import integrity  # noqa: F401  (registers fsck)
+from . import compare  # noqa: F401  (registers diff, bisect)
 
 __all__ = ["main"]

@@ -1,0 +1,428 @@
+"""Finding the first bad commit: Git's bisect, for checkpoints.
+
+Vocabulary:
+
+- **path**: the commits after GOOD up to and including BAD along first
+  parents, oldest first. Bisect assumes every commit on it is good up to
+  some point and bad from there on; the **first bad commit** is that point.
+- **verdict**: ``good``, ``bad`` or ``skip`` (cannot be judged), given to
+  one commit. The newest good and the oldest bad commit bound the search.
+- **candidate**: the next commit to judge: the unjudged, unskipped commit
+  nearest the middle between the newest good and the oldest bad one, so
+  each verdict halves what is left.
+- **suspects**: when only skipped commits are left between the bounds, the
+  first bad commit is one of them or the oldest bad one; bisect says which.
+
+A bisect started with ``start`` lives in ``.mvc/BISECT`` (canonical
+msgpack, replaced atomically by write-and-rename), so each ``mvc bisect``
+command can be a separate process; the file is rewritten after every
+verdict, so an interrupted ``run`` leaves every verdict so far in place.
+``bisect`` (the Python API with a callable) keeps its state in memory.
+
+Evaluation commands (``run``) follow Git's exit codes: 0 good, 125 skip,
+1-127 otherwise bad, 128 and above or death by a signal stop the bisect.
+"""
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+import torch
+
+from . import encoding
+from .diff import Diff, diff
+from .errors import BadInput, CorruptObject, MvcError
+from .files import FORMATS, write_checkpoint
+from .repository import Commit
+
+STATE_FILE = "BISECT"
+STATE_VERSION = 1
+VERDICTS = ("good", "bad", "skip")
+EXIT_SKIP = 125
+ID_SIZE = 32
+
+
+@dataclass(frozen=True)
+class BisectStatus:
+    """Where a bisect stands. ``candidate`` is None once it is done."""
+
+    branch: Optional[str]
+    good: str  # newest commit known good
+    bad: str  # oldest commit known bad
+    candidate: Optional[Commit]  # the commit to judge next
+    remaining: int  # commits left to judge between good and bad (skipped ones not counted)
+    steps: int  # about how many verdicts are still needed
+    skipped: tuple  # ids of skipped commits between good and bad
+    first_bad: Optional[Commit] = None
+    suspects: tuple = ()  # ids that may be the first bad one, when skips leave it open
+    changes: Optional[Diff] = None  # first_bad against its parent
+    evaluations: int = 0  # verdicts this call reached (run, run_metric, bisect)
+
+    @property
+    def done(self) -> bool:
+        return self.candidate is None
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    verdict: str
+    commit: str
+    step: Optional[int]
+    message: str
+
+
+@dataclass(frozen=True)
+class BisectLog:
+    entries: tuple  # LogEntry per verdict, in the order given (start's bad and good first)
+    status: BisectStatus
+
+
+# -- state -------------------------------------------------------------------
+
+def _state_path(repo):
+    return repo.dir / STATE_FILE
+
+
+def in_progress(repo) -> bool:
+    return _state_path(repo).exists()
+
+
+def _new_state(repo, bad: str, good: str, branch: Optional[str]) -> dict:
+    bad_id, good_id = repo.resolve(bad), repo.resolve(good)
+    if bad_id == good_id:
+        raise BadInput(f"BAD {bad} and GOOD {good} are the same commit {bad_id[:12]}; "
+                       "give a good commit older than the bad one")
+    history = list(repo.log(branch if branch is not None else bad_id))
+    ids = [c.id for c in history]
+    if bad_id not in ids:
+        raise BadInput(f"BAD {bad} ({bad_id[:12]}) is not on the first-parent history of {branch!r}")
+    ids = ids[ids.index(bad_id):]
+    if good_id not in ids:
+        raise BadInput(_not_descendant(repo, bad, bad_id, good, good_id))
+    path = ids[:ids.index(good_id)][::-1]
+    return {"version": STATE_VERSION, "branch": branch, "good": bytes.fromhex(good_id),
+            "path": [bytes.fromhex(c) for c in path],
+            "marks": [["bad", bytes.fromhex(bad_id)], ["good", bytes.fromhex(good_id)]]}
+
+
+def _not_descendant(repo, bad, bad_id, good, good_id) -> str:
+    message = (f"BAD {bad} ({bad_id[:12]}) is not a descendant of GOOD {good} ({good_id[:12]}) "
+               "along first parents")
+    if any(c.id == bad_id for c in repo.log(good_id)):
+        return message + "; they look swapped: the order is 'mvc bisect start BAD GOOD'"
+    return message + "; give a GOOD commit from BAD's own history"
+
+
+def _read_state(repo) -> dict:
+    try:
+        data = _state_path(repo).read_bytes()
+    except FileNotFoundError:
+        raise MvcError("no bisect in progress; start one with 'mvc bisect start BAD GOOD'") from None
+    state = encoding.unpack(data, f"bisect state {STATE_FILE}")
+    problem = _state_problem(state)
+    if problem:
+        raise CorruptObject(f"the bisect state .mvc/{STATE_FILE} is damaged ({problem}); "
+                            "run 'mvc bisect reset' and start again")
+    return state
+
+
+def _state_problem(state) -> str:
+    def is_id(x):
+        return type(x) is bytes and len(x) == ID_SIZE
+    if type(state) is not dict or state.get("version") != STATE_VERSION:
+        return "not a version 1 bisect state"
+    if not (type(state.get("path")) is list and state["path"] and all(map(is_id, state["path"]))):
+        return "bad path"
+    if not is_id(state.get("good")) or not (state.get("branch") is None or type(state["branch"]) is str):
+        return "bad good commit or branch"
+    known = set(state["path"]) | {state["good"]}
+    marks = state.get("marks")
+    if type(marks) is not list or not all(type(m) is list and len(m) == 2 and m[0] in VERDICTS
+                                          and m[1] in known for m in marks):
+        return "bad verdicts"
+    return "" if _bounds(state) is not None else "contradictory verdicts"
+
+
+def _write_state(repo, state: dict) -> None:
+    """Replace the state file atomically: a reader sees the old or the new one."""
+    tmp = repo.dir / "tmp" / f"{STATE_FILE}-{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(encoding.pack(state))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, _state_path(repo))
+
+
+# -- the search ----------------------------------------------------------------
+
+def _bounds(state: dict):
+    """(newest good index, oldest bad index, skipped indexes between), or None
+    when the verdicts contradict each other. The start GOOD has index -1."""
+    index = {cid: i for i, cid in enumerate(state["path"])}
+    index[state["good"]] = -1
+    verdicts = {}
+    for verdict, cid in state["marks"]:
+        verdicts[index[cid]] = verdict  # a later verdict on the same commit wins
+    goods = [i for i, v in verdicts.items() if v == "good"]
+    bads = [i for i, v in verdicts.items() if v == "bad"]
+    if not goods or not bads or max(goods) >= min(bads):
+        return None
+    lo, hi = max(goods), min(bads)
+    return lo, hi, sorted(i for i, v in verdicts.items() if v == "skip" and lo < i < hi)
+
+
+def _next_index(lo: int, hi: int, skipped: list) -> Optional[int]:
+    middle, skipped = (lo + hi) / 2, set(skipped)
+    options = [i for i in range(lo + 1, hi) if i not in skipped]
+    return min(options, key=lambda i: (abs(i - middle), i)) if options else None
+
+
+def _status(repo, state: dict, changes: bool = True) -> BisectStatus:
+    lo, hi, skipped = _bounds(state)
+    path = state["path"]
+    good = state["good"] if lo < 0 else path[lo]
+    left = hi - lo - 1 - len(skipped)
+    candidate = _next_index(lo, hi, skipped)
+    status = BisectStatus(state["branch"], good.hex(), path[hi].hex(),
+                          repo.get_commit(path[candidate].hex()) if candidate is not None else None,
+                          left, math.ceil(math.log2(left + 1)) if left else 0,
+                          tuple(path[i].hex() for i in skipped))
+    if candidate is not None:
+        return status
+    if skipped:
+        return replace(status, suspects=status.skipped + (path[hi].hex(),))
+    first_bad = repo.get_commit(path[hi].hex())
+    return replace(status, first_bad=first_bad,
+                   changes=diff(repo, first_bad.parents[0], first_bad.id) if changes else None)
+
+
+def _with_verdict(state: dict, verdict: str, cid: bytes) -> dict:
+    if verdict not in VERDICTS:
+        raise BadInput(f"verdict {verdict!r} is not one of {', '.join(VERDICTS)}")
+    if cid not in state["path"] and cid != state["good"]:
+        raise BadInput(f"commit {cid.hex()[:12]} is not between the good {state['good'].hex()[:12]} and "
+                       f"the bad {state['path'][-1].hex()[:12]} commit being bisected")
+    new = dict(state, marks=state["marks"] + [[verdict, cid]])
+    if _bounds(new) is None:
+        raise BadInput(f"commit {cid.hex()[:12]} cannot be {verdict}: {_contradiction(state, verdict)}; "
+                       "bisect assumes good commits come before bad ones: see 'mvc bisect log', "
+                       "or 'mvc bisect reset' and start again")
+    return new
+
+
+def _contradiction(state: dict, verdict: str) -> str:
+    lo, hi, _ = _bounds(state)
+    good = (state["good"] if lo < 0 else state["path"][lo]).hex()[:12]
+    bad = state["path"][hi].hex()[:12]
+    if verdict == "bad":
+        return f"it is not newer than {good}, which is good"
+    if verdict == "good":
+        return f"it is not older than {bad}, which is bad"
+    return f"it is the only good ({good}) or bad ({bad}) commit known"
+
+
+# -- verbs -----------------------------------------------------------------------
+
+def start(repo, bad: str, good: str, branch: Optional[str] = None) -> BisectStatus:
+    """Start bisecting the first-parent history from GOOD (exclusive) to BAD.
+
+    ``branch`` names the history to follow (default: BAD's own first parents).
+    Raises MvcError if a bisect is already in progress, UnknownRevision for
+    bad revisions, BadInput if BAD is not a first-parent descendant of GOOD.
+    """
+    if in_progress(repo):
+        state = _read_state(repo)
+        raise MvcError(f"a bisect is already in progress (bad {state['path'][-1].hex()[:12]}, good "
+                       f"{state['good'].hex()[:12]}); finish it or run 'mvc bisect reset'")
+    state = _new_state(repo, bad, good, branch)
+    _write_state(repo, state)
+    return _status(repo, state)
+
+
+def mark(repo, verdict: str, rev: Optional[str] = None) -> BisectStatus:
+    """Judge ``rev`` (default: the current candidate) good, bad or skip.
+
+    Raises MvcError without a bisect in progress or when it is done and no
+    ``rev`` is given; BadInput for a commit outside the bisected range or a
+    verdict that contradicts earlier ones (the state is then unchanged).
+    """
+    state = _read_state(repo)
+    if rev is None:
+        status = _status(repo, state, changes=False)
+        if status.candidate is None:
+            raise MvcError("the bisect is finished; give a revision to judge, or run 'mvc bisect reset'")
+        rev = status.candidate.id
+    state = _with_verdict(state, verdict, bytes.fromhex(repo.resolve(rev)))
+    _write_state(repo, state)
+    return _status(repo, state)
+
+
+def status(repo) -> BisectStatus:
+    """The bisect in progress; MvcError if there is none."""
+    return _status(repo, _read_state(repo))
+
+
+def log(repo) -> BisectLog:
+    """Every verdict so far, and where the bisect stands; MvcError if none is in progress."""
+    state = _read_state(repo)
+    entries = []
+    for verdict, cid in state["marks"]:
+        c = repo.get_commit(cid.hex())
+        entries.append(LogEntry(verdict, c.id, c.step, c.message))
+    return BisectLog(tuple(entries), _status(repo, state))
+
+
+def reset(repo) -> Optional[BisectStatus]:
+    """End the bisect: remove its state. Returns where it stood, or None if
+    no bisect was in progress or its state could not be read (it is removed
+    all the same)."""
+    if not in_progress(repo):
+        return None
+    try:
+        where = _status(repo, _read_state(repo), changes=False)
+    except MvcError:  # damaged state, or its commits are gone: reset anyway
+        where = None
+    _state_path(repo).unlink(missing_ok=True)
+    return where
+
+
+def _drive(repo, state: dict, decide: Callable, persist: bool, progress) -> BisectStatus:
+    """Judge candidates with ``decide(commit) -> verdict`` until the bisect is done."""
+    evaluations = 0
+    while True:
+        candidate = _status(repo, state, changes=False).candidate
+        if candidate is None:
+            return replace(_status(repo, state), evaluations=evaluations)
+        verdict = decide(candidate)
+        evaluations += 1
+        state = _with_verdict(state, verdict, bytes.fromhex(candidate.id))
+        if persist:
+            _write_state(repo, state)
+        if progress:
+            progress(candidate, verdict)
+
+
+def verdict_of(code: int) -> Optional[str]:
+    """Git's bisect-run exit codes: the verdict, or None to stop."""
+    if code == 0:
+        return "good"
+    if code == EXIT_SKIP:
+        return "skip"
+    return "bad" if 0 < code < 128 else None
+
+
+def run(repo, cmd_args, fmt: str = "pt", progress: Optional[Callable] = None) -> BisectStatus:
+    """Judge each candidate by running ``cmd_args`` on its checkpoint.
+
+    The checkpoint is written to a temporary file (``fmt`` "pt": torch.save of
+    the state; "safetensors": its tensors under dotted keys) whose path is in
+    the environment as ``MVC_CHECKPOINT`` (the commit id in ``MVC_COMMIT``)
+    and replaces ``{}`` in the arguments. ``progress(commit, verdict)`` is
+    called after each verdict. Raises BadInput for an unknown format or a
+    command that cannot be run, MvcError when a command exits with 128 or
+    more or is killed by a signal (every verdict before it is kept).
+    """
+    if fmt not in FORMATS:
+        raise BadInput(f"checkpoint format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if not cmd_args:
+        raise BadInput("give the evaluation command to run")
+    state = _read_state(repo)
+    _check_runnable(cmd_args[0])
+    with tempfile.TemporaryDirectory(prefix="bisect-", dir=repo.dir / "tmp") as tmp:
+        return _drive(repo, state, lambda c: _evaluate(repo, c, cmd_args, fmt, tmp), True, progress)
+
+
+def _check_runnable(program: str) -> None:
+    if os.sep in program or (os.altsep and os.altsep in program):
+        if not os.path.isfile(program):
+            raise BadInput(f"evaluation command {program!r} does not exist")
+        if not os.access(program, os.X_OK):
+            raise BadInput(f"evaluation command {program!r} is not executable; chmod +x it "
+                           "or run it through its interpreter")
+    elif shutil.which(program) is None:
+        raise BadInput(f"evaluation command {program!r} was not found on PATH")
+
+
+def _evaluate(repo, commit: Commit, cmd_args, fmt: str, tmp: str) -> str:
+    path = os.path.join(tmp, f"{commit.short_id}.{fmt}")
+    write_checkpoint(repo.load(commit.id), path, fmt)
+    args = [a.replace("{}", path) for a in cmd_args]
+    env = dict(os.environ, MVC_CHECKPOINT=path, MVC_COMMIT=commit.id)
+    try:
+        code = subprocess.run(args, env=env).returncode
+    except OSError as exc:
+        raise BadInput(f"evaluation command {cmd_args[0]!r} cannot be run: {exc.strerror or exc}") from None
+    finally:
+        os.unlink(path)
+    verdict = verdict_of(code)
+    if verdict is None:
+        raise MvcError(f"evaluation of {commit.short_id} (step {commit.step}) {_how(code)}; bisect stopped "
+                       "with every earlier verdict kept: judge this commit with 'mvc bisect good|bad|skip' "
+                       "or fix the command and run 'mvc bisect run' again")
+    return verdict
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with {code} (128 or more stops a bisect)"
+
+
+def run_metric(repo, metric: str, threshold: float, higher_is_worse: bool = False,
+               progress: Optional[Callable] = None) -> BisectStatus:
+    """Judge candidates by a metric recorded in their commits; nothing is run.
+
+    A commit is bad when its metric is below ``threshold`` (above it with
+    ``higher_is_worse``, e.g. a loss) or NaN, and skipped when it does not
+    record the metric. Raises BadInput if no commit in the range records it.
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        raise BadInput(f"threshold must be a finite number, not {threshold!r}")
+    state = _read_state(repo)
+    lo, hi, _ = _bounds(state)
+    commits = [repo.get_commit(cid.hex()) for cid in state["path"][lo + 1:hi]]
+    if commits and not any(metric in c.metrics for c in commits):
+        known = sorted({name for c in commits for name in c.metrics})
+        raise BadInput(f"no commit left to judge records metric {metric!r}; recorded: "
+                       f"{', '.join(known) if known else 'none'}")
+    return _drive(repo, state, lambda c: _judge_metric(c, metric, threshold, higher_is_worse), True, progress)
+
+
+def _judge_metric(commit: Commit, metric: str, threshold: float, higher_is_worse: bool) -> str:
+    value = commit.metrics.get(metric)
+    if value is None:
+        return "skip"
+    if value != value:  # NaN is never good
+        return "bad"
+    worse = value > threshold if higher_is_worse else value < threshold
+    return "bad" if worse else "good"
+
+
+def bisect(repo, good: str, bad: str, is_good: Callable, branch: Optional[str] = None,
+           progress: Optional[Callable] = None) -> BisectStatus:
+    """Find the first bad commit between ``good`` and ``bad`` in one call.
+
+    ``is_good(state)`` gets each candidate's loaded state and returns True
+    (good), False (bad) or None (skip). Nothing is written to the repository,
+    so this does not disturb a bisect started with ``start``. Raises what
+    ``start`` raises, BadInput for another return value, and whatever
+    ``is_good`` raises.
+    """
+    def decide(commit: Commit) -> str:
+        answer = is_good(repo.load(commit.id))
+        if isinstance(answer, torch.Tensor) and answer.dtype == torch.bool and answer.numel() == 1:
+            answer = bool(answer)  # e.g. ``return loss < 0.5``
+        if answer is None:
+            return "skip"
+        if isinstance(answer, bool):
+            return "good" if answer else "bad"
+        raise BadInput(f"is_good returned {answer!r} for {commit.short_id}; return True, False or None")
+    return _drive(repo, _new_state(repo, bad, good, branch), decide, False, progress)

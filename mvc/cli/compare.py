@@ -1,0 +1,276 @@
+"""Comparing versions: ``mvc diff`` and the ``mvc bisect`` commands."""
+
+import click
+
+from .. import bisect as bisect_api
+from .. import plot
+from ..files import FORMATS
+from .base import echo_json, human_bytes, main, open_repo
+
+TOP_CHANGES = 10  # tensors listed under a first bad commit
+
+
+# -- rendering helpers --------------------------------------------------------
+
+def _num(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def _shape(dtype, shape) -> str:
+    if dtype is None:
+        return ""
+    return f"{dtype} {'x'.join(map(str, shape)) or 'scalar'}"
+
+
+def _record(c) -> str:
+    parts = [f"step {c.step}"] if c.step is not None else []
+    parts += [f"{k}={_num(v)}" for k, v in sorted(c.metrics.items())]
+    return "  ".join(parts)
+
+
+def _title(c) -> str:
+    return c.message.splitlines()[0] if c.message else ""
+
+
+def _summary_line(s) -> str:
+    extra = [f"{n} {what}" for n, what in ((s.tensors_added, "added"), (s.tensors_removed, "removed")) if n]
+    values = f", {s.values_changed} value{'' if s.values_changed == 1 else 's'} changed" if s.values_changed else ""
+    return (f"{s.tensors_changed} of {s.tensors} tensors changed{' (' + ', '.join(extra) + ')' if extra else ''}, "
+            f"{human_bytes(s.bytes_changed)} of {human_bytes(s.bytes_total)} in changed chunks, "
+            f"{100 * s.parameters_changed:.3g}% of parameters{values}")
+
+
+def _tensor_line(t, width: int) -> str:
+    head = f"  {t.status:<9} {t.key:<{width}}"
+    if t.status == "reshaped":
+        return f"{head}  {_shape(t.dtype_a, t.shape_a)} -> {_shape(t.dtype_b, t.shape_b)}"
+    if t.status in ("added", "removed"):
+        return f"{head}  {_shape(t.dtype_b or t.dtype_a, t.shape_b or t.shape_a)}"
+    return (f"{head}  {_shape(t.dtype_b, t.shape_b):<14} chunks {t.chunks_changed}/{t.chunks} "
+            f"({100 * t.chunk_fraction:.3g}%)  rel {_num(t.relative_change)}  "
+            f"max {_num(t.max_abs_diff)}  cos {_num(t.cosine)}")
+
+
+def _stat_line(t, width: int) -> str:
+    if t.status != "changed":
+        return f" {t.key:<{width}} | {t.status}"
+    bar = "#" * max(1, round(20 * t.chunk_fraction))
+    chunks = f"{t.chunks_changed}/{t.chunks} chunks"
+    return (f" {t.key:<{width}} | {chunks:>15} {bar:<20} "
+            f"rel {_num(t.relative_change)}")
+
+
+def _render_diff(d) -> None:
+    click.echo(f"diff {d.a.short_id} -> {d.b.short_id}" + (f"  (only {d.only!r})" if d.only else ""))
+    for f in d.commit:
+        click.echo(f"  {f.name}: {f.a!r} -> {f.b!r}")
+    changed = d.changed()
+    width = max([len(t.key) for t in changed] + [3])
+    if changed:
+        click.echo("tensors:")
+    for t in changed:
+        click.echo(_tensor_line(t, width))
+    if d.values:
+        click.echo("values:")
+        vwidth = max(len(v.key) for v in d.values)
+        for v in d.values:
+            click.echo(f"  {v.status:<9} {v.key:<{vwidth}}  {v.a!r} -> {v.b!r}")
+    click.echo(_summary_line(d.summary))
+
+
+def _render_stat(d) -> None:
+    changed = d.changed()
+    width = max([len(t.key) for t in changed] + [3])
+    for t in changed:
+        click.echo(_stat_line(t, width))
+    click.echo(" " + _summary_line(d.summary))
+
+
+# -- diff -----------------------------------------------------------------------
+
+@main.command()
+@click.argument("a")
+@click.argument("b", required=False)
+@click.option("--stat", is_flag=True, help="One line per changed tensor and the summary.")
+@click.option("--only", metavar="GLOB", default=None,
+              help="Compare only keys matching GLOB, e.g. 'model.layers.*' (fnmatch on dotted keys).")
+@click.option("--plot", "plot_file", metavar="FILE.png", type=click.Path(dir_okay=False), default=None,
+              help="Also draw the relative change of each tensor (each layer, when there are many) "
+                   "in model order: keys sorted with digit runs as numbers, so layers.2 comes "
+                   "before layers.10. Needs matplotlib: pip install 'mvc[plot]'.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole diff as JSON.")
+def diff(a, b, stat, only, plot_file, as_json):
+    """Compare commit A with B (default HEAD): tensors, plain values and the training record.
+
+    For each changed tensor: the share of its chunks that differ, the relative
+    change |B-A|/|A|, max |B-A| and the cosine similarity. Unchanged tensors
+    are recognised from ids without reading data.
+    """
+    if plot_file:
+        plot.require_matplotlib()  # fail before the work, not after it
+    with open_repo() as repo:
+        d = repo.diff(a, b, only=only)
+    if plot_file:
+        click.echo(f"plot written to {plot.plot_diff(d, plot_file)}", err=True)
+    if as_json:
+        echo_json(d)
+    elif stat:
+        _render_stat(d)
+    else:
+        _render_diff(d)
+
+
+# -- bisect ---------------------------------------------------------------------
+
+@main.group()
+def bisect():
+    """Find the first bad commit by binary search over first-parent history.
+
+    Start with 'mvc bisect start BAD GOOD', then judge each commit it offers
+    with 'mvc bisect good|bad|skip', or let 'mvc bisect run' judge them with an
+    evaluation command or a recorded metric. 'mvc bisect reset' ends it.
+    """
+
+
+def _render_status(s) -> None:
+    if s.first_bad is not None:
+        _render_first_bad(s)
+    elif s.suspects:
+        click.echo("only skipped commits are left: the first bad commit is one of")
+        for cid in s.suspects:
+            click.echo(f"  {cid}")
+    else:
+        c = s.candidate
+        click.echo(f"Bisecting: {s.remaining} commit{'' if s.remaining == 1 else 's'} left to judge "
+                   f"(about {s.steps} step{'' if s.steps == 1 else 's'})")
+        click.echo(f"next: {c.id}  {_record(c)}  {_title(c)}".rstrip())
+        click.echo(f"judge it (e.g. mvc export {c.short_id} -o FILE), then run 'mvc bisect good' or "
+                   "'mvc bisect bad' ('mvc bisect skip' if it cannot be judged)")
+
+
+def _render_first_bad(s) -> None:
+    c = s.first_bad
+    click.echo(f"first bad commit: {c.id}")
+    if _record(c):
+        click.echo(f"  {_record(c)}")
+    for line in (c.message or "(no message)").splitlines():
+        click.echo(f"    {line}")
+    if s.changes is None:
+        return
+    click.echo(f"  against its parent {s.changes.a.short_id}: {_summary_line(s.changes.summary)}")
+    changed = sorted(s.changes.changed(), key=lambda t: -(t.relative_change or 0))
+    width = max([len(t.key) for t in changed[:TOP_CHANGES]] + [3])
+    for t in changed[:TOP_CHANGES]:
+        click.echo("  " + _tensor_line(t, width))
+    if len(changed) > TOP_CHANGES:
+        click.echo(f"    ... and {len(changed) - TOP_CHANGES} more (mvc diff {s.changes.a.short_id} {c.short_id})")
+    for f in s.changes.commit:
+        if f.name != "message":
+            click.echo(f"    {f.name}: {f.a!r} -> {f.b!r}")
+
+
+def _show(status, as_json: bool) -> None:
+    if as_json:
+        echo_json(status)
+    else:
+        _render_status(status)
+
+
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+
+
+@bisect.command("start")
+@click.argument("bad")
+@click.argument("good")
+@click.option("--branch", default=None, help="Follow this branch's first parents (default: BAD's).")
+@_json_option
+def bisect_start(bad, good, branch, as_json):
+    """Start bisecting between BAD (the first known bad commit) and GOOD (an older good one)."""
+    with open_repo() as repo:
+        _show(bisect_api.start(repo, bad, good, branch=branch), as_json)
+
+
+def _verdict_command(verdict: str):
+    @bisect.command(verdict, help=f"Judge REV (default: the commit offered) {verdict}.")
+    @click.argument("rev", required=False)
+    @_json_option
+    def command(rev, as_json):
+        with open_repo() as repo:
+            _show(bisect_api.mark(repo, verdict, rev), as_json)
+    return command
+
+
+for _verdict in bisect_api.VERDICTS:
+    _verdict_command(_verdict)
+
+
+@bisect.command("log")
+@_json_option
+def bisect_log(as_json):
+    """Show the verdicts given so far and where the bisect stands."""
+    with open_repo() as repo:
+        result = bisect_api.log(repo)
+    if as_json:
+        echo_json(result)
+        return
+    for e in result.entries:
+        step = f"step {e.step}  " if e.step is not None else ""
+        click.echo(f"# {e.verdict}: {e.commit[:12]}  {step}{e.message.splitlines()[0] if e.message else ''}".rstrip())
+    _render_status(result.status)
+
+
+@bisect.command("reset")
+def bisect_reset():
+    """End the bisect and forget its verdicts."""
+    with open_repo() as repo:
+        if not bisect_api.in_progress(repo):
+            click.echo("no bisect in progress; nothing to reset", err=True)
+            return
+        where = bisect_api.reset(repo)
+    found = f" (first bad commit was {where.first_bad.short_id})" if where and where.first_bad else ""
+    click.echo(f"bisect reset{found}")
+
+
+def _progress(commit, verdict) -> None:
+    click.echo(f"{commit.short_id}  {_record(commit)}  -> {verdict}", err=True)
+
+
+@bisect.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="Checkpoint file format handed to CMD (default pt).")
+@click.option("--metric", default=None, help="Judge by this metric recorded in each commit instead.")
+@click.option("--threshold", type=float, default=None, help="With --metric: the boundary of good.")
+@click.option("--higher-is-worse", is_flag=True,
+              help="With --metric: above the threshold is bad (a loss); default: below it is bad.")
+@_json_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def bisect_run(fmt, metric, threshold, higher_is_worse, as_json, command):
+    """Judge every commit offered until the first bad one is found.
+
+    Either run CMD ARGS... on each candidate's checkpoint (its path is in
+    $MVC_CHECKPOINT, the commit id in $MVC_COMMIT, and replaces {} in ARGS):
+    exit 0 means good, 125 skip, 1-127 bad, 128 or more (or a signal) stops
+    the bisect. Or, with --metric NAME --threshold X, judge each commit by
+    the metric it recorded, running nothing.
+    """
+    if metric is None:
+        if threshold is not None or higher_is_worse:
+            raise click.UsageError("--threshold and --higher-is-worse go with --metric")
+        if not command:
+            raise click.UsageError("give an evaluation command, or --metric NAME --threshold X")
+    elif command or fmt:
+        raise click.UsageError("--metric judges by recorded metrics: give no command or --format")
+    elif threshold is None:
+        raise click.UsageError("--metric needs --threshold X")
+    with open_repo() as repo:
+        if metric is None:
+            status = bisect_api.run(repo, list(command), fmt or "pt", progress=_progress)
+        else:
+            status = bisect_api.run_metric(repo, metric, threshold, higher_is_worse, progress=_progress)
+    if not as_json:
+        click.echo(f"{status.evaluations} evaluation{'' if status.evaluations == 1 else 's'}")
+    _show(status, as_json)

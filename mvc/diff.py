@@ -1,0 +1,371 @@
+"""Comparing two commits: what changed in the tensors, the plain values and the record.
+
+Vocabulary:
+
+- **status** of a tensor key: ``added`` (only in B), ``removed`` (only in A),
+  ``unchanged`` (same tensor id, or every byte equal), ``changed`` (same
+  dtype and shape, some bytes differ) or ``reshaped`` (shape or dtype
+  differs, so no element-wise numbers exist).
+- **chunk fraction**: the share of B's chunks whose ids differ from A's at
+  the same position; what a commit of B on top of A would have to write.
+- **relative change**: ‖B−A‖ / ‖A‖ (L2 over all elements), next to
+  max |B−A| and the cosine similarity of A and B. Computed in float64.
+- **elements changed**: elements whose bytes differ (bit-exact, so a NaN
+  that stays NaN is unchanged and 0.0 → -0.0 is a change).
+
+Unchanged tensors are recognised from their ids without reading data.
+Changed tensors are streamed window by window (a window is a whole number
+of chunks and of elements): for each window only A's bytes are read where
+the chunk ids agree, both sides where they differ. At most one window pair
+per worker thread is in memory, never a whole state.
+"""
+
+import fnmatch
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from . import dtypes
+from .encoding import key_order
+from .objects import format_path as _key
+from .repository import THREADS, Commit, Entry
+
+ADDED, REMOVED, UNCHANGED, CHANGED, RESHAPED = "added", "removed", "unchanged", "changed", "reshaped"
+UNCHANGED_NUMBERS = {"relative_change": 0.0, "max_abs_diff": 0.0}  # known without reading data
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """One tensor key compared. Numbers are None where they do not apply
+    (added, removed, reshaped) or the dtype has no numeric conversion."""
+
+    key: str
+    path: tuple
+    status: str
+    dtype_a: Optional[str]
+    dtype_b: Optional[str]
+    shape_a: Optional[tuple]
+    shape_b: Optional[tuple]
+    numel: int  # elements of B (of A when removed)
+    nbytes: int  # bytes of B (of A when removed)
+    chunks: int  # chunks of B (of A when removed)
+    chunks_changed: int
+    chunk_fraction: float
+    bytes_changed: int  # bytes of B's chunks that differ (all of B when added/reshaped)
+    elements_changed: int
+    norm_a: Optional[float] = None
+    norm_b: Optional[float] = None
+    norm_diff: Optional[float] = None  # ‖B−A‖
+    relative_change: Optional[float] = None  # ‖B−A‖ / ‖A‖ (inf when A is zero and B is not)
+    max_abs_diff: Optional[float] = None
+    cosine: Optional[float] = None  # None when A or B is all zeros
+
+
+@dataclass(frozen=True)
+class ValueDiff:
+    """A plain value of the tree that is added, removed or changed."""
+
+    key: str
+    path: tuple
+    status: str
+    a: Any
+    b: Any
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """A field of the commit record that differs: message, step, epoch,
+    ``metrics.NAME`` or ``context.DOTTED.KEY``."""
+
+    name: str
+    a: Any
+    b: Any
+
+
+@dataclass(frozen=True)
+class DiffSummary:
+    tensors: int  # tensor keys compared (both sides, after --only)
+    tensors_changed: int  # every status but unchanged
+    tensors_added: int
+    tensors_removed: int
+    bytes_total: int  # bytes of B's tensors
+    bytes_changed: int
+    elements_total: int  # elements of B's tensors
+    elements_changed: int
+    parameters_changed: float  # elements_changed / elements_total (0 when B has none)
+    values_changed: int
+
+
+@dataclass(frozen=True)
+class Diff:
+    a: Commit
+    b: Commit
+    only: Optional[str]
+    tensors: tuple  # TensorDiff for every tensor key, in model order (see natural_key)
+    values: tuple  # ValueDiff for plain values that differ
+    commit: tuple  # FieldChange for record fields that differ
+    summary: DiffSummary
+
+    def changed(self) -> list:
+        """The TensorDiffs whose status is not unchanged."""
+        return [t for t in self.tensors if t.status != UNCHANGED]
+
+
+def diff(repo, a: str, b: Optional[str] = None, only: Optional[str] = None) -> Diff:
+    """Compare commit ``a`` with ``b`` (default HEAD, the working branch tip).
+
+    ``only`` is a glob (fnmatch, case-sensitive) on dotted keys such as
+    ``'model.layers.*'``; it limits tensors and plain values, not the record.
+    Raises UnknownRevision / AmbiguousRevision for bad revisions, and
+    ObjectNotFound / ChecksumMismatch when stored data is missing or corrupt.
+    """
+    commit_a = repo.get_commit(a)
+    commit_b = repo.get_commit("HEAD" if b is None else b)
+    entries_a = _select(repo.entries(commit_a.id), only)
+    entries_b = _select(repo.entries(commit_b.id), only)
+    tensors_a = {e.path: e for e in entries_a if e.kind == "tensor"}
+    tensors_b = {e.path: e for e in entries_b if e.kind == "tensor"}
+    tensors = _tensor_diffs(repo, tensors_a, tensors_b)
+    values = _value_diffs({e.path: e for e in entries_a if e.kind == "value"},
+                          {e.path: e for e in entries_b if e.kind == "value"})
+    fields = record_changes(commit_a, commit_b)
+    return Diff(commit_a, commit_b, only, tuple(tensors), tuple(values), tuple(fields),
+                _summary(tensors, values))
+
+
+def _select(entries: list, only: Optional[str]) -> list:
+    if only is None:
+        return entries
+    return [e for e in entries if fnmatch.fnmatchcase(e.key, only)]
+
+
+def _path_order(path: tuple) -> tuple:
+    return tuple(key_order(k) for k in path)
+
+
+def natural_key(key: str) -> tuple:
+    """Sort key for model order: runs of digits compare as numbers, so
+    ``layers.2`` comes before ``layers.10``. A state's own order is not
+    stored (trees keep canonical key order); this is how a ``layers.N``
+    model reads top to bottom."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in re.split(r"(\d+)", key) if part)
+
+
+# -- tensors ---------------------------------------------------------------
+
+def _tensor_diffs(repo, side_a: dict, side_b: dict) -> list:
+    paths = sorted(side_a.keys() | side_b.keys(), key=lambda p: (natural_key(_key(p)), _path_order(p)))
+    streamed = [p for p in paths if p in side_a and p in side_b and _comparable(side_a[p], side_b[p])]
+    with ThreadPoolExecutor(THREADS) as pool:
+        found = dict(zip(streamed, pool.map(lambda p: _stream(repo, side_a[p], side_b[p]), streamed)))
+    return [found[p] if p in found else _unstreamed(side_a.get(p), side_b.get(p)) for p in paths]
+
+
+def _comparable(ea: Entry, eb: Entry) -> bool:
+    """Same dtype and shape but different ids: worth reading."""
+    return ea.tensor_id != eb.tensor_id and ea.dtype == eb.dtype and ea.shape == eb.shape
+
+
+def _unstreamed(ea: Optional[Entry], eb: Optional[Entry]) -> TensorDiff:
+    """Added, removed, reshaped or (equal ids) unchanged: no data is read."""
+    e = eb or ea
+    if ea is not None and eb is not None and ea.tensor_id == eb.tensor_id:
+        status, changed = UNCHANGED, False
+    else:
+        status, changed = (ADDED if ea is None else REMOVED if eb is None else RESHAPED), True
+    numel = math.prod(e.shape)
+    return TensorDiff(e.key, e.path, status, ea and ea.dtype, eb and eb.dtype,
+                      ea and tuple(ea.shape), eb and tuple(eb.shape), numel, e.nbytes,
+                      len(e.chunks), len(e.chunks) if changed else 0, 1.0 if changed and e.chunks else 0.0,
+                      e.nbytes if changed else 0, numel if changed else 0,
+                      **({} if changed else UNCHANGED_NUMBERS))
+
+
+class _Reader:
+    """Byte ranges of one stored tensor, read one verified chunk at a time."""
+
+    def __init__(self, repo, obj, key: str):
+        self.repo, self.obj, self.size = repo, obj, obj.chunk_size
+        self.what = f" of tensor {key!r}"
+        self._index, self._data = -1, memoryview(b"")
+
+    def ids(self, start: int, stop: int) -> tuple:
+        return self.obj.chunks[start // self.size:(stop - 1) // self.size + 1]
+
+    def read(self, start: int, stop: int) -> bytes:
+        parts, pos = [], start
+        while pos < stop:
+            i = pos // self.size
+            data = self._chunk(i)
+            take = min(stop - pos, len(data) - (pos - i * self.size))
+            parts.append(data[pos - i * self.size:pos - i * self.size + take])
+            pos += take
+        return b"".join(parts)
+
+    def _chunk(self, i: int) -> memoryview:
+        if i != self._index:  # windows move forward, so one cached chunk suffices
+            self._data = memoryview(self.repo.read_chunk(self.obj.chunks[i], self.what))
+            self._index = i
+        return self._data
+
+
+class _Sums:
+    """float64 accumulators for the norms, the dot product and max |B−A|."""
+
+    def __init__(self):
+        self.aa = self.bb = self.ab = self.dd = self.max = 0.0
+        self.numeric = True
+
+    def same(self, a: Optional[torch.Tensor]) -> None:
+        if a is None:
+            self.numeric = False
+            return
+        s = float(torch.dot(a, a))
+        self.aa += s
+        self.bb += s
+        self.ab += s
+
+    def differ(self, a, b, changed: np.ndarray) -> None:
+        if a is None or b is None:
+            self.numeric = False
+            return
+        # complex elements are real pairs: each element's flag covers its values
+        d = (b - a)[torch.from_numpy(np.repeat(changed, a.numel() // changed.size))]
+        self.aa += float(torch.dot(a, a))
+        self.bb += float(torch.dot(b, b))
+        self.ab += float(torch.dot(a, b))
+        self.dd += float(torch.dot(d, d))
+        if d.numel():
+            self.max = max(self.max, float(d.abs().max()))
+
+
+def _as_float64(raw: bytes, dtype: str) -> Optional[torch.Tensor]:
+    """The elements as a flat float64 tensor (complex as real pairs); None if
+    torch cannot convert the dtype (packed fp4)."""
+    t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtypes.torch_dtype(dtype))
+    try:
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        return t.to(torch.float64).reshape(-1)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+def _stream(repo, ea: Entry, eb: Entry) -> TensorDiff:
+    """Compare two stored tensors of one dtype and shape, window by window."""
+    obj_a, obj_b = repo.tensor_object(ea.tensor_id), repo.tensor_object(eb.tensor_id)
+    ra, rb = _Reader(repo, obj_a, ea.key), _Reader(repo, obj_b, eb.key)
+    itemsize = dtypes.itemsize(ea.dtype)
+    aligned = obj_a.chunk_size == obj_b.chunk_size
+    window = math.lcm(obj_a.chunk_size, itemsize)
+    sums, elements = _Sums(), 0
+    for start in range(0, ea.nbytes, window):
+        stop = min(start + window, ea.nbytes)
+        raw_a = ra.read(start, stop)
+        if aligned and ra.ids(start, stop) == rb.ids(start, stop):
+            sums.same(_as_float64(raw_a, ea.dtype))
+            continue
+        raw_b = rb.read(start, stop)
+        changed = (np.frombuffer(raw_a, np.uint8).reshape(-1, itemsize)
+                   != np.frombuffer(raw_b, np.uint8).reshape(-1, itemsize)).any(axis=1)
+        elements += int(changed.sum())
+        sums.differ(_as_float64(raw_a, ea.dtype), _as_float64(raw_b, eb.dtype), changed)
+    return _streamed_diff(ea, eb, obj_a, obj_b, sums, elements)
+
+
+def _changed_chunks(obj_a, obj_b) -> list:
+    """(index, length) of B's chunks that differ from A's."""
+    spans = list(obj_b.chunk_spans())
+    if obj_a.chunk_size == obj_b.chunk_size:
+        return [(i, n) for i, (cid, _, n) in enumerate(spans) if cid != obj_a.chunks[i]]
+    known = set(obj_a.chunks)  # different boundaries: a chunk "differs" if A has no such chunk
+    return [(i, n) for i, (cid, _, n) in enumerate(spans) if cid not in known]
+
+
+def _streamed_diff(ea, eb, obj_a, obj_b, sums: _Sums, elements: int) -> TensorDiff:
+    numel = math.prod(eb.shape)
+    if elements == 0:  # equal bytes under different ids (other chunk size): unchanged
+        return TensorDiff(eb.key, eb.path, UNCHANGED, ea.dtype, eb.dtype, tuple(ea.shape), tuple(eb.shape),
+                          numel, eb.nbytes, len(eb.chunks), 0, 0.0, 0, 0, **UNCHANGED_NUMBERS)
+    chunks = _changed_chunks(obj_a, obj_b)
+    numbers = {}
+    if sums.numeric:
+        norm_a, norm_b, norm_d = math.sqrt(sums.aa), math.sqrt(sums.bb), math.sqrt(sums.dd)
+        numbers = dict(norm_a=norm_a, norm_b=norm_b, norm_diff=norm_d,
+                       relative_change=norm_d / norm_a if norm_a else math.inf,
+                       max_abs_diff=sums.max,
+                       cosine=sums.ab / (norm_a * norm_b) if norm_a and norm_b else None)
+    return TensorDiff(eb.key, eb.path, CHANGED, ea.dtype, eb.dtype, tuple(ea.shape), tuple(eb.shape),
+                      numel, eb.nbytes, len(eb.chunks), len(chunks), len(chunks) / len(eb.chunks),
+                      sum(n for _, n in chunks), elements, **numbers)
+
+
+# -- plain values and the record ---------------------------------------------
+
+def _value_diffs(side_a: dict, side_b: dict) -> list:
+    out = []
+    for path in sorted(side_a.keys() | side_b.keys(), key=lambda p: (natural_key(_key(p)), _path_order(p))):
+        ea, eb = side_a.get(path), side_b.get(path)
+        if ea is None:
+            out.append(ValueDiff(eb.key, path, ADDED, None, eb.value))
+        elif eb is None:
+            out.append(ValueDiff(ea.key, path, REMOVED, ea.value, None))
+        elif not _same_value(ea.value, eb.value):
+            out.append(ValueDiff(ea.key, path, CHANGED, ea.value, eb.value))
+    return out
+
+
+def _same_value(x, y) -> bool:
+    # 1 == 1.0 == True in Python; a change of type is a change of value here
+    return type(x) is type(y) and (x == y or (x != x and y != y))
+
+
+def flatten_record(value, prefix: str) -> dict:
+    """Nested dicts as {dotted key: leaf}; lists stay whole values."""
+    if not isinstance(value, dict) or not value:
+        return {prefix: value}
+    out = {}
+    for k in sorted(value, key=key_order):
+        out.update(flatten_record(value[k], f"{prefix}.{k}"))
+    return out
+
+
+def record_changes(a: Commit, b: Commit) -> list:
+    """FieldChanges between two commits' records (message, step, epoch, metrics, context)."""
+    fields_a = {"message": a.message, "step": a.step, "epoch": a.epoch}
+    fields_b = {"message": b.message, "step": b.step, "epoch": b.epoch}
+    for name in ("metrics", "context"):
+        fields_a.update(_children(flatten_record(getattr(a, name), name)))
+        fields_b.update(_children(flatten_record(getattr(b, name), name)))
+    names = list(fields_a) + [n for n in fields_b if n not in fields_a]
+    return [FieldChange(n, fields_a.get(n), fields_b.get(n)) for n in names
+            if n not in fields_a or n not in fields_b or not _same_value(fields_a[n], fields_b[n])]
+
+
+def _children(flat: dict) -> dict:
+    # an empty metrics/context map contributes no field of its own
+    return {k: v for k, v in flat.items() if k not in ("metrics", "context")}
+
+
+def _summary(tensors: list, values: list) -> DiffSummary:
+    in_b = [t for t in tensors if t.status != REMOVED]
+    elements_total = sum(t.numel for t in in_b)
+    elements_changed = sum(t.elements_changed for t in in_b)
+    return DiffSummary(
+        tensors=len(tensors),
+        tensors_changed=sum(t.status != UNCHANGED for t in tensors),
+        tensors_added=sum(t.status == ADDED for t in tensors),
+        tensors_removed=sum(t.status == REMOVED for t in tensors),
+        bytes_total=sum(t.nbytes for t in in_b),
+        bytes_changed=sum(t.bytes_changed for t in in_b),
+        elements_total=elements_total,
+        elements_changed=elements_changed,
+        parameters_changed=elements_changed / elements_total if elements_total else 0.0,
+        values_changed=len(values),
+    )

@@ -1,0 +1,151 @@
+"""Pictures of diffs and metrics, drawn with matplotlib (the optional ``plot`` extra).
+
+matplotlib is imported only when a picture is drawn, and only its
+object-oriented API with the Agg renderer is used (no pyplot, no display),
+so plotting works on headless machines and in threads. Functions return
+the path they wrote; they never print.
+
+Rows follow the diff's model order (``mvc.diff.natural_key``): digit runs
+compare as numbers, so ``layers.2`` comes before ``layers.10``.
+
+**Layer**: when a diff has more tensors than fit (``max_rows``), tensors
+are grouped into layers: a key up to its last all-digit component
+(``model.layers.12.attn.q.weight`` -> ``model.layers.12``), or without its
+last component when it has none (``model.embed.weight`` -> ``model.embed``).
+"""
+
+import math
+from pathlib import Path
+
+from .errors import BadInput, MvcError
+
+INSTALL_HINT = "pip install 'mvc[plot]'"
+MAX_ROWS = 80
+STATUS_COLOURS = {"changed": "#3b6fb6", "added": "#2e9d5b", "removed": "#c8453c",
+                  "reshaped": "#e08a1e", "unchanged": "#b0b0b0"}
+
+
+def require_matplotlib():
+    """The matplotlib module; MvcError saying how to install it if it is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise MvcError(f"plotting needs matplotlib, which is not installed; install it with: {INSTALL_HINT}") from None
+    return matplotlib
+
+
+def _figure(width: float, height: float):
+    require_matplotlib()
+    from matplotlib.figure import Figure  # a Figure without pyplot renders with Agg
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def layer_of(key: str) -> str:
+    parts = key.split(".")
+    digits = [i for i, p in enumerate(parts) if p.isdigit()]
+    if digits:
+        return ".".join(parts[:digits[-1] + 1])
+    return ".".join(parts[:-1]) if len(parts) > 1 else key
+
+
+def _rows(diff, max_rows: int) -> list:
+    """(label, relative change or None, status) per tensor, or per layer when too many."""
+    tensors = diff.tensors
+    if len(tensors) <= max_rows:
+        return [(t.key, t.relative_change, t.status) for t in tensors]
+    layers: dict = {}
+    for t in tensors:
+        layers.setdefault(layer_of(t.key), []).append(t)
+    return [(name, _largest(group), _layer_status(group)) for name, group in layers.items()]
+
+
+def _largest(group: list):
+    values = [t.relative_change for t in group if t.relative_change is not None]
+    return max(values) if values else None
+
+
+def _layer_status(group: list) -> str:
+    for status in ("reshaped", "added", "removed", "changed"):
+        if any(t.status == status for t in group):
+            return status
+    return "unchanged"
+
+
+def plot_diff(diff, path, max_rows: int = MAX_ROWS) -> Path:
+    """Horizontal bars of ‖B−A‖/‖A‖ per tensor (per layer: the largest of its
+    tensors) in model order, coloured by status, written as an image to ``path``.
+
+    MvcError if matplotlib is missing; OSError if ``path`` cannot be written.
+    """
+    rows = _rows(diff, max_rows)
+    fig = _figure(9, 1.8 + 0.24 * max(1, len(rows)))
+    ax = fig.add_subplot()
+    values = [v for _, v, _ in rows if v is not None and 0 < v < math.inf]
+    top = max(values) if values else 1.0
+    low = min(values) if values else 1.0
+    log = bool(values) and top / low > 100
+    floor = low / 10 if log else 0.0
+    for y, (label, value, status) in enumerate(rows):
+        _draw_row(ax, y, value, status, floor, top, log)
+    ax.set_yticks(range(len(rows)), [label for label, _, _ in rows], fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # first key at the top
+    if log:
+        ax.set_xscale("log")
+        ax.set_xlim(floor, top * 3)
+    else:
+        ax.set_xlim(0, top * 1.15)
+    per = "tensor" if len(rows) == len(diff.tensors) else "layer (largest of its tensors)"
+    ax.set_xlabel(f"relative change ‖B−A‖ / ‖A‖ per {per}")
+    s = diff.summary
+    ax.set_title(f"{diff.a.short_id} → {diff.b.short_id}: {s.tensors_changed} of {s.tensors} tensors changed, "
+                 f"{100 * s.parameters_changed:.2g}% of parameters", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    _legend(ax, {status for _, _, status in rows})
+    fig.savefig(path, dpi=110)
+    return Path(path)
+
+
+def _draw_row(ax, y: int, value, status: str, floor: float, top: float, log: bool) -> None:
+    colour = STATUS_COLOURS[status]
+    if value is not None and 0 < value < math.inf:
+        ax.barh(y, value - floor, left=floor, color=colour, height=0.7)
+    elif value == math.inf:  # A was all zeros: no finite ratio, show a full bar marked inf
+        ax.barh(y, top - floor, left=floor, color=colour, height=0.7, hatch="//")
+        ax.text(top, y, " inf", va="center", fontsize=7)
+    else:  # no ratio to draw: unchanged, added, removed, reshaped, non-numeric dtype
+        ax.text(floor if log else 0, y, f" {status}", va="center", fontsize=7, color=colour)
+
+
+def _legend(ax, statuses: set) -> None:
+    from matplotlib.patches import Patch
+    handles = [Patch(color=STATUS_COLOURS[s], label=s) for s in STATUS_COLOURS if s in statuses]
+    if handles:
+        ax.legend(handles=handles, loc="best", fontsize=8)
+
+
+def plot_metric(commits, metric: str, path, title: str = "") -> Path:
+    """A line of ``metric`` over ``commits`` (newest first, as ``repo.log``
+    gives them; drawn oldest first), against step when every commit that
+    records the metric has one, else against the commit's number.
+
+    BadInput if no commit records the metric; MvcError if matplotlib is
+    missing; OSError if ``path`` cannot be written.
+    """
+    commits = list(commits)[::-1]
+    points = [c for c in commits if metric in c.metrics]
+    if not points:
+        known = sorted({name for c in commits for name in c.metrics})
+        raise BadInput(f"no commit records metric {metric!r}; recorded metrics: "
+                       f"{', '.join(known) if known else 'none'}")
+    by_step = all(c.step is not None for c in points)
+    xs = [c.step if by_step else commits.index(c) for c in points]
+    fig = _figure(8, 4.5)
+    ax = fig.add_subplot()
+    ax.plot(xs, [c.metrics[metric] for c in points], marker="o" if len(points) <= 60 else None,
+            color=STATUS_COLOURS["changed"])
+    ax.set_xlabel("step" if by_step else "commit (oldest first)")
+    ax.set_ylabel(metric)
+    ax.set_title(title or f"{metric} over {len(points)} commits", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=110)
+    return Path(path)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import encoding, hashing
+from . import encoding, hashing, locks
 from .errors import CorruptObject
 from .index import Txn
 from .objects import CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id, walk
@@ -440,9 +440,16 @@ def fsck(repo, quick: bool = False, threads: Optional[int] = None,
     """Check everything reachable from refs and the reflog; never raises on damage.
 
     ``quick`` skips reading and re-hashing chunk data. ``progress`` is called
-    with (bytes verified, bytes to verify). Raises OSError only if the packs
-    directory cannot be listed or read.
+    with (bytes verified, bytes to verify). Holds the shared gc lock while it
+    runs. Raises LockHeld if gc runs too long, CorruptObject if the index
+    itself cannot be read, OSError if the packs directory cannot be read.
     """
+    # gc must not delete a pack between reading the index and reading the pack
+    with locks.shared_gc_lock(repo.dir / "locks", repo.lock_timeout):
+        return _fsck(repo, quick, threads or os.cpu_count() or 1, progress)
+
+
+def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
     start = time.perf_counter()
     checker = _Checker(repo)
     with repo.index.read() as txn:
@@ -457,8 +464,7 @@ def fsck(repo, quick: bool = False, threads: Optional[int] = None,
     jobs = checker.check_packed(packs)
     verified = 0
     if not quick and jobs:
-        problems, verified = _verify_spans(repo.dir / "packs", _spans(jobs), threads or os.cpu_count() or 1,
-                                           progress)
+        problems, verified = _verify_spans(repo.dir / "packs", _spans(jobs), threads, progress)
         for kind, cid, detail in problems:
             checker.find(kind, f"chunk {_short(cid)}", detail, chunks={cid})
     return FsckReport(quick, len(checker.parents), checker.n_trees, checker.n_tensors, len(checker.chunk_length),
@@ -482,9 +488,14 @@ def rebuild_index(repo) -> RebuildReport:
 
     Objects, refs and the reflog are untouched. When several packs hold the
     same chunk id, the first pack in name order wins. Packs whose trailer is
-    damaged are skipped and reported. Raises CorruptObject if the index
-    cannot be written.
+    damaged are skipped and reported. Raises LockHeld if gc runs too long,
+    CorruptObject if the index cannot be written.
     """
+    with locks.shared_gc_lock(repo.dir / "locks", repo.lock_timeout):
+        return _rebuild_index(repo)
+
+
+def _rebuild_index(repo) -> RebuildReport:
     packs, _ = scan_packs(repo.dir / "packs")
     with repo.index.write() as txn:
         dropped = sum(1 for _ in txn.ids("chunks"))

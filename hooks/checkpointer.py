@@ -1,0 +1,401 @@
+"""The Checkpointer: complete-state commits from a training loop, and resume.
+
+A **checkpoint** is one mvc commit whose state is the whole run:
+
+    model, optimizer, scheduler, scaler, stateful   the components (see state.py)
+    extra        the user's plain extra state
+    ranks        one entry per rank: {"rng": RNG state, "sampler": ...}
+    progress     {"step", "epoch", "batch"}: the step just finished
+    world_size   how many ranks made it
+    mvc_hooks    the layout version
+
+The commit's ``step`` is the step just finished, so a resume returns
+``step + 1``; its context is the training context (context.py), its metrics
+the loss and the metrics given to ``step()``.
+
+Rank 0 (the root) owns the repository and holds the branch's write lock
+for the life of the run. Every rank calls the same methods; collectives
+keep them in step. With ``async_save`` the state is copied to CPU memory at
+the step and a background thread commits it while training goes on: at
+most one save is in flight, the next one waits for it, and its error is
+raised by the next ``step()``, ``save()``, ``wait()`` or ``close()``.
+
+Commits use ``rebase=False``: the run holds the branch's lock, so the tip
+can only have moved if someone forced the lock away, and then stacking
+this run's commits on theirs would be wrong; the commit fails with
+RefConflict instead.
+"""
+
+import atexit
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import mvc
+
+from . import context as contexts
+from . import distributed, policy as policies, rng
+from .state import Components, Snapshot
+
+LAYOUT = 1
+
+# Branches this process's Checkpointers are using: the branch lock belongs to
+# the process, so it does not stop a second Checkpointer in the same one.
+_IN_USE: dict = {}
+_IN_USE_LOCK = threading.Lock()
+
+
+def _open_or_init(path, chunk_size: Optional[int]) -> mvc.Repository:
+    try:
+        return mvc.Repository.open(path)
+    except mvc.NotARepository:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        if chunk_size is None:
+            return mvc.Repository.init(path)
+        return mvc.Repository.init(path, chunk_size=chunk_size)
+
+
+def _raise_together(error: Optional[BaseException]) -> None:
+    """Raise the first rank's error on every rank (collective), so none waits forever."""
+    mine = None if error is None else (type(error).__name__, str(error))
+    for found in distributed.all_gather(mine):
+        if found is not None:
+            if error is not None:
+                raise error
+            cls = getattr(mvc, found[0], None)
+            if not (isinstance(cls, type) and issubclass(cls, mvc.MvcError)):
+                cls = mvc.MvcError
+            raise cls(f"on another rank: {found[1]}")
+
+
+class _Save:
+    """One commit running in a background thread."""
+
+    def __init__(self, commit: Callable, wait: Callable):
+        self.commit = None
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, args=(commit, wait), name="mvc-save")
+        self.thread.start()
+
+    def _run(self, commit: Callable, wait: Callable) -> None:
+        try:
+            wait()
+            self.commit = commit()
+        except BaseException as exc:  # handed to the training thread, never lost
+            self.error = exc
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+
+class Checkpointer:
+    """Commits a training run's complete state to ``path`` and resumes it.
+
+    Components: ``model``, ``optimizer``, ``scheduler``, ``scaler`` and
+    ``stateful`` each take one object, a list or a dict of them; ``sampler``
+    is this rank's data order (ResumableSampler, a StatefulDataLoader, or
+    anything with state_dict/load_state_dict); ``extra`` is a dict of plain
+    values the run mutates and gets back on resume.
+
+    When: ``every_n_steps``, ``every_n_seconds``, ``on_best`` (a metric name
+    or (name, "min"/"max")), ``adaptive`` ((min_steps, max_steps)), a custom
+    ``policy``, gated by ``overhead_budget`` (a fraction of training time);
+    see policy.py. With none given, every 30 minutes.
+
+    The repository is opened at ``path`` or above it, or created at ``path``
+    (with ``chunk_size`` when given). ``branch`` defaults to HEAD's branch.
+    ``on_commit(commit)`` is called after each commit, in the thread that
+    made it. Raises LockHeld if another run holds the branch.
+    """
+
+    def __init__(self, path=".", *, model=None, optimizer=None, scheduler=None, scaler=None,
+                 sampler=None, stateful=None, extra: Optional[dict] = None, branch: Optional[str] = None,
+                 every_n_steps=None, every_n_seconds=None, on_best=None, adaptive=None,
+                 overhead_budget=None, policy=None, async_save: bool = True,
+                 context: Optional[dict] = None, chunk_size: Optional[int] = None,
+                 on_commit: Optional[Callable] = None):
+        self.components = Components(model=model, optimizer=optimizer, scheduler=scheduler,
+                                     scaler=scaler, stateful=stateful)
+        self.per_rank = Components(sampler=sampler)
+        self.sampler = sampler
+        if extra is not None and not isinstance(extra, dict):
+            raise mvc.BadInput(f"extra must be a dict of plain values, not a {type(extra).__name__}")
+        self.extra = extra
+        self.policy = policies.build(every_n_steps, every_n_seconds, on_best, adaptive,
+                                     overhead_budget, policy)
+        self.async_save = async_save
+        self.user_context = dict(context or {})
+        self.on_commit = on_commit
+        self.rank = distributed.rank()
+        self.world_size = distributed.world_size()
+        self.root = self.rank == 0
+        self.repo: Optional[mvc.Repository] = None
+        self.branch: Optional[str] = None
+        self.last_commit: Optional[mvc.Commit] = None
+        self.resumed_from: Optional[mvc.Commit] = None
+        self.epoch: Optional[int] = None
+        self.batch: Optional[int] = None
+        self._key = None
+        self._locked = False
+        self._closed = False
+        self._pending: Optional[_Save] = None
+        self._snapshot = Snapshot()
+        self._committed_step: Optional[int] = None
+        self._last_step: Optional[int] = None
+        self._last_values: dict = {}
+        self._distributed = distributed.describe()
+        error = None
+        if self.root:
+            try:
+                self._open(path, branch, chunk_size)
+            except mvc.MvcError as exc:
+                error = exc
+                self._release()
+        _raise_together(error)
+        self.branch = distributed.share(self.branch)
+        self._static = {**contexts.machine(), **contexts.code()} if self.root else {}
+        self._started = time.time()
+        self.tracker = policies.Tracker(time.monotonic())
+        atexit.register(self.close)
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def _open(self, path, branch: Optional[str], chunk_size: Optional[int]) -> None:
+        self.repo = _open_or_init(path, chunk_size)
+        if branch is None:
+            branch = self.repo.head().branch
+            if branch is None:
+                raise mvc.BadInput("HEAD is detached: pass branch= to say where the run commits")
+        key = (os.path.realpath(self.repo.root), branch)
+        with _IN_USE_LOCK:
+            if key in _IN_USE:
+                raise mvc.LockHeld(f"branch {branch!r} is already used by another Checkpointer in this "
+                                   f"process (pid {os.getpid()}); close it first or use another branch")
+            _IN_USE[key] = True
+        self._key = key
+        self.branch = branch
+        self.repo.lock_branch(branch)
+        self._locked = True
+
+    def _release(self) -> None:
+        try:
+            if self._locked:
+                self._locked = False
+                self.repo.unlock_branch(self.branch)
+        finally:
+            if self._key is not None:
+                with _IN_USE_LOCK:
+                    _IN_USE.pop(self._key, None)
+                self._key = None
+            if self.repo is not None:
+                self.repo.close()
+                self.repo = None
+
+    def close(self) -> None:
+        """Wait for the save in flight, then release the branch lock (idempotent).
+
+        Raises the save's error, if it failed, after releasing.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        try:
+            self.wait()
+        finally:
+            if self.root:
+                self._release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- saving ------------------------------------------------------------
+
+    def wait(self) -> Optional[mvc.Commit]:
+        """Wait for the save in flight; raise its error. The last commit, or None."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.thread.join()
+            if pending.error is not None:
+                raise pending.error
+        return self.last_commit
+
+    def step(self, step: int, loss: Optional[float] = None, metrics: Optional[dict] = None,
+             epoch: Optional[int] = None, batch: Optional[int] = None) -> None:
+        """Report a finished step (and the epoch and batch within it); commits when the policy says.
+
+        Call it on every rank. Raises the error of a background save that failed.
+        """
+        self._check_open()
+        if self._pending is not None and self._pending.done():
+            self.wait()
+        if epoch is not None:
+            self.epoch = epoch
+        if batch is not None:
+            self.batch = batch
+        self._last_step = step
+        values = self._last_values = _numbers(loss, metrics)
+        obs = self.tracker.observe(step, time.monotonic(), values.get("loss"), values)
+        decision = self.policy(obs) if self.root or self.policy.step_only else False
+        if not self.policy.step_only:
+            decision = distributed.agree(decision)
+        if decision:
+            self._save(step, obs, values, "")
+
+    def save(self, step: Optional[int] = None, message: str = "", metrics: Optional[dict] = None) -> None:
+        """Commit now (every rank calls it), unless ``step`` is already committed.
+
+        ``step`` defaults to the last one reported, whose loss and metrics
+        the commit records too.
+        """
+        self._check_open()
+        step = self._last_step if step is None else step
+        if step is None:
+            raise mvc.BadInput("save() needs a step: no step() was reported yet")
+        if step == self._committed_step:
+            return
+        values = {**(self._last_values if step == self._last_step else {}), **_numbers(None, metrics)}
+        obs = self.tracker.observe(step, time.monotonic(), None, values)
+        self._save(step, obs, values, message)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise mvc.BadInput("this Checkpointer is closed")
+
+    def _save(self, step: int, obs, metrics: dict, message: str) -> None:
+        started = time.monotonic()
+        self.wait()  # the snapshot buffers are free again once the last save is done
+        mine = {"rng": rng.capture(), **self.per_rank.state()}
+        ranks = distributed.gather(mine)
+        if self.root:
+            state = self._state(step, ranks)
+            record = {"step": step, "epoch": self.epoch, "metrics": metrics,
+                      "context": self._context(obs),
+                      "message": message or f"step {step}"}
+            if self.async_save:
+                copy = self._snapshot.take(state)
+                self._pending = _Save(lambda: self._commit(copy, record), self._snapshot.wait)
+            else:
+                self._commit(state, record)
+        self._committed_step = step
+        now = time.monotonic()
+        self.tracker.committed(step, now, now - started)
+
+    def _state(self, step: int, ranks: list) -> dict:
+        state = self.components.state()
+        state.update({"mvc_hooks": LAYOUT, "world_size": self.world_size, "ranks": ranks,
+                      "progress": {"step": step, "epoch": self.epoch, "batch": self.batch}})
+        if self.extra is not None:
+            state["extra"] = dict(self.extra)
+        return state
+
+    def _context(self, obs) -> dict:
+        progress = {"step": obs.step, "epoch": self.epoch, "batch": self.batch}
+        return contexts.commit_context(self._static, self.components, self.sampler, progress, obs,
+                                       self._started, self._distributed, self.user_context)
+
+    def _commit(self, state: dict, record: dict) -> mvc.Commit:
+        commit = self.repo.commit(state, message=record["message"], step=record["step"],
+                                  epoch=record["epoch"], metrics=record["metrics"],
+                                  context=record["context"], branch=self.branch, rebase=False)
+        self.last_commit = commit
+        if self.on_commit is not None:
+            self.on_commit(commit)
+        return commit
+
+    # -- resume ------------------------------------------------------------
+
+    def resume(self, rev: Optional[str] = None, strict: bool = True) -> int:
+        """Restore the run from its branch's last commit; the step to run next.
+
+        0 when the branch has no commits. ``rev`` resumes from another
+        commit: allowed when the branch is new (it then starts at ``rev``)
+        or already points there. Every rank calls it; rank 0 reads the
+        commit and sends the state to the others. Everything is checked
+        before anything is loaded: a missing component, a shape mismatch,
+        another world size raise BadInput and leave the objects untouched.
+        ``strict=False`` allows a checkpoint holding groups not given here.
+        """
+        self._check_open()
+        self.wait()
+        error, payload = None, None
+        if self.root:
+            try:
+                payload = self._read(rev)
+            except mvc.MvcError as exc:
+                error = exc
+        _raise_together(error)
+        payload = distributed.broadcast_state(payload)
+        if payload is None:
+            return 0
+        commit, state = payload["commit"], payload["state"]
+        where = f"commit {commit.short_id} (step {commit.step})"
+        error = None
+        try:
+            self._check(state, where, strict)
+        except mvc.MvcError as exc:
+            error = exc
+        _raise_together(error)
+        self._restore(state)
+        self.resumed_from = self.last_commit = commit
+        self._committed_step = state["progress"]["step"]
+        self.tracker = policies.Tracker(time.monotonic(), self._committed_step)
+        return self._committed_step + 1
+
+    def _read(self, rev: Optional[str]) -> Optional[dict]:
+        tip = next((b.id for b in self.repo.branches() if b.name == self.branch), None)
+        if rev is not None:
+            target = self.repo.resolve(rev)
+            if tip is None:
+                self.repo.create_branch(self.branch, target)
+                tip = target
+            elif tip != target:
+                raise mvc.BadInput(f"branch {self.branch!r} is at {tip[:12]}, not {rev!r}: resume {rev!r} "
+                                   "on a new branch (branch=...) to fork the run from it")
+        if tip is None:
+            return None
+        return {"commit": self.repo.get_commit(tip), "state": self.repo.load(tip)}
+
+    def _check(self, state: dict, where: str, strict: bool) -> None:
+        if not isinstance(state, dict) or state.get("mvc_hooks") != LAYOUT:
+            raise mvc.BadInput(f"{where} was not made by an mvc_hooks Checkpointer (layout {LAYOUT}); "
+                               "load it with Repository.load instead")
+        if state["world_size"] != self.world_size:
+            raise mvc.BadInput(f"{where} was made by {state['world_size']} ranks, this run has "
+                               f"{self.world_size}; resume with the same world size")
+        self.components.check(state, where, strict)
+        self.per_rank.check(state["ranks"][self.rank], f"{where} rank {self.rank}", strict)
+        if self.extra is not None and "extra" not in state:
+            raise mvc.BadInput(f"{where} has no extra state, but extra= was given")
+        if strict and self.extra is None and "extra" in state:
+            raise mvc.BadInput(f"{where} holds extra state and no extra= dict was given to receive it; "
+                               "pass one, or strict=False to leave it out")
+
+    def _restore(self, state: dict) -> None:
+        mine = state["ranks"][self.rank]
+        self.components.load(state)
+        self.per_rank.load(mine)
+        if self.extra is not None:
+            self.extra.clear()
+            self.extra.update(state["extra"])
+        progress = state["progress"]
+        self.epoch, self.batch = progress["epoch"], progress["batch"]
+        rng.restore(mine["rng"])  # last: loading must not draw from the restored generators
+
+
+def _numbers(loss, metrics: Optional[dict]) -> dict:
+    """The step's loss and metrics as floats (the commit's metrics)."""
+    values = {} if loss is None else {"loss": loss}
+    values.update(metrics or {})
+    out = {}
+    for name, value in values.items():
+        try:
+            out[name] = float(value)
+        except (TypeError, ValueError):
+            raise mvc.BadInput(f"metric {name!r} must be a number, not {value!r}") from None
+    return out

@@ -1,0 +1,284 @@
+"""The components of a run, and their state as one checkpoint tree.
+
+A **component** is a live object whose state a checkpoint holds: a model,
+an optimizer, an LR scheduler, a GradScaler, a sampler, or any object with
+``state_dict()``/``load_state_dict()`` (``torch.Generator`` too). A
+**group** is one keyword of the Checkpointer (``model``, ``optimizer``,
+...) holding one component, a list of them or a dict of them; the
+checkpoint mirrors that shape, so ``state["model"]`` of a single model is a
+plain state dict that loads into a bare model. Models wrapped in
+DistributedDataParallel, DataParallel or ``torch.compile`` are saved
+without their wrapper's key prefix.
+
+``check`` compares a loaded checkpoint with the live components before
+anything is loaded, so a mismatch is an error and never a partial restore.
+"""
+
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+import mvc
+
+GROUPS = ("model", "optimizer", "scheduler", "scaler", "stateful")
+
+
+def unwrap(model):
+    """The module that holds the weights, without DDP/DataParallel/compile wrappers."""
+    while True:
+        if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def members(value) -> Iterator[tuple]:
+    """(key, component) of a group: key None for a single component."""
+    if isinstance(value, dict):
+        yield from value.items()
+    elif isinstance(value, (list, tuple)):
+        yield from enumerate(value)
+    else:
+        yield None, value
+
+
+def _name(group: str, key) -> str:
+    return group if key is None else f"{group}[{key!r}]"
+
+
+def _check_component(group: str, key, obj) -> None:
+    if isinstance(obj, torch.Generator):
+        return
+    if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+        raise mvc.BadInput(f"{_name(group, key)} is a {type(obj).__name__}, which has no "
+                           "state_dict()/load_state_dict(); pass its state in extra= instead")
+
+
+class Components:
+    """The live components of a run, by group; groups given as None are left out."""
+
+    def __init__(self, **groups):
+        self.groups = {}
+        for group, value in groups.items():
+            if value is None:
+                continue
+            if isinstance(value, (dict, list, tuple)) and not value:
+                continue
+            if isinstance(value, dict) and not all(isinstance(k, str) for k in value):
+                raise mvc.BadInput(f"the {group} dict must have str keys")
+            for key, obj in members(value):
+                _check_component(group, key, obj)
+            self.groups[group] = value
+
+    def get(self, group: str):
+        return self.groups.get(group)
+
+    def each(self, group: str) -> Iterator[tuple]:
+        if group in self.groups:
+            yield from members(self.groups[group])
+
+    def state(self) -> dict:
+        """{group: state of its component(s), in the group's shape} (live tensors)."""
+        return {group: _shaped(value, lambda key, obj, g=group: state_of(g, obj))
+                for group, value in self.groups.items()}
+
+    def check(self, saved: dict, where: str, strict: bool = True) -> None:
+        """Raise mvc.BadInput unless ``saved`` has a matching state for every component.
+
+        With ``strict``, a saved group no component was given for is an
+        error too (it would be silently dropped).
+        """
+        for group, value in self.groups.items():
+            if group not in saved:
+                raise mvc.BadInput(f"{where} has no {group} state, but a {group} was given; "
+                                   f"resume from a checkpoint of this run or leave out the {group}")
+            _check_shape(group, value, saved[group], where)
+            for key, obj in members(value):
+                state = saved[group] if key is None else saved[group][key]
+                problem = _problem(group, obj, state)
+                if problem:
+                    raise mvc.BadInput(f"{where}: {_name(group, key)} does not match: {problem}")
+        if strict:
+            extra = [g for g in GROUPS if g in saved and g not in self.groups]
+            if extra:
+                raise mvc.BadInput(f"{where} also holds {', '.join(extra)} state that nothing was given "
+                                   "for; pass the objects, or strict=False to leave it out")
+
+    def load(self, saved: dict) -> None:
+        """Load every component's state (after ``check``)."""
+        for group, value in self.groups.items():
+            for key, obj in members(value):
+                state = saved[group] if key is None else saved[group][key]
+                try:
+                    load_into(group, obj, state)
+                except mvc.MvcError:
+                    raise
+                except Exception as exc:  # any component's own loader, e.g. a GradScaler's
+                    raise mvc.BadInput(f"restoring {_name(group, key)} failed: {exc}") from exc
+
+
+def _shaped(value, fn: Callable) -> Any:
+    if isinstance(value, dict):
+        return {k: fn(k, v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [fn(i, v) for i, v in enumerate(value)]
+    return fn(None, value)
+
+
+def _check_shape(group: str, value, saved, where: str) -> None:
+    if isinstance(value, dict):
+        if not isinstance(saved, dict) or set(saved) != set(value):
+            have = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
+            raise mvc.BadInput(f"{where} holds {group} {have}, but {sorted(value)} were given")
+    elif isinstance(value, (list, tuple)):
+        if not isinstance(saved, list) or len(saved) != len(value):
+            have = f"{len(saved)}" if isinstance(saved, list) else "one"
+            raise mvc.BadInput(f"{where} holds {have} {group} state(s), but {len(value)} were given")
+
+
+def state_of(group: str, obj) -> Any:
+    if isinstance(obj, torch.Generator):
+        return {"generator": obj.get_state()}
+    if group == "model":
+        return unwrap(obj).state_dict()
+    return obj.state_dict()
+
+
+def load_into(group: str, obj, state) -> None:
+    if isinstance(obj, torch.Generator):
+        obj.set_state(state["generator"].cpu())
+    elif group == "model":
+        unwrap(obj).load_state_dict(state, strict=True)
+    else:
+        obj.load_state_dict(state)
+
+
+def _problem(group: str, obj, state) -> Optional[str]:
+    """What makes ``state`` unfit for ``obj``, or None."""
+    if isinstance(obj, torch.Generator):
+        ok = isinstance(state, dict) and isinstance(state.get("generator"), torch.Tensor)
+        return None if ok else "the saved state is not a torch.Generator state"
+    if not isinstance(state, dict):
+        return f"the saved state is a {type(state).__name__}, not a state dict"
+    if group == "model":
+        return _model_problem(unwrap(obj), state)
+    if isinstance(obj, torch.optim.Optimizer):
+        return _optimizer_problem(obj, state)
+    if group == "scheduler":
+        missing = set(obj.state_dict()) - set(state)
+        if missing:
+            return f"the saved scheduler state lacks {sorted(missing)} (another scheduler class?)"
+    return None
+
+
+def _listed(keys) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+
+def _model_problem(model: torch.nn.Module, state: dict) -> Optional[str]:
+    live = model.state_dict()
+    missing, unexpected = set(live) - set(state), set(state) - set(live)
+    if missing:
+        return f"the checkpoint lacks {_listed(missing)}"
+    if unexpected:
+        return f"the checkpoint has keys the model lacks: {_listed(unexpected)}"
+    for key, tensor in live.items():
+        saved = state[key]
+        if isinstance(tensor, torch.Tensor) and (not isinstance(saved, torch.Tensor) or saved.shape != tensor.shape):
+            shape = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
+            return f"{key} has shape {shape} in the checkpoint but {tuple(tensor.shape)} in the model"
+    return None
+
+
+def _optimizer_problem(opt: torch.optim.Optimizer, state: dict) -> Optional[str]:
+    groups, saved_groups = opt.param_groups, state.get("param_groups")
+    if not isinstance(saved_groups, list) or not isinstance(state.get("state"), dict):
+        return "the saved state is not an optimizer state (no param_groups/state)"
+    if len(saved_groups) != len(groups):
+        return f"{len(saved_groups)} parameter groups in the checkpoint, {len(groups)} here"
+    params = {}
+    for i, (group, saved) in enumerate(zip(groups, saved_groups)):
+        ids = saved.get("params", [])
+        if len(ids) != len(group["params"]):
+            return f"parameter group {i} has {len(ids)} parameters in the checkpoint, {len(group['params'])} here"
+        params.update(zip(ids, group["params"]))
+    for pid, per_param in state["state"].items():
+        param = params.get(pid)
+        if param is None:
+            return f"the checkpoint has state for parameter {pid}, which no group lists"
+        for name, value in per_param.items():
+            # Moment buffers are shaped like their parameter; factored ones
+            # (Adafactor) have size-1 dims and broadcast to it.
+            if isinstance(value, torch.Tensor) and value.dim() == param.dim() > 0:
+                if any(v not in (1, p) for v, p in zip(value.shape, param.shape)):
+                    return (f"state {name!r} of parameter {pid} has shape {tuple(value.shape)}, "
+                            f"the parameter {tuple(param.shape)}")
+    return None
+
+
+class Snapshot:
+    """Copies of a state's tensors in CPU memory that training cannot change.
+
+    The copy buffers are kept and reused by the next snapshot (at most one
+    save is in flight, and the next snapshot waits for it), so a save does
+    not allocate and fault in fresh memory every time. Tensors on CUDA go to
+    pinned buffers with non-blocking copies; ``wait()`` blocks until those
+    copies have landed. Tensors that share storage (tied weights) stay
+    shared in the copy.
+    """
+
+    def __init__(self):
+        self._buffers: dict = {}
+        self._events: list = []
+
+    def take(self, state) -> Any:
+        self._events = []
+        memo: dict = {}
+        devices: set = set()
+        copy = self._copy(state, (), memo, devices)
+        for device in devices:  # copies were queued on each device's current stream
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self._events.append(event)
+        return copy
+
+    def wait(self) -> None:
+        for event in self._events:
+            event.synchronize()
+        self._events = []
+
+    def _copy(self, node, path: tuple, memo: dict, devices: set) -> Any:
+        if isinstance(node, torch.Tensor):
+            key = _alias_key(node)
+            if key is not None and key in memo:
+                return memo[key]
+            out = self._copy_tensor(node.detach(), path, devices)
+            if key is not None:
+                memo[key] = out
+            return out
+        if isinstance(node, dict):
+            return {k: self._copy(v, path + (k,), memo, devices) for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            items = [self._copy(v, path + (i,), memo, devices) for i, v in enumerate(node)]
+            return tuple(items) if isinstance(node, tuple) else items
+        return node  # plain values are immutable
+
+    def _copy_tensor(self, tensor: torch.Tensor, path: tuple, devices: set) -> torch.Tensor:
+        cuda = tensor.device.type == "cuda"
+        buffer = self._buffers.get(path)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=cuda)
+            self._buffers[path] = buffer
+        buffer.copy_(tensor, non_blocking=cuda)
+        if cuda:
+            devices.add(tensor.device)
+        return buffer
+
+
+def _alias_key(t: torch.Tensor):
+    if t.numel() == 0 or t.layout != torch.strided:
+        return None
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)

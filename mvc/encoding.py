@@ -54,6 +54,8 @@ def _normalize(value: Any) -> Any:
         for k in value:
             if type(k) not in (int, str):
                 raise BadInput(f"map key {k!r} is not a str or int")
+            if type(k) is int and not INT_MIN <= k <= INT_MAX:
+                raise BadInput(f"map key {k} does not fit in 64 bits")
         return {k: _normalize(value[k]) for k in sorted(value, key=key_order)}
     if isinstance(value, (list, tuple)):
         return [_normalize(v) for v in value]

@@ -123,8 +123,11 @@ def _read_state(repo) -> dict:
         data = _state_path(repo).read_bytes()
     except FileNotFoundError:
         raise MvcError("no bisect in progress; start one with 'mvc bisect start BAD GOOD'") from None
-    state = encoding.unpack(data, f"bisect state {STATE_FILE}")
-    problem = _state_problem(state)
+    try:
+        state = encoding.unpack(data, "the bisect state")
+        problem = _state_problem(state)
+    except CorruptObject as exc:
+        problem = str(exc)
     if problem:
         raise CorruptObject(f"the bisect state .mvc/{STATE_FILE} is damaged ({problem}); "
                             "run 'mvc bisect reset' and start again")
@@ -143,7 +146,7 @@ def _state_problem(state) -> str:
     known = set(state["path"]) | {state["good"]}
     marks = state.get("marks")
     if type(marks) is not list or not all(type(m) is list and len(m) == 2 and m[0] in VERDICTS
-                                          and m[1] in known for m in marks):
+                                          and is_id(m[1]) and m[1] in known for m in marks):
         return "bad verdicts"
     return "" if _bounds(state) is not None else "contradictory verdicts"
 

@@ -69,7 +69,7 @@ def _render_diff(d) -> None:
     for f in d.commit:
         click.echo(f"  {f.name}: {f.a!r} -> {f.b!r}")
     changed = d.changed()
-    width = max([len(t.key) for t in changed] + [3])
+    width = max([len(t.key) for t in changed] + [1])
     if changed:
         click.echo("tensors:")
     for t in changed:
@@ -84,7 +84,7 @@ def _render_diff(d) -> None:
 
 def _render_stat(d) -> None:
     changed = d.changed()
-    width = max([len(t.key) for t in changed] + [3])
+    width = max([len(t.key) for t in changed] + [1])
     for t in changed:
         click.echo(_stat_line(t, width))
     click.echo(" " + _summary_line(d.summary))
@@ -163,7 +163,7 @@ def _render_first_bad(s) -> None:
         return
     click.echo(f"  against its parent {s.changes.a.short_id}: {_summary_line(s.changes.summary)}")
     changed = sorted(s.changes.changed(), key=lambda t: -(t.relative_change or 0))
-    width = max([len(t.key) for t in changed[:TOP_CHANGES]] + [3])
+    width = max([len(t.key) for t in changed[:TOP_CHANGES]] + [1])
     for t in changed[:TOP_CHANGES]:
         click.echo("  " + _tensor_line(t, width))
     if len(changed) > TOP_CHANGES:

@@ -1,0 +1,297 @@
+"""mvc.bisect: finding a planted regression through the API, the CLI, real
+evaluation processes and recorded metrics; bad input leaves the state intact."""
+
+import json
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import mvc
+from mvc import bisect
+from mvc.cli import main
+
+N = 64
+REGRESSION = 37  # the first bad step
+
+
+def weights(step: int, first_bad: int = REGRESSION) -> torch.Tensor:
+    base = 1.0 if step < first_bad else 5.0
+    return torch.full((8,), base) + step * 1e-3
+
+
+def make_history(repo, first_bad: int = REGRESSION, branch=None):
+    for step in range(N):
+        w = weights(step, first_bad)
+        loss = float(((w - 1) ** 2).mean())
+        repo.commit({"model": {"w": w}, "opt": {"lr": 0.1}}, f"commit {step}", step=step,
+                    metrics={"loss": loss, "acc": 1.0 - min(loss, 1.0)}, branch=branch)
+    return repo
+
+
+@pytest.fixture
+def history(repo):
+    return make_history(repo)
+
+
+def loss_of(state) -> float:
+    return float(((state["model"]["w"] - 1) ** 2).mean())
+
+
+def cli(repo, *args):
+    return CliRunner().invoke(main, ["-C", str(repo.root), *args])
+
+
+def state_bytes(repo) -> bytes:
+    return (repo.dir / bisect.STATE_FILE).read_bytes()
+
+
+# -- the Python API ------------------------------------------------------------------
+
+@pytest.mark.parametrize("first_bad", [1, 2, REGRESSION, N - 2, N - 1])
+def test_api_finds_planted_regression_in_at_most_7_evaluations(repo, first_bad):
+    make_history(repo, first_bad)
+    calls = []
+
+    def is_good(state):
+        calls.append(1)
+        return loss_of(state) < 0.5
+    result = repo.bisect("HEAD~63", "HEAD", is_good)
+    assert result.first_bad.step == first_bad
+    assert result.first_bad.message == f"commit {first_bad}"
+    assert len(calls) == result.evaluations <= 7
+    assert result.changes.a.step == first_bad - 1
+    assert result.changes.summary.tensors_changed == 1
+    assert not (repo.dir / bisect.STATE_FILE).exists()  # the callable form keeps no state on disk
+
+
+@pytest.mark.parametrize("skips", [(31,), (31, 47, 39), (30, 31, 32)])
+def test_api_with_skips(history, skips):
+    calls = []
+
+    def is_good(state):
+        step = int(round(float(state["model"]["w"][0] % 1) * 1000))
+        calls.append(step)
+        if step in skips:  # these commits cannot be judged
+            return None
+        return torch.tensor(loss_of(state) < 0.5)  # a bool tensor counts as True/False
+    result = history.bisect("HEAD~63", "HEAD", is_good)
+    assert result.first_bad.step == REGRESSION
+    assert len(calls) == result.evaluations
+    assert len([s for s in calls if s not in skips]) <= 7  # real verdicts
+    if len(skips) == 1:
+        assert len(calls) <= 7  # one skip costs no extra evaluation here
+
+
+def test_api_skips_can_leave_suspects(history):
+    def is_good(state):
+        step = int(round(float(state["model"]["w"][0] % 1) * 1000))
+        return None if step == REGRESSION - 1 else loss_of(state) < 0.5
+    result = history.bisect("HEAD~63", "HEAD", is_good)
+    assert result.first_bad is None and result.done
+    steps = [history.get_commit(c).step for c in result.suspects]
+    assert steps == [REGRESSION - 1, REGRESSION]
+
+
+def test_api_rejects_other_answers(history):
+    with pytest.raises(mvc.BadInput, match="return True, False or None"):
+        history.bisect("HEAD~63", "HEAD", lambda state: "yes")
+
+
+def test_start_mark_log_reset(history):
+    status = bisect.start(history, "HEAD", "HEAD~63")
+    assert (status.remaining, status.steps) == (62, 6)
+    judged = 0
+    while not status.done:
+        status = bisect.mark(history, "good" if status.candidate.step < REGRESSION else "bad")
+        judged += 1
+    assert status.first_bad.step == REGRESSION and judged <= 7
+    log = bisect.log(history)
+    assert [e.verdict for e in log.entries[:2]] == ["bad", "good"]
+    assert [e.step for e in log.entries[:2]] == [N - 1, 0]
+    assert len(log.entries) == 2 + judged
+    assert bisect.reset(history).first_bad.step == REGRESSION
+    assert not bisect.in_progress(history)
+    assert bisect.reset(history) is None
+
+
+def test_branch_option_and_side_branches(history):
+    history.create_branch("side", "HEAD~50")  # forks at step 13
+    for i in range(3):
+        history.commit({"model": {"w": weights(100 + i)}}, f"side {i}", step=100 + i, branch="side")
+    status = bisect.start(history, "side", "main~60", branch="side")
+    assert status.branch == "side" and status.remaining == 12  # steps 4..13 and side 0..1
+    bisect.reset(history)
+    with pytest.raises(mvc.BadInput, match="not on the first-parent history of 'side'"):
+        bisect.start(history, "main", "main~60", branch="side")
+    with pytest.raises(mvc.BadInput, match="not a descendant of GOOD main~10"):
+        bisect.start(history, "side", "main~10")
+    assert not bisect.in_progress(history)
+
+
+# -- the CLI ---------------------------------------------------------------------------
+
+def test_cli_manual_bisect_across_processes(history):
+    out = cli(history, "bisect", "start", "HEAD", "HEAD~63", "--json")
+    assert out.exit_code == 0, out.output
+    status = json.loads(out.stdout)
+    judged = 0
+    while status["candidate"] is not None:
+        verdict = "good" if status["candidate"]["step"] < REGRESSION else "bad"
+        out = cli(history, "bisect", verdict, "--json")
+        assert out.exit_code == 0, out.output
+        status = json.loads(out.stdout)
+        judged += 1
+    assert status["first_bad"]["step"] == REGRESSION and judged <= 7
+    text = cli(history, "bisect", "log")
+    assert text.exit_code == 0
+    assert text.output.startswith("# bad: ") and f"first bad commit: {status['first_bad']['id']}" in text.output
+    assert "metrics.loss" in text.output  # the diff against its parent shows the record change
+    assert cli(history, "bisect", "reset").exit_code == 0
+
+
+EVAL_PT = """
+import os, sys, torch
+path = os.environ["MVC_CHECKPOINT"]
+assert sys.argv[1] == path, (sys.argv, path)
+with open(sys.argv[2], "a") as log:
+    log.write(os.environ["MVC_COMMIT"] + "\\n")
+state = torch.load(path, weights_only=True)
+loss = float(((state["model"]["w"] - 1) ** 2).mean())
+sys.exit(0 if loss < 0.5 else 1)
+"""
+
+EVAL_SAFETENSORS = """
+import os, sys
+from safetensors.numpy import load_file
+w = load_file(os.environ["MVC_CHECKPOINT"])["model.w"]
+sys.exit(0 if float(((w - 1) ** 2).mean()) < 0.5 else 3)
+"""
+
+
+def test_cli_run_with_a_real_evaluation_script(history, tmp_path):
+    script = tmp_path / "evaluate.py"
+    script.write_text(EVAL_PT)
+    calls = tmp_path / "calls.txt"
+    assert cli(history, "bisect", "start", "HEAD", "HEAD~63").exit_code == 0
+    out = cli(history, "bisect", "run", sys.executable, str(script), "{}", str(calls))
+    assert out.exit_code == 0, out.output
+    first_bad = history.resolve(f"HEAD~{N - 1 - REGRESSION}")
+    assert f"first bad commit: {first_bad}" in out.output
+    assert "step 37" in out.output and "commit 37" in out.output
+    assert "1 of 1 tensors changed" in out.output
+    evaluated = calls.read_text().split()
+    assert 1 <= len(evaluated) <= 7 and first_bad in evaluated
+    assert not list((history.dir / "tmp").glob("bisect-*"))  # checkpoints are cleaned up
+
+
+def test_cli_run_safetensors(history, tmp_path):
+    script = tmp_path / "evaluate.py"
+    script.write_text(EVAL_SAFETENSORS)
+    cli(history, "bisect", "start", "HEAD", "HEAD~63")
+    out = cli(history, "bisect", "run", "--format", "safetensors", "--json", sys.executable, str(script))
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    assert result["first_bad"]["step"] == REGRESSION and result["evaluations"] <= 7
+
+
+@pytest.mark.parametrize("args", [("--metric", "loss", "--threshold", "0.5", "--higher-is-worse"),
+                                   ("--metric", "acc", "--threshold", "0.5")])
+def test_cli_run_by_recorded_metric(history, args):
+    cli(history, "bisect", "start", "HEAD", "HEAD~63")
+    out = cli(history, "bisect", "run", *args, "--json")
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    assert result["first_bad"]["step"] == REGRESSION and result["evaluations"] <= 7
+
+
+def test_metric_missing_everywhere_is_an_error(history):
+    bisect.start(history, "HEAD", "HEAD~63")
+    before = state_bytes(history)
+    with pytest.raises(mvc.BadInput, match="records metric 'bleu'; recorded: acc, loss"):
+        bisect.run_metric(history, "bleu", 1.0)
+    assert state_bytes(history) == before
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+def one_line_error(out, *needles):
+    """Exit 1 with one error line last on stderr (progress lines may come before it)."""
+    assert out.exit_code == 1, out.output
+    lines = out.stderr.splitlines()
+    assert lines[-1].startswith("mvc: error: ") and out.stderr.count("mvc: error") == 1, out.output
+    assert "Traceback" not in out.output and out.stdout == ""
+    for needle in needles:
+        assert needle in lines[-1], out.output
+
+
+def test_commands_without_a_bisect(history):
+    for args in (["good"], ["bad", "HEAD"], ["skip"], ["log"], ["run", "true"],
+                 ["run", "--metric", "loss", "--threshold", "1"]):
+        one_line_error(cli(history, "bisect", *args), "no bisect in progress", "mvc bisect start")
+    out = cli(history, "bisect", "reset")
+    assert out.exit_code == 0 and "no bisect in progress" in out.output
+
+
+def test_bad_start_arguments(history):
+    one_line_error(cli(history, "bisect", "start", "HEAD", "nope"), "unknown revision 'nope'")
+    one_line_error(cli(history, "bisect", "start", "HEAD~63", "HEAD"), "not a descendant", "swapped")
+    one_line_error(cli(history, "bisect", "start", "HEAD", "HEAD"), "same commit")
+    assert not bisect.in_progress(history)
+    assert cli(history, "bisect", "start", "HEAD", "HEAD~63").exit_code == 0
+    one_line_error(cli(history, "bisect", "start", "HEAD", "HEAD~63"), "already in progress", "reset")
+
+
+def test_bad_verdicts_leave_the_state_unchanged(history):
+    cli(history, "bisect", "start", "HEAD~10", "HEAD~60")
+    cli(history, "bisect", "good", "HEAD~40")
+    before = state_bytes(history)
+    one_line_error(cli(history, "bisect", "bad", "HEAD~50"), "cannot be bad", "not newer than")
+    one_line_error(cli(history, "bisect", "good", "HEAD~5"), "is not between")
+    one_line_error(cli(history, "bisect", "good", "HEAD~10"), "cannot be good")
+    one_line_error(cli(history, "bisect", "skip", "no-such"), "unknown revision")
+    assert state_bytes(history) == before
+    assert cli(history, "bisect", "log").exit_code == 0
+
+
+def test_missing_command_and_aborts_keep_the_state(history, tmp_path):
+    cli(history, "bisect", "start", "HEAD", "HEAD~63")
+    before = state_bytes(history)
+    one_line_error(cli(history, "bisect", "run", "no-such-evaluator-xyz", "{}"), "not found on PATH")
+    one_line_error(cli(history, "bisect", "run", str(tmp_path / "missing.sh")), "does not exist")
+    assert state_bytes(history) == before
+    for code, message in (("130", "exited with 130"), ("os.kill(os.getpid(), 9)", "killed by SIGKILL")):
+        script = tmp_path / "abort.py"
+        script.write_text(f"import os, sys\nsys.exit({code})\n" if code.isdigit() else f"import os\n{code}\n")
+        one_line_error(cli(history, "bisect", "run", sys.executable, str(script)), message, "bisect stopped")
+        assert state_bytes(history) == before
+
+
+def test_abort_midway_keeps_earlier_verdicts_and_can_resume(history, tmp_path):
+    counter = tmp_path / "n"
+    script = tmp_path / "flaky.py"
+    script.write_text(f"import pathlib, sys\np = pathlib.Path({str(counter)!r})\n"
+                      "n = int(p.read_text()) if p.exists() else 0\np.write_text(str(n + 1))\n"
+                      "sys.exit(0 if n == 0 else 255)\n")
+    cli(history, "bisect", "start", "HEAD", "HEAD~63")
+    one_line_error(cli(history, "bisect", "run", sys.executable, str(script)), "exited with 255")
+    log = bisect.log(history)
+    assert [e.verdict for e in log.entries] == ["bad", "good", "good"]  # the first verdict is kept
+    out = cli(history, "bisect", "run", "--metric", "loss", "--threshold", "0.5", "--higher-is-worse", "--json")
+    assert out.exit_code == 0 and json.loads(out.stdout)["first_bad"]["step"] == REGRESSION
+
+
+def test_damaged_state_is_reported_and_reset_clears_it(history):
+    bisect.start(history, "HEAD", "HEAD~63")
+    (history.dir / bisect.STATE_FILE).write_bytes(b"\x93garbage")
+    one_line_error(cli(history, "bisect", "log"), "damaged", "mvc bisect reset")
+    assert cli(history, "bisect", "reset").exit_code == 0
+    assert not bisect.in_progress(history)
+
+
+def test_run_usage_errors(history):
+    cli(history, "bisect", "start", "HEAD", "HEAD~63")
+    for args in (["--metric", "loss"], ["--metric", "loss", "--threshold", "1", "true"],
+                 ["--threshold", "1", "true"], []):
+        assert cli(history, "bisect", "run", *args).exit_code == 2

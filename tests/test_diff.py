@@ -1,0 +1,239 @@
+"""mvc.diff: statuses, streamed numbers against torch, what is read, values, record, CLI."""
+
+import json
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import mvc
+from mvc.cli import main
+from mvc.diff import natural_key
+from mvc.packs import pack_filename
+
+
+def numbers(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """What diff should report, computed from the full tensors in float64."""
+    a, b = a.double().reshape(-1), b.double().reshape(-1)
+    return {"relative_change": float((b - a).norm() / a.norm()), "max_abs_diff": float((b - a).abs().max()),
+            "cosine": float(a @ b / (a.norm() * b.norm()))}
+
+
+def assert_numbers(t, a, b):
+    for name, want in numbers(a, b).items():
+        assert getattr(t, name) == pytest.approx(want, rel=1e-9, abs=1e-12), name
+
+
+def by_key(d) -> dict:
+    return {t.key: t for t in d.tensors}
+
+
+def changed_copy(state: dict) -> dict:
+    return {k: v.clone() for k, v in state.items()}
+
+
+@pytest.fixture
+def two(repo):
+    """Two commits: one element of ``w`` changed, ``u`` untouched."""
+    torch.manual_seed(0)
+    a = {"w": torch.randn(100), "u": torch.randn(10, 10)}
+    b = changed_copy(a)
+    b["w"][70] += 0.5
+    repo.commit(a, "a", step=1)
+    repo.commit(b, "b", step=2)
+    return repo, a, b
+
+
+def test_changed_tensor_numbers_match_torch(two):
+    repo, a, b = two
+    d = repo.diff("HEAD~1", "HEAD")
+    w, u = by_key(d)["w"], by_key(d)["u"]
+    assert (w.status, u.status) == ("changed", "unchanged")
+    assert_numbers(w, a["w"], b["w"])
+    # 400 bytes in 64-byte chunks: 7 chunks, element 70 sits in chunk 4
+    assert (w.chunks, w.chunks_changed, w.elements_changed, w.bytes_changed) == (7, 1, 1, 64)
+    assert w.chunk_fraction == pytest.approx(1 / 7)
+    assert w.norm_a == pytest.approx(float(a["w"].double().norm()))
+    assert (u.relative_change, u.max_abs_diff, u.elements_changed) == (0.0, 0.0, 0)
+
+
+def test_unchanged_tensors_are_not_read_and_only_differing_b_chunks_are(two, monkeypatch):
+    repo, a, b = two
+    entries = {e.key: e for e in repo.entries("HEAD")}
+    old = {e.key: e for e in repo.entries("HEAD~1")}
+    reads = []
+    real = repo.read_chunk
+    monkeypatch.setattr(repo, "read_chunk", lambda cid, what="": reads.append(cid) or real(cid, what))
+    monkeypatch.setattr(repo, "load", lambda *a, **k: pytest.fail("diff must not load whole states"))
+    repo.diff("HEAD~1")
+    assert not set(reads) & set(entries["u"].chunks)
+    differing = [c for c, o in zip(entries["w"].chunks, old["w"].chunks) if c != o]
+    # every chunk of A once (norms need it), and B's chunks only where the ids differ
+    assert sorted(reads) == sorted(list(old["w"].chunks) + differing)
+
+
+def test_statuses(repo):
+    a = {"same": torch.ones(3), "gone": torch.ones(2), "shape": torch.ones(4), "dtype": torch.ones(4)}
+    b = {"same": torch.ones(3), "new": torch.zeros(5), "shape": torch.ones(2, 2),
+         "dtype": torch.ones(4, dtype=torch.float64)}
+    repo.commit(a)
+    repo.commit(b)
+    d = repo.diff("HEAD~1")
+    got = {t.key: t.status for t in d.tensors}
+    assert got == {"same": "unchanged", "gone": "removed", "new": "added", "shape": "reshaped", "dtype": "reshaped"}
+    t = by_key(d)
+    assert (t["shape"].shape_a, t["shape"].shape_b) == ((4,), (2, 2))
+    assert (t["dtype"].dtype_a, t["dtype"].dtype_b) == ("F32", "F64")
+    assert t["new"].relative_change is None and t["new"].elements_changed == 5
+    s = d.summary
+    assert (s.tensors, s.tensors_changed, s.tensors_added, s.tensors_removed) == (5, 4, 1, 1)
+    assert s.elements_total == 3 + 5 + 4 + 4
+    assert s.elements_changed == 5 + 4 + 4
+    assert s.parameters_changed == pytest.approx(13 / 16)
+    assert s.bytes_total == 12 + 20 + 16 + 32 and s.bytes_changed == 20 + 16 + 32
+
+
+def test_summary_counts_changed_chunks_and_elements(repo):
+    torch.manual_seed(1)
+    a = {f"layers.{i}.w": torch.randn(64) for i in range(10)}  # 256 bytes: 4 chunks each
+    b = changed_copy(a)
+    b["layers.3.w"][:20] = 0  # chunks 0 and 1
+    repo.commit(a)
+    repo.commit(b)
+    s = repo.diff("HEAD~1").summary
+    assert (s.tensors, s.tensors_changed, s.bytes_changed, s.elements_changed) == (10, 1, 128, 20)
+    assert s.parameters_changed == pytest.approx(20 / 640)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int64, torch.complex64, torch.float64])
+def test_dtypes(repo, dtype):
+    torch.manual_seed(2)
+    a = (torch.randn(50, dtype=torch.complex64) * 10 if dtype.is_complex else torch.randn(50) * 10).to(dtype)
+    b = a.clone()
+    b[7] = b[7] + 3
+    b[45] = b[45] - 2
+    repo.commit({"t": a})
+    repo.commit({"t": b})
+    t = by_key(repo.diff("HEAD~1"))["t"]
+    assert t.status == "changed" and t.elements_changed == 2
+    if dtype.is_complex:
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    assert_numbers(t, a, b)
+
+
+def test_chunk_size_not_a_multiple_of_the_element_size(tmp_path):
+    repo = mvc.Repository.init(tmp_path, chunk_size=3)  # float32 elements straddle chunks
+    torch.manual_seed(3)
+    a = torch.randn(33)
+    b = a.clone()
+    b[10] = 100.0
+    repo.commit({"t": a})
+    repo.commit({"t": b})
+    t = by_key(repo.diff("HEAD~1"))["t"]
+    assert t.elements_changed == 1 and t.chunks == 44
+    assert_numbers(t, a, b)
+    repo.close()
+
+
+def test_identical_nan_is_unchanged_and_zero_norm_a_gives_inf(repo):
+    a = torch.tensor([float("nan"), 1.0, 2.0, 3.0])
+    b = a.clone()
+    b[3] = 4.0
+    repo.commit({"t": a, "z": torch.zeros(4)})
+    repo.commit({"t": b, "z": torch.tensor([0.0, 0.0, 1.0, 0.0])})
+    t, z = by_key(repo.diff("HEAD~1"))["t"], by_key(repo.diff("HEAD~1"))["z"]
+    assert t.elements_changed == 1 and t.max_abs_diff == 1.0 and t.norm_diff == 1.0
+    assert z.relative_change == math.inf and z.cosine is None
+
+
+def test_plain_values_and_commit_record(repo):
+    opt = {"param_groups": [{"lr": 0.1, "betas": (0.9, 0.99)}], "state": {}}
+    repo.commit({"w": torch.ones(2), "opt": opt, "flag": 1}, "first", step=10, epoch=1,
+                metrics={"loss": 2.5, "acc": 0.1}, context={"lr": 0.1, "code": {"git": "abc", "dirty": False}})
+    opt2 = {"param_groups": [{"lr": 0.01, "betas": (0.9, 0.99)}], "state": {}}
+    repo.commit({"w": torch.ones(2), "opt": opt2, "flag": 1.0, "extra": "x"}, "second", step=20, epoch=1,
+                metrics={"loss": 1.5, "ppl": 4.0}, context={"lr": 0.1, "code": {"git": "def", "dirty": False}})
+    d = repo.diff("HEAD~1")
+    values = {v.key: (v.status, v.a, v.b) for v in d.values}
+    assert values == {"opt.param_groups.0.lr": ("changed", 0.1, 0.01), "flag": ("changed", 1, 1.0),
+                      "extra": ("added", None, "x")}
+    fields = {f.name: (f.a, f.b) for f in d.commit}
+    assert fields == {"message": ("first", "second"), "step": (10, 20), "metrics.loss": (2.5, 1.5),
+                      "metrics.acc": (0.1, None), "metrics.ppl": (None, 4.0),
+                      "context.code.git": ("abc", "def")}
+    assert d.summary.values_changed == 3 and d.summary.tensors_changed == 0
+
+
+def test_only_glob_and_model_order(repo):
+    names = ["model.layers.10.w", "model.layers.2.w", "model.embed.w", "head.w"]
+    repo.commit({n: torch.zeros(4) for n in names} | {"opt.lr": 0.1})
+    repo.commit({n: torch.ones(4) for n in names} | {"opt.lr": 0.2})
+    d = repo.diff("HEAD~1", only="model.layers.*")
+    assert [t.key for t in d.tensors] == ["model.layers.2.w", "model.layers.10.w"]
+    assert d.values == () and d.summary.tensors == 2
+    full = repo.diff("HEAD~1")
+    assert [t.key for t in full.tensors] == ["head.w", "model.embed.w", "model.layers.2.w", "model.layers.10.w"]
+
+
+def test_natural_key():
+    keys = ["layers.10.b", "layers.2.a", "layers.2.b", "layers.1.a", "embed", "layers.1"]
+    assert sorted(keys, key=natural_key) == ["embed", "layers.1", "layers.1.a", "layers.2.a", "layers.2.b",
+                                             "layers.10.b"]
+
+
+def test_b_defaults_to_head_and_revisions_are_checked(two):
+    repo, _, _ = two
+    assert repo.diff("HEAD~1").b.id == repo.resolve("HEAD")
+    assert repo.diff("HEAD~1").a.step == 1
+    with pytest.raises(mvc.UnknownRevision):
+        repo.diff("no-such-rev")
+
+
+def test_corrupt_chunk_is_reported_with_its_tensor(two):
+    repo, _, _ = two
+    entry = {e.key: e for e in repo.entries("HEAD")}["w"]
+    old = {e.key: e for e in repo.entries("HEAD~1")}["w"]
+    cid = next(c for c, o in zip(entry.chunks, old.chunks) if c != o)
+    with repo.index.read() as txn:
+        loc = txn.chunk(cid)
+    pack = repo.dir / "packs" / pack_filename(loc.pack)
+    data = bytearray(pack.read_bytes())
+    data[loc.offset + 5] ^= 0x10
+    pack.write_bytes(bytes(data))
+    repo.close()
+    repo = mvc.Repository.open(repo.root)
+    with pytest.raises(mvc.ChecksumMismatch, match="'w'"):
+        repo.diff("HEAD~1")
+    repo.close()
+
+
+# -- CLI ---------------------------------------------------------------------------
+
+def cli(repo, *args):
+    return CliRunner().invoke(main, ["-C", str(repo.root), *args])
+
+
+def test_cli_text_stat_json(two):
+    repo, a, b = two
+    out = cli(repo, "diff", "HEAD~1")
+    assert out.exit_code == 0, out.output
+    assert "step: 1 -> 2" in out.output
+    assert "changed   w" in out.output and "chunks 1/7" in out.output
+    assert "1 of 2 tensors changed" in out.output
+    assert " u " not in out.output  # unchanged tensors are not listed
+    stat = cli(repo, "diff", "HEAD~1", "HEAD", "--stat")
+    assert stat.exit_code == 0
+    assert stat.output.splitlines()[0].startswith(" w |") and len(stat.output.splitlines()) == 2
+    js = cli(repo, "diff", "HEAD~1", "--json", "--only", "w")
+    data = json.loads(js.output)
+    assert [t["key"] for t in data["tensors"]] == ["w"]
+    assert data["tensors"][0]["relative_change"] == pytest.approx(numbers(a["w"], b["w"])["relative_change"])
+    assert data["summary"]["tensors_changed"] == 1
+
+
+def test_cli_unknown_revision_is_one_line(two):
+    repo, _, _ = two
+    out = cli(repo, "diff", "nope")
+    assert out.exit_code == 1
+    assert out.output.strip().count("\n") == 0 and "unknown revision 'nope'" in out.output

@@ -1,0 +1,85 @@
+"""mvc.plot: diff and metric pictures, and the message when matplotlib is missing."""
+
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import mvc
+from mvc import plot
+from mvc.cli import main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def history(repo):
+    """Five commits of a 12-layer model whose deeper layers change more."""
+    state = {f"model.layers.{i}.{n}": torch.ones(16) for i in range(12) for n in ("w", "b")}
+    state["model.embed.weight"] = torch.ones(8)
+    for step in range(5):
+        state = {k: v + (0.01 * int(k.split(".")[2]) if ".w" in k and "layers" in k else 0)
+                 for k, v in state.items()}
+        repo.commit(state, f"step {step}", step=100 * step, metrics={"loss": 2.0 / (step + 1)})
+    return repo
+
+
+def cli(repo, *args):
+    return CliRunner().invoke(main, ["-C", str(repo.root), *args])
+
+
+def test_plot_diff_writes_png(history, tmp_path):
+    pytest.importorskip("matplotlib")
+    d = history.diff("HEAD~4")
+    out = plot.plot_diff(d, tmp_path / "diff.png")
+    assert out == tmp_path / "diff.png" and out.read_bytes().startswith(PNG)
+    grouped = plot.plot_diff(d, tmp_path / "layers.png", max_rows=5)
+    assert grouped.read_bytes().startswith(PNG)
+
+
+def test_rows_per_tensor_or_per_layer_in_model_order(history):
+    d = history.diff("HEAD~4")
+    rows = plot._rows(d, plot.MAX_ROWS)
+    assert len(rows) == 25 and rows[0][0] == "model.embed.weight"
+    labels = [label for label, _, _ in plot._rows(d, max_rows=5)]
+    assert labels == ["model.embed"] + [f"model.layers.{i}" for i in range(12)]
+    by_label = {label: (value, status) for label, value, status in plot._rows(d, max_rows=5)}
+    assert by_label["model.layers.0"] == (0.0, "unchanged")
+    w11 = next(t for t in d.tensors if t.key == "model.layers.11.w")
+    assert by_label["model.layers.11"] == (w11.relative_change, "changed")
+
+
+def test_layer_of():
+    assert plot.layer_of("model.layers.12.attn.q.weight") == "model.layers.12"
+    assert plot.layer_of("model.embed.weight") == "model.embed"
+    assert plot.layer_of("bias") == "bias"
+
+
+def test_plot_metric(history, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = plot.plot_metric(history.log(), "loss", tmp_path / "loss.png")
+    assert out.read_bytes().startswith(PNG)
+    with pytest.raises(mvc.BadInput, match="recorded metrics: loss"):
+        plot.plot_metric(history.log(), "accuracy", tmp_path / "acc.png")
+
+
+def test_cli_diff_plot(history, tmp_path):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "cli.png"
+    out = cli(history, "diff", "HEAD~4", "--plot", str(target))
+    assert out.exit_code == 0, out.output
+    assert target.read_bytes().startswith(PNG)
+    assert "11 of 25 tensors changed" in out.output  # layer 0 moves by 0
+
+
+def test_without_matplotlib_plot_says_how_to_install(history, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes 'import matplotlib' fail
+    with pytest.raises(mvc.MvcError, match=r"pip install 'mvc\[plot\]'"):
+        plot.plot_diff(history.diff("HEAD~1"), tmp_path / "x.png")
+    target = tmp_path / "cli.png"
+    out = cli(history, "diff", "HEAD~1", "--plot", str(target))
+    assert out.exit_code == 1
+    assert out.output == "mvc: error: plotting needs matplotlib, which is not installed; " \
+                         "install it with: pip install 'mvc[plot]'\n"
+    assert not target.exists()

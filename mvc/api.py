@@ -7,6 +7,7 @@ repository; the methods here only forward to them, so the layers point down.
 from . import bisect as _bisect
 from . import diff as _diff
 from . import fsck as _fsck
+from . import gc as _gc
 from .repository import BaseRepository
 
 
@@ -30,3 +31,9 @@ class Repository(BaseRepository):
         """Find the first commit after ``good`` for which ``is_good(state)`` is
         False; see ``mvc.bisect.bisect``."""
         return _bisect.bisect(self, good, bad, is_good, branch=branch, progress=progress)
+
+    def gc(self, keep_last=None, branch=None, keep_best=None, mode: str = "min", top: int = 1,
+           force: bool = False, dry_run: bool = False) -> "_gc.GcReport":
+        """Prune by retention, delete what nothing reaches, reclaim pack space; see ``mvc.gc.gc``."""
+        return _gc.gc(self, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
+                      force=force, dry_run=dry_run)

@@ -6,7 +6,8 @@ Vocabulary:
   that a reflog entry names as its old or new id. Roots are labelled with
   the ref's name, reflog roots as ``reflog:<ref>``.
 - **reachable**: a root, a parent of a reachable commit, and the tree,
-  tensors and chunks of a reachable commit. fsck checks exactly these.
+  tensors and chunks of a reachable commit that gc retention has not
+  pruned (a pruned commit keeps only its record). fsck checks exactly these.
 - **damage**: something reachable that is missing, does not decode, does not
   hash to its id, or whose bytes are not intact inside a sealed pack. Each
   ``Damage`` names the broken thing and what it breaks in user terms: chunk
@@ -237,7 +238,8 @@ class _Checker:
             if obj is None:
                 continue
             self.parents[oid] = obj.parents
-            self.tree_commits[obj.tree].add(oid)
+            if txn.pruned(oid) is None:  # gc retention deleted a pruned commit's tree on purpose
+                self.tree_commits[obj.tree].add(oid)
             for parent in obj.parents:
                 if parent not in seen:
                     seen.add(parent)

@@ -9,6 +9,8 @@ Named databases (``docs/format.md`` gives keys and values exactly):
 - ``reflog``   ref name, NUL, sequence number -> encoded entry
 - ``locks``    branch name -> encoded lock holder
 - ``meta``     repository settings (``chunk_size``)
+- ``pruned``   commit id -> encoded note (time, policy): retention kept the
+  commit's record but gc deleted its tree and tensors
 
 Only one process writes at a time (LMDB's writer lock); readers never
 block. This is the only module that imports ``lmdb``.
@@ -29,7 +31,7 @@ from .errors import CorruptObject, MvcError
 from .packs import Location
 
 OBJECT_KINDS = ("tensors", "trees", "commits")
-DB_NAMES = ("chunks",) + OBJECT_KINDS + ("refs", "reflog", "locks", "meta")
+DB_NAMES = ("chunks",) + OBJECT_KINDS + ("refs", "reflog", "locks", "meta", "pruned")
 _LOCATION = struct.Struct("<16sQI")
 _SEQ = struct.Struct(">Q")
 DIRECT, SYMBOLIC = 0, 1
@@ -174,6 +176,18 @@ class Txn:
 
     def put_meta(self, key: str, value: bytes) -> None:
         self._txn.put(key.encode(), value, db=self._dbs["meta"])
+
+    # pruned commits
+    def pruned(self, oid: bytes) -> Optional[dict]:
+        """The note of a commit whose data retention pruned, or None."""
+        raw = self._txn.get(oid, db=self._dbs["pruned"])
+        return None if raw is None else encoding.unpack(raw, f"pruned note of commit {oid.hex()[:12]}")
+
+    def put_pruned(self, oid: bytes, note: dict) -> None:
+        self._txn.put(oid, encoding.pack(note), db=self._dbs["pruned"])
+
+    def delete_pruned(self, oid: bytes) -> None:
+        self._txn.delete(oid, db=self._dbs["pruned"])
 
 
 # LMDB allows one environment per file per process, so every Index on the

@@ -67,6 +67,7 @@ class Commit:
     metrics: dict = field(default_factory=dict)
     context: dict = field(default_factory=dict)
     stats: Optional[CommitStats] = None
+    pruned: bool = False  # retention deleted its tensors; its record stays in history
 
     @property
     def short_id(self) -> str:
@@ -283,10 +284,21 @@ class BaseRepository:
         return TensorObject.decode(self._object(txn, "tensors", oid, "tensor"))
 
     @staticmethod
-    def _to_commit(oid: bytes, obj: CommitObject, stats=None) -> Commit:
+    def _to_commit(oid: bytes, obj: CommitObject, stats=None, pruned: bool = False) -> Commit:
         return Commit(oid.hex(), obj.tree.hex(), tuple(p.hex() for p in obj.parents), obj.message,
                       obj.author, obj.time / 1e6, obj.step, obj.epoch, dict(obj.metrics),
-                      dict(obj.context), stats)
+                      dict(obj.context), stats, pruned)
+
+    def _commit_tree(self, txn: Txn, oid: bytes) -> TreeObject:
+        """The tree of commit ``oid``; ObjectNotFound saying so if retention pruned it."""
+        obj = self._commit_object(txn, oid)
+        note = txn.pruned(oid)
+        if note is not None:
+            note = note if isinstance(note, dict) else {}
+            when = time.strftime("%Y-%m-%d", time.localtime(note.get("time", 0) / 1e6))
+            raise ObjectNotFound(f"commit {oid.hex()[:12]} was pruned by gc ({note.get('policy', 'retention')}) "
+                                 f"on {when}: its record is kept but its tensors are gone; load a kept commit")
+        return self._tree_object(txn, obj.tree)
 
     # -- revisions ---------------------------------------------------------
 
@@ -355,7 +367,7 @@ class BaseRepository:
     def get_commit(self, rev: str = refs.HEAD) -> Commit:
         with self.index.read() as txn:
             oid = self._resolve(txn, rev)
-            return self._to_commit(oid, self._commit_object(txn, oid))
+            return self._to_commit(oid, self._commit_object(txn, oid), pruned=txn.pruned(oid) is not None)
 
     def log(self, rev: Optional[str] = None, n: Optional[int] = None) -> Iterator[Commit]:
         """Commits from ``rev`` (default HEAD) along first parents, newest first.
@@ -370,7 +382,7 @@ class BaseRepository:
             commits = []
             while oid is not None and (n is None or len(commits) < n):
                 obj = self._commit_object(txn, oid)
-                commits.append(self._to_commit(oid, obj))
+                commits.append(self._to_commit(oid, obj, pruned=txn.pruned(oid) is not None))
                 oid = obj.parents[0] if obj.parents else None
         return iter(commits)
 
@@ -533,7 +545,7 @@ class BaseRepository:
         # gc must not move or delete a pack between reading a location and reading the pack
         with locking.shared_gc_lock(self.dir / "locks", self.lock_timeout), self.index.read() as txn:
             oid = self._resolve(txn, rev)
-            tree = self._tree_object(txn, self._commit_object(txn, oid).tree)
+            tree = self._commit_tree(txn, oid)
             leaves = [(p, leaf) for p, leaf in walk(tree.root) if isinstance(leaf, TensorLeaf)]
             tensors = self._read_tensors(txn, leaves, oid)
         return _materialize(tree.root, tensors, map_location)
@@ -594,7 +606,7 @@ class BaseRepository:
         """Every leaf of the tree at ``rev``, in key order (no tensor data is read)."""
         with self.index.read() as txn:
             oid = self._resolve(txn, rev)
-            tree = self._tree_object(txn, self._commit_object(txn, oid).tree)
+            tree = self._commit_tree(txn, oid)
             out = []
             for path, leaf in walk(tree.root):
                 if isinstance(leaf, TensorLeaf):

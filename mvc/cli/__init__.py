@@ -2,7 +2,7 @@
 
 from .base import main
 from . import core  # noqa: F401  (registers init, commit, log, show, checkout, branch, tag, status)
-from . import integrity  # noqa: F401  (registers fsck)
+from . import integrity  # noqa: F401  (registers fsck, lock, unlock, gc)
 from . import compare  # noqa: F401  (registers diff, bisect)
 
 __all__ = ["main"]

@@ -1,4 +1,4 @@
-"""Integrity commands: fsck (and the chunk index rebuild)."""
+"""Integrity commands: fsck (and the chunk index rebuild), lock / unlock, gc."""
 
 import click
 
@@ -160,3 +160,66 @@ def unlock(branch, owner, force):
         click.echo(f"unlocked branch {branch!r}")
     else:
         click.echo(f"branch {branch!r} was not locked")
+
+
+# -- gc -----------------------------------------------------------------------
+
+def _show_gc(r) -> None:
+    def did(past: str, future: str) -> str:
+        return f"would {future}" if r.dry_run else past
+
+    if r.pruned:
+        click.echo(f"{did('pruned', 'prune')} {len(r.pruned)} commit{'' if len(r.pruned) == 1 else 's'}: "
+                   f"{_some(list(r.pruned), short=True)}; {did('expired', 'expire')} {r.reflog_expired} "
+                   "reflog entries")
+    if r.skipped_branches:
+        click.echo(f"left protected branches alone (--force prunes them too): {', '.join(r.skipped_branches)}")
+    click.echo(f"{did('removed', 'remove')} {r.commits_removed} commits, {r.trees_removed} trees, "
+               f"{r.tensors_removed} tensors, {r.chunks_removed} chunk index entries")
+    click.echo(f"packs: {did('deleted', 'delete')} {r.packs_deleted}, {did('rewrote', 'rewrite')} "
+               f"{r.packs_rewritten} ({r.records_moved} live records moved), {did('removed', 'remove')} "
+               f"{r.tmp_removed} stale .tmp files")
+    for note in r.notes:
+        click.echo(f"  {note}")
+    about = "about " if r.dry_run else ""
+    click.echo(f"on disk: {human_bytes(r.bytes_before)} -> {about}{human_bytes(r.bytes_after)} "
+               f"({human_bytes(r.bytes_reclaimed)} reclaimed; packs {human_bytes(r.pack_bytes_before)} -> "
+               f"{about}{human_bytes(r.pack_bytes_after)})")
+
+
+@main.command()
+@click.option("--keep-last", type=click.IntRange(min=1), metavar="N", help="Keep the last N commits of each branch's history.")
+@click.option("--branch", metavar="B", help="Apply --keep-last / --keep-best to branch B only.")
+@click.option("--keep-best", metavar="METRIC", help="Keep the best commits by METRIC (see --mode, --top).")
+@click.option("--mode", type=click.Choice(["min", "max"]), default="min", show_default=True,
+              help="Whether the best METRIC is the lowest or the highest.")
+@click.option("--top", type=click.IntRange(min=1), default=1, show_default=True, metavar="K", help="How many best commits to keep.")
+@click.option("--dry-run", is_flag=True, help="Report what would be removed; change nothing.")
+@click.option("--force", is_flag=True, help="Also prune the history of protected branches.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def gc(keep_last, branch, keep_best, mode, top, dry_run, force, as_json):
+    """Delete what no ref or reflog entry reaches, and reclaim its space on disk.
+
+    Packs that hold nothing live are deleted; packs that are mostly garbage
+    are rewritten. Commits wait while gc runs.
+
+    Retention (--keep-last N and/or --keep-best METRIC) prunes old commits of
+    every branch, or of --branch B: along each branch's first-parent history
+    it keeps the last N commits and the K best by METRIC, and prunes the
+    rest. A pruned commit keeps its id, message, metrics and place in
+    history ('mvc log' still shows it), but its tensors are deleted and
+    loading it fails with a message saying so (like 'git lfs prune').
+    Never pruned: branch tips, tagged commits, the commit HEAD names, commits
+    on the history of a branch outside --branch, and (without --force) the
+    history of protected branches. Reflog entries pointing at pruned
+    commits are expired. Pruning cannot be undone.
+    """
+    with open_repo() as repo:
+        report = repo.gc(keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
+                         force=force, dry_run=dry_run)
+    if as_json:
+        out = to_jsonable(report)
+        out["bytes_reclaimed"] = report.bytes_reclaimed
+        echo_json(out)
+    else:
+        _show_gc(report)

@@ -1,0 +1,416 @@
+"""gc: delete what nothing reaches and reclaim its space; retention prunes old commits.
+
+Vocabulary:
+
+- **root**: a commit a ref names (``HEAD``, branches, tags) or a reflog
+  entry names (old or new id).
+- **live**: a root; a parent of a live commit; the tree of a live commit that
+  is not pruned, that tree's tensors and their chunks. Everything else in
+  the index is **garbage**, and so is every pack record no live chunk's
+  index entry points at.
+- **pruned commit**: retention keeps its record (message, metrics, parents,
+  so history and every commit id stay as they were) but no longer counts its
+  tree as live, so gc deletes its tensor data. Loading it says so. This is
+  what ``git lfs prune`` does to old file contents.
+- **retention policy**: per branch in scope, keep the last N commits of its
+  first-parent chain and/or the best K by a metric; prune the rest. Branch
+  tips, tagged commits, what HEAD names, and commits on the first-parent
+  chain of any branch outside the scope are always kept; a protected branch
+  is only pruned with ``force``.
+
+The steps are ordered so that a crash at any moment is harmless:
+
+1. one write transaction: prune marks, reflog expiry, deletion of garbage
+   objects and chunk index entries (all of it or none of it);
+2. the live records of packs that are mostly garbage are copied into a new
+   pack, which is sealed and fsynced;
+3. one write transaction points their index entries at the new pack;
+4. the old packs, packs that no longer hold anything live, and stale
+   ``.pack.tmp`` files are deleted.
+
+A crash between steps leaves only unreferenced packs that the next gc
+deletes. gc holds the exclusive gc lock throughout, so no commit runs
+meanwhile (a commit's new chunks are not indexed until its last step).
+"""
+
+import math
+import os
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from . import hashing, locks, refs
+from .errors import BadInput, ChecksumMismatch, CorruptObject, MvcError, ProtectedRef, UnknownRevision
+from .index import Txn
+from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, walk
+from .packs import PackReader, PackWriter, fsync_dir, read_trailer
+
+REWRITE_BELOW = 0.5  # rewrite a pack when less than this share of its record bytes is live
+GRACE_S = 60.0  # leave packs no index entry ever named, and .tmp files, alone while younger
+_PACK = re.compile(r"pack-([0-9a-f]{32})\.pack")
+_TMP = re.compile(r"pack-[0-9a-f]{32}\.pack\.tmp")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Which old commits to prune; inactive when neither keep_last nor keep_best is set."""
+
+    keep_last: Optional[int] = None
+    branch: Optional[str] = None
+    keep_best: Optional[str] = None
+    mode: str = "min"
+    top: int = 1
+
+    @property
+    def active(self) -> bool:
+        return self.keep_last is not None or self.keep_best is not None
+
+    def check(self) -> None:
+        """BadInput for a policy that makes no sense."""
+        for name, n in (("keep-last", self.keep_last), ("top", self.top)):
+            if n is not None and (type(n) is not int or n < 1):
+                raise BadInput(f"--{name} must be a whole number of at least 1, not {n!r}")
+        if self.mode not in ("min", "max"):
+            raise BadInput(f"--mode must be 'min' or 'max', not {self.mode!r}")
+        if self.branch is not None and not self.active:
+            raise BadInput("--branch only selects what --keep-last / --keep-best prune; give one of them")
+
+    def describe(self) -> str:
+        parts = []
+        if self.keep_last is not None:
+            parts.append(f"keep-last {self.keep_last}")
+        if self.keep_best is not None:
+            parts.append(f"keep-best {self.keep_best} {self.mode} top {self.top}")
+        where = f"branch {self.branch}" if self.branch else "every branch"
+        return f"{', '.join(parts)} on {where}"
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What gc removed (or, with ``dry_run``, would remove). Ids are hex."""
+
+    dry_run: bool
+    bytes_before: int  # everything under .mvc, as allocated on disk
+    bytes_after: int  # with dry_run: an estimate
+    pack_bytes_before: int
+    pack_bytes_after: int
+    pruned: tuple = ()  # commits retention pruned in this run
+    skipped_branches: tuple = ()  # protected branches retention left alone
+    reflog_expired: int = 0
+    commits_removed: int = 0
+    trees_removed: int = 0
+    tensors_removed: int = 0
+    chunks_removed: int = 0  # chunk index entries
+    packs_deleted: int = 0  # packs that held nothing live
+    packs_rewritten: int = 0  # mostly-garbage packs whose live records moved to a new pack
+    records_moved: int = 0  # live records copied out of rewritten packs
+    tmp_removed: int = 0
+    notes: tuple = field(default=())  # packs left alone and why
+
+    @property
+    def bytes_reclaimed(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+
+def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep_best: Optional[str] = None,
+       mode: str = "min", top: int = 1, force: bool = False, dry_run: bool = False,
+       grace: float = GRACE_S) -> GcReport:
+    """Prune by the retention policy (if any), then delete garbage and reclaim pack space.
+
+    Raises BadInput for a bad policy, UnknownRevision for an unknown
+    ``branch``, ProtectedRef for a protected ``branch`` without ``force``,
+    CorruptObject (deleting nothing) if something live is missing or
+    damaged, and LockHeld if commits keep running or another gc runs.
+    """
+    policy = Retention(keep_last, branch, keep_best, mode, top)
+    policy.check()
+    with locks.exclusive_gc_lock(repo.dir / "locks", repo.lock_timeout):
+        before, packs_before = disk_usage(repo.dir), disk_usage(repo.dir / "packs")
+        with (repo.index.read() if dry_run else repo.index.write()) as txn:
+            sweep = _sweep(txn, policy, force, dry_run)
+        plan = _plan_packs(repo.dir / "packs", sweep.live_locs, sweep.indexed_packs, grace)
+        if dry_run:
+            saved = plan.reclaimable()
+            return sweep.report(True, before, before - saved, packs_before, packs_before - saved, plan)
+        moved = _rewrite(repo, plan)
+        _delete(repo, plan)
+        return sweep.report(False, before, disk_usage(repo.dir), packs_before,
+                            disk_usage(repo.dir / "packs"), plan, moved)
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes allocated on disk for the files under ``path`` (what du counts)."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+# -- step 1: retention, marking and sweeping, in one transaction ---------------
+
+def _need(txn: Txn, kind: str, oid: bytes, cls, why: str):
+    data = txn.get(kind, oid)
+    if data is None:
+        raise CorruptObject(f"gc stopped, nothing was deleted: {kind[:-1]} {oid.hex()[:12]} ({why}) is missing; "
+                            "run 'mvc fsck'")
+    return cls.decode(data)
+
+
+def _first_parents(txn: Txn, oid: bytes) -> list:
+    """(id, commit object) along first parents from ``oid``, newest first."""
+    chain = []
+    while oid is not None:
+        obj = _need(txn, "commits", oid, CommitObject, "on a branch")
+        chain.append((oid, obj))
+        oid = obj.parents[0] if obj.parents else None
+    return chain
+
+
+def _best(chain: list, metric: str, mode: str, top: int, pruned) -> set:
+    """Ids of the ``top`` best commits by ``metric`` among those that still have data."""
+    scored = [(obj.metrics[metric], i, oid) for i, (oid, obj) in enumerate(chain)
+              if metric in obj.metrics and not math.isnan(obj.metrics[metric]) and not pruned(oid)]
+    scored.sort(key=lambda s: (s[0] if mode == "min" else -s[0], s[1]))  # ties: the newer one
+    return {oid for _, _, oid in scored[:top]}
+
+
+def _retention(txn: Txn, policy: Retention, force: bool) -> tuple:
+    """(ids to prune now, protected branches skipped)."""
+    tips = {name[len(refs.BRANCHES):]: v for name, v in txn.refs(refs.BRANCHES) if v.id is not None}
+    if policy.branch is not None:
+        if policy.branch not in tips:
+            raise UnknownRevision(f"branch {policy.branch!r} does not exist")
+        if tips[policy.branch].protected and not force:
+            raise ProtectedRef(f"branch {policy.branch!r} is protected; pass --force to prune its history")
+        scope = [policy.branch]
+    else:
+        scope = [b for b, v in tips.items() if force or not v.protected]
+    skipped = tuple(sorted(b for b in tips if b not in scope and policy.branch is None))
+    kept = {v.id for _, v in txn.refs() if v.id is not None}  # every branch tip, tag and detached HEAD
+    candidates = set()
+    pruned = lambda oid: txn.pruned(oid) is not None  # noqa: E731
+    for name, value in tips.items():
+        chain = _first_parents(txn, value.id)
+        if name not in scope:
+            kept |= {oid for oid, _ in chain}
+            continue
+        if policy.keep_last is not None:
+            kept |= {oid for oid, _ in chain[:policy.keep_last]}
+        if policy.keep_best is not None:
+            kept |= _best(chain, policy.keep_best, policy.mode, policy.top, pruned)
+        candidates |= {oid for oid, _ in chain}
+    return {oid for oid in candidates - kept if not pruned(oid)}, skipped
+
+
+@dataclass
+class _Sweep:
+    pruned: set
+    skipped: tuple
+    reflog_expired: int = 0
+    removed: dict = field(default_factory=dict)  # kind -> count
+    live_locs: dict = field(default_factory=dict)  # live chunk id -> Location
+    indexed_packs: set = field(default_factory=set)  # pack names any chunk entry named before the sweep
+
+    def report(self, dry_run, before, after, packs_before, packs_after, plan, moved: int = 0) -> GcReport:
+        return GcReport(dry_run, before, after, packs_before, packs_after, tuple(sorted(o.hex() for o in self.pruned)),
+                        self.skipped, self.reflog_expired, self.removed.get("commits", 0),
+                        self.removed.get("trees", 0), self.removed.get("tensors", 0), self.removed.get("chunks", 0),
+                        len(plan.delete), len(plan.rewrite),
+                        moved if not dry_run else sum(len(live) for _, live in plan.rewrite),
+                        len(plan.tmp), tuple(plan.notes))
+
+
+def _sweep(txn: Txn, policy: Retention, force: bool, dry_run: bool) -> _Sweep:
+    prune, skipped = _retention(txn, policy, force) if policy.active else (set(), ())
+    sweep = _Sweep(prune, skipped)
+    expired = [(ref, seq) for ref, seq, entry in txn.reflog()
+               if isinstance(entry, dict) and (entry.get("new") in prune or _is_pruned(txn, entry.get("new")))]
+    sweep.reflog_expired = len(expired)
+    if not dry_run:
+        note = {"time": time.time_ns() // 1000, "policy": policy.describe()}
+        for oid in prune:
+            txn.put_pruned(oid, note)
+        for ref, seq in expired:
+            txn.delete_reflog(ref, seq)
+    live = _mark(txn, prune, set(expired))
+    for kind in ("commits", "trees", "tensors"):
+        dead = [oid for oid in txn.ids(kind) if oid not in live[kind]]
+        sweep.removed[kind] = len(dead)
+        if not dry_run:
+            for oid in dead:
+                txn.delete(kind, oid)
+    dead_chunks = []
+    for cid, loc in txn.chunks():
+        sweep.indexed_packs.add(loc.pack)
+        if cid in live["chunks"]:
+            sweep.live_locs[cid] = loc
+        else:
+            dead_chunks.append(cid)
+    missing = live["chunks"].keys() - sweep.live_locs.keys()
+    if missing:
+        raise CorruptObject(f"gc stopped, nothing was deleted: {len(missing)} live chunks (e.g. "
+                            f"{next(iter(missing)).hex()[:12]}) are not in the chunk index; run 'mvc fsck'")
+    sweep.removed["chunks"] = len(dead_chunks)
+    if not dry_run:
+        for cid in dead_chunks:
+            txn.delete_chunk(cid)
+        for oid in [oid for oid in txn.ids("pruned") if oid not in live["commits"]]:
+            txn.delete_pruned(oid)
+    return sweep
+
+
+def _is_pruned(txn: Txn, oid) -> bool:
+    return type(oid) is bytes and len(oid) == ID_SIZE and txn.pruned(oid) is not None
+
+
+def _roots(txn: Txn, expired: set) -> set:
+    roots = {v.id for _, v in txn.refs() if v.id is not None}
+    for ref, seq, entry in txn.reflog():
+        if (ref, seq) in expired or not isinstance(entry, dict):
+            continue
+        roots |= {entry.get(k) for k in ("old", "new") if type(entry.get(k)) is bytes and len(entry.get(k)) == ID_SIZE}
+    return roots
+
+
+def _mark(txn: Txn, prune: set, expired: set) -> dict:
+    """{"commits", "trees", "tensors": live id sets, "chunks": {live chunk id: None}}."""
+    commits, trees, tensors, chunks = set(), set(), set(), {}
+    todo = list(_roots(txn, expired))
+    while todo:
+        oid = todo.pop()
+        if oid in commits:
+            continue
+        obj = _need(txn, "commits", oid, CommitObject, "reachable from a ref or the reflog")
+        commits.add(oid)
+        if oid not in prune and txn.pruned(oid) is None:
+            trees.add(obj.tree)
+        todo.extend(obj.parents)
+    for tid in trees:
+        tree = _need(txn, "trees", tid, TreeObject, "of a live commit")
+        tensors |= {leaf.id for _, leaf in walk(tree.root) if isinstance(leaf, TensorLeaf)}
+    for tid in tensors:
+        chunks.update(dict.fromkeys(_need(txn, "tensors", tid, TensorObject, "of a live tree").chunks))
+    return {"commits": commits, "trees": trees, "tensors": tensors, "chunks": chunks}
+
+
+# -- steps 2-4: packs -----------------------------------------------------------
+
+@dataclass
+class _PackPlan:
+    directory: Path
+    delete: list = field(default_factory=list)  # paths of sealed packs holding nothing live
+    rewrite: list = field(default_factory=list)  # (path, [(chunk id, Location)]) mostly garbage
+    tmp: list = field(default_factory=list)  # stale .pack.tmp paths
+    notes: list = field(default_factory=list)
+
+    def reclaimable(self) -> int:
+        gone = self.delete + self.tmp + [path for path, _ in self.rewrite]
+        kept = sum(loc.length for _, live in self.rewrite for _, loc in live)
+        return max(0, sum(_file_usage(p) for p in gone) - kept)
+
+
+def _file_usage(path: Path) -> int:
+    try:
+        return os.lstat(path).st_blocks * 512
+    except FileNotFoundError:
+        return 0
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - os.lstat(path).st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def _plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float) -> _PackPlan:
+    plan = _PackPlan(directory)
+    live_by_pack = defaultdict(list)
+    for cid, loc in live_locs.items():
+        live_by_pack[loc.pack].append((cid, loc))
+    for path in sorted(directory.iterdir()):
+        if _TMP.fullmatch(path.name):
+            if _age(path) > grace:
+                plan.tmp.append(path)
+            continue
+        match = _PACK.fullmatch(path.name)
+        if match is None:
+            continue
+        name = bytes.fromhex(match.group(1))
+        live = live_by_pack.get(name)
+        if not live:
+            # a pack no entry ever named may be a writer's that is about to index it
+            if name in indexed or _age(path) > grace:
+                plan.delete.append(path)
+            continue
+        try:
+            total = sum(length for _, _, length in read_trailer(path))
+        except (CorruptObject, OSError) as exc:
+            plan.notes.append(f"{path.name} left alone: {exc}")
+            continue
+        if sum(loc.length for _, loc in live) < total * REWRITE_BELOW:
+            plan.rewrite.append((path, sorted(live, key=lambda item: item[1].offset)))
+    return plan
+
+
+def _rewrite(repo, plan: _PackPlan) -> int:
+    """Copy the live records of the packs to rewrite into one new pack and index them there.
+
+    A pack with a corrupt live record is left as it is (noted in the plan).
+    Returns the number of records moved.
+    """
+    if not plan.rewrite:
+        return 0
+    reader, writer, moves, done = PackReader(plan.directory), PackWriter(plan.directory), [], []
+    try:
+        for path, live in plan.rewrite:
+            pack_moves = _copy_records(reader, writer, path, live, plan.notes)
+            if pack_moves is not None:
+                moves += pack_moves
+                done.append((path, live))
+        if moves:
+            writer.seal()
+        else:
+            writer.abort()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        reader.close()
+    with repo.index.write() as txn:
+        for cid, old, new in moves:
+            if txn.chunk(cid) == old:
+                txn.put_chunk(cid, new, overwrite=True)
+    plan.rewrite = done
+    return len(moves)
+
+
+def _copy_records(reader: PackReader, writer: PackWriter, path: Path, live: list, notes: list):
+    moves = []
+    for cid, loc in live:
+        try:
+            data = reader.read(loc)
+            if hashing.digest(data) != cid:
+                raise ChecksumMismatch(f"chunk {cid.hex()[:12]} is corrupt (BLAKE3 mismatch)")
+        except MvcError as exc:  # records already copied become garbage in the new pack
+            notes.append(f"{path.name} not rewritten: {exc}; run 'mvc fsck'")
+            return None
+        moves.append((cid, loc, writer.add(cid, data)))
+    return moves
+
+
+def _delete(repo, plan: _PackPlan) -> None:
+    repo.packs.close()  # drop open descriptors, so deleted packs free their space now
+    for path in plan.delete + [path for path, _ in plan.rewrite] + plan.tmp:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    fsync_dir(plan.directory)

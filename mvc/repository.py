@@ -135,7 +135,7 @@ def read_format(mvc_dir: Path) -> int:
         raise NotARepository(f"{mvc_dir} has no readable FORMAT file; it is not an mvc repository") from None
     fields = dict(line.partition(" ")[::2] for line in lines if line.strip())
     version = fields.get("mvc-format", "")
-    if not version.isdigit():
+    if not (version.isascii() and version.isdigit()) or int(version) < 1:
         raise UnsupportedFormat(f"{mvc_dir}/FORMAT is damaged: no 'mvc-format N' line")
     if int(version) > FORMAT_VERSION:
         raise UnsupportedFormat(f"repository format {version} is newer than this mvc reads "
@@ -168,8 +168,8 @@ def _plain(value, where: str):
     if isinstance(value, (np.generic, torch.Tensor)) and getattr(value, "ndim", 0) == 0:
         return value.item()
     for base in (int, float, str):  # subclasses such as enums store as their base
-        if isinstance(value, base):
-            return base(value)
+        if isinstance(value, base):  # str() of a str enum is "Class.NAME", not its value
+            return str.__str__(value) if base is str else base(value)
     if isinstance(value, (torch.dtype, torch.device, Path)):
         return str(value)
     if isinstance(value, dict):

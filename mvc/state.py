@@ -43,6 +43,11 @@ def tensor_bytes(t: torch.Tensor) -> np.ndarray:
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
+def _as_base(base: type, value):
+    # str() of a str-mixin enum is "Class.NAME" (Python 3.11+), not its value
+    return str.__str__(value) if base is str else base(value)
+
+
 def _storage_key(t: torch.Tensor):
     if t.numel() == 0 or t.layout != torch.strided:
         return None
@@ -72,15 +77,15 @@ def _items(node, path=()) -> list:
 def _shared_keys(state) -> set:
     seen, shared = set(), set()
 
-    def visit(node):
+    def visit(node, path):
         if isinstance(node, torch.Tensor):
             key = _storage_key(node)
             if key is not None:
                 (shared if key in seen else seen).add(key)
         elif isinstance(node, (dict, list, tuple)):
-            for _, v in _items(node):
-                visit(v)
-    visit(state)
+            for k, v in _items(node, path):  # the path names a bad key in the error
+                visit(v, path + (k,))
+    visit(state, ())
     return shared
 
 
@@ -116,7 +121,7 @@ def flatten(state) -> tuple:
             return node
         for base in _PLAIN:
             if isinstance(node, base):  # subclasses (numpy floats, str enums) store as the base
-                return node if type(node) is base else base(node)
+                return node if type(node) is base else _as_base(base, node)
         where = format_path(path) or "<root>"
         raise BadInput(
             f"cannot store {type(node).__module__}.{type(node).__qualname__} at {where!r}: "

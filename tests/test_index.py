@@ -1,0 +1,164 @@
+"""The LMDB index: exact key and value bytes of every database, transactions, damaged values."""
+
+import struct
+
+import pytest
+
+from mvc import encoding
+from mvc.errors import CorruptObject
+from mvc.index import DB_NAMES, Index, RefValue
+from mvc.packs import Location
+
+CID = bytes(range(32))
+PACK = b"\x11" * 16
+
+
+@pytest.fixture
+def index(tmp_path):
+    idx = Index(tmp_path / "index", create=True)
+    yield idx
+    idx.close()
+
+
+def raw(txn, db: str, key: bytes):
+    return txn._txn.get(key, db=txn._dbs[db])  # the stored bytes, as another program sees them
+
+
+def test_database_names():
+    assert DB_NAMES == ("chunks", "tensors", "trees", "commits", "refs", "reflog", "locks", "meta", "pruned")
+
+
+def test_chunk_location_bytes(index):
+    loc = Location(PACK, 44, 1 << 20)
+    with index.write() as txn:
+        assert txn.put_chunk(CID, loc)
+        assert not txn.put_chunk(CID, Location(b"\x22" * 16, 99, 1))  # never overwritten by default
+    with index.read() as txn:
+        assert raw(txn, "chunks", CID) == PACK + struct.pack("<Q", 44) + struct.pack("<I", 1 << 20)
+        assert len(raw(txn, "chunks", CID)) == 28
+        assert txn.chunk(CID) == loc
+        assert txn.chunk(b"\x00" * 32) is None
+        assert list(txn.chunks()) == [(CID, loc)]
+
+
+def test_damaged_chunk_location(index):
+    with index.write() as txn:
+        txn._txn.put(CID, b"short", db=txn._dbs["chunks"])
+    with index.read() as txn, pytest.raises(CorruptObject, match="location"):
+        txn.chunk(CID)
+
+
+def test_objects_are_never_overwritten_and_prefix_scan(index):
+    ids = [bytes([0xab, i]) + b"\x00" * 30 for i in range(3)] + [b"\xac" + b"\x00" * 31]
+    with index.write() as txn:
+        for oid in ids:
+            assert txn.put("commits", oid, b"data")
+        assert not txn.put("commits", ids[0], b"other")
+    with index.read() as txn:
+        assert txn.get("commits", ids[0]) == b"data"
+        assert list(txn.ids("commits", b"\xab")) == ids[:3]
+        assert list(txn.ids("commits", b"\xff")) == []
+        assert txn.get("trees", ids[0]) is None  # each kind is its own database
+
+
+def test_ref_bytes(index):
+    tip = b"\x42" * 32
+    with index.write() as txn:
+        txn.set_ref("heads/main", RefValue(id=tip))
+        txn.set_ref("tags/v1", RefValue(id=tip, protected=True))
+        txn.set_ref("HEAD", RefValue(target="heads/main"))
+    with index.read() as txn:
+        assert raw(txn, "refs", b"heads/main") == b"\x00" + tip + b"\x00"
+        assert raw(txn, "refs", b"tags/v1") == b"\x00" + tip + b"\x01"
+        assert raw(txn, "refs", b"HEAD") == b"\x01heads/main"
+        assert txn.ref("tags/v1") == RefValue(id=tip, protected=True)
+        assert txn.ref("HEAD") == RefValue(target="heads/main")
+        assert [n for n, _ in txn.refs("heads/")] == ["heads/main"]
+
+
+def test_unknown_flag_bits_are_ignored(index):
+    with index.write() as txn:
+        txn._txn.put(b"heads/x", b"\x00" + CID + b"\xfe", db=txn._dbs["refs"])
+    with index.read() as txn:
+        assert txn.ref("heads/x") == RefValue(id=CID, protected=False)
+
+
+@pytest.mark.parametrize("value", [b"", b"\x00" + CID, b"\x00" + CID + b"\x00\x00", b"\x02abc"])
+def test_damaged_ref_values(index, value):
+    with index.write() as txn:
+        txn._txn.put(b"heads/x", value, db=txn._dbs["refs"])
+    with index.read() as txn, pytest.raises(CorruptObject, match="heads/x"):
+        txn.ref("heads/x")
+
+
+def test_reflog_keys_and_entries(index):
+    entry = {"old": None, "new": CID, "time": 5, "message": "commit: x"}
+    with index.write() as txn:
+        for i in range(258):
+            txn.append_reflog("heads/a", dict(entry, time=i))
+        txn.append_reflog("heads/a/b", entry)
+        txn.append_reflog("heads/a.x", entry)
+        txn.append_reflog("HEAD", entry)
+    with index.read() as txn:
+        assert raw(txn, "reflog", b"heads/a\x00" + struct.pack(">Q", 0)) == encoding.pack(dict(entry, time=0))
+        assert raw(txn, "reflog", b"heads/a\x00" + b"\x00" * 6 + b"\x01\x01") is not None  # seq 257
+        log = list(txn.reflog("heads/a"))
+        assert [seq for _, seq, _ in log] == list(range(258))
+        assert all(name == "heads/a" for name, _, _ in log) and log[7][2]["time"] == 7
+        assert list(txn.reflog("heads/a/b")) == [("heads/a/b", 0, entry)]
+        everything = {(name, seq) for name, seq, _ in txn.reflog()}
+        assert ("HEAD", 0) in everything and ("heads/a.x", 0) in everything and ("heads/a", 257) in everything
+        assert len(everything) == 261
+
+
+def test_reflog_sequence_continues_after_other_refs(index):
+    with index.write() as txn:
+        txn.append_reflog("heads/b", {"message": "1"})
+        txn.append_reflog("heads/a", {"message": "1"})
+        txn.append_reflog("heads/b", {"message": "2"})
+        txn.append_reflog("heads/c", {"message": "1"})
+        txn.append_reflog("heads/b", {"message": "3"})
+    with index.read() as txn:
+        assert [(s, e["message"]) for _, s, e in txn.reflog("heads/b")] == [(0, "1"), (1, "2"), (2, "3")]
+
+
+def test_locks_and_meta(index):
+    holder = {"host": "h", "pid": 1, "since": 1.5, "owner": "me", "started": None, "named": True}
+    with index.write() as txn:
+        txn.put_lock("main", holder)
+        txn.put_meta("chunk_size", (1 << 20).to_bytes(8, "little"))
+    with index.read() as txn:
+        assert raw(txn, "locks", b"main") == encoding.pack(holder)
+        assert txn.lock("main") == holder and list(txn.locks()) == [("main", holder)]
+        assert raw(txn, "meta", b"chunk_size") == b"\x00\x00\x10\x00\x00\x00\x00\x00"
+    with index.write() as txn:
+        txn.delete_lock("main")
+    with index.read() as txn:
+        assert txn.lock("main") is None
+
+
+def test_failed_write_transaction_is_aborted(index):
+    with pytest.raises(RuntimeError):
+        with index.write() as txn:
+            txn.put("commits", CID, b"x")
+            raise RuntimeError("boom")
+    with index.read() as txn:
+        assert txn.get("commits", CID) is None
+
+
+def test_second_index_on_same_path_shares_the_environment(tmp_path, index):
+    other = Index(tmp_path / "index")
+    try:
+        with other.write() as txn:
+            txn.put("trees", CID, b"t")
+        with index.read() as txn:
+            assert txn.get("trees", CID) == b"t"
+    finally:
+        other.close()
+    with index.read() as txn:  # closing one user keeps the environment open for the other
+        assert txn.get("trees", CID) == b"t"
+
+
+def test_missing_index_is_a_clear_error(tmp_path):
+    with pytest.raises(CorruptObject, match="cannot be opened"):
+        Index(tmp_path / "nowhere")

@@ -1,0 +1,218 @@
+"""Tensor, tree and commit objects: encodings, ids, and decoders that check what they read."""
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mvc import encoding, hashing
+from mvc.encoding import INT_MAX, INT_MIN, Ext
+from mvc.errors import CorruptObject
+from mvc.objects import (CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id,
+                         walk)
+
+ID_A, ID_B = b"\xaa" * 32, b"\xbb" * 32
+
+
+def tensor_map(**changes) -> dict:
+    m = {"type": "tensor", "dtype": "F32", "shape": [2, 3], "chunk_size": 16, "chunks": [ID_A, ID_B]}
+    m.update(changes)
+    return m
+
+
+def commit_map(**changes) -> dict:
+    m = {"type": "commit", "tree": ID_A, "parents": [ID_B], "message": "m", "author": "a", "time": 1,
+         "step": None, "epoch": 3, "metrics": {"loss": 0.5, "n": 2}, "context": {"lr": 1e-3}}
+    m.update(changes)
+    return m
+
+
+# -- tensor ------------------------------------------------------------------
+
+
+def test_tensor_round_trip_and_id():
+    obj = TensorObject("F32", (2, 3), 16, (ID_A, ID_B))
+    data = obj.encode()
+    assert TensorObject.decode(data) == obj
+    assert object_id(data) == hashing.digest(data)
+    assert obj.numel == 6 and obj.nbytes == 24
+
+
+def test_tensor_chunk_spans_cover_the_bytes():
+    obj = TensorObject("F32", (2, 3), 16, (ID_A, ID_B))
+    assert list(obj.chunk_spans()) == [(ID_A, 0, 16), (ID_B, 16, 8)]
+
+
+def test_zero_dim_and_empty_tensors():
+    scalar = TensorObject("I64", (), 64, (ID_A,))
+    assert TensorObject.decode(scalar.encode()) == scalar and scalar.nbytes == 8
+    empty = TensorObject("F16", (0, 5), 64, ())
+    assert TensorObject.decode(empty.encode()) == empty and list(empty.chunk_spans()) == []
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"type": "tree"}, "not a tensor"),
+    ({"dtype": "F99"}, "unknown dtype"),
+    ({"dtype": 4}, "unknown dtype"),
+    ({"shape": [2, -3]}, "bad dimension"),
+    ({"shape": [2.0, 3]}, "bad dimension"),
+    ({"shape": "23"}, "shape"),
+    ({"shape": [1] * 65, "chunks": [ID_A]}, "shape"),
+    ({"chunk_size": 0}, "chunk_size"),
+    ({"chunk_size": True}, "chunk_size"),
+    ({"chunks": [ID_A]}, "chunk count"),
+    ({"chunks": [ID_A, b"short"]}, "not ids"),
+    ({"chunks": [ID_A, "aa" * 32]}, "not ids"),
+    ({"extra": 1}, "fields"),
+])
+def test_tensor_decode_rejects(changes, message):
+    with pytest.raises(CorruptObject, match=message):
+        TensorObject.decode(encoding.pack(tensor_map(**changes)))
+
+
+def test_tensor_decode_rejects_missing_field():
+    m = tensor_map()
+    del m["chunk_size"]
+    with pytest.raises(CorruptObject, match="fields"):
+        TensorObject.decode(encoding.pack(m))
+
+
+@pytest.mark.parametrize("data", [b"", b"\x90", encoding.pack([1]), encoding.pack("tensor"), b"\xc1"])
+def test_tensor_decode_rejects_non_maps(data):
+    with pytest.raises(CorruptObject):
+        TensorObject.decode(data)
+
+
+# -- tree --------------------------------------------------------------------
+
+
+def test_tree_ext_types():
+    root = {"t": (1, "x"), "w": TensorLeaf(ID_A), "tied": [TensorLeaf(ID_B, 0), TensorLeaf(ID_B, 0)]}
+    raw = encoding.unpack(TreeObject(root).encode())
+    assert raw["type"] == "tree"
+    assert raw["root"]["t"] == Ext(1, encoding.pack([1, "x"]))
+    assert raw["root"]["w"] == Ext(2, ID_A)
+    assert raw["root"]["tied"] == [Ext(3, ID_B + struct.pack(">I", 0))] * 2
+
+
+def test_shared_group_is_big_endian_u32():
+    raw = encoding.unpack(TreeObject(TensorLeaf(ID_A, 258)).encode())
+    assert raw["root"] == Ext(3, ID_A + b"\x00\x00\x01\x02")
+
+
+def test_tree_keeps_tuples_lists_int_keys():
+    root = {0: (1, [2, (3,)]), "a": [], "b": (), 5: {"x": None}}
+    back = TreeObject.decode(TreeObject(root).encode()).root
+    assert back == root
+    assert type(back[0]) is tuple and type(back[0][1]) is list and type(back[0][1][1]) is tuple
+    assert type(back["b"]) is tuple
+
+
+leaves = st.one_of(
+    st.none(), st.booleans(), st.integers(INT_MIN, INT_MAX), st.floats(allow_nan=False), st.text(max_size=6),
+    st.binary(max_size=6), st.builds(TensorLeaf, st.binary(min_size=32, max_size=32)),
+    st.builds(TensorLeaf, st.binary(min_size=32, max_size=32), st.integers(0, 2**32 - 1)))
+nodes = st.recursive(leaves, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
+    st.dictionaries(st.one_of(st.integers(-5, 5), st.text(max_size=4)), inner, max_size=3)), max_leaves=10)
+
+
+@settings(max_examples=50, deadline=None)
+@given(nodes)
+def test_tree_round_trip(root):
+    back = TreeObject.decode(TreeObject(root).encode()).root
+    assert typed(back) == typed(root)
+
+
+def typed(node):
+    """A comparable form that tells bool from int and tuple from list."""
+    if isinstance(node, dict):
+        return ("dict", sorted(((encoding.key_order(k), typed(v)) for k, v in node.items())))
+    if isinstance(node, (list, tuple)):
+        return (type(node).__name__, [typed(v) for v in node])
+    return (type(node).__name__, node)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.dictionaries(st.text(max_size=4), leaves, max_size=6), st.randoms(use_true_random=False))
+def test_tree_id_independent_of_insertion_order(d, rnd):
+    items = list(d.items())
+    rnd.shuffle(items)
+    assert TreeObject({"m": dict(items)}).encode() == TreeObject({"m": d}).encode()
+
+
+@pytest.mark.parametrize("root, message", [
+    (Ext(9, b""), "unknown value"),
+    (Ext(2, b"\x00" * 31), "bad id"),
+    (Ext(3, b"\x00" * 32), "bad payload"),
+    (Ext(1, encoding.pack({"a": 1})), "not an array"),
+    (Ext(1, b"\xc1"), "does not decode"),
+])
+def test_tree_decode_rejects(root, message):
+    data = encoding.pack({"type": "tree", "root": root})
+    with pytest.raises(CorruptObject, match=message):
+        TreeObject.decode(data)
+
+
+def test_tree_decode_rejects_extra_fields_and_wrong_type():
+    with pytest.raises(CorruptObject, match="fields"):
+        TreeObject.decode(encoding.pack({"type": "tree", "root": 1, "x": 2}))
+    with pytest.raises(CorruptObject, match="not a tree"):
+        TreeObject.decode(encoding.pack(commit_map()))
+
+
+def test_deeply_nested_tuples_are_corrupt_not_a_crash():
+    payload = encoding.pack([])
+    for _ in range(5000):
+        payload = encoding.pack([Ext(1, payload)])
+    with pytest.raises(CorruptObject):
+        TreeObject.decode(encoding.pack({"type": "tree", "root": Ext(1, payload)}))
+
+
+def test_walk_visits_in_key_order_with_paths():
+    root = {"b": [1, TensorLeaf(ID_A)], 2: "x", "a": {"z": None}, 1: (True,)}
+    assert list(walk(root)) == [((1, 0), True), ((2,), "x"), (("a", "z"), None), (("b", 0), 1),
+                                (("b", 1), TensorLeaf(ID_A))]
+    assert format_path(("model", "layers", 0, "weight")) == "model.layers.0.weight"
+
+
+# -- commit ------------------------------------------------------------------
+
+
+def test_commit_round_trip_and_hash_chain():
+    first = CommitObject(ID_A, (), "first", "me", 1_700_000_000_000_000, 1, None, {"loss": 2.5}, {"lr": 0.1})
+    first_id = object_id(first.encode())
+    second = CommitObject(ID_B, (first_id,), "second", "me", 1_700_000_000_000_001)
+    assert CommitObject.decode(first.encode()) == first
+    assert CommitObject.decode(second.encode()).parents == (first_id,)
+    altered = CommitObject(ID_A, (), "first", "me", 1_700_000_000_000_000, 1, None, {"loss": 2.25}, {"lr": 0.1})
+    child_of_altered = CommitObject(ID_B, (object_id(altered.encode()),), "second", "me", 1_700_000_000_000_001)
+    assert object_id(child_of_altered.encode()) != object_id(second.encode())
+
+
+def test_commit_metadata_order_does_not_change_id():
+    a = CommitObject(ID_A, (), "m", "a", 1, metrics={"x": 1, "y": 2.0}, context={"b": [1], "a": {"q": 1, "p": 2}})
+    b = CommitObject(ID_A, (), "m", "a", 1, metrics={"y": 2.0, "x": 1}, context={"a": {"p": 2, "q": 1}, "b": [1]})
+    assert a.encode() == b.encode()
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"tree": b"x"}, "tree is not an id"),
+    ({"parents": [b"x"]}, "parents"),
+    ({"parents": ID_A}, "parents"),
+    ({"message": b"m"}, "message or author"),
+    ({"author": None}, "message or author"),
+    ({"time": 1.5}, "time"),
+    ({"step": "1"}, "step"),
+    ({"epoch": 1.0}, "epoch"),
+    ({"metrics": {"loss": "low"}}, "metrics"),
+    ({"metrics": {"ok": True}}, "metrics"),
+    ({"metrics": {1: 1.0}}, "metrics"),
+    ({"context": [1]}, "context"),
+    ({"type": "tensor"}, "not a commit"),
+    ({"extra": 1}, "fields"),
+])
+def test_commit_decode_rejects(changes, message):
+    with pytest.raises(CorruptObject, match=message):
+        CommitObject.decode(encoding.pack(commit_map(**changes)))

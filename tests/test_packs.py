@@ -1,0 +1,138 @@
+"""Pack files: layout, sealing, the .tmp rule, reading back, and damaged packs detected."""
+
+import struct
+
+import pytest
+
+from mvc import hashing
+from mvc.errors import CorruptObject
+from mvc.packs import (ENTRY, FOOTER, HEADER, RECORD_HEAD, SEAL, Location, PackReader, PackWriter,
+                       pack_filename, read_trailer)
+
+CHUNKS = [b"hello", b"", b"x" * 100]
+
+
+def write_pack(directory, chunks=CHUNKS):
+    writer = PackWriter(directory)
+    locs = [writer.add(hashing.digest(c), c) for c in chunks]
+    return writer, locs, writer.seal()
+
+
+def test_layout_byte_by_byte(tmp_path):
+    writer, locs, path = write_pack(tmp_path)
+    data = path.read_bytes()
+    assert data[:8] == HEADER == b"MVCPACK1"
+    offset, entries = 8, []
+    for chunk, loc in zip(CHUNKS, locs):
+        cid, length = struct.unpack_from("<32sI", data, offset)
+        assert cid == hashing.digest(chunk) and length == len(chunk)
+        assert loc == Location(writer.name, offset + 36, len(chunk))
+        assert data[offset + 36:offset + 36 + length] == chunk
+        entries.append((cid, offset + 36, length))
+        offset += 36 + length
+    trailer = struct.pack("<I", 3) + b"".join(struct.pack("<32sQI", *e) for e in entries)
+    assert data[offset:offset + len(trailer)] == trailer
+    assert data[offset + len(trailer):] == hashing.digest(trailer) + struct.pack("<Q", offset) + b"MVCSEAL1"
+    assert RECORD_HEAD.size == 36 and ENTRY.size == 44 and FOOTER.size == 48 and SEAL == b"MVCSEAL1"
+
+
+def test_name_and_rename_on_seal(tmp_path):
+    writer = PackWriter(tmp_path)
+    writer.add(hashing.digest(b"a"), b"a")
+    tmp_name = pack_filename(writer.name) + ".tmp"
+    assert [p.name for p in tmp_path.iterdir()] == [tmp_name]  # nothing under a .pack name yet
+    path = writer.seal()
+    assert path.name == f"pack-{writer.name.hex()}.pack" and len(writer.name) == 16
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_abort_leaves_nothing(tmp_path):
+    writer = PackWriter(tmp_path)
+    writer.add(hashing.digest(b"a"), b"a")
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_trailer_lists_records(tmp_path):
+    _, locs, path = write_pack(tmp_path)
+    assert read_trailer(path) == [(hashing.digest(c), loc.offset, loc.length) for c, loc in zip(CHUNKS, locs)]
+
+
+def test_empty_pack_is_valid(tmp_path):
+    _, _, path = write_pack(tmp_path, [])
+    assert path.stat().st_size == 60 and read_trailer(path) == []
+
+
+def test_reader_reads_back(tmp_path):
+    _, locs, _ = write_pack(tmp_path)
+    reader = PackReader(tmp_path)
+    try:
+        assert [reader.read(loc) for loc in locs] == CHUNKS
+        buffer = bytearray(5)
+        reader.read_into(locs[0], buffer)
+        assert bytes(buffer) == b"hello"
+    finally:
+        reader.close()
+
+
+def test_reader_errors(tmp_path):
+    _, locs, path = write_pack(tmp_path)
+    reader = PackReader(tmp_path)
+    try:
+        with pytest.raises(CorruptObject, match="truncated"):
+            reader.read(Location(locs[0].pack, path.stat().st_size - 2, 10))
+        with pytest.raises(CorruptObject, match="missing"):
+            reader.read(Location(b"\x00" * 16, 44, 1))
+    finally:
+        reader.close()
+
+
+def damage(path, at, new_bytes=None, truncate=None):
+    data = bytearray(path.read_bytes())
+    if truncate is not None:
+        data = data[:truncate]
+    else:
+        data[at:at + len(new_bytes)] = new_bytes
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how, message", [
+    (lambda p, n: damage(p, 0, b"X"), "header"),
+    (lambda p, n: damage(p, None, truncate=n - 1), "not sealed"),
+    (lambda p, n: damage(p, None, truncate=30), "truncated"),
+    (lambda p, n: damage(p, n - 8, b"MVCSEAL2"), "not sealed"),
+    (lambda p, n: damage(p, n - 48 - 10, bytes([0xff])), "checksum"),  # a bit in the trailer's entries
+    (lambda p, n: damage(p, n - 48, bytes([0x00])), "checksum"),  # the footer's digest itself
+    (lambda p, n: damage(p, n - 16, struct.pack("<Q", n)), "not sealed"),  # trailer offset past the end
+    (lambda p, n: damage(p, n - 16, struct.pack("<Q", 2)), "not sealed"),  # trailer offset inside header
+])
+def test_damaged_packs_are_detected(tmp_path, how, message):
+    _, _, path = write_pack(tmp_path)
+    how(path, path.stat().st_size)
+    with pytest.raises(CorruptObject, match=message):
+        read_trailer(path)
+
+
+def forge_trailer(path, entries, count=None):
+    """Rewrite a pack's trailer (with a valid checksum) to list ``entries``."""
+    data = path.read_bytes()
+    trailer_offset = struct.unpack_from("<Q", data, len(data) - 16)[0]
+    body = struct.pack("<I", len(entries) if count is None else count)
+    body += b"".join(ENTRY.pack(*e) for e in entries)
+    path.write_bytes(data[:trailer_offset] + body + FOOTER.pack(hashing.digest(body), trailer_offset, SEAL))
+
+
+def test_trailer_count_must_match_length(tmp_path):
+    _, _, path = write_pack(tmp_path)
+    entries = read_trailer(path)
+    forge_trailer(path, entries, count=5)
+    with pytest.raises(CorruptObject, match="does not match its count"):
+        read_trailer(path)
+
+
+@pytest.mark.parametrize("offset, length", [(43, 1), (44, 10**6), (2**63, 1)])
+def test_trailer_entries_must_lie_inside_the_records(tmp_path, offset, length):
+    _, _, path = write_pack(tmp_path)
+    forge_trailer(path, [(b"\x01" * 32, offset, length)])
+    with pytest.raises(CorruptObject, match="outside"):
+        read_trailer(path)

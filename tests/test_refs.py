@@ -1,0 +1,250 @@
+"""Ref names, revision syntax and resolution, branches, tags, protection and checkout."""
+
+import pytest
+import torch
+
+import mvc
+from mvc import refs
+from mvc.errors import (AmbiguousRevision, InvalidRefName, ProtectedRef, RefConflict, UnknownRevision)
+
+
+@pytest.fixture
+def chain(repo):
+    """Three commits on main (c1 <- c2 <- c3), tag v1 at c1, branch dev at c2."""
+    ids = [repo.commit({"w": torch.full((3,), float(i))}, f"c{i}", step=i).id for i in (1, 2, 3)]
+    repo.create_tag("v1", ids[0])
+    repo.create_branch("dev", ids[1])
+    return ids
+
+
+# -- names -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [
+    "main", "feature/x", "release-1.0", "v1.2.3", "a_b", "@foo", "foo@bar", "x.lockx", "über", "a/b/c",
+    "a" * 63, "0123",
+])
+def test_valid_names(name):
+    assert refs.check_name(name) == name
+
+
+@pytest.mark.parametrize("name", [
+    "", "HEAD", "@", "foo..bar", "foo bar", "foo\tbar", "foo\x00", "foo\x7f", "foo~1", "foo^", "foo:bar",
+    "foo?", "foo*", "foo[", "foo\\bar", ".foo", "foo/.bar", "foo.lock", "foo/bar.lock", "foo.lock/bar",
+    "foo/", "/foo", "foo.", "foo//bar", "foo@{1}", "0" * 64, "ab" * 32, None, 5,
+])
+def test_invalid_names(name):
+    with pytest.raises(InvalidRefName):
+        refs.check_name(name)
+
+
+def test_invalid_name_message_says_why():
+    with pytest.raises(InvalidRefName, match="branch name 'a..b' is not valid: it holds '..'"):
+        refs.check_name("a..b", "branch")
+
+
+@pytest.mark.parametrize("rev, base, ops", [
+    ("main", "main", []),
+    ("main~", "main", [("~", 1)]),
+    ("main~3", "main", [("~", 3)]),
+    ("main^", "main", [("^", 1)]),
+    ("main^2~10^", "main", [("^", 2), ("~", 10), ("^", 1)]),
+    ("HEAD^0", "HEAD", [("^", 0)]),
+    ("abcd~x", "abcd~x", []),
+])
+def test_split_revision(rev, base, ops):
+    assert refs.split_revision(rev) == (base, ops)
+
+
+@pytest.mark.parametrize("rev", ["", "~1", "^", None])
+def test_split_revision_refuses_revisions_without_base(rev):
+    with pytest.raises(UnknownRevision):
+        refs.split_revision(rev)
+
+
+# -- revisions ---------------------------------------------------------------
+
+
+def test_revisions_resolve(repo, chain):
+    c1, c2, c3 = chain
+    cases = {
+        c3: c3, c1.upper(): c1, c2[:4]: c2, c2[:9]: c2, "main": c3, "heads/main": c3, "HEAD": c3, "@": c3,
+        "v1": c1, "tags/v1": c1, "dev": c2, "main~2": c1, "main~1": c2, "main~0": c3, "main^": c2,
+        "main^^": c1, "main^0": c3, "HEAD~1^": c1, "dev^": c1, f"{c3[:6]}~2": c1,
+    }
+    for rev, expect in cases.items():
+        assert repo.resolve(rev) == expect, rev
+
+
+@pytest.mark.parametrize("rev, message", [
+    ("nope", "unknown revision 'nope'"),
+    ("main~3", "has no parent number 1"),
+    ("main^2", "has no parent number 2"),
+    ("v1^", "has no parent"),
+    ("abc", "unknown revision"),  # a prefix needs 4 digits
+    ("~2", "no base"),
+    ("0" * 64, "unknown revision"),
+])
+def test_bad_revisions(repo, chain, rev, message):
+    with pytest.raises(UnknownRevision, match=message):
+        repo.resolve(rev)
+
+
+def test_unborn_head(repo):
+    with pytest.raises(UnknownRevision, match="no commits yet"):
+        repo.resolve("HEAD")
+    assert list(repo.log()) == []
+    assert repo.head() == mvc.Head("main", None)
+
+
+def test_branch_wins_over_tag_and_prefix(repo, chain):
+    c1, c2, c3 = chain
+    repo.create_tag("same", c1)
+    repo.create_branch("same", c2)
+    assert repo.resolve("same") == c2
+    repo.create_branch(c3[:4], c1)  # a branch named like an id prefix shadows the prefix
+    assert repo.resolve(c3[:4]) == c1
+    assert repo.resolve(c3[:5]) == c3
+
+
+def forge_commits(repo, ids):
+    """Index commit records under chosen ids (test-only: the ids are not the hashes)."""
+    with repo.index.write() as txn:
+        for oid in ids:
+            txn.put("commits", oid, b"forged")
+
+
+def test_ambiguous_prefix(repo):
+    a = bytes.fromhex("abcd01") + b"\x00" * 29
+    b = bytes.fromhex("abcd02") + b"\x00" * 29
+    c = bytes.fromhex("abce") + b"\x00" * 30
+    forge_commits(repo, [a, b, c])
+    with pytest.raises(AmbiguousRevision, match="'abcd' matches 2 commits.*give more digits"):
+        repo.resolve("abcd")
+    with pytest.raises(AmbiguousRevision):
+        repo.resolve("ABCD0")  # odd length, either case
+    assert repo.resolve("abcd01") == a.hex()
+    assert repo.resolve("abcd02") == b.hex()
+    assert repo.resolve("abce") == c.hex()
+    with pytest.raises(UnknownRevision):
+        repo.resolve("abcf")
+
+
+def test_real_commits_sharing_a_prefix_are_ambiguous(repo):
+    """Commit tiny states until two ids share 4 hex digits (about 300 commits on average)."""
+    seen = {}
+    for i in range(2000):
+        oid = repo.commit({"i": i}, "").id
+        if oid[:4] in seen:
+            break
+        seen[oid[:4]] = oid
+    else:
+        pytest.fail("no two of 2000 commit ids shared a 4-digit prefix")
+    with pytest.raises(AmbiguousRevision):
+        repo.resolve(oid[:4])
+    assert repo.resolve(oid[:12]) == oid
+
+
+# -- branches and tags -------------------------------------------------------
+
+
+def test_create_list_delete_branches(repo, chain):
+    c1, c2, c3 = chain
+    assert [(b.name, b.id) for b in repo.branches()] == [("dev", c2), ("main", c3)]
+    with pytest.raises(RefConflict, match="already exists"):
+        repo.create_branch("dev", c3)
+    assert repo.create_branch("dev", c2).id == c2  # same place: nothing to do
+    assert repo.create_branch("dev", c3, force=True).id == c3
+    repo.delete_branch("dev")
+    assert [b.name for b in repo.branches()] == ["main"]
+    with pytest.raises(UnknownRevision, match="does not exist"):
+        repo.delete_branch("dev")
+    with pytest.raises(InvalidRefName):
+        repo.create_branch("bad name")
+
+
+def test_deleting_the_checked_out_branch_is_refused(repo, chain):
+    with pytest.raises(RefConflict, match="checked out"):
+        repo.delete_branch("main")
+    repo.checkout("dev")
+    repo.delete_branch("main")
+    assert [b.name for b in repo.branches()] == ["dev"]
+
+
+def test_protected_tag(repo, chain):
+    c1, c2, c3 = chain
+    tag = repo.create_tag("release", c2, protect=True)
+    assert tag.protected and tag.id == c2
+    with pytest.raises(ProtectedRef, match="protected"):
+        repo.create_tag("release", c3)
+    with pytest.raises(ProtectedRef):
+        repo.delete_tag("release")
+    moved = repo.create_tag("release", c3, force=True)
+    assert moved.id == c3 and moved.protected  # force moves it, protection stays
+    assert {t.name: (t.id, t.protected) for t in repo.tags()} == {"release": (c3, True), "v1": (c1, False)}
+    repo.delete_tag("release", force=True)
+    assert [t.name for t in repo.tags()] == ["v1"]
+
+
+def test_unprotected_tag_moves_only_with_force(repo, chain):
+    c1, c2, _ = chain
+    with pytest.raises(RefConflict):
+        repo.create_tag("v1", c2)
+    assert repo.create_tag("v1", c2, force=True).id == c2
+    repo.delete_tag("v1")
+    assert repo.tags() == []
+
+
+def test_protected_branch_refuses_commits(repo, chain):
+    repo.set_protected("main", True)
+    assert repo.branches()[1].protected
+    with pytest.raises(ProtectedRef):
+        repo.commit({"w": torch.ones(1)})
+    repo.set_protected("main", False)
+    assert repo.commit({"w": torch.ones(1)}).parents == (chain[2],)
+
+
+# -- HEAD ----------------------------------------------------------------------
+
+
+def test_checkout_branch_and_detached(repo, chain):
+    c1, c2, c3 = chain
+    assert repo.checkout("dev") == mvc.Head("dev", c2)
+    assert repo.resolve("HEAD") == c2
+    assert repo.checkout(c1[:8]) == mvc.Head(None, c1)  # an id detaches HEAD
+    assert repo.checkout("v1") == mvc.Head(None, c1)  # so does a tag
+    assert repo.checkout("main~1") == mvc.Head(None, c2)
+    with pytest.raises(UnknownRevision):
+        repo.checkout("nope")
+    assert repo.head() == mvc.Head(None, c2)
+
+
+def test_commit_on_detached_head_moves_only_head(repo, chain):
+    c1, c2, c3 = chain
+    repo.checkout(c1)
+    new = repo.commit({"w": torch.zeros(2)}, "on detached")
+    assert new.parents == (c1,)
+    assert repo.head() == mvc.Head(None, new.id)
+    assert {b.name: b.id for b in repo.branches()} == {"dev": c2, "main": c3}
+    assert [c.id for c in repo.log()] == [new.id, c1]
+
+
+def test_commit_to_another_branch(repo, chain):
+    c1, c2, c3 = chain
+    new = repo.commit({"w": torch.zeros(2)}, "to dev", branch="dev")
+    assert new.parents == (c2,) and repo.resolve("dev") == new.id
+    assert repo.resolve("HEAD") == c3  # HEAD stays on main
+    first = repo.commit({"w": torch.zeros(2)}, "new branch", branch="fresh")
+    assert first.parents == () and repo.resolve("fresh") == first.id
+    with pytest.raises(InvalidRefName):
+        repo.commit({}, branch="a..b")
+
+
+def test_reflog_records_every_move(repo, chain):
+    c1, c2, c3 = chain
+    with repo.index.read() as txn:
+        main = [(e["old"], e["new"], e["message"]) for _, _, e in txn.reflog("heads/main")]
+        dev = [e["message"] for _, _, e in txn.reflog("heads/dev")]
+    assert main == [(None, bytes.fromhex(c1), "commit: c1"), (bytes.fromhex(c1), bytes.fromhex(c2), "commit: c2"),
+                    (bytes.fromhex(c2), bytes.fromhex(c3), "commit: c3")]
+    assert dev == [f"branch: {c2}"]

@@ -1,0 +1,137 @@
+"""Flattening states: raw bytes of every kind of view, tied weights, and refusals naming the path."""
+
+import collections
+import enum
+
+import numpy as np
+import pytest
+import torch
+
+from mvc.errors import BadInput
+from mvc.objects import TensorLeaf
+from mvc.state import TensorSlot, flatten, rebuild, tensor_bytes, tree_root
+
+
+def contiguous_bytes(t: torch.Tensor) -> bytes:
+    return bytes(t.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def test_tensor_bytes_are_little_endian_c_order():
+    t = torch.tensor([[1, 2], [3, 258]], dtype=torch.int16)
+    assert bytes(tensor_bytes(t)) == bytes.fromhex("0100 0200 0300 0201")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(12.0).reshape(3, 4).t(),
+    lambda: torch.arange(24.0).reshape(2, 3, 4)[:, ::2, 1:],
+    lambda: torch.arange(10, dtype=torch.int32)[::3],
+    lambda: torch.arange(6.0).reshape(2, 3).expand(4, 2, 3),
+    lambda: torch.arange(8.0)[5],
+    lambda: torch.complex(torch.arange(4.0), torch.ones(4)).conj(),
+    lambda: torch.complex(torch.arange(4.0), torch.ones(4)).conj().imag,
+    lambda: torch.arange(4.0).requires_grad_(),
+])
+def test_tensor_bytes_of_views_are_their_values(make):
+    t = make()
+    raw = bytes(tensor_bytes(t))
+    assert raw == contiguous_bytes(t.detach())
+    back = torch.frombuffer(bytearray(raw), dtype=t.dtype).reshape(t.shape) if raw else None
+    if back is not None:
+        assert torch.equal(back, t.detach().resolve_conj().resolve_neg())
+
+
+def test_flatten_structure_and_slots():
+    w = torch.ones(2, 2)
+    root, slots = flatten({"b": [w, 1], "a": (None, "x"), 3: {"k": b"v"}})
+    assert [s.path for s in slots] == [("b", 0)]
+    assert list(root) == [3, "a", "b"]  # canonical key order
+    assert root["a"] == (None, "x") and type(root["a"]) is tuple
+    assert isinstance(root["b"][0], TensorSlot) and root["b"][0].dtype == "F32" and root["b"][0].shape == (2, 2)
+
+
+def test_tied_weights_share_one_slot_and_group():
+    w = torch.randn(3, 3)
+    root, slots = flatten({"embed": w, "head": w, "other": torch.randn(3, 3)})
+    assert len(slots) == 2
+    assert root["embed"] is root["head"] and root["embed"].group == 0
+    assert root["other"].group is None
+
+
+def test_equal_but_independent_tensors_are_not_tied():
+    root, slots = flatten({"a": torch.zeros(4), "b": torch.zeros(4)})
+    assert len(slots) == 2 and root["a"].group is None and root["b"].group is None
+
+
+def test_views_of_one_storage_with_different_shapes_are_not_tied():
+    base = torch.arange(6.0)
+    root, slots = flatten({"a": base, "b": base.view(2, 3), "c": base[1:]})
+    assert len(slots) == 3 and all(s.group is None for s in slots)
+
+
+def test_two_tied_pairs_get_distinct_groups():
+    x, y = torch.ones(2), torch.ones(2)
+    root, _ = flatten({"a": x, "b": x, "c": y, "d": y})
+    assert {root["a"].group, root["c"].group} == {0, 1}
+    tree = tree_root(root)
+    assert tree["a"] == tree["b"] and tree["a"] != tree["c"]
+
+
+@pytest.mark.parametrize("state, where", [
+    ({"a": {"b": object()}}, "a.b"),
+    ({"opt": [1, {"fn": print}]}, "opt.1.fn"),
+    ({"x": 1.5j}, "x"),
+    ({"arr": np.zeros(3)}, "arr"),
+    ({"s": {1, 2}}, "s"),
+    (object(), "<root>"),
+])
+def test_unsupported_objects_name_the_key_path(state, where):
+    with pytest.raises(BadInput, match=f"at '{where}'"):
+        flatten(state)
+
+
+@pytest.mark.parametrize("key", [1.5, None, (1, 2), b"k", True])
+def test_bad_dict_keys_name_the_path(key):
+    with pytest.raises(BadInput, match="keys must be str or int") as info:
+        flatten({"model": {"layer": {key: torch.ones(1)}}})
+    assert "model.layer" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [2**64, -(2**63) - 1, 10**30])
+def test_ints_beyond_64_bits_refused_with_path(value):
+    with pytest.raises(BadInput, match="'a.0' does not fit in 64 bits"):
+        flatten({"a": [value]})
+
+
+def test_64_bit_extremes_accepted():
+    root, _ = flatten({"max": 2**64 - 1, "min": -(2**63)})
+    assert root == {"max": 2**64 - 1, "min": -(2**63)}
+
+
+def test_sparse_and_meta_tensors_refused():
+    with pytest.raises(BadInput, match="'s'.*only dense"):
+        flatten({"s": torch.eye(3).to_sparse()})
+    with pytest.raises(BadInput, match="'m'.*meta device"):
+        flatten({"m": torch.empty(2, device="meta")})
+
+
+class Colour(str, enum.Enum):
+    RED = "red"
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+def test_subclasses_of_plain_types_store_as_the_base():
+    Point = collections.namedtuple("Point", "x y")
+    state = collections.OrderedDict(c=Colour.RED, l=Level.HIGH, f=np.float64(0.25), p=Point(1, 2))
+    root, _ = flatten(state)
+    assert type(root) is dict and root == {"c": "red", "f": 0.25, "l": 3, "p": (1, 2)}
+    assert type(root["c"]) is str and type(root["l"]) is int and type(root["f"]) is float
+    assert type(root["p"]) is tuple
+
+
+def test_rebuild_replaces_leaves():
+    root = {"a": (TensorLeaf(b"\x01" * 32), [TensorLeaf(b"\x02" * 32)]), "b": 1}
+    out = rebuild(root, lambda leaf: leaf.id[0])
+    assert out == {"a": (1, [2]), "b": 1} and type(out["a"]) is tuple

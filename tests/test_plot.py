@@ -83,3 +83,21 @@ def test_without_matplotlib_plot_says_how_to_install(history, tmp_path, monkeypa
     assert out.output == "mvc: error: plotting needs matplotlib, which is not installed; " \
                          "install it with: pip install 'mvc[plot]'\n"
     assert not target.exists()
+
+
+def test_cli_log_plot(history, tmp_path):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "loss.png"
+    out = CliRunner().invoke(main, ["-C", str(history.root), "log", "--oneline", "--plot", "loss", str(target)])
+    assert out.exit_code == 0, out.output
+    assert target.read_bytes().startswith(PNG)
+    assert len(out.stdout.splitlines()) == 5  # the log itself is still printed
+    bad = cli(history, "log", "--plot", "bleu", str(tmp_path / "bleu.png"))
+    assert bad.exit_code == 1 and "no commit records metric 'bleu'" in bad.stderr
+
+
+def test_cli_log_plot_without_matplotlib(history, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = cli(history, "log", "--plot", "loss", str(tmp_path / "loss.png"))
+    assert out.exit_code == 1
+    assert out.stderr.count("\n") == 1 and "pip install 'mvc[plot]'" in out.stderr and out.stdout == ""

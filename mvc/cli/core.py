@@ -116,11 +116,21 @@ def commit(file, message, branch, step, epoch, metrics, context, as_json):
 @click.option("-n", "--max-count", type=click.IntRange(min=0), default=None, help="Show at most N commits.")
 @click.option("--oneline", is_flag=True, help="One line per commit.")
 @click.option("--json", "as_json", is_flag=True, help="Print commits as JSON.")
-def log(rev, max_count, oneline, as_json):
+@click.option("--plot", "plot_to", nargs=2, metavar="METRIC FILE", default=None,
+              help="Also draw METRIC across these commits into FILE (e.g. loss.png). "
+                   "Needs matplotlib: pip install 'mvc[plot]'.")
+def log(rev, max_count, oneline, as_json, plot_to):
     """Show the history from REV (default HEAD), newest first."""
+    from .. import plot  # mvc.plot loads matplotlib only when it draws
+    if plot_to:
+        plot.require_matplotlib()  # fail before the work, not after it
     with open_repo() as repo:
         commits = list(repo.log(rev, n=max_count))
         decorations = _decorations(repo)
+    if plot_to:
+        metric, path = plot_to
+        written = plot.plot_metric(commits, metric, path, title=f"{metric} on {rev or 'HEAD'}")
+        click.echo(f"plot written to {written}", err=True)
     if as_json:
         echo_json(commits)
         return

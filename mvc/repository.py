@@ -29,7 +29,7 @@ from .index import Index, RefValue, Txn
 from .locks import BranchLock
 from .objects import CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id, walk
 from .packs import PackReader, PackWriter
-from .state import flatten, rebuild, tree_root
+from .state import empty_tensor, flatten, rebuild, tree_root
 
 MVC_DIR = ".mvc"
 FORMAT_VERSION = 1
@@ -557,7 +557,7 @@ class BaseRepository:
             if leaf.id in out:
                 continue
             obj = self._tensor_object(txn, leaf.id)
-            tensor = torch.empty(obj.shape, dtype=dtypes.torch_dtype(obj.dtype))
+            tensor = empty_tensor(obj.shape, dtypes.torch_dtype(obj.dtype))
             out[leaf.id] = tensor
             buffer = tensor.reshape(-1).view(torch.uint8).numpy()
             for cid, off, n in obj.chunk_spans():

@@ -161,6 +161,13 @@ def test_a_tensor_alone_is_a_state(repo):
     assert_same(repo.load(repo.commit(t).id), t)
 
 
+def test_large_tensors_round_trip(tmp_path):
+    """Tensors of several MiB take the huge-page allocation path on load."""
+    state = {"big": torch.randn(3 << 20), "odd": torch.randint(0, 9, (4097, 1031), dtype=torch.int16)}
+    with mvc.Repository.init(tmp_path, chunk_size=1 << 20) as r:
+        assert_same(r.load(r.commit(state).id), state)
+
+
 def test_loaded_tensors_are_independent_of_the_repository(repo):
     c = repo.commit({"w": torch.zeros(100)})
     first = repo.load(c.id)

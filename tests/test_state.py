@@ -9,7 +9,7 @@ import torch
 
 from mvc.errors import BadInput
 from mvc.objects import TensorLeaf
-from mvc.state import TensorSlot, flatten, rebuild, tensor_bytes, tree_root
+from mvc.state import TensorSlot, empty_tensor, flatten, rebuild, tensor_bytes, tree_root
 
 
 def contiguous_bytes(t: torch.Tensor) -> bytes:
@@ -135,3 +135,12 @@ def test_rebuild_replaces_leaves():
     root = {"a": (TensorLeaf(b"\x01" * 32), [TensorLeaf(b"\x02" * 32)]), "b": 1}
     out = rebuild(root, lambda leaf: leaf.id[0])
     assert out == {"a": (1, [2]), "b": 1} and type(out["a"]) is tuple
+
+
+@pytest.mark.parametrize("shape, dtype", [((3, 2), torch.float32), ((5 << 20,), torch.uint8), ((1 << 20, 3), torch.bfloat16)])
+def test_empty_tensor_is_an_ordinary_tensor(shape, dtype):
+    t = empty_tensor(shape, dtype)  # large ones are advised onto huge pages
+    assert t.shape == shape and t.dtype == dtype and t.is_contiguous() and t.device.type == "cpu"
+    t.fill_(1)
+    assert bool((t == 1).all())
+    t.resize_(4)  # still an ordinary, resizable torch allocation

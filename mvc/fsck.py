@@ -39,8 +39,9 @@ from .packs import RECORD_HEAD, Location, pack_filename, read_trailer
 
 REFLOG = "reflog:"
 REFLOG_SEQ = 8  # bytes of the sequence number that ends each reflog key, after a NUL
-SPAN_BYTES = 16 << 20  # bytes one thread reads with one syscall: amortises per-call overhead
-MAX_GAP = 1 << 20  # unreachable bytes between two records worth reading through
+SPAN_BYTES = 1 << 20  # read with one pread: small enough to be hashed while still in the CPU cache
+MAX_GAP = 64 << 10  # unreachable bytes between two records worth reading through
+TASK_BYTES = 16 << 20  # handed to a thread at a time: amortises the pool's per-task overhead
 _PACK_NAME = re.compile(r"pack-([0-9a-f]{32})\.pack")
 _TMP_NAME = re.compile(r"pack-[0-9a-f]{32}\.pack\.tmp")
 
@@ -389,6 +390,18 @@ def _spans(jobs: list) -> list:
     return spans
 
 
+def _tasks(spans: list) -> list:
+    """Spans grouped into lists of about TASK_BYTES."""
+    tasks, current, size = [], [], 0
+    for span in spans:
+        current.append(span)
+        size += span[2] - span[1]
+        if size >= TASK_BYTES:
+            tasks.append(current)
+            current, size = [], 0
+    return tasks + [current] if current else tasks
+
+
 def _verify_spans(directory: Path, spans: list, threads: int, progress) -> tuple:
     """Read and re-hash every span in threads; ([(kind, chunk id, detail)], bytes hashed)."""
     fds = {}
@@ -397,18 +410,20 @@ def _verify_spans(directory: Path, spans: list, threads: int, progress) -> tuple
             fds[name] = os.open(directory / pack_filename(name), os.O_RDONLY)
         local = threading.local()  # one read buffer per thread, reused across spans
 
-        def verify(span):
-            size = span[2] - span[1]
+        def verify(task):
+            size = max(span[2] - span[1] for span in task)
             if len(getattr(local, "buf", b"")) < size:
                 local.buf = bytearray(max(SPAN_BYTES + MAX_GAP, size))
-            return _verify_span(fds[span[0]], span, memoryview(local.buf))
+            buf = memoryview(local.buf)
+            return [p for span in task for p in _verify_span(fds[span[0]], span, buf)]
 
         problems, done = [], 0
         total = sum(loc.length for s in spans for _, loc in s[3])
+        tasks = _tasks(spans)
         with ThreadPoolExecutor(threads) as pool:
-            for span, found in zip(spans, pool.map(verify, spans)):
+            for task, found in zip(tasks, pool.map(verify, tasks)):
                 problems += found
-                done += sum(loc.length for _, loc in span[3])
+                done += sum(loc.length for span in task for _, loc in span[3])
                 if progress:
                     progress(done, total)
         return problems, done
@@ -462,7 +477,7 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
         checker.locate_chunks(txn)
         # Scanned after the snapshot was taken: every pack it names was sealed before.
         packs, tmps = scan_packs(repo.dir / "packs")
-        indexed = _indexed_packs(txn)
+        indexed = _indexed_packs(txn, packs, checker.locations)
     jobs = checker.check_packed(packs)
     verified = 0
     if not quick and jobs:
@@ -474,14 +489,24 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
                       tuple(checker.unreferenced(packs, tmps, indexed)))
 
 
-def _indexed_packs(txn: Txn) -> set:
-    """Names of the packs any readable chunk index entry points into."""
-    names = set()
-    for cid in txn.ids("chunks"):
-        try:
-            names.add(txn.chunk(cid).pack)
-        except CorruptObject:  # damaged entries of reachable chunks are findings already
-            pass
+def _indexed_packs(txn: Txn, packs: dict, locations: dict) -> set:
+    """Names of the sealed packs some chunk index entry points into.
+
+    Packs holding a reachable chunk are indexed by definition; only the
+    others are looked up, record by record, until one entry points there.
+    """
+    names = {loc.pack for loc in locations.values()}
+    for name, pack in packs.items():
+        if name in names or pack.records is None:
+            continue
+        for cid, _ in pack.records.values():
+            try:
+                loc = txn.chunk(cid)
+            except CorruptObject:  # damaged entries of reachable chunks are findings already
+                continue
+            if loc is not None and loc.pack == name:
+                names.add(name)
+                break
     return names
 
 

@@ -21,8 +21,9 @@ from click.testing import CliRunner
 import mvc
 from mvc import fsck as F
 from mvc.cli import main
+from mvc.packs import pack_filename
 
-from damage import overwrite, pack_files, records, truncate
+from damage import overwrite, pack_files, truncate
 
 STATE = {"model": {"w": torch.arange(48, dtype=torch.float32).reshape(6, 8), "b": torch.ones(8)}, "step": 2}
 
@@ -69,9 +70,17 @@ def _cli_fsck_damage(root, kind):
 
 # -- packs ----------------------------------------------------------------------
 
+def _first_chunk(repo, rev):
+    """(pack path, data offset, length) of the first chunk of the first tensor at ``rev``."""
+    cid = next(e for e in repo.entries(rev) if e.kind == "tensor").chunks[0]
+    with repo.index.read() as txn:
+        loc = txn.chunk(cid)
+    return repo.dir / "packs" / pack_filename(loc.pack), loc.offset, loc.length
+
+
 def test_truncated_pack(copy):
     with _open(copy) as repo:
-        path, cid, offset, length = records(repo)[0]
+        path, offset, length = _first_chunk(repo, "v1")
     truncate(path, offset + length // 2)
     with _open(copy) as repo:
         with pytest.raises(mvc.CorruptObject, match="truncated"):
@@ -274,7 +283,7 @@ def _run(root, *args):
 
 def test_real_process_prints_one_line_and_exits_1(copy):
     with _open(copy) as repo:
-        path, cid, offset, length = records(repo)[-1]
+        path, offset, length = _first_chunk(repo, "main")
     truncate(path, offset)
     proc = _run(copy, "export", "main", "-o", str(copy / "out.pt"))
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1

@@ -142,9 +142,15 @@ def _short(oid: bytes) -> str:
     return oid.hex()[:12]
 
 
+def _chunks(n: int) -> str:
+    return f"{n} reachable chunk{'' if n == 1 else 's'}"
+
+
 def scan_packs(directory: Path) -> tuple:
     """({pack name: _Pack} of sealed packs, [(file name, size)] of .tmp leftovers)."""
     packs, tmps = {}, []
+    if not Path(directory).is_dir():  # every pack is missing: the findings will say what that breaks
+        return packs, tmps
     for path in sorted(Path(directory).iterdir()):
         if _TMP_NAME.fullmatch(path.name):
             tmps.append((path.name, path.stat().st_size))
@@ -304,11 +310,11 @@ class _Checker:
             else:
                 ok.append((cid, loc))
         for name, cids in missing.items():
-            self.find(MISSING_PACK, f"pack {pack_filename(name)}", f"the pack file is missing; "
-                      f"{len(cids)} reachable chunks were in it", chunks=cids)
+            self.find(MISSING_PACK, f"pack {pack_filename(name)}", f"the pack file is missing; it held "
+                      f"{_chunks(len(cids))}", chunks=cids)
         for name, cids in damaged.items():
-            self.find(DAMAGED_PACK, f"pack {pack_filename(name)}", f"{packs[name].error}; "
-                      f"{len(cids)} reachable chunks are in it", chunks=cids)
+            self.find(DAMAGED_PACK, f"pack {pack_filename(name)}", f"{packs[name].error}; it holds "
+                      f"{_chunks(len(cids))}", chunks=cids)
         return ok
 
     def unreferenced(self, packs: dict, tmps: list, indexed_packs: set) -> list:

@@ -117,8 +117,9 @@ def test_packs_directory_missing(copy):
     with _open(copy) as repo:
         with pytest.raises(mvc.MvcError):
             repo.load("main")
+        assert {d.kind for d in repo.fsck().damage} == {F.MISSING_PACK}
     _cli_error(copy, "export", "main", "-o", str(copy / "out.pt"))
-    _cli_error(copy, "fsck")
+    _cli_fsck_damage(copy, F.MISSING_PACK)
 
 
 # -- the index ------------------------------------------------------------------

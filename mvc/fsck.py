@@ -170,8 +170,7 @@ def scan_packs(directory: Path) -> tuple:
 class _Checker:
     """The state of one fsck run: what is reachable, where it is used, what is broken."""
 
-    def __init__(self, repo):
-        self.repo = repo
+    def __init__(self):
         self.findings: list = []
         self.roots = defaultdict(set)  # label -> commit ids
         self.parents: dict = {}  # commit id -> parent ids (present commits only)
@@ -245,12 +244,19 @@ class _Checker:
             if obj is None:
                 continue
             self.parents[oid] = obj.parents
-            if txn.pruned(oid) is None:  # gc retention deleted a pruned commit's tree on purpose
+            if not self._pruned(txn, oid):  # gc retention deleted a pruned commit's tree on purpose
                 self.tree_commits[obj.tree].add(oid)
             for parent in obj.parents:
                 if parent not in seen:
                     seen.add(parent)
                     todo.append(parent)
+
+    def _pruned(self, txn: Txn, oid: bytes) -> bool:
+        try:
+            return txn.pruned(oid) is not None
+        except CorruptObject as exc:  # then check the tree as if it were not pruned
+            self.find(CORRUPT_COMMIT, f"commit {_short(oid)}", str(exc), commits={oid})
+            return False
 
     def walk_trees(self, txn: Txn) -> None:
         for tid in list(self.tree_commits):
@@ -474,7 +480,7 @@ def fsck(repo, quick: bool = False, threads: Optional[int] = None,
 
 def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
     start = time.perf_counter()
-    checker = _Checker(repo)
+    checker = _Checker()
     with repo.index.read() as txn:
         checker.collect_roots(txn)
         checker.walk_commits(txn)

@@ -360,3 +360,11 @@ def test_cli_rebuild_index(two):
     assert "rebuilt the chunk index from 2 packs: 5 chunks (was 0" in out and "ok: no damage" in out
     assert json.loads(_cli(repo, "--rebuild-index", "--json").stdout)["rebuild"]["chunks"] == 5
     assert torch.equal(repo.load(c2)["model"]["b"], _state()["model"]["b"])
+
+
+def test_damaged_pruned_note_is_reported(two):
+    repo, c1, c2 = two
+    with repo.index.write() as txn:
+        txn.put("pruned", bytes.fromhex(c1), b"\xc1")
+    d = _only(repo.fsck(), F.CORRUPT_COMMIT)
+    assert d.object == f"commit {c1[:12]}" and "pruned note" in d.detail

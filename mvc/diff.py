@@ -315,6 +315,10 @@ def _stream(repo, ea: Entry, eb: Entry) -> TensorDiff:
     return _streamed_diff(ea, eb, obj_a, obj_b, sums, elements)
 
 
+def _clamp(cosine: float) -> float:
+    return min(1.0, max(-1.0, cosine))  # rounding can step just past ±1
+
+
 def _changed_chunks(obj_a, obj_b) -> list:
     """(index, length) of B's chunks that differ from A's."""
     spans = list(obj_b.chunk_spans())
@@ -336,7 +340,7 @@ def _streamed_diff(ea, eb, obj_a, obj_b, sums: _Sums, elements: int) -> TensorDi
         numbers = dict(norm_a=norm_a, norm_b=norm_b, norm_diff=norm_d,
                        relative_change=norm_d / norm_a if norm_a else math.inf,
                        max_abs_diff=sums.max,
-                       cosine=sums.ab / (norm_a * norm_b) if norm_a and norm_b else None)
+                       cosine=_clamp(sums.ab / (norm_a * norm_b)) if norm_a and norm_b else None)
     return TensorDiff(eb.key, eb.path, CHANGED, ea.dtype, eb.dtype, tuple(ea.shape), tuple(eb.shape),
                       numel, eb.nbytes, len(eb.chunks), len(chunks), len(chunks) / len(eb.chunks),
                       sum(n for _, n in chunks), elements, **numbers)

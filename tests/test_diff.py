@@ -106,20 +106,34 @@ def test_summary_counts_changed_chunks_and_elements(repo):
     assert s.parameters_changed == pytest.approx(20 / 640)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int64, torch.complex64, torch.float64])
-def test_dtypes(repo, dtype):
+def sample(dtype) -> tuple:
+    """Two tensors of ``dtype`` that differ in elements 7 and 45."""
     torch.manual_seed(2)
-    a = (torch.randn(50, dtype=torch.complex64) * 10 if dtype.is_complex else torch.randn(50) * 10).to(dtype)
+    if dtype == torch.bool:
+        a = torch.randn(50) > 0
+        b = a.clone()
+        b[[7, 45]] = ~b[[7, 45]]
+        return a, b
+    a = torch.randn(50, dtype=torch.complex128 if dtype.is_complex else torch.float64) * 10
+    if not dtype.is_complex:
+        a = a.abs()  # unsigned integers too
     b = a.clone()
-    b[7] = b[7] + 3
-    b[45] = b[45] - 2
+    b[7] += 30
+    b[45] += 20
+    return a.to(dtype), b.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.int64,
+                                   torch.uint8, torch.bool, torch.complex64, torch.complex128, torch.float64])
+def test_dtypes(repo, dtype):
+    a, b = sample(dtype)
     repo.commit({"t": a})
     repo.commit({"t": b})
     t = by_key(repo.diff("HEAD~1"))["t"]
     assert t.status == "changed" and t.elements_changed == 2
     if dtype.is_complex:
         a, b = torch.view_as_real(a), torch.view_as_real(b)
-    assert_numbers(t, a, b)
+    assert_numbers(t, a.to(torch.float64), b.to(torch.float64))
 
 
 def test_chunk_size_not_a_multiple_of_the_element_size(tmp_path):

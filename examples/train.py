@@ -11,9 +11,11 @@ GradScaler. The resumed run continues bit for bit as if never stopped.
 """
 
 import argparse
+import random
 import sys
 import time
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -31,6 +33,8 @@ def dataset(seed: int) -> TensorDataset:
 
 def build(args):
     """Model, optimizer, scheduler, scaler, sampler and loader, fresh."""
+    random.seed(args.seed)
+    np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2),
                                 torch.nn.Linear(64, CLASSES))

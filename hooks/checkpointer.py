@@ -271,6 +271,7 @@ class Checkpointer:
         started = time.monotonic()
         self.wait()  # the snapshot buffers are free again once the last save is done
         mine = {"rng": rng.capture(), **self.per_rank.state()}
+        # The gather is the barrier: rank 0 commits once every rank has finished the step.
         ranks = distributed.gather(mine)
         if self.root:
             state = self._state(step, ranks)

@@ -57,6 +57,8 @@ def _usable_cpus() -> Optional[int]:
 def _gpus() -> dict:
     if not torch.cuda.is_available():
         return {"gpu_count": 0}
+    if not torch.cuda.is_initialized():  # reading properties would create a context on every GPU
+        return {"gpu_count": torch.cuda.device_count()}
     props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
     return {"gpu_count": len(props), "gpu_names": [p.name for p in props],
             "gpu_memory_bytes": [p.total_memory for p in props],

@@ -7,7 +7,8 @@ filesystem. Plain structure travels with torch.distributed's object
 collectives (its own transport between the ranks of one job); tensor data
 travels as raw bytes in a few large broadcasts, so every dtype arrives
 bit for bit. With the NCCL backend the buffers live on the current CUDA
-device, as NCCL requires.
+device, as NCCL requires: call ``torch.cuda.set_device(local_rank)`` before
+creating the Checkpointer.
 """
 
 import socket

@@ -1,0 +1,142 @@
+"""Training-time overhead of checkpoints: none, torch.save, mvc sync, mvc async.
+
+    python benchmarks/bench_hooks.py [--size-mb 32] [--steps 200] [--every 20] [--frozen 0.0]
+
+Trains an MLP of about ``--size-mb`` MiB of float32 weights with AdamW on
+the CPU (so a checkpoint holds about 3x that: weights and two moments) and
+checkpoints every ``--every`` steps, four ways in the same run:
+
+- none:       no checkpoints (the baseline);
+- torch.save: model and optimizer state dicts, one new file per checkpoint,
+              fsynced;
+- mvc sync:   Checkpointer(async_save=False), committing in the training thread;
+- mvc async:  Checkpointer(async_save=True), snapshot at the step, commit in
+              a background thread.
+
+Two measures of overhead. **Blocked time**: the seconds the training thread
+spends inside checkpoint calls (the save, ``ckpt.step()``, the final
+``close()`` that waits for the last background commit), as CheckFreq
+counts it; it is robust to noisy neighbours. **Wall-time overhead**: the
+whole run's extra wall time over the baseline; it also counts the CPU the
+background commit takes from a CPU-bound trainer, but on a shared machine
+it is as noisy as the neighbours. ``--repeat`` interleaves the
+configurations that many times and keeps each one's fastest run.
+``--frozen`` freezes that share of the layers, as when fine-tuning: their
+bytes do not change, and mvc stores them once.
+"""
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from mvc_hooks import Checkpointer
+
+WIDTH = 1024
+
+
+def build(size_mb: float, frozen: float, seed: int = 0):
+    torch.manual_seed(seed)
+    depth = max(2, round(size_mb * (1 << 20) / (WIDTH * WIDTH * 4)))
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])
+    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+    for layer in linears[:int(frozen * len(linears))]:
+        layer.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    return model, opt
+
+
+def step(model, opt, x):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def torch_save(model, opt, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run(kind: str, args, work: Path) -> tuple:
+    """(wall seconds, seconds the training thread spent in checkpoint calls)."""
+    model, opt = build(args.size_mb, args.frozen)
+    x = torch.randn(args.batch, WIDTH, generator=torch.Generator().manual_seed(1))
+    ckpt = None
+    if kind.startswith("mvc"):
+        ckpt = Checkpointer(work / "repo", model=model, optimizer=opt, every_n_steps=args.every,
+                            async_save=kind == "mvc async")
+    step(model, opt, x)  # warm-up outside the clock: allocates the optimizer state
+    blocked = 0.0
+    started = time.perf_counter()
+    for i in range(1, args.steps + 1):
+        loss = step(model, opt, x)
+        before = time.perf_counter()
+        if kind == "torch.save" and (i + 1) % args.every == 0:
+            torch_save(model, opt, work / f"ckpt-{i}.pt")
+        elif ckpt is not None:
+            ckpt.step(i, loss=loss)
+        blocked += time.perf_counter() - before
+    if ckpt is not None:
+        before = time.perf_counter()
+        ckpt.close()  # waits for the save in flight: part of the cost
+        blocked += time.perf_counter() - before
+    return time.perf_counter() - started, blocked
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=32.0, help="MiB of model weights")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--every", type=int, default=20, help="checkpoint every K steps")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--frozen", type=float, default=0.0, help="share of layers frozen (0..1)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for training")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per configuration (fastest kept)")
+    parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, opt = build(args.size_mb, args.frozen)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    print(f"model {weights / 2**20:.1f} MiB of weights ({args.frozen:.0%} frozen), AdamW, {args.steps} steps, "
+          f"checkpoint every {args.every} ({args.steps // args.every} checkpoints), "
+          f"torch threads {args.threads}, cpus {os.cpu_count()}")
+    del model, opt
+    results = {}
+    kinds = ("none", "torch.save", "mvc sync", "mvc async")
+    for _ in range(args.repeat):
+        for kind in kinds:  # interleaved, so a noisy neighbour hurts all kinds alike
+            work = Path(tempfile.mkdtemp(prefix="bench-hooks-", dir=args.dir))
+            try:
+                wall, blocked = run(kind, args, work)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            if kind not in results or wall < results[kind][0]:
+                results[kind] = (wall, blocked)
+    base = results["none"][0]
+    saves = args.steps // args.every
+    print(f"{'':12} {'wall s':>8} {'wall +s':>8} {'blocked s':>10} {'blocked/ckpt':>13} {'blocked %':>10}")
+    for kind in kinds:
+        wall, blocked = results[kind]
+        print(f"{kind:12} {wall:8.3f} {wall - base:8.3f} {blocked:10.3f} {blocked / saves:13.4f} "
+              f"{100 * blocked / wall:9.2f}%")
+    torch_blocked, torch_wall = results["torch.save"][1], results["torch.save"][0] - base
+    for kind in ("mvc sync", "mvc async"):
+        wall, blocked = results[kind]
+        target = "  (target <= 0.3)" if kind == "mvc async" else ""
+        print(f"{kind} / torch.save: blocked time {blocked / torch_blocked:.2f}{target}, "
+              f"wall-time overhead {(wall - base) / torch_wall if torch_wall > 0 else float('nan'):.2f}")
+
+
+if __name__ == "__main__":
+    main()

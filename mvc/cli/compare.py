@@ -189,13 +189,18 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Print as JS
 @click.option("--branch", default=None, help="Follow this branch's first parents (default: BAD's).")
 @_json_option
 def bisect_start(bad, good, branch, as_json):
-    """Start bisecting between BAD (the first known bad commit) and GOOD (an older good one)."""
+    """Start bisecting between BAD (a bad commit) and GOOD (an older good one)."""
     with open_repo() as repo:
         _show(bisect_api.start(repo, bad, good, branch=branch), as_json)
 
 
+VERDICT_HELP = {"good": "Mark REV (default: the commit offered) good.",
+                "bad": "Mark REV (default: the commit offered) bad.",
+                "skip": "Mark REV (default: the commit offered) as one that cannot be judged."}
+
+
 def _verdict_command(verdict: str):
-    @bisect.command(verdict, help=f"Judge REV (default: the commit offered) {verdict}.")
+    @bisect.command(verdict, help=VERDICT_HELP[verdict])
     @click.argument("rev", required=False)
     @_json_option
     def command(rev, as_json):

@@ -16,6 +16,7 @@ Only one process writes at a time (LMDB's writer lock); readers never
 block. This is the only module that imports ``lmdb``.
 """
 
+import errno
 import os
 import struct
 import threading
@@ -248,6 +249,9 @@ class Index:
             yield
         except lmdb.MapFullError:
             raise MvcError("the index is full (64 GiB); run 'mvc gc' to prune it") from None
+        except lmdb.DiskError:
+            raise OSError(errno.ENOSPC, "No space left on device for the index; its transaction was "
+                                        "rolled back, free some space and try again") from None
         except lmdb.Error as exc:
             raise CorruptObject(f"the index failed: {exc}") from None
 

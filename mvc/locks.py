@@ -282,8 +282,11 @@ def exclusive_gc_lock(lock_dir: Path, timeout: float) -> Iterator[None]:
     try:
         if not _try_flock(gate, fcntl.LOCK_EX, timeout):
             raise LockHeld(f"another gc is running ({_gc_holder(lock_dir)}); try again when it is done")
-        os.ftruncate(gate, 0)
-        os.pwrite(gate, f"{os.getpid()} {socket.gethostname()} {time.time()}\n".encode(), 0)
+        try:  # who runs gc, for the commits that wait; gc must still run on a full disk
+            os.ftruncate(gate, 0)
+            os.pwrite(gate, f"{os.getpid()} {socket.gethostname()} {time.time()}\n".encode(), 0)
+        except OSError:
+            pass
         lock = _open(lock_dir / GC_LOCK)
         if not _try_flock(lock, fcntl.LOCK_EX, timeout):
             raise LockHeld(f"commits kept running for {timeout:.0f} s, so gc could not start; "

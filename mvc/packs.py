@@ -67,7 +67,11 @@ class PackWriter:
         self.fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self.offset = 0
         self.entries: list = []
-        self._write([HEADER])
+        try:
+            self._write([HEADER])
+        except BaseException:  # a full disk already: leave no .tmp behind
+            self.abort()
+            raise
 
     def _write(self, buffers: list) -> None:
         total = sum(len(b) for b in buffers)

@@ -526,9 +526,12 @@ class BaseRepository:
                         progress(done)
             if writer:
                 writer.seal()
-        except BaseException:
+        except BaseException as exc:
             if writer:
                 writer.abort()
+            if isinstance(exc, OSError):  # a full disk, above all: say what failed and that nothing changed
+                raise OSError(exc.errno, f"{exc.strerror or exc} while writing a pack in {self.dir / 'packs'}; "
+                                         "nothing was committed") from exc
             raise
         total = sum(s.data.nbytes for s in slots)
         return new, CommitStats(len(slots), len(spans), len(new), total, bytes_new)

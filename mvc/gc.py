@@ -22,8 +22,8 @@ The steps are ordered so that a crash at any moment is harmless:
 
 1. one write transaction: prune marks, reflog expiry, deletion of garbage
    objects and chunk index entries (all of it or none of it);
-2. the live records of packs that are mostly garbage are copied into a new
-   pack, which is sealed and fsynced;
+2. the live records of packs that are over a quarter garbage are copied
+   into a new pack, which is sealed and fsynced;
 3. one write transaction points their index entries at the new pack;
 4. the old packs, packs that no longer hold anything live, and stale
    ``.pack.tmp`` files are deleted.
@@ -48,7 +48,10 @@ from .index import Txn
 from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, walk
 from .packs import PackReader, PackWriter, fsync_dir, read_trailer
 
-REWRITE_BELOW = 0.5  # rewrite a pack when less than this share of its record bytes is live
+# Rewrite a pack when less than this share of its record bytes is live. A pack
+# is rewritten once: its live records land in a new pack that is all live, so a
+# frozen backbone saved with the first checkpoint is copied once, not every gc.
+REWRITE_BELOW = 0.75
 GRACE_S = 60.0  # leave packs no index entry ever named, and .tmp files, alone while younger
 _PACK = re.compile(r"pack-([0-9a-f]{32})\.pack")
 _TMP = re.compile(r"pack-[0-9a-f]{32}\.pack\.tmp")
@@ -105,7 +108,7 @@ class GcReport:
     tensors_removed: int = 0
     chunks_removed: int = 0  # chunk index entries
     packs_deleted: int = 0  # packs that held nothing live
-    packs_rewritten: int = 0  # mostly-garbage packs whose live records moved to a new pack
+    packs_rewritten: int = 0  # packs over a quarter garbage, whose live records moved to a new pack
     records_moved: int = 0  # live records copied out of rewritten packs
     tmp_removed: int = 0
     notes: tuple = field(default=())  # packs left alone and why
@@ -195,7 +198,9 @@ def _retention(txn: Txn, policy: Retention, force: bool) -> tuple:
     skipped = tuple(sorted(b for b in tips if b not in scope and policy.branch is None))
     kept = {v.id for _, v in txn.refs() if v.id is not None}  # every branch tip, tag and detached HEAD
     candidates = set()
-    pruned = lambda oid: txn.pruned(oid) is not None  # noqa: E731
+
+    def pruned(oid: bytes) -> bool:
+        return txn.pruned(oid) is not None
     for name, value in tips.items():
         chain = _first_parents(txn, value.id)
         if name not in scope:
@@ -306,7 +311,7 @@ def _mark(txn: Txn, prune: set, expired: set) -> dict:
 class _PackPlan:
     directory: Path
     delete: list = field(default_factory=list)  # paths of sealed packs holding nothing live
-    rewrite: list = field(default_factory=list)  # (path, [(chunk id, Location)]) mostly garbage
+    rewrite: list = field(default_factory=list)  # (path, [(chunk id, Location)]) over a quarter garbage
     tmp: list = field(default_factory=list)  # stale .pack.tmp paths
     notes: list = field(default_factory=list)
 

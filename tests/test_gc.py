@@ -145,6 +145,16 @@ def test_mostly_garbage_pack_is_rewritten(repo):
     assert assert_clean(repo).unreferenced == ()
 
 
+def test_mostly_live_pack_is_kept_as_it_is(repo):
+    big = torch.arange(2000, dtype=torch.float32)
+    repo.commit({"big": big, "small": torch.zeros(20)}, "both in one pack")
+    packs = {p.name for p in pack_files(repo)}
+    repo.commit({"big": big, "small": torch.ones(20)}, "same big, new small")
+    report = repo.gc(keep_last=1)
+    assert report.packs_rewritten == 0 and packs <= {p.name for p in pack_files(repo)}
+    assert [u.records for u in assert_clean(repo).unreferenced] == [2]  # small's old chunks: harmless
+
+
 def test_pack_with_a_corrupt_live_record_is_left_alone(repo):
     small = torch.arange(20, dtype=torch.float32)
     repo.commit({"big": torch.arange(2000.0), "small": small}, "one")

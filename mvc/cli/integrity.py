@@ -200,7 +200,7 @@ def _show_gc(r) -> None:
 def gc(keep_last, branch, keep_best, mode, top, dry_run, force, as_json):
     """Delete what no ref or reflog entry reaches, and reclaim its space on disk.
 
-    Packs that hold nothing live are deleted; packs that are mostly garbage
+    Packs that hold nothing live are deleted; packs over a quarter garbage
     are rewritten. Commits wait while gc runs.
 
     Retention (--keep-last N and/or --keep-best METRIC) prunes old commits of

@@ -50,8 +50,32 @@ def build(args):
     return model, optimizer, scheduler, scaler, sampler, loader
 
 
+def run(parts, ckpt, step: int, stop: int, log_every: int = 0, sleep: float = 0.0) -> dict:
+    """Train from ``step`` up to ``stop``, reporting each step to ``ckpt``; {step: loss}."""
+    model, optimizer, scheduler, scaler, sampler, loader = parts
+    losses = {}
+    while step < stop:
+        for x, y in loader:  # a resumed sampler hands out the rest of its epoch first
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            losses[step] = loss.item()
+            if log_every and step % log_every == 0:
+                print(f"step {step} loss {loss.item()!r}", flush=True)
+            ckpt.step(step, loss=loss.item(), epoch=sampler.epoch)
+            step += 1
+            time.sleep(sleep)
+            if step >= stop:
+                break
+    return losses
+
+
 def train(args) -> int:
-    model, optimizer, scheduler, scaler, sampler, loader = build(args)
+    parts = build(args)
+    model, optimizer, scheduler, scaler, sampler, _ = parts
 
     def committed(commit):
         print(f"committed step {commit.step}: {commit.short_id} "
@@ -61,30 +85,17 @@ def train(args) -> int:
                       sampler=sampler, branch=args.branch, every_n_steps=args.every,
                       async_save=not args.sync, on_commit=committed,
                       context={"batch_size": BATCH, "grad_accumulation": 1, "seed": args.seed}) as ckpt:
-        step = ckpt.resume()
-        if step:
-            print(f"resumed from step {step} (commit {ckpt.resumed_from.short_id})", flush=True)
+        start = ckpt.resume()
+        if start:
+            print(f"resumed from step {start} (commit {ckpt.resumed_from.short_id})", flush=True)
         try:
-            while step < args.steps:
-                for x, y in loader:
-                    loss = torch.nn.functional.cross_entropy(model(x), y)
-                    optimizer.zero_grad()
-                    scaler.scale(loss).backward()
-                    scaler.step(optimizer)
-                    scaler.update()
-                    scheduler.step()
-                    if step % args.log_every == 0:
-                        print(f"step {step} loss {loss.item()!r}", flush=True)
-                    ckpt.step(step, loss=loss.item(), epoch=sampler.epoch)
-                    step += 1
-                    time.sleep(args.sleep)
-                    if step >= args.steps:
-                        break
+            run(parts, ckpt, start, args.steps, args.log_every, args.sleep)
             ckpt.save(args.steps - 1, message="final")
         except KeyboardInterrupt:
-            ckpt.close()
-            print(f"\ninterrupted at step {step}; run the same command again to resume "
-                  f"from the last commit", flush=True)
+            ckpt.close()  # lets the save in flight finish
+            last = f"step {ckpt.last_commit.step}" if ckpt.last_commit else "none yet"
+            print(f"\ninterrupted; the last commit is {last}: run the same command again to resume",
+                  flush=True)
             return 130
     print(f"done: {args.steps} steps, last commit {ckpt.last_commit.short_id}", flush=True)
     return 0

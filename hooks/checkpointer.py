@@ -43,7 +43,7 @@ LAYOUT = 1
 
 # Branches this process's Checkpointers are using: the branch lock belongs to
 # the process, so it does not stop a second Checkpointer in the same one.
-_IN_USE: dict = {}
+_IN_USE: set = set()
 _IN_USE_LOCK = threading.Lock()
 
 
@@ -173,7 +173,7 @@ class Checkpointer:
             if key in _IN_USE:
                 raise mvc.LockHeld(f"branch {branch!r} is already used by another Checkpointer in this "
                                    f"process (pid {os.getpid()}); close it first or use another branch")
-            _IN_USE[key] = True
+            _IN_USE.add(key)
         self._key = key
         self.branch = branch
         self.repo.lock_branch(branch)
@@ -187,7 +187,7 @@ class Checkpointer:
         finally:
             if self._key is not None:
                 with _IN_USE_LOCK:
-                    _IN_USE.pop(self._key, None)
+                    _IN_USE.discard(self._key)
                 self._key = None
             if self.repo is not None:
                 self.repo.close()

@@ -116,8 +116,12 @@ def _model(components) -> dict:
     out = {}
     for key, model in components.each("model"):
         model = unwrap(model)
+        name = str(key) if key is not None else "main"
+        if not isinstance(model, torch.nn.Module):
+            out[name] = {"class": type(model).__name__}
+            continue
         params = list(model.parameters())
-        out[str(key) if key is not None else "main"] = {
+        out[name] = {
             "class": type(model).__name__,
             "parameters": sum(p.numel() for p in params),
             "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
@@ -128,8 +132,13 @@ def _model(components) -> dict:
 
 
 def _hyperparameters(group: dict) -> dict:
-    return {k: v for k, v in group.items() if k != "params" and v is not None
-            and isinstance(v, (bool, int, float, str, tuple, list))}
+    out = {}
+    for key, value in group.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:  # lr as a tensor (capturable runs)
+            value = value.item()
+        if key != "params" and isinstance(value, (bool, int, float, str, tuple, list)):
+            out[key] = value
+    return out
 
 
 def _optimizer(components) -> dict:

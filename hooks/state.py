@@ -20,7 +20,7 @@ import torch
 
 import mvc
 
-GROUPS = ("model", "optimizer", "scheduler", "scaler", "stateful")
+GROUPS = ("model", "optimizer", "scheduler", "scaler", "stateful", "sampler")
 
 
 def unwrap(model):

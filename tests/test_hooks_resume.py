@@ -4,7 +4,9 @@ The run is examples/train.py: an MLP with dropout on shuffled batches
 (ResumableSampler), AdamW, a cosine schedule and an enabled CPU GradScaler.
 """
 
+import contextlib
 import importlib.util
+import io
 import os
 import re
 import signal
@@ -75,30 +77,10 @@ def straight(tmp_path_factory):
 
 
 def run_in_process(argv) -> str:
-    import contextlib
-    import io
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         assert example.main(argv) == 0
     return buffer.getvalue()
-
-
-def loop(parts, ckpt, start, stop, losses):
-    model, optimizer, scheduler, scaler, sampler, loader = parts
-    step = start
-    while step < stop:
-        for x, y in loader:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            losses[step] = loss.item()
-            ckpt.step(step, loss=loss.item(), epoch=sampler.epoch)
-            step += 1
-            if step >= stop:
-                break
 
 
 @pytest.mark.parametrize("async_save", [False, True])
@@ -113,7 +95,7 @@ def test_stop_and_resume_in_process_is_bit_exact(tmp_path, straight, async_save)
                           sampler=sampler, every_n_steps=EVERY, async_save=async_save) as ckpt:
             start = ckpt.resume()
             assert start == start_expected
-            loop(parts, ckpt, start, stop, losses)
+            losses.update(example.run(parts, ckpt, start, stop))
             ckpt.save(stop - 1)
     assert losses == straight_losses
     step, state = final_state(tmp_path)

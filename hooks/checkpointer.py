@@ -74,7 +74,6 @@ class _Save:
     """One commit running in a background thread."""
 
     def __init__(self, commit: Callable, wait: Callable):
-        self.commit = None
         self.error: Optional[BaseException] = None
         self.thread = threading.Thread(target=self._run, args=(commit, wait), name="mvc-save")
         self.thread.start()
@@ -82,7 +81,7 @@ class _Save:
     def _run(self, commit: Callable, wait: Callable) -> None:
         try:
             wait()
-            self.commit = commit()
+            commit()
         except BaseException as exc:  # handed to the training thread, never lost
             self.error = exc
 
@@ -274,10 +273,10 @@ class Checkpointer:
         # The gather is the barrier: rank 0 commits once every rank has finished the step.
         ranks = distributed.gather(mine)
         if self.root:
-            state = self._state(step, ranks)
-            record = {"step": step, "epoch": self.epoch, "metrics": metrics,
-                      "context": self._context(obs),
-                      "message": message or f"step {step}"}
+            progress = {"step": step, "epoch": self.epoch, "batch": self.batch}
+            state = self._state(progress, ranks)
+            record = {"message": message or f"step {step}", "step": step, "epoch": self.epoch,
+                      "metrics": metrics, "context": self._context(progress, obs)}
             if self.async_save:
                 copy = self._snapshot.take(state)
                 self._pending = _Save(lambda: self._commit(copy, record), self._snapshot.wait)
@@ -287,23 +286,20 @@ class Checkpointer:
         now = time.monotonic()
         self.tracker.committed(step, now, now - started)
 
-    def _state(self, step: int, ranks: list) -> dict:
+    def _state(self, progress: dict, ranks: list) -> dict:
         state = self.components.state()
         state.update({"mvc_hooks": LAYOUT, "world_size": self.world_size, "ranks": ranks,
-                      "progress": {"step": step, "epoch": self.epoch, "batch": self.batch}})
+                      "progress": progress})
         if self.extra is not None:
             state["extra"] = dict(self.extra)
         return state
 
-    def _context(self, obs) -> dict:
-        progress = {"step": obs.step, "epoch": self.epoch, "batch": self.batch}
+    def _context(self, progress: dict, obs) -> dict:
         return contexts.commit_context(self._static, self.components, self.sampler, progress, obs,
                                        self._started, self._distributed, self.user_context)
 
     def _commit(self, state: dict, record: dict) -> mvc.Commit:
-        commit = self.repo.commit(state, message=record["message"], step=record["step"],
-                                  epoch=record["epoch"], metrics=record["metrics"],
-                                  context=record["context"], branch=self.branch, rebase=False)
+        commit = self.repo.commit(state, branch=self.branch, rebase=False, **record)
         self.last_commit = commit
         if self.on_commit is not None:
             self.on_commit(commit)

@@ -21,6 +21,11 @@ prefetch ``num_workers * prefetch_factor`` batches, which a resume skips;
 use torchdata's ``StatefulDataLoader`` as the ``sampler`` component of the
 Checkpointer when that matters.
 
+Give the DataLoader a generator of its own (``generator=torch.Generator()``):
+without one it draws a seed from the global torch RNG each time an
+iteration starts, so a run resumed mid-epoch would draw once more than an
+uninterrupted one and take other dropout masks from there on.
+
 With ``num_replicas`` > 1 each replica gets every ``num_replicas``-th index
 of the (padded) permutation, as ``DistributedSampler`` does.
 """

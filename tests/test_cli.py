@@ -187,3 +187,13 @@ def test_conflicting_commit_is_a_clear_error(cli, tmp_path, monkeypatch):
     assert "moved" in result.stderr and "nothing was committed" in result.stderr
     monkeypatch.setattr(mvc.Repository, "_write_chunks", real)
     assert [c["message"] for c in json.loads(cli("log", "--json").output)] == ["racer", "base"]
+
+
+def test_log_marks_pruned_commits(cli, tmp_path):
+    for i in range(3):
+        torch.save(_state(i), tmp_path / "a.pt")
+        cli("commit", "a.pt", "-m", f"c{i}")
+    with mvc.Repository.open(tmp_path) as repo:
+        repo.gc(keep_last=1)
+    lines = cli("log", "--oneline").output.splitlines()
+    assert ["[pruned]" in line for line in lines] == [False, True, True]

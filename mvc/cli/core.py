@@ -137,6 +137,7 @@ def log(rev, max_count, oneline, as_json, plot_to):
     for c in commits:
         names = decorations.get(c.id)
         deco = f" ({', '.join(names)})" if names else ""
+        deco += " [pruned]" if c.pruned else ""
         if oneline:
             record = _record(c)
             title = c.message.splitlines()[0] if c.message else ""

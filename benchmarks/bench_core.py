@@ -16,8 +16,9 @@ in float32 and bfloat16, an LM head) of about ``--size-mb`` MiB and prints:
   differ: the first checkpoint's bytes plus, for every later one, the bytes
   of the tensor elements that changed since the one before (<= 1.05).
 
-Times are the best of ``--repeat`` runs (the machines are noisy; the best
-run is the one least disturbed by other work). ``--chunk-sizes`` instead
+Times are the best of ``--repeat`` rounds; each round runs every mvc and
+torch measurement once, side by side, so both see the same background load
+(the machines are shared and noisy; the best run is the least disturbed). ``--chunk-sizes`` instead
 measures commit time, load time and fine-tuning storage for chunk sizes from
 64 KiB to 4 MiB, which is how the default chunk size was chosen.
 """
@@ -28,6 +29,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -87,7 +89,8 @@ def n_blocks(state: dict) -> int:
 
 
 def change_tenth(state: dict, step: int) -> dict:
-    """A copy of ``state`` in which whole tensors holding ~10% of the bytes changed."""
+    """A copy of ``state`` in which whole tensors holding ~10% of the bytes
+    changed, to values no earlier ``step`` produced."""
     new = dict(state)
     target, changed = state_bytes(state) // 10, 0
     keys = [k for k in state if k.startswith("blocks.")]
@@ -95,7 +98,7 @@ def change_tenth(state: dict, step: int) -> dict:
     for k in keys[start:] + keys[:start]:
         if changed >= target:
             break
-        new[k] = state[k] + 1
+        new[k] = state[k] + (step + 1)
         changed += state[k].nbytes
     return new
 
@@ -136,19 +139,25 @@ def changed_bytes(old: dict, new: dict) -> int:
 # -- timing helpers --------------------------------------------------------
 
 
-def best(fn, repeat: int, setup=None, teardown=None) -> float:
-    """The shortest wall time of ``repeat`` runs of ``fn`` (setup/teardown not timed)."""
-    times = []
-    for _ in range(repeat):
-        arg = setup() if setup else None
+class Timings:
+    """Wall times by measurement name, collected in rounds; the best counts.
+
+    Every round runs each measurement once, mvc and torch side by side, so
+    both see the same background load (the machines are shared and noisy).
+    """
+
+    def __init__(self):
+        self.times = defaultdict(list)
+
+    def time(self, name: str, fn, *args, **kwargs):
         gc.collect()
         start = time.perf_counter()
-        result = fn(arg) if setup else fn()
-        times.append(time.perf_counter() - start)
-        if teardown:
-            teardown(arg, result)
-        del result
-    return min(times)
+        result = fn(*args, **kwargs)
+        self.times[name].append(time.perf_counter() - start)
+        return result
+
+    def best(self, name: str) -> float:
+        return min(self.times[name])
 
 
 def torch_save(state: dict, path: Path) -> None:
@@ -156,6 +165,10 @@ def torch_save(state: dict, path: Path) -> None:
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
+
+
+def torch_load(path: Path):
+    return torch.load(path, weights_only=True)
 
 
 def drop_cache(paths) -> None:
@@ -200,54 +213,27 @@ class Scratch:
 # -- measurements ------------------------------------------------------------
 
 
-def measure_save(state, scratch, repeat) -> tuple:
-    """(best torch.save + fsync time, path of one saved file kept for loading)."""
-    keep = scratch.new() / "state.pt"
-
-    def save(path):
-        torch_save(state, path)
-
-    t = best(save, repeat, setup=lambda: scratch.new() / "state.pt",
-             teardown=lambda path, _: scratch.remove(path.parent))
-    torch_save(state, keep)
-    return t, keep
+def time_save(t: Timings, state, scratch) -> None:
+    path = scratch.new() / "state.pt"
+    t.time("torch.save", torch_save, state, path)
+    scratch.remove(path.parent)
 
 
-def measure_full_commit(state, scratch, repeat, chunk_size) -> float:
-    def setup():
-        return mvc.Repository.init(scratch.new(), chunk_size=chunk_size)
-
-    def teardown(repo, _):
-        repo.close()
-        scratch.remove(repo.root)
-
-    return best(lambda repo: repo.commit(state, "full"), repeat, setup, teardown)
+def time_full_commit(t: Timings, state, scratch, chunk_size) -> None:
+    repo = mvc.Repository.init(scratch.new(), chunk_size=chunk_size)
+    t.time("commit", repo.commit, state, "full")
+    repo.close()
+    scratch.remove(repo.root)
 
 
-def measure_partial_commit(state, repo, repeat) -> tuple:
-    """Best time of commits that each change another ~10% of the bytes of
-    ``state`` (already committed); returns (time, largest share of new bytes)."""
-    times, shares = [], []
-    for i in range(repeat):
-        new = change_tenth(state, i)
-        gc.collect()
-        start = time.perf_counter()
-        c = repo.commit(new, "10%")
-        times.append(time.perf_counter() - start)
-        shares.append(c.stats.bytes_new / c.stats.bytes_total)
-        del new
-    return min(times), max(shares)
-
-
-def measure_loads(repo, commit_id, saved: Path, repeat) -> dict:
-    torch_load = lambda: torch.load(saved, weights_only=True)  # noqa: E731
-    mvc_load = lambda: repo.load(commit_id)  # noqa: E731
-    torch_load(), mvc_load()  # warm the page cache and the code paths
-    out = {"torch_warm": best(torch_load, repeat), "mvc_warm": best(mvc_load, repeat)}
-    files = repo_files(repo.root)
-    out["torch_cold"] = best(lambda _: torch_load(), repeat, setup=lambda: drop_cache([saved]))
-    out["mvc_cold"] = best(lambda _: mvc_load(), repeat, setup=lambda: drop_cache(files))
-    return out
+def time_loads(t: Timings, repo, commit_id, saved: Path, cold: bool) -> None:
+    t.time("torch.load", torch_load, saved)
+    t.time("load", repo.load, commit_id)
+    if cold:
+        drop_cache([saved])
+        t.time("torch.load cold", torch_load, saved)
+        drop_cache(repo_files(repo.root))
+        t.time("load cold", repo.load, commit_id)
 
 
 def measure_storage(state, scratch, chunk_size, checkpoints=10, rows=8) -> dict:
@@ -282,27 +268,35 @@ def run_main(args, scratch) -> None:
     state = make_state(args.size_mb)
     total = state_bytes(state)
     print(f"state: {len(state)} tensors, {total / MiB:.0f} MiB (float32 + bfloat16), "
-          f"chunk size {args.chunk_size // 1024} KiB, best of {args.repeat}, {os.cpu_count()} CPUs")
-
-    t_save, saved = measure_save(state, scratch, args.repeat)
-    t_full = measure_full_commit(state, scratch, args.repeat, args.chunk_size)
-
+          f"chunk size {args.chunk_size // 1024} KiB, best of {args.repeat} interleaved rounds, "
+          f"{os.cpu_count()} CPUs", flush=True)
+    saved = scratch.new() / "state.pt"
+    torch_save(state, saved)
     repo = mvc.Repository.init(scratch.new(), chunk_size=args.chunk_size)
     base = repo.commit(state, "base")
-    t_part, share = measure_partial_commit(state, repo, args.repeat)
-    loads = measure_loads(repo, base.id, saved, args.repeat)
+    t, share = Timings(), 0.0
+    torch_load(saved), repo.load(base.id)  # warm the code paths
+    for i in range(args.repeat):
+        time_save(t, state, scratch)
+        time_full_commit(t, state, scratch, args.chunk_size)
+        changed = change_tenth(state, i)
+        c = t.time("commit 10%", repo.commit, changed, "10%")
+        share = max(share, c.stats.bytes_new / c.stats.bytes_total)
+        del changed
+        time_loads(t, repo, base.id, saved, cold=True)
     repo.close()
     storage = measure_storage(state, scratch, args.chunk_size, rows=args.rows)
 
     rows = [
-        ("commit_full", "full commit of a new state", t_full, "torch.save + fsync", t_save),
-        ("commit_10pct", f"commit, {share:.0%} of bytes new", t_part, "torch.save + fsync", t_save),
-        ("load_warm", "load (warm page cache)", loads["mvc_warm"], "torch.load", loads["torch_warm"]),
-        ("load_cold", "load (dropped from cache)", loads["mvc_cold"], "torch.load", loads["torch_cold"]),
+        ("commit_full", "full commit of a new state", "commit", "torch.save + fsync", "torch.save"),
+        ("commit_10pct", f"commit, {share:.0%} of bytes new", "commit 10%", "torch.save + fsync", "torch.save"),
+        ("load_warm", "load (warm page cache)", "load", "torch.load", "torch.load"),
+        ("load_cold", "load (dropped from cache)", "load cold", "torch.load", "torch.load cold"),
     ]
     print()
     print(f"{'measurement':34} {'mvc':>9} {'baseline':>22} {'ratio':>7} {'target':>7}")
-    for name, what, mine, base_name, theirs in rows:
+    for name, what, mine_key, base_name, theirs_key in rows:
+        mine, theirs = t.best(mine_key), t.best(theirs_key)
         ratio = mine / theirs
         print(f"{what:34} {mine:8.3f}s {base_name:>13} {theirs:7.3f}s {ratio:7.3f} "
               f"{'<= ' + str(TARGETS[name]):>7} {verdict(name, ratio)}")
@@ -318,24 +312,28 @@ def run_main(args, scratch) -> None:
 def run_chunk_sizes(args, scratch) -> None:
     state = make_state(args.size_mb)
     total = state_bytes(state)
-    print(f"state: {len(state)} tensors, {total / MiB:.0f} MiB, best of {args.repeat}, {os.cpu_count()} CPUs")
-    t_save, saved = measure_save(state, scratch, args.repeat)
-    print(f"torch.save + fsync: {t_save:.3f}s")
+    print(f"state: {len(state)} tensors, {total / MiB:.0f} MiB, best of {args.repeat} interleaved rounds "
+          f"per size, {os.cpu_count()} CPUs; ratios against torch.save + fsync / torch.load of the same rounds")
+    saved = scratch.new() / "state.pt"
+    torch_save(state, saved)
     print()
-    print(f"{'chunk':>8} {'full commit':>12} {'ratio':>6} {'load warm':>10} {'ratio':>6} "
-          f"{'ft commit':>10} {'storage':>9} {'ratio':>6} {'index':>8}")
+    print(f"{'chunk':>8} {'commit':>8} {'ratio':>6} {'load':>7} {'ratio':>6} {'ft commit':>10} "
+          f"{'storage':>9} {'ratio':>6} {'index':>7}")
     for size in args.sizes:
-        t_full = measure_full_commit(state, scratch, args.repeat, size)
         repo = mvc.Repository.init(scratch.new(), chunk_size=size)
         base = repo.commit(state, "base")
-        t_load = best(lambda: repo.load(base.id), args.repeat)
+        t = Timings()
+        for _ in range(args.repeat):
+            time_save(t, state, scratch)
+            time_full_commit(t, state, scratch, size)
+            time_loads(t, repo, base.id, saved, cold=False)
         repo.close()
         scratch.remove(repo.root)
-        t_torch_load = best(lambda: torch.load(saved, weights_only=True), args.repeat)
         st = measure_storage(state, scratch, size, rows=args.rows)
-        print(f"{size // 1024:>5}KiB {t_full:11.3f}s {t_full / t_save:6.3f} {t_load:9.3f}s "
-              f"{t_load / t_torch_load:6.3f} {st['commit_time']:9.3f}s {st['size'] / MiB:8.1f}M "
-              f"{st['ratio']:6.3f} {(st['size'] - st['packs']) / MiB:7.1f}M", flush=True)
+        commit, load = t.best("commit"), t.best("load")
+        print(f"{size // 1024:>5}KiB {commit:7.3f}s {commit / t.best('torch.save'):6.3f} {load:6.3f}s "
+              f"{load / t.best('torch.load'):6.3f} {st['commit_time']:9.3f}s {st['size'] / MiB:8.1f}M "
+              f"{st['ratio']:6.3f} {(st['size'] - st['packs']) / MiB:6.1f}M", flush=True)
 
 
 def parse_args():

@@ -124,7 +124,19 @@ def _shared_keys(state) -> set:
 
 
 def flatten(state) -> tuple:
-    """(root, slots): the state's structure with TensorSlots, and the slots."""
+    """(root, slots): the state's structure with TensorSlots, and the slots.
+
+    Raises BadInput for anything that cannot be stored, including a state
+    nested deeper than Python's recursion limit or one that contains itself.
+    """
+    try:
+        return _flatten(state)
+    except RecursionError:
+        raise BadInput("the state is nested too deeply or contains itself; "
+                       "a state is a tree of dicts, lists and tuples a few hundred levels deep at most") from None
+
+
+def _flatten(state) -> tuple:
     if sys.byteorder != "little":
         raise BadInput("mvc stores little-endian bytes and does not run on big-endian hosts yet")
     shared = _shared_keys(state)

@@ -144,3 +144,15 @@ def test_empty_tensor_is_an_ordinary_tensor(shape, dtype):
     t.fill_(1)
     assert bool((t == 1).all())
     t.resize_(4)  # still an ordinary, resizable torch allocation
+
+
+def test_too_deep_or_self_containing_states_are_bad_input():
+    deep = 1
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(BadInput, match="nested too deeply"):
+        flatten({"x": deep})
+    loop = {"a": []}
+    loop["a"].append(loop)
+    with pytest.raises(BadInput, match="contains itself"):
+        flatten(loop)

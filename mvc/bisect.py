@@ -32,8 +32,6 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-import torch
-
 from . import encoding
 from .diff import Diff, diff
 from .errors import BadInput, CorruptObject, MvcError
@@ -421,6 +419,7 @@ def bisect(repo, good: str, bad: str, is_good: Callable, branch: Optional[str] =
     """
     def decide(commit: Commit) -> str:
         answer = is_good(repo.load(commit.id))
+        import torch  # loading the state above imported it already
         if isinstance(answer, torch.Tensor) and answer.dtype == torch.bool and answer.numel() == 1:
             answer = bool(answer)  # e.g. ``return loss < 0.5``
         if answer is None:

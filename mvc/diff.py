@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
-import torch
 
 from . import dtypes
 from .encoding import key_order
@@ -278,6 +277,7 @@ def _elements(raw, dtype: str) -> Optional[np.ndarray]:
         return np.frombuffer(raw, _NUMPY[dtype])
     if dtype == "BF16":  # the high half of a float32: exact by shifting the bits
         return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    import torch  # only the fp8 kinds need it; diffs of other dtypes run without torch
     t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtypes.torch_dtype(dtype))
     try:
         return t.to(torch.float32).numpy()  # the fp8 kinds: exact in float32

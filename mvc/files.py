@@ -4,14 +4,14 @@ Imports never unpickle arbitrary objects: ``.pt``/``.pth``/``.bin`` files are
 read with ``torch.load(weights_only=True)``, which refuses anything but
 tensors and plain containers. Exports are written to a temporary file and
 renamed into place, so a failed export never leaves a half-written file.
+torch is imported inside the functions, so commands that never touch a file
+start without it.
 """
 
 import os
 import pickle
 import re
 from pathlib import Path
-
-import torch
 
 from .errors import BadInput
 from .objects import format_path, walk
@@ -35,6 +35,7 @@ def read_checkpoint(path) -> object:
 
 
 def _read_torch(path: Path):
+    import torch
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -59,11 +60,13 @@ def _read_safetensors(path: Path):
 
 def state_nbytes(state) -> int:
     """Bytes of tensor data in a state (what a commit of it hashes)."""
+    import torch
     return sum(leaf.nbytes for _, leaf in walk(state) if isinstance(leaf, torch.Tensor))
 
 
 def tensors_by_key(state) -> dict:
     """{dotted key path: tensor} for every tensor in a state (safetensors' flat view)."""
+    import torch
     out = {}
     for path, leaf in walk(state):
         if isinstance(leaf, torch.Tensor):
@@ -82,6 +85,7 @@ def write_checkpoint(state, path, fmt: str = "pt") -> Path:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         if fmt == "pt":
+            import torch
             torch.save(state, tmp)
         else:
             from safetensors.torch import save_file

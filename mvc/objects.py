@@ -89,7 +89,7 @@ class TensorObject:
         v = _decode_map(data, "tensor")
         _fields(v, "tensor", {"type", "dtype", "shape", "chunk_size", "chunks"})
         dtype, shape, size, chunks = v["dtype"], v["shape"], v["chunk_size"], v["chunks"]
-        dtypes.torch_dtype(dtype)
+        dtypes.check_name(dtype)
         _check(type(shape) is list and len(shape) <= MAX_DIMS, "tensor shape is not a list of dims")
         _check(all(type(d) is int and d >= 0 for d in shape), "tensor shape has a bad dimension")
         _check(type(size) is int and 0 < size <= MAX_CHUNK_SIZE, "tensor chunk_size is not between 1 and 2**32-1")

@@ -9,19 +9,16 @@ is re-hashed and compared with its id.
 """
 
 import getpass
-import math
 import os
 import socket
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-import numpy as np
-import torch
-
-from . import dtypes, hashing, locks as locking, refs
+from . import hashing, locks as locking, refs
 from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CorruptObject, InvalidRefName,
                      MvcError, NotARepository, ObjectNotFound, ProtectedRef, RefConflict,
                      RepositoryExists, UnknownRevision, UnsupportedFormat)
@@ -29,7 +26,6 @@ from .index import Index, RefValue, Txn
 from .locks import BranchLock
 from .objects import CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id, walk
 from .packs import PackReader, PackWriter
-from .state import empty_tensor, flatten, rebuild, tree_root
 
 MVC_DIR = ".mvc"
 FORMAT_VERSION = 1
@@ -165,16 +161,36 @@ def default_author() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def _state_module():
+    # Imported on first use: it brings torch, which commands that only read
+    # metadata (log, show, status, fsck ...) do not need.
+    from . import state
+    return state
+
+
+def _foreign_types() -> tuple:
+    """(0-dim scalar types, types shown as text) of numpy and torch, if loaded.
+
+    Only already-imported modules are asked: a value of a library that is not
+    loaded cannot exist.
+    """
+    np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    scalars = ((np.generic,) if np else ()) + ((torch.Tensor,) if torch else ())
+    text = (Path,) + ((torch.dtype, torch.device) if torch else ())
+    return scalars, text
+
+
 def _plain(value, where: str):
     """Metadata as plain encodable values; numpy/torch scalars become numbers."""
     if value is None or type(value) in (bool, int, float, str, bytes):
         return value
-    if isinstance(value, (np.generic, torch.Tensor)) and getattr(value, "ndim", 0) == 0:
+    scalars, text = _foreign_types()
+    if isinstance(value, scalars) and getattr(value, "ndim", 0) == 0:
         return value.item()
     for base in (int, float, str):  # subclasses such as enums store as their base
         if isinstance(value, base):  # str() of a str enum is "Class.NAME", not its value
             return str.__str__(value) if base is str else base(value)
-    if isinstance(value, (torch.dtype, torch.device, Path)):
+    if isinstance(value, text):
         return str(value)
     if isinstance(value, dict):
         out = {}
@@ -432,7 +448,7 @@ class BaseRepository:
                 ref = self._target_ref(txn, branch)
                 parent = self._tip(txn, ref)
                 self._check_writer(txn, ref, me)  # fail before writing chunks, and again below
-            root, slots = flatten(state)
+            root, slots = _state_module().flatten(state)
             new_chunks, stats = self._write_chunks(slots, progress)
             tensors = {}
             for slot in slots:
@@ -441,7 +457,7 @@ class BaseRepository:
                 data = obj.encode()
                 slot.id = object_id(data)
                 tensors[slot.id] = data
-            tree_data = TreeObject(tree_root(root)).encode()
+            tree_data = TreeObject(_state_module().tree_root(root)).encode()
             tree_id = object_id(tree_data)
             when = _now_us()
             with self.index.write() as txn:
@@ -555,7 +571,7 @@ class BaseRepository:
             tree = self._commit_tree(txn, oid)
             leaves = [(p, leaf) for p, leaf in walk(tree.root) if isinstance(leaf, TensorLeaf)]
             tensors = self._read_tensors(txn, leaves, oid)
-        return _materialize(tree.root, tensors, map_location)
+        return _state_module().materialize(tree.root, tensors, map_location)
 
     def _read_tensors(self, txn: Txn, leaves: list, commit_id: bytes) -> dict:
         """{tensor id: CPU tensor} for the leaves, read in threads and verified."""
@@ -564,9 +580,7 @@ class BaseRepository:
             if leaf.id in out:
                 continue
             obj = self._tensor_object(txn, leaf.id)
-            tensor = empty_tensor(obj.shape, dtypes.torch_dtype(obj.dtype))
-            out[leaf.id] = tensor
-            buffer = tensor.reshape(-1).view(torch.uint8).numpy()
+            out[leaf.id], buffer = _state_module().empty_tensor(obj.shape, obj.dtype)
             for cid, off, n in obj.chunk_spans():
                 jobs.append((self._location(txn, cid, path, commit_id), buffer[off:off + n], cid, path))
         self._run_reads(jobs, commit_id)
@@ -763,22 +777,3 @@ class BaseRepository:
 def _human(ref: str) -> str:
     kind, _, name = ref.partition("/")
     return f"{'branch' if kind == 'heads' else 'tag'} {name!r}"
-
-
-def _materialize(root, tensors: dict, map_location):
-    """Build the state from its tree: non-shared leaves get their own tensor."""
-    used, groups = set(), {}
-
-    def take(tid):
-        tensor = tensors[tid].clone() if tid in used else tensors[tid]
-        used.add(tid)
-        return tensor if map_location is None else tensor.to(map_location)
-
-    def leaf(node: TensorLeaf):
-        if node.group is None:
-            return take(node.id)
-        key = (node.id, node.group)
-        if key not in groups:
-            groups[key] = take(node.id)
-        return groups[key]
-    return rebuild(root, leaf)

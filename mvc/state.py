@@ -45,21 +45,21 @@ def tensor_bytes(t: torch.Tensor) -> np.ndarray:
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
-def empty_tensor(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor to load raw bytes into.
+def empty_tensor(shape: tuple, dtype_name: str) -> tuple:
+    """(tensor, its bytes as a writable 1-D uint8 array): a CPU tensor to load into.
 
     Loading writes every byte of fresh memory, and with 4 KiB pages the page
     faults cost about as much as copying the data (measured: 0.5 s per GiB
     here). So a large tensor asks the kernel for transparent huge pages
     before its first touch; where the kernel says no it is a plain tensor.
     """
-    t = torch.empty(shape, dtype=dtype)
+    t = torch.empty(shape, dtype=dtypes.torch_dtype(dtype_name))
     nbytes = t.numel() * t.element_size()
     if _madvise is not None and nbytes >= 2 * _HUGE_PAGE:
         start = t.data_ptr()
         lo, hi = -(-start // _HUGE_PAGE) * _HUGE_PAGE, (start + nbytes) // _HUGE_PAGE * _HUGE_PAGE
         _madvise(lo, hi - lo, mmap.MADV_HUGEPAGE)  # advice only: the result does not matter
-    return t
+    return t, t.reshape(-1).view(torch.uint8).numpy()
 
 
 def _find_madvise():
@@ -194,3 +194,26 @@ def rebuild(node, leaf_fn: Callable, leaf_type=TensorLeaf) -> Any:
     if type(node) is tuple:
         return tuple(rebuild(v, leaf_fn, leaf_type) for v in node)
     return node
+
+
+def materialize(root, tensors: dict, map_location=None):
+    """The state from its tree and {tensor id: tensor}.
+
+    Leaves of one shared group get one tensor; other leaves with the same id
+    get their own copy, so changing one never changes another.
+    """
+    used, groups = set(), {}
+
+    def take(tid):
+        tensor = tensors[tid].clone() if tid in used else tensors[tid]
+        used.add(tid)
+        return tensor if map_location is None else tensor.to(map_location)
+
+    def leaf(node: TensorLeaf):
+        if node.group is None:
+            return take(node.id)
+        key = (node.id, node.group)
+        if key not in groups:
+            groups[key] = take(node.id)
+        return groups[key]
+    return rebuild(root, leaf)

@@ -66,3 +66,10 @@ def test_hooks_package_imports_after_install(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import mvc_hooks, mvc; print('ok')"], cwd=tmp_path,
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
     assert proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_cli_starts_without_torch(tmp_path):
+    # log, show, status, fsck ... read only metadata: importing torch would
+    # cost them over a second of start-up each
+    code = "import sys, mvc.cli; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0

@@ -137,10 +137,14 @@ def test_rebuild_replaces_leaves():
     assert out == {"a": (1, [2]), "b": 1} and type(out["a"]) is tuple
 
 
-@pytest.mark.parametrize("shape, dtype", [((3, 2), torch.float32), ((5 << 20,), torch.uint8), ((1 << 20, 3), torch.bfloat16)])
-def test_empty_tensor_is_an_ordinary_tensor(shape, dtype):
-    t = empty_tensor(shape, dtype)  # large ones are advised onto huge pages
+@pytest.mark.parametrize("shape, name, dtype", [((3, 2), "F32", torch.float32), ((5 << 20,), "U8", torch.uint8),
+                                               ((1 << 20, 3), "BF16", torch.bfloat16)])
+def test_empty_tensor_is_an_ordinary_tensor(shape, name, dtype):
+    t, buffer = empty_tensor(shape, name)  # large ones are advised onto huge pages
     assert t.shape == shape and t.dtype == dtype and t.is_contiguous() and t.device.type == "cpu"
+    assert buffer.nbytes == t.numel() * t.element_size()
+    buffer[:] = 0  # the buffer is the tensor's own memory
+    assert not t.view(torch.uint8).any() if dtype != torch.uint8 else not t.any()
     t.fill_(1)
     assert bool((t == 1).all())
     t.resize_(4)  # still an ordinary, resizable torch allocation

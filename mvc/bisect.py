@@ -12,6 +12,11 @@ Vocabulary:
   each verdict halves what is left.
 - **suspects**: when only skipped commits are left between the bounds, the
   first bad commit is one of them or the oldest bad one; bisect says which.
+- **pruned commit**: one whose tensors gc retention deleted (its record and
+  metrics stay). Its state cannot be loaded, so bisect skips it by itself
+  wherever it would load the state (candidates offered, ``run``, the
+  callable ``bisect``); ``log`` lists it as such. ``run_metric`` needs only
+  the record and judges it like any other. A verdict given by hand stands.
 
 A bisect started with ``start`` lives in ``.mvc/BISECT`` (canonical
 msgpack, replaced atomically by write-and-rename), so each ``mvc bisect``
@@ -34,7 +39,7 @@ from typing import Callable, Optional
 
 from . import encoding
 from .diff import Diff, diff
-from .errors import BadInput, CorruptObject, MvcError
+from .errors import BadInput, CorruptObject, MvcError, ObjectNotFound
 from .files import FORMATS, write_checkpoint
 from .repository import Commit
 
@@ -59,6 +64,7 @@ class BisectStatus:
     first_bad: Optional[Commit] = None
     suspects: tuple = ()  # ids that may be the first bad one, when skips leave it open
     changes: Optional[Diff] = None  # first_bad against its parent
+    changes_note: str = ""  # why changes is None for a known first_bad (e.g. gc pruned one of them)
     evaluations: int = 0  # verdicts this call reached (run, run_metric, bisect)
 
     @property
@@ -72,11 +78,12 @@ class LogEntry:
     commit: str
     step: Optional[int]
     message: str
+    note: str = ""  # set when bisect gave the verdict itself (a pruned commit), and why
 
 
 @dataclass(frozen=True)
 class BisectLog:
-    entries: tuple  # LogEntry per verdict, in the order given (start's bad and good first)
+    entries: tuple  # LogEntry per verdict, in the order given (start's bad and good first), then pruned skips
     status: BisectStatus
 
 
@@ -183,9 +190,21 @@ def _next_index(lo: int, hi: int, skipped: list) -> Optional[int]:
     return min(options, key=lambda i: (abs(i - middle), i)) if options else None
 
 
-def _status(repo, state: dict, changes: bool = True) -> BisectStatus:
+def _pruned_on_path(repo, state: dict) -> frozenset:
+    """Ids on the path whose tensors gc retention deleted (asked anew each
+    time: a gc may run between two verdicts)."""
+    path = state["path"]
+    return frozenset(bytes.fromhex(c.id) for c in repo.log(path[-1].hex(), n=len(path)) if c.pruned)
+
+
+def _status(repo, state: dict, changes: bool = True, skip_pruned: bool = True) -> BisectStatus:
+    """Where ``state`` stands; with ``skip_pruned``, pruned commits between the
+    bounds count as skipped (between the bounds every commit is unjudged or skipped)."""
     lo, hi, skipped = _bounds(state)
     path = state["path"]
+    if skip_pruned:
+        pruned = _pruned_on_path(repo, state)
+        skipped = sorted(set(skipped) | {i for i in range(lo + 1, hi) if path[i] in pruned})
     good = state["good"] if lo < 0 else path[lo]
     left = hi - lo - 1 - len(skipped)
     candidate = _next_index(lo, hi, skipped)
@@ -197,9 +216,17 @@ def _status(repo, state: dict, changes: bool = True) -> BisectStatus:
         return status
     if skipped:
         return replace(status, suspects=status.skipped + (path[hi].hex(),))
-    first_bad = repo.get_commit(path[hi].hex())
-    return replace(status, first_bad=first_bad,
-                   changes=diff(repo, first_bad.parents[0], first_bad.id) if changes else None)
+    status = replace(status, first_bad=repo.get_commit(path[hi].hex()))
+    return _with_changes(repo, status) if changes else status
+
+
+def _with_changes(repo, status: BisectStatus) -> BisectStatus:
+    """``status`` with its first bad commit's diff against the parent, or a note why there is none."""
+    first_bad = status.first_bad
+    try:
+        return replace(status, changes=diff(repo, first_bad.parents[0], first_bad.id))
+    except ObjectNotFound as exc:  # gc pruned it or its parent: the verdict stands, the tensors are gone
+        return replace(status, changes_note=f"no diff against the parent: {exc}")
 
 
 def _with_verdict(state: dict, verdict: str, cid: bytes) -> dict:
@@ -269,13 +296,20 @@ def status(repo) -> BisectStatus:
 
 
 def log(repo) -> BisectLog:
-    """Every verdict so far, and where the bisect stands; MvcError if none is in progress."""
+    """Every verdict so far, then a skip for each unjudged pruned commit on
+    the path, and where the bisect stands; MvcError if none is in progress."""
     state = _read_state(repo)
-    entries = []
-    for verdict, cid in state["marks"]:
-        c = repo.get_commit(cid.hex())
-        entries.append(LogEntry(verdict, c.id, c.step, c.message))
+    entries = [_entry(repo, verdict, cid) for verdict, cid in state["marks"]]
+    judged = {cid for _, cid in state["marks"]}
+    pruned = _pruned_on_path(repo, state)
+    entries += [_entry(repo, "skip", cid, "pruned by gc: its tensors are gone")
+                for cid in state["path"] if cid in pruned and cid not in judged]
     return BisectLog(tuple(entries), _status(repo, state))
+
+
+def _entry(repo, verdict: str, cid: bytes, note: str = "") -> LogEntry:
+    c = repo.get_commit(cid.hex())
+    return LogEntry(verdict, c.id, c.step, c.message, note)
 
 
 def reset(repo) -> Optional[BisectStatus]:
@@ -292,13 +326,15 @@ def reset(repo) -> Optional[BisectStatus]:
     return where
 
 
-def _drive(repo, state: dict, decide: Callable, persist: bool, progress) -> BisectStatus:
-    """Judge candidates with ``decide(commit) -> verdict`` until the bisect is done."""
+def _drive(repo, state: dict, decide: Callable, persist: bool, progress,
+           skip_pruned: bool = True) -> BisectStatus:
+    """Judge candidates with ``decide(commit) -> verdict`` until the bisect is done;
+    ``skip_pruned`` False offers pruned commits too (``decide`` needs no tensors)."""
     evaluations = 0
     while True:
-        candidate = _status(repo, state, changes=False).candidate
+        candidate = _status(repo, state, changes=False, skip_pruned=skip_pruned).candidate
         if candidate is None:
-            return replace(_status(repo, state), evaluations=evaluations)
+            return replace(_status(repo, state, skip_pruned=skip_pruned), evaluations=evaluations)
         verdict = decide(candidate)
         evaluations += 1
         state = _with_verdict(state, verdict, bytes.fromhex(candidate.id))
@@ -324,7 +360,8 @@ def run(repo, cmd_args, fmt: str = "pt", progress: Optional[Callable] = None) ->
     the state; "safetensors": its tensors under dotted keys) whose path is in
     the environment as ``MVC_CHECKPOINT`` (the commit id in ``MVC_COMMIT``)
     and replaces ``{}`` in the arguments. ``progress(commit, verdict)`` is
-    called after each verdict. Raises BadInput for an unknown format or a
+    called after each verdict. Pruned commits are skipped without running
+    anything. Raises BadInput for an unknown format or a
     command that cannot be run, MvcError when a command exits with 128 or
     more or is killed by a signal (every verdict before it is kept).
     """
@@ -383,7 +420,8 @@ def run_metric(repo, metric: str, threshold: float, higher_is_worse: bool = Fals
 
     A commit is bad when its metric is below ``threshold`` (above it with
     ``higher_is_worse``, e.g. a loss) or NaN, and skipped when it does not
-    record the metric. Raises BadInput if no commit in the range records it.
+    record the metric. Pruned commits are judged too: their metrics are kept.
+    Raises BadInput if no commit in the range records it.
     """
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
         raise BadInput(f"threshold must be a finite number, not {threshold!r}")
@@ -394,7 +432,8 @@ def run_metric(repo, metric: str, threshold: float, higher_is_worse: bool = Fals
         known = sorted({name for c in commits for name in c.metrics})
         raise BadInput(f"no commit left to judge records metric {metric!r}; recorded: "
                        f"{', '.join(known) if known else 'none'}")
-    return _drive(repo, state, lambda c: _judge_metric(c, metric, threshold, higher_is_worse), True, progress)
+    return _drive(repo, state, lambda c: _judge_metric(c, metric, threshold, higher_is_worse), True, progress,
+                  skip_pruned=False)
 
 
 def _judge_metric(commit: Commit, metric: str, threshold: float, higher_is_worse: bool) -> str:
@@ -412,7 +451,8 @@ def bisect(repo, good: str, bad: str, is_good: Callable, branch: Optional[str] =
     """Find the first bad commit between ``good`` and ``bad`` in one call.
 
     ``is_good(state)`` gets each candidate's loaded state and returns True
-    (good), False (bad) or None (skip). Nothing is written to the repository,
+    (good), False (bad) or None (skip); pruned commits are skipped without
+    calling it. Nothing is written to the repository,
     so this does not disturb a bisect started with ``start``. Raises what
     ``start`` raises, BadInput for another return value, and whatever
     ``is_good`` raises.

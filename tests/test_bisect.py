@@ -295,3 +295,75 @@ def test_run_usage_errors(history):
     for args in (["--metric", "loss"], ["--metric", "loss", "--threshold", "1", "true"],
                  ["--threshold", "1", "true"], []):
         assert cli(history, "bisect", "run", *args).exit_code == 2
+
+
+# -- commits pruned by gc retention -------------------------------------------------------
+
+def pruned_history(repo, n: int, first_bad: int, kept=()):
+    """Steps 0..n-1; gc keeps the tip and the steps in ``kept`` (tagged), and prunes the rest."""
+    for step in range(n):
+        w = weights(step, first_bad)
+        repo.commit({"model": {"w": w}}, f"commit {step}", step=step, metrics={"loss": float(((w - 1) ** 2).mean())})
+    for step in kept:
+        repo.create_tag(f"keep-{step}", f"HEAD~{n - 1 - step}")
+    repo.gc(keep_last=1)
+    pruned = [c.step for c in repo.log() if c.pruned]
+    assert sorted(pruned) == [s for s in range(n - 1) if s not in kept]
+    return repo
+
+
+def step_of(repo, step: int) -> str:
+    return next(c.id for c in repo.log() if c.step == step)
+
+
+def test_cli_pruned_commits_are_never_offered_and_a_pruned_first_bad_has_no_diff(repo):
+    pruned_history(repo, 5, first_bad=3)  # steps 0..3 pruned
+    out = cli(repo, "bisect", "start", "HEAD", "HEAD~2", "--json")
+    assert out.exit_code == 0, out.output
+    status = json.loads(out.stdout)
+    assert status["candidate"] is None  # step 3, the only commit between, cannot be loaded
+    assert status["suspects"] == [step_of(repo, 3), step_of(repo, 4)]
+    out = cli(repo, "bisect", "bad", "HEAD~1", "--json")  # judged some other way: a verdict is allowed
+    assert out.exit_code == 0, out.output
+    status = json.loads(out.stdout)
+    assert status["first_bad"]["step"] == 3 and status["changes"] is None
+    assert "was pruned by gc" in status["changes_note"]
+    out = cli(repo, "bisect", "log")
+    assert out.exit_code == 0, out.output
+    assert f"first bad commit: {step_of(repo, 3)}" in out.output
+
+
+def test_run_skips_pruned_commits_and_logs_them(repo, tmp_path):
+    pruned_history(repo, 9, first_bad=3, kept=(2, 3, 6))  # steps 0, 1, 4, 5, 7 pruned
+    script = tmp_path / "evaluate.py"
+    script.write_text(EVAL_PT)
+    calls = tmp_path / "calls.txt"
+    assert cli(repo, "bisect", "start", "HEAD", "HEAD~8").exit_code == 0
+    out = cli(repo, "bisect", "run", sys.executable, str(script), "{}", str(calls))
+    assert out.exit_code == 0, out.output
+    assert f"first bad commit: {step_of(repo, 3)}" in out.output and "1 of 1 tensors changed" in out.output
+    assert sorted(calls.read_text().split()) == sorted([step_of(repo, 2), step_of(repo, 3)])
+    log = bisect.log(repo)
+    auto = [e for e in log.entries if e.note]
+    assert [(e.verdict, e.step) for e in auto] == [("skip", 1), ("skip", 4), ("skip", 5), ("skip", 7)]
+    assert all("pruned by gc" in e.note for e in auto)
+    assert [e.verdict for e in log.entries if not e.note] == ["bad", "good", "bad", "good"]
+
+
+def test_api_bisect_never_loads_pruned_commits(repo):
+    pruned_history(repo, 9, first_bad=3, kept=(2, 3, 6))
+    result = repo.bisect("HEAD~8", "HEAD", lambda state: loss_of(state) < 0.5)
+    assert result.first_bad.step == 3 and result.evaluations == 2
+    assert result.changes.a.step == 2
+
+
+def test_metrics_still_judge_pruned_commits(repo):
+    pruned_history(repo, 9, first_bad=5, kept=(2, 3, 6))  # the first bad step 5 and its parent are pruned
+    bisect.start(repo, "HEAD", "HEAD~8")
+    judged = []
+    result = bisect.run_metric(repo, "loss", 0.5, higher_is_worse=True,
+                               progress=lambda c, verdict: judged.append((c.step, c.pruned)))
+    assert result.first_bad.step == 5 and result.first_bad.pruned
+    assert result.changes is None and "was pruned by gc" in result.changes_note
+    assert any(pruned for _, pruned in judged)
+    assert bisect.status(repo).first_bad.step == 5  # the pruned verdicts stand for later commands

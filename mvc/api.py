@@ -4,11 +4,25 @@ The verbs live in their own modules (fsck, gc, diff, bisect) and take a
 repository; the methods here only forward to them, so the layers point down.
 """
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from . import bisect as _bisect
 from . import diff as _diff
 from . import fsck as _fsck
+from . import files as _files
 from . import gc as _gc
+from .errors import BadInput
 from .repository import BaseRepository
+
+
+@dataclass(frozen=True)
+class Export:
+    """A checkpoint file written by ``Repository.export``."""
+
+    commit: str
+    path: Path
+    format: str
 
 
 class Repository(BaseRepository):
@@ -37,3 +51,13 @@ class Repository(BaseRepository):
         """Prune by retention, delete what nothing reaches, reclaim pack space; see ``mvc.gc.gc``."""
         return _gc.gc(self, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
                       force=force, dry_run=dry_run)
+
+    def export(self, rev: str, path, fmt=None, progress=None) -> Export:
+        """Write the checkpoint at ``rev`` to ``path`` as "pt" or "safetensors"
+        (default: from the suffix, else pt); see ``mvc.files.write_checkpoint``."""
+        fmt = fmt or ("safetensors" if Path(path).suffix.lower() == ".safetensors" else "pt")
+        if fmt not in _files.FORMATS:
+            raise BadInput(f"unknown format {fmt!r}; use pt or safetensors")
+        commit = self.resolve(rev)
+        state = self.load(commit, progress=progress)
+        return Export(commit, _files.write_checkpoint(state, path, fmt), fmt)

@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, locks
 from .encoding import key_order
 from .objects import format_path as _key
 from .repository import THREADS, Commit, Entry
@@ -124,13 +124,15 @@ def diff(repo, a: str, b: Optional[str] = None, only: Optional[str] = None) -> D
     Raises UnknownRevision / AmbiguousRevision for bad revisions, and
     ObjectNotFound / ChecksumMismatch when stored data is missing or corrupt.
     """
-    commit_a = repo.get_commit(a)
-    commit_b = repo.get_commit("HEAD" if b is None else b)
-    entries_a = _select(repo.entries(commit_a.id), only)
-    entries_b = _select(repo.entries(commit_b.id), only)
-    tensors_a = {e.path: e for e in entries_a if e.kind == "tensor"}
-    tensors_b = {e.path: e for e in entries_b if e.kind == "tensor"}
-    tensors = _tensor_diffs(repo, tensors_a, tensors_b)
+    # the shared gc lock: gc must not move a pack between a chunk's lookup and its read
+    with locks.shared_gc_lock(repo.dir / "locks", repo.lock_timeout):
+        commit_a = repo.get_commit(a)
+        commit_b = repo.get_commit("HEAD" if b is None else b)
+        entries_a = _select(repo.entries(commit_a.id), only)
+        entries_b = _select(repo.entries(commit_b.id), only)
+        tensors_a = {e.path: e for e in entries_a if e.kind == "tensor"}
+        tensors_b = {e.path: e for e in entries_b if e.kind == "tensor"}
+        tensors = _tensor_diffs(repo, tensors_a, tensors_b)
     values = _value_diffs({e.path: e for e in entries_a if e.kind == "value"},
                           {e.path: e for e in entries_b if e.kind == "value"})
     fields = record_changes(commit_a, commit_b)

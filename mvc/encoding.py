@@ -31,18 +31,31 @@ class Ext(NamedTuple):
     data: bytes
 
 
+def utf8(text: str) -> bytes:
+    """``text`` as UTF-8; BadInput if it holds lone surrogates (undecodable input)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput(f"text {text[:40]!r} is not valid Unicode (it holds undecodable bytes)") from None
+
+
 def key_order(key):
     """Sort key for map keys: ints first (numerically), then str by UTF-8."""
     if type(key) is int:
         return (0, key, b"")
-    return (1, 0, key.encode("utf-8"))
+    if type(key) is str:
+        return (1, 0, utf8(key))
+    raise BadInput(f"map key {key!r} is a {type(key).__name__}; keys must be str or int")
 
 
 def _normalize(value: Any) -> Any:
     # Rebuild the value with plain types and sorted dicts; msgpack then packs
     # dicts in iteration order, which is the canonical order.
     t = type(value)
-    if value is None or t is bool or t is str or t is bytes or t is float:
+    if t is str:
+        utf8(value)
+        return value
+    if value is None or t is bool or t is bytes or t is float:
         return value
     if t is int:
         if not INT_MIN <= value <= INT_MAX:

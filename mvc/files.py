@@ -58,12 +58,6 @@ def _read_safetensors(path: Path):
         raise BadInput(f"{path}: not a readable safetensors file ({exc})") from None
 
 
-def state_nbytes(state) -> int:
-    """Bytes of tensor data in a state (what a commit of it hashes)."""
-    import torch
-    return sum(leaf.nbytes for _, leaf in walk(state) if isinstance(leaf, torch.Tensor))
-
-
 def tensors_by_key(state) -> dict:
     """{dotted key path: tensor} for every tensor in a state (safetensors' flat view)."""
     import torch
@@ -78,22 +72,39 @@ def tensors_by_key(state) -> dict:
 
 
 def write_checkpoint(state, path, fmt: str = "pt") -> Path:
-    """Write ``state`` to ``path`` as ``pt`` (torch.save) or ``safetensors``; returns the path."""
+    """Write ``state`` to ``path`` as ``pt`` (torch.save) or ``safetensors``; returns the path.
+
+    Raises BadInput if the folder is missing or the state does not fit the
+    format (safetensors holds no complex tensors); the target is untouched then.
+    """
     if fmt not in FORMATS:
         raise BadInput(f"unknown format {fmt!r}; use pt or safetensors")
     path = Path(path)
+    if not path.parent.is_dir():
+        raise BadInput(f"cannot write {path}: folder {path.parent} does not exist")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         if fmt == "pt":
             import torch
             torch.save(state, tmp)
         else:
-            from safetensors.torch import save_file
-            # safetensors refuses tensors that share memory: give each its own copy.
-            flat = {k: v.contiguous().clone() for k, v in tensors_by_key(state).items()}
-            save_file(flat, str(tmp))
+            _save_safetensors(state, tmp)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
     return path
+
+
+def _save_safetensors(state, tmp: Path) -> None:
+    from safetensors.torch import save_file
+    flat = tensors_by_key(state)
+    for key, t in flat.items():
+        if t.is_complex():
+            raise BadInput(f"tensor {key!r} is {t.dtype}, which safetensors cannot hold; export as pt")
+    # safetensors refuses tensors that share memory: give each its own copy.
+    flat = {k: v.contiguous().clone() for k, v in flat.items()}
+    try:
+        save_file(flat, str(tmp))
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # a dtype it lacks, above all
+        raise BadInput(f"safetensors cannot hold this state ({exc}); export as pt") from None

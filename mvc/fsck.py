@@ -152,13 +152,17 @@ def scan_packs(directory: Path) -> tuple:
     if not Path(directory).is_dir():  # every pack is missing: the findings will say what that breaks
         return packs, tmps
     for path in sorted(Path(directory).iterdir()):
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:  # a commit renamed its .tmp pack meanwhile: seen under its new name
+            continue
         if _TMP_NAME.fullmatch(path.name):
-            tmps.append((path.name, path.stat().st_size))
+            tmps.append((path.name, size))
             continue
         match = _PACK_NAME.fullmatch(path.name)
         if not match:
             continue
-        pack = _Pack(path, path.stat().st_size)
+        pack = _Pack(path, size)
         try:
             pack.records = {off: (cid, n) for cid, off, n in read_trailer(path)}
         except CorruptObject as exc:
@@ -535,8 +539,11 @@ def rebuild_index(repo) -> RebuildReport:
 
 
 def _rebuild_index(repo) -> RebuildReport:
-    packs, _ = scan_packs(repo.dir / "packs")
     with repo.index.write() as txn:
+        # Listed inside the write transaction: a commit indexes its pack only
+        # after sealing it, so every pack a later commit needs is found here
+        # or indexed by that commit itself.
+        packs, _ = scan_packs(repo.dir / "packs")
         dropped = sum(1 for _ in txn.ids("chunks"))
         txn.drop_chunks()
         chunks = duplicates = 0

@@ -192,23 +192,29 @@ class Txn:
 
 
 # LMDB allows one environment per file per process, so every Index on the
-# same path shares one: {real path: [environment, databases, users]}.
+# same path shares one: {(pid, real path): [environment, databases, users]}.
 _OPEN: dict = {}
 _OPEN_LOCK = threading.Lock()
 
 
 def _open_env(path: Path, create: bool) -> tuple:
-    key = os.path.realpath(path)
+    key = (os.getpid(), os.path.realpath(path))  # a forked child must not reuse its parent's
     with _OPEN_LOCK:
         entry = _OPEN.get(key)
+        if entry is None and any(k[1] == key[1] for k in _OPEN):
+            # LMDB forbids using an environment after fork(), and lmdb will
+            # not open a second one on the same file in the child either.
+            raise MvcError(f"{path} was opened by the parent of this forked process, which cannot "
+                           "use it; open the repository only in the child, or start it with 'spawn'")
         if entry is None:
             try:
-                env = lmdb.open(key, subdir=True, create=create, max_dbs=len(DB_NAMES),
+                env = lmdb.open(key[1], subdir=True, create=create, max_dbs=len(DB_NAMES),
                                 map_size=MAP_SIZE, readahead=False, meminit=False)
                 dbs = {n: env.open_db(n.encode(), create=create) for n in DB_NAMES}
             except lmdb.Error as exc:
-                raise CorruptObject(f"the index at {path} cannot be opened ({exc}); "
-                                    "run 'mvc fsck --rebuild-index' if the packs are intact") from None
+                raise CorruptObject(f"the index at {path} cannot be opened ({exc}): it is damaged or "
+                                    "was written by another mvc version; restore .mvc/index from a "
+                                    "backup (commits and refs live there; the packs hold only chunk data)") from None
             entry = _OPEN[key] = [env, dbs, 0]
         entry[2] += 1
         return key, entry[0], entry[1]

@@ -153,7 +153,10 @@ class PackReader:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
                 raise CorruptObject(f"pack {path.name} is missing; run 'mvc fsck'") from None
-            fd = self._fds.setdefault(name, fd)
+            kept = self._fds.setdefault(name, fd)
+            if kept != fd:  # another thread opened it first: keep one descriptor
+                os.close(fd)
+            fd = kept
         return fd
 
     def read_into(self, loc: Location, buffer) -> None:

@@ -29,9 +29,17 @@ def check_name(name: str, what: str = "ref") -> str:
     return name
 
 
+def is_valid_name(name: str) -> bool:
+    return _name_problem(name) == ""
+
+
 def _name_problem(name: str) -> str:
     if not isinstance(name, str) or not name:
         return "it is empty"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it holds undecodable bytes"
     if name == HEAD or name == "@":
         return f"{name!r} is reserved"
     if _BAD_CHARS.search(name):

@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -24,8 +24,8 @@ from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CorruptObjec
                      RepositoryExists, UnknownRevision, UnsupportedFormat)
 from .index import Index, RefValue, Txn
 from .locks import BranchLock
-from .objects import CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id, walk
-from .packs import PackReader, PackWriter
+from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id, walk
+from .packs import PackReader, PackWriter, fsync_dir
 
 MVC_DIR = ".mvc"
 FORMAT_VERSION = 1
@@ -66,8 +66,9 @@ class Commit:
     epoch: Optional[int] = None
     metrics: dict = field(default_factory=dict)
     context: dict = field(default_factory=dict)
-    stats: Optional[CommitStats] = None
+    stats: Optional[CommitStats] = None  # what a new commit wrote (None when read back)
     pruned: bool = False  # retention deleted its tensors; its record stays in history
+    branch: Optional[str] = None  # the branch a new commit moved (None when detached or read back)
 
     @property
     def short_id(self) -> str:
@@ -133,7 +134,10 @@ def read_format(mvc_dir: Path) -> int:
         lines = (mvc_dir / "FORMAT").read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
         raise NotARepository(f"{mvc_dir} has no readable FORMAT file; it is not an mvc repository") from None
-    fields = dict(line.partition(" ")[::2] for line in lines if line.strip())
+    pairs = [line.partition(" ")[::2] for line in lines if line.strip()]
+    fields = dict(pairs)
+    if len(fields) != len(pairs):
+        raise UnsupportedFormat(f"{mvc_dir}/FORMAT is damaged: a key appears twice")
     version = fields.get("mvc-format", "")
     if not (version.isascii() and version.isdigit()) or int(version) < 1:
         raise UnsupportedFormat(f"{mvc_dir}/FORMAT is damaged: no 'mvc-format N' line")
@@ -214,6 +218,32 @@ def _metrics(metrics) -> dict:
     return out
 
 
+def _record(message, step, epoch, metrics, context, author: str) -> CommitObject:
+    """The commit's record, validated and known to encode, before anything is written.
+
+    Its tree and parents are placeholders until the index transaction.
+    """
+    for name, value in (("step", step), ("epoch", epoch)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise BadInput(f"{name} must be an int, not {value!r}")
+    if not isinstance(message, str):
+        raise BadInput("commit message must be text")
+    record = CommitObject(bytes(ID_SIZE), (), message, author, _now_us(), step, epoch,
+                          _metrics(metrics), _plain(context or {}, "context"))
+    record.encode()  # BadInput now (an int over 64 bits, undecodable text), not after the pack
+    return record
+
+
+def _encode_tensors(slots: list, chunk_size: int) -> dict:
+    """{tensor id: encoded tensor object} for hashed slots; sets each slot's id."""
+    out = {}
+    for slot in slots:
+        data = TensorObject(slot.dtype, slot.shape, chunk_size, tuple(slot.chunks)).encode()
+        slot.id = object_id(data)
+        out[slot.id] = data
+    return out
+
+
 def _batches(spans: list, size_of: Callable) -> list:
     batches, current, total = [], [], 0
     for span in spans:
@@ -245,7 +275,8 @@ class BaseRepository:
         with self.index.read() as txn:
             raw = txn.meta("chunk_size")
         if raw is None or len(raw) != 8:
-            raise CorruptObject("the index has no chunk_size setting; run 'mvc fsck'")
+            raise CorruptObject(f"the index in {self.dir} has no valid chunk_size setting; it is damaged: "
+                                "restore .mvc/index from a backup")
         self.chunk_size = int.from_bytes(raw, "little")
 
     # -- lifecycle ---------------------------------------------------------
@@ -258,7 +289,8 @@ class BaseRepository:
         root = Path(path)
         mvc_dir = root / MVC_DIR
         if mvc_dir.exists():
-            raise RepositoryExists(f"{mvc_dir} already exists")
+            raise RepositoryExists(f"{mvc_dir} already exists (if an interrupted init left it "
+                                   "without a FORMAT file, remove it and run init again)")
         for sub in ("packs", "tmp", "locks"):
             (mvc_dir / sub).mkdir(parents=True)
         index = Index(mvc_dir / "index", create=True)
@@ -267,8 +299,12 @@ class BaseRepository:
             txn.set_ref(refs.HEAD, RefValue(target=refs.BRANCHES + "main"))
         index.close()
         tmp = mvc_dir / "FORMAT.tmp"
-        tmp.write_text(f"mvc-format {FORMAT_VERSION}\nextensions\n", encoding="utf-8")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(f"mvc-format {FORMAT_VERSION}\nextensions\n")
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, mvc_dir / "FORMAT")  # last: a half-made .mvc is not a repository
+        fsync_dir(mvc_dir)
         return cls(root)
 
     @classmethod
@@ -326,7 +362,7 @@ class BaseRepository:
         """(branch ref name or None, commit id or None) that HEAD names."""
         head = txn.ref(refs.HEAD)
         if head is None:
-            raise CorruptObject("HEAD is missing from the index; run 'mvc checkout BRANCH'")
+            raise CorruptObject("HEAD is missing from the index; run 'mvc checkout BRANCH' to set it again")
         if head.target is None:
             return None, head.id
         ref = txn.ref(head.target)
@@ -424,62 +460,53 @@ class BaseRepository:
                epoch: Optional[int] = None, metrics: Optional[dict] = None,
                context: Optional[dict] = None, branch: Optional[str] = None,
                author: Optional[str] = None, rebase: bool = False,
-               progress: Optional[Callable[[int], None]] = None) -> Commit:
+               progress: Optional[Callable[[int, int], None]] = None) -> Commit:
         """Store ``state`` as a new commit on ``branch`` (default: HEAD's branch).
 
         The branch moves by compare-and-swap from the tip it had when the
         commit started; if another commit landed meanwhile this raises
         RefConflict, or with ``rebase=True`` commits onto the new tip.
-        ``progress`` is called with the bytes processed so far.
-        Raises BadInput for a state or metadata that cannot be stored.
+        ``progress(done, total)`` is called with the bytes hashed so far.
+        Raises BadInput for a state or metadata that cannot be stored,
+        ProtectedRef / LockHeld if the branch may not move; in every case
+        before any chunk is written.
         """
-        for name, value in (("step", step), ("epoch", epoch)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise BadInput(f"{name} must be an int, not {value!r}")
-        metrics = _metrics(metrics)
-        context = _plain(context or {}, "context")
-        if not isinstance(message, str):
-            raise BadInput("commit message must be text")
-        me = locking.this_process(author or default_author())
+        record = _record(message, step, epoch, metrics, context, author or default_author())
+        me = locking.this_process(record.author)
         # The shared gc lock covers the first dedup lookup through the index
         # transaction: gc must not delete a chunk this commit chose not to write.
         with locking.shared_gc_lock(self.dir / "locks", self.lock_timeout):
             with self.index.read() as txn:
                 ref = self._target_ref(txn, branch)
                 parent = self._tip(txn, ref)
-                self._check_writer(txn, ref, me)  # fail before writing chunks, and again below
+                self._check_target(txn, ref, me)  # before writing chunks, and again below
             root, slots = _state_module().flatten(state)
             new_chunks, stats = self._write_chunks(slots, progress)
-            tensors = {}
-            for slot in slots:
-                chunk_size = self.chunk_size
-                obj = TensorObject(slot.dtype, slot.shape, chunk_size, tuple(slot.chunks))
-                data = obj.encode()
-                slot.id = object_id(data)
-                tensors[slot.id] = data
+            tensors = _encode_tensors(slots, self.chunk_size)
             tree_data = TreeObject(_state_module().tree_root(root)).encode()
-            tree_id = object_id(tree_data)
-            when = _now_us()
             with self.index.write() as txn:
                 tip = self._tip(txn, ref)
-                if tip != parent:
-                    if not rebase:
-                        raise RefConflict(self._conflict_message(ref, parent, tip))
-                    parent = tip
-                self._check_can_move(txn, ref)
-                self._check_writer(txn, ref, me)
+                if tip != parent and not rebase:
+                    raise RefConflict(self._conflict_message(ref, parent, tip))
+                self._check_target(txn, ref, me)
                 for cid, loc in new_chunks.items():
                     txn.put_chunk(cid, loc)
                 for tid, data in tensors.items():
                     txn.put("tensors", tid, data)
+                tree_id = object_id(tree_data)
                 txn.put("trees", tree_id, tree_data)
-                obj = CommitObject(tree_id, (parent,) if parent else (), message,
-                                   me.owner, when, step, epoch, metrics, context)
-                data = obj.encode()
-                oid = object_id(data)
+                obj = replace(record, tree=tree_id, parents=(tip,) if tip else ())
+                oid = object_id(data := obj.encode())
                 txn.put("commits", oid, data)
-                self._move_ref(txn, ref or refs.HEAD, parent, oid, f"commit: {message.splitlines()[0] if message else ''}")
-            return self._to_commit(oid, obj, stats)
+                title = message.splitlines()[0] if message else ""
+                self._move_ref(txn, ref or refs.HEAD, tip, oid, f"commit: {title}")
+        return replace(self._to_commit(oid, obj, stats),
+                       branch=ref[len(refs.BRANCHES):] if ref else None)
+
+    def _check_target(self, txn: Txn, ref: Optional[str], me: locking.Holder) -> None:
+        """ProtectedRef / LockHeld if a commit may not move ``ref``."""
+        self._check_can_move(txn, ref)
+        self._check_writer(txn, ref, me)
 
     @staticmethod
     def _conflict_message(ref, old, new) -> str:
@@ -495,8 +522,8 @@ class BaseRepository:
             return
         value = txn.ref(ref)
         if value is not None and value.protected:
-            raise ProtectedRef(f"{ref.replace('heads/', 'branch ').replace('tags/', 'tag ')} is protected; "
-                               "unprotect it or pass --force")
+            raise ProtectedRef(f"{_human(ref)} is protected; nothing was committed: unprotect it "
+                               "first (mvc branch --unprotect NAME)")
 
     @staticmethod
     def _check_writer(txn: Txn, ref: Optional[str], me: locking.Holder) -> None:
@@ -531,6 +558,7 @@ class BaseRepository:
             return [hashing.digest(slot.data[off:off + n]) for slot, off, n in batch]
 
         new, writer, bytes_new, done = {}, None, 0, 0
+        total = sum(s.data.nbytes for s in slots)
         try:
             with ThreadPoolExecutor(THREADS) as pool, self.index.read() as txn:
                 batches = _batches(spans, lambda s: s[2])
@@ -543,7 +571,7 @@ class BaseRepository:
                             bytes_new += n
                     done += sum(s[2] for s in batch)
                     if progress:
-                        progress(done)
+                        progress(done, total)
             if writer:
                 writer.seal()
         except BaseException as exc:
@@ -553,27 +581,28 @@ class BaseRepository:
                 raise OSError(exc.errno, f"{exc.strerror or exc} while writing a pack in {self.dir / 'packs'}; "
                                          "nothing was committed") from exc
             raise
-        total = sum(s.data.nbytes for s in slots)
         return new, CommitStats(len(slots), len(spans), len(new), total, bytes_new)
 
     # -- load --------------------------------------------------------------
 
-    def load(self, rev: str = refs.HEAD, map_location=None):
+    def load(self, rev: str = refs.HEAD, map_location=None,
+             progress: Optional[Callable[[int, int], None]] = None):
         """The state committed at ``rev``: the same nested structure, CPU tensors.
 
         ``map_location`` (a device or device string) moves tensors after loading.
         Every chunk is verified against its id; ChecksumMismatch names the
-        tensor's key path and the commit.
+        tensor's key path and the commit. ``progress(done, total)`` is called
+        with the bytes read so far.
         """
         # gc must not move or delete a pack between reading a location and reading the pack
         with locking.shared_gc_lock(self.dir / "locks", self.lock_timeout), self.index.read() as txn:
             oid = self._resolve(txn, rev)
             tree = self._commit_tree(txn, oid)
             leaves = [(p, leaf) for p, leaf in walk(tree.root) if isinstance(leaf, TensorLeaf)]
-            tensors = self._read_tensors(txn, leaves, oid)
+            tensors = self._read_tensors(txn, leaves, oid, progress)
         return _state_module().materialize(tree.root, tensors, map_location)
 
-    def _read_tensors(self, txn: Txn, leaves: list, commit_id: bytes) -> dict:
+    def _read_tensors(self, txn: Txn, leaves: list, commit_id: bytes, progress=None) -> dict:
         """{tensor id: CPU tensor} for the leaves, read in threads and verified."""
         jobs, out = [], {}
         for path, leaf in leaves:
@@ -583,7 +612,7 @@ class BaseRepository:
             out[leaf.id], buffer = _state_module().empty_tensor(obj.shape, obj.dtype)
             for cid, off, n in obj.chunk_spans():
                 jobs.append((self._location(txn, cid, path, commit_id), buffer[off:off + n], cid, path))
-        self._run_reads(jobs, commit_id)
+        self._run_reads(jobs, commit_id, progress)
         return out
 
     def _location(self, txn: Txn, cid: bytes, path: tuple, commit_id: bytes):
@@ -593,7 +622,7 @@ class BaseRepository:
                                  f"{commit_id.hex()[:12]} is missing from the index; run 'mvc fsck'")
         return loc
 
-    def _run_reads(self, jobs: list, commit_id: bytes) -> None:
+    def _run_reads(self, jobs: list, commit_id: bytes, progress=None) -> None:
         def read_batch(batch):
             for loc, buffer, cid, path in batch:
                 if loc.length != buffer.nbytes:
@@ -604,12 +633,20 @@ class BaseRepository:
                     raise ChecksumMismatch(
                         f"chunk {cid.hex()[:12]} of tensor {format_path(path)!r} in commit "
                         f"{commit_id.hex()[:12]} is corrupt (BLAKE3 mismatch); run 'mvc fsck'")
+            return sum(job[1].nbytes for job in batch)
+        total, done = sum(job[1].nbytes for job in jobs), 0
         with ThreadPoolExecutor(THREADS) as pool:
-            for _ in pool.map(read_batch, _batches(jobs, lambda j: j[1].nbytes)):
-                pass
+            for n in pool.map(read_batch, _batches(jobs, lambda j: j[1].nbytes)):
+                done += n
+                if progress:
+                    progress(done, total)
 
     def read_chunk(self, chunk_id: bytes, what: str = "") -> bytes:
-        """One chunk's verified bytes; ObjectNotFound / ChecksumMismatch."""
+        """One chunk's verified bytes; ObjectNotFound / ChecksumMismatch.
+
+        A caller reading many chunks holds ``locks.shared_gc_lock`` around
+        them, so gc in another process cannot move a pack meanwhile.
+        """
         with self.index.read() as txn:
             loc = txn.chunk(chunk_id)
         if loc is None:
@@ -659,8 +696,7 @@ class BaseRepository:
         with self.index.write() as txn:
             oid = self._resolve(txn, rev)
             current = txn.ref(ref)
-            if current is not None:
-                self._check_writer(txn, ref, locking.this_process(default_author()))
+            self._check_writer(txn, ref, locking.this_process(default_author()))
             if current is not None and not force:
                 if current.protected and current.id != oid:
                     raise ProtectedRef(f"{_human(ref)} is protected; pass --force to move it")
@@ -681,20 +717,28 @@ class BaseRepository:
             self._check_writer(txn, ref, locking.this_process(default_author()))
             if self._head(txn)[0] == ref:
                 raise RefConflict(f"{_human(ref)} is checked out; check out another branch first")
-            self._move_ref(txn, ref, current.id, None, "delete")
+            txn.delete_ref(ref)
+            # Like Git, a deleted ref's reflog goes with it, so gc can reclaim its history.
+            for _, seq, _ in list(txn.reflog(ref)):
+                txn.delete_reflog(ref, seq)
 
-    def create_branch(self, name: str, rev: str = refs.HEAD, force: bool = False) -> Ref:
-        """Point branch ``name`` at ``rev``; RefConflict if it exists elsewhere (unless force)."""
+    def create_branch(self, name: str, rev: str = refs.HEAD, force: bool = False,
+                      protect: Optional[bool] = None) -> Ref:
+        """Point branch ``name`` at ``rev``; RefConflict if it exists elsewhere (unless force).
+
+        ``protect`` True/False sets its protection in the same transaction.
+        """
         ref = refs.BRANCHES + refs.check_name(name, "branch")
-        return self._set_ref(ref, rev, force, None, f"branch: {rev}")
+        return self._set_ref(ref, rev, force, protect, f"branch: {rev}")
 
     def delete_branch(self, name: str, force: bool = False) -> None:
         self._delete_ref(refs.BRANCHES + refs.check_name(name, "branch"), force)
 
-    def create_tag(self, name: str, rev: str = refs.HEAD, protect: bool = False, force: bool = False) -> Ref:
+    def create_tag(self, name: str, rev: str = refs.HEAD, protect: Optional[bool] = None,
+                   force: bool = False) -> Ref:
         """Tag ``rev``; a protected tag is not moved or deleted without ``force``."""
         ref = refs.TAGS + refs.check_name(name, "tag")
-        return self._set_ref(ref, rev, force, True if protect else None, f"tag: {rev}")
+        return self._set_ref(ref, rev, force, protect, f"tag: {rev}")
 
     def delete_tag(self, name: str, force: bool = False) -> None:
         self._delete_ref(refs.TAGS + refs.check_name(name, "tag"), force)
@@ -749,8 +793,9 @@ class BaseRepository:
         """Move HEAD: onto a branch (by name) or detached at any other revision."""
         with self.index.write() as txn:
             ref = refs.BRANCHES + rev
-            value = txn.ref(ref) if refs._name_problem(rev) == "" else None
-            old = self._head(txn)[1]
+            value = txn.ref(ref) if refs.is_valid_name(rev) else None
+            head = txn.ref(refs.HEAD)
+            old = None if head is None else self._head(txn)[1]  # checkout repairs a lost HEAD
             if value is not None:
                 txn.set_ref(refs.HEAD, RefValue(target=ref))
                 new = value.id

@@ -39,6 +39,8 @@ class TensorSlot:
 def tensor_bytes(t: torch.Tensor) -> np.ndarray:
     """The raw little-endian bytes of a tensor, as a 1-D uint8 array on CPU."""
     t = t.detach()
+    if t.numel() == 0:  # an empty view may keep any strides, which view(uint8) refuses
+        return np.empty(0, dtype=np.uint8)
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.resolve_conj().resolve_neg().contiguous()

@@ -4,6 +4,9 @@ import struct
 
 import pytest
 
+import torch
+
+import mvc
 from mvc import encoding
 from mvc.errors import CorruptObject
 from mvc.index import DB_NAMES, Index, RefValue
@@ -162,3 +165,22 @@ def test_second_index_on_same_path_shares_the_environment(tmp_path, index):
 def test_missing_index_is_a_clear_error(tmp_path):
     with pytest.raises(CorruptObject, match="cannot be opened"):
         Index(tmp_path / "nowhere")
+
+
+def test_forked_child_gets_a_clear_error_not_the_parents_environment(tmp_path):
+    import os
+    repo = mvc.Repository.init(tmp_path, chunk_size=64)
+    repo.commit({"a": torch.ones(3)}, "x")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: must refuse, not reuse the parent's LMDB environment
+        try:
+            mvc.Repository.open(tmp_path)
+            os.write(write, b"opened")
+        except mvc.MvcError as exc:
+            os.write(write, str(exc).encode()[:200])
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert b"forked" in os.read(read, 200)
+    assert [c.message for c in repo.log()] == ["x"]
+    repo.close()

@@ -160,3 +160,8 @@ def test_too_deep_or_self_containing_states_are_bad_input():
     loop["a"].append(loop)
     with pytest.raises(BadInput, match="contains itself"):
         flatten(loop)
+
+
+def test_empty_views_with_any_strides_have_no_bytes():
+    t = torch.empty(4, 0, dtype=torch.bfloat16).as_strided((4, 0), (2, 2))
+    assert tensor_bytes(t).nbytes == 0

@@ -8,6 +8,7 @@ traceback reaches the user for them.
 
 import dataclasses
 import json
+import os
 import sys
 
 import click
@@ -39,13 +40,17 @@ def fail(message: str, code: int = 1):
 @click.pass_context
 def main(ctx, directory):
     """mvc: Git for model checkpoints."""
-    ctx.obj = directory
+    if directory != ".":
+        try:  # like git -C: every path on the command line is then relative to it
+            os.chdir(directory)
+        except OSError as exc:
+            fail(f"cannot change to {directory}: {exc.strerror}")
 
 
 def open_repo():
-    """The repository the command runs in (``-C`` or the current directory)."""
+    """The repository the command runs in: the current directory or a parent's."""
     from .. import Repository
-    return Repository.open(click.get_current_context().find_root().obj or ".")
+    return Repository.open(".")
 
 
 def to_jsonable(value):
@@ -75,11 +80,27 @@ def human_bytes(n: float) -> str:
     return f"{n} B"
 
 
-def progress_bar(total: int, label: str):
-    """A click progress bar on a terminal (stderr); a no-op when piped."""
-    if not sys.stderr.isatty() or total <= 0:
-        return None
-    return click.progressbar(length=total, label=label, file=sys.stderr)
+class Progress:
+    """A ``progress(done, total)`` callback for the API: a click bar on a
+    terminal (stderr), drawn once the total is known; nothing when piped."""
+
+    def __init__(self, label: str):
+        self.label, self.bar, self.done = label, None, 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None and sys.stderr.isatty() and total > 0:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
+            self.bar.__enter__()
+        if self.bar is not None:
+            self.bar.update(done - self.done)
+        self.done = done
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
 
 
 def parse_pairs(pairs, what: str) -> dict:

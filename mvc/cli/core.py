@@ -1,14 +1,13 @@
 """Core commands: init, commit, log, show, checkout, export, branch, tag, status."""
 
 import time
-from pathlib import Path
 
 import click
 
 from .. import Repository
-from ..files import FORMATS, read_checkpoint, state_nbytes, write_checkpoint
+from ..files import FORMATS, read_checkpoint
 from ..repository import DEFAULT_CHUNK_SIZE
-from .base import echo_json, human_bytes, main, open_repo, parse_pairs, progress_bar
+from .base import Progress, echo_json, human_bytes, main, open_repo, parse_pairs
 
 
 # -- rendering helpers --------------------------------------------------------
@@ -85,27 +84,14 @@ def commit(file, message, branch, step, epoch, metrics, context, as_json):
     metrics = parse_pairs(metrics, "--metric")
     context = parse_pairs(context, "--context")
     state = read_checkpoint(file)
-    with open_repo() as repo:
-        total = state_nbytes(state)
-        bar = progress_bar(total, "committing")
-        if bar is None:
-            c = repo.commit(state, message, step=step, epoch=epoch, metrics=metrics,
-                            context=context, branch=branch)
-        else:
-            with bar:
-                last = [0]
-
-                def advance(done):
-                    bar.update(done - last[0])
-                    last[0] = done
-                c = repo.commit(state, message, step=step, epoch=epoch, metrics=metrics,
-                                context=context, branch=branch, progress=advance)
-        branch_name = branch or repo.head().branch or "HEAD"
+    with open_repo() as repo, Progress("committing") as progress:
+        c = repo.commit(state, message, step=step, epoch=epoch, metrics=metrics,
+                        context=context, branch=branch, progress=progress)
     if as_json:
         echo_json(c)
         return
     s = c.stats
-    click.echo(f"[{branch_name} {c.short_id}] {message}")
+    click.echo(f"[{c.branch or 'detached HEAD'} {c.short_id}] {message}")
     click.echo(f" {s.tensors} tensor{'' if s.tensors == 1 else 's'}, {human_bytes(s.bytes_total)}: {human_bytes(s.bytes_new)} new, "
                f"{human_bytes(s.bytes_reused)} shared with the repository "
                f"({s.chunks_new} of {s.chunks} chunks written)")
@@ -238,12 +224,10 @@ def export(rev, output, fmt):
 
 
 def _export(rev, output, fmt):
-    fmt = fmt or ("safetensors" if Path(output).suffix.lower() == ".safetensors" else "pt")
-    with open_repo() as repo:
-        cid = repo.resolve(rev)
-        state = repo.load(cid)
-    path = write_checkpoint(state, output, fmt)
-    click.echo(f"wrote {cid[:12]} to {path} ({fmt}, {human_bytes(path.stat().st_size)})")
+    with open_repo() as repo, Progress("reading") as progress:
+        written = repo.export(rev, output, fmt, progress=progress)
+    click.echo(f"wrote {written.commit[:12]} to {written.path} ({written.format}, "
+               f"{human_bytes(written.path.stat().st_size)})")
 
 
 def _list_refs(items, current=None, as_json=False):
@@ -256,49 +240,51 @@ def _list_refs(items, current=None, as_json=False):
         click.echo(f"{mark} {ref.name:<24} {ref.id[:12]}{flag}")
 
 
-@main.command()
+def _ref_command(kind: str, name, rev, delete, force, protect, as_json) -> None:
+    """What ``mvc branch`` and ``mvc tag`` share: list, create, protect, delete."""
+    with open_repo() as repo:
+        existing = repo.branches() if kind == "branch" else repo.tags()
+        if delete:
+            (repo.delete_branch if kind == "branch" else repo.delete_tag)(delete, force=force)
+            click.echo(f"Deleted {kind} {delete}")
+        elif name is None:
+            _list_refs(existing, repo.head().branch if kind == "branch" else None, as_json)
+        elif protect is not None and rev is None and name in {r.name for r in existing}:
+            ref = repo.set_protected(name, protect, kind)
+            click.echo(f"{'Protected' if protect else 'Unprotected'} {kind} {ref.name}")
+        else:
+            create = repo.create_branch if kind == "branch" else repo.create_tag
+            ref = create(name, rev or "HEAD", force=force, protect=protect)
+            click.echo(f"{kind.capitalize()} {ref.name} at {ref.id[:12]}"
+                       f"{' (protected)' if ref.protected else ''}")
+
+
+_REF_HELP = """With no NAME, list them. With NAME, point it at REV (default HEAD); with
+--protect/--unprotect and no REV, change the protection of an existing one.
+A protected {kind} is not moved or deleted without --force."""
+
+
+@main.command(help="List branches, create NAME at REV, or delete one with -d.\n\n"
+              + _REF_HELP.format(kind="branch"))
 @click.argument("name", required=False)
-@click.argument("rev", default="HEAD")
+@click.argument("rev", required=False)
 @click.option("-d", "--delete", "delete", metavar="NAME", default=None, help="Delete branch NAME.")
 @click.option("-f", "--force", is_flag=True, help="Move or delete even if protected or existing.")
 @click.option("--protect/--unprotect", default=None, help="Protect NAME from moves and deletion.")
 @click.option("--json", "as_json", is_flag=True, help="List branches as JSON.")
 def branch(name, rev, delete, force, protect, as_json):
-    """List branches, create NAME at REV, or delete one with -d."""
-    with open_repo() as repo:
-        if delete:
-            repo.delete_branch(delete, force=force)
-            click.echo(f"Deleted branch {delete}")
-        elif name is None:
-            _list_refs(repo.branches(), repo.head().branch, as_json)
-        elif protect is not None and rev == "HEAD" and name in {b.name for b in repo.branches()}:
-            ref = repo.set_protected(name, protect, "branch")
-            click.echo(f"{'Protected' if protect else 'Unprotected'} branch {ref.name}")
-        else:
-            ref = repo.create_branch(name, rev, force=force)
-            if protect is not None:
-                ref = repo.set_protected(name, protect, "branch")
-            click.echo(f"Branch {ref.name} at {ref.id[:12]}{' (protected)' if ref.protected else ''}")
+    _ref_command("branch", name, rev, delete, force, protect, as_json)
 
 
-@main.command()
+@main.command(help="List tags, tag REV as NAME, or delete one with -d.\n\n" + _REF_HELP.format(kind="tag"))
 @click.argument("name", required=False)
-@click.argument("rev", default="HEAD")
+@click.argument("rev", required=False)
 @click.option("-d", "--delete", "delete", metavar="NAME", default=None, help="Delete tag NAME.")
 @click.option("-f", "--force", is_flag=True, help="Move or delete even a protected tag.")
-@click.option("--protect", is_flag=True, help="Protect the tag from moves and deletion.")
+@click.option("--protect/--unprotect", default=None, help="Protect the tag from moves and deletion.")
 @click.option("--json", "as_json", is_flag=True, help="List tags as JSON.")
 def tag(name, rev, delete, force, protect, as_json):
-    """List tags, tag REV as NAME, or delete one with -d."""
-    with open_repo() as repo:
-        if delete:
-            repo.delete_tag(delete, force=force)
-            click.echo(f"Deleted tag {delete}")
-        elif name is None:
-            _list_refs(repo.tags(), as_json=as_json)
-        else:
-            ref = repo.create_tag(name, rev, protect=protect, force=force)
-            click.echo(f"Tag {ref.name} at {ref.id[:12]}{' (protected)' if ref.protected else ''}")
+    _ref_command("tag", name, rev, delete, force, protect, as_json)
 
 
 @main.command()

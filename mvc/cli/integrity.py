@@ -2,7 +2,7 @@
 
 import click
 
-from .base import echo_json, human_bytes, main, open_repo, progress_bar, to_jsonable
+from .base import Progress, echo_json, human_bytes, main, open_repo, to_jsonable
 
 SHOWN = 5  # ids listed per line before "and N more"
 
@@ -47,29 +47,6 @@ def _show_report(rep) -> None:
                "fsck found damage: the commits and refs listed above cannot be loaded intact")
 
 
-class _Progress:
-    """fsck's progress callback: a bar on a terminal, drawn once the total is known."""
-
-    def __init__(self):
-        self.bar, self.done = None, 0
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.done == 0:
-            self.bar = progress_bar(total, "verifying")
-            if self.bar is not None:
-                self.bar.__enter__()
-        if self.bar is not None:
-            self.bar.update(done - self.done)
-        self.done = done
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-
-
 @main.command()
 @click.option("--quick", is_flag=True, help="Check structure only; do not re-hash chunk data.")
 @click.option("--rebuild-index", is_flag=True, help="First rebuild the chunk index from the packs' trailers.")
@@ -83,7 +60,7 @@ def fsck(ctx, quick, rebuild_index, as_json):
     """
     with open_repo() as repo:
         rebuilt = repo.rebuild_index() if rebuild_index else None
-        with _Progress() as progress:
+        with Progress("verifying") as progress:
             report = repo.fsck(quick=quick, progress=progress)
     if as_json:
         out = to_jsonable(report)

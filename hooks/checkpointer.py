@@ -27,6 +27,7 @@ RefConflict instead.
 """
 
 import atexit
+import copy
 import os
 import threading
 import time
@@ -58,16 +59,21 @@ def _open_or_init(path, chunk_size: Optional[int]) -> mvc.Repository:
 
 
 def _raise_together(error: Optional[BaseException]) -> None:
-    """Raise the first rank's error on every rank (collective), so none waits forever."""
+    """Raise an error of any rank on every rank (collective), so none waits forever.
+
+    A rank that failed raises its own exception; the others raise the first
+    failing rank's mvc error class (MvcError for any other exception), naming
+    that rank.
+    """
     mine = None if error is None else (type(error).__name__, str(error))
-    for found in distributed.all_gather(mine):
+    for where, found in enumerate(distributed.all_gather(mine)):
         if found is not None:
             if error is not None:
                 raise error
             cls = getattr(mvc, found[0], None)
-            if not (isinstance(cls, type) and issubclass(cls, mvc.MvcError)):
-                cls = mvc.MvcError
-            raise cls(f"on another rank: {found[1]}")
+            if isinstance(cls, type) and issubclass(cls, mvc.MvcError):
+                raise cls(f"on rank {where}: {found[1]}")
+            raise mvc.MvcError(f"on rank {where}: {found[0]}: {found[1]}")
 
 
 class _Save:
@@ -118,7 +124,6 @@ class Checkpointer:
         self.components = Components(model=model, optimizer=optimizer, scheduler=scheduler,
                                      scaler=scaler, stateful=stateful)
         self.per_rank = Components(sampler=sampler)
-        self.sampler = sampler
         if extra is not None and not isinstance(extra, dict):
             raise mvc.BadInput(f"extra must be a dict of plain values, not a {type(extra).__name__}")
         self.extra = extra
@@ -149,9 +154,12 @@ class Checkpointer:
         if self.root:
             try:
                 self._open(path, branch, chunk_size)
-            except mvc.MvcError as exc:
+            except Exception as exc:  # any error, not only mvc's: the other ranks wait to hear of it
                 error = exc
-                self._release()
+                try:
+                    self._release()
+                except Exception as cleanup:  # the open's error is the one to raise
+                    error.add_note(f"releasing the repository failed too: {cleanup!r}")
         _raise_together(error)
         self.branch = distributed.share(self.branch)
         self._static = {**contexts.machine(), **contexts.code()} if self.root else {}
@@ -295,8 +303,8 @@ class Checkpointer:
         return state
 
     def _context(self, progress: dict, obs) -> dict:
-        return contexts.commit_context(self._static, self.components, self.sampler, progress, obs,
-                                       self._started, self._distributed, self.user_context)
+        return contexts.commit_context(self._static, self.components, self.per_rank.get("sampler"), progress,
+                                       obs, self._started, self._distributed, self.user_context)
 
     def _commit(self, state: dict, record: dict) -> mvc.Commit:
         commit = self.repo.commit(state, branch=self.branch, rebase=False, **record)
@@ -314,8 +322,9 @@ class Checkpointer:
         commit: allowed when the branch is new (it then starts at ``rev``)
         or already points there. Every rank calls it; rank 0 reads the
         commit and sends the state to the others. Everything is checked
-        before anything is loaded: a missing component, a shape mismatch,
-        another world size raise BadInput and leave the objects untouched.
+        before anything is loaded: a missing component, a shape mismatch, a
+        sampler of another data order, another world size raise BadInput and
+        leave the objects untouched. An error on one rank is raised on all.
         ``strict=False`` allows a checkpoint holding groups not given here.
         """
         self._check_open()
@@ -324,20 +333,14 @@ class Checkpointer:
         if self.root:
             try:
                 payload = self._read(rev)
-            except mvc.MvcError as exc:
+            except Exception as exc:  # any error, not only mvc's: the other ranks wait to hear of it
                 error = exc
         _raise_together(error)
         payload = distributed.broadcast_state(payload)
         if payload is None:
             return 0
         commit, state = payload["commit"], payload["state"]
-        where = f"commit {commit.short_id} (step {commit.step})"
-        error = None
-        try:
-            self._check(state, where, strict)
-        except mvc.MvcError as exc:
-            error = exc
-        _raise_together(error)
+        self._check_and_load_per_rank(state, f"commit {commit.short_id} (step {commit.step})", strict)
         self._restore(state)
         self.resumed_from = self.last_commit = commit
         self._committed_step = state["progress"]["step"]
@@ -373,10 +376,31 @@ class Checkpointer:
             raise mvc.BadInput(f"{where} holds extra state and no extra= dict was given to receive it; "
                                "pass one, or strict=False to leave it out")
 
+    def _check_and_load_per_rank(self, state: dict, where: str, strict: bool) -> None:
+        """Check ``state`` on every rank, then load this rank's own components.
+
+        A sampler without a check of its own is checked only by its loader,
+        so they are loaded before anything else; if any rank fails, every
+        rank raises and puts its per-rank components back as they were.
+        """
+        error, before = None, None
+        try:
+            self._check(state, where, strict)
+            before = copy.deepcopy(self.per_rank.state())  # a state_dict may share the live object's data
+            self.per_rank.load(state["ranks"][self.rank])
+        except Exception as exc:  # any error, not only mvc's: the other ranks wait to hear of it
+            error = exc
+        try:
+            _raise_together(error)
+        except Exception:
+            if before is not None:
+                self.per_rank.load(before)
+            raise
+
     def _restore(self, state: dict) -> None:
+        """Load everything but the per-rank components (loaded already)."""
         mine = state["ranks"][self.rank]
         self.components.load(state)
-        self.per_rank.load(mine)
         if self.extra is not None:
             self.extra.clear()
             self.extra.update(state["extra"])

@@ -31,6 +31,7 @@ of the (padded) permutation, as ``DistributedSampler`` does.
 """
 
 import math
+from typing import Optional
 
 import torch
 from torch.utils.data import Sampler
@@ -92,19 +93,29 @@ class ResumableSampler(Sampler):
                 "size": self.size, "shuffle": self.shuffle, "num_replicas": self.num_replicas,
                 "rank": self.rank, "num_samples": self.num_samples}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue where ``state`` was taken.
-
-        Raises mvc.BadInput when the state describes another order (seed,
-        dataset size, shuffling or sharding differ), since its position
-        would then point at other samples.
-        """
+    def state_problem(self, state) -> Optional[str]:
+        """What makes ``state`` unfit for this sampler, or None: another order
+        (seed, dataset size, shuffling or sharding differ) would make its
+        position point at other samples."""
+        if not (isinstance(state, dict) and isinstance(state.get("epoch"), int)
+                and isinstance(state.get("position"), int)):
+            return "the saved state is not a ResumableSampler state"
         mine = self.state_dict()
         differ = [k for k in ("seed", "size", "shuffle", "num_replicas", "rank", "num_samples")
                   if state.get(k) != mine[k]]
-        if differ:
-            shown = ", ".join(f"{k} {state.get(k)!r} (here {mine[k]!r})" for k in differ)
-            raise mvc.BadInput(f"the sampler state is for another data order: {shown}; "
-                               "use the dataset and sampler settings of the checkpointed run")
+        if not differ:
+            return None
+        shown = ", ".join(f"{k} {state.get(k)!r} (here {mine[k]!r})" for k in differ)
+        return (f"the sampler state is for another data order: {shown}; "
+                "use the dataset and sampler settings of the checkpointed run")
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue where ``state`` was taken.
+
+        Raises mvc.BadInput when ``state_problem`` finds one.
+        """
+        problem = self.state_problem(state)
+        if problem:
+            raise mvc.BadInput(problem)
         self.epoch = state["epoch"]
         self.position = state["position"]

@@ -12,6 +12,9 @@ without their wrapper's key prefix.
 
 ``check`` compares a loaded checkpoint with the live components before
 anything is loaded, so a mismatch is an error and never a partial restore.
+A component may define ``state_problem(state)``, returning what makes a
+saved state unfit for it (a str) or None; ``check`` asks it too
+(ResumableSampler does).
 """
 
 from typing import Any, Callable, Iterator, Optional
@@ -162,6 +165,9 @@ def _problem(group: str, obj, state) -> Optional[str]:
         return None if ok else "the saved state is not a torch.Generator state"
     if not isinstance(state, dict):
         return f"the saved state is a {type(state).__name__}, not a state dict"
+    problem = obj.state_problem(state) if callable(getattr(obj, "state_problem", None)) else None
+    if problem:
+        return problem
     if group == "model":
         return _model_problem(unwrap(obj), state)
     if isinstance(obj, torch.optim.Optimizer):

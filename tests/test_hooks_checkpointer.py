@@ -100,6 +100,46 @@ def test_a_mismatch_is_an_error_and_restores_nothing(tmp_path):
         assert ckpt.resume(strict=False) == 2  # leaving the scheduler out, on purpose
 
 
+
+class PickySampler:
+    """A sampler with no check of its own: its loader alone refuses another order."""
+
+    def __init__(self, seed):
+        self.seed, self.position = seed, 0
+
+    def state_dict(self):
+        return {"seed": self.seed, "position": self.position}
+
+    def load_state_dict(self, state):
+        if state["seed"] != self.seed:
+            raise ValueError(f"seed {state['seed']} is not {self.seed}")
+        self.position = state["position"]
+
+
+def sampled_run(tmp_path, sampler):
+    model, opt, sched = parts()
+    with Checkpointer(tmp_path, model=model, optimizer=opt, scheduler=sched, sampler=sampler,
+                      every_n_steps=3, async_save=False) as ckpt:
+        train(model, opt, sched, ckpt, 0, 3)
+
+
+@pytest.mark.parametrize("saved, given, error", [
+    (ResumableSampler(10, seed=0), ResumableSampler(10, seed=1), "another data order: seed 0 .here 1."),
+    (ResumableSampler(10, seed=0), ResumableSampler(11, seed=0), "another data order: size 10 .here 11."),
+    (PickySampler(0), PickySampler(1), "restoring sampler failed: seed 0 is not 1"),
+])
+def test_a_sampler_mismatch_restores_nothing(tmp_path, saved, given, error):
+    sampled_run(tmp_path, saved)
+    fresh, fresh_opt, fresh_sched = parts(seed=3)
+    before, sampler_before = params(fresh), given.state_dict()
+    with Checkpointer(tmp_path, model=fresh, optimizer=fresh_opt, scheduler=fresh_sched, sampler=given) as ckpt:
+        with pytest.raises(mvc.BadInput, match=error):
+            ckpt.resume()
+        assert ckpt.resumed_from is None
+    assert all(torch.equal(a, b) for a, b in zip(params(fresh), before))
+    assert fresh_opt.state_dict()["state"] == {} and fresh_sched.last_epoch == 0
+    assert given.state_dict() == sampler_before
+
 def test_data_parallel_weights_load_into_a_bare_model(tmp_path):
     model, _, _ = parts()
     with Checkpointer(tmp_path, model=torch.nn.DataParallel(model), every_n_steps=1) as ckpt:

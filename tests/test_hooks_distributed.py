@@ -2,10 +2,15 @@
 
 Each rank shuffles its own shard and draws its own dropout masks, so the
 per-rank RNG and sampler states must come back to the right rank. Rank 1 is
-given a repository path that does not exist: it must never need it.
+given a repository path that does not exist: it must never need it. Any
+error on one rank is raised on every rank, so none waits forever.
 """
 
+import time
+from datetime import timedelta
 from pathlib import Path
+
+import pytest
 
 import torch
 import torch.distributed as dist
@@ -105,3 +110,75 @@ def test_two_rank_ddp_run_resumes_with_the_same_losses(tmp_path):
     assert context["distributed"]["world_size"] == WORLD and context["distributed"]["backend"] == "gloo"
     assert context["distributed"]["ranks_per_node"] == WORLD
     assert not Path(tmp_path / "not-shared-1").exists()
+
+
+class RankSampler:
+    """A sampler whose loader refuses every saved state on the rank told to."""
+
+    def __init__(self, refuse: bool):
+        self.refuse, self.position = refuse, 0
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        if self.refuse:
+            raise ValueError("this rank refuses the saved sampler state")
+        self.position = state["position"]
+
+
+def failing_worker(rank, root):
+    torch.set_num_threads(1)
+    # a lost rank fails its collective after a minute instead of hanging the test for half an hour
+    dist.init_process_group("gloo", init_method=f"file://{root / 'rendezvous'}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=60))
+    try:
+        path = root / "repo" if rank == 0 else root / f"not-shared-{rank}"
+        model = torch.nn.Linear(2, 2)
+        patch = pytest.MonkeyPatch()
+
+        def broken(*args, **kwargs):
+            raise OSError(5, "Input/output error (injected)")
+        if rank == 0:
+            patch.setattr(mvc.Repository, "open", broken)
+        with pytest.raises(OSError if rank == 0 else mvc.MvcError, match="Input/output error") as info:
+            Checkpointer(path, model=model, branch="run")
+        assert rank == 0 or "on rank 0" in str(info.value)
+        patch.undo()
+
+        sampler = RankSampler(refuse=False)
+        with Checkpointer(path, model=model, sampler=sampler, branch="run", async_save=False) as ckpt:
+            sampler.position = 5 + rank
+            ckpt.save(step=0)
+
+        if rank == 0:
+            patch.setattr(mvc.Repository, "load", broken)
+        with Checkpointer(path, model=model, sampler=RankSampler(refuse=False), branch="run") as ckpt:
+            with pytest.raises(OSError if rank == 0 else mvc.MvcError, match="Input/output error"):
+                ckpt.resume()
+        patch.undo()
+
+        # rank 1's sampler refuses after rank 0's loaded: rank 0's is put back as it was
+        sampler = RankSampler(refuse=rank == 1)
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        weights = [p.detach().clone() for p in model.parameters()]
+        with Checkpointer(path, model=model, sampler=sampler, branch="run") as ckpt:
+            with pytest.raises(mvc.BadInput, match="refuses the saved sampler state"):
+                ckpt.resume()
+            assert sampler.position == 0
+            assert all(torch.equal(a, b) for a, b in zip(model.parameters(), weights))
+            assert ckpt.resumed_from is None
+        dist.barrier()  # every rank is still in step
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_error_on_one_rank_is_raised_on_every_rank(tmp_path):
+    context = mp.spawn(failing_worker, args=(tmp_path,), nprocs=WORLD, join=False)
+    deadline = time.monotonic() + 300  # only a hung rank gets near this
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("a rank still waits in a collective: an error was not raised on every rank")

@@ -103,6 +103,17 @@ def test_sampler_refuses_the_state_of_another_order():
         ResumableSampler(10, num_replicas=2, rank=2)
 
 
+
+def test_components_check_asks_the_sampler_before_anything_is_loaded():
+    sampler = ResumableSampler(10, seed=1)
+    saved = {"sampler": ResumableSampler(10, seed=0).state_dict()}
+    with pytest.raises(mvc.BadInput, match=r"sampler does not match: .*another data order: seed 0 \(here 1\)"):
+        Components(sampler=sampler).check(saved, "commit x")
+    with pytest.raises(mvc.BadInput, match="not a ResumableSampler state"):
+        Components(sampler=sampler).check({"sampler": {"epoch": "0"}}, "commit x")
+    assert (sampler.epoch, sampler.position) == (0, 0)
+    Components(sampler=sampler).check({"sampler": sampler.state_dict()}, "commit x")
+
 def test_unwrap_strips_data_parallel_and_compile_wrappers():
     model = torch.nn.Linear(2, 2)
     wrapped = torch.nn.DataParallel(model)

@@ -80,6 +80,10 @@ def write_checkpoint(state, path, fmt: str = "pt") -> Path:
     if fmt not in FORMATS:
         raise BadInput(f"unknown format {fmt!r}; use pt or safetensors")
     path = Path(path)
+    if path.is_symlink():  # write what the link points at, and keep the link
+        path = path.resolve()
+    if path.exists() and not path.is_file():
+        raise BadInput(f"cannot write {path}: it is not a regular file")
     if not path.parent.is_dir():
         raise BadInput(f"cannot write {path}: folder {path.parent} does not exist")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

@@ -35,7 +35,7 @@ from . import encoding, hashing, locks
 from .errors import CorruptObject
 from .index import Txn
 from .objects import CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id, walk
-from .packs import RECORD_HEAD, Location, pack_filename, read_trailer
+from .packs import RECORD_HEAD, Location, PackWriter, pack_filename, read_trailer, salvage_records
 
 REFLOG = "reflog:"
 REFLOG_SEQ = 8  # bytes of the sequence number that ends each reflog key, after a NUL
@@ -112,6 +112,7 @@ class RebuildReport:
     duplicates: int  # records skipped because another pack's record of that id was indexed first
     dropped: int  # entries the old chunk index held
     skipped: tuple = ()  # (pack file name, reason) for packs whose trailer is damaged
+    salvaged: int = 0  # verified records copied out of damaged packs into a new sealed pack
 
 
 @dataclass
@@ -553,6 +554,27 @@ def _rebuild_index(repo) -> RebuildReport:
                     chunks += 1
                 else:
                     duplicates += 1
+        salvaged = _salvage(repo, txn, [p for p in packs.values() if p.records is None])
     skipped = tuple((pack.path.name, pack.error) for pack in packs.values() if pack.records is None)
-    return RebuildReport(sum(1 for p in packs.values() if p.records is not None), chunks, duplicates,
-                         dropped, skipped)
+    return RebuildReport(sum(1 for p in packs.values() if p.records is not None), chunks + salvaged,
+                         duplicates, dropped, skipped, salvaged)
+
+
+def _salvage(repo, txn, damaged: list) -> int:
+    """Copy the verified records of unsealed packs that no sealed pack holds
+    into one new sealed pack, and index them there; the damaged packs become
+    unreferenced, for gc to delete. Returns how many records were saved."""
+    writer = None
+    try:
+        for pack in damaged:
+            for cid, data in salvage_records(pack.path, repo.chunk_size):
+                if txn.chunk(cid) is None:
+                    writer = writer or PackWriter(repo.dir / "packs")
+                    txn.put_chunk(cid, writer.add(cid, data))
+        if writer:
+            writer.seal()
+    except BaseException:
+        if writer:
+            writer.abort()
+        raise
+    return len(writer.entries) if writer else 0

@@ -138,6 +138,28 @@ def read_trailer(path: Path) -> list:
     return entries
 
 
+def salvage_records(path: Path, limit: int = 1 << 32) -> list:
+    """(id, data) of the leading records of a damaged pack whose bytes hash to their id.
+
+    For a pack whose trailer is lost (a truncated file): records are read in
+    order from the header until one is cut short or does not verify, so only
+    data that proves itself is returned. ``limit`` bounds a record's length.
+    """
+    out = []
+    with open(path, "rb") as f:
+        if f.read(len(HEADER)) != HEADER:
+            return out
+        while True:
+            head = f.read(RECORD_HEAD.size)
+            if len(head) < RECORD_HEAD.size:
+                return out
+            cid, length = RECORD_HEAD.unpack(head)
+            data = f.read(length) if length <= limit else b""
+            if len(data) != length or hashing.digest(data) != cid:
+                return out
+            out.append((cid, data))
+
+
 class PackReader:
     """Reads chunk data from sealed packs by location; keeps files open."""
 

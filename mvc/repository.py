@@ -10,8 +10,10 @@ is re-hashed and compared with its id.
 
 import getpass
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -234,6 +236,24 @@ def _record(message, step, epoch, metrics, context, author: str) -> CommitObject
     return record
 
 
+def _populate(mvc_dir: Path, chunk_size: int) -> None:
+    """Lay out an empty repository in ``mvc_dir``: folders, index, FORMAT."""
+    for sub in ("packs", "tmp", "locks"):
+        (mvc_dir / sub).mkdir()
+    index = Index(mvc_dir / "index", create=True)
+    try:
+        with index.write() as txn:
+            txn.put_meta("chunk_size", chunk_size.to_bytes(8, "little"))
+            txn.set_ref(refs.HEAD, RefValue(target=refs.BRANCHES + "main"))
+    finally:
+        index.close()
+    with open(mvc_dir / "FORMAT", "w", encoding="utf-8") as f:
+        f.write(f"mvc-format {FORMAT_VERSION}\nextensions\n")
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(mvc_dir)
+
+
 def _encode_tensors(slots: list, chunk_size: int) -> dict:
     """{tensor id: encoded tensor object} for hashed slots; sets each slot's id."""
     out = {}
@@ -289,22 +309,21 @@ class BaseRepository:
         root = Path(path)
         mvc_dir = root / MVC_DIR
         if mvc_dir.exists():
-            raise RepositoryExists(f"{mvc_dir} already exists (if an interrupted init left it "
-                                   "without a FORMAT file, remove it and run init again)")
-        for sub in ("packs", "tmp", "locks"):
-            (mvc_dir / sub).mkdir(parents=True)
-        index = Index(mvc_dir / "index", create=True)
-        with index.write() as txn:
-            txn.put_meta("chunk_size", chunk_size.to_bytes(8, "little"))
-            txn.set_ref(refs.HEAD, RefValue(target=refs.BRANCHES + "main"))
-        index.close()
-        tmp = mvc_dir / "FORMAT.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(f"mvc-format {FORMAT_VERSION}\nextensions\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, mvc_dir / "FORMAT")  # last: a half-made .mvc is not a repository
-        fsync_dir(mvc_dir)
+            raise RepositoryExists(f"{mvc_dir} already exists")
+        # Built under a temporary name and renamed into place, so an
+        # interrupted init never leaves a half-made .mvc behind.
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".mvc-init-", dir=root))
+        try:
+            _populate(staging, chunk_size)
+            try:
+                os.rename(staging, mvc_dir)
+            except OSError:  # another init won the race
+                raise RepositoryExists(f"{mvc_dir} already exists") from None
+            fsync_dir(root)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         return cls(root)
 
     @classmethod

@@ -197,3 +197,17 @@ def test_log_marks_pruned_commits(cli, tmp_path):
         repo.gc(keep_last=1)
     lines = cli("log", "--oneline").output.splitlines()
     assert ["[pruned]" in line for line in lines] == [False, True, True]
+
+
+def test_export_keeps_symlinks_and_refuses_special_files(cli, tmp_path):
+    state = _state()
+    torch.save(state, tmp_path / "a.pt")
+    cli("commit", "a.pt", "-m", "x")
+    (tmp_path / "real.pt").write_bytes(b"old")
+    (tmp_path / "link.pt").symlink_to(tmp_path / "real.pt")
+    cli("export", "-o", "link.pt")
+    assert (tmp_path / "link.pt").is_symlink()
+    assert torch.equal(torch.load(tmp_path / "real.pt", weights_only=True)["model"]["w"], state["model"]["w"])
+    os.mkfifo(tmp_path / "fifo.pt")
+    assert "not a regular file" in cli("export", "-o", "fifo.pt", code=1).stderr
+    assert "does not exist" in cli("export", "-o", "nowhere/x.pt", code=1).stderr

@@ -307,12 +307,27 @@ def test_rebuild_index_repairs_bad_entries_and_counts_duplicates(two):
     assert report.ok and [u.kind for u in report.unreferenced] in ([F.UNINDEXED_PACK], [F.UNUSED_RECORDS])
 
 
-def test_rebuild_index_skips_damaged_pack(two):
+def test_rebuild_index_salvages_verified_records_of_a_pack_with_a_damaged_trailer(two):
+    repo, c1, c2 = two
+    before = _all_states(repo)
+    cid, path, loc = _chunk(repo, c2, "model.w")
+    truncate(path, path.stat().st_size - 10)  # the trailer is lost, every record is intact
+    assert not repo.fsck().ok
+    rebuilt = repo.rebuild_index()
+    assert [name for name, _ in rebuilt.skipped] == [path.name] and rebuilt.salvaged > 0
+    _assert_same(before, _all_states(repo))
+    report = repo.fsck()
+    assert report.ok  # the damaged pack holds nothing the index names any more
+    assert path.name in {u.pack for u in report.unreferenced}
+
+
+def test_rebuild_index_salvages_only_records_that_verify(two):
     repo, c1, c2 = two
     cid, path, loc = _chunk(repo, c2, "model.w")
-    flip_bit(path, path.stat().st_size - 1)
+    flip_bit(path, path.stat().st_size - 1)  # the seal is gone
+    flip_bit(path, loc.offset)  # and the first record of model.w no longer hashes to its id
     rebuilt = repo.rebuild_index()
-    assert rebuilt.chunks == 3 and [name for name, _ in rebuilt.skipped] == [path.name]
+    assert [name for name, _ in rebuilt.skipped] == [path.name]
     report = repo.fsck()
     assert {d.kind for d in report.damage} == {F.MISSING_CHUNK}
     assert {d.tensors for d in report.damage} == {("model.w",)}

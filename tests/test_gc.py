@@ -71,6 +71,9 @@ def test_best_checkpoint_survives_rotation(repo):
     assert same(repo.load(best.id), state(2))
     repo.gc(keep_last=1, keep_best="acc", mode="max", top=1)  # acc is best where loss is lowest
     assert [c.step for c in repo.log() if not c.pruned] == [9, 2]
+    with pytest.raises(mvc.BadInput, match="no commit records metric 'lsos'.*recorded: acc, loss"):
+        repo.gc(keep_last=1, keep_best="lsos")  # a typo must not prune the best checkpoint
+    assert [c.step for c in repo.log() if not c.pruned] == [9, 2]
     assert_clean(repo)
 
 

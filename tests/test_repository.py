@@ -24,6 +24,8 @@ CHUNK = 64
 
 
 def raw(t: torch.Tensor) -> torch.Tensor:
+    if t.numel() == 0:  # an empty view may have strides that view(uint8) refuses
+        return torch.empty(0, dtype=torch.uint8)
     return t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
 
 
@@ -478,3 +480,17 @@ def test_first_commit_race_on_a_new_branch(repo, tmp_path):
         with pytest.raises(RefConflict, match="from nothing"):
             repo.commit({"w": torch.zeros(1)}, "mine", branch="new")
     assert [c.message for c in repo.log("new")] == ["theirs"]
+
+
+def test_interrupted_init_leaves_nothing_behind(tmp_path, monkeypatch):
+    import mvc.repository as R
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(R, "fsync_dir", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        mvc.Repository.init(tmp_path / "run")
+    assert list((tmp_path / "run").iterdir()) == []
+    monkeypatch.undo()
+    mvc.Repository.init(tmp_path / "run").close()  # and a second try works
+    assert [p.name for p in (tmp_path / "run").iterdir()] == [".mvc"]

@@ -17,7 +17,10 @@ def _show_rebuild(r) -> None:
     click.echo(f"rebuilt the chunk index from {r.packs} pack{'' if r.packs == 1 else 's'}: {r.chunks} chunks "
                f"(was {r.dropped}; {r.duplicates} duplicate records skipped)")
     for name, why in r.skipped:
-        click.echo(f"  skipped {name}: {why}")
+        click.echo(f"  damaged {name}: {why}")
+    if r.salvaged:
+        click.echo(f"  saved {r.salvaged} verified chunk{'' if r.salvaged == 1 else 's'} from damaged packs "
+                   "into a new sealed pack ('mvc gc' deletes the damaged ones)")
 
 
 def _show_damage(d) -> None:

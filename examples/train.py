@@ -90,7 +90,7 @@ def train(args) -> int:
             print(f"resumed from step {start} (commit {ckpt.resumed_from.short_id})", flush=True)
         try:
             run(parts, ckpt, start, args.steps, args.log_every, args.sleep)
-            ckpt.save(args.steps - 1, message="final")
+            ckpt.save(args.steps - 1)  # the last step, unless the policy committed it already
         except KeyboardInterrupt:
             ckpt.close()  # lets the save in flight finish
             last = f"step {ckpt.last_commit.step}" if ckpt.last_commit else "none yet"

@@ -23,6 +23,7 @@ class Export:
     commit: str
     path: Path
     format: str
+    left_out: int = 0  # plain values a safetensors file cannot hold
 
 
 class Repository(BaseRepository):
@@ -60,4 +61,5 @@ class Repository(BaseRepository):
             raise BadInput(f"unknown format {fmt!r}; use pt or safetensors")
         commit = self.resolve(rev)
         state = self.load(commit, progress=progress)
-        return Export(commit, _files.write_checkpoint(state, path, fmt), fmt)
+        left_out = _files.plain_values(state) if fmt == "safetensors" else 0
+        return Export(commit, _files.write_checkpoint(state, path, fmt), fmt, left_out)

@@ -11,6 +11,7 @@ start without it.
 import os
 import pickle
 import re
+import warnings
 from pathlib import Path
 
 from .errors import BadInput
@@ -37,11 +38,14 @@ def read_checkpoint(path) -> object:
 def _read_torch(path: Path):
     import torch
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about odd pickle protocols; the error says enough
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"(?i)unsupported global:? (?:GLOBAL )?([\w.]+)", str(exc))
         if not found:
-            raise BadInput(f"{path}: not a readable PyTorch checkpoint (damaged pickle data)") from None
+            raise BadInput(f"{path}: not a readable PyTorch checkpoint (damaged pickle data, or pickle "
+                           "features that weights-only loading refuses)") from None
         raise BadInput(f"{path}: refused to load: it holds objects other than tensors and plain "
                        f"values ({found.group(1)}), and mvc never unpickles those") from None
     except Exception as exc:  # a hostile or damaged file can make the unpickler raise anything
@@ -56,6 +60,12 @@ def _read_safetensors(path: Path):
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise BadInput(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def plain_values(state) -> int:
+    """How many leaves of a state are not tensors (what safetensors cannot hold)."""
+    import torch
+    return sum(1 for _, leaf in walk(state) if not isinstance(leaf, torch.Tensor))
 
 
 def tensors_by_key(state) -> dict:

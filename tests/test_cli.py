@@ -211,3 +211,21 @@ def test_export_keeps_symlinks_and_refuses_special_files(cli, tmp_path):
     os.mkfifo(tmp_path / "fifo.pt")
     assert "not a regular file" in cli("export", "-o", "fifo.pt", code=1).stderr
     assert "does not exist" in cli("export", "-o", "nowhere/x.pt", code=1).stderr
+
+
+def test_show_of_a_pruned_commit_shows_its_record(cli, tmp_path):
+    for i in range(2):
+        torch.save(_state(i), tmp_path / "a.pt")
+        cli("commit", "a.pt", "-m", f"c{i}", "--metric", f"loss={i}")
+    with mvc.Repository.open(tmp_path) as repo:
+        repo.gc(keep_last=1)
+    out = cli("show", "HEAD~1", "--tensors").output
+    assert "[pruned" in out and "c0" in out and "loss=0" in out and "Tree:" not in out
+
+
+def test_safetensors_export_says_what_it_left_out(cli, tmp_path):
+    torch.save(_state(), tmp_path / "a.pt")  # holds "step" and "cfg" besides tensors
+    cli("commit", "a.pt")
+    result = cli("export", "-o", "w.safetensors")
+    assert "3 plain values left out" in result.stderr
+    assert "left out" not in cli("export", "-o", "w.pt").stderr

@@ -22,6 +22,9 @@ class Group(click.Group):
             return super().invoke(ctx)
         except MvcError as exc:
             fail(str(exc))
+        except BrokenPipeError:  # the reader went away (mvc log | head): stop quietly, like git
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)
         except OSError as exc:
             fail(f"{exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}")
         except KeyboardInterrupt:

@@ -160,6 +160,8 @@ def _render_first_bad(s) -> None:
     for line in (c.message or "(no message)").splitlines():
         click.echo(f"    {line}")
     if s.changes is None:
+        if s.changes_note:
+            click.echo(f"  ({s.changes_note})")
         return
     click.echo(f"  against its parent {s.changes.a.short_id}: {_summary_line(s.changes.summary)}")
     changed = sorted(s.changes.changed(), key=lambda t: -(t.relative_change or 0))
@@ -224,7 +226,9 @@ def bisect_log(as_json):
         return
     for e in result.entries:
         step = f"step {e.step}  " if e.step is not None else ""
-        click.echo(f"# {e.verdict}: {e.commit[:12]}  {step}{e.message.splitlines()[0] if e.message else ''}".rstrip())
+        note = f"  ({e.note})" if e.note else ""
+        click.echo(f"# {e.verdict}: {e.commit[:12]}  {step}{e.message.splitlines()[0] if e.message else ''}"
+                   f"{note}".rstrip())
     _render_status(result.status)
 
 

@@ -16,6 +16,10 @@ def _when(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(seconds))
 
 
+def _count(n: int, noun: str, plural: str = "s") -> str:
+    return f"{n} {noun}{'' if n == 1 else plural}"
+
+
 def _number(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
@@ -148,14 +152,14 @@ def show(rev, show_tensors, as_json):
     """Show a commit: its record, training context and (with --tensors) its tree."""
     with open_repo() as repo:
         c = repo.get_commit(rev)
-        entries = repo.entries(c.id) if show_tensors else None
+        entries = repo.entries(c.id) if show_tensors and not c.pruned else None
     if as_json:
         out = {"commit": c}
         if entries is not None:
             out["entries"] = [_entry_json(e) for e in entries]
         echo_json(out)
         return
-    click.echo(f"commit {c.id}")
+    click.echo(f"commit {c.id}{' [pruned: gc deleted its tensors, its record is kept]' if c.pruned else ''}")
     if c.parents:
         click.echo(f"Parent: {' '.join(c.parents)}")
     click.echo(f"Author: {c.author}")
@@ -207,8 +211,7 @@ def checkout(rev, output, fmt):
             raise click.UsageError("--format needs -o/--output")
         with open_repo() as repo:
             head = repo.checkout(rev)
-        where = f"branch '{head.branch}'" if head.branch else f"detached HEAD at {head.id[:12]}"
-        click.echo(f"HEAD is now on {where}")
+        click.echo(f"Switched to branch '{head.branch}'" if head.branch else f"HEAD is now detached at {head.id[:12]}")
         return
     _export(rev, output, fmt)
 
@@ -228,6 +231,9 @@ def _export(rev, output, fmt):
         written = repo.export(rev, output, fmt, progress=progress)
     click.echo(f"wrote {written.commit[:12]} to {written.path} ({written.format}, "
                f"{human_bytes(written.path.stat().st_size)})")
+    if written.left_out:
+        click.echo(f"note: {_count(written.left_out, 'plain value')} left out: safetensors holds only "
+                   "tensors (export as pt to keep them)", err=True)
 
 
 def _list_refs(items, current=None, as_json=False):
@@ -301,6 +307,6 @@ def status(as_json):
     else:
         click.echo(f"HEAD detached at {s.head.id[:12]}")
     click.echo(f"HEAD commit: {s.head.id[:12] if s.head.id else '(no commits yet)'}")
-    click.echo(f"{s.commits} commits, {s.branches} branches, {s.tags} tags")
-    click.echo(f"{s.chunks} chunks in {s.packs} packs, {human_bytes(s.pack_bytes)} on disk "
+    click.echo(f"{_count(s.commits, 'commit')}, {_count(s.branches, 'branch', 'es')}, {_count(s.tags, 'tag')}")
+    click.echo(f"{_count(s.chunks, 'chunk')} in {_count(s.packs, 'pack')}, {human_bytes(s.pack_bytes)} of packs "
                f"(chunk size {human_bytes(s.chunk_size)})")

@@ -41,13 +41,13 @@ from . import encoding
 from .diff import Diff, diff
 from .errors import BadInput, CorruptObject, MvcError, ObjectNotFound
 from .files import FORMATS, write_checkpoint
+from .objects import ID_SIZE
 from .repository import Commit
 
 STATE_FILE = "BISECT"
 STATE_VERSION = 1
 VERDICTS = ("good", "bad", "skip")
 EXIT_SKIP = 125
-ID_SIZE = 32
 
 
 @dataclass(frozen=True)

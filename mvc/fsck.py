@@ -22,7 +22,6 @@ checks only the structure (objects, index entries, pack trailers).
 """
 
 import os
-import re
 import threading
 import time
 from collections import defaultdict
@@ -35,15 +34,12 @@ from . import encoding, hashing, locks
 from .errors import CorruptObject
 from .index import Txn
 from .objects import CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id, walk
-from .packs import RECORD_HEAD, Location, PackWriter, pack_filename, read_trailer, salvage_records
+from .packs import PACK_NAME, RECORD_HEAD, TMP_NAME, Location, PackWriter, pack_filename, read_trailer, salvage_records
 
 REFLOG = "reflog:"
-REFLOG_SEQ = 8  # bytes of the sequence number that ends each reflog key, after a NUL
 SPAN_BYTES = 1 << 20  # read with one pread: small enough to be hashed while still in the CPU cache
 MAX_GAP = 64 << 10  # unreachable bytes between two records worth reading through
 TASK_BYTES = 16 << 20  # handed to a thread at a time: amortises the pool's per-task overhead
-_PACK_NAME = re.compile(r"pack-([0-9a-f]{32})\.pack")
-_TMP_NAME = re.compile(r"pack-[0-9a-f]{32}\.pack\.tmp")
 
 # Kinds of damage, as they appear in reports.
 MISSING_COMMIT, CORRUPT_COMMIT = "missing-commit", "corrupt-commit"
@@ -157,10 +153,10 @@ def scan_packs(directory: Path) -> tuple:
             size = path.stat().st_size
         except FileNotFoundError:  # a commit renamed its .tmp pack meanwhile: seen under its new name
             continue
-        if _TMP_NAME.fullmatch(path.name):
+        if TMP_NAME.fullmatch(path.name):
             tmps.append((path.name, size))
             continue
-        match = _PACK_NAME.fullmatch(path.name)
+        match = PACK_NAME.fullmatch(path.name)
         if not match:
             continue
         pack = _Pack(path, size)
@@ -198,10 +194,9 @@ class _Checker:
             oid = self._ref_target(txn, name)
             if oid is not None:
                 self.roots[name].add(oid)
-        for key in txn.ids("reflog"):
-            name = key[:-REFLOG_SEQ - 1].decode("utf-8", "replace")
+        for name, _, raw in txn.reflog_raw():
             try:
-                entry = encoding.unpack(txn.get("reflog", key), f"reflog entry of {name}")
+                entry = encoding.unpack(raw, f"reflog entry of {name}")
                 ids = [entry.get(k) for k in ("old", "new")] if type(entry) is dict else [b""]
                 if not all(i is None or (type(i) is bytes and len(i) == 32) for i in ids):
                     raise CorruptObject(f"reflog entry of {name} does not name commits")

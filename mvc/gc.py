@@ -35,7 +35,6 @@ meanwhile (a commit's new chunks are not indexed until its last step).
 
 import math
 import os
-import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -46,15 +45,13 @@ from . import hashing, locks, refs
 from .errors import BadInput, ChecksumMismatch, CorruptObject, MvcError, ProtectedRef, UnknownRevision
 from .index import Txn
 from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, walk
-from .packs import PackReader, PackWriter, fsync_dir, read_trailer
+from .packs import PACK_NAME, TMP_NAME, PackReader, PackWriter, fsync_dir, read_trailer
 
 # Rewrite a pack when less than this share of its record bytes is live. A pack
 # is rewritten once: its live records land in a new pack that is all live, so a
 # frozen backbone saved with the first checkpoint is copied once, not every gc.
 REWRITE_BELOW = 0.75
 GRACE_S = 60.0  # leave packs no index entry ever named, and .tmp files, alone while younger
-_PACK = re.compile(r"pack-([0-9a-f]{32})\.pack")
-_TMP = re.compile(r"pack-[0-9a-f]{32}\.pack\.tmp")
 
 
 @dataclass(frozen=True)
@@ -347,11 +344,11 @@ def _plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float) ->
     for cid, loc in live_locs.items():
         live_by_pack[loc.pack].append((cid, loc))
     for path in sorted(directory.iterdir()):
-        if _TMP.fullmatch(path.name):
+        if TMP_NAME.fullmatch(path.name):
             if _age(path) > grace:
                 plan.tmp.append(path)
             continue
-        match = _PACK.fullmatch(path.name)
+        match = PACK_NAME.fullmatch(path.name)
         if match is None:
             continue
         name = bytes.fromhex(match.group(1))

@@ -14,7 +14,3 @@ def digest(data) -> bytes:
     """The 32-byte BLAKE3 digest of a bytes-like object (one thread)."""
     return blake3.blake3(data).digest()
 
-
-def digest_large(data) -> bytes:
-    """The digest of a large buffer, hashed with all cores."""
-    return blake3.blake3(data, max_threads=blake3.blake3.AUTO).digest()

@@ -145,12 +145,17 @@ class Txn:
 
     def reflog(self, name: Optional[str] = None) -> Iterator[tuple]:
         """(ref name, sequence, entry) in order, for one ref or all."""
+        for ref, seq, raw in self.reflog_raw(name):
+            yield ref, seq, encoding.unpack(raw, f"reflog entry of {ref}")
+
+    def reflog_raw(self, name: Optional[str] = None) -> Iterator[tuple]:
+        """(ref name, sequence, encoded entry): for checkers that decode each entry themselves."""
         prefix = b"" if name is None else name.encode() + b"\x00"
         for key in self.ids("reflog", prefix):
             # the sequence is 8 big-endian bytes that may hold NULs: split by length
             ref, seq = key[:-_SEQ.size - 1], key[-_SEQ.size:]
-            raw = self._txn.get(key, db=self._dbs["reflog"])
-            yield ref.decode("utf-8", "replace"), _SEQ.unpack(seq)[0], encoding.unpack(raw, "reflog entry")
+            yield (ref.decode("utf-8", "replace"), _SEQ.unpack(seq)[0],
+                   self._txn.get(key, db=self._dbs["reflog"]))
 
     def delete_reflog(self, name: str, seq: int) -> None:
         self._txn.delete(name.encode() + b"\x00" + _SEQ.pack(seq), db=self._dbs["reflog"])
@@ -254,7 +259,10 @@ class Index:
         try:
             yield
         except lmdb.MapFullError:
-            raise MvcError("the index is full (64 GiB); run 'mvc gc' to prune it") from None
+            raise MvcError("the index reached its 64 GiB limit; nothing was changed") from None
+        except lmdb.ReadersFullError:
+            raise MvcError("too many processes and threads are reading the index at once (126); "
+                           "try again when some have finished") from None
         except lmdb.DiskError:
             raise OSError(errno.ENOSPC, "No space left on device for the index; its transaction was "
                                         "rolled back, free some space and try again") from None

@@ -15,6 +15,7 @@ complete, a ``.tmp`` file is a crash leftover that nothing references.
 """
 
 import os
+import re
 import secrets
 import struct
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ RECORD_HEAD = struct.Struct("<32sI")
 ENTRY = struct.Struct("<32sQI")
 FOOTER = struct.Struct("<32sQ8s")
 NAME_BYTES = 16
+PACK_NAME = re.compile(r"pack-([0-9a-f]{32})\.pack")  # group 1: the pack's name in hex
+TMP_NAME = re.compile(r"pack-[0-9a-f]{32}\.pack\.tmp")
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from . import hashing, locks as locking, refs
-from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CorruptObject, InvalidRefName,
-                     MvcError, NotARepository, ObjectNotFound, ProtectedRef, RefConflict,
-                     RepositoryExists, UnknownRevision, UnsupportedFormat)
+from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CorruptObject, NotARepository,
+                     ObjectNotFound, ProtectedRef, RefConflict, RepositoryExists, UnknownRevision,
+                     UnsupportedFormat)
 from .index import Index, RefValue, Txn
 from .locks import BranchLock
 from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id, walk
-from .packs import PackReader, PackWriter, fsync_dir
+from .packs import PACK_NAME, PackReader, PackWriter, fsync_dir
 
 MVC_DIR = ".mvc"
 FORMAT_VERSION = 1
@@ -281,7 +281,8 @@ class BaseRepository:
     """A ``.mvc`` repository: commit, load, history and refs.
 
     ``mvc.Repository`` adds the higher verbs (fsck, gc, diff, bisect) on top.
-    Open one per process; it is safe to use from one thread at a time.
+    Reads (load, read_chunk, entries ...) may run from several threads; commits
+    and ref changes come from one thread at a time.
     """
 
     lock_timeout = 60.0  # seconds a commit or load waits for a running gc (and gc for them)
@@ -832,7 +833,7 @@ class BaseRepository:
             n_tags = sum(1 for _ in txn.refs(refs.TAGS))
             n_commits = sum(1 for _ in txn.ids("commits"))
             n_chunks = sum(1 for _ in txn.ids("chunks"))
-        packs = list((self.dir / "packs").glob("pack-*.pack"))
+        packs = [p for p in (self.dir / "packs").iterdir() if PACK_NAME.fullmatch(p.name)]
         head = Head(ref[len(refs.BRANCHES):] if ref else None, oid.hex() if oid else None)
         return Status(str(self.root), head, n_branches, n_tags, n_commits, n_chunks, len(packs),
                       sum(p.stat().st_size for p in packs), self.chunk_size)

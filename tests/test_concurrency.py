@@ -7,7 +7,6 @@ import sys
 import pytest
 import torch
 
-import mvc
 
 PROCESSES = 4
 COMMITS = 25

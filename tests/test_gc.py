@@ -9,7 +9,6 @@ import torch
 from click.testing import CliRunner
 
 import mvc
-from mvc import gc as G
 from mvc.cli import main
 from mvc.packs import PackWriter
 

@@ -73,3 +73,20 @@ def test_cli_starts_without_torch(tmp_path):
     # cost them over a second of start-up each
     code = "import sys, mvc.cli; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0
+
+
+def test_wheel_carries_both_packages(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            str(root), "-w", str(tmp_path / "wheel")], capture_output=True, text=True)
+    if build.returncode != 0:
+        pytest.fail(f"building the wheel failed: {build.stderr[-500:]}")
+    import zipfile
+    (wheel,) = (tmp_path / "wheel").glob("mvc-*.whl")
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    code = "import mvc, mvc_hooks, mvc.cli; print(mvc_hooks.__file__)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip()).is_relative_to(tmp_path / "site")
+    assert "mvc = mvc.cli:main" in next((tmp_path / "site").glob("*.dist-info/entry_points.txt")).read_text()

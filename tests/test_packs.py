@@ -136,3 +136,29 @@ def test_trailer_entries_must_lie_inside_the_records(tmp_path, offset, length):
     forge_trailer(path, [(b"\x01" * 32, offset, length)])
     with pytest.raises(CorruptObject, match="outside"):
         read_trailer(path)
+
+
+def test_read_run_reads_back_to_back_records_in_one_call(tmp_path):
+    writer = PackWriter(tmp_path)
+    chunks = [bytes([i]) * (10 + i) for i in range(3)]
+    locs = [writer.add(hashing.digest(c), c) for c in chunks]
+    writer.seal()
+    reader = PackReader(tmp_path)
+    buffers = [bytearray(len(c)) for c in chunks]
+    reader.prefetch([locs])
+    reader.read_run(locs, buffers)
+    assert [bytes(b) for b in buffers] == chunks
+    with pytest.raises(CorruptObject, match="truncated"):  # a run that claims more than the pack holds
+        reader.read_run([Location(locs[0].pack, locs[2].offset, 10**6)], [bytearray(10**6)])
+    reader.close()
+
+
+def test_runs_group_adjacent_records_only():
+    from mvc.repository import MAX_RUN, _runs
+    a, b = b"a" * 16, b"b" * 16
+    step = 8 + RECORD_HEAD.size
+    jobs = [(Location(a, 100 + i * step, 8),) for i in range(3)]
+    jobs += [(Location(b, 100, 8),), (Location(a, 5000, 8),)]
+    assert [len(r) for r in _runs(jobs)] == [3, 1, 1]
+    many = [(Location(a, 100 + i * step, 8),) for i in range(MAX_RUN + 1)]
+    assert [len(r) for r in _runs(many)] == [MAX_RUN, 1]

@@ -2,7 +2,7 @@
 
 Run ``python benchmarks/bench_fsck.py [--size-mb 1024] [--repeat 3] [--threads N] [--chunk-kib K]``.
 It commits about ``--size-mb`` MiB of random tensors into a new repository
-(chunks of ``--chunk-kib``, default 1024 KiB, the default chunk size), then measures, with a warm page cache
+(chunks of ``--chunk-kib``, default: mvc's default chunk size), then measures, with a warm page cache
 and the same number of threads for both:
 
 - ``fsck``: the full check (refs, commits, trees, tensors, the chunk index,
@@ -31,6 +31,7 @@ import torch
 import mvc
 from mvc import hashing  # hashing.digest is blake3.blake3(data).digest(), nothing more
 from mvc.packs import read_trailer
+from mvc.repository import DEFAULT_CHUNK_SIZE
 
 MiB = 1 << 20
 TENSOR_MB = 64
@@ -97,7 +98,8 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=1024, help="MiB of tensors to commit (default 1024)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement; the best counts")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both (default: cores)")
-    parser.add_argument("--chunk-kib", type=int, default=1024, help="repository chunk size in KiB (default 1024)")
+    parser.add_argument("--chunk-kib", type=int, default=DEFAULT_CHUNK_SIZE // 1024,
+                        help=f"repository chunk size in KiB (default {DEFAULT_CHUNK_SIZE // 1024}, mvc's default)")
     parser.add_argument("--dir", default=None, help="where to build the repository (default: a temporary dir)")
     args = parser.parse_args()
 

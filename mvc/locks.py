@@ -56,7 +56,7 @@ class BranchLock:
         when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(self.since))
         ago = _ago(time.time() - self.since)
         if self.named:
-            return f"{self.owner} (taken by pid {self.pid} on {self.host}) since {when} ({ago})"
+            return f"{self.owner} (from {self.host}) since {when} ({ago})"
         return f"pid {self.pid} on {self.host} ({self.owner}) since {when} ({ago})"
 
 
@@ -211,7 +211,7 @@ def check_writer(txn, branch: str, me: Holder) -> None:
     """Raise LockHeld if someone other than ``me`` holds a live lock on ``branch``."""
     current = get(txn, branch)
     if current is not None and not current.stale and not owns(current, me):
-        raise _refuse(current, "commit to")
+        raise _refuse(current, "write to")
 
 
 # -- the gc lock (flock) ------------------------------------------------------

@@ -34,7 +34,7 @@ def test_commit_log_show(cli, tmp_path):
     torch.save(_state(), tmp_path / "a.pt")
     out = cli("commit", "a.pt", "-m", "first", "--step", "10", "--metric", "loss=2.5",
               "--context", "lr=0.001", "--context", "opt=adamw").output
-    assert "[main " in out and "first" in out and "new" in out and "shared" in out
+    assert "[main (root-commit) " in out and "first" in out and "new" in out and "shared" in out
     state = _state()
     state["model"]["w"][0, 0] += 1
     torch.save(state, tmp_path / "b.pt")

@@ -95,7 +95,8 @@ def commit(file, message, branch, step, epoch, metrics, context, as_json):
         echo_json(c)
         return
     s = c.stats
-    click.echo(f"[{c.branch or 'detached HEAD'} {c.short_id}] {message}")
+    root = " (root-commit)" if not c.parents else ""  # a new branch, or a typo in --branch
+    click.echo(f"[{c.branch or 'detached HEAD'}{root} {c.short_id}] {message}")
     click.echo(f" {s.tensors} tensor{'' if s.tensors == 1 else 's'}, {human_bytes(s.bytes_total)}: {human_bytes(s.bytes_new)} new, "
                f"{human_bytes(s.bytes_reused)} shared with the repository "
                f"({s.chunks_new} of {s.chunks} chunks written)")

@@ -33,6 +33,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
@@ -353,6 +354,15 @@ def verdict_of(code: int) -> Optional[str]:
     return "bad" if 0 < code < 128 else None
 
 
+def _evaluation_output():
+    """Where an evaluation command's stdout goes: our stderr, so that mvc's own
+    stdout (``--json`` above all) carries only mvc's result."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # stderr is not a file (captured in tests)
+        return None
+
+
 def run(repo, cmd_args, fmt: str = "pt", progress: Optional[Callable] = None) -> BisectStatus:
     """Judge each candidate by running ``cmd_args`` on its checkpoint.
 
@@ -392,7 +402,7 @@ def _evaluate(repo, commit: Commit, cmd_args, fmt: str, tmp: str) -> str:
     args = [a.replace("{}", path) for a in cmd_args]
     env = dict(os.environ, MVC_CHECKPOINT=path, MVC_COMMIT=commit.id)
     try:
-        code = subprocess.run(args, env=env).returncode
+        code = subprocess.run(args, env=env, stdout=_evaluation_output()).returncode
     except OSError as exc:
         raise BadInput(f"evaluation command {cmd_args[0]!r} cannot be run: {exc.strerror or exc}") from None
     finally:

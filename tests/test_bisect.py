@@ -367,3 +367,20 @@ def test_metrics_still_judge_pruned_commits(repo):
     assert result.changes is None and "was pruned by gc" in result.changes_note
     assert any(pruned for _, pruned in judged)
     assert bisect.status(repo).first_bad.step == 5  # the pruned verdicts stand for later commands
+
+
+def test_json_output_stays_clean_when_the_evaluation_prints(tmp_path):
+    import subprocess
+    repo = mvc.Repository.init(tmp_path, chunk_size=64)
+    for i in range(4):
+        repo.commit({"w": torch.full((4,), float(i))}, f"c{i}", step=i)
+    repo.close()
+    script = tmp_path / "noisy.py"
+    script.write_text("print('evaluating', flush=True)\nraise SystemExit(1)\n")
+    mvc_cmd = [sys.executable, "-m", "mvc", "-C", str(tmp_path)]
+    subprocess.run(mvc_cmd + ["bisect", "start", "HEAD", "HEAD~3"], check=True, capture_output=True)
+    proc = subprocess.run(mvc_cmd + ["bisect", "run", "--json", sys.executable, str(script)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["first_bad"]["message"] == "c1"
+    assert "evaluating" in proc.stderr

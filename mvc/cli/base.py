@@ -124,3 +124,22 @@ def parse_value(raw: str):
         except ValueError:
             pass
     return {"true": True, "false": False}.get(raw.lower(), raw)
+
+
+def number(value) -> str:
+    """A metric or value as people read it: floats to 6 significant digits."""
+    if value is None:
+        return "-"
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def record_line(c) -> str:
+    """A commit's step, epoch and metrics on one line."""
+    parts = [f"{name} {value}" for name, value in (("step", c.step), ("epoch", c.epoch)) if value is not None]
+    parts += [f"{k}={number(v)}" for k, v in sorted(c.metrics.items())]
+    return "  ".join(parts)
+
+
+def title(c) -> str:
+    """The first line of a commit's message."""
+    return c.message.splitlines()[0] if c.message else ""

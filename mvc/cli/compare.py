@@ -5,7 +5,7 @@ import click
 from .. import bisect as bisect_api
 from .. import plot
 from ..files import FORMATS
-from .base import echo_json, human_bytes, main, open_repo
+from .base import echo_json, human_bytes, main, open_repo, record_line, title
 
 TOP_CHANGES = 10  # tensors listed under a first bad commit
 
@@ -24,16 +24,6 @@ def _shape(dtype, shape) -> str:
     if dtype is None:
         return ""
     return f"{dtype} {'x'.join(map(str, shape)) or 'scalar'}"
-
-
-def _record(c) -> str:
-    parts = [f"step {c.step}"] if c.step is not None else []
-    parts += [f"{k}={_num(v)}" for k, v in sorted(c.metrics.items())]
-    return "  ".join(parts)
-
-
-def _title(c) -> str:
-    return c.message.splitlines()[0] if c.message else ""
 
 
 def _summary_line(s) -> str:
@@ -147,7 +137,7 @@ def _render_status(s) -> None:
         c = s.candidate
         click.echo(f"Bisecting: {s.remaining} commit{'' if s.remaining == 1 else 's'} left to judge "
                    f"(about {s.steps} step{'' if s.steps == 1 else 's'})")
-        click.echo(f"next: {c.id}  {_record(c)}  {_title(c)}".rstrip())
+        click.echo(f"next: {c.id}  {record_line(c)}  {title(c)}".rstrip())
         click.echo(f"judge it (e.g. mvc export {c.short_id} -o FILE), then run 'mvc bisect good' or "
                    "'mvc bisect bad' ('mvc bisect skip' if it cannot be judged)")
 
@@ -155,8 +145,8 @@ def _render_status(s) -> None:
 def _render_first_bad(s) -> None:
     c = s.first_bad
     click.echo(f"first bad commit: {c.id}")
-    if _record(c):
-        click.echo(f"  {_record(c)}")
+    if record_line(c):
+        click.echo(f"  {record_line(c)}")
     for line in (c.message or "(no message)").splitlines():
         click.echo(f"    {line}")
     if s.changes is None:
@@ -245,7 +235,7 @@ def bisect_reset():
 
 
 def _progress(commit, verdict) -> None:
-    click.echo(f"{commit.short_id}  {_record(commit)}  -> {verdict}", err=True)
+    click.echo(f"{commit.short_id}  {record_line(commit)}  -> {verdict}", err=True)
 
 
 @bisect.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -7,7 +7,7 @@ import click
 from .. import Repository
 from ..files import FORMATS, read_checkpoint
 from ..repository import DEFAULT_CHUNK_SIZE
-from .base import Progress, echo_json, human_bytes, main, open_repo, parse_pairs
+from .base import Progress, echo_json, human_bytes, main, open_repo, parse_pairs, record_line, title
 
 
 # -- rendering helpers --------------------------------------------------------
@@ -18,21 +18,6 @@ def _when(seconds: float) -> str:
 
 def _count(n: int, noun: str, plural: str = "s") -> str:
     return f"{n} {noun}{'' if n == 1 else plural}"
-
-
-def _number(value) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
-def _record(c) -> str:
-    """step, epoch and metrics of a commit on one line."""
-    parts = []
-    if c.step is not None:
-        parts.append(f"step {c.step}")
-    if c.epoch is not None:
-        parts.append(f"epoch {c.epoch}")
-    parts += [f"{k}={_number(v)}" for k, v in sorted(c.metrics.items())]
-    return "  ".join(parts)
 
 
 def _decorations(repo) -> dict:
@@ -130,15 +115,14 @@ def log(rev, max_count, oneline, as_json, plot_to):
         deco = f" ({', '.join(names)})" if names else ""
         deco += " [pruned]" if c.pruned else ""
         if oneline:
-            record = _record(c)
-            title = c.message.splitlines()[0] if c.message else ""
-            click.echo(f"{c.short_id}{deco} {record + '  ' if record else ''}{title}".rstrip())
+            record = record_line(c)
+            click.echo(f"{c.short_id}{deco} {record + '  ' if record else ''}{title(c)}".rstrip())
             continue
         click.echo(f"commit {c.id}{deco}")
         click.echo(f"Author: {c.author}")
         click.echo(f"Date:   {_when(c.time)}")
-        if _record(c):
-            click.echo(f"Record: {_record(c)}")
+        if record_line(c):
+            click.echo(f"Record: {record_line(c)}")
         click.echo()
         for line in (c.message or "(no message)").splitlines():
             click.echo(f"    {line}")
@@ -165,8 +149,8 @@ def show(rev, show_tensors, as_json):
         click.echo(f"Parent: {' '.join(c.parents)}")
     click.echo(f"Author: {c.author}")
     click.echo(f"Date:   {_when(c.time)}")
-    if _record(c):
-        click.echo(f"Record: {_record(c)}")
+    if record_line(c):
+        click.echo(f"Record: {record_line(c)}")
     click.echo()
     for line in (c.message or "(no message)").splitlines():
         click.echo(f"    {line}")

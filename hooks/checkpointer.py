@@ -159,7 +159,8 @@ class Checkpointer:
                 try:
                     self._release()
                 except Exception as cleanup:  # the open's error is the one to raise
-                    error.add_note(f"releasing the repository failed too: {cleanup!r}")
+                    if hasattr(error, "add_note"):  # Python 3.11+
+                        error.add_note(f"releasing the repository failed too: {cleanup!r}")
         _raise_together(error)
         self.branch = distributed.share(self.branch)
         self._static = {**contexts.machine(), **contexts.code()} if self.root else {}

@@ -198,22 +198,27 @@ def _retention(txn: Txn, policy: Retention, force: bool) -> tuple:
 
     def pruned(oid: bytes) -> bool:
         return txn.pruned(oid) is not None
-    recorded = set()  # metric names the commits in scope record
+    lacking = {}  # branch in scope whose history never records the metric -> metrics it does record
     for name, value in tips.items():
         chain = _first_parents(txn, value.id)
         if name not in scope:
             kept |= {oid for oid, _ in chain}
             continue
-        recorded |= {m for _, obj in chain for m in obj.metrics}
+        recorded = {m for _, obj in chain for m in obj.metrics}
+        if policy.keep_best is not None and policy.keep_best not in recorded:
+            lacking[name] = recorded
         if policy.keep_last is not None:
             kept |= {oid for oid, _ in chain[:policy.keep_last]}
         if policy.keep_best is not None:
             kept |= _best(chain, policy.keep_best, policy.mode, policy.top, pruned)
         candidates |= {oid for oid, _ in chain}
-    if policy.keep_best is not None and scope and policy.keep_best not in recorded:
-        # a mistyped metric must not silently turn "keep the best" into "keep none"
-        known = ", ".join(sorted(recorded)) or "none"
-        raise BadInput(f"no commit records metric {policy.keep_best!r} (recorded: {known}); nothing was pruned")
+    if lacking:
+        # a mistyped metric, or a branch that never records it, must not turn
+        # "keep the best" into "keep none" there
+        known = ", ".join(sorted(set().union(*lacking.values()))) or "none"
+        raise BadInput(f"no commit on branch {', '.join(map(repr, sorted(lacking)))} records metric "
+                       f"{policy.keep_best!r} (recorded: {known}); nothing was pruned: pick branches "
+                       "with --branch")
     return {oid for oid in candidates - kept if not pruned(oid)}, skipped
 
 

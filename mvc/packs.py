@@ -20,6 +20,7 @@ import secrets
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from . import hashing
 from .errors import CorruptObject
@@ -30,6 +31,7 @@ RECORD_HEAD = struct.Struct("<32sI")
 ENTRY = struct.Struct("<32sQI")
 FOOTER = struct.Struct("<32sQ8s")
 NAME_BYTES = 16
+PREFETCH_BYTES = 1 << 30  # asked ahead of a load at most: more could evict itself before use
 PACK_NAME = re.compile(r"pack-([0-9a-f]{32})\.pack")  # group 1: the pack's name in hex
 TMP_NAME = re.compile(r"pack-[0-9a-f]{32}\.pack\.tmp")
 
@@ -141,26 +143,29 @@ def read_trailer(path: Path) -> list:
     return entries
 
 
-def salvage_records(path: Path, limit: int = 1 << 32) -> list:
-    """(id, data) of the leading records of a damaged pack whose bytes hash to their id.
+def salvage_records(path: Path, limit: int = 1 << 32) -> Iterator[tuple]:
+    """(id, data) of each record of a damaged pack whose bytes hash to its id.
 
     For a pack whose trailer is lost (a truncated file): records are read in
-    order from the header until one is cut short or does not verify, so only
-    data that proves itself is returned. ``limit`` bounds a record's length.
+    order from the header, one at a time; a record whose data does not
+    verify is skipped, and the scan ends where a record is cut short. Only
+    data that proves itself comes out. ``limit`` bounds a record's length.
     """
-    out = []
     with open(path, "rb") as f:
         if f.read(len(HEADER)) != HEADER:
-            return out
+            return
         while True:
             head = f.read(RECORD_HEAD.size)
             if len(head) < RECORD_HEAD.size:
-                return out
+                return
             cid, length = RECORD_HEAD.unpack(head)
-            data = f.read(length) if length <= limit else b""
-            if len(data) != length or hashing.digest(data) != cid:
-                return out
-            out.append((cid, data))
+            if length > limit:
+                return
+            data = f.read(length)
+            if len(data) != length:
+                return
+            if hashing.digest(data) == cid:
+                yield cid, data
 
 
 class PackReader:
@@ -207,7 +212,7 @@ class PackReader:
         if got != want:
             raise CorruptObject(f"pack {pack_filename(locs[0].pack)} is truncated at offset {locs[0].offset}")
 
-    def prefetch(self, runs: list, gap: int = 1 << 20) -> None:
+    def prefetch(self, runs: list, gap: int = 1 << 20, budget: int = PREFETCH_BYTES) -> None:
         """Ask the kernel to start reading runs of back-to-back chunks (lists
         of Locations, as ``read_run`` takes them) in the background. Runs of
         one pack less than ``gap`` apart are asked for as one span: fewer,
@@ -223,7 +228,10 @@ class PackReader:
                 else:
                     merged.append([lo, hi])
             for lo, hi in merged:
-                os.posix_fadvise(self._fd(name), lo, hi - lo, os.POSIX_FADV_WILLNEED)
+                if budget <= 0 or not hasattr(os, "posix_fadvise"):
+                    return  # beyond the budget the kernel's own readahead serves
+                os.posix_fadvise(self._fd(name), lo, min(hi - lo, budget), os.POSIX_FADV_WILLNEED)
+                budget -= hi - lo
 
     def read(self, loc: Location) -> bytes:
         buffer = bytearray(loc.length)

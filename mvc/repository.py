@@ -8,12 +8,13 @@ that transaction leaves only unreferenced pack bytes. Every chunk read back
 is re-hashed and compared with its id.
 """
 
+import errno
 import getpass
 import os
+import secrets
 import shutil
 import socket
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -37,6 +38,7 @@ KNOWN_EXTENSIONS: frozenset = frozenset()
 # 128 KiB and below), while a few touched embedding rows rewrite a quarter
 # as many bytes as with 1 MiB (storage 1.012x vs 1.042x the changed bytes).
 DEFAULT_CHUNK_SIZE = 256 << 10
+MAX_CHUNK_SIZE = 1 << 30  # one read of a chunk must stay under Linux's 2 GiB per call
 BATCH_BYTES = 8 << 20  # work handed to one thread at a time: amortises task overhead
 THREADS = max(1, min(8, os.cpu_count() or 1))
 
@@ -322,8 +324,8 @@ class BaseRepository:
     @classmethod
     def init(cls, path=".", chunk_size: int = DEFAULT_CHUNK_SIZE):
         """Create ``path/.mvc`` and open it; RepositoryExists if it is there."""
-        if not isinstance(chunk_size, int) or not 1 <= chunk_size < 1 << 32:
-            raise BadInput(f"chunk size must be between 1 byte and 4 GiB, not {chunk_size}")
+        if not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_CHUNK_SIZE:
+            raise BadInput(f"chunk size must be between 1 byte and 1 GiB, not {chunk_size}")
         root = Path(path)
         mvc_dir = root / MVC_DIR
         if mvc_dir.exists():
@@ -331,13 +333,16 @@ class BaseRepository:
         # Built under a temporary name and renamed into place, so an
         # interrupted init never leaves a half-made .mvc behind.
         root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".mvc-init-", dir=root))
+        staging = root / f".mvc-init-{secrets.token_hex(8)}"
+        staging.mkdir()  # not mkdtemp: that would make .mvc 0700 whatever the umask says
         try:
             _populate(staging, chunk_size)
             try:
                 os.rename(staging, mvc_dir)
-            except OSError:  # another init won the race
-                raise RepositoryExists(f"{mvc_dir} already exists") from None
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):  # another init won the race
+                    raise RepositoryExists(f"{mvc_dir} already exists") from None
+                raise
             fsync_dir(root)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -532,7 +537,7 @@ class BaseRepository:
                     txn.put("tensors", tid, data)
                 tree_id = object_id(tree_data)
                 txn.put("trees", tree_id, tree_data)
-                obj = replace(record, tree=tree_id, parents=(tip,) if tip else ())
+                obj = replace(record, tree=tree_id, parents=(tip,) if tip else (), time=_now_us())
                 oid = object_id(data := obj.encode())
                 txn.put("commits", oid, data)
                 title = message.splitlines()[0] if message else ""
@@ -761,7 +766,7 @@ class BaseRepository:
                 raise RefConflict(f"{_human(ref)} is checked out; check out another branch first")
             txn.delete_ref(ref)
             # Like Git, a deleted ref's reflog goes with it, so gc can reclaim its history.
-            for _, seq, _ in list(txn.reflog(ref)):
+            for _, seq, _ in list(txn.reflog_raw(ref)):  # raw: a damaged entry must not block this
                 txn.delete_reflog(ref, seq)
 
     def create_branch(self, name: str, rev: str = refs.HEAD, force: bool = False,

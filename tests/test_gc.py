@@ -70,7 +70,7 @@ def test_best_checkpoint_survives_rotation(repo):
     assert same(repo.load(best.id), state(2))
     repo.gc(keep_last=1, keep_best="acc", mode="max", top=1)  # acc is best where loss is lowest
     assert [c.step for c in repo.log() if not c.pruned] == [9, 2]
-    with pytest.raises(mvc.BadInput, match="no commit records metric 'lsos'.*recorded: acc, loss"):
+    with pytest.raises(mvc.BadInput, match="branch 'main' records metric 'lsos'.*recorded: acc, loss"):
         repo.gc(keep_last=1, keep_best="lsos")  # a typo must not prune the best checkpoint
     assert [c.step for c in repo.log() if not c.pruned] == [9, 2]
     assert_clean(repo)
@@ -245,3 +245,19 @@ def test_cli_gc(repo):
     assert refused.exit_code == 1 and refused.output.startswith("mvc: error: branch 'main' is protected")
     assert cli(repo, "gc", "--keep-last", "0").exit_code == 2
     assert cli(repo, "gc", "--mode", "median", "--keep-best", "loss").exit_code == 2
+
+
+def test_keep_best_refuses_a_branch_that_never_records_the_metric(repo):
+    repo.commit(state(0), "root", step=0)
+    for i in range(1, 4):
+        repo.commit(state(i), f"main {i}", step=i, metrics={"loss": float(i)})
+    repo.create_branch("exp", "HEAD~3")
+    for i in range(4, 7):
+        repo.commit(state(i), f"exp {i}", step=i, metrics={"acc": 0.5}, branch="exp")
+    with pytest.raises(mvc.BadInput, match="branch 'exp' records metric 'loss'"):
+        repo.gc(keep_best="loss", top=1)
+    assert not any(c.pruned for b in ("main", "exp") for c in repo.log(b))
+    repo.gc(keep_best="loss", top=1, branch="main")  # naming the branch that records it works
+    # newest first: the tip stays, main 2 goes, main 1 (best loss) stays, root is exp's history too
+    assert [c.pruned for c in repo.log("main")] == [False, True, False, False]
+    assert not any(c.pruned for c in repo.log("exp"))

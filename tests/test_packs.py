@@ -162,3 +162,15 @@ def test_runs_group_adjacent_records_only():
     assert [len(r) for r in _runs(jobs)] == [3, 1, 1]
     many = [(Location(a, 100 + i * step, 8),) for i in range(MAX_RUN + 1)]
     assert [len(r) for r in _runs(many)] == [MAX_RUN, 1]
+
+
+def test_salvage_skips_a_record_that_does_not_verify_and_keeps_going(tmp_path):
+    from mvc.packs import salvage_records
+    writer = PackWriter(tmp_path)
+    chunks = [bytes([i]) * 20 for i in range(4)]
+    locs = [writer.add(hashing.digest(c), c) for c in chunks]
+    path = writer.seal()
+    data = bytearray(path.read_bytes())
+    data[locs[1].offset] ^= 1  # record 1's data is damaged, its header is intact
+    path.write_bytes(bytes(data[:-10]))  # and the trailer is lost
+    assert [d for _, d in salvage_records(path)] == [chunks[0], chunks[2], chunks[3]]

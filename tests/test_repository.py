@@ -494,3 +494,13 @@ def test_interrupted_init_leaves_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.undo()
     mvc.Repository.init(tmp_path / "run").close()  # and a second try works
     assert [p.name for p in (tmp_path / "run").iterdir()] == [".mvc"]
+
+
+def test_init_follows_the_umask(tmp_path):
+    import os
+    old = os.umask(0o022)
+    try:
+        mvc.Repository.init(tmp_path / "r").close()
+    finally:
+        os.umask(old)
+    assert (tmp_path / "r" / ".mvc").stat().st_mode & 0o777 == 0o755

@@ -242,16 +242,22 @@ MAX_RUN = 500  # chunks in one read: each takes two of the kernel's 1024 iovec s
 
 
 def _runs(jobs: list) -> list:
-    """Read jobs split into runs whose records lie back to back in one pack."""
-    runs = []
+    """Read jobs split into runs whose records lie back to back in one pack.
+
+    A run holds at most MAX_RUN chunks and about BATCH_BYTES, so it is
+    hashed while its bytes are still fresh and threads share the work.
+    """
+    runs, size = [], 0
     for job in jobs:
         loc = job[0]
-        if runs and len(runs[-1]) < MAX_RUN:
+        if runs and len(runs[-1]) < MAX_RUN and size < BATCH_BYTES:
             last = runs[-1][-1][0]
             if last.pack == loc.pack and loc.offset == last.offset + last.length + RECORD_HEAD.size:
                 runs[-1].append(job)
+                size += loc.length
                 continue
         runs.append([job])
+        size = loc.length
     return runs
 
 
@@ -666,24 +672,25 @@ class BaseRepository:
 
     def _run_reads(self, jobs: list, commit_id: bytes, progress=None) -> None:
         def read_batch(batch):
-            for loc, buffer, cid, path in batch:
-                if loc.length != buffer.nbytes:
-                    raise CorruptObject(f"chunk {cid.hex()[:12]} of tensor {format_path(path)!r} has the "
-                                        "wrong length in the index; run 'mvc fsck'")
-            for run in _runs(batch):
+            for run in batch:
+                for loc, buffer, cid, path in run:
+                    if loc.length != buffer.nbytes:
+                        raise CorruptObject(f"chunk {cid.hex()[:12]} of tensor {format_path(path)!r} has "
+                                            "the wrong length in the index; run 'mvc fsck'")
                 self.packs.read_run([job[0] for job in run], [job[1] for job in run])
-            for loc, buffer, cid, path in batch:
-                if hashing.digest(buffer) != cid:
-                    raise ChecksumMismatch(
-                        f"chunk {cid.hex()[:12]} of tensor {format_path(path)!r} in commit "
-                        f"{commit_id.hex()[:12]} is corrupt (BLAKE3 mismatch); run 'mvc fsck'")
-            return sum(job[1].nbytes for job in batch)
+                for loc, buffer, cid, path in run:
+                    if hashing.digest(buffer) != cid:
+                        raise ChecksumMismatch(
+                            f"chunk {cid.hex()[:12]} of tensor {format_path(path)!r} in commit "
+                            f"{commit_id.hex()[:12]} is corrupt (BLAKE3 mismatch); run 'mvc fsck'")
+            return sum(job[1].nbytes for run in batch for job in run)
+        runs = _runs(jobs)
         total, done = sum(job[1].nbytes for job in jobs), 0
         # Cold packs: start the kernel reading every run now, so the reads
         # below find it in the cache instead of waiting for the disk in turn.
-        self.packs.prefetch([[job[0] for job in run] for run in _runs(jobs)])
+        self.packs.prefetch([[job[0] for job in run] for run in runs])
         with ThreadPoolExecutor(THREADS) as pool:
-            for n in pool.map(read_batch, _batches(jobs, lambda j: j[1].nbytes)):
+            for n in pool.map(read_batch, _batches(runs, lambda run: sum(j[1].nbytes for j in run))):
                 done += n
                 if progress:
                     progress(done, total)

@@ -30,7 +30,7 @@ import torch
 
 import mvc
 from mvc import hashing  # hashing.digest is blake3.blake3(data).digest(), nothing more
-from mvc.packs import read_trailer
+from mvc.store.packs import read_trailer
 from mvc.repository import DEFAULT_CHUNK_SIZE
 
 MiB = 1 << 20

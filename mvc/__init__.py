@@ -4,18 +4,19 @@
 save writes only the blocks that changed; commits carry the training record.
 """
 
-from .api import Repository
-from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CorruptObject, InvalidRefName,
-                     LockHeld, MvcError, NotARepository, ObjectNotFound, ProtectedRef, RefConflict,
-                     RepositoryExists, UnknownRevision, UnsupportedFormat)
-from .locks import BranchLock
-from .repository import Commit, CommitStats, Entry, Head, Ref, Status
+from . import traverse
+from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CommitPruned, CorruptObject,
+                     InvalidRefName, LockHeld, MvcError, NotARepository, ObjectNotFound, ProtectedRef,
+                     RefConflict, RepositoryExists, UnknownRevision, UnsupportedFormat)
+from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
+from .repository import Repository
+from .store.locks import BranchLock
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Repository", "BranchLock", "Commit", "CommitStats", "Entry", "Head", "Ref", "Status",
-    "MvcError", "AmbiguousRevision", "BadInput", "ChecksumMismatch", "CorruptObject",
+    "Repository", "BranchLock", "Commit", "CommitStats", "Entry", "Export", "Head", "Ref", "Status",
+    "traverse", "MvcError", "AmbiguousRevision", "BadInput", "ChecksumMismatch", "CommitPruned", "CorruptObject",
     "InvalidRefName", "LockHeld", "NotARepository", "ObjectNotFound", "ProtectedRef",
     "RefConflict", "RepositoryExists", "UnknownRevision", "UnsupportedFormat", "__version__",
 ]

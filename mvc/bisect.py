@@ -40,10 +40,10 @@ from typing import Callable, Optional
 
 from . import encoding
 from .diff import Diff, diff
-from .errors import BadInput, CorruptObject, MvcError, ObjectNotFound
+from .errors import BadInput, CommitPruned, CorruptObject, MvcError
 from .files import FORMATS, write_checkpoint
 from .objects import ID_SIZE
-from .repository import Commit
+from .records import Commit
 
 STATE_FILE = "BISECT"
 STATE_VERSION = 1
@@ -226,7 +226,7 @@ def _with_changes(repo, status: BisectStatus) -> BisectStatus:
     first_bad = status.first_bad
     try:
         return replace(status, changes=diff(repo, first_bad.parents[0], first_bad.id))
-    except ObjectNotFound as exc:  # gc pruned it or its parent: the verdict stands, the tensors are gone
+    except CommitPruned as exc:  # gc pruned it or its parent: the verdict stands, the tensors are gone
         return replace(status, changes_note=f"no diff against the parent: {exc}")
 
 

@@ -29,10 +29,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import dtypes, locks
+from . import dtypes
 from .encoding import key_order
-from .objects import format_path as _key
-from .repository import THREADS, Commit, Entry
+from .records import Commit, Entry
+from .store.chunks import THREADS, Request
+from .traverse import format_path as _key
 
 ADDED, REMOVED, UNCHANGED, CHANGED, RESHAPED = "added", "removed", "unchanged", "changed", "reshaped"
 UNCHANGED_NUMBERS = {"relative_change": 0.0, "max_abs_diff": 0.0}  # known without reading data
@@ -125,7 +126,7 @@ def diff(repo, a: str, b: Optional[str] = None, only: Optional[str] = None) -> D
     ObjectNotFound / ChecksumMismatch when stored data is missing or corrupt.
     """
     # the shared gc lock: gc must not move a pack between a chunk's lookup and its read
-    with locks.shared_gc_lock(repo.dir / "locks", repo.lock_timeout):
+    with repo.gc_lock.shared():
         commit_a = repo.get_commit(a)
         commit_b = repo.get_commit("HEAD" if b is None else b)
         entries_a = _select(repo.entries(commit_a.id), only)
@@ -190,11 +191,12 @@ def _unstreamed(ea: Optional[Entry], eb: Optional[Entry]) -> TensorDiff:
 
 
 class _Reader:
-    """Byte ranges of one stored tensor, read one verified chunk at a time."""
+    """Byte ranges of one stored tensor, read one verified chunk at a time
+    through the chunk store, in the caller's index transaction."""
 
-    def __init__(self, repo, obj, key: str):
-        self.repo, self.obj, self.size = repo, obj, obj.chunk_size
-        self.what = f" of tensor {key!r}"
+    def __init__(self, repo, txn, obj, key: str):
+        self.repo, self.txn, self.obj, self.size = repo, txn, obj, obj.chunk_size
+        self.what = f"tensor {key!r}"
         self._index, self._data = -1, memoryview(b"")
 
     def ids(self, start: int, stop: int) -> tuple:
@@ -213,8 +215,10 @@ class _Reader:
 
     def _chunk(self, i: int) -> memoryview:
         if i != self._index:  # windows move forward, so one cached chunk suffices
-            self._data = memoryview(self.repo.read_chunk(self.obj.chunks[i], self.what))
-            self._index = i
+            start = i * self.size
+            buffer = bytearray(min(self.size, self.obj.nbytes - start))
+            self.repo.chunks.read([Request(self.obj.chunks[i], buffer, self.what)], self.txn, threads=1)
+            self._data, self._index = memoryview(buffer), i
         return self._data
 
 
@@ -298,8 +302,14 @@ def _changed_elements(raw_a, raw_b, itemsize: int) -> np.ndarray:
 
 def _stream(repo, ea: Entry, eb: Entry) -> TensorDiff:
     """Compare two stored tensors of one dtype and shape, window by window."""
-    obj_a, obj_b = repo.tensor_object(ea.tensor_id), repo.tensor_object(eb.tensor_id)
-    ra, rb = _Reader(repo, obj_a, ea.key), _Reader(repo, obj_b, eb.key)
+    with repo.index.read() as txn:
+        obj_a = repo.objects.tensor(txn, bytes.fromhex(ea.tensor_id))
+        obj_b = repo.objects.tensor(txn, bytes.fromhex(eb.tensor_id))
+        return _compare(_Reader(repo, txn, obj_a, ea.key), _Reader(repo, txn, obj_b, eb.key), ea, eb)
+
+
+def _compare(ra: _Reader, rb: _Reader, ea: Entry, eb: Entry) -> TensorDiff:
+    obj_a, obj_b = ra.obj, rb.obj
     itemsize = dtypes.itemsize(ea.dtype)
     aligned = obj_a.chunk_size == obj_b.chunk_size
     window = math.lcm(obj_a.chunk_size, itemsize)

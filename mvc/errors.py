@@ -7,7 +7,15 @@ maps these to exit codes.
 
 
 class MvcError(Exception):
-    """Root of every error mvc raises on purpose."""
+    """Root of every error mvc raises on purpose.
+
+    ``id`` is the hex id of the object, chunk or commit the error concerns,
+    when there is one (None otherwise).
+    """
+
+    def __init__(self, message: str = "", *, id=None):
+        super().__init__(message)
+        self.id = id.hex() if isinstance(id, (bytes, bytearray)) else id
 
 
 class NotARepository(MvcError):
@@ -28,6 +36,10 @@ class AmbiguousRevision(MvcError):
 
 class ObjectNotFound(MvcError):
     """An object or chunk the index should hold is missing."""
+
+
+class CommitPruned(ObjectNotFound):
+    """The commit's record is kept but gc retention deleted its tensors; ``id`` is the commit."""
 
 
 class CorruptObject(MvcError):

@@ -41,11 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import hashing, locks, refs
-from .errors import BadInput, ChecksumMismatch, CorruptObject, MvcError, ProtectedRef, UnknownRevision
-from .index import Txn
-from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, walk
-from .packs import PACK_NAME, TMP_NAME, PackReader, PackWriter, fsync_dir, read_trailer
+from . import reach, refs
+from .errors import BadInput, CorruptObject, MvcError, ProtectedRef, UnknownRevision
+from .objects import ID_SIZE
+from .store.chunks import Request
+from .store.fs import entries, fsync_dir
+from .store.packs import PACK_NAME, TMP_NAME, read_trailer
 
 # Rewrite a pack when less than this share of its record bytes is live. A pack
 # is rewritten once: its live records land in a new pack that is all live, so a
@@ -127,10 +128,10 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
     """
     policy = Retention(keep_last, branch, keep_best, mode, top)
     policy.check()
-    with locks.exclusive_gc_lock(repo.dir / "locks", repo.lock_timeout):
+    with repo.gc_lock.exclusive():
         before, packs_before = disk_usage(repo.dir), disk_usage(repo.dir / "packs")
         with (repo.index.read() if dry_run else repo.index.write()) as txn:
-            sweep = _sweep(txn, policy, force, dry_run)
+            sweep = _sweep(txn, repo.objects, policy, force, dry_run)
         plan = _plan_packs(repo.dir / "packs", sweep.live_locs, sweep.indexed_packs, grace)
         if dry_run:
             saved = plan.reclaimable()
@@ -155,22 +156,29 @@ def disk_usage(path: Path) -> int:
 
 # -- step 1: retention, marking and sweeping, in one transaction ---------------
 
-def _need(txn: Txn, kind: str, oid: bytes, cls, why: str):
-    data = txn.get(kind, oid)
-    if data is None:
-        raise CorruptObject(f"gc stopped, nothing was deleted: {kind[:-1]} {oid.hex()[:12]} ({why}) is missing; "
-                            "run 'mvc fsck'")
-    return cls.decode(data)
+class _History:
+    """First-parent chains, each commit read (and verified) once however many branches share it."""
 
+    def __init__(self, txn, objects):
+        self.txn, self.objects, self._memo = txn, objects, {}
 
-def _first_parents(txn: Txn, oid: bytes) -> list:
-    """(id, commit object) along first parents from ``oid``, newest first."""
-    chain = []
-    while oid is not None:
-        obj = _need(txn, "commits", oid, CommitObject, "on a branch")
-        chain.append((oid, obj))
-        oid = obj.parents[0] if obj.parents else None
-    return chain
+    def commit(self, oid: bytes):
+        obj = self._memo.get(oid)
+        if obj is None:
+            try:
+                obj = self._memo[oid] = self.objects.commit(self.txn, oid)
+            except MvcError as exc:
+                raise CorruptObject(f"gc stopped, nothing was deleted: {exc}", id=oid) from None
+        return obj
+
+    def chain(self, oid: bytes, stop=frozenset()) -> list:
+        """(id, commit object) along first parents from ``oid``, newest first, ending before ``stop``."""
+        chain = []
+        while oid is not None and oid not in stop:
+            obj = self.commit(oid)
+            chain.append((oid, obj))
+            oid = obj.parents[0] if obj.parents else None
+        return chain
 
 
 def _best(chain: list, metric: str, mode: str, top: int, pruned) -> set:
@@ -181,7 +189,7 @@ def _best(chain: list, metric: str, mode: str, top: int, pruned) -> set:
     return {oid for _, _, oid in scored[:top]}
 
 
-def _retention(txn: Txn, policy: Retention, force: bool) -> tuple:
+def _retention(txn, objects, policy: Retention, force: bool) -> tuple:
     """(ids to prune now, protected branches skipped)."""
     tips = {name[len(refs.BRANCHES):]: v for name, v in txn.refs(refs.BRANCHES) if v.id is not None}
     if policy.branch is not None:
@@ -194,23 +202,28 @@ def _retention(txn: Txn, policy: Retention, force: bool) -> tuple:
         scope = [b for b, v in tips.items() if force or not v.protected]
     skipped = tuple(sorted(b for b in tips if b not in scope and policy.branch is None))
     kept = {v.id for _, v in txn.refs() if v.id is not None}  # every branch tip, tag and detached HEAD
-    candidates = set()
+    history, candidates, outside = _History(txn, objects), set(), set()
 
     def pruned(oid: bytes) -> bool:
         return txn.pruned(oid) is not None
-    lacking = {}  # branch in scope whose history never records the metric -> metrics it does record
-    for name, value in tips.items():
-        chain = _first_parents(txn, value.id)
+    for name, value in tips.items():  # history outside the scope is kept: each commit walked once
         if name not in scope:
-            kept |= {oid for oid, _ in chain}
+            outside |= {oid for oid, _ in history.chain(value.id, outside)}
+    kept |= outside
+    lacking = {}  # branch in scope whose history never records the metric -> metrics it does record
+    for name in scope:
+        if policy.keep_best is None:  # only the newest N matter per branch; shared history is walked once
+            head = history.chain(tips[name].id)[:policy.keep_last] if policy.keep_last else []
+            kept |= {oid for oid, _ in head}
+            candidates |= {oid for oid, _ in history.chain(tips[name].id, candidates)}
             continue
+        chain = history.chain(tips[name].id)
         recorded = {m for _, obj in chain for m in obj.metrics}
-        if policy.keep_best is not None and policy.keep_best not in recorded:
+        if policy.keep_best not in recorded:
             lacking[name] = recorded
         if policy.keep_last is not None:
             kept |= {oid for oid, _ in chain[:policy.keep_last]}
-        if policy.keep_best is not None:
-            kept |= _best(chain, policy.keep_best, policy.mode, policy.top, pruned)
+        kept |= _best(chain, policy.keep_best, policy.mode, policy.top, pruned)
         candidates |= {oid for oid, _ in chain}
     if lacking:
         # a mistyped metric, or a branch that never records it, must not turn
@@ -240,21 +253,27 @@ class _Sweep:
                         len(plan.tmp), tuple(plan.notes))
 
 
-def _sweep(txn: Txn, policy: Retention, force: bool, dry_run: bool) -> _Sweep:
-    prune, skipped = _retention(txn, policy, force) if policy.active else (set(), ())
+def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool) -> _Sweep:
+    prune, skipped = _retention(txn, objects, policy, force) if policy.active else (set(), ())
     sweep = _Sweep(prune, skipped)
-    expired = [(ref, seq) for ref, seq, entry in txn.reflog()
-               if isinstance(entry, dict) and (entry.get("new") in prune or _is_pruned(txn, entry.get("new")))]
+    expired = []  # entries whose new commit is (being) pruned: they would keep its data alive
+    for ref, seq, raw in txn.reflog_raw():
+        ids = reach.reflog_ids(raw, ref)
+        new = _reflog_new(raw) if ids else None
+        if new is not None and (new in prune or txn.pruned(new) is not None):
+            expired.append((ref, seq))
     sweep.reflog_expired = len(expired)
+    # The one walk fsck makes too; damage stops gc before anything is deleted.
+    live = reach.walk(txn, objects, reach.RAISE, prune=prune, skip_reflog=expired)
     if not dry_run:
         note = {"time": time.time_ns() // 1000, "policy": policy.describe()}
         for oid in prune:
             txn.put_pruned(oid, note)
         for ref, seq in expired:
             txn.delete_reflog(ref, seq)
-    live = _mark(txn, prune, set(expired))
-    for kind in ("commits", "trees", "tensors"):
-        dead = [oid for oid in txn.ids(kind) if oid not in live[kind]]
+    keep = {"commits": live.commits.keys(), "trees": live.tree_commits.keys(), "tensors": live.tensor_trees.keys()}
+    for kind, ids in keep.items():
+        dead = [oid for oid in txn.ids(kind) if oid not in ids]
         sweep.removed[kind] = len(dead)
         if not dry_run:
             for oid in dead:
@@ -262,11 +281,11 @@ def _sweep(txn: Txn, policy: Retention, force: bool, dry_run: bool) -> _Sweep:
     dead_chunks = []
     for cid, loc in txn.chunks():
         sweep.indexed_packs.add(loc.pack)
-        if cid in live["chunks"]:
+        if cid in live.chunk_length:
             sweep.live_locs[cid] = loc
         else:
             dead_chunks.append(cid)
-    missing = live["chunks"].keys() - sweep.live_locs.keys()
+    missing = live.chunk_length.keys() - sweep.live_locs.keys()
     if missing:
         raise CorruptObject(f"gc stopped, nothing was deleted: {len(missing)} live chunks (e.g. "
                             f"{next(iter(missing)).hex()[:12]}) are not in the chunk index; run 'mvc fsck'")
@@ -274,43 +293,15 @@ def _sweep(txn: Txn, policy: Retention, force: bool, dry_run: bool) -> _Sweep:
     if not dry_run:
         for cid in dead_chunks:
             txn.delete_chunk(cid)
-        for oid in [oid for oid in txn.ids("pruned") if oid not in live["commits"]]:
+        for oid in [oid for oid in txn.ids("pruned") if oid not in live.commits]:
             txn.delete_pruned(oid)
     return sweep
 
 
-def _is_pruned(txn: Txn, oid) -> bool:
-    return type(oid) is bytes and len(oid) == ID_SIZE and txn.pruned(oid) is not None
-
-
-def _roots(txn: Txn, expired: set) -> set:
-    roots = {v.id for _, v in txn.refs() if v.id is not None}
-    for ref, seq, entry in txn.reflog():
-        if (ref, seq) in expired or not isinstance(entry, dict):
-            continue
-        roots |= {entry.get(k) for k in ("old", "new") if type(entry.get(k)) is bytes and len(entry.get(k)) == ID_SIZE}
-    return roots
-
-
-def _mark(txn: Txn, prune: set, expired: set) -> dict:
-    """{"commits", "trees", "tensors": live id sets, "chunks": {live chunk id: None}}."""
-    commits, trees, tensors, chunks = set(), set(), set(), {}
-    todo = list(_roots(txn, expired))
-    while todo:
-        oid = todo.pop()
-        if oid in commits:
-            continue
-        obj = _need(txn, "commits", oid, CommitObject, "reachable from a ref or the reflog")
-        commits.add(oid)
-        if oid not in prune and txn.pruned(oid) is None:
-            trees.add(obj.tree)
-        todo.extend(obj.parents)
-    for tid in trees:
-        tree = _need(txn, "trees", tid, TreeObject, "of a live commit")
-        tensors |= {leaf.id for _, leaf in walk(tree.root) if isinstance(leaf, TensorLeaf)}
-    for tid in tensors:
-        chunks.update(dict.fromkeys(_need(txn, "tensors", tid, TensorObject, "of a live tree").chunks))
-    return {"commits": commits, "trees": trees, "tensors": tensors, "chunks": chunks}
+def _reflog_new(raw: bytes):
+    from . import encoding  # the entry decoded already once (reflog_ids): it is a dict
+    new = encoding.unpack(raw, "reflog entry").get("new")
+    return new if type(new) is bytes and len(new) == ID_SIZE else None
 
 
 # -- steps 2-4: packs -----------------------------------------------------------
@@ -348,7 +339,12 @@ def _plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float) ->
     live_by_pack = defaultdict(list)
     for cid, loc in live_locs.items():
         live_by_pack[loc.pack].append((cid, loc))
-    for path in sorted(directory.iterdir()):
+    for fname, regular in entries(directory):
+        path = directory / fname
+        if not regular:
+            if PACK_NAME.fullmatch(fname) or TMP_NAME.fullmatch(fname):
+                plan.notes.append(f"{fname} left alone: it is not a regular file (remove it by hand)")
+            continue
         if TMP_NAME.fullmatch(path.name):
             if _age(path) > grace:
                 plan.tmp.append(path)
@@ -376,51 +372,49 @@ def _plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float) ->
 def _rewrite(repo, plan: _PackPlan) -> int:
     """Copy the live records of the packs to rewrite into one new pack and index them there.
 
-    A pack with a corrupt live record is left as it is (noted in the plan).
-    Returns the number of records moved.
+    Every record is read back verified through the chunk store; a pack with
+    a corrupt live record is left as it is (noted in the plan). Returns the
+    number of records moved.
     """
     if not plan.rewrite:
         return 0
-    reader, writer, moves, done = PackReader(plan.directory), PackWriter(plan.directory), [], []
+    batch, moves, done = repo.chunks.writer(), [], []
     try:
-        for path, live in plan.rewrite:
-            pack_moves = _copy_records(reader, writer, path, live, plan.notes)
-            if pack_moves is not None:
-                moves += pack_moves
-                done.append((path, live))
-        if moves:
-            writer.seal()
-        else:
-            writer.abort()
+        with repo.index.read() as txn:
+            for path, live in plan.rewrite:
+                pack_moves = _copy_records(repo, txn, batch, path, live, plan.notes)
+                if pack_moves is not None:
+                    moves += pack_moves
+                    done.append((path, live))
+        batch.seal()
     except BaseException:
-        writer.abort()
+        batch.abort()
         raise
-    finally:
-        reader.close()
+    new = batch.locations
     with repo.index.write() as txn:
-        for cid, old, new in moves:
+        for cid, old in moves:
             if txn.chunk(cid) == old:
-                txn.put_chunk(cid, new, overwrite=True)
+                txn.put_chunk(cid, new[cid], overwrite=True)
     plan.rewrite = done
     return len(moves)
 
 
-def _copy_records(reader: PackReader, writer: PackWriter, path: Path, live: list, notes: list):
+def _copy_records(repo, txn, batch, path: Path, live: list, notes: list):
     moves = []
     for cid, loc in live:
+        buffer = bytearray(loc.length)
         try:
-            data = reader.read(loc)
-            if hashing.digest(data) != cid:
-                raise ChecksumMismatch(f"chunk {cid.hex()[:12]} is corrupt (BLAKE3 mismatch)")
+            repo.chunks.read([Request(cid, buffer)], txn)
         except MvcError as exc:  # records already copied become garbage in the new pack
-            notes.append(f"{path.name} not rewritten: {exc}; run 'mvc fsck'")
+            notes.append(f"{path.name} not rewritten: {exc}")
             return None
-        moves.append((cid, loc, writer.add(cid, data)))
+        batch.add(cid, buffer)
+        moves.append((cid, loc))
     return moves
 
 
 def _delete(repo, plan: _PackPlan) -> None:
-    repo.packs.close()  # drop open descriptors, so deleted packs free their space now
+    repo.chunks.close()  # drop open descriptors, so deleted packs free their space now
     for path in plan.delete + [path for path, _ in plan.rewrite] + plan.tmp:
         try:
             os.unlink(path)

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 from . import dtypes, encoding, hashing
 from .encoding import Ext
 from .errors import CorruptObject
+from .traverse import format_path, walk  # noqa: F401  (re-exported: trees are walked with these)
 
 ID_SIZE = hashing.DIGEST_SIZE
 EXT_TUPLE = 1
@@ -165,23 +166,6 @@ class TreeObject:
             return cls(_decode_node(v["root"]))
         except RecursionError:
             raise CorruptObject("tree object is nested too deeply") from None
-
-
-def walk(node, path=()) -> Iterator[tuple]:
-    """(key path, leaf) for every tensor leaf and plain value, in key order."""
-    if type(node) is dict:
-        for k in sorted(node, key=encoding.key_order):
-            yield from walk(node[k], path + (k,))
-    elif type(node) in (list, tuple):
-        for i, v in enumerate(node):
-            yield from walk(v, path + (i,))
-    else:
-        yield path, node
-
-
-def format_path(path: tuple) -> str:
-    """A key path as users see it: keys joined with dots."""
-    return ".".join(str(k) for k in path)
 
 
 _COMMIT_FIELDS = {"type", "tree", "parents", "message", "author", "time",

@@ -1,4 +1,4 @@
-"""Ref names and revision syntax.
+"""Refs: names, revision syntax and resolution, CAS moves, protection.
 
 Refs live in the index under ``heads/NAME`` (branches) and ``tags/NAME``
 (tags); ``HEAD`` is symbolic (names a branch) or detached (names a commit).
@@ -9,8 +9,11 @@ followed by any of ``~N`` (N-th first-parent ancestor), ``^`` / ``^N``
 """
 
 import re
+from typing import Callable, Optional
 
-from .errors import InvalidRefName, UnknownRevision
+from .errors import AmbiguousRevision, CorruptObject, InvalidRefName, ProtectedRef, RefConflict, UnknownRevision
+from .store import locks
+from .store.index import RefValue
 
 HEAD = "HEAD"
 BRANCHES = "heads/"
@@ -68,3 +71,214 @@ def split_revision(rev: str) -> tuple:
         digits = part[1:]
         ops.append((part[0], int(digits) if digits else 1))
     return base, ops
+
+
+def human(ref: str) -> str:
+    """'branch NAME' / 'tag NAME' for a ref name, as messages say it."""
+    kind, _, name = ref.partition("/")
+    return f"{'branch' if kind == 'heads' else 'tag'} {name!r}"
+
+
+def short_name(ref: str) -> str:
+    return ref.split("/", 1)[1] if ref.startswith((BRANCHES, TAGS)) else ref
+
+
+def _is_hex(text: str) -> bool:
+    return bool(text) and all(c in "0123456789abcdef" for c in text)
+
+
+class Refs:
+    """Every ref of one repository, read and moved inside index transactions.
+
+    Resolution of revisions, compare-and-swap moves (``set_if_equals``),
+    protection, deletion with its reflog, HEAD, and the branch write locks
+    that guard moves all live here. ``objects`` is the repository's
+    ObjectStore (commits are read, verified, to follow parents).
+    """
+
+    def __init__(self, objects, now: Callable[[], int]):
+        self.objects = objects
+        self.now = now
+
+    # -- reading ------------------------------------------------------------
+
+    def head(self, txn) -> tuple:
+        """(branch ref name or None, commit id or None) that HEAD names."""
+        head = txn.ref(HEAD)
+        if head is None:
+            raise CorruptObject("HEAD is missing from the index; run 'mvc checkout BRANCH' to set it again")
+        if head.target is None:
+            return None, head.id
+        ref = txn.ref(head.target)
+        return head.target, (ref.id if ref else None)
+
+    def tip(self, txn, ref: Optional[str]) -> Optional[bytes]:
+        """The commit ``ref`` names (HEAD's when ``ref`` is None); None if unborn."""
+        if ref is None:
+            return self.head(txn)[1]
+        value = txn.ref(ref)
+        return value.id if value else None
+
+    def branch_ref(self, txn, name: str) -> Optional[str]:
+        """The ref of branch ``name`` (also written ``heads/NAME``) if it exists."""
+        for ref in (BRANCHES + name, name if name.startswith(BRANCHES) else None):
+            if ref is not None and is_valid_name(short_name(ref)) and txn.ref(ref) is not None:
+                return ref
+        return None
+
+    def listed(self, txn, prefix: str) -> list:
+        """(short name, id, protected) of each branch or tag under ``prefix``."""
+        return [(name[len(prefix):], v.id, v.protected) for name, v in txn.refs(prefix) if v.id is not None]
+
+    # -- revisions ------------------------------------------------------------
+
+    def resolve(self, txn, rev: str) -> bytes:
+        """The commit id ``rev`` names; UnknownRevision / AmbiguousRevision."""
+        base, ops = split_revision(rev)
+        oid = self._base(txn, base)
+        for op, n in ops:
+            if op == "~":
+                for done in range(n):
+                    parents = self.objects.commit(txn, oid).parents
+                    if not parents:
+                        if done == 0:
+                            raise UnknownRevision(f"{rev}: commit {oid.hex()[:12]} has no parent")
+                        raise UnknownRevision(f"{rev}: {base} has only {done} ancestor"
+                                              f"{'' if done == 1 else 's'} along first parents")
+                    oid = parents[0]
+            elif n:
+                parents = self.objects.commit(txn, oid).parents
+                if len(parents) < n:
+                    raise UnknownRevision(f"{rev}: commit {oid.hex()[:12]} has "
+                                          f"{len(parents) or 'no'} parent{'' if len(parents) == 1 else 's'}")
+                oid = parents[n - 1]
+        return oid
+
+    def _base(self, txn, base: str) -> bytes:
+        if base in (HEAD, "@"):
+            branch, oid = self.head(txn)
+            if oid is None:
+                raise UnknownRevision(f"HEAD: branch {short_name(branch)!r} has no commits yet")
+            return oid
+        lower = base.lower()
+        if len(base) == 64 and _is_hex(lower):
+            oid = bytes.fromhex(lower)
+            if self.objects.has(txn, "commits", oid):
+                return oid
+        for name in (BRANCHES + base, TAGS + base, base):
+            if name.startswith((BRANCHES, TAGS)):
+                ref = txn.ref(name)
+                if ref is not None and ref.id is not None:
+                    return ref.id
+        if _is_hex(lower):
+            if len(base) < MIN_PREFIX:
+                raise UnknownRevision(f"unknown revision {base!r}: no branch or tag by that name, and an id "
+                                      f"prefix needs at least {MIN_PREFIX} hex digits")
+            matches = self._prefix_matches(txn, lower)
+            if len(matches) == 1:
+                return matches[0]
+            if len(matches) > 1:
+                shown = ", ".join(m.hex()[:12] for m in matches[:5])
+                raise AmbiguousRevision(f"id prefix {base!r} matches {len(matches)} commits ({shown}); "
+                                        "give more digits")
+        raise UnknownRevision(f"unknown revision {base!r}: no commit, branch or tag by that name")
+
+    @staticmethod
+    def _prefix_matches(txn, prefix: str) -> list:
+        floor = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
+        return [oid for oid in txn.ids("commits", floor) if oid.hex().startswith(prefix)]
+
+    # -- guards ---------------------------------------------------------------
+
+    @staticmethod
+    def check_writer(txn, ref: Optional[str], me) -> None:
+        """LockHeld if another live owner holds the write lock of branch ``ref``."""
+        if ref is not None and ref.startswith(BRANCHES):
+            locks.check_writer(txn, ref[len(BRANCHES):], me)
+
+    def check_commit(self, txn, ref: Optional[str], me) -> None:
+        """ProtectedRef / LockHeld if a commit may not move ``ref``."""
+        if ref is not None:
+            value = txn.ref(ref)
+            if value is not None and value.protected:
+                raise ProtectedRef(f"{human(ref)} is protected; nothing was committed: unprotect it "
+                                   "first (mvc branch --unprotect NAME)")
+        self.check_writer(txn, ref, me)
+
+    # -- moving ---------------------------------------------------------------
+
+    def set_if_equals(self, txn, ref: Optional[str], old: Optional[bytes], new: bytes, why: str) -> None:
+        """Move ``ref`` (HEAD's branch, or detached HEAD, when None) from ``old`` to ``new``.
+
+        RefConflict, changing nothing, if it no longer names ``old``.
+        """
+        self.expect(txn, ref, old)
+        self._move(txn, ref or HEAD, old, new, why)
+
+    def expect(self, txn, ref: Optional[str], old: Optional[bytes]) -> Optional[bytes]:
+        """``old`` if ``ref`` (HEAD's when None) still names it; RefConflict otherwise."""
+        tip = self.tip(txn, ref)
+        if tip != old:
+            name = short_name(ref) if ref else "HEAD"
+            raise RefConflict(f"branch {name!r} moved from {old.hex()[:12] if old else 'nothing'} to "
+                              f"{tip.hex()[:12] if tip else 'nothing'} while this commit was written; "
+                              "nothing was committed: commit again on top of the new tip")
+        return old
+
+    def _move(self, txn, ref: str, old: Optional[bytes], new: Optional[bytes], why: str,
+              protected: Optional[bool] = None) -> None:
+        current = txn.ref(ref)
+        if ref == HEAD and (current is None or current.target is None):
+            txn.set_ref(ref, RefValue(id=new))
+        elif new is None:
+            txn.delete_ref(ref)
+        else:
+            keep = current.protected if current is not None and current.id is not None else False
+            txn.set_ref(ref, RefValue(id=new, protected=keep if protected is None else protected))
+        txn.append_reflog(ref, {"old": old, "new": new, "time": self.now(), "message": why})
+
+    def set(self, txn, ref: str, rev: str, force: bool, protect: Optional[bool], why: str, me) -> tuple:
+        """Point ``ref`` at ``rev`` (create or, with ``force``, move); (id, protected)."""
+        oid = self.resolve(txn, rev)
+        current = txn.ref(ref)
+        self.check_writer(txn, ref, me)
+        if current is not None and not force and current.id != oid:
+            if current.protected:
+                raise ProtectedRef(f"{human(ref)} is protected; pass --force to move it")
+            raise RefConflict(f"{human(ref)} already exists at {current.id.hex()[:12]}; pass --force to move it")
+        self._move(txn, ref, current.id if current else None, oid, why, protect)
+        return oid, txn.ref(ref).protected
+
+    def delete(self, txn, ref: str, force: bool, me) -> None:
+        """Delete ``ref`` and, as Git does, its reflog (so gc can reclaim its history)."""
+        current = txn.ref(ref)
+        if current is None:
+            raise UnknownRevision(f"{human(ref)} does not exist")
+        if current.protected and not force:
+            raise ProtectedRef(f"{human(ref)} is protected; pass --force to delete it")
+        self.check_writer(txn, ref, me)
+        if self.head(txn)[0] == ref:
+            raise RefConflict(f"{human(ref)} is checked out; check out another branch first")
+        txn.delete_ref(ref)
+        for _, seq, _ in list(txn.reflog_raw(ref)):  # raw: a damaged entry must not block this
+            txn.delete_reflog(ref, seq)
+
+    def protect(self, txn, ref: str, protected: bool) -> bytes:
+        current = txn.ref(ref)
+        if current is None:
+            raise UnknownRevision(f"{human(ref)} does not exist")
+        txn.set_ref(ref, RefValue(id=current.id, protected=protected))
+        return current.id
+
+    def checkout(self, txn, rev: str) -> None:
+        """Move HEAD onto branch ``rev`` or, for any other revision, detached at its commit."""
+        head = txn.ref(HEAD)
+        old = None if head is None else self.head(txn)[1]  # checkout repairs a lost HEAD
+        ref = self.branch_ref(txn, rev)
+        if ref is not None:
+            txn.set_ref(HEAD, RefValue(target=ref))
+            new = txn.ref(ref).id
+        else:
+            new = self.resolve(txn, rev)
+            txn.set_ref(HEAD, RefValue(id=new))
+        txn.append_reflog(HEAD, {"old": old, "new": new, "time": self.now(), "message": f"checkout: {rev}"})

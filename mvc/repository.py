@@ -1,11 +1,15 @@
-"""The repository: packs, index and refs tied together by transactions.
+"""The repository: the store, the objects and the refs composed, and every verb.
 
-Write order makes crashes harmless: chunks go to a new pack, the pack is
-sealed and fsynced, and only then does one LMDB write transaction index the
-chunks, store the tensor, tree and commit objects, and move the branch by
-compare-and-swap against the parent the commit was built on. A crash before
-that transaction leaves only unreferenced pack bytes. Every chunk read back
-is re-hashed and compared with its id.
+Write order makes crashes harmless: chunks go to a new pack through the
+chunk store, the pack is sealed and fsynced, and only then does one index
+write transaction publish the chunks, store the tensor, tree and commit
+objects, and move the branch by compare-and-swap against the parent the
+commit was built on. A crash before that transaction leaves only
+unreferenced pack bytes. Every object and chunk read back is verified
+against its id.
+
+The higher verbs (fsck, gc, diff, bisect, export) live in their own modules
+and take the repository; the methods here are their one public surface.
 """
 
 import errno
@@ -17,18 +21,26 @@ import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
-from . import hashing, locks as locking, refs
-from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CorruptObject, NotARepository,
-                     ObjectNotFound, ProtectedRef, RefConflict, RepositoryExists, UnknownRevision,
-                     UnsupportedFormat)
-from .index import Index, RefValue, Txn
-from .locks import BranchLock
-from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id, walk
-from .packs import PACK_NAME, RECORD_HEAD, PackReader, PackWriter, fsync_dir
+from . import bisect as _bisect
+from . import diff as _diff
+from . import files as _files
+from . import fsck as _fsck
+from . import gc as _gc
+from . import hashing, refs
+from .errors import BadInput, CorruptObject, NotARepository, RefConflict, RepositoryExists, UnsupportedFormat
+from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
+from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
+from .store import fs, locks as locking
+from .store.chunks import THREADS, PackStore, Request, batches
+from .store.index import Index, RefValue
+from .store.locks import BranchLock, GcLock
+from .store.objectstore import ObjectStore
+from .store.packs import PACK_NAME
+from .traverse import format_path, walk
 
 MVC_DIR = ".mvc"
 FORMAT_VERSION = 1
@@ -38,96 +50,17 @@ KNOWN_EXTENSIONS: frozenset = frozenset()
 # 128 KiB and below), while a few touched embedding rows rewrite a quarter
 # as many bytes as with 1 MiB (storage 1.012x vs 1.042x the changed bytes).
 DEFAULT_CHUNK_SIZE = 256 << 10
-MAX_CHUNK_SIZE = 1 << 30  # one read of a chunk must stay under Linux's 2 GiB per call
-BATCH_BYTES = 8 << 20  # work handed to one thread at a time: amortises task overhead
-THREADS = max(1, min(8, os.cpu_count() or 1))
-
-
-@dataclass(frozen=True)
-class CommitStats:
-    """What a commit wrote: ``bytes_new`` went to a pack, the rest was reused."""
-
-    tensors: int
-    chunks: int
-    chunks_new: int
-    bytes_total: int
-    bytes_new: int
-
-    @property
-    def bytes_reused(self) -> int:
-        return self.bytes_total - self.bytes_new
-
-
-@dataclass(frozen=True)
-class Commit:
-    id: str
-    tree: str
-    parents: tuple
-    message: str
-    author: str
-    time: float  # seconds since the Unix epoch
-    step: Optional[int] = None
-    epoch: Optional[int] = None
-    metrics: dict = field(default_factory=dict)
-    context: dict = field(default_factory=dict)
-    stats: Optional[CommitStats] = None  # what a new commit wrote (None when read back)
-    pruned: bool = False  # retention deleted its tensors; its record stays in history
-    branch: Optional[str] = None  # the branch a new commit moved (None when detached or read back)
-
-    @property
-    def short_id(self) -> str:
-        return self.id[:12]
-
-
-@dataclass(frozen=True)
-class Ref:
-    name: str
-    id: str
-    protected: bool = False
-
-
-@dataclass(frozen=True)
-class Head:
-    branch: Optional[str]  # None when HEAD is detached
-    id: Optional[str]  # None on a branch with no commits yet
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One leaf of a commit's tree: a tensor or a plain value."""
-
-    path: tuple
-    kind: str  # "tensor" or "value"
-    dtype: Optional[str] = None
-    shape: Optional[tuple] = None
-    nbytes: int = 0
-    tensor_id: Optional[str] = None
-    chunks: tuple = ()
-    value: Any = None
-
-    @property
-    def key(self) -> str:
-        return format_path(self.path)
-
-
-@dataclass(frozen=True)
-class Status:
-    path: str
-    head: Head
-    branches: int
-    tags: int
-    commits: int
-    chunks: int
-    packs: int
-    pack_bytes: int
-    chunk_size: int
+MAX_WRITE_CHUNK = 1 << 30  # the writer's limit: one read of a chunk must stay under Linux's 2 GiB per call
+MAX_CHUNK_SIZE = MAX_WRITE_CHUNK  # the name the CLI knows
+HASH_BYTES = 8 << 20  # hashed by one thread at a time: amortises task overhead
+SUBDIRS = ("packs", "tmp", "locks", "index")
 
 
 def find_root(path) -> Path:
     """The directory holding ``.mvc``: ``path`` or the nearest parent that has one."""
     start = Path(path).resolve()
     for candidate in (start, *start.parents):
-        if (candidate / MVC_DIR).is_dir():
+        if (candidate / MVC_DIR).is_dir():  # .mvc itself may be a link (to another disk); nothing inside may
             return candidate
     raise NotARepository(f"not an mvc repository (nor is any parent): {start}; run 'mvc init' first")
 
@@ -135,8 +68,8 @@ def find_root(path) -> Path:
 def read_format(mvc_dir: Path) -> int:
     """The format version in ``FORMAT``; UnsupportedFormat if this mvc cannot read it."""
     try:
-        lines = (mvc_dir / "FORMAT").read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
+        lines = fs.read_small(mvc_dir / "FORMAT", 1 << 16).decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError, CorruptObject):
         raise NotARepository(f"{mvc_dir} has no readable FORMAT file; it is not an mvc repository") from None
     pairs = [line.partition(" ")[::2] for line in lines if line.strip()]
     fields = dict(pairs)
@@ -238,29 +171,6 @@ def _record(message, step, epoch, metrics, context, author: str) -> CommitObject
     return record
 
 
-MAX_RUN = 500  # chunks in one read: each takes two of the kernel's 1024 iovec slots
-
-
-def _runs(jobs: list) -> list:
-    """Read jobs split into runs whose records lie back to back in one pack.
-
-    A run holds at most MAX_RUN chunks and about BATCH_BYTES, so it is
-    hashed while its bytes are still fresh and threads share the work.
-    """
-    runs, size = [], 0
-    for job in jobs:
-        loc = job[0]
-        if runs and len(runs[-1]) < MAX_RUN and size < BATCH_BYTES:
-            last = runs[-1][-1][0]
-            if last.pack == loc.pack and loc.offset == last.offset + last.length + RECORD_HEAD.size:
-                runs[-1].append(job)
-                size += loc.length
-                continue
-        runs.append([job])
-        size = loc.length
-    return runs
-
-
 def _populate(mvc_dir: Path, chunk_size: int) -> None:
     """Lay out an empty repository in ``mvc_dir``: folders, index, FORMAT."""
     for sub in ("packs", "tmp", "locks"):
@@ -276,7 +186,7 @@ def _populate(mvc_dir: Path, chunk_size: int) -> None:
         f.write(f"mvc-format {FORMAT_VERSION}\nextensions\n")
         f.flush()
         os.fsync(f.fileno())
-    fsync_dir(mvc_dir)
+    fs.fsync_dir(mvc_dir)
 
 
 def _encode_tensors(slots: list, chunk_size: int) -> dict:
@@ -289,35 +199,43 @@ def _encode_tensors(slots: list, chunk_size: int) -> dict:
     return out
 
 
-def _batches(spans: list, size_of: Callable) -> list:
-    batches, current, total = [], [], 0
-    for span in spans:
-        current.append(span)
-        total += size_of(span)
-        if total >= BATCH_BYTES:
-            batches.append(current)
-            current, total = [], 0
-    if current:
-        batches.append(current)
-    return batches
+def _ahead(pool, fn, items: list, window: int) -> Iterator:
+    """``pool.map(fn, items)`` keeping at most ``window`` calls in flight, so
+    work that allocates (contiguous copies of strided tensors) stays bounded."""
+    pending = []
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= window:
+            yield pending.pop(0).result()
+    for future in pending:
+        yield future.result()
 
 
-class BaseRepository:
-    """A ``.mvc`` repository: commit, load, history and refs.
+class Repository:
+    """A ``.mvc`` repository. ``Repository.init(path)`` creates one,
+    ``Repository.open(path)`` finds one in ``path`` or above.
 
-    ``mvc.Repository`` adds the higher verbs (fsck, gc, diff, bisect) on top.
-    Reads (load, read_chunk, entries ...) may run from several threads; commits
-    and ref changes come from one thread at a time.
+    Composed of an index (``index``), the chunk store (``chunks``, where
+    chunk bytes live), the object store (``objects``), the refs (``refs``)
+    and the gc lock (``gc_lock``). Reads (load, entries, diff ...) may run
+    from several threads; commits and ref changes come from one thread at
+    a time.
     """
-
-    lock_timeout = 60.0  # seconds a commit or load waits for a running gc (and gc for them)
 
     def __init__(self, root):
         self.root = Path(root)
         self.dir = self.root / MVC_DIR
         read_format(self.dir)
+        for sub in SUBDIRS:
+            try:
+                fs.check_dir(self.dir / sub)
+            except FileNotFoundError:  # damage the first read reports, naming what it breaks
+                pass
         self.index = Index(self.dir / "index")
-        self.packs = PackReader(self.dir / "packs")
+        self.objects = ObjectStore()
+        self.chunks = PackStore(self.dir / "packs")
+        self.refs = refs.Refs(self.objects, _now_us)
+        self.gc_lock = GcLock(self.dir / "locks")
         with self.index.read() as txn:
             raw = txn.meta("chunk_size")
         if raw is None or len(raw) != 8:
@@ -325,16 +243,25 @@ class BaseRepository:
                                 "restore .mvc/index from a backup")
         self.chunk_size = int.from_bytes(raw, "little")
 
+    @property
+    def lock_timeout(self) -> float:
+        """Seconds a commit or load waits for a running gc (and gc for them)."""
+        return self.gc_lock.timeout
+
+    @lock_timeout.setter
+    def lock_timeout(self, seconds: float) -> None:
+        self.gc_lock.timeout = seconds
+
     # -- lifecycle ---------------------------------------------------------
 
     @classmethod
-    def init(cls, path=".", chunk_size: int = DEFAULT_CHUNK_SIZE):
+    def init(cls, path=".", chunk_size: int = DEFAULT_CHUNK_SIZE) -> "Repository":
         """Create ``path/.mvc`` and open it; RepositoryExists if it is there."""
-        if not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_CHUNK_SIZE:
+        if not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_WRITE_CHUNK:
             raise BadInput(f"chunk size must be between 1 byte and 1 GiB, not {chunk_size}")
         root = Path(path)
         mvc_dir = root / MVC_DIR
-        if mvc_dir.exists():
+        if os.path.lexists(mvc_dir):
             raise RepositoryExists(f"{mvc_dir} already exists")
         # Built under a temporary name and renamed into place, so an
         # interrupted init never leaves a half-made .mvc behind.
@@ -349,19 +276,19 @@ class BaseRepository:
                 if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):  # another init won the race
                     raise RepositoryExists(f"{mvc_dir} already exists") from None
                 raise
-            fsync_dir(root)
+            fs.fsync_dir(root)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return cls(root)
 
     @classmethod
-    def open(cls, path="."):
+    def open(cls, path=".") -> "Repository":
         """Open the repository at ``path`` or its nearest parent; NotARepository if none."""
         return cls(find_root(path))
 
     def close(self) -> None:
-        self.packs.close()
+        self.chunks.close()
         self.index.close()
 
     def __enter__(self):
@@ -370,22 +297,7 @@ class BaseRepository:
     def __exit__(self, *exc):
         self.close()
 
-    # -- objects -----------------------------------------------------------
-
-    def _object(self, txn: Txn, kind: str, oid: bytes, what: str) -> bytes:
-        data = txn.get(kind, oid)
-        if data is None:
-            raise ObjectNotFound(f"{what} {oid.hex()[:12]} is missing from the index; run 'mvc fsck'")
-        return data
-
-    def _commit_object(self, txn: Txn, oid: bytes) -> CommitObject:
-        return CommitObject.decode(self._object(txn, "commits", oid, "commit"))
-
-    def _tree_object(self, txn: Txn, oid: bytes) -> TreeObject:
-        return TreeObject.decode(self._object(txn, "trees", oid, "tree"))
-
-    def _tensor_object(self, txn: Txn, oid: bytes) -> TensorObject:
-        return TensorObject.decode(self._object(txn, "tensors", oid, "tensor"))
+    # -- history -----------------------------------------------------------
 
     @staticmethod
     def _to_commit(oid: bytes, obj: CommitObject, stats=None, pruned: bool = False) -> Commit:
@@ -393,85 +305,15 @@ class BaseRepository:
                       obj.author, obj.time / 1e6, obj.step, obj.epoch, dict(obj.metrics),
                       dict(obj.context), stats, pruned)
 
-    def _commit_tree(self, txn: Txn, oid: bytes) -> TreeObject:
-        """The tree of commit ``oid``; ObjectNotFound saying so if retention pruned it."""
-        obj = self._commit_object(txn, oid)
-        note = txn.pruned(oid)
-        if note is not None:
-            note = note if isinstance(note, dict) else {}
-            when = time.strftime("%Y-%m-%d", time.localtime(note.get("time", 0) / 1e6))
-            raise ObjectNotFound(f"commit {oid.hex()[:12]} was pruned by gc ({note.get('policy', 'retention')}) "
-                                 f"on {when}: its record is kept but its tensors are gone; load a kept commit")
-        return self._tree_object(txn, obj.tree)
-
-    # -- revisions ---------------------------------------------------------
-
-    def _head(self, txn: Txn) -> tuple:
-        """(branch ref name or None, commit id or None) that HEAD names."""
-        head = txn.ref(refs.HEAD)
-        if head is None:
-            raise CorruptObject("HEAD is missing from the index; run 'mvc checkout BRANCH' to set it again")
-        if head.target is None:
-            return None, head.id
-        ref = txn.ref(head.target)
-        return head.target, (ref.id if ref else None)
-
-    def _resolve_base(self, txn: Txn, base: str) -> bytes:
-        if base in (refs.HEAD, "@"):
-            branch, oid = self._head(txn)
-            if oid is None:
-                raise UnknownRevision(f"HEAD: branch {branch[len(refs.BRANCHES):]!r} has no commits yet")
-            return oid
-        lower = base.lower()
-        if len(base) == 64 and all(c in "0123456789abcdef" for c in lower):
-            oid = bytes.fromhex(lower)
-            if txn.get("commits", oid) is not None:
-                return oid
-        for name in (base, refs.BRANCHES + base, refs.TAGS + base):
-            if name.startswith((refs.BRANCHES, refs.TAGS)):
-                ref = txn.ref(name)
-                if ref is not None and ref.id is not None:
-                    return ref.id
-        if len(base) >= refs.MIN_PREFIX and all(c in "0123456789abcdef" for c in lower):
-            matches = self._prefix_matches(txn, lower)
-            if len(matches) == 1:
-                return matches[0]
-            if len(matches) > 1:
-                shown = ", ".join(m.hex()[:12] for m in matches[:5])
-                raise AmbiguousRevision(f"id prefix {base!r} matches {len(matches)} commits ({shown}); "
-                                        "give more digits")
-        raise UnknownRevision(f"unknown revision {base!r}: no commit, branch or tag by that name")
-
-    def _prefix_matches(self, txn: Txn, prefix: str) -> list:
-        floor = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
-        return [oid for oid in txn.ids("commits", floor) if oid.hex().startswith(prefix)]
-
-    def _resolve(self, txn: Txn, rev: str) -> bytes:
-        base, ops = refs.split_revision(rev)
-        oid = self._resolve_base(txn, base)
-        for op, n in ops:
-            if op == "~":
-                for _ in range(n):
-                    oid = self._parent(txn, oid, 1, rev)
-            elif n:
-                oid = self._parent(txn, oid, n, rev)
-        return oid
-
-    def _parent(self, txn: Txn, oid: bytes, nth: int, rev: str) -> bytes:
-        parents = self._commit_object(txn, oid).parents
-        if len(parents) < nth:
-            raise UnknownRevision(f"{rev}: commit {oid.hex()[:12]} has no parent number {nth}")
-        return parents[nth - 1]
-
     def resolve(self, rev: str = refs.HEAD) -> str:
         """The full hex id of the commit ``rev`` names; UnknownRevision/AmbiguousRevision."""
         with self.index.read() as txn:
-            return self._resolve(txn, rev).hex()
+            return self.refs.resolve(txn, rev).hex()
 
     def get_commit(self, rev: str = refs.HEAD) -> Commit:
         with self.index.read() as txn:
-            oid = self._resolve(txn, rev)
-            return self._to_commit(oid, self._commit_object(txn, oid), pruned=txn.pruned(oid) is not None)
+            oid = self.refs.resolve(txn, rev)
+            return self._to_commit(oid, self.objects.commit(txn, oid), pruned=self.objects.pruned(txn, oid) is not None)
 
     def log(self, rev: Optional[str] = None, n: Optional[int] = None) -> Iterator[Commit]:
         """Commits from ``rev`` (default HEAD) along first parents, newest first.
@@ -479,30 +321,41 @@ class BaseRepository:
         An unborn HEAD (no commits yet) gives an empty log.
         """
         with self.index.read() as txn:
-            if rev is None:
-                oid = self._head(txn)[1]
-            else:
-                oid = self._resolve(txn, rev)
+            oid = self.refs.head(txn)[1] if rev is None else self.refs.resolve(txn, rev)
             commits = []
             while oid is not None and (n is None or len(commits) < n):
-                obj = self._commit_object(txn, oid)
-                commits.append(self._to_commit(oid, obj, pruned=txn.pruned(oid) is not None))
+                obj = self.objects.commit(txn, oid)
+                commits.append(self._to_commit(oid, obj, pruned=self.objects.pruned(txn, oid) is not None))
                 oid = obj.parents[0] if obj.parents else None
         return iter(commits)
 
+    def tensor_object(self, tensor_id: str) -> TensorObject:
+        with self.index.read() as txn:
+            return self.objects.tensor(txn, bytes.fromhex(tensor_id))
+
+    def entries(self, rev: str = refs.HEAD) -> list:
+        """Every leaf of the tree at ``rev``, in key order (no tensor data is read).
+
+        CommitPruned if gc retention deleted its tensors.
+        """
+        with self.index.read() as txn:
+            tree = self.objects.commit_tree(txn, self.refs.resolve(txn, rev))
+            out = []
+            for path, leaf in walk(tree.root):
+                if isinstance(leaf, TensorLeaf):
+                    obj = self.objects.tensor(txn, leaf.id)
+                    out.append(Entry(path, "tensor", obj.dtype, obj.shape, obj.nbytes, leaf.id.hex(), obj.chunks))
+                else:
+                    out.append(Entry(path, "value", value=leaf))
+        return out
+
     # -- commit ------------------------------------------------------------
 
-    def _target_ref(self, txn: Txn, branch: Optional[str]) -> Optional[str]:
+    def _target_ref(self, txn, branch: Optional[str]) -> Optional[str]:
         """The branch ref a commit moves: ``branch`` or HEAD's; None when detached."""
         if branch is not None:
             return refs.BRANCHES + refs.check_name(branch, "branch")
-        return self._head(txn)[0]
-
-    def _tip(self, txn: Txn, ref: Optional[str]) -> Optional[bytes]:
-        if ref is None:
-            return self._head(txn)[1]
-        value = txn.ref(ref)
-        return value.id if value else None
+        return self.refs.head(txn)[0]
 
     def commit(self, state, message: str = "", *, step: Optional[int] = None,
                epoch: Optional[int] = None, metrics: Optional[dict] = None,
@@ -523,113 +376,65 @@ class BaseRepository:
         me = locking.this_process(record.author)
         # The shared gc lock covers the first dedup lookup through the index
         # transaction: gc must not delete a chunk this commit chose not to write.
-        with locking.shared_gc_lock(self.dir / "locks", self.lock_timeout):
+        with self.gc_lock.shared():
             with self.index.read() as txn:
                 ref = self._target_ref(txn, branch)
-                parent = self._tip(txn, ref)
-                self._check_target(txn, ref, me)  # before writing chunks, and again below
+                parent = self.refs.tip(txn, ref)
+                self.refs.check_commit(txn, ref, me)  # before writing chunks, and again below
             root, slots = _state_module().flatten(state)
-            new_chunks, stats = self._write_chunks(slots, progress)
-            tensors = _encode_tensors(slots, self.chunk_size)
-            tree_data = TreeObject(_state_module().tree_root(root)).encode()
-            with self.index.write() as txn:
-                tip = self._tip(txn, ref)
-                if tip != parent and not rebase:
-                    raise RefConflict(self._conflict_message(ref, parent, tip))
-                self._check_target(txn, ref, me)
-                for cid, loc in new_chunks.items():
-                    txn.put_chunk(cid, loc)
-                for tid, data in tensors.items():
-                    txn.put("tensors", tid, data)
-                tree_id = object_id(tree_data)
-                txn.put("trees", tree_id, tree_data)
-                obj = replace(record, tree=tree_id, parents=(tip,) if tip else (), time=_now_us())
-                oid = object_id(data := obj.encode())
-                txn.put("commits", oid, data)
-                title = message.splitlines()[0] if message else ""
-                self._move_ref(txn, ref or refs.HEAD, tip, oid, f"commit: {title}")
-        return replace(self._to_commit(oid, obj, stats),
-                       branch=ref[len(refs.BRANCHES):] if ref else None)
-
-    def _check_target(self, txn: Txn, ref: Optional[str], me: locking.Holder) -> None:
-        """ProtectedRef / LockHeld if a commit may not move ``ref``."""
-        self._check_can_move(txn, ref)
-        self._check_writer(txn, ref, me)
-
-    @staticmethod
-    def _conflict_message(ref, old, new) -> str:
-        name = ref[len(refs.BRANCHES):] if ref else "HEAD"
-        was = old.hex()[:12] if old else "nothing"
-        now = new.hex()[:12] if new else "nothing"
-        return (f"branch {name!r} moved from {was} to {now} while this commit was written; "
-                "nothing was committed: commit again on top of the new tip")
-
-    def _check_can_move(self, txn: Txn, ref: Optional[str]) -> None:
-        """Refuse to move a protected ref (commits included)."""
-        if ref is None:
-            return
-        value = txn.ref(ref)
-        if value is not None and value.protected:
-            raise ProtectedRef(f"{_human(ref)} is protected; nothing was committed: unprotect it "
-                               "first (mvc branch --unprotect NAME)")
-
-    @staticmethod
-    def _check_writer(txn: Txn, ref: Optional[str], me: locking.Holder) -> None:
-        """LockHeld if another live owner holds the write lock of branch ``ref``."""
-        if ref is not None and ref.startswith(refs.BRANCHES):
-            locking.check_writer(txn, ref[len(refs.BRANCHES):], me)
-
-    def _move_ref(self, txn: Txn, ref: str, old: Optional[bytes], new: Optional[bytes], why: str,
-                  protected: Optional[bool] = None) -> None:
-        current = txn.ref(ref)
-        if ref == refs.HEAD and (current is None or current.target is None):
-            txn.set_ref(ref, RefValue(id=new))
-        elif new is None:
-            txn.delete_ref(ref)
-        else:
-            keep = current.protected if current is not None and current.id is not None else False
-            txn.set_ref(ref, RefValue(id=new, protected=keep if protected is None else protected))
-        txn.append_reflog(ref, {"old": old, "new": new, "time": _now_us(), "message": why})
+            batch, stats = self._write_chunks(slots, progress)
+            if True:  # a failure from here on leaves a sealed, unpublished pack: garbage gc reclaims
+                tensors = _encode_tensors(slots, self.chunk_size)
+                tree_data = TreeObject(_state_module().tree_root(root)).encode()
+                with self.index.write() as txn:
+                    tip = self.refs.tip(txn, ref) if rebase else self.refs.expect(txn, ref, parent)
+                    self.refs.check_commit(txn, ref, me)
+                    batch.publish(txn)
+                    for data in tensors.values():
+                        self.objects.put(txn, "tensors", data)
+                    tree_id = self.objects.put(txn, "trees", tree_data)
+                    obj = replace(record, tree=tree_id, parents=(tip,) if tip else (), time=_now_us())
+                    oid = self.objects.put(txn, "commits", obj.encode())
+                    title = message.splitlines()[0] if message else ""
+                    self.refs.set_if_equals(txn, ref, tip, oid, f"commit: {title}")
+        return replace(self._to_commit(oid, obj, stats), branch=refs.short_name(ref) if ref else None)
 
     def _write_chunks(self, slots: list, progress) -> tuple:
-        """Hash every chunk (in threads) and append the new ones to one new pack.
+        """Hash every chunk (in threads) and write the ones the store lacks as one sealed batch.
 
-        Sets ``slot.chunks``; returns ({chunk id: Location}, CommitStats).
+        Sets ``slot.chunks``; returns (the sealed batch, CommitStats).
         """
         size = self.chunk_size
-        spans = [(slot, off, min(size, slot.data.nbytes - off))
-                 for slot in slots for off in range(0, slot.data.nbytes, size)]
+        spans = [(slot, off, min(size, slot.nbytes - off)) for slot in slots for off in range(0, slot.nbytes, size)]
         for slot in slots:
             slot.chunks = []
 
         def hash_batch(batch):
-            return [hashing.digest(slot.data[off:off + n]) for slot, off, n in batch]
+            return [hashing.digest(slot.bytes()[off:off + n]) for slot, off, n in batch]
 
-        new, writer, bytes_new, done = {}, None, 0, 0
-        total = sum(s.data.nbytes for s in slots)
+        batch, bytes_new, done = self.chunks.writer(), 0, 0
+        total = sum(s.nbytes for s in slots)
         try:
             with ThreadPoolExecutor(THREADS) as pool, self.index.read() as txn:
-                batches = _batches(spans, lambda s: s[2])
-                for batch, digests in zip(batches, pool.map(hash_batch, batches)):
-                    for (slot, off, n), cid in zip(batch, digests):
+                work = batches(spans, lambda s: s[2], HASH_BYTES)
+                for piece, digests in zip(work, _ahead(pool, hash_batch, work, 2 * THREADS)):
+                    for (slot, off, n), cid in zip(piece, digests):
                         slot.chunks.append(cid)
-                        if cid not in new and txn.chunk(cid) is None:
-                            writer = writer or PackWriter(self.dir / "packs")
-                            new[cid] = writer.add(cid, slot.data[off:off + n])
+                        if not self.chunks.has(cid, txn) and batch.add(cid, slot.bytes()[off:off + n]):
                             bytes_new += n
-                    done += sum(s[2] for s in batch)
+                        if off + n == slot.nbytes:
+                            slot.release()  # its last chunk: drop a contiguous copy now, not at the end
+                    done += sum(s[2] for s in piece)
                     if progress:
                         progress(done, total)
-            if writer:
-                writer.seal()
+            batch.seal()
         except BaseException as exc:
-            if writer:
-                writer.abort()
+            batch.abort()
             if isinstance(exc, OSError):  # a full disk, above all: say what failed and that nothing changed
                 raise OSError(exc.errno, f"{exc.strerror or exc} while writing a pack in {self.dir / 'packs'}; "
                                          "nothing was committed") from exc
             raise
-        return new, CommitStats(len(slots), len(spans), len(new), total, bytes_new)
+        return batch, CommitStats(len(slots), len(spans), batch.count, total, bytes_new)
 
     # -- load --------------------------------------------------------------
 
@@ -638,143 +443,75 @@ class BaseRepository:
         """The state committed at ``rev``: the same nested structure, CPU tensors.
 
         ``map_location`` (a device or device string) moves tensors after loading.
-        Every chunk is verified against its id; ChecksumMismatch names the
-        tensor's key path and the commit. ``progress(done, total)`` is called
+        Every object and chunk is verified against its id; ChecksumMismatch
+        names the tensor's key path and the commit. CommitPruned if gc
+        retention deleted its tensors. ``progress(done, total)`` is called
         with the bytes read so far.
         """
         # gc must not move or delete a pack between reading a location and reading the pack
-        with locking.shared_gc_lock(self.dir / "locks", self.lock_timeout), self.index.read() as txn:
-            oid = self._resolve(txn, rev)
-            tree = self._commit_tree(txn, oid)
+        with self.gc_lock.shared(), self.index.read() as txn:
+            oid = self.refs.resolve(txn, rev)
+            tree = self.objects.commit_tree(txn, oid)
             leaves = [(p, leaf) for p, leaf in walk(tree.root) if isinstance(leaf, TensorLeaf)]
-            tensors = self._read_tensors(txn, leaves, oid, progress)
+            tensors = self.read_tensors(txn, leaves, oid, progress)
         return _state_module().materialize(tree.root, tensors, map_location)
 
-    def _read_tensors(self, txn: Txn, leaves: list, commit_id: bytes, progress=None) -> dict:
-        """{tensor id: CPU tensor} for the leaves, read in threads and verified."""
-        jobs, out = [], {}
+    def read_tensors(self, txn, leaves: list, commit_id: bytes, progress=None) -> dict:
+        """{tensor id: CPU tensor} for (key path, TensorLeaf) pairs, read in threads and verified.
+
+        The caller holds ``gc_lock.shared()`` and the index transaction ``txn``.
+        """
+        requests, out = [], {}
         for path, leaf in leaves:
             if leaf.id in out:
                 continue
-            obj = self._tensor_object(txn, leaf.id)
+            obj = self.objects.tensor(txn, leaf.id)
             out[leaf.id], buffer = _state_module().empty_tensor(obj.shape, obj.dtype)
-            for cid, off, n in obj.chunk_spans():
-                jobs.append((self._location(txn, cid, path, commit_id), buffer[off:off + n], cid, path))
-        self._run_reads(jobs, commit_id, progress)
+            what = f"tensor {format_path(path)!r} in commit {commit_id.hex()[:12]}"
+            requests += [Request(cid, buffer[off:off + n], what) for cid, off, n in obj.chunk_spans()]
+        total, done = sum(r.buffer.nbytes for r in requests), 0
+
+        def step(n):
+            nonlocal done
+            done += n
+            progress(done, total)
+        self.chunks.read(requests, txn, step if progress else None)
         return out
-
-    def _location(self, txn: Txn, cid: bytes, path: tuple, commit_id: bytes):
-        loc = txn.chunk(cid)
-        if loc is None:
-            raise ObjectNotFound(f"chunk {cid.hex()[:12]} of tensor {format_path(path)!r} in commit "
-                                 f"{commit_id.hex()[:12]} is missing from the index; run 'mvc fsck'")
-        return loc
-
-    def _run_reads(self, jobs: list, commit_id: bytes, progress=None) -> None:
-        def read_batch(batch):
-            for run in batch:
-                for loc, buffer, cid, path in run:
-                    if loc.length != buffer.nbytes:
-                        raise CorruptObject(f"chunk {cid.hex()[:12]} of tensor {format_path(path)!r} has "
-                                            "the wrong length in the index; run 'mvc fsck'")
-                self.packs.read_run([job[0] for job in run], [job[1] for job in run])
-                for loc, buffer, cid, path in run:
-                    if hashing.digest(buffer) != cid:
-                        raise ChecksumMismatch(
-                            f"chunk {cid.hex()[:12]} of tensor {format_path(path)!r} in commit "
-                            f"{commit_id.hex()[:12]} is corrupt (BLAKE3 mismatch); run 'mvc fsck'")
-            return sum(job[1].nbytes for run in batch for job in run)
-        runs = _runs(jobs)
-        total, done = sum(job[1].nbytes for job in jobs), 0
-        # Cold packs: start the kernel reading every run now, so the reads
-        # below find it in the cache instead of waiting for the disk in turn.
-        self.packs.prefetch([[job[0] for job in run] for run in runs])
-        with ThreadPoolExecutor(THREADS) as pool:
-            for n in pool.map(read_batch, _batches(runs, lambda run: sum(j[1].nbytes for j in run))):
-                done += n
-                if progress:
-                    progress(done, total)
 
     def read_chunk(self, chunk_id: bytes, what: str = "") -> bytes:
         """One chunk's verified bytes; ObjectNotFound / ChecksumMismatch.
 
-        A caller reading many chunks holds ``locks.shared_gc_lock`` around
-        them, so gc in another process cannot move a pack meanwhile.
+        A caller reading many chunks holds ``gc_lock.shared()`` around them,
+        so gc in another process cannot move a pack meanwhile.
         """
         with self.index.read() as txn:
-            loc = txn.chunk(chunk_id)
-        if loc is None:
-            raise ObjectNotFound(f"chunk {chunk_id.hex()[:12]}{what} is missing from the index")
-        data = self.packs.read(loc)
-        if hashing.digest(data) != chunk_id:
-            raise ChecksumMismatch(f"chunk {chunk_id.hex()[:12]}{what} is corrupt (BLAKE3 mismatch)")
-        return data
-
-    def tensor_object(self, tensor_id: str) -> TensorObject:
-        with self.index.read() as txn:
-            return self._tensor_object(txn, bytes.fromhex(tensor_id))
-
-    def entries(self, rev: str = refs.HEAD) -> list:
-        """Every leaf of the tree at ``rev``, in key order (no tensor data is read)."""
-        with self.index.read() as txn:
-            oid = self._resolve(txn, rev)
-            tree = self._commit_tree(txn, oid)
-            out = []
-            for path, leaf in walk(tree.root):
-                if isinstance(leaf, TensorLeaf):
-                    obj = self._tensor_object(txn, leaf.id)
-                    out.append(Entry(path, "tensor", obj.dtype, obj.shape, obj.nbytes, leaf.id.hex(), obj.chunks))
-                else:
-                    out.append(Entry(path, "value", value=leaf))
-        return out
+            return self.chunks.read_one(chunk_id, txn, what.removeprefix(" of "))
 
     # -- refs --------------------------------------------------------------
 
     def head(self) -> Head:
         with self.index.read() as txn:
-            ref, oid = self._head(txn)
-        return Head(ref[len(refs.BRANCHES):] if ref else None, oid.hex() if oid else None)
+            ref, oid = self.refs.head(txn)
+        return Head(refs.short_name(ref) if ref else None, oid.hex() if oid else None)
 
-    def _refs(self, prefix: str) -> list:
+    def _listed(self, prefix: str) -> list:
         with self.index.read() as txn:
-            return [Ref(name[len(prefix):], v.id.hex(), v.protected)
-                    for name, v in txn.refs(prefix) if v.id is not None]
+            return [Ref(name, oid.hex(), protected) for name, oid, protected in self.refs.listed(txn, prefix)]
 
     def branches(self) -> list:
-        return self._refs(refs.BRANCHES)
+        return self._listed(refs.BRANCHES)
 
     def tags(self) -> list:
-        return self._refs(refs.TAGS)
+        return self._listed(refs.TAGS)
 
     def _set_ref(self, ref: str, rev: str, force: bool, protect: Optional[bool], why: str) -> Ref:
         with self.index.write() as txn:
-            oid = self._resolve(txn, rev)
-            current = txn.ref(ref)
-            self._check_writer(txn, ref, locking.this_process(default_author()))
-            if current is not None and not force:
-                if current.protected and current.id != oid:
-                    raise ProtectedRef(f"{_human(ref)} is protected; pass --force to move it")
-                if current.id != oid:
-                    raise RefConflict(f"{_human(ref)} already exists at {current.id.hex()[:12]}; "
-                                      "pass --force to move it")
-            self._move_ref(txn, ref, current.id if current else None, oid, why, protect)
-            value = txn.ref(ref)
-        return Ref(ref.split("/", 1)[1], oid.hex(), value.protected)
+            oid, protected = self.refs.set(txn, ref, rev, force, protect, why, locking.this_process(default_author()))
+        return Ref(refs.short_name(ref), oid.hex(), protected)
 
     def _delete_ref(self, ref: str, force: bool) -> None:
         with self.index.write() as txn:
-            current = txn.ref(ref)
-            if current is None:
-                raise UnknownRevision(f"{_human(ref)} does not exist")
-            if current.protected and not force:
-                raise ProtectedRef(f"{_human(ref)} is protected; pass --force to delete it")
-            self._check_writer(txn, ref, locking.this_process(default_author()))
-            if self._head(txn)[0] == ref:
-                raise RefConflict(f"{_human(ref)} is checked out; check out another branch first")
-            txn.delete_ref(ref)
-            # Like Git, a deleted ref's reflog goes with it, so gc can reclaim its history.
-            for _, seq, _ in list(txn.reflog_raw(ref)):  # raw: a damaged entry must not block this
-                txn.delete_reflog(ref, seq)
+            self.refs.delete(txn, ref, force, locking.this_process(default_author()))
 
     def create_branch(self, name: str, rev: str = refs.HEAD, force: bool = False,
                       protect: Optional[bool] = None) -> Ref:
@@ -801,13 +538,16 @@ class BaseRepository:
         """Protect or unprotect a branch or tag (kind "branch" or "tag")."""
         ref = (refs.BRANCHES if kind == "branch" else refs.TAGS) + refs.check_name(name, kind)
         with self.index.write() as txn:
-            current = txn.ref(ref)
-            if current is None:
-                raise UnknownRevision(f"{_human(ref)} does not exist")
-            txn.set_ref(ref, RefValue(id=current.id, protected=protected))
-        return Ref(name, current.id.hex(), protected)
+            oid = self.refs.protect(txn, ref, protected)
+        return Ref(name, oid.hex(), protected)
 
-    # -- branch locks (mvc/locks.py) --------------------------------------
+    def checkout(self, rev: str) -> Head:
+        """Move HEAD: onto a branch (by name) or detached at any other revision."""
+        with self.index.write() as txn:
+            self.refs.checkout(txn, rev)
+        return self.head()
+
+    # -- branch locks (mvc/store/locks.py) ---------------------------------
 
     def lock_branch(self, branch: str, named: bool = False, owner: Optional[str] = None) -> BranchLock:
         """Lock ``branch`` for writing; commits by anyone else raise LockHeld.
@@ -843,36 +583,82 @@ class BaseRepository:
         with self.index.read() as txn:
             return locking.all_locks(txn)
 
-    def checkout(self, rev: str) -> Head:
-        """Move HEAD: onto a branch (by name) or detached at any other revision."""
-        with self.index.write() as txn:
-            ref = refs.BRANCHES + rev
-            value = txn.ref(ref) if refs.is_valid_name(rev) else None
-            head = txn.ref(refs.HEAD)
-            old = None if head is None else self._head(txn)[1]  # checkout repairs a lost HEAD
-            if value is not None:
-                txn.set_ref(refs.HEAD, RefValue(target=ref))
-                new = value.id
-            else:
-                new = self._resolve(txn, rev)
-                txn.set_ref(refs.HEAD, RefValue(id=new))
-            txn.append_reflog(refs.HEAD, {"old": old, "new": new, "time": _now_us(),
-                                          "message": f"checkout: {rev}"})
-        return self.head()
-
     def status(self) -> Status:
         with self.index.read() as txn:
-            ref, oid = self._head(txn)
+            ref, oid = self.refs.head(txn)
             n_branches = sum(1 for _ in txn.refs(refs.BRANCHES))
             n_tags = sum(1 for _ in txn.refs(refs.TAGS))
             n_commits = sum(1 for _ in txn.ids("commits"))
             n_chunks = sum(1 for _ in txn.ids("chunks"))
-        packs = [p for p in (self.dir / "packs").iterdir() if PACK_NAME.fullmatch(p.name)]
-        head = Head(ref[len(refs.BRANCHES):] if ref else None, oid.hex() if oid else None)
+        packs = [self.dir / "packs" / name for name, regular in fs.entries(self.dir / "packs")
+                 if regular and PACK_NAME.fullmatch(name)]
+        head = Head(refs.short_name(ref) if ref else None, oid.hex() if oid else None)
         return Status(str(self.root), head, n_branches, n_tags, n_commits, n_chunks, len(packs),
                       sum(p.stat().st_size for p in packs), self.chunk_size)
 
+    # -- the higher verbs ----------------------------------------------------
 
-def _human(ref: str) -> str:
-    kind, _, name = ref.partition("/")
-    return f"{'branch' if kind == 'heads' else 'tag'} {name!r}"
+    def fsck(self, quick: bool = False, threads=None, progress=None) -> "_fsck.FsckReport":
+        """Check everything reachable; see ``mvc.fsck.fsck``."""
+        return _fsck.fsck(self, quick=quick, threads=threads, progress=progress)
+
+    def rebuild_index(self) -> "_fsck.RebuildReport":
+        """Rebuild the chunk index from the packs' trailers; see ``mvc.fsck.rebuild_index``."""
+        return _fsck.rebuild_index(self)
+
+    def gc(self, keep_last=None, branch=None, keep_best=None, mode: str = "min", top: int = 1,
+           force: bool = False, dry_run: bool = False, grace: float = _gc.GRACE_S) -> "_gc.GcReport":
+        """Prune by retention, delete what nothing reaches, reclaim pack space; see ``mvc.gc.gc``.
+
+        ``grace``: seconds a pack no index entry names, or a ``.pack.tmp``,
+        is left alone (it may be a running commit's); 0 when no writer runs.
+        """
+        return _gc.gc(self, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
+                      force=force, dry_run=dry_run, grace=grace)
+
+    def diff(self, a: str, b=None, only=None) -> "_diff.Diff":
+        """Compare commit ``a`` with ``b`` (default HEAD); see ``mvc.diff.diff``."""
+        return _diff.diff(self, a, b, only)
+
+    def bisect(self, good: str, bad: str, is_good, branch=None, progress=None) -> "_bisect.BisectStatus":
+        """Find the first commit after ``good`` for which ``is_good(state)`` is
+        False; see ``mvc.bisect.bisect``."""
+        return _bisect.bisect(self, good, bad, is_good, branch=branch, progress=progress)
+
+    def bisect_start(self, bad: str, good: str, branch: Optional[str] = None) -> "_bisect.BisectStatus":
+        """Start a bisect session kept in ``.mvc/BISECT`` (as ``git bisect start BAD GOOD``)."""
+        return _bisect.start(self, bad, good, branch)
+
+    def bisect_mark(self, verdict: str, rev: Optional[str] = None) -> "_bisect.BisectStatus":
+        """Judge ``rev`` (default: the current candidate) "good", "bad" or "skip"."""
+        return _bisect.mark(self, verdict, rev)
+
+    def bisect_status(self) -> "_bisect.BisectStatus":
+        return _bisect.status(self)
+
+    def bisect_log(self) -> "_bisect.BisectLog":
+        return _bisect.log(self)
+
+    def bisect_reset(self) -> "Optional[_bisect.BisectStatus]":
+        """End the session; its last status, or None if none was running."""
+        return _bisect.reset(self)
+
+    def bisect_run(self, cmd_args, fmt: str = "pt", progress=None) -> "_bisect.BisectStatus":
+        """Judge candidates by running a command on each (Git's exit-code rules)."""
+        return _bisect.run(self, cmd_args, fmt, progress)
+
+    def bisect_run_metric(self, metric: str, threshold: float, higher_is_worse: bool = False,
+                          progress=None) -> "_bisect.BisectStatus":
+        """Judge candidates by a recorded metric against ``threshold``."""
+        return _bisect.run_metric(self, metric, threshold, higher_is_worse, progress)
+
+    def export(self, rev: str, path, fmt=None, progress=None) -> Export:
+        """Write the checkpoint at ``rev`` to ``path`` as "pt" or "safetensors"
+        (default: from the suffix, else pt); see ``mvc.files.write_checkpoint``."""
+        fmt = fmt or ("safetensors" if Path(path).suffix.lower() == ".safetensors" else "pt")
+        if fmt not in _files.FORMATS:
+            raise BadInput(f"unknown format {fmt!r}; use pt or safetensors")
+        commit = self.resolve(rev)
+        state = self.load(commit, progress=progress)
+        left_out = _files.plain_values(state) if fmt == "safetensors" else 0
+        return Export(commit, _files.write_checkpoint(state, path, fmt), fmt, left_out)

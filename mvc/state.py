@@ -13,27 +13,59 @@ group number, so they share storage again when loaded. Anything else is a
 import ctypes
 import mmap
 import sys
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from . import dtypes, encoding
+from . import dtypes, encoding, traverse
 from .errors import BadInput
-from .objects import TensorLeaf, format_path
+from .objects import TensorLeaf
+from .traverse import format_path, storage_key
 
 _PLAIN = (type(None), bool, str, bytes, float)
 
 
 @dataclass
 class TensorSlot:
+    """A tensor of a state on its way into the store.
+
+    Its raw bytes are taken only when first asked for (``bytes()``): a
+    tensor already contiguous on the CPU is a view, any other (a strided
+    view, a CUDA tensor) a copy, which ``release()`` drops once its chunks
+    are hashed and written, so a commit never holds every copy at once.
+    """
+
     path: tuple
     dtype: str
     shape: tuple
-    data: np.ndarray  # 1-D uint8 view of the tensor's contiguous CPU bytes
+    tensor: Any
     group: Any = None
     id: bytes = b""
+    chunks: list = field(default_factory=list)
+    _data: Any = None
+    _lock: Any = field(default_factory=threading.Lock)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+    def bytes(self) -> np.ndarray:
+        """The tensor's contiguous little-endian bytes, 1-D uint8."""
+        with self._lock:
+            if self._data is None:
+                self._data = tensor_bytes(self.tensor)
+            return self._data
+
+    @property
+    def data(self) -> np.ndarray:
+        return self.bytes()
+
+    def release(self) -> None:
+        with self._lock:
+            self._data = None
 
 
 def tensor_bytes(t: torch.Tensor) -> np.ndarray:
@@ -84,15 +116,10 @@ def _as_base(base: type, value):
     return str.__str__(value) if base is str else base(value)
 
 
-def _storage_key(t: torch.Tensor):
-    if t.numel() == 0 or t.layout != torch.strided:
-        return None
-    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(),
-            tuple(t.shape), t.stride(), t.dtype)
-
-
 def _check_tensor(t: torch.Tensor, path: tuple) -> str:
     where = format_path(path) or "<root>"
+    if t.is_nested:
+        raise BadInput(f"tensor at {where!r} is a nested tensor; store its components (t.unbind()) instead")
     if t.layout != torch.strided:
         raise BadInput(f"tensor at {where!r} has layout {t.layout}; only dense tensors can be stored")
     if t.device.type == "meta":
@@ -115,7 +142,7 @@ def _shared_keys(state) -> set:
 
     def visit(node, path):
         if isinstance(node, torch.Tensor):
-            key = _storage_key(node)
+            key = storage_key(node)
             if key is not None:
                 (shared if key in seen else seen).add(key)
         elif isinstance(node, (dict, list, tuple)):
@@ -131,6 +158,7 @@ def flatten(state) -> tuple:
     Raises BadInput for anything that cannot be stored, including a state
     nested deeper than Python's recursion limit or one that contains itself.
     """
+    _check_depth(state)
     try:
         return _flatten(state)
     except RecursionError:
@@ -148,11 +176,11 @@ def _flatten(state) -> tuple:
     def visit(node, path):
         if isinstance(node, torch.Tensor):
             name = _check_tensor(node, path)
-            key = _storage_key(node)
+            key = storage_key(node)
             if key in shared and key in groups:  # a tied tensor: one slot, stored once
                 return groups[key]
             group = len(groups) if key in shared else None
-            slot = TensorSlot(path, name, tuple(node.shape), tensor_bytes(node), group)
+            slot = TensorSlot(path, name, tuple(node.shape), node, group)
             if group is not None:
                 groups[key] = slot
             slots.append(slot)
@@ -180,6 +208,12 @@ def _flatten(state) -> tuple:
     return root, slots
 
 
+def _check_depth(state) -> None:
+    if traverse.depth(state) > traverse.MAX_DEPTH:
+        raise BadInput(f"the state is nested more than {traverse.MAX_DEPTH} levels deep or contains itself; "
+                       "a state is a tree of dicts, lists and tuples")
+
+
 def tree_root(node) -> Any:
     """The flattened structure with each TensorSlot replaced by its TensorLeaf."""
     return rebuild(node, lambda slot: TensorLeaf(slot.id, slot.group), TensorSlot)
@@ -187,15 +221,7 @@ def tree_root(node) -> Any:
 
 def rebuild(node, leaf_fn: Callable, leaf_type=TensorLeaf) -> Any:
     """A copy of ``node`` with every ``leaf_type`` leaf replaced by leaf_fn(leaf)."""
-    if isinstance(node, leaf_type):
-        return leaf_fn(node)
-    if type(node) is dict:
-        return {k: rebuild(v, leaf_fn, leaf_type) for k, v in node.items()}
-    if type(node) is list:
-        return [rebuild(v, leaf_fn, leaf_type) for v in node]
-    if type(node) is tuple:
-        return tuple(rebuild(v, leaf_fn, leaf_type) for v in node)
-    return node
+    return traverse.rebuild(node, leaf_fn, leaf_type)
 
 
 def materialize(root, tensors: dict, map_location=None):

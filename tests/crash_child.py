@@ -29,7 +29,7 @@ import torch
 
 import mvc
 from mvc import gc as mvc_gc
-from mvc import index, packs
+from mvc.store import index, packs
 
 COMMIT_PHASES = ("pack", "rename", "index")
 GC_PHASES = ("gc-sweep", "gc-copy", "gc-relocate", "gc-unlink")
@@ -112,7 +112,7 @@ def child(root: str, kind: str, phase: str, nth: int, keep_last: int) -> None:
         commit_next(repo)
     hook_gc(Stopper(phase, nth))
     say("gc-start")
-    mvc_gc.gc(repo, keep_last=keep_last, keep_best="loss", grace=0)
+    repo.gc(keep_last=keep_last, keep_best="loss", grace=0)
     say("gc-done")
     time.sleep(STOP_S)
 

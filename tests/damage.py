@@ -7,7 +7,7 @@ and the damaged-repository folder share them.
 from contextlib import contextmanager
 from pathlib import Path
 
-from mvc.packs import ENTRY, FOOTER, HEADER, RECORD_HEAD, read_trailer
+from mvc.store.packs import ENTRY, FOOTER, HEADER, RECORD_HEAD, read_trailer
 
 
 def flip_bit(path: Path, offset: int, bit: int = 0) -> None:

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 import mvc
 from mvc import fsck as F
 from mvc.cli import main
-from mvc.packs import pack_filename
+from mvc.store.packs import pack_filename
 
 from damage import overwrite, pack_files, truncate
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import mvc
 from mvc.cli import main
 from mvc.diff import natural_key
-from mvc.packs import pack_filename
+from mvc.store.packs import pack_filename
 
 
 def numbers(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -63,8 +63,12 @@ def test_unchanged_tensors_are_not_read_and_only_differing_b_chunks_are(two, mon
     entries = {e.key: e for e in repo.entries("HEAD")}
     old = {e.key: e for e in repo.entries("HEAD~1")}
     reads = []
-    real = repo.read_chunk
-    monkeypatch.setattr(repo, "read_chunk", lambda cid, what="": reads.append(cid) or real(cid, what))
+    real = repo.chunks.read
+
+    def counted(requests, *args, **kwargs):
+        reads.extend(r.id for r in requests)
+        return real(requests, *args, **kwargs)
+    monkeypatch.setattr(repo.chunks, "read", counted)
     monkeypatch.setattr(repo, "load", lambda *a, **k: pytest.fail("diff must not load whole states"))
     repo.diff("HEAD~1")
     assert not set(reads) & set(entries["u"].chunks)

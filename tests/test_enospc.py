@@ -74,7 +74,7 @@ def test_fsync_of_the_folder_failing_after_the_pack_is_in_place(one):
     assert err.value.errno == errno.EIO
     leftovers = assert_as_before(repo, first).unreferenced
     assert len(leftovers) == 1  # a sealed pack nothing indexes: harmless, and gc reclaims it
-    assert mvc.gc.gc(repo, grace=0).packs_deleted == 1 and repo.fsck().unreferenced == ()
+    assert repo.gc(grace=0).packs_deleted == 1 and repo.fsck().unreferenced == ()
 
 
 def test_cli_commit_prints_one_line_and_exits_1(one, tmp_path):
@@ -145,7 +145,7 @@ for i in range(1000):
 tip, report = repo.resolve("main"), repo.fsck()
 intact = torch.equal(repo.load("main")["w"], torch.randn(64 * 1024, generator=torch.Generator().manual_seed(len(landed) - 1)))
 tmp = [p.name for p in (repo.dir / "packs").glob("*.tmp")]
-mvc.gc.gc(repo, grace=0)  # reclaims the failed commit's bytes, if any reached a sealed pack
+repo.gc(grace=0)  # reclaims the failed commit's bytes, if any reached a sealed pack
 after = repo.fsck()
 print(json.dumps({"landed": landed, "error": error, "tip": tip, "ok": report.ok, "intact": intact, "tmp": tmp,
                   "clean_after_gc": after.ok and not after.unreferenced}))

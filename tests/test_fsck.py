@@ -11,7 +11,7 @@ import mvc
 from mvc import fsck as F
 from mvc.cli import main
 from mvc.objects import CommitObject
-from mvc.packs import RECORD_HEAD, Location, PackWriter, pack_filename
+from mvc.store.packs import RECORD_HEAD, Location, PackWriter, pack_filename
 
 from damage import flip_bit, flipped, pack_files, truncate
 

@@ -23,7 +23,7 @@ from mvc.encoding import Ext
 from mvc.errors import MvcError
 from mvc.objects import (EXT_SHARED_TENSOR, EXT_TENSOR, EXT_TUPLE, CommitObject, TensorLeaf, TensorObject,
                          TreeObject)
-from mvc.packs import FOOTER, HEADER, RECORD_HEAD, PackWriter, read_trailer
+from mvc.store.packs import FOOTER, HEADER, RECORD_HEAD, PackWriter, read_trailer
 
 FUZZ = settings(max_examples=150, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

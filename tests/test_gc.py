@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import mvc
 from mvc.cli import main
-from mvc.packs import PackWriter
+from mvc.store.packs import PackWriter
 
 from damage import flip_bit, pack_files
 

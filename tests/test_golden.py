@@ -21,7 +21,7 @@ import torch
 import mvc
 from mvc import hashing
 from mvc.objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
-from mvc.packs import PackWriter
+from mvc.store.packs import PackWriter
 from mvc.state import tensor_bytes
 
 F32_123 = bytes.fromhex("0000803f0000004000004040")  # float32 [1.0, 2.0, 3.0], little-endian
@@ -132,7 +132,7 @@ PACK_HEX = (
 
 
 def test_pack_file_bytes(tmp_path, monkeypatch):
-    monkeypatch.setattr("mvc.packs.secrets.token_bytes", lambda n: bytes(range(n)))
+    monkeypatch.setattr("mvc.store.packs.secrets.token_bytes", lambda n: bytes(range(n)))
     writer = PackWriter(tmp_path)
     for chunk in (b"abc", b"", b"\x00\x01"):
         writer.add(hashing.digest(chunk), chunk)

@@ -9,8 +9,8 @@ import torch
 import mvc
 from mvc import encoding
 from mvc.errors import CorruptObject
-from mvc.index import DB_NAMES, Index, RefValue
-from mvc.packs import Location
+from mvc.store.index import DB_NAMES, Index, RefValue
+from mvc.store.packs import Location
 
 CID = bytes(range(32))
 PACK = b"\x11" * 16

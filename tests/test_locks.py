@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import mvc
-from mvc import locks
+from mvc.store import locks
 
 # A child that does one thing to the repository, says "ready", and lives until its stdin closes.
 HOLDER = r"""
 import sys, mvc
-from mvc import locks
+from mvc.store import locks
 repo = mvc.Repository.open(sys.argv[1])
 action = sys.argv[2]
 if action == "lock":

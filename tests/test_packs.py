@@ -6,7 +6,7 @@ import pytest
 
 from mvc import hashing
 from mvc.errors import CorruptObject
-from mvc.packs import (ENTRY, FOOTER, HEADER, RECORD_HEAD, SEAL, Location, PackReader, PackWriter,
+from mvc.store.packs import (ENTRY, FOOTER, HEADER, RECORD_HEAD, SEAL, Location, PackReader, PackWriter,
                        pack_filename, read_trailer)
 
 CHUNKS = [b"hello", b"", b"x" * 100]
@@ -69,7 +69,7 @@ def test_reader_reads_back(tmp_path):
     try:
         assert [reader.read(loc) for loc in locs] == CHUNKS
         buffer = bytearray(5)
-        reader.read_into(locs[0], buffer)
+        reader.read_run([locs[0]], [buffer])
         assert bytes(buffer) == b"hello"
     finally:
         reader.close()
@@ -154,7 +154,7 @@ def test_read_run_reads_back_to_back_records_in_one_call(tmp_path):
 
 
 def test_runs_group_adjacent_records_only():
-    from mvc.repository import MAX_RUN, _runs
+    from mvc.store.chunks import MAX_RUN, runs as _runs
     a, b = b"a" * 16, b"b" * 16
     step = 8 + RECORD_HEAD.size
     jobs = [(Location(a, 100 + i * step, 8),) for i in range(3)]
@@ -165,7 +165,7 @@ def test_runs_group_adjacent_records_only():
 
 
 def test_salvage_skips_a_record_that_does_not_verify_and_keeps_going(tmp_path):
-    from mvc.packs import salvage_records
+    from mvc.store.packs import salvage_records
     writer = PackWriter(tmp_path)
     chunks = [bytes([i]) * 20 for i in range(4)]
     locs = [writer.add(hashing.digest(c), c) for c in chunks]

@@ -78,8 +78,8 @@ def test_revisions_resolve(repo, chain):
 
 @pytest.mark.parametrize("rev, message", [
     ("nope", "unknown revision 'nope'"),
-    ("main~3", "has no parent number 1"),
-    ("main^2", "has no parent number 2"),
+    ("main~3", "has only 2 ancestors"),
+    ("main^2", "has 1 parent"),
     ("v1^", "has no parent"),
     ("abc", "unknown revision"),  # a prefix needs 4 digits
     ("~2", "no base"),

@@ -15,7 +15,7 @@ import mvc
 from mvc import dtypes
 from mvc.encoding import INT_MAX, INT_MIN
 from mvc.errors import (BadInput, NotARepository, RefConflict, RepositoryExists, UnsupportedFormat)
-from mvc.packs import read_trailer
+from mvc.store.packs import read_trailer
 
 CHUNK = 64
 
@@ -487,7 +487,7 @@ def test_interrupted_init_leaves_nothing_behind(tmp_path, monkeypatch):
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(R, "fsync_dir", interrupted)
+    monkeypatch.setattr(R.fs, "fsync_dir", interrupted)
     with pytest.raises(KeyboardInterrupt):
         mvc.Repository.init(tmp_path / "run")
     assert list((tmp_path / "run").iterdir()) == []

@@ -154,7 +154,7 @@ def test_too_deep_or_self_containing_states_are_bad_input():
     deep = 1
     for _ in range(5000):
         deep = [deep]
-    with pytest.raises(BadInput, match="nested too deeply"):
+    with pytest.raises(BadInput, match="nested more than"):
         flatten({"x": deep})
     loop = {"a": []}
     loop["a"].append(loop)

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from .errors import CorruptObject, LockHeld
+from ..errors import CorruptObject, LockHeld
+from .fs import ensure_dir, open_file, read_small
 
 GC_LOCK = "gc.lock"
 GC_GATE = "gc.gate"
@@ -217,8 +218,8 @@ def check_writer(txn, branch: str, me: Holder) -> None:
 # -- the gc lock (flock) ------------------------------------------------------
 
 def _open(path: Path) -> int:
-    path.parent.mkdir(exist_ok=True)
-    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    ensure_dir(path.parent)
+    return open_file(path, os.O_RDWR | os.O_CREAT)
 
 
 def _try_flock(fd: int, mode: int, timeout: float) -> bool:
@@ -238,11 +239,11 @@ def _try_flock(fd: int, mode: int, timeout: float) -> bool:
 
 def _gc_holder(lock_dir: Path) -> str:
     try:
-        text = (lock_dir / GC_GATE).read_text().split()
+        text = read_small(lock_dir / GC_GATE, 4096).decode().split()
         pid, host, since = text[0], text[1], float(text[2])
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
         return f"pid {pid} on {host}, started {when}"
-    except (OSError, IndexError, ValueError):
+    except (OSError, IndexError, ValueError, CorruptObject):
         return "pid unknown"
 
 
@@ -296,3 +297,20 @@ def exclusive_gc_lock(lock_dir: Path, timeout: float) -> Iterator[None]:
         for fd in (lock, gate):
             if fd is not None:
                 os.close(fd)
+
+
+LOCK_TIMEOUT = 60.0  # seconds a commit or load waits for a running gc (and gc for them)
+
+
+class GcLock:
+    """The gc lock of one repository: ``shared()`` for commits and reads, ``exclusive()`` for gc."""
+
+    def __init__(self, lock_dir: Path, timeout: float = LOCK_TIMEOUT):
+        self.dir = Path(lock_dir)
+        self.timeout = timeout
+
+    def shared(self):
+        return shared_gc_lock(self.dir, self.timeout)
+
+    def exclusive(self):
+        return exclusive_gc_lock(self.dir, self.timeout)

@@ -27,8 +27,9 @@ from typing import Iterator, Optional
 
 import lmdb
 
-from . import encoding
-from .errors import CorruptObject, MvcError
+from .. import encoding
+from ..errors import BadInput, CorruptObject, MvcError
+from .fs import check_file
 from .packs import Location
 
 OBJECT_KINDS = ("tensors", "trees", "commits")
@@ -38,6 +39,8 @@ _SEQ = struct.Struct(">Q")
 DIRECT, SYMBOLIC = 0, 1
 FLAG_PROTECTED = 1
 MAP_SIZE = 1 << 36  # address space only; the file grows as it is used
+MIN_MAP_SIZE = 1 << 26  # tried when the address space for MAP_SIZE is refused (ulimit -v)
+MAX_KEY = 480  # LMDB's key limit is 511 bytes; a reflog key adds 9 to a ref name
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,13 @@ def _decode_ref(name: str, raw: bytes) -> RefValue:
     if raw[:1] == bytes([DIRECT]) and len(raw) == 34:
         return RefValue(id=raw[1:33], protected=bool(raw[33] & FLAG_PROTECTED))
     raise CorruptObject(f"ref {name!r} has a damaged value in the index")
+
+
+def check_key(name: str) -> None:
+    """BadInput for a ref or branch name too long to be an index key."""
+    if len(name.encode()) > MAX_KEY:
+        raise BadInput(f"name {name[:40]!r}... is {len(name.encode())} bytes long; names may be at most "
+                       f"{MAX_KEY} bytes")
 
 
 def _location(raw: bytes) -> Location:
@@ -122,6 +132,7 @@ class Txn:
         return None if raw is None else _decode_ref(name, raw)
 
     def set_ref(self, name: str, value: RefValue) -> None:
+        check_key(name)
         self._txn.put(name.encode(), _encode_ref(value), db=self._dbs["refs"])
 
     def delete_ref(self, name: str) -> None:
@@ -166,6 +177,7 @@ class Txn:
         return None if raw is None else encoding.unpack(raw, f"lock on {name!r}")
 
     def put_lock(self, name: str, holder: dict) -> None:
+        check_key(name)
         self._txn.put(name.encode(), encoding.pack(holder), db=self._dbs["locks"])
 
     def delete_lock(self, name: str) -> None:
@@ -212,17 +224,51 @@ def _open_env(path: Path, create: bool) -> tuple:
             raise MvcError(f"{path} was opened by the parent of this forked process, which cannot "
                            "use it; open the repository only in the child, or start it with 'spawn'")
         if entry is None:
-            try:
-                env = lmdb.open(key[1], subdir=True, create=create, max_dbs=len(DB_NAMES),
-                                map_size=MAP_SIZE, readahead=False, meminit=False)
-                dbs = {n: env.open_db(n.encode(), create=create) for n in DB_NAMES}
-            except lmdb.Error as exc:
-                raise CorruptObject(f"the index at {path} cannot be opened ({exc}): it is damaged or "
-                                    "was written by another mvc version; restore .mvc/index from a "
-                                    "backup (commits and refs live there; the packs hold only chunk data)") from None
+            env, dbs = _new_env(Path(key[1]), create)
             entry = _OPEN[key] = [env, dbs, 0]
         entry[2] += 1
         return key, entry[0], entry[1]
+
+
+def _new_env(path: Path, create: bool) -> tuple:
+    """(environment, databases), read-only where the index folder is not writable."""
+    if not create:
+        for name in ("data.mdb", "lock.mdb"):
+            try:
+                check_file(path / name)  # LMDB follows links: refuse them first
+            except FileNotFoundError:
+                if name == "data.mdb":
+                    raise CorruptObject(f"the index at {path} cannot be opened: it has no data.mdb; restore "
+                                        ".mvc/index from a backup") from None
+    readonly = not create and not os.access(path, os.W_OK)
+    size, env = MAP_SIZE, None
+    while env is None:
+        try:
+            env = lmdb.open(str(path), subdir=True, create=create, max_dbs=len(DB_NAMES), map_size=size,
+                            readahead=False, meminit=False, readonly=readonly, lock=not readonly)
+        except lmdb.MemoryError:
+            if size <= MIN_MAP_SIZE:
+                raise MvcError(f"the index at {path} cannot be mapped: the process may not use enough "
+                               "address space (ulimit -v); raise the limit") from None
+            size //= 4  # grown again on demand by a write that needs it (Index._grow)
+        except lmdb.Error as exc:
+            raise _damaged(path, exc) from None
+    try:
+        if not readonly:
+            env.reader_check()  # slots of readers killed mid-transaction would pin pages for good
+        dbs = {n: env.open_db(n.encode(), create=create) for n in DB_NAMES}
+    except lmdb.Error as exc:
+        env.close()
+        raise _damaged(path, exc) from None
+    return env, dbs
+
+
+def _damaged(path: Path, exc) -> CorruptObject:
+    if isinstance(exc, (lmdb.ReadonlyError,)) or "Permission denied" in str(exc):
+        return CorruptObject(f"the index at {path} cannot be opened: {exc}; check the folder's permissions")
+    return CorruptObject(f"the index at {path} cannot be opened ({exc}): it is damaged or was written by "
+                         "another mvc version; restore .mvc/index from a backup (commits and refs live "
+                         "there; the packs hold only chunk data)")
 
 
 def _close_env(key: str) -> None:
@@ -248,17 +294,34 @@ class Index:
         with self._errors(), self.env.begin(write=False, buffers=False) as txn:
             yield Txn(txn, self.dbs)
 
+    @property
+    def readonly(self) -> bool:
+        return self.env.flags().get("readonly", False)
+
     @contextmanager
     def write(self) -> Iterator[Txn]:
-        """A write transaction: committed (durably) if the block succeeds, else aborted."""
-        with self._errors(), self.env.begin(write=True) as txn:
-            yield Txn(txn, self.dbs)
+        """A write transaction: committed (durably) if the block succeeds, else aborted.
+
+        A write that fills the map grows it (up to MAP_SIZE) and runs again,
+        so the block must not have effects outside the transaction before
+        its last statement; MvcError past MAP_SIZE.
+        """
+        if self.readonly:
+            raise MvcError("the repository is read-only here (its index folder is not writable); "
+                           "nothing was changed")
+        with self._errors():
+            self.env.reader_check()  # a dead reader's slot would pin old pages: clear it first
+            with self.env.begin(write=True) as txn:
+                yield Txn(txn, self.dbs)
 
     @contextmanager
     def _errors(self):
         try:
             yield
         except lmdb.MapFullError:
+            if self._grow():
+                raise MvcError("the index filled the space this process may map; it was grown: "
+                               "run the command again") from None
             raise MvcError("the index reached its 64 GiB limit; nothing was changed") from None
         except lmdb.ReadersFullError:
             raise MvcError("too many processes and threads are reading the index at once (126); "
@@ -268,6 +331,17 @@ class Index:
                                         "rolled back, free some space and try again") from None
         except lmdb.Error as exc:
             raise CorruptObject(f"the index failed: {exc}") from None
+
+    def _grow(self) -> bool:
+        """Double the map (after a MapFullError below MAP_SIZE); False if at the limit or refused."""
+        size = self.env.info()["map_size"]
+        if size >= MAP_SIZE:
+            return False
+        try:
+            self.env.set_mapsize(min(MAP_SIZE, size * 4))
+        except lmdb.Error:
+            return False
+        return True
 
     def close(self) -> None:
         if not self._closed:

@@ -18,12 +18,16 @@ import os
 import re
 import secrets
 import struct
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from . import hashing
-from .errors import CorruptObject
+from .. import hashing
+from ..errors import CorruptObject
+from .fs import fsync_dir, open_file
 
 HEADER = b"MVCPACK1"
 SEAL = b"MVCSEAL1"
@@ -49,14 +53,6 @@ def pack_filename(name: bytes) -> str:
     return f"pack-{name.hex()}.pack"
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class PackWriter:
     """Appends chunk records to a new pack; ``seal`` makes it durable.
 
@@ -69,7 +65,7 @@ class PackWriter:
         self.directory = Path(directory)
         self.name = secrets.token_bytes(NAME_BYTES)
         self.tmp_path = self.directory / (pack_filename(self.name) + ".tmp")
-        self.fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.fd = open_file(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         self.offset = 0
         self.entries: list = []
         try:
@@ -120,8 +116,8 @@ class PackWriter:
 
 def read_trailer(path: Path) -> list:
     """The (id, offset, length) entries a sealed pack lists; CorruptObject if damaged."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with os.fdopen(open_file(path), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         if size < len(HEADER) + 4 + FOOTER.size or f.read(len(HEADER)) != HEADER:
             raise CorruptObject(f"pack {path.name} has no valid header or is truncated")
         f.seek(size - FOOTER.size)
@@ -151,7 +147,7 @@ def salvage_records(path: Path, limit: int = 1 << 32) -> Iterator[tuple]:
     verify is skipped, and the scan ends where a record is cut short. Only
     data that proves itself comes out. ``limit`` bounds a record's length.
     """
-    with open(path, "rb") as f:
+    with os.fdopen(open_file(path), "rb") as f:
         if f.read(len(HEADER)) != HEADER:
             return
         while True:
@@ -168,49 +164,83 @@ def salvage_records(path: Path, limit: int = 1 << 32) -> Iterator[tuple]:
                 yield cid, data
 
 
+MAX_OPEN = 128  # pack descriptors kept open: far below the usual 1024 limit, whatever the pack count
+
+
 class PackReader:
-    """Reads chunk data from sealed packs by location; keeps files open."""
+    """Reads chunk records from sealed packs by location.
 
-    def __init__(self, directory: Path):
+    Keeps at most ``max_open`` descriptors open, least recently used closed
+    first, so thousands of packs never exhaust the process's file limit. A
+    descriptor in use by a read is never closed under it.
+    """
+
+    def __init__(self, directory: Path, max_open: int = MAX_OPEN):
         self.directory = Path(directory)
-        self._fds: dict = {}
+        self.max_open = max_open
+        self._fds: OrderedDict = OrderedDict()  # pack name -> [fd, readers using it]
+        self._lock = threading.Lock()
 
-    def _fd(self, name: bytes) -> int:
-        fd = self._fds.get(name)
-        if fd is None:
-            path = self.directory / pack_filename(name)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise CorruptObject(f"pack {path.name} is missing; run 'mvc fsck'") from None
-            kept = self._fds.setdefault(name, fd)
-            if kept != fd:  # another thread opened it first: keep one descriptor
+    @contextmanager
+    def _fd(self, name: bytes) -> Iterator[int]:
+        with self._lock:
+            entry = self._fds.get(name)
+            if entry is not None:
+                self._fds.move_to_end(name)
+                entry[1] += 1
+        if entry is None:
+            entry = self._open(name)
+        try:
+            yield entry[0]
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                self._trim()
+
+    def _open(self, name: bytes) -> list:
+        path = self.directory / pack_filename(name)
+        try:
+            fd = open_file(path)
+        except FileNotFoundError:
+            raise CorruptObject(f"pack {path.name} is missing; run 'mvc fsck'") from None
+        with self._lock:
+            entry = self._fds.get(name)
+            if entry is None:
+                entry = self._fds[name] = [fd, 0]
+            else:  # another thread opened it first: keep one descriptor
                 os.close(fd)
-            fd = kept
-        return fd
+            entry[1] += 1
+            return entry
 
-    def read_into(self, loc: Location, buffer) -> None:
-        """Read a chunk's bytes into ``buffer`` (exactly ``loc.length`` bytes)."""
-        got = os.preadv(self._fd(loc.pack), [buffer], loc.offset)
-        if got != loc.length:
-            raise CorruptObject(f"pack {pack_filename(loc.pack)} is truncated at offset {loc.offset}")
+    def _trim(self) -> None:
+        for name in list(self._fds):
+            if len(self._fds) <= self.max_open:
+                return
+            fd, users = self._fds[name]
+            if users == 0:
+                del self._fds[name]
+                os.close(fd)
 
     def read_run(self, locs: list, buffers: list) -> None:
         """Read chunks whose records lie back to back in one pack with one call.
 
         ``locs[i + 1]`` must start right after ``locs[i]``'s data and the next
-        record header; each chunk lands in ``buffers[i]``. One large read
-        instead of many small ones keeps the kernel's readahead going when
-        the pack is not in the page cache.
+        record header; each chunk lands in ``buffers[i]``. Returns the record
+        headers read along (for checkers). One large read instead of many
+        small ones keeps the kernel's readahead going when the pack is not
+        in the page cache.
         """
-        header = bytearray(RECORD_HEAD.size)  # every header lands here and is dropped
-        iov = [buffers[0]]
-        for buffer in buffers[1:]:
-            iov += [header, buffer]
-        want = sum(loc.length for loc in locs) + RECORD_HEAD.size * (len(locs) - 1)
-        got = os.preadv(self._fd(locs[0].pack), iov, locs[0].offset)
+        heads = [bytearray(RECORD_HEAD.size) for _ in locs]
+        iov = []
+        for head, buffer in zip(heads, buffers):
+            iov += [head, buffer]
+        start = locs[0].offset - RECORD_HEAD.size
+        want = sum(loc.length for loc in locs) + RECORD_HEAD.size * len(locs)
+        with self._fd(locs[0].pack) as fd:
+            got = os.preadv(fd, iov, start)
         if got != want:
             raise CorruptObject(f"pack {pack_filename(locs[0].pack)} is truncated at offset {locs[0].offset}")
+        return heads
 
     def prefetch(self, runs: list, gap: int = 1 << 20, budget: int = PREFETCH_BYTES) -> None:
         """Ask the kernel to start reading runs of back-to-back chunks (lists
@@ -230,15 +260,21 @@ class PackReader:
             for lo, hi in merged:
                 if budget <= 0 or not hasattr(os, "posix_fadvise"):
                     return  # beyond the budget the kernel's own readahead serves
-                os.posix_fadvise(self._fd(name), lo, min(hi - lo, budget), os.POSIX_FADV_WILLNEED)
+                with self._fd(name) as fd:
+                    os.posix_fadvise(fd, lo, min(hi - lo, budget), os.POSIX_FADV_WILLNEED)
                 budget -= hi - lo
 
     def read(self, loc: Location) -> bytes:
+        """One record's data, unverified: the chunk store verifies what it returns."""
         buffer = bytearray(loc.length)
-        self.read_into(loc, buffer)
+        self.read_run([loc], [buffer])
         return bytes(buffer)
 
+    def open_count(self) -> int:
+        return len(self._fds)
+
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        with self._lock:
+            for fd, _ in self._fds.values():
+                os.close(fd)
+            self._fds.clear()

@@ -1,0 +1,234 @@
+"""Reachability: the one walk that says what is live, for fsck and gc alike.
+
+Vocabulary:
+
+- **root**: a commit that a ref (``HEAD``, ``heads/*``, ``tags/*``) names,
+  or that a reflog entry names as its old or new id. Roots carry labels:
+  the ref's name, or ``reflog:<ref>`` for reflog roots.
+- **reachable** (live): a root, a parent of a reachable commit, and the
+  tree, tensors and chunks of a reachable commit that gc retention has not
+  pruned (a pruned commit keeps only its record).
+- **damage**: something the walk needs that is missing, corrupt (does not
+  hash to its id or does not decode), or a ref or reflog entry that cannot
+  be read. Each is a ``Finding``.
+
+``walk(txn, objects, policy)`` takes the narrow things it needs (an index
+transaction and the object store), as dulwich's ``find_reachable_objects``
+and restic's ``FindUsedBlobs`` do. Its ``policy`` says what damage does:
+``COLLECT`` (fsck) records every finding and walks on; ``RAISE`` (gc)
+stops at the first with ``CorruptObject``, because deleting anything on
+the strength of a walk that could not see everything could delete live
+data. So fsck and gc always agree: gc refuses to run exactly when fsck
+reports damage that the walk meets, including a malformed reflog entry.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from . import encoding
+from .errors import CorruptObject
+from .objects import ID_SIZE, TensorLeaf
+from .store.objectstore import CORRUPT, MISSING
+from .traverse import format_path, walk as walk_tree
+
+REFLOG = "reflog:"
+COLLECT, RAISE = "collect", "raise"
+
+# Kinds of damage, as reports name them.
+MISSING_COMMIT, CORRUPT_COMMIT = "missing-commit", "corrupt-commit"
+MISSING_TREE, CORRUPT_TREE = "missing-tree", "corrupt-tree"
+MISSING_TENSOR, CORRUPT_TENSOR = "missing-tensor", "corrupt-tensor"
+CORRUPT_REF, CORRUPT_REFLOG = "corrupt-ref", "corrupt-reflog"
+_KINDS = {("commits", MISSING): MISSING_COMMIT, ("commits", CORRUPT): CORRUPT_COMMIT,
+          ("trees", MISSING): MISSING_TREE, ("trees", CORRUPT): CORRUPT_TREE,
+          ("tensors", MISSING): MISSING_TENSOR, ("tensors", CORRUPT): CORRUPT_TENSOR}
+
+
+@dataclass
+class Finding:
+    """Damage the walk met (binary ids), before its consequences are worked out."""
+
+    kind: str
+    object: str
+    detail: str
+    chunks: set = field(default_factory=set)
+    tensors: set = field(default_factory=set)
+    trees: set = field(default_factory=set)
+    commits: set = field(default_factory=set)
+    refs: set = field(default_factory=set)
+
+
+@dataclass
+class Reach:
+    """What a walk found: live ids, where each is used, and the damage met."""
+
+    roots: dict = field(default_factory=lambda: defaultdict(set))  # label -> commit ids
+    parents: dict = field(default_factory=dict)  # live commit id -> parent ids (present commits only)
+    commits: dict = field(default_factory=dict)  # live commit id -> CommitObject
+    tree_commits: dict = field(default_factory=lambda: defaultdict(set))  # live tree id -> commits
+    tensor_trees: dict = field(default_factory=lambda: defaultdict(set))
+    tensor_paths: dict = field(default_factory=lambda: defaultdict(set))
+    chunk_tensors: dict = field(default_factory=lambda: defaultdict(set))
+    chunk_length: dict = field(default_factory=dict)  # live chunk id -> length
+    trees: int = 0  # intact live trees
+    tensors: int = 0  # intact live tensors
+    findings: list = field(default_factory=list)
+
+    def find(self, kind: str, what: str, detail: str, **where) -> None:
+        self.findings.append(Finding(kind, what, detail, **{k: set(v) for k, v in where.items()}))
+
+    @property
+    def live_trees(self) -> set:
+        return set(self.tree_commits)
+
+    @property
+    def live_tensors(self) -> set:
+        return set(self.tensor_trees)
+
+
+class _Walker:
+    def __init__(self, txn, objects, policy: str, prune: set, skip_reflog: set):
+        self.txn, self.objects, self.policy = txn, objects, policy
+        self.prune, self.skip_reflog = prune, skip_reflog
+        self.reach = Reach()
+
+    def damage(self, kind: str, what: str, detail: str, **where) -> None:
+        if self.policy == RAISE:
+            raise CorruptObject(f"gc stopped, nothing was deleted: {what}: {detail}; run 'mvc fsck'"
+                                + (" and 'mvc reflog expire --damaged'" if kind == CORRUPT_REFLOG else ""))
+        self.reach.find(kind, what, detail, **where)
+
+    def get(self, kind: str, oid: bytes, **where):
+        verdict, value = self.objects.check(self.txn, kind, oid)
+        if verdict is None:
+            return value
+        noun = kind[:-1]
+        detail = f"the {noun} object is missing from the index" if verdict == MISSING else value
+        if verdict == CORRUPT and value == "its bytes do not hash to its id":
+            detail = f"the {noun} object's bytes do not hash to its id"
+        self.damage(_KINDS[kind, verdict], f"{noun} {oid.hex()[:12]}", detail, **where)
+        return None
+
+    # -- roots -----------------------------------------------------------------
+
+    def roots(self) -> None:
+        for key in self.txn.ids("refs"):
+            name = key.decode("utf-8", "replace")
+            oid = self._ref_target(name)
+            if oid is not None:
+                self.reach.roots[name].add(oid)
+        for name, seq, raw in self.txn.reflog_raw():
+            if (name, seq) in self.skip_reflog:
+                continue
+            ids = reflog_ids(raw, name)
+            if ids is None:
+                self.damage(CORRUPT_REFLOG, f"reflog of {name}", f"entry {seq} is damaged: it does not decode "
+                            "to old and new commit ids", refs={REFLOG + name})
+                continue
+            self.reach.roots[REFLOG + name].update(ids)
+
+    def _ref_target(self, name: str) -> Optional[bytes]:
+        try:
+            value = self.txn.ref(name)
+            if value.target is not None:  # symbolic: HEAD on a branch (maybe unborn)
+                target = self.txn.ref(value.target)
+                return target.id if target is not None and target.target is None else None
+            return value.id
+        except CorruptObject as exc:
+            self.damage(CORRUPT_REF, f"ref {name}", str(exc), refs={name})
+            return None
+
+    # -- objects ---------------------------------------------------------------
+
+    def commits(self) -> None:
+        seen = set().union(*self.reach.roots.values())
+        todo = list(seen)
+        while todo:
+            oid = todo.pop()
+            obj = self.get("commits", oid, commits={oid})
+            if obj is None:
+                continue
+            self.reach.commits[oid] = obj
+            self.reach.parents[oid] = obj.parents
+            if oid not in self.prune and not self._pruned(oid):  # retention deleted its tree on purpose
+                self.reach.tree_commits[obj.tree].add(oid)
+            for parent in obj.parents:
+                if parent not in seen:
+                    seen.add(parent)
+                    todo.append(parent)
+
+    def _pruned(self, oid: bytes) -> bool:
+        try:
+            return self.txn.pruned(oid) is not None
+        except CorruptObject as exc:  # then check the tree as if it were not pruned
+            self.damage(CORRUPT_COMMIT, f"commit {oid.hex()[:12]}", str(exc), commits={oid})
+            return False
+
+    def trees(self) -> None:
+        for tid in list(self.reach.tree_commits):
+            tree = self.get("trees", tid, trees={tid})
+            if tree is None:
+                continue
+            self.reach.trees += 1
+            try:
+                leaves = [(p, leaf) for p, leaf in walk_tree(tree.root) if isinstance(leaf, TensorLeaf)]
+            except RecursionError:
+                self.damage(CORRUPT_TREE, f"tree {tid.hex()[:12]}", "the tree is nested too deeply", trees={tid})
+                continue
+            for path, leaf in leaves:
+                self.reach.tensor_trees[leaf.id].add(tid)
+                self.reach.tensor_paths[leaf.id].add(format_path(path) or "<root>")
+
+    def tensors(self) -> None:
+        for tid in list(self.reach.tensor_trees):
+            obj = self.get("tensors", tid, tensors={tid})
+            if obj is None:
+                continue
+            self.reach.tensors += 1
+            for cid, _, length in obj.chunk_spans():
+                self.reach.chunk_tensors[cid].add(tid)
+                self.reach.chunk_length.setdefault(cid, length)
+
+
+def reflog_ids(raw: bytes, name: str) -> Optional[list]:
+    """The commit ids a raw reflog entry names (old, new; None left out), or None if it is damaged."""
+    try:
+        entry = encoding.unpack(raw, f"reflog entry of {name}")
+    except CorruptObject:
+        return None
+    if type(entry) is not dict:
+        return None
+    ids = [entry.get(k) for k in ("old", "new")]
+    if not all(i is None or (type(i) is bytes and len(i) == ID_SIZE) for i in ids):
+        return None
+    return [i for i in ids if i is not None]
+
+
+def walk(txn, objects, policy: str = COLLECT, prune: Iterable[bytes] = (), skip_reflog: Iterable = ()) -> Reach:
+    """Everything reachable from refs and the reflog, in the index transaction ``txn``.
+
+    ``prune``: commits to treat as pruned (gc's retention, before it marks
+    them). ``skip_reflog``: (ref, sequence) entries not to count as roots
+    (expiring ones). With ``RAISE``, CorruptObject at the first damage.
+    """
+    walker = _Walker(txn, objects, policy, set(prune), set(skip_reflog))
+    walker.roots()
+    walker.commits()
+    walker.trees()
+    walker.tensors()
+    return walker.reach
+
+
+def reachable_from(parents: dict, roots: dict) -> dict:
+    """{label: commit ids reachable from that label's roots} over a parents map."""
+    out = {}
+    for label, ids in roots.items():
+        seen, todo = set(ids), list(ids)
+        while todo:
+            for parent in parents.get(todo.pop(), ()):
+                if parent not in seen:
+                    seen.add(parent)
+                    todo.append(parent)
+        out[label] = seen
+    return out

@@ -1,0 +1,17 @@
+"""The storage layer: where bytes live, and nothing about what they mean above.
+
+- ``fs``          opening files under ``.mvc`` without following links or
+                  blocking on FIFOs
+- ``packs``       the pack file format: append-only chunk records sealed by
+                  a trailer (``PackWriter``, ``PackReader``)
+- ``index``       the LMDB environment: chunk locations, objects, refs,
+                  reflog, locks (the only module that imports lmdb)
+- ``chunks``      the chunk store seam (``ChunkStore``) and its local
+                  implementation over packs and the index (``PackStore``)
+- ``objectstore`` commits, trees and tensors by id, verified, with one
+                  policy for missing and corrupt objects
+- ``locks``       branch write locks (in the index) and the gc file lock
+
+Above this layer: ``mvc.refs`` (revisions and ref moves), ``mvc.reach``
+(reachability), ``mvc.repository`` (composition and the verbs).
+"""

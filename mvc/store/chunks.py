@@ -1,0 +1,341 @@
+"""The chunk store: the one seam that decides where chunk bytes live.
+
+Vocabulary:
+
+- **chunk**: at most ``chunk_size`` bytes of one tensor; its id is their
+  BLAKE3 digest.
+- **request**: one chunk to read: its id, the buffer its bytes go into
+  (exactly the chunk's length) and ``what``, the words that name it in an
+  error ("tensor 'model.w' in commit 1a2b3c4d5e6f").
+- **run**: requests whose records lie back to back in one pack, read with
+  one system call.
+
+Every reader and writer of chunk bytes in mvc goes through a ``ChunkStore``:
+commit writes through ``writer()``, load, diff, export and gc's rewrite read
+through ``read()``, fsck re-hashes through ``verify()``. ``PackStore``, the
+local packs indexed in LMDB, is the first implementation; how another one
+plugs in is in ``docs/architecture.md``.
+
+Call order of a write (what "finished" means):
+
+1. ``w = store.writer()``; ``w.add(id, data)`` for each chunk the caller
+   found ``missing``. Nothing is visible to any reader yet.
+2. ``w.seal()``: the bytes are durable (fsynced) but still unreferenced;
+   a crash now leaves only garbage that gc reclaims.
+3. ``w.publish(txn)`` inside the caller's index write transaction: the
+   chunks become readable exactly when that transaction commits, together
+   with the objects that reference them.
+``w.abort()`` at any point before ``publish`` drops everything written.
+
+Every byte ``read`` returns has been re-hashed and matched with its id;
+a mismatch raises ``ChecksumMismatch`` naming ``what``; nothing is ever
+returned unverified.
+"""
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from .. import hashing
+from ..errors import ChecksumMismatch, CorruptObject, ObjectNotFound
+from .packs import RECORD_HEAD, Location, PackReader, PackWriter, pack_filename
+
+THREADS = max(1, min(8, os.cpu_count() or 1))
+# Bytes read with one call and then hashed: small enough to still be in the
+# CPU cache when hashed (one pass through memory instead of two), large
+# enough for the kernel's readahead on a cold pack.
+RUN_BYTES = 1 << 20
+MAX_RUN = 500  # chunks in one read: each takes two of the kernel's 1024 iovec slots
+TASK_BYTES = 16 << 20  # work handed to one thread at a time: amortises the pool's per-task cost
+
+# Kinds of problem ``verify`` reports.
+BAD_RECORD, CHECKSUM, SHORT_PACK, UNREADABLE = "bad-record-header", "checksum-mismatch", "damaged-pack", "missing-pack"
+
+
+@dataclass
+class Request:
+    """One chunk to read into ``buffer`` (a writable buffer of its exact length)."""
+
+    id: bytes
+    buffer: object
+    what: str = ""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A chunk ``verify`` found broken: ``kind`` is one of the kinds above."""
+
+    kind: str
+    id: bytes
+    detail: str
+
+
+def batches(items: list, size_of: Callable, limit: int = TASK_BYTES) -> list:
+    """``items`` in order, cut into lists of about ``limit`` bytes each."""
+    out, current, total = [], [], 0
+    for item in items:
+        current.append(item)
+        total += size_of(item)
+        if total >= limit:
+            out.append(current)
+            current, total = [], 0
+    if current:
+        out.append(current)
+    return out
+
+
+def runs(jobs: list, limit: int = RUN_BYTES) -> list:
+    """(Location, x) jobs cut into runs whose records lie back to back in one pack.
+
+    Jobs keep their order; a run holds at most MAX_RUN chunks and about
+    ``limit`` bytes.
+    """
+    out, size = [], 0
+    for job in jobs:
+        loc = job[0]
+        if out and len(out[-1]) < MAX_RUN and size < limit:
+            last = out[-1][-1][0]
+            if last.pack == loc.pack and loc.offset == last.offset + last.length + RECORD_HEAD.size:
+                out[-1].append(job)
+                size += loc.length
+                continue
+        out.append([job])
+        size = loc.length
+    return out
+
+
+class ChunkStore:
+    """Where chunk bytes live. Subclasses implement every method below.
+
+    ``txn`` arguments are index transactions of the repository; a store
+    that keeps its own catalogue may ignore them.
+    """
+
+    def missing(self, ids: Iterable[bytes], txn) -> set:
+        """The ids among ``ids`` this store cannot read."""
+        return {cid for cid in ids if not self.has(cid, txn)}
+
+    def has(self, cid: bytes, txn) -> bool:
+        """Whether this store can read chunk ``cid``."""
+        raise NotImplementedError
+
+    def writer(self) -> "ChunkWriter":
+        """A new batch of chunks to add (see the module's call order)."""
+        raise NotImplementedError
+
+    def read(self, requests: list, txn, progress: Optional[Callable[[int], None]] = None) -> None:
+        """Fill every request's buffer with its verified bytes.
+
+        ``progress(n)`` is called with the bytes of each finished piece.
+        Raises ObjectNotFound (not here), ChecksumMismatch / CorruptObject.
+        """
+        raise NotImplementedError
+
+    def verify(self, locations: dict, txn=None, threads: int = THREADS, progress=None) -> list:
+        """Re-read and re-hash chunks {id: where the index says they are}; the
+        Problems found (never raises on damage)."""
+        raise NotImplementedError
+
+    def read_one(self, cid: bytes, txn, what: str = "") -> bytes:
+        buffer = bytearray(self.length(cid, txn, what))
+        self.read([Request(cid, buffer, what)], txn)
+        return bytes(buffer)
+
+    def length(self, cid: bytes, txn, what: str = "") -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class ChunkWriter:
+    """A batch of new chunks: ``add`` …, ``seal``, ``publish(txn)``; or ``abort``."""
+
+    def add(self, cid: bytes, data) -> bool:
+        """Add a chunk; False if this batch already holds it."""
+        raise NotImplementedError
+
+    def seal(self) -> None:
+        raise NotImplementedError
+
+    def publish(self, txn) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def count(self) -> int:
+        raise NotImplementedError
+
+
+def _named(cid: bytes, what: str) -> str:
+    return f"chunk {cid.hex()[:12]}" + (f" of {what}" if what else "")
+
+
+class PackStore(ChunkStore):
+    """Chunks in the local ``packs/`` folder, located through the index's chunk table."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.packs = PackReader(self.directory)
+        self._scratch = threading.local()
+
+    # -- writing -------------------------------------------------------------
+
+    def has(self, cid: bytes, txn) -> bool:
+        return txn.chunk(cid) is not None
+
+    def writer(self) -> "PackBatch":
+        return PackBatch(self.directory)
+
+    # -- reading -------------------------------------------------------------
+
+    def locate(self, cid: bytes, txn, what: str = "") -> Location:
+        loc = txn.chunk(cid)
+        if loc is None:
+            raise ObjectNotFound(f"{_named(cid, what)} is missing from the index; run 'mvc fsck'", id=cid)
+        return loc
+
+    def length(self, cid: bytes, txn, what: str = "") -> int:
+        return self.locate(cid, txn, what).length
+
+    def read(self, requests: list, txn, progress=None, threads: int = THREADS) -> None:
+        jobs = []
+        for req in requests:
+            loc = self.locate(req.id, txn, req.what)
+            if loc.length != memoryview(req.buffer).nbytes:
+                raise CorruptObject(f"{_named(req.id, req.what)} has the wrong length in the index; "
+                                    "run 'mvc fsck'", id=req.id)
+            jobs.append((loc, req))
+        pieces = runs(jobs)
+        # Cold packs: start the kernel reading every run now, so the reads
+        # below find it in the cache instead of waiting for the disk in turn.
+        self.packs.prefetch([[job[0] for job in run] for run in pieces])
+
+        def work(task):
+            for run in task:
+                self._read_run(run)
+            return sum(job[0].length for run in task for job in run)
+        tasks = batches(pieces, lambda run: sum(job[0].length for job in run))
+        if len(tasks) <= 1 or threads <= 1:
+            for task in tasks:
+                n = work(task)
+                if progress:
+                    progress(n)
+            return
+        with ThreadPoolExecutor(min(threads, len(tasks))) as pool:
+            for n in pool.map(work, tasks):
+                if progress:
+                    progress(n)
+
+    def _read_run(self, run: list) -> None:
+        # Record headers matter only to rebuilding the index (verify checks
+        # them); the bytes themselves prove themselves against their id.
+        self.packs.read_run([loc for loc, _ in run], [req.buffer for _, req in run])
+        for loc, req in run:
+            if hashing.digest(req.buffer) != req.id:
+                raise ChecksumMismatch(f"{_named(req.id, req.what)} is corrupt (BLAKE3 mismatch); "
+                                       "run 'mvc fsck'", id=req.id)
+
+    # -- checking ------------------------------------------------------------
+
+    def verify(self, locations: dict, txn=None, threads: int = THREADS, progress=None) -> list:
+        """Re-read and re-hash chunks {id: Location}, headers included; the Problems found.
+
+        Reads go through the same runs as ``read``, into a scratch buffer per thread.
+        """
+        jobs = sorted(((loc, cid) for cid, loc in locations.items()), key=lambda j: (j[0].pack, j[0].offset))
+        pieces = runs(jobs)
+
+        def work(task):
+            found = []
+            for run in task:
+                found += self._verify_run(run)
+            return found, sum(loc.length for run in task for loc, _ in run)
+        problems = []
+        tasks = batches(pieces, lambda run: sum(loc.length for loc, _ in run))
+        with ThreadPoolExecutor(max(1, min(threads, len(tasks) or 1))) as pool:
+            for found, n in pool.map(work, tasks):
+                problems += found
+                if progress:
+                    progress(n)
+        return problems
+
+    def _buffers(self, run: list) -> list:
+        size = sum(loc.length for loc, _ in run)
+        buf = getattr(self._scratch, "buf", None)
+        if buf is None or len(buf) < size:
+            buf = self._scratch.buf = bytearray(max(size, RUN_BYTES + (256 << 10)))
+        view, out, at = memoryview(buf), [], 0
+        for loc, _ in run:
+            out.append(view[at:at + loc.length])
+            at += loc.length
+        return out
+
+    def _verify_run(self, run: list) -> list:
+        buffers = self._buffers(run)
+        first = run[0][0]
+        try:
+            heads = self.packs.read_run([loc for loc, _ in run], buffers)
+        except CorruptObject as exc:
+            if len(run) > 1:  # find which records are short, one by one
+                return [p for job in run for p in self._verify_run([job])]
+            kind = UNREADABLE if "missing" in str(exc) else SHORT_PACK
+            return [Problem(kind, run[0][1], f"pack {pack_filename(first.pack)} ends before offset {first.offset}"
+                            if kind == SHORT_PACK else str(exc))]
+        problems = []
+        for (loc, cid), head, buffer in zip(run, heads, buffers):
+            where = f"offset {loc.offset} in {pack_filename(loc.pack)}"
+            if RECORD_HEAD.unpack(head) != (cid, loc.length):
+                problems.append(Problem(BAD_RECORD, cid, f"the record header before {where} does not name "
+                                        "this chunk and length"))
+            elif hashing.digest(buffer) != cid:
+                problems.append(Problem(CHECKSUM, cid, f"its {loc.length} bytes at {where} do not hash to its "
+                                        "id (BLAKE3 mismatch)"))
+        return problems
+
+    def close(self) -> None:
+        self.packs.close()
+
+
+class PackBatch(ChunkWriter):
+    """New chunks appended to one new pack of this process."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._writer: Optional[PackWriter] = None
+        self._locs: dict = {}
+        self.bytes = 0
+
+    def add(self, cid: bytes, data) -> bool:
+        if cid in self._locs:
+            return False
+        if self._writer is None:
+            self._writer = PackWriter(self.directory)
+        self._locs[cid] = self._writer.add(cid, data)
+        self.bytes += self._locs[cid].length
+        return True
+
+    def seal(self) -> None:
+        if self._writer is not None:
+            self._writer.seal()
+
+    def publish(self, txn) -> None:
+        for cid, loc in self._locs.items():
+            txn.put_chunk(cid, loc)
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.abort()
+
+    @property
+    def count(self) -> int:
+        return len(self._locs)
+
+    @property
+    def locations(self) -> dict:
+        return dict(self._locs)

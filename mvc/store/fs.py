@@ -1,0 +1,109 @@
+"""Opening files inside ``.mvc`` without trusting what is there.
+
+A repository may come from anywhere (a colleague's tarball, a damaged disk),
+so every file mvc opens or creates under ``.mvc`` is opened with
+``O_NOFOLLOW`` (a symlink is refused, never followed out of the repository)
+and ``O_NONBLOCK`` (a FIFO or device cannot hang the open), then checked with
+``fstat`` to be a regular file. Folders are checked the same way. Anything
+else is damage: ``NotRegular``, a ``CorruptObject`` naming the path.
+"""
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from ..errors import CorruptObject
+
+_SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+class NotRegular(CorruptObject):
+    """A path inside ``.mvc`` is a symlink, FIFO, device or socket where a file or folder belongs."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _refuse(path, mode: int, want: str) -> NotRegular:
+    return NotRegular(f"{path} is {_kind(mode)}, not {want}; the repository is damaged or was tampered "
+                      "with: remove it (mvc never follows links inside .mvc)")
+
+
+def open_file(path, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """A descriptor of the regular file ``path``; NotRegular for anything else.
+
+    ``flags`` may add ``O_CREAT``/``O_EXCL``/``O_WRONLY``/``O_RDWR``.
+    Raises FileNotFoundError as ``os.open`` does.
+    """
+    try:
+        fd = os.open(path, flags | _SAFE, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink (ELOOP) or a FIFO opened for writing
+            raise _refuse(path, os.lstat(path).st_mode, "a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, st.st_mode, "a regular file")
+        os.set_blocking(fd, True)  # O_NONBLOCK was only for the open
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_dir(path) -> Path:
+    """``path`` if it is a real folder (not a symlink to one); NotRegular otherwise.
+
+    FileNotFoundError if it does not exist.
+    """
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISDIR(mode):
+        raise _refuse(path, mode, "a folder")
+    return Path(path)
+
+
+def ensure_dir(path) -> Path:
+    """Create folder ``path`` if missing; NotRegular if something else is there."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    return check_dir(path)
+
+
+def check_file(path) -> Path:
+    """``path`` if it is a regular file (not a link); NotRegular otherwise; FileNotFoundError if absent."""
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise _refuse(path, mode, "a regular file")
+    return Path(path)
+
+
+def entries(folder) -> list:
+    """(name, is a regular file) for each entry of ``folder``, sorted by name; nothing is followed."""
+    with os.scandir(check_dir(folder)) as it:
+        return sorted((e.name, e.is_file(follow_symlinks=False)) for e in it)
+
+
+def read_small(path, limit: int = 1 << 20) -> bytes:
+    """The bytes of a small regular file (at most ``limit``); NotRegular / FileNotFoundError."""
+    fd = open_file(path)
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

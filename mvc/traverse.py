@@ -1,0 +1,80 @@
+"""Traversal of nested states and trees: the one home for walking them.
+
+A **node** is a dict (str or int keys), list or tuple of nodes, or a leaf
+(a tensor, a tree's TensorLeaf, or a plain value). A **key path** is the
+tuple of keys and indices from the root to a node; users see it joined
+with dots (``format_path``). Dicts are visited in canonical key order
+(int keys ascending, then str keys), the order tree ids are computed in.
+
+``MAX_DEPTH`` bounds how deep a state may nest: checked at commit, so every
+state mvc stores can also be read back, checked and exported.
+"""
+
+import sys
+from typing import Any, Callable, Iterator
+
+from .encoding import key_order
+
+MAX_DEPTH = 256
+
+
+def format_path(path: tuple) -> str:
+    """A key path as users see it: keys joined with dots."""
+    return ".".join(str(k) for k in path)
+
+
+def is_container(node) -> bool:
+    return type(node) in (dict, list, tuple)
+
+
+def children(node) -> list:
+    """(key, child) pairs of a container, dict keys in canonical order."""
+    if type(node) is dict:
+        return [(k, node[k]) for k in sorted(node, key=key_order)]
+    return list(enumerate(node))
+
+
+def walk(node, path: tuple = ()) -> Iterator[tuple]:
+    """(key path, leaf) for every leaf under ``node``, in key order."""
+    if is_container(node):
+        for k, v in children(node):
+            yield from walk(v, path + (k,))
+    else:
+        yield path, node
+
+
+def rebuild(node, leaf_fn: Callable, leaf_type=None, path: tuple = ()) -> Any:
+    """A copy of ``node`` with each leaf of ``leaf_type`` (every non-container
+    when None) replaced by ``leaf_fn(leaf)``; other leaves are kept as they are.
+    Containers keep their kind (tuples stay tuples)."""
+    if leaf_type is not None and isinstance(node, leaf_type):
+        return leaf_fn(node)
+    t = type(node)
+    if t is dict:
+        return {k: rebuild(v, leaf_fn, leaf_type) for k, v in node.items()}
+    if t is list:
+        return [rebuild(v, leaf_fn, leaf_type) for v in node]
+    if t is tuple:
+        return tuple(rebuild(v, leaf_fn, leaf_type) for v in node)
+    return leaf_fn(node) if leaf_type is None else node
+
+
+def depth(node, limit: int = MAX_DEPTH) -> int:
+    """How deep containers nest under ``node`` (a leaf is 0), counting only up to ``limit + 1``."""
+    best, todo = 0, [(node, 0)]
+    while todo:
+        current, level = todo.pop()
+        if level > limit:
+            return level
+        best = max(best, level)
+        if isinstance(current, (dict, list, tuple)):
+            todo.extend((v, level + 1) for v in (current.values() if isinstance(current, dict) else current))
+    return best
+
+
+def storage_key(t) -> Any:
+    """What two tensors share exactly when they are the same view of the same
+    storage (tied weights); None for tensors that cannot be tied."""
+    if t.numel() == 0 or t.layout != sys.modules["torch"].strided:  # a tensor exists: torch is loaded
+        return None
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)

@@ -44,7 +44,8 @@ from .traverse import format_path, walk
 
 MVC_DIR = ".mvc"
 FORMAT_VERSION = 1
-KNOWN_EXTENSIONS: frozenset = frozenset()
+SEALED_VALUES = "sealed-values"  # refs, reflog, locks and pruned notes carry checksums (format.md 5.8)
+KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES})
 # 256 KiB, from benchmarks/bench_core.py --chunk-sizes (1 GiB state): commits
 # and loads are as fast as with 1-4 MiB chunks (per-chunk costs show only at
 # 128 KiB and below), while a few touched embedding rows rewrite a quarter
@@ -65,8 +66,8 @@ def find_root(path) -> Path:
     raise NotARepository(f"not an mvc repository (nor is any parent): {start}; run 'mvc init' first")
 
 
-def read_format(mvc_dir: Path) -> int:
-    """The format version in ``FORMAT``; UnsupportedFormat if this mvc cannot read it."""
+def read_format(mvc_dir: Path) -> tuple:
+    """(format version, set of extensions) in ``FORMAT``; UnsupportedFormat if this mvc cannot read it."""
     try:
         lines = fs.read_small(mvc_dir / "FORMAT", 1 << 16).decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError, CorruptObject):
@@ -81,10 +82,25 @@ def read_format(mvc_dir: Path) -> int:
     if int(version) > FORMAT_VERSION:
         raise UnsupportedFormat(f"repository format {version} is newer than this mvc reads "
                                 f"({FORMAT_VERSION}); upgrade mvc")
-    unknown = set(fields.get("extensions", "").split()) - KNOWN_EXTENSIONS
+    extensions = set(fields.get("extensions", "").split())
+    unknown = extensions - KNOWN_EXTENSIONS
     if unknown:
         raise UnsupportedFormat(f"repository uses extensions this mvc does not know: {sorted(unknown)}")
-    return int(version)
+    return int(version), extensions
+
+
+def write_format(mvc_dir: Path, extensions) -> None:
+    """Write ``FORMAT`` atomically (temporary file, fsync, rename)."""
+    tmp = mvc_dir / f"FORMAT.tmp{os.getpid()}"
+    fd = fs.open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        os.write(fd, f"mvc-format {FORMAT_VERSION}\nextensions {' '.join(sorted(extensions))}\n"
+                 .replace("extensions \n", "extensions\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, mvc_dir / "FORMAT")
+    fs.fsync_dir(mvc_dir)
 
 
 def _now_us() -> int:
@@ -182,11 +198,7 @@ def _populate(mvc_dir: Path, chunk_size: int) -> None:
             txn.set_ref(refs.HEAD, RefValue(target=refs.BRANCHES + "main"))
     finally:
         index.close()
-    with open(mvc_dir / "FORMAT", "w", encoding="utf-8") as f:
-        f.write(f"mvc-format {FORMAT_VERSION}\nextensions\n")
-        f.flush()
-        os.fsync(f.fileno())
-    fs.fsync_dir(mvc_dir)
+    write_format(mvc_dir, {SEALED_VALUES})
 
 
 def _encode_tensors(slots: list, chunk_size: int) -> dict:
@@ -225,7 +237,7 @@ class Repository:
     def __init__(self, root):
         self.root = Path(root)
         self.dir = self.root / MVC_DIR
-        read_format(self.dir)
+        _, extensions = read_format(self.dir)
         for sub in SUBDIRS:
             try:
                 fs.check_dir(self.dir / sub)
@@ -242,6 +254,9 @@ class Repository:
             raise CorruptObject(f"the index in {self.dir} has no valid chunk_size setting; it is damaged: "
                                 "restore .mvc/index from a backup")
         self.chunk_size = int.from_bytes(raw, "little")
+        if SEALED_VALUES not in extensions and not self.index.readonly:
+            # this mvc writes sealed values: say so first, so an older mvc refuses clearly
+            write_format(self.dir, extensions | {SEALED_VALUES})
 
     @property
     def lock_timeout(self) -> float:

@@ -155,20 +155,30 @@ DTYPE_NP = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int
             "F16": np.float16, "BOOL": np.bool_}
 
 
+def test_sealed_value_golden_bytes():
+    from mvc.store.index import seal
+    assert seal("refs", b"heads/main", b"\x00" + bytes(32) + b"\x00").hex() == (
+        "c1" + blake3.blake3(b"refs\x00heads/main\x00" + bytes(34)).digest()[:8].hex() + "00" * 34)
+
+
 def spec_read(root: Path, rev_ref: str = "HEAD"):
     """Load the state HEAD names, using only lmdb, msgpack and blake3 (docs/format.md)."""
     mvc_dir = root / ".mvc"
     fields = dict(line.split(" ", 1) if " " in line else (line, "")
                   for line in (mvc_dir / "FORMAT").read_text("utf-8").splitlines() if line)
-    assert fields["mvc-format"] == "1" and fields["extensions"] == ""
+    assert fields["mvc-format"] == "1" and fields["extensions"] == "sealed-values"
     env = lmdb.open(str(mvc_dir / "index"), subdir=True, readonly=True, lock=False, max_dbs=16)
     db = {name: env.open_db(name.encode(), create=False)
           for name in ("chunks", "tensors", "trees", "commits", "refs", "meta")}
     with env.begin() as txn:
         assert struct.unpack("<Q", txn.get(b"chunk_size", db=db["meta"]))[0] > 0
-        ref = txn.get(rev_ref.encode(), db=db["refs"])
+        def ref_value(name: bytes) -> bytes:  # a sealed value: 0xC1, 8-byte check, inner value
+            raw = txn.get(name, db=db["refs"])
+            assert raw[0] == 0xC1 and raw[1:9] == blake3.blake3(b"refs\x00" + name + b"\x00" + raw[9:]).digest()[:8]
+            return raw[9:]
+        ref = ref_value(rev_ref.encode())
         while ref[0] == 1:  # symbolic
-            ref = txn.get(ref[1:], db=db["refs"])
+            ref = ref_value(ref[1:])
         assert ref[0] == 0 and len(ref) == 34
         commit_id = ref[1:33]
         commit_bytes = txn.get(commit_id, db=db["commits"])

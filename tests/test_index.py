@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import mvc
+from mvc import hashing
 from mvc import encoding
 from mvc.errors import CorruptObject
 from mvc.store.index import DB_NAMES, Index, RefValue
@@ -24,7 +25,12 @@ def index(tmp_path):
 
 
 def raw(txn, db: str, key: bytes):
-    return txn._txn.get(key, db=txn._dbs[db])  # the stored bytes, as another program sees them
+    """The stored value as another program sees it, its seal checked and removed (format.md 5.8)."""
+    value = txn._txn.get(key, db=txn._dbs[db])
+    if db in ("refs", "reflog", "locks", "pruned"):
+        assert value[0] == 0xC1 and value[1:9] == hashing.digest(db.encode() + b"\x00" + key + b"\x00" + value[9:])[:8]
+        return value[9:]
+    return value
 
 
 def test_database_names():

@@ -365,7 +365,7 @@ def test_last_chunk_is_short_and_chunks_start_at_the_first_byte(repo):
 def test_init_layout(tmp_path):
     r = mvc.Repository.init(tmp_path, chunk_size=4096)
     try:
-        assert (tmp_path / ".mvc" / "FORMAT").read_bytes() == b"mvc-format 1\nextensions\n"
+        assert (tmp_path / ".mvc" / "FORMAT").read_bytes() == b"mvc-format 1\nextensions sealed-values\n"
         assert {p.name for p in (tmp_path / ".mvc").iterdir()} >= {"FORMAT", "index", "packs", "tmp", "locks"}
         assert r.chunk_size == 4096 and r.head() == mvc.Head("main", None)
     finally:

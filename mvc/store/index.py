@@ -27,7 +27,7 @@ from typing import Iterator, Optional
 
 import lmdb
 
-from .. import encoding
+from .. import encoding, hashing
 from ..errors import BadInput, CorruptObject, MvcError
 from .fs import check_file
 from .packs import Location
@@ -50,6 +50,33 @@ class RefValue:
     id: Optional[bytes] = None
     target: Optional[str] = None
     protected: bool = False
+
+
+SEALED = 0xC1  # a byte msgpack never uses and no legacy ref starts with
+CHECK_BYTES = 8
+SEALED_DBS = ("refs", "reflog", "locks", "pruned")  # values with no content id of their own
+
+
+def _check(db: str, key: bytes, inner: bytes) -> bytes:
+    return hashing.digest(db.encode() + b"\x00" + key + b"\x00" + inner)[:CHECK_BYTES]
+
+
+def seal(db: str, key: bytes, inner: bytes) -> bytes:
+    """``inner`` with a checksum over the db, key and value, so a flipped byte is detected."""
+    return bytes([SEALED]) + _check(db, key, inner) + inner
+
+
+def unseal(db: str, key: bytes, raw: bytes, what: str) -> bytes:
+    """The inner value of a sealed value (legacy unsealed values pass as they are).
+
+    CorruptObject naming ``what`` if its checksum does not match.
+    """
+    if not raw or raw[0] != SEALED:
+        return raw
+    inner = raw[1 + CHECK_BYTES:]
+    if len(raw) < 1 + CHECK_BYTES or raw[1:1 + CHECK_BYTES] != _check(db, key, inner):
+        raise CorruptObject(f"{what} is damaged in the index (checksum mismatch)")
+    return inner
 
 
 def _encode_ref(value: RefValue) -> bytes:
@@ -127,13 +154,20 @@ class Txn:
             yield key
 
     # refs
+    def _sealed(self, db: str, key: bytes, what: str) -> Optional[bytes]:
+        raw = self._txn.get(key, db=self._dbs[db])
+        return None if raw is None else unseal(db, key, raw, what)
+
+    def _put_sealed(self, db: str, key: bytes, inner: bytes) -> None:
+        self._txn.put(key, seal(db, key, inner), db=self._dbs[db])
+
     def ref(self, name: str) -> Optional[RefValue]:
-        raw = self._txn.get(name.encode(), db=self._dbs["refs"])
+        raw = self._sealed("refs", name.encode(), f"ref {name!r}")
         return None if raw is None else _decode_ref(name, raw)
 
     def set_ref(self, name: str, value: RefValue) -> None:
         check_key(name)
-        self._txn.put(name.encode(), _encode_ref(value), db=self._dbs["refs"])
+        self._put_sealed("refs", name.encode(), _encode_ref(value))
 
     def delete_ref(self, name: str) -> None:
         self._txn.delete(name.encode(), db=self._dbs["refs"])
@@ -141,7 +175,7 @@ class Txn:
     def refs(self, prefix: str = "") -> Iterator[tuple]:
         for key in self.ids("refs", prefix.encode()):
             name = key.decode("utf-8", "replace")
-            yield name, _decode_ref(name, self._txn.get(key, db=self._dbs["refs"]))
+            yield name, self.ref(name)
 
     # reflog
     def append_reflog(self, name: str, entry: dict) -> None:
@@ -152,7 +186,7 @@ class Txn:
         seq = 0
         if found and cursor.key().startswith(prefix):
             seq = _SEQ.unpack(cursor.key()[len(prefix):])[0] + 1
-        self._txn.put(prefix + _SEQ.pack(seq), encoding.pack(entry), db=self._dbs["reflog"])
+        self._put_sealed("reflog", prefix + _SEQ.pack(seq), encoding.pack(entry))
 
     def reflog(self, name: Optional[str] = None) -> Iterator[tuple]:
         """(ref name, sequence, entry) in order, for one ref or all."""
@@ -160,25 +194,32 @@ class Txn:
             yield ref, seq, encoding.unpack(raw, f"reflog entry of {ref}")
 
     def reflog_raw(self, name: Optional[str] = None) -> Iterator[tuple]:
-        """(ref name, sequence, encoded entry): for checkers that decode each entry themselves."""
+        """(ref name, sequence, encoded entry): for checkers that decode each entry themselves.
+
+        An entry whose checksum does not match comes out as b"" (which no
+        decoder accepts), so checkers report it and deleters can remove it.
+        """
         prefix = b"" if name is None else name.encode() + b"\x00"
         for key in self.ids("reflog", prefix):
             # the sequence is 8 big-endian bytes that may hold NULs: split by length
             ref, seq = key[:-_SEQ.size - 1], key[-_SEQ.size:]
-            yield (ref.decode("utf-8", "replace"), _SEQ.unpack(seq)[0],
-                   self._txn.get(key, db=self._dbs["reflog"]))
+            try:
+                raw = self._sealed("reflog", key, "reflog entry")
+            except CorruptObject:
+                raw = b""
+            yield ref.decode("utf-8", "replace"), _SEQ.unpack(seq)[0], raw
 
     def delete_reflog(self, name: str, seq: int) -> None:
         self._txn.delete(name.encode() + b"\x00" + _SEQ.pack(seq), db=self._dbs["reflog"])
 
     # locks
     def lock(self, name: str) -> Optional[dict]:
-        raw = self._txn.get(name.encode(), db=self._dbs["locks"])
+        raw = self._sealed("locks", name.encode(), f"the lock on {name!r}")
         return None if raw is None else encoding.unpack(raw, f"lock on {name!r}")
 
     def put_lock(self, name: str, holder: dict) -> None:
         check_key(name)
-        self._txn.put(name.encode(), encoding.pack(holder), db=self._dbs["locks"])
+        self._put_sealed("locks", name.encode(), encoding.pack(holder))
 
     def delete_lock(self, name: str) -> None:
         self._txn.delete(name.encode(), db=self._dbs["locks"])
@@ -198,11 +239,12 @@ class Txn:
     # pruned commits
     def pruned(self, oid: bytes) -> Optional[dict]:
         """The note of a commit whose data retention pruned, or None."""
-        raw = self._txn.get(oid, db=self._dbs["pruned"])
-        return None if raw is None else encoding.unpack(raw, f"pruned note of commit {oid.hex()[:12]}")
+        what = f"pruned note of commit {oid.hex()[:12]}"
+        raw = self._sealed("pruned", oid, what)
+        return None if raw is None else encoding.unpack(raw, what)
 
     def put_pruned(self, oid: bytes, note: dict) -> None:
-        self._txn.put(oid, encoding.pack(note), db=self._dbs["pruned"])
+        self._put_sealed("pruned", oid, encoding.pack(note))
 
     def delete_pruned(self, oid: bytes) -> None:
         self._txn.delete(oid, db=self._dbs["pruned"])

@@ -368,3 +368,20 @@ def _salvage(repo, txn, damaged: list) -> int:
         raise
     batch.publish(txn)
     return batch.count
+
+
+PRUNABLE = {MISSING_TREE, CORRUPT_TREE, MISSING_TENSOR, CORRUPT_TENSOR, MISSING_CHUNK, BAD_INDEX_ENTRY,
+            MISSING_PACK, DAMAGED_PACK, NOT_IN_PACK, BAD_RECORD, CHECKSUM, NOT_REGULAR}
+
+
+def prune_lost(repo) -> tuple:
+    """Mark the commits fsck finds with lost data as pruned; their hex ids (see Repository.prune_lost)."""
+    report = repo.fsck()
+    lost = {c for d in report.damage if d.kind in PRUNABLE for c in d.commits}
+    note = {"time": time.time_ns() // 1000, "policy": "data lost (mvc fsck found it missing or corrupt)"}
+    with repo.index.write() as txn:
+        for cid in lost:
+            oid = bytes.fromhex(cid)
+            if repo.objects.check(txn, "commits", oid)[0] is None and txn.pruned(oid) is None:
+                txn.put_pruned(oid, note)
+    return tuple(sorted(lost))

@@ -19,6 +19,7 @@ HEAD = "HEAD"
 BRANCHES = "heads/"
 TAGS = "tags/"
 MIN_PREFIX = 4
+MAX_NAME = 400  # bytes: with its prefix a ref name stays under the index's key limit
 
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 _SUFFIX = re.compile(r"(~\d*|\^\d*)")
@@ -43,6 +44,8 @@ def _name_problem(name: str) -> str:
         name.encode("utf-8")
     except UnicodeEncodeError:
         return "it holds undecodable bytes"
+    if len(name.encode("utf-8")) > MAX_NAME:
+        return f"it is longer than {MAX_NAME} bytes"
     if name == HEAD or name == "@":
         return f"{name!r} is reserved"
     if _BAD_CHARS.search(name):
@@ -282,3 +285,31 @@ class Refs:
             new = self.resolve(txn, rev)
             txn.set_ref(HEAD, RefValue(id=new))
         txn.append_reflog(HEAD, {"old": old, "new": new, "time": self.now(), "message": f"checkout: {rev}"})
+
+    # -- reflog ---------------------------------------------------------------
+
+    def expire_reflog(self, txn, ref: Optional[str] = None, before_us: Optional[int] = None,
+                      damaged: bool = False) -> int:
+        """Delete reflog entries (of ``ref``, or of every ref) older than ``before_us``
+        (microseconds since the epoch; None: all), or with ``damaged`` only the
+        entries that do not decode. Returns how many were deleted."""
+        from .reach import reflog_ids  # the walk's own notion of a readable entry
+        doomed = []
+        for name, seq, raw in txn.reflog_raw(ref):
+            ids = reflog_ids(raw, name)
+            if damaged:
+                if ids is None:
+                    doomed.append((name, seq))
+                continue
+            if before_us is None or ids is None or _entry_time(raw) < before_us:
+                doomed.append((name, seq))
+        for name, seq in doomed:
+            txn.delete_reflog(name, seq)
+        return len(doomed)
+
+
+def _entry_time(raw: bytes) -> int:
+    from . import encoding
+    value = encoding.unpack(raw, "reflog entry")
+    when = value.get("time") if isinstance(value, dict) else None
+    return when if type(when) is int else 0

@@ -31,7 +31,7 @@ from . import files as _files
 from . import fsck as _fsck
 from . import gc as _gc
 from . import hashing, refs
-from .errors import BadInput, CorruptObject, NotARepository, RefConflict, RepositoryExists, UnsupportedFormat
+from .errors import BadInput, CorruptObject, NotARepository, RepositoryExists, UnknownRevision, UnsupportedFormat
 from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
 from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
 from .store import fs, locks as locking
@@ -556,6 +556,36 @@ class Repository:
             oid = self.refs.protect(txn, ref, protected)
         return Ref(name, oid.hex(), protected)
 
+    def expire_reflog(self, ref: Optional[str] = None, older_than: Optional[float] = None,
+                      damaged: bool = False) -> int:
+        """Delete reflog entries, as ``git reflog expire`` does; returns how many.
+
+        ``ref``: a branch, tag or ``HEAD`` (default: every ref). ``older_than``:
+        seconds; only entries older than that go (default: all of them, as
+        ``--expire=now``). ``damaged=True`` deletes only entries that cannot be
+        read (what fsck reports as corrupt-reflog), leaving the rest.
+        """
+        before = None if older_than is None else _now_us() - int(older_than * 1e6)
+        with self.index.write() as txn:
+            name = None if ref is None else (refs.HEAD if ref in (refs.HEAD, "@")
+                                             else self.refs.branch_ref(txn, ref) or self._tag_ref(txn, ref))
+            return self.refs.expire_reflog(txn, name, before, damaged)
+
+    def _tag_ref(self, txn, name: str) -> str:
+        ref = name if name.startswith(refs.TAGS) else refs.TAGS + name
+        if txn.ref(ref) is None:
+            raise UnknownRevision(f"no branch or tag named {name!r}")
+        return ref
+
+    def prune_lost(self) -> tuple:
+        """Mark every commit whose data fsck finds lost (missing or corrupt
+        trees, tensors or chunks) as pruned, as retention would: its record
+        stays in history, loading it says so, and gc may run again. Returns
+        the ids of the commits marked. Damage to commit records, refs or the
+        reflog cannot be pruned: move or delete those refs, or expire the
+        reflog (``expire_reflog``)."""
+        return _fsck.prune_lost(self)
+
     def checkout(self, rev: str) -> Head:
         """Move HEAD: onto a branch (by name) or detached at any other revision."""
         with self.index.write() as txn:
@@ -622,12 +652,17 @@ class Repository:
         return _fsck.rebuild_index(self)
 
     def gc(self, keep_last=None, branch=None, keep_best=None, mode: str = "min", top: int = 1,
-           force: bool = False, dry_run: bool = False, grace: float = _gc.GRACE_S) -> "_gc.GcReport":
+           force: bool = False, dry_run: bool = False, grace: float = _gc.GRACE_S,
+           expire_reflog: Optional[float] = None) -> "_gc.GcReport":
         """Prune by retention, delete what nothing reaches, reclaim pack space; see ``mvc.gc.gc``.
 
         ``grace``: seconds a pack no index entry names, or a ``.pack.tmp``,
         is left alone (it may be a running commit's); 0 when no writer runs.
+        ``expire_reflog``: first delete reflog entries older than this many
+        seconds (0: all), as ``git gc`` expires the reflog.
         """
+        if expire_reflog is not None and not dry_run:
+            self.expire_reflog(older_than=expire_reflog)
         return _gc.gc(self, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
                       force=force, dry_run=dry_run, grace=grace)
 

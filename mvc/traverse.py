@@ -75,6 +75,6 @@ def depth(node, limit: int = MAX_DEPTH) -> int:
 def storage_key(t) -> Any:
     """What two tensors share exactly when they are the same view of the same
     storage (tied weights); None for tensors that cannot be tied."""
-    if t.numel() == 0 or t.layout != sys.modules["torch"].strided:  # a tensor exists: torch is loaded
+    if t.is_nested or t.numel() == 0 or t.layout != sys.modules["torch"].strided:  # a tensor exists: torch is loaded
         return None
     return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)

@@ -22,6 +22,7 @@
   process dies: a killed commit or gc never leaves this lock behind.
 """
 
+import errno
 import fcntl
 import functools
 import os
@@ -217,13 +218,25 @@ def check_writer(txn, branch: str, me: Holder) -> None:
 
 # -- the gc lock (flock) ------------------------------------------------------
 
-def _open(path: Path) -> int:
-    ensure_dir(path.parent)
-    return open_file(path, os.O_RDWR | os.O_CREAT)
+def _open(path: Path) -> Optional[int]:
+    """The lock file's descriptor; None in a repository this user may only read
+    and whose lock file was never made (no gc can have run there)."""
+    try:
+        ensure_dir(path.parent)
+        return open_file(path, os.O_RDWR | os.O_CREAT)
+    except (PermissionError, OSError) as exc:
+        if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
+            raise
+    try:
+        return open_file(path)  # flock works on a read-only descriptor too
+    except FileNotFoundError:
+        return None
 
 
-def _try_flock(fd: int, mode: int, timeout: float) -> bool:
+def _try_flock(fd: Optional[int], mode: int, timeout: float) -> bool:
     """Take ``flock(fd, mode)``, polling for up to ``timeout`` seconds; False if it stayed busy."""
+    if fd is None:
+        return True
     deadline = time.monotonic() + timeout
     pause = 0.001
     while True:
@@ -260,7 +273,8 @@ def shared_gc_lock(lock_dir: Path, timeout: float) -> Iterator[None]:
         if _try_flock(gate, fcntl.LOCK_SH, timeout):
             lock = _open(lock_dir / GC_LOCK)
             if _try_flock(lock, fcntl.LOCK_SH, timeout):
-                os.close(gate)
+                if gate is not None:
+                    os.close(gate)
                 gate = None
                 yield
                 return
@@ -279,6 +293,8 @@ def exclusive_gc_lock(lock_dir: Path, timeout: float) -> Iterator[None]:
     Raises LockHeld if another gc runs or commits keep running for ``timeout`` seconds.
     """
     gate = _open(lock_dir / GC_GATE)
+    if gate is None:
+        raise LockHeld(f"cannot take the gc lock in {lock_dir}: the repository is read-only here")
     lock = None
     try:
         if not _try_flock(gate, fcntl.LOCK_EX, timeout):

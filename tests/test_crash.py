@@ -129,6 +129,7 @@ def check_history(repo) -> None:
             assert_state(repo.load(c.id), c.step)
 
 
+@pytest.mark.slow
 def test_killed_commits_leave_the_old_or_the_new_commit(repo, server):
     rng = random.Random(20261201)
     plan = [("pack", rng.randint(1, 20)) for _ in range(10)] + [("rename", rng.randint(1, 4)) for _ in range(6)]
@@ -152,6 +153,7 @@ def test_killed_commits_leave_the_old_or_the_new_commit(repo, server):
     assert len(list(repo.log())) >= 20
 
 
+@pytest.mark.slow
 def test_killed_gc_leaves_a_clean_repository(repo, server):
     rng = random.Random(1312)
     plan = [(p, rng.randint(1, 3 if p == "gc-sweep" else 1)) for p in GC_PHASES for _ in range(5)]

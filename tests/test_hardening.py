@@ -226,6 +226,7 @@ def test_readers_killed_mid_transaction_do_not_fill_the_reader_table(tmp_path):
 
 # -- 6. thousands of packs under the usual descriptor limit ------------------------------
 
+@pytest.mark.slow
 def test_many_packs_load_fsck_and_diff_under_a_low_descriptor_limit(tmp_path):
     repo = mvc.Repository.init(tmp_path, chunk_size=SMALL_CHUNK)
     state = {}

@@ -174,11 +174,15 @@ def test_commit_and_load_fail_clearly_while_gc_holds_the_lock(repo, child):
 
 def test_commit_waits_for_gc_to_finish(repo, child):
     gc = child("gc")
-    done = []
-    worker = threading.Thread(target=lambda: done.append(repo.commit(state(), "waited")))
+    done, hashing = [], threading.Event()
+    # progress is first called after the commit has passed the gc lock and hashed
+    worker = threading.Thread(target=lambda: done.append(
+        repo.commit(state(), "waited", progress=lambda *_: hashing.set())))
     worker.start()
-    assert repo.head().id is None  # nothing can land while gc holds the lock
+    assert not hashing.wait(1.0), "the commit went on while gc held the lock"
+    assert worker.is_alive() and repo.head().id is None
     gc.stop()
+    assert hashing.wait(60)
     worker.join(timeout=60)
     assert done and repo.resolve("main") == done[0].id
 

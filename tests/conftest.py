@@ -12,3 +12,10 @@ def repo(tmp_path):
     r = mvc.Repository.init(tmp_path, chunk_size=SMALL_CHUNK)
     yield r
     r.close()
+
+
+def run_cli(repo, *args):
+    """``mvc -C REPO ARGS`` through click's runner (stdout and stderr apart)."""
+    from click.testing import CliRunner
+    from mvc.cli import main
+    return CliRunner().invoke(main, ["-C", str(repo.root), *args])

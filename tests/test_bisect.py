@@ -11,6 +11,7 @@ from click.testing import CliRunner
 import mvc
 from mvc import bisect
 from mvc.cli import main
+from conftest import run_cli as cli
 
 N = 64
 REGRESSION = 37  # the first bad step
@@ -39,8 +40,6 @@ def loss_of(state) -> float:
     return float(((state["model"]["w"] - 1) ** 2).mean())
 
 
-def cli(repo, *args):
-    return CliRunner().invoke(main, ["-C", str(repo.root), *args])
 
 
 def state_bytes(repo) -> bytes:

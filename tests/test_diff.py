@@ -11,6 +11,7 @@ import mvc
 from mvc.cli import main
 from mvc.diff import natural_key
 from mvc.store.packs import pack_filename
+from conftest import run_cli as cli
 
 
 def numbers(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -228,8 +229,6 @@ def test_corrupt_chunk_is_reported_with_its_tensor(two):
 
 # -- CLI ---------------------------------------------------------------------------
 
-def cli(repo, *args):
-    return CliRunner().invoke(main, ["-C", str(repo.root), *args])
 
 
 def test_cli_text_stat_json(two):

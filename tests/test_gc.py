@@ -13,6 +13,7 @@ from mvc.cli import main
 from mvc.store.packs import PackWriter
 
 from damage import flip_bit, pack_files
+from conftest import run_cli as cli
 
 
 def state(i: int) -> dict:
@@ -227,8 +228,6 @@ def test_bad_policies(repo):
         repo.gc(keep_last=1, branch="nope")
 
 
-def cli(repo, *args):
-    return CliRunner().invoke(main, ["-C", str(repo.root), *args])
 
 
 def test_cli_gc(repo):

@@ -17,6 +17,7 @@ from mvc.store import locks
 HOLDER = r"""
 import sys, mvc
 from mvc.store import locks
+from conftest import run_cli as cli
 repo = mvc.Repository.open(sys.argv[1])
 action = sys.argv[2]
 if action == "lock":
@@ -202,10 +203,6 @@ def test_gc_waits_for_running_commits(repo, child):
             pass
 
 
-def cli(repo, *args):
-    from click.testing import CliRunner
-    from mvc.cli import main
-    return CliRunner().invoke(main, ["-C", str(repo.root), *args])
 
 
 def test_cli_lock_list_and_unlock(repo):

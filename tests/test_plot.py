@@ -9,6 +9,7 @@ from click.testing import CliRunner
 import mvc
 from mvc import plot
 from mvc.cli import main
+from conftest import run_cli as cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -25,8 +26,6 @@ def history(repo):
     return repo
 
 
-def cli(repo, *args):
-    return CliRunner().invoke(main, ["-C", str(repo.root), *args])
 
 
 def test_plot_diff_writes_png(history, tmp_path):

@@ -29,7 +29,7 @@ EXT_TUPLE = 1
 EXT_TENSOR = 2
 EXT_SHARED_TENSOR = 3
 MAX_DIMS = 64
-MAX_CHUNK_SIZE = 2**32 - 1  # a pack record's length is a u32
+MAX_READ_CHUNK = 2**32 - 1  # what a reader accepts: a pack record's length is a u32
 MAX_EXTENT = 2**63 - 1  # torch sizes and strides tensors with int64
 
 
@@ -93,7 +93,7 @@ class TensorObject:
         dtypes.check_name(dtype)
         _check(type(shape) is list and len(shape) <= MAX_DIMS, "tensor shape is not a list of dims")
         _check(all(type(d) is int and d >= 0 for d in shape), "tensor shape has a bad dimension")
-        _check(type(size) is int and 0 < size <= MAX_CHUNK_SIZE, "tensor chunk_size is not between 1 and 2**32-1")
+        _check(type(size) is int and 0 < size <= MAX_READ_CHUNK, "tensor chunk_size is not between 1 and 2**32-1")
         # counting empty dimensions as 1 bounds the strides too, which torch computes even for no elements
         _check(math.prod(max(d, 1) for d in shape) * dtypes.itemsize(dtype) <= MAX_EXTENT,
                "tensor shape is too large for int64 sizes and strides")

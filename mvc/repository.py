@@ -52,7 +52,6 @@ KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES})
 # as many bytes as with 1 MiB (storage 1.012x vs 1.042x the changed bytes).
 DEFAULT_CHUNK_SIZE = 256 << 10
 MAX_WRITE_CHUNK = 1 << 30  # the writer's limit: one read of a chunk must stay under Linux's 2 GiB per call
-MAX_CHUNK_SIZE = MAX_WRITE_CHUNK  # the name the CLI knows
 HASH_BYTES = 8 << 20  # hashed by one thread at a time: amortises task overhead
 SUBDIRS = ("packs", "tmp", "locks", "index")
 

@@ -11,13 +11,11 @@ import pytest
 import torch
 
 import mvc
-from mvc.store import locks
+from conftest import run_cli as cli
 
 # A child that does one thing to the repository, says "ready", and lives until its stdin closes.
 HOLDER = r"""
 import sys, mvc
-from mvc.store import locks
-from conftest import run_cli as cli
 repo = mvc.Repository.open(sys.argv[1])
 action = sys.argv[2]
 if action == "lock":
@@ -25,10 +23,10 @@ if action == "lock":
 elif action == "named":
     repo.lock_branch(sys.argv[3], named=True, owner=sys.argv[4])
 elif action == "gc":
-    held = locks.exclusive_gc_lock(repo.dir / "locks", 5)
+    held = repo.gc_lock.exclusive()
     held.__enter__()
 elif action == "commit":
-    held = locks.shared_gc_lock(repo.dir / "locks", 5)
+    held = repo.gc_lock.shared()
     held.__enter__()
 print("ready", flush=True)
 sys.stdin.read()
@@ -198,8 +196,9 @@ def test_killed_gc_releases_its_lock(repo, child):
 
 def test_gc_waits_for_running_commits(repo, child):
     child("commit")
+    repo.lock_timeout = 0.2
     with pytest.raises(mvc.LockHeld, match="commits kept running"):
-        with locks.exclusive_gc_lock(repo.dir / "locks", 0.2):
+        with repo.gc_lock.exclusive():
             pass
 
 

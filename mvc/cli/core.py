@@ -6,7 +6,7 @@ import click
 
 from .. import Repository
 from ..files import FORMATS, read_checkpoint
-from ..repository import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
+from ..repository import DEFAULT_CHUNK_SIZE, MAX_WRITE_CHUNK
 from .base import Progress, echo_json, human_bytes, main, open_repo, parse_pairs, record_line, title
 
 
@@ -50,7 +50,7 @@ def _flat(mapping: dict, prefix: str = "") -> list:
 
 @main.command()
 @click.argument("path", default=".", type=click.Path(file_okay=False))
-@click.option("--chunk-size", type=click.IntRange(1, MAX_CHUNK_SIZE), default=DEFAULT_CHUNK_SIZE,
+@click.option("--chunk-size", type=click.IntRange(1, MAX_WRITE_CHUNK), default=DEFAULT_CHUNK_SIZE,
               show_default=True, help="Bytes per chunk: smaller dedups finer, larger writes faster.")
 def init(path, chunk_size):
     """Create an empty repository in PATH/.mvc."""

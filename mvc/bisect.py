@@ -363,7 +363,8 @@ def _evaluation_output():
         return None
 
 
-def run(repo, cmd_args, fmt: str = "pt", progress: Optional[Callable] = None) -> BisectStatus:
+def run(repo, cmd_args, fmt: str = "pt", progress: Optional[Callable] = None,
+        check_ends: bool = True) -> BisectStatus:
     """Judge each candidate by running ``cmd_args`` on its checkpoint.
 
     The checkpoint is written to a temporary file (``fmt`` "pt": torch.save of
@@ -371,9 +372,12 @@ def run(repo, cmd_args, fmt: str = "pt", progress: Optional[Callable] = None) ->
     the environment as ``MVC_CHECKPOINT`` (the commit id in ``MVC_COMMIT``)
     and replaces ``{}`` in the arguments. ``progress(commit, verdict)`` is
     called after each verdict. Pruned commits are skipped without running
-    anything. Raises BadInput for an unknown format or a
-    command that cannot be run, MvcError when a command exits with 128 or
-    more or is killed by a signal (every verdict before it is kept).
+    anything. With ``check_ends`` the command first runs on the newest good
+    and the oldest bad commit, which must come out good and bad (see
+    ``_check_ends``). Raises BadInput for an unknown format or a
+    command that cannot be run, MvcError when an end comes out wrong, or a
+    command exits with 128 or more or is killed by a signal (every verdict
+    before it is kept).
     """
     if fmt not in FORMATS:
         raise BadInput(f"checkpoint format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -382,7 +386,41 @@ def run(repo, cmd_args, fmt: str = "pt", progress: Optional[Callable] = None) ->
     state = _read_state(repo)
     _check_runnable(cmd_args[0])
     with tempfile.TemporaryDirectory(prefix="bisect-", dir=repo.dir / "tmp") as tmp:
+        if check_ends:
+            _check_ends(repo, state, lambda c: _exit_code(repo, c, cmd_args, fmt, tmp), progress)
         return _drive(repo, state, lambda c: _evaluate(repo, c, cmd_args, fmt, tmp), True, progress)
+
+
+def _check_ends(repo, state: dict, run_on: Callable, progress) -> None:
+    """Run the command on the newest good and the oldest bad commit first.
+
+    A command that calls the good end bad (an ImportError, a wrong path)
+    would call every candidate bad and name a wrong first bad commit; one
+    that calls the bad end good cannot see the regression. Either is an
+    error before any verdict is recorded. Pruned ends cannot be loaded and
+    are not checked.
+    """
+    lo, hi, _ = _bounds(state)
+    ends = ((state["good"] if lo < 0 else state["path"][lo], "good"), (state["path"][hi], "bad"))
+    for cid, expected in ends:
+        commit = repo.get_commit(cid.hex())
+        if commit.pruned:
+            continue
+        code = run_on(commit)
+        verdict = verdict_of(code)
+        if progress:
+            progress(commit, f"{verdict or 'stop'} (the {expected} end, checked first)")
+        if verdict != expected:
+            raise MvcError(_end_problem(commit, expected, code, verdict))
+
+
+def _end_problem(commit: Commit, expected: str, code: int, verdict: Optional[str]) -> str:
+    got = f"{_how(code)}" if verdict is None else f"exited with {code} ({verdict})"
+    why = ("so it would call every commit bad and name a wrong first bad commit (check that the command "
+           "runs: its output is above)" if expected == "good" else
+           "so it cannot tell this regression from a good commit: check what it tests")
+    return (f"the {expected} end {commit.short_id} {got} under the evaluation command, {why}; "
+            "no verdict was recorded")
 
 
 def _check_runnable(program: str) -> None:
@@ -396,17 +434,22 @@ def _check_runnable(program: str) -> None:
         raise BadInput(f"evaluation command {program!r} was not found on PATH")
 
 
-def _evaluate(repo, commit: Commit, cmd_args, fmt: str, tmp: str) -> str:
+def _exit_code(repo, commit: Commit, cmd_args, fmt: str, tmp: str) -> int:
+    """The exit code of the evaluation command run on ``commit``'s checkpoint."""
     path = os.path.join(tmp, f"{commit.short_id}.{fmt}")
     write_checkpoint(repo.load(commit.id), path, fmt)
     args = [a.replace("{}", path) for a in cmd_args]
     env = dict(os.environ, MVC_CHECKPOINT=path, MVC_COMMIT=commit.id)
     try:
-        code = subprocess.run(args, env=env, stdout=_evaluation_output()).returncode
+        return subprocess.run(args, env=env, stdout=_evaluation_output()).returncode
     except OSError as exc:
         raise BadInput(f"evaluation command {cmd_args[0]!r} cannot be run: {exc.strerror or exc}") from None
     finally:
         os.unlink(path)
+
+
+def _evaluate(repo, commit: Commit, cmd_args, fmt: str, tmp: str) -> str:
+    code = _exit_code(repo, commit, cmd_args, fmt, tmp)
     verdict = verdict_of(code)
     if verdict is None:
         raise MvcError(f"evaluation of {commit.short_id} (step {commit.step}) {_how(code)}; bisect stopped "

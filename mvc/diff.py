@@ -30,6 +30,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import dtypes
+from .errors import BadInput
 from .encoding import key_order
 from .records import Commit, Entry
 from .store.chunks import THREADS, Request
@@ -94,12 +95,13 @@ class DiffSummary:
     tensors_changed: int  # every status but unchanged
     tensors_added: int
     tensors_removed: int
-    bytes_total: int  # bytes of B's tensors
-    bytes_changed: int
+    bytes_total: int  # bytes of every tensor compared: B's, or A's for a removed one
+    bytes_changed: int  # bytes of changed chunks of B, and all bytes of removed tensors
     elements_total: int  # elements of B's tensors
     elements_changed: int
     parameters_changed: float  # elements_changed / elements_total (0 when B has none)
     values_changed: int
+    bytes_removed: int = 0  # bytes of A's tensors that B no longer has (part of bytes_changed)
 
 
 @dataclass(frozen=True)
@@ -122,15 +124,20 @@ def diff(repo, a: str, b: Optional[str] = None, only: Optional[str] = None) -> D
 
     ``only`` is a glob (fnmatch, case-sensitive) on dotted keys such as
     ``'model.layers.*'``; it limits tensors and plain values, not the record.
-    Raises UnknownRevision / AmbiguousRevision for bad revisions, and
+    Raises BadInput when ``only`` matches no key of either commit,
+    UnknownRevision / AmbiguousRevision for bad revisions, and
     ObjectNotFound / ChecksumMismatch when stored data is missing or corrupt.
     """
     # the shared gc lock: gc must not move a pack between a chunk's lookup and its read
     with repo.gc_lock.shared():
         commit_a = repo.get_commit(a)
         commit_b = repo.get_commit("HEAD" if b is None else b)
-        entries_a = _select(repo.entries(commit_a.id), only)
-        entries_b = _select(repo.entries(commit_b.id), only)
+        all_a, all_b = repo.entries(commit_a.id), repo.entries(commit_b.id)
+        entries_a, entries_b = _select(all_a, only), _select(all_b, only)
+        if only is not None and not entries_a and not entries_b:
+            examples = ", ".join(repr(e.key) for e in (all_b or all_a)[:3]) or "none: both are empty"
+            raise BadInput(f"no key of {commit_a.short_id} or {commit_b.short_id} matches --only {only!r} "
+                           f"(keys look like {examples}); the glob matches whole dotted keys, e.g. 'model.*'")
         tensors_a = {e.path: e for e in entries_a if e.kind == "tensor"}
         tensors_b = {e.path: e for e in entries_b if e.kind == "tensor"}
         tensors = _tensor_diffs(repo, tensors_a, tensors_b)
@@ -328,6 +335,8 @@ def _compare(ra: _Reader, rb: _Reader, ea: Entry, eb: Entry) -> TensorDiff:
 
 
 def _clamp(cosine: float) -> float:
+    if cosine != cosine:  # NaN in A or B: min/max would turn it into -1.0
+        return cosine
     return min(1.0, max(-1.0, cosine))  # rounding can step just past ±1
 
 
@@ -409,13 +418,15 @@ def _summary(tensors: list, values: list) -> DiffSummary:
     in_b = [t for t in tensors if t.status != REMOVED]
     elements_total = sum(t.numel for t in in_b)
     elements_changed = sum(t.elements_changed for t in in_b)
+    removed = sum(t.nbytes for t in tensors if t.status == REMOVED)
     return DiffSummary(
         tensors=len(tensors),
         tensors_changed=sum(t.status != UNCHANGED for t in tensors),
         tensors_added=sum(t.status == ADDED for t in tensors),
         tensors_removed=sum(t.status == REMOVED for t in tensors),
-        bytes_total=sum(t.nbytes for t in in_b),
-        bytes_changed=sum(t.bytes_changed for t in in_b),
+        bytes_total=sum(t.nbytes for t in tensors),
+        bytes_changed=sum(t.bytes_changed for t in in_b) + removed,
+        bytes_removed=removed,
         elements_total=elements_total,
         elements_changed=elements_changed,
         parameters_changed=elements_changed / elements_total if elements_total else 0.0,

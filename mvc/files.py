@@ -2,45 +2,115 @@
 
 Imports never unpickle arbitrary objects: ``.pt``/``.pth``/``.bin`` files are
 read with ``torch.load(weights_only=True)``, which refuses anything but
-tensors and plain containers. Exports are written to a temporary file and
-renamed into place, so a failed export never leaves a half-written file.
+tensors and plain containers. A safetensors file's ``__metadata__`` (text
+pairs such as ``{"format": "pt"}``) is returned next to its tensors, so a
+commit can keep it and an export write it back.
+
+Exports go to a temporary file next to the target (with the target's
+permissions, or the umask's for a new file), are fsynced, and only then
+take the target's name, so a failed or interrupted export never leaves a
+half-written file and never touches an existing one. An existing target is
+refused unless ``force``; a symbolic link is followed (the file it points
+at is replaced, the link stays). safetensors files are written here rather
+than by ``safetensors.torch.save_file``, so a full disk is an ``OSError``,
+progress can be shown, and no tensor is copied whole.
+
 torch is imported inside the functions, so commands that never touch a file
 start without it.
 """
 
+import errno
+import fnmatch
+import io
+import json
 import os
 import pickle
 import re
+import struct
 import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Optional
 
 from .errors import BadInput
-from .objects import format_path, walk
+from .traverse import format_path, walk
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 FORMATS = ("pt", "safetensors")
+PIECE = 8 << 20  # bytes written (and reported to progress) at a time
+# dtypes every safetensors reader knows, by mvc's on-disk names (the same words)
+SAFETENSORS_DTYPES = frozenset({"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64",
+                                "F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"})
 
 
-def read_checkpoint(path) -> object:
+@dataclass
+class Imported:
+    """What a checkpoint file holds: the state, and the safetensors metadata (if any)."""
+
+    state: object
+    metadata: dict = field(default_factory=dict)
+
+
+# -- reading -------------------------------------------------------------------
+
+def read_checkpoint(path, progress: Optional[Callable[[int, int], None]] = None) -> object:
     """The state stored in a ``.pt``-style or ``.safetensors`` file; BadInput if unreadable."""
+    return import_checkpoint(path, progress).state
+
+
+def import_checkpoint(path, progress: Optional[Callable[[int, int], None]] = None) -> Imported:
+    """The state (and safetensors metadata) in a checkpoint file; BadInput if unreadable.
+
+    ``progress(done, total)`` is called with the bytes read so far.
+    """
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"{path}: no such file")
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
-        return _read_safetensors(path)
+        return read_safetensors(path, progress)
     if suffix in TORCH_SUFFIXES:
-        return _read_torch(path)
+        return Imported(_read_torch(path, progress))
     raise BadInput(f"{path}: unknown checkpoint type {suffix or '(no suffix)'!r}; "
-                   f"use one of {', '.join(TORCH_SUFFIXES)} or .safetensors")
+                   f"use one of {', '.join(TORCH_SUFFIXES)}, .safetensors or a model folder")
 
 
-def _read_torch(path: Path):
+class _CountingReader(io.RawIOBase):
+    """A read-only file that reports how far it has been read (torch.load reads through it)."""
+
+    def __init__(self, f, total: int, progress):
+        self.f, self.total, self.progress = f, total, progress
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, offset, whence=0):
+        return self.f.seek(offset, whence)
+
+    def tell(self):
+        return self.f.tell()
+
+    def readinto(self, buffer):
+        n = self.f.readinto(buffer)
+        self.progress(min(self.f.tell(), self.total), self.total)
+        return n
+
+
+def _read_torch(path: Path, progress=None):
     import torch
     try:
-        with warnings.catch_warnings():  # torch warns about odd pickle protocols; the error says enough
-            warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings(), open(path, "rb") as f:
+            warnings.simplefilter("ignore")  # torch warns about odd pickle protocols; the error says enough
+            source = f
+            if progress is not None:
+                size = os.fstat(f.fileno()).st_size
+                progress(0, size)
+                source = io.BufferedReader(_CountingReader(f, size, progress), PIECE)
+            return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"(?i)unsupported global:? (?:GLOBAL )?([\w.]+)", str(exc))
         if not found:
@@ -48,18 +118,51 @@ def _read_torch(path: Path):
                            "features that weights-only loading refuses)") from None
         raise BadInput(f"{path}: refused to load: it holds objects other than tensors and plain "
                        f"values ({found.group(1)}), and mvc never unpickles those") from None
+    except OSError:
+        raise
     except Exception as exc:  # a hostile or damaged file can make the unpickler raise anything
-        raise BadInput(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__}: "
-                       f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
+        raise BadInput(f"{path}: not a readable PyTorch checkpoint ({_reason(exc)})") from None
 
 
-def _read_safetensors(path: Path):
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def _reason(exc: Exception) -> str:
+    """An exception as a short clause in whole words: its type and its first sentence."""
+    if isinstance(exc, EOFError):
+        return "EOFError: the file ends early"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = re.split(r"(?<=[a-z)])\. ", text, maxsplit=1)[0].rstrip(".")
+    if len(text) > 160:
+        text = text[:160].rsplit(" ", 1)[0] + " ..."
+    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__
+
+
+def read_safetensors(path: Path, progress=None) -> Imported:
+    """The tensors of a safetensors file as a flat {key: tensor} dict, and its metadata."""
+    from safetensors import SafetensorError, safe_open
     try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise BadInput(f"{path}: not a readable safetensors file ({exc})") from None
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            keys = list(f.keys())
+            state, done = {}, 0
+            total = os.path.getsize(path)
+            if progress:
+                progress(0, total)
+            for key in keys:
+                state[key] = f.get_tensor(key)
+                done += state[key].nbytes
+                if progress:
+                    progress(min(done, total), total)
+            if progress:
+                progress(total, total)  # the header's bytes are read too
+    except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as exc:
+        raise BadInput(f"{path}: not a readable safetensors file ({_reason(exc)})") from None
+    return Imported(state, dict(metadata))
+
+
+# -- selecting what to export --------------------------------------------------------
+
+def count_tensors(state) -> int:
+    import torch
+    return sum(1 for _, leaf in walk(state) if isinstance(leaf, torch.Tensor))
 
 
 def plain_values(state) -> int:
@@ -71,54 +174,238 @@ def plain_values(state) -> int:
 def tensors_by_key(state) -> dict:
     """{dotted key path: tensor} for every tensor in a state (safetensors' flat view)."""
     import torch
+    return {key: leaf for key, leaf in flat_leaves(state).items() if isinstance(leaf, torch.Tensor)}
+
+
+def flat_leaves(state) -> dict:
+    """{dotted key path: leaf} for every tensor and plain value; BadInput if two keys collide."""
     out = {}
     for path, leaf in walk(state):
-        if isinstance(leaf, torch.Tensor):
-            key = format_path(path)
-            if key in out:
-                raise BadInput(f"two tensors flatten to the same key {key!r}; export as pt instead")
-            out[key] = leaf
+        key = format_path(path)
+        if key in out:
+            raise BadInput(f"two entries flatten to the same key {key!r}; export as pt without --only")
+        out[key] = leaf
     return out
 
 
-def write_checkpoint(state, path, fmt: str = "pt") -> Path:
-    """Write ``state`` to ``path`` as ``pt`` (torch.save) or ``safetensors``; returns the path.
+def select(state, only: Optional[str] = None, strip_prefix: Optional[str] = None) -> dict:
+    """A flat state dict of the leaves whose dotted key matches ``only`` (fnmatch),
+    with ``strip_prefix`` taken off each key: what ``model.load_state_dict`` takes.
 
-    Raises BadInput if the folder is missing or the state does not fit the
-    format (safetensors holds no complex tensors); the target is untouched then.
+    BadInput if nothing matches, a selected key lacks the prefix, or a key would
+    become empty.
+    """
+    flat = flat_leaves(state)
+    picked = {k: v for k, v in flat.items() if only is None or fnmatch.fnmatchcase(k, only)}
+    if not picked:
+        raise BadInput(f"no key matches --only {only!r} (keys look like {_examples(flat)})")
+    if strip_prefix:
+        lacking = [k for k in picked if not k.startswith(strip_prefix) or k == strip_prefix]
+        if lacking:
+            raise BadInput(f"key {lacking[0]!r} does not start with --strip-prefix {strip_prefix!r}; "
+                           "narrow --only to the keys under that prefix")
+        picked = {k[len(strip_prefix):]: v for k, v in picked.items()}
+    return picked
+
+
+def _examples(flat: dict) -> str:
+    keys = list(flat)[:3]
+    return ", ".join(repr(k) for k in keys) + (" ..." if len(flat) > 3 else "") if keys else "none: it is empty"
+
+
+# -- writing ---------------------------------------------------------------------
+
+def formats_for(path, fmt: Optional[str]) -> str:
+    """The format to write ``path`` in: ``fmt``, else from the suffix, else pt.
+
+    BadInput for an unknown format, or one that contradicts the suffix (a
+    safetensors file named .pt would be read by the wrong loader).
+    """
+    suffix = Path(path).suffix.lower()
+    guessed = "safetensors" if suffix == ".safetensors" else "pt"
+    if fmt is None:
+        return guessed
+    if fmt not in FORMATS:
+        raise BadInput(f"unknown format {fmt!r}; use pt or safetensors")
+    if (fmt == "safetensors" and suffix in TORCH_SUFFIXES) or (fmt == "pt" and suffix == ".safetensors"):
+        better = Path(path).with_suffix(".safetensors" if fmt == "safetensors" else ".pt").name
+        raise BadInput(f"--format {fmt} does not match the name {Path(path).name}, which loaders read as "
+                       f"{guessed}; name it {better}, or drop --format")
+    return fmt
+
+
+def write_checkpoint(state, path, fmt: str = "pt", force: bool = True, metadata: Optional[dict] = None,
+                     progress: Optional[Callable[[int, int], None]] = None) -> Path:
+    """Write ``state`` to ``path`` as ``pt`` (torch.save) or ``safetensors``; returns the path written.
+
+    ``metadata`` (text pairs) goes into a safetensors header (default
+    ``{"format": "pt"}``, what Hugging Face loaders expect).
+    ``progress(done, total)`` is called with the bytes written. Raises
+    BadInput if the target exists and not ``force``, is not a regular file,
+    its folder is missing, or the state does not fit the format; OSError
+    (a full disk, a read-only folder) saying the target is unchanged.
     """
     if fmt not in FORMATS:
         raise BadInput(f"unknown format {fmt!r}; use pt or safetensors")
+    if fmt == "safetensors":
+        flat, header = _safetensors_layout(tensors_by_key(state), metadata)
+        total = sum(t.nbytes for t in flat.values())
+        write = lambda f: _save_safetensors(f, flat, header, total, progress)  # noqa: E731
+    else:
+        write = lambda f: _save_torch(f, state, progress)  # noqa: E731
+    return _atomic_write(path, force, write)
+
+
+def output_target(path, force: bool) -> Path:
+    """The file an export to ``path`` replaces (a link's target); BadInput if it may not be written."""
     path = Path(path)
-    if path.is_symlink():  # write what the link points at, and keep the link
+    if path.is_symlink():
+        if not force:
+            raise BadInput(f"{path} is a symbolic link to {os.readlink(path)}; pass --force to overwrite "
+                           "the file it points at (the link stays)")
         path = path.resolve()
     if path.exists() and not path.is_file():
         raise BadInput(f"cannot write {path}: it is not a regular file")
+    if path.exists() and not force:
+        raise BadInput(f"{path} already exists; pass --force to overwrite it")
     if not path.parent.is_dir():
         raise BadInput(f"cannot write {path}: folder {path.parent} does not exist")
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        if fmt == "pt":
-            import torch
-            torch.save(state, tmp)
-        else:
-            _save_safetensors(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return path
 
 
-def _save_safetensors(state, tmp: Path) -> None:
-    from safetensors.torch import save_file
-    flat = tensors_by_key(state)
-    for key, t in flat.items():
-        if t.is_complex():
-            raise BadInput(f"tensor {key!r} is {t.dtype}, which safetensors cannot hold; export as pt")
-    # safetensors refuses tensors that share memory: give each its own copy.
-    flat = {k: v.contiguous().clone() for k, v in flat.items()}
+def _atomic_write(path, force: bool, write: Callable) -> Path:
+    target = output_target(path, force)
+    with atomic_file(target, force) as f:
+        write(f)
+    return target
+
+
+@contextmanager
+def atomic_file(target: Path, force: bool):
+    """A file object that becomes ``target`` when the block ends without error.
+
+    Written under a temporary name with the target's permissions (or the
+    umask's), fsynced, then linked (no ``force``: never over a file that
+    appeared meanwhile) or renamed into place. On any error the temporary
+    file is removed and an OSError says the target is unchanged.
+    """
+    existed = target.exists()
+    mode = target.stat().st_mode & 0o7777 if existed else 0o666
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
-        save_file(flat, str(tmp))
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # a dtype it lacks, above all
-        raise BadInput(f"safetensors cannot hold this state ({exc}); export as pt") from None
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
+        try:
+            if existed:
+                os.fchmod(fd, mode)  # the umask may have cleared bits the old file had
+            with os.fdopen(fd, "wb", buffering=0) as f:
+                fd = None
+                yield f
+                os.fsync(f.fileno())
+        finally:
+            if fd is not None:
+                os.close(fd)
+        _publish(tmp, target, force)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{exc.strerror or exc} while writing {target}; "
+                                 f"{'it is unchanged' if existed else 'nothing was written'}") from None
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:  # never made (a read-only folder), or already renamed
+            pass
+
+
+def _publish(tmp: Path, target: Path, force: bool) -> None:
+    if force:
+        os.replace(tmp, target)
+        return
+    try:
+        os.link(tmp, target)  # fails if the target appeared meanwhile, unlike a rename
+    except FileExistsError:
+        raise BadInput(f"{target} already exists; pass --force to overwrite it") from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        os.replace(tmp, target)  # a filesystem without hard links
+
+
+class _CountingWriter(io.RawIOBase):
+    """Passes writes on to ``f`` and reports the bytes written so far."""
+
+    def __init__(self, f, total: int, progress):
+        self.f, self.total, self.progress, self.done = f, total, progress, 0
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        view = memoryview(data)
+        write_bytes(self.f, view)
+        self.done += len(view)
+        if self.progress:
+            self.progress(min(self.done, self.total), self.total)
+        return len(view)
+
+
+def _save_torch(f, state, progress) -> None:
+    import torch
+    total = sum(t.nbytes for _, t in walk(state) if isinstance(t, torch.Tensor))
+    if progress:
+        progress(0, total)
+    out = io.BufferedWriter(_CountingWriter(f, total, progress), PIECE)
+    try:
+        torch.save(state, out)
+        out.flush()
+    except RuntimeError as exc:
+        # torch's writer wraps the OSError of a full disk in a RuntimeError
+        if isinstance(exc.__context__, OSError):
+            raise exc.__context__ from None
+        raise
+
+
+def _safetensors_layout(flat: dict, metadata: Optional[dict]) -> tuple:
+    """(tensors in file order, header bytes): widest elements first, then by key,
+    so every tensor starts aligned to its element size, as safetensors does."""
+    from . import dtypes
+    names = {}
+    for key, t in flat.items():
+        name = dtypes.name_of(t.dtype, key)
+        if name not in SAFETENSORS_DTYPES:
+            raise BadInput(f"tensor {key!r} is {t.dtype}, which safetensors cannot hold; export as pt")
+        names[key] = name
+    meta = {"format": "pt"} if metadata is None else metadata
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise BadInput("safetensors metadata must map text to text")
+    order = sorted(flat, key=lambda k: (-flat[k].element_size(), k))
+    header, offset = {}, 0
+    for key in order:
+        n = flat[key].nbytes
+        header[key] = {"dtype": names[key], "shape": list(flat[key].shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    if meta:
+        header["__metadata__"] = meta
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    return {k: flat[k] for k in order}, struct.pack("<Q", len(raw)) + raw
+
+
+def write_bytes(f, data) -> None:
+    """All of ``data`` to an unbuffered file, which may take less than it is given."""
+    view, written = memoryview(data), 0
+    while written < len(view):
+        written += f.write(view[written:])
+
+
+def _save_safetensors(f, flat: dict, header: bytes, total: int, progress) -> None:
+    import torch
+    if progress:
+        progress(0, total)
+    write_bytes(f, header)
+    done = 0
+    for t in flat.values():
+        view = memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        for start in range(0, len(view), PIECE):
+            write_bytes(f, view[start:start + PIECE])
+            done += min(PIECE, len(view) - start)
+            if progress:
+                progress(done, total)

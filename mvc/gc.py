@@ -46,7 +46,7 @@ from .errors import BadInput, CorruptObject, MvcError, ProtectedRef, UnknownRevi
 from .objects import ID_SIZE
 from .store.chunks import Request
 from .store.fs import entries, fsync_dir
-from .store.packs import PACK_NAME, TMP_NAME, read_trailer
+from .store.packs import PACK_NAME, RECORD_HEAD, TMP_NAME, read_trailer
 
 # Rewrite a pack when less than this share of its record bytes is live. A pack
 # is rewritten once: its live records land in a new pack that is all live, so a
@@ -89,6 +89,22 @@ class Retention:
         return f"{', '.join(parts)} on {where}"
 
 
+YOUNG, MOSTLY_LIVE = "young", "mostly-live"
+
+
+@dataclass(frozen=True)
+class LeftAlone:
+    """Unreferenced bytes a gc keeps on purpose: ``young`` (a file younger than
+    the grace period, which a running writer may still be about to index;
+    ``gc --grace 0`` takes it when no writer runs) or ``mostly-live`` (a pack
+    under the rewrite threshold; ``gc --repack`` rewrites it)."""
+
+    kind: str
+    pack: str  # file name in .mvc/packs
+    bytes: int  # the garbage bytes it holds
+    why: str
+
+
 @dataclass(frozen=True)
 class GcReport:
     """What gc removed (or, with ``dry_run``, would remove). Ids are hex."""
@@ -110,6 +126,7 @@ class GcReport:
     records_moved: int = 0  # live records copied out of rewritten packs
     tmp_removed: int = 0
     notes: tuple = field(default=())  # packs left alone and why
+    left: tuple = field(default=())  # LeftAlone: garbage this gc kept on purpose, and what reclaims it
 
     @property
     def bytes_reclaimed(self) -> int:
@@ -118,8 +135,13 @@ class GcReport:
 
 def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep_best: Optional[str] = None,
        mode: str = "min", top: int = 1, force: bool = False, dry_run: bool = False,
-       grace: float = GRACE_S) -> GcReport:
+       grace: float = GRACE_S, repack: bool = False) -> GcReport:
     """Prune by the retention policy (if any), then delete garbage and reclaim pack space.
+
+    ``grace``: seconds a ``.tmp`` file or a pack no index entry names is left
+    alone (a running writer may be about to index it). ``repack``: rewrite
+    every pack that holds any garbage, not only those over a quarter garbage.
+    The report's ``left`` says what was kept on purpose and why.
 
     Raises BadInput for a bad policy, UnknownRevision for an unknown
     ``branch``, ProtectedRef for a protected ``branch`` without ``force``,
@@ -132,7 +154,7 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
         before, packs_before = disk_usage(repo.dir), disk_usage(repo.dir / "packs")
         with (repo.index.read() if dry_run else repo.index.write()) as txn:
             sweep = _sweep(txn, repo.objects, policy, force, dry_run)
-        plan = _plan_packs(repo.dir / "packs", sweep.live_locs, sweep.indexed_packs, grace)
+        plan = _plan_packs(repo.dir / "packs", sweep.live_locs, sweep.indexed_packs, grace, repack)
         if dry_run:
             saved = plan.reclaimable()
             return sweep.report(True, before, before - saved, packs_before, packs_before - saved, plan)
@@ -250,7 +272,7 @@ class _Sweep:
                         self.removed.get("trees", 0), self.removed.get("tensors", 0), self.removed.get("chunks", 0),
                         len(plan.delete), len(plan.rewrite),
                         moved if not dry_run else sum(len(live) for _, live in plan.rewrite),
-                        len(plan.tmp), tuple(plan.notes))
+                        len(plan.tmp), tuple(plan.notes), tuple(plan.left))
 
 
 def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool) -> _Sweep:
@@ -313,6 +335,7 @@ class _PackPlan:
     rewrite: list = field(default_factory=list)  # (path, [(chunk id, Location)]) over a quarter garbage
     tmp: list = field(default_factory=list)  # stale .pack.tmp paths
     notes: list = field(default_factory=list)
+    left: list = field(default_factory=list)  # LeftAlone
 
     def reclaimable(self) -> int:
         gone = self.delete + self.tmp + [path for path, _ in self.rewrite]
@@ -334,7 +357,23 @@ def _age(path: Path) -> float:
         return 0.0
 
 
-def _plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float) -> _PackPlan:
+def _young(path: Path, grace: float) -> LeftAlone:
+    return LeftAlone(YOUNG, path.name, _file_usage(path),
+                     f"younger than the {grace:g} s grace period: a commit may still be writing it")
+
+
+def should_rewrite(live_bytes: int, total_bytes: int, repack: bool = False) -> bool:
+    """Whether gc rewrites a pack holding ``live_bytes`` of ``total_bytes`` record data."""
+    return live_bytes < total_bytes if repack else live_bytes < total_bytes * REWRITE_BELOW
+
+
+def _mostly_live(path: Path, garbage: int, total: int) -> LeftAlone:
+    return LeftAlone(MOSTLY_LIVE, path.name, garbage,
+                     f"{100 * garbage / total:.0f}% garbage; gc rewrites a pack once over "
+                     f"{100 * (1 - REWRITE_BELOW):.0f}%, so that live data is not copied on every run")
+
+
+def _plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float, repack: bool = False) -> _PackPlan:
     plan = _PackPlan(directory)
     live_by_pack = defaultdict(list)
     for cid, loc in live_locs.items():
@@ -348,6 +387,8 @@ def _plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float) ->
         if TMP_NAME.fullmatch(path.name):
             if _age(path) > grace:
                 plan.tmp.append(path)
+            else:
+                plan.left.append(_young(path, grace))
             continue
         match = PACK_NAME.fullmatch(path.name)
         if match is None:
@@ -358,15 +399,40 @@ def _plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float) ->
             # a pack no entry ever named may be a writer's that is about to index it
             if name in indexed or _age(path) > grace:
                 plan.delete.append(path)
+            else:
+                plan.left.append(_young(path, grace))
             continue
         try:
             total = sum(length for _, _, length in read_trailer(path))
         except (CorruptObject, OSError) as exc:
             plan.notes.append(f"{path.name} left alone: {exc}")
             continue
-        if sum(loc.length for _, loc in live) < total * REWRITE_BELOW:
+        live_bytes = sum(loc.length for _, loc in live)
+        if should_rewrite(live_bytes, total, repack):
             plan.rewrite.append((path, sorted(live, key=lambda item: item[1].offset)))
+        elif live_bytes < total:
+            plan.left.append(_mostly_live(path, total - live_bytes, total))
     return plan
+
+
+def unreferenced_fate(directory: Path, kind: str, pack: str, records: int, garbage: int,
+                      grace: float = GRACE_S) -> Optional[LeftAlone]:
+    """What a plain ``mvc gc`` does with unreferenced bytes fsck reported
+    (kinds from mvc.fsck): None if it reclaims them, else why it keeps them.
+
+    ``garbage`` is fsck's count, record headers included.
+    """
+    path = directory / pack
+    if kind in ("tmp-pack", "unindexed-pack", "damaged-pack"):
+        return _young(path, grace) if _age(path) <= grace else None
+    if kind != "unused-records":
+        return None
+    try:
+        total = sum(length for _, _, length in read_trailer(path))
+    except (CorruptObject, OSError):
+        return None
+    data = garbage - records * RECORD_HEAD.size
+    return None if should_rewrite(total - data, total) else _mostly_live(path, data, total)
 
 
 def _rewrite(repo, plan: _PackPlan) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .errors import BadInput, MvcError
 
-INSTALL_HINT = "pip install 'mvc[plot]'"
+INSTALL_HINT = "pip install 'mvc-checkpoints[plot]'"
 MAX_ROWS = 80
 STATUS_COLOURS = {"changed": "#3b6fb6", "added": "#2e9d5b", "removed": "#c8453c",
                   "reshaped": "#e08a1e", "unchanged": "#b0b0b0"}
@@ -56,12 +56,26 @@ def _rows(diff, max_rows: int) -> list:
     layers: dict = {}
     for t in tensors:
         layers.setdefault(layer_of(t.key), []).append(t)
-    return [(name, _largest(group), _layer_status(group)) for name, group in layers.items()]
+    return [(name, layer_change(group), _layer_status(group)) for name, group in layers.items()]
 
 
-def _largest(group: list):
-    values = [t.relative_change for t in group if t.relative_change is not None]
-    return max(values) if values else None
+def layer_change(group: list):
+    """A layer's relative change: its tensors' ‖B−A‖/‖A‖, weighted by their bytes.
+
+    Weighted, so a small bias that moved a lot does not stand for a layer
+    whose weights barely moved; unchanged tensors count as 0 (known from
+    their ids, without reading data). None when no tensor has a number.
+    """
+    numbered = [t for t in group if t.relative_change is not None]
+    finite = [t for t in numbered if math.isfinite(t.relative_change)]
+    if not numbered:
+        return None
+    if len(finite) < len(numbered):  # A was all zeros (inf) or NaN: no weighted mean is honest
+        return max((t.relative_change for t in numbered), key=lambda v: (v == v, v))
+    weight = sum(t.nbytes for t in finite)
+    if not weight:
+        return max(t.relative_change for t in finite)
+    return sum(t.relative_change * t.nbytes for t in finite) / weight
 
 
 def _layer_status(group: list) -> str:
@@ -72,8 +86,8 @@ def _layer_status(group: list) -> str:
 
 
 def plot_diff(diff, path, max_rows: int = MAX_ROWS) -> Path:
-    """Horizontal bars of ‖B−A‖/‖A‖ per tensor (per layer: the largest of its
-    tensors) in model order, coloured by status, written as an image to ``path``.
+    """Horizontal bars of ‖B−A‖/‖A‖ per tensor (per layer: see ``layer_change``)
+    in model order, coloured by status, written as an image to ``path``.
 
     MvcError if matplotlib is missing; OSError if ``path`` cannot be written.
     """
@@ -94,7 +108,8 @@ def plot_diff(diff, path, max_rows: int = MAX_ROWS) -> Path:
         ax.set_xlim(floor, top * 3)
     else:
         ax.set_xlim(0, top * 1.15)
-    per = "tensor" if len(rows) == len(diff.tensors) else "layer (largest of its tensors)"
+    per = ("tensor" if len(rows) == len(diff.tensors)
+           else "layer: mean over its tensors weighted by bytes, unchanged ones as 0")
     ax.set_xlabel(f"relative change ‖B−A‖ / ‖A‖ per {per}")
     s = diff.summary
     ax.set_title(f"{diff.a.short_id} → {diff.b.short_id}: {s.tensors_changed} of {s.tensors} tensors changed, "

@@ -92,9 +92,11 @@ class Status:
 
 @dataclass(frozen=True)
 class Export:
-    """A checkpoint file written by ``Repository.export``."""
+    """A checkpoint file (or model folder) written by ``Repository.export``."""
 
     commit: str
     path: Path
-    format: str
+    format: str  # "pt", "safetensors" or "folder"
     left_out: int = 0  # plain values a safetensors file cannot hold
+    folder_files: int = 0  # a model folder's other files: written ("folder"), else left out
+    shards: int = 0  # safetensors files written into a model folder

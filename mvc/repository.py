@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Optional
 
 from . import bisect as _bisect
 from . import diff as _diff
-from . import files as _files
+from . import exchange as _exchange
 from . import fsck as _fsck
 from . import gc as _gc
 from . import hashing, refs
@@ -428,6 +428,8 @@ class Repository:
 
         batch, bytes_new, done = self.chunks.writer(), 0, 0
         total = sum(s.nbytes for s in slots)
+        if progress:
+            progress(0, total)  # a bar can show at once, not after the first batch
         try:
             with ThreadPoolExecutor(THREADS) as pool, self.index.read() as txn:
                 work = batches(spans, lambda s: s[2], HASH_BYTES)
@@ -484,6 +486,8 @@ class Repository:
             what = f"tensor {format_path(path)!r} in commit {commit_id.hex()[:12]}"
             requests += [Request(cid, buffer[off:off + n], what) for cid, off, n in obj.chunk_spans()]
         total, done = sum(r.buffer.nbytes for r in requests), 0
+        if progress:
+            progress(0, total)
 
         def step(n):
             nonlocal done
@@ -652,18 +656,19 @@ class Repository:
 
     def gc(self, keep_last=None, branch=None, keep_best=None, mode: str = "min", top: int = 1,
            force: bool = False, dry_run: bool = False, grace: float = _gc.GRACE_S,
-           expire_reflog: Optional[float] = None) -> "_gc.GcReport":
+           expire_reflog: Optional[float] = None, repack: bool = False) -> "_gc.GcReport":
         """Prune by retention, delete what nothing reaches, reclaim pack space; see ``mvc.gc.gc``.
 
         ``grace``: seconds a pack no index entry names, or a ``.pack.tmp``,
         is left alone (it may be a running commit's); 0 when no writer runs.
         ``expire_reflog``: first delete reflog entries older than this many
         seconds (0: all), as ``git gc`` expires the reflog.
+        ``repack``: rewrite every pack holding garbage, not only those over a quarter.
         """
         if expire_reflog is not None and not dry_run:
             self.expire_reflog(older_than=expire_reflog)
         return _gc.gc(self, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
-                      force=force, dry_run=dry_run, grace=grace)
+                      force=force, dry_run=dry_run, grace=grace, repack=repack)
 
     def diff(self, a: str, b=None, only=None) -> "_diff.Diff":
         """Compare commit ``a`` with ``b`` (default HEAD); see ``mvc.diff.diff``."""
@@ -692,22 +697,38 @@ class Repository:
         """End the session; its last status, or None if none was running."""
         return _bisect.reset(self)
 
-    def bisect_run(self, cmd_args, fmt: str = "pt", progress=None) -> "_bisect.BisectStatus":
-        """Judge candidates by running a command on each (Git's exit-code rules)."""
-        return _bisect.run(self, cmd_args, fmt, progress)
+    def bisect_run(self, cmd_args, fmt: str = "pt", progress=None,
+                   check_ends: bool = True) -> "_bisect.BisectStatus":
+        """Judge candidates by running a command on each (Git's exit-code rules),
+        after checking that the good and the bad end come out so (``check_ends``)."""
+        return _bisect.run(self, cmd_args, fmt, progress, check_ends)
 
     def bisect_run_metric(self, metric: str, threshold: float, higher_is_worse: bool = False,
                           progress=None) -> "_bisect.BisectStatus":
         """Judge candidates by a recorded metric against ``threshold``."""
         return _bisect.run_metric(self, metric, threshold, higher_is_worse, progress)
 
-    def export(self, rev: str, path, fmt=None, progress=None) -> Export:
+    def export(self, rev: str, path, fmt=None, progress=None, *, force: bool = False, only=None,
+               strip_prefix=None, write_progress=None) -> Export:
         """Write the checkpoint at ``rev`` to ``path`` as "pt" or "safetensors"
-        (default: from the suffix, else pt); see ``mvc.files.write_checkpoint``."""
-        fmt = fmt or ("safetensors" if Path(path).suffix.lower() == ".safetensors" else "pt")
-        if fmt not in _files.FORMATS:
-            raise BadInput(f"unknown format {fmt!r}; use pt or safetensors")
-        commit = self.resolve(rev)
-        state = self.load(commit, progress=progress)
-        left_out = _files.plain_values(state) if fmt == "safetensors" else 0
-        return Export(commit, _files.write_checkpoint(state, path, fmt), fmt, left_out)
+        (default: from the suffix, else pt), or a commit of a model folder back
+        to a folder (``path`` a folder, or with no suffix); see ``mvc.exchange``.
+
+        ``only`` (a glob on dotted keys) and ``strip_prefix`` write a flat state
+        dict of the matching keys, e.g. ``only="model.*", strip_prefix="model."``.
+        ``progress`` / ``write_progress`` get (done, total) bytes read / written.
+        Raises BadInput for an existing target without ``force``, a format that
+        contradicts the suffix, and what ``mvc.files.write_checkpoint`` refuses.
+        """
+        return _exchange.export(self, rev, path, fmt, progress, force=force, only=only,
+                                strip_prefix=strip_prefix, write_progress=write_progress)
+
+    def commit_file(self, path, message=None, **kwargs) -> Commit:
+        """Commit a checkpoint file or model folder; see ``mvc.exchange.commit_file``."""
+        return _exchange.commit_file(self, path, message, **kwargs)
+
+    def unreferenced_fate(self, report) -> list:
+        """For each unreferenced item of a fsck report: (item, None if a plain
+        gc reclaims it, else a ``mvc.gc.LeftAlone`` saying why not)."""
+        return [(u, _gc.unreferenced_fate(self.dir / "packs", u.kind, u.pack, u.records, u.bytes))
+                for u in report.unreferenced]

@@ -18,9 +18,12 @@ from .encoding import key_order
 MAX_DEPTH = 256
 
 
+ROOT_KEY = "<root>"  # how the empty path (a state that is one bare tensor) is shown
+
+
 def format_path(path: tuple) -> str:
-    """A key path as users see it: keys joined with dots."""
-    return ".".join(str(k) for k in path)
+    """A key path as users see it: keys joined with dots; ``<root>`` for the empty path."""
+    return ".".join(str(k) for k in path) if path else ROOT_KEY
 
 
 def is_container(node) -> bool:

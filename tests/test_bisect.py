@@ -181,7 +181,9 @@ def test_cli_run_with_a_real_evaluation_script(history, tmp_path):
     assert "step 37" in out.output and "commit 37" in out.output
     assert "1 of 1 tensors changed" in out.output
     evaluated = calls.read_text().split()
-    assert 1 <= len(evaluated) <= 7 and first_bad in evaluated
+    # the good and the bad end are checked first, then at most 7 candidates
+    assert evaluated[:2] == [history.resolve("HEAD~63"), history.resolve("HEAD")]
+    assert 3 <= len(evaluated) <= 9 and first_bad in evaluated[2:]
     assert not list((history.dir / "tmp").glob("bisect-*"))  # checkpoints are cleaned up
 
 
@@ -263,7 +265,11 @@ def test_missing_command_and_aborts_keep_the_state(history, tmp_path):
     for code, message in (("130", "exited with 130"), ("os.kill(os.getpid(), 9)", "killed by SIGKILL")):
         script = tmp_path / "abort.py"
         script.write_text(f"import os, sys\nsys.exit({code})\n" if code.isdigit() else f"import os\n{code}\n")
-        one_line_error(cli(history, "bisect", "run", sys.executable, str(script)), message, "bisect stopped")
+        one_line_error(cli(history, "bisect", "run", sys.executable, str(script)), message,
+                       "no verdict was recorded")
+        assert state_bytes(history) == before
+        one_line_error(cli(history, "bisect", "run", "--no-check-ends", sys.executable, str(script)), message,
+                       "bisect stopped")
         assert state_bytes(history) == before
 
 
@@ -274,7 +280,7 @@ def test_abort_midway_keeps_earlier_verdicts_and_can_resume(history, tmp_path):
                       "n = int(p.read_text()) if p.exists() else 0\np.write_text(str(n + 1))\n"
                       "sys.exit(0 if n == 0 else 255)\n")
     cli(history, "bisect", "start", "HEAD", "HEAD~63")
-    one_line_error(cli(history, "bisect", "run", sys.executable, str(script)), "exited with 255")
+    one_line_error(cli(history, "bisect", "run", "--no-check-ends", sys.executable, str(script)), "exited with 255")
     log = bisect.log(history)
     assert [e.verdict for e in log.entries] == ["bad", "good", "good"]  # the first verdict is kept
     out = cli(history, "bisect", "run", "--metric", "loss", "--threshold", "0.5", "--higher-is-worse", "--json")
@@ -341,7 +347,8 @@ def test_run_skips_pruned_commits_and_logs_them(repo, tmp_path):
     out = cli(repo, "bisect", "run", sys.executable, str(script), "{}", str(calls))
     assert out.exit_code == 0, out.output
     assert f"first bad commit: {step_of(repo, 3)}" in out.output and "1 of 1 tensors changed" in out.output
-    assert sorted(calls.read_text().split()) == sorted([step_of(repo, 2), step_of(repo, 3)])
+    # the bad end (step 8) is checked first; the good end (step 0) is pruned and cannot be
+    assert sorted(calls.read_text().split()) == sorted([step_of(repo, 8), step_of(repo, 2), step_of(repo, 3)])
     log = bisect.log(repo)
     auto = [e for e in log.entries if e.note]
     assert [(e.verdict, e.step) for e in auto] == [("skip", 1), ("skip", 4), ("skip", 5), ("skip", 7)]
@@ -378,8 +385,26 @@ def test_json_output_stays_clean_when_the_evaluation_prints(tmp_path):
     script.write_text("print('evaluating', flush=True)\nraise SystemExit(1)\n")
     mvc_cmd = [sys.executable, "-m", "mvc", "-C", str(tmp_path)]
     subprocess.run(mvc_cmd + ["bisect", "start", "HEAD", "HEAD~3"], check=True, capture_output=True)
-    proc = subprocess.run(mvc_cmd + ["bisect", "run", "--json", sys.executable, str(script)],
+    proc = subprocess.run(mvc_cmd + ["bisect", "run", "--json", "--no-check-ends", sys.executable, str(script)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["first_bad"]["message"] == "c1"
     assert "evaluating" in proc.stderr
+
+
+BROKEN_EVAL = "import no_such_evaluation_module_xyz\n"
+
+
+def test_run_checks_both_ends_first_and_stops_on_a_broken_command(history, tmp_path):
+    cli(history, "bisect", "start", "HEAD", "HEAD~63")
+    before = state_bytes(history)
+    script = tmp_path / "broken.py"
+    script.write_text(BROKEN_EVAL)  # every run raises ImportError: exit 1, "bad"
+    out = cli(history, "bisect", "run", sys.executable, str(script))
+    one_line_error(out, "the good end", "exited with 1 (bad)")
+    assert "no verdict was recorded" in out.stderr and "first bad commit:" not in out.output
+    assert state_bytes(history) == before
+    always_good = tmp_path / "good.py"
+    always_good.write_text("raise SystemExit(0)\n")
+    one_line_error(cli(history, "bisect", "run", sys.executable, str(always_good)), "the bad end", "(good)")
+    assert state_bytes(history) == before

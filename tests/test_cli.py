@@ -120,7 +120,7 @@ def test_branches_tags_and_checkout(cli, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["show", "nope"], "unknown revision 'nope'"),
-    (["show", "HEAD~5"], "no parent"),
+    (["show", "HEAD~5"], "has no parent"),
     (["commit", "missing.pt"], "no such file"),
     (["commit", "notes.txt"], "unknown checkpoint type"),
     (["commit", "garbage.pt"], "not a readable PyTorch checkpoint"),
@@ -205,7 +205,9 @@ def test_export_keeps_symlinks_and_refuses_special_files(cli, tmp_path):
     cli("commit", "a.pt", "-m", "x")
     (tmp_path / "real.pt").write_bytes(b"old")
     (tmp_path / "link.pt").symlink_to(tmp_path / "real.pt")
-    cli("export", "-o", "link.pt")
+    assert "symbolic link" in cli("export", "-o", "link.pt", code=1).stderr
+    assert (tmp_path / "real.pt").read_bytes() == b"old"
+    cli("export", "-o", "link.pt", "--force")
     assert (tmp_path / "link.pt").is_symlink()
     assert torch.equal(torch.load(tmp_path / "real.pt", weights_only=True)["model"]["w"], state["model"]["w"])
     os.mkfifo(tmp_path / "fifo.pt")

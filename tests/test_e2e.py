@@ -82,7 +82,7 @@ def test_wheel_carries_both_packages(tmp_path):
     if build.returncode != 0:
         pytest.fail(f"building the wheel failed: {build.stderr[-500:]}")
     import zipfile
-    (wheel,) = (tmp_path / "wheel").glob("mvc-*.whl")
+    (wheel,) = (tmp_path / "wheel").glob("mvc_checkpoints-*.whl")
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     code = "import mvc, mvc_hooks, mvc.cli; print(mvc_hooks.__file__)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,

@@ -46,7 +46,21 @@ def test_rows_per_tensor_or_per_layer_in_model_order(history):
     by_label = {label: (value, status) for label, value, status in plot._rows(d, max_rows=5)}
     assert by_label["model.layers.0"] == (0.0, "unchanged")
     w11 = next(t for t in d.tensors if t.key == "model.layers.11.w")
-    assert by_label["model.layers.11"] == (w11.relative_change, "changed")
+    # w moved, b (as many bytes) did not: the layer's change is their byte-weighted mean
+    assert by_label["model.layers.11"] == (pytest.approx(w11.relative_change / 2), "changed")
+
+
+def test_a_small_bias_does_not_stand_for_its_layer(repo):
+    torch.manual_seed(0)
+    a = {f"layers.{i}.{n}": torch.randn(*shape) for i in range(3) for n, shape in (("w", (64, 64)), ("b", (64,)))}
+    b = dict(a)
+    b["layers.1.w"] = a["layers.1.w"] * 1.03  # the weights barely move
+    b["layers.1.b"] = a["layers.1.b"] * 3.78  # a tiny bias moves a lot
+    repo.commit(a)
+    repo.commit(b)
+    rows = {label: value for label, value, _ in plot._rows(repo.diff("HEAD~1"), max_rows=2)}
+    assert rows["layers.1"] == pytest.approx((0.03 * 64 * 64 + 2.78 * 64) / (64 * 64 + 64), rel=1e-4)
+    assert rows["layers.1"] < 0.1 and rows["layers.0"] == 0.0
 
 
 def test_layer_of():
@@ -74,13 +88,13 @@ def test_cli_diff_plot(history, tmp_path):
 
 def test_without_matplotlib_plot_says_how_to_install(history, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes 'import matplotlib' fail
-    with pytest.raises(mvc.MvcError, match=r"pip install 'mvc\[plot\]'"):
+    with pytest.raises(mvc.MvcError, match=r"pip install 'mvc-checkpoints\[plot\]'"):
         plot.plot_diff(history.diff("HEAD~1"), tmp_path / "x.png")
     target = tmp_path / "cli.png"
     out = cli(history, "diff", "HEAD~1", "--plot", str(target))
     assert out.exit_code == 1
     assert out.output == "mvc: error: plotting needs matplotlib, which is not installed; " \
-                         "install it with: pip install 'mvc[plot]'\n"
+                         "install it with: pip install 'mvc-checkpoints[plot]'\n"
     assert not target.exists()
 
 
@@ -99,4 +113,4 @@ def test_cli_log_plot_without_matplotlib(history, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     out = cli(history, "log", "--plot", "loss", str(tmp_path / "loss.png"))
     assert out.exit_code == 1
-    assert out.stderr.count("\n") == 1 and "pip install 'mvc[plot]'" in out.stderr and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "pip install 'mvc-checkpoints[plot]'" in out.stderr and out.stdout == ""

@@ -9,7 +9,9 @@ traceback reaches the user for them.
 import dataclasses
 import json
 import os
+import re
 import sys
+import time
 
 import click
 
@@ -20,6 +22,9 @@ class Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # one line, like every other error
+            where = exc.ctx.command_path if exc.ctx is not None else "mvc"
+            fail(f"{exc.format_message().rstrip('.')}; see '{where} --help'", 2)
         except MvcError as exc:
             fail(str(exc))
         except BrokenPipeError:  # the reader went away (mvc log | head): stop quietly, like git
@@ -38,7 +43,7 @@ def fail(message: str, code: int = 1):
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="mvc", prog_name="mvc")
+@click.version_option(package_name="mvc-checkpoints", prog_name="mvc")
 @click.option("-C", "directory", default=".", metavar="PATH", help="Run as if started in PATH.")
 @click.pass_context
 def main(ctx, directory):
@@ -84,19 +89,51 @@ def human_bytes(n: float) -> str:
 
 
 class Progress:
-    """A ``progress(done, total)`` callback for the API: a click bar on a
-    terminal (stderr), drawn once the total is known; nothing when piped."""
+    """A ``progress(done, total)`` callback for the API: a bar on a terminal
+    (stderr) that names its phase (reading, hashing, writing, verifying) and
+    shows bytes done, the total and the throughput; nothing when piped.
 
-    def __init__(self, label: str):
-        self.label, self.bar, self.done = label, None, 0
+    The bar is drawn as soon as its total is known: at once when ``total`` is
+    given, else at the API's first call (which the API makes before any work).
+    ``then`` names what follows the last byte (``syncing to disk``), so the
+    wait after 100% is said, not silent.
+    """
+
+    def __init__(self, phase: str, total: int = 0, then: str = "", stream=None):
+        self.phase, self.then, self.stream = phase, then, stream or sys.stderr
+        self.bar, self.done, self.total, self.started, self.finished = None, 0, 0, 0.0, False
+        if total:
+            self(0, total)
+
+    def _on_terminal(self) -> bool:
+        try:
+            return self.stream.isatty()
+        except (AttributeError, ValueError):
+            return False
 
     def __call__(self, done: int, total: int) -> None:
-        if self.bar is None and sys.stderr.isatty() and total > 0:
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
+        if self.bar is None and not self.finished and total > 0 and self._on_terminal():
+            self.total, self.started = total, time.monotonic()
+            self.bar = click.progressbar(length=total, label=f"{self.phase:<9}", file=self.stream,
+                                         item_show_func=self._bytes, show_eta=False, width=24)
             self.bar.__enter__()
         if self.bar is not None:
-            self.bar.update(done - self.done)
+            self.bar.update(max(0, done - self.done), done)
+            if done >= total:
+                self._finish()
         self.done = done
+
+    def _bytes(self, done) -> str:
+        done = self.done if done is None else done
+        seconds = time.monotonic() - self.started
+        rate = f"  {human_bytes(done / seconds)}/s" if seconds > 0 and done else ""
+        return f"{human_bytes(done)} of {human_bytes(self.total)}{rate}"
+
+    def _finish(self) -> None:
+        self.bar.__exit__(None, None, None)
+        self.bar, self.finished = None, True
+        if self.then:
+            click.echo(f"{self.then} ...", file=self.stream)
 
     def __enter__(self):
         return self
@@ -104,6 +141,7 @@ class Progress:
     def __exit__(self, *exc):
         if self.bar is not None:
             self.bar.__exit__(*exc)
+            self.bar = None
 
 
 def parse_pairs(pairs, what: str) -> dict:
@@ -133,9 +171,11 @@ def number(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def record_line(c) -> str:
-    """A commit's step, epoch and metrics on one line."""
-    parts = [f"{name} {value}" for name, value in (("step", c.step), ("epoch", c.epoch)) if value is not None]
+def record_line(c, beside: str = "") -> str:
+    """A commit's step, epoch and metrics on one line; a step or epoch that
+    ``beside`` (the title printed next to it, e.g. "step 500") already says is left out."""
+    parts = [f"{name} {value}" for name, value in (("step", c.step), ("epoch", c.epoch))
+             if value is not None and not re.search(rf"\b{name} {value}\b", beside)]
     parts += [f"{k}={number(v)}" for k, v in sorted(c.metrics.items())]
     return "  ".join(parts)
 

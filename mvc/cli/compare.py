@@ -29,9 +29,40 @@ def _shape(dtype, shape) -> str:
 def _summary_line(s) -> str:
     extra = [f"{n} {what}" for n, what in ((s.tensors_added, "added"), (s.tensors_removed, "removed")) if n]
     values = f", {s.values_changed} value{'' if s.values_changed == 1 else 's'} changed" if s.values_changed else ""
+    removed = f" ({human_bytes(s.bytes_removed)} of them removed)" if s.bytes_removed else ""
     return (f"{s.tensors_changed} of {s.tensors} tensors changed{' (' + ', '.join(extra) + ')' if extra else ''}, "
-            f"{human_bytes(s.bytes_changed)} of {human_bytes(s.bytes_total)} in changed chunks, "
+            f"{human_bytes(s.bytes_changed)} of {human_bytes(s.bytes_total)} in changed chunks{removed}, "
             f"{100 * s.parameters_changed:.3g}% of parameters{values}")
+
+
+BRIEF = 80  # characters of a record value shown before it is shortened
+
+
+def _brief(value) -> str:
+    """A record value short enough for one line: long lists by their ends, long text cut at a word."""
+    if isinstance(value, (list, tuple)) and len(value) > 6:
+        head = ", ".join(repr(v) for v in value[:3])
+        return f"[{head}, ... {value[-1]!r}] ({len(value)} items)"
+    text = repr(value)
+    if len(text) <= BRIEF:
+        return text
+    cut = text[:BRIEF].rsplit(" ", 1)[0]
+    return f"{cut} ... ({len(text)} characters)"
+
+
+def _render_record(fields, show_context: bool) -> None:
+    shown = [f for f in fields if show_context or not f.name.startswith("context.")]
+    hidden = [f for f in fields if f not in shown]
+    if not fields:
+        return
+    click.echo("record:")
+    for f in shown:
+        click.echo(f"  {f.name}: {_brief(f.a)} -> {_brief(f.b)}")
+    if hidden:
+        groups = list(dict.fromkeys(f.name.split(".")[1] for f in hidden))
+        names = ", ".join(groups[:5]) + (f" and {len(groups) - 5} more" if len(groups) > 5 else "")
+        click.echo(f"  context: {len(hidden)} field{'' if len(hidden) == 1 else 's'} differ ({names}); "
+                   "--context shows them")
 
 
 def _tensor_line(t, width: int) -> str:
@@ -54,10 +85,9 @@ def _stat_line(t, width: int) -> str:
             f"rel {_num(t.relative_change)}")
 
 
-def _render_diff(d) -> None:
+def _render_diff(d, show_context: bool = False) -> None:
+    """Tensors first (what a checkpoint diff is for), then plain values, then the record."""
     click.echo(f"diff {d.a.short_id} -> {d.b.short_id}" + (f"  (only {d.only!r})" if d.only else ""))
-    for f in d.commit:
-        click.echo(f"  {f.name}: {f.a!r} -> {f.b!r}")
     changed = d.changed()
     width = max([len(t.key) for t in changed] + [1])
     if changed:
@@ -68,7 +98,8 @@ def _render_diff(d) -> None:
         click.echo("values:")
         vwidth = max(len(v.key) for v in d.values)
         for v in d.values:
-            click.echo(f"  {v.status:<9} {v.key:<{vwidth}}  {v.a!r} -> {v.b!r}")
+            click.echo(f"  {v.status:<9} {v.key:<{vwidth}}  {_brief(v.a)} -> {_brief(v.b)}")
+    _render_record(d.commit, show_context)
     click.echo(_summary_line(d.summary))
 
 
@@ -83,23 +114,30 @@ def _render_stat(d) -> None:
 # -- diff -----------------------------------------------------------------------
 
 @main.command()
-@click.argument("a")
+@click.argument("a", required=False)
 @click.argument("b", required=False)
 @click.option("--stat", is_flag=True, help="One line per changed tensor and the summary.")
 @click.option("--only", metavar="GLOB", default=None,
               help="Compare only keys matching GLOB, e.g. 'model.layers.*' (fnmatch on dotted keys).")
 @click.option("--plot", "plot_file", metavar="FILE.png", type=click.Path(dir_okay=False), default=None,
-              help="Also draw the relative change of each tensor (each layer, when there are many) "
-                   "in model order: keys sorted with digit runs as numbers, so layers.2 comes "
-                   "before layers.10. Needs matplotlib: pip install 'mvc[plot]'.")
+              help="Also draw the relative change of each tensor (of each layer when there are many: "
+                   "its tensors' changes weighted by their bytes) in model order: keys sorted with digit runs as numbers, so layers.2 comes "
+                   "before layers.10. Needs matplotlib: pip install 'mvc-checkpoints[plot]'.")
+@click.option("--context", "show_context", is_flag=True,
+              help="List every context field of the record that differs (default: how many).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole diff as JSON.")
-def diff(a, b, stat, only, plot_file, as_json):
+def diff(a, b, stat, only, plot_file, show_context, as_json):
     """Compare commit A with B (default HEAD): tensors, plain values and the training record.
 
     For each changed tensor: the share of its chunks that differ, the relative
     change |B-A|/|A|, max |B-A| and the cosine similarity. Unchanged tensors
-    are recognised from ids without reading data.
+    are recognised from ids without reading data. Then the plain values and
+    the record fields that differ (context fields counted; --context lists
+    them).
     """
+    if a is None:
+        raise click.UsageError("give a revision to compare: mvc diff A [B] compares A with B "
+                               "(default HEAD), e.g. 'mvc diff HEAD~1'")
     if plot_file:
         plot.require_matplotlib()  # fail before the work, not after it
     with open_repo() as repo:
@@ -111,7 +149,7 @@ def diff(a, b, stat, only, plot_file, as_json):
     elif stat:
         _render_stat(d)
     else:
-        _render_diff(d)
+        _render_diff(d, show_context)
 
 
 # -- bisect ---------------------------------------------------------------------
@@ -137,7 +175,7 @@ def _render_status(s) -> None:
         c = s.candidate
         click.echo(f"Bisecting: {s.remaining} commit{'' if s.remaining == 1 else 's'} left to judge "
                    f"(about {s.steps} step{'' if s.steps == 1 else 's'})")
-        click.echo(f"next: {c.id}  {record_line(c)}  {title(c)}".rstrip())
+        click.echo(f"next: {c.id}  {record_line(c, beside=title(c))}  {title(c)}".rstrip())
         click.echo(f"judge it (e.g. mvc export {c.short_id} -o FILE), then run 'mvc bisect good' or "
                    "'mvc bisect bad' ('mvc bisect skip' if it cannot be judged)")
 
@@ -245,29 +283,34 @@ def _progress(commit, verdict) -> None:
 @click.option("--threshold", type=float, default=None, help="With --metric: the boundary of good.")
 @click.option("--higher-is-worse", is_flag=True,
               help="With --metric: above the threshold is bad (a loss); default: below it is bad.")
+@click.option("--no-check-ends", "no_check_ends", is_flag=True,
+              help="Do not first run CMD on the good and the bad end (which must come out good and bad).")
 @_json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def bisect_run(fmt, metric, threshold, higher_is_worse, as_json, command):
+def bisect_run(fmt, metric, threshold, higher_is_worse, no_check_ends, as_json, command):
     """Judge every commit offered until the first bad one is found.
 
     Either run CMD ARGS... on each candidate's checkpoint (its path is in
     $MVC_CHECKPOINT, the commit id in $MVC_COMMIT, and replaces {} in ARGS):
     exit 0 means good, 125 skip, 1-127 bad, 128 or more (or a signal) stops
-    the bisect. Or, with --metric NAME --threshold X, judge each commit by
-    the metric it recorded, running nothing.
+    the bisect. CMD first runs on the newest good and the oldest bad commit:
+    if they do not come out good and bad (a broken script calls everything
+    bad), the bisect stops before any verdict. Or, with --metric NAME
+    --threshold X, judge each commit by the metric it recorded, running nothing.
     """
     if metric is None:
         if threshold is not None or higher_is_worse:
             raise click.UsageError("--threshold and --higher-is-worse go with --metric")
         if not command:
             raise click.UsageError("give an evaluation command, or --metric NAME --threshold X")
-    elif command or fmt:
-        raise click.UsageError("--metric judges by recorded metrics: give no command or --format")
+    elif command or fmt or no_check_ends:
+        raise click.UsageError("--metric judges by recorded metrics: give no command, --format or --no-check-ends")
     elif threshold is None:
         raise click.UsageError("--metric needs --threshold X")
     with open_repo() as repo:
         if metric is None:
-            status = bisect_api.run(repo, list(command), fmt or "pt", progress=_progress)
+            status = bisect_api.run(repo, list(command), fmt or "pt", progress=_progress,
+                                    check_ends=not no_check_ends)
         else:
             status = bisect_api.run_metric(repo, metric, threshold, higher_is_worse, progress=_progress)
     if not as_json:

@@ -5,9 +5,11 @@ import time
 import click
 
 from .. import Repository
-from ..files import FORMATS, read_checkpoint
+from ..files import FORMATS
 from ..repository import DEFAULT_CHUNK_SIZE, MAX_WRITE_CHUNK
-from .base import Progress, echo_json, human_bytes, main, open_repo, parse_pairs, record_line, title
+from ..errors import MvcError
+from .base import (Progress, echo_json, human_bytes, main, open_repo, parse_pairs, record_line, title,
+                   to_jsonable)
 
 
 # -- rendering helpers --------------------------------------------------------
@@ -60,8 +62,9 @@ def init(path, chunk_size):
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
-@click.option("-m", "--message", default="", help="Commit message.")
+@click.argument("file", type=click.Path())
+@click.option("-m", "--message", default=None,
+              help="Commit message (default: one naming what was committed, e.g. 'Import a.pt: 12 tensors').")
 @click.option("-b", "--branch", default=None, help="Branch to commit to (default: HEAD's).")
 @click.option("--step", type=int, default=None, help="Training step of this checkpoint.")
 @click.option("--epoch", type=int, default=None, help="Training epoch of this checkpoint.")
@@ -69,19 +72,21 @@ def init(path, chunk_size):
 @click.option("--context", "context", multiple=True, metavar="K=V", help="A context field (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the commit as JSON.")
 def commit(file, message, branch, step, epoch, metrics, context, as_json):
-    """Commit the state in FILE (.pt/.pth/.bin/.ckpt or .safetensors)."""
+    """Commit the state in FILE (.pt/.pth/.bin/.ckpt or .safetensors), or a
+    Hugging Face model folder (model.safetensors or its shards, config and
+    tokenizer files)."""
     metrics = parse_pairs(metrics, "--metric")
     context = parse_pairs(context, "--context")
-    state = read_checkpoint(file)
-    with open_repo() as repo, Progress("committing") as progress:
-        c = repo.commit(state, message, step=step, epoch=epoch, metrics=metrics,
-                        context=context, branch=branch, progress=progress)
+    with open_repo() as repo, Progress("reading") as reading, \
+            Progress("hashing", then="syncing to disk") as hashing:
+        c = repo.commit_file(file, message, step=step, epoch=epoch, metrics=metrics, context=context,
+                             branch=branch, read_progress=reading, progress=hashing)
     if as_json:
         echo_json(c)
         return
     s = c.stats
     root = " (root-commit)" if not c.parents else ""  # a new branch, or a typo in --branch
-    click.echo(f"[{c.branch or 'detached HEAD'}{root} {c.short_id}] {message}")
+    click.echo(f"[{c.branch or 'detached HEAD'}{root} {c.short_id}] {title(c)}")
     click.echo(f" {s.tensors} tensor{'' if s.tensors == 1 else 's'}, {human_bytes(s.bytes_total)}: {human_bytes(s.bytes_new)} new, "
                f"{human_bytes(s.bytes_reused)} shared with the repository "
                f"({s.chunks_new} of {s.chunks} chunks written)")
@@ -94,7 +99,7 @@ def commit(file, message, branch, step, epoch, metrics, context, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print commits as JSON.")
 @click.option("--plot", "plot_to", nargs=2, metavar="METRIC FILE", default=None,
               help="Also draw METRIC across these commits into FILE (e.g. loss.png). "
-                   "Needs matplotlib: pip install 'mvc[plot]'.")
+                   "Needs matplotlib: pip install 'mvc-checkpoints[plot]'.")
 def log(rev, max_count, oneline, as_json, plot_to):
     """Show the history from REV (default HEAD), newest first."""
     from .. import plot  # mvc.plot loads matplotlib only when it draws
@@ -115,7 +120,7 @@ def log(rev, max_count, oneline, as_json, plot_to):
         deco = f" ({', '.join(names)})" if names else ""
         deco += " [pruned]" if c.pruned else ""
         if oneline:
-            record = record_line(c)
+            record = record_line(c, beside=title(c))
             click.echo(f"{c.short_id}{deco} {record + '  ' if record else ''}{title(c)}".rstrip())
             continue
         click.echo(f"commit {c.id}{deco}")
@@ -183,42 +188,74 @@ def _show_entries(entries) -> None:
             click.echo(f"  {e.key:<{width}}  = {e.value!r}")
 
 
+_output_options = [
+    click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+                 help="File format (default: from the suffix of --output, else pt)."),
+    click.option("-f", "--force", is_flag=True,
+                 help="Overwrite an existing output (through a symbolic link: the file it points at)."),
+    click.option("--only", metavar="GLOB", default=None,
+                 help="Write only the keys matching GLOB (e.g. 'model.*') as a flat state dict."),
+    click.option("--strip-prefix", metavar="PREFIX", default=None,
+                 help="Take PREFIX (e.g. 'model.') off every key written."),
+]
+
+
+def output_options(command):
+    for option in reversed(_output_options):
+        command = option(command)
+    return command
+
+
 @main.command()
 @click.argument("rev")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Write the checkpoint to this file instead of moving HEAD.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
-              help="File format (default: from the suffix of --output, else pt).")
-def checkout(rev, output, fmt):
-    """Move HEAD to REV, or with -o write REV's checkpoint to a file."""
+@click.option("-o", "--output", type=click.Path(), default=None,
+              help="Write the checkpoint to this file (or model folder) instead of moving HEAD.")
+@output_options
+def checkout(rev, output, fmt, force, only, strip_prefix):
+    """Move HEAD to REV, or with -o write REV's checkpoint to a file.
+
+    The output is written under a temporary name and renamed into place, so
+    an interrupted export leaves no partial file; an existing one is kept
+    unless --force. A commit of a model folder is written back as that
+    folder when -o names a folder (or has no suffix).
+    """
     if output is None:
-        if fmt:
-            raise click.UsageError("--format needs -o/--output")
+        if fmt or force or only or strip_prefix:
+            raise click.UsageError("--format, --force, --only and --strip-prefix need -o/--output")
         with open_repo() as repo:
             head = repo.checkout(rev)
         click.echo(f"Switched to branch '{head.branch}'" if head.branch else f"HEAD is now detached at {head.id[:12]}")
         return
-    _export(rev, output, fmt)
+    _export(rev, output, fmt, force, only, strip_prefix)
 
 
 @main.command()
 @click.argument("rev", default="HEAD")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="File to write.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
-              help="File format (default: from the suffix, else pt).")
-def export(rev, output, fmt):
-    """Write REV's checkpoint to a .pt or .safetensors file."""
-    _export(rev, output, fmt)
+@click.option("-o", "--output", type=click.Path(), required=True, help="File (or model folder) to write.")
+@output_options
+def export(rev, output, fmt, force, only, strip_prefix):
+    """Write REV's checkpoint to a .pt or .safetensors file (or a model folder); see checkout -o."""
+    _export(rev, output, fmt, force, only, strip_prefix)
 
 
-def _export(rev, output, fmt):
-    with open_repo() as repo, Progress("reading") as progress:
-        written = repo.export(rev, output, fmt, progress=progress)
+def _export(rev, output, fmt, force, only, strip_prefix):
+    with open_repo() as repo, Progress("reading") as reading, Progress("writing", then="syncing to disk") as writing:
+        written = repo.export(rev, output, fmt, progress=reading, force=force, only=only,
+                              strip_prefix=strip_prefix, write_progress=writing)
+    if written.format == "folder":
+        size = sum(p.stat().st_size for p in written.path.rglob("*") if p.is_file())
+        click.echo(f"wrote {written.commit[:12]} to {written.path}/ (model folder: "
+                   f"{_count(written.shards, 'safetensors file')}, {_count(written.folder_files, 'other file')}, "
+                   f"{human_bytes(size)})")
+        return
     click.echo(f"wrote {written.commit[:12]} to {written.path} ({written.format}, "
                f"{human_bytes(written.path.stat().st_size)})")
     if written.left_out:
         click.echo(f"note: {_count(written.left_out, 'plain value')} left out: safetensors holds only "
                    "tensors (export as pt to keep them)", err=True)
+    if written.folder_files:
+        click.echo(f"note: the model folder's {_count(written.folder_files, 'other file')} (config, tokenizer) "
+                   "left out; -o DIR writes the whole folder", err=True)
 
 
 def _list_refs(items, current=None, as_json=False):
@@ -281,17 +318,44 @@ def tag(name, rev, delete, force, protect, as_json):
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def status(as_json):
-    """Show where HEAD is and what the repository holds."""
+    """Show where HEAD is, a bisect in progress, and what the repository holds."""
     with open_repo() as repo:
         s = repo.status()
+        bisecting, bisect_data = _bisect_line(repo)
     if as_json:
-        echo_json(s)
+        out = to_jsonable(s)
+        out["bisect"] = bisect_data
+        echo_json(out)
         return
     if s.head.branch:
         click.echo(f"On branch {s.head.branch}")
     else:
         click.echo(f"HEAD detached at {s.head.id[:12]}")
     click.echo(f"HEAD commit: {s.head.id[:12] if s.head.id else '(no commits yet)'}")
+    if bisecting:
+        click.echo(bisecting)
     click.echo(f"{_count(s.commits, 'commit')}, {_count(s.branches, 'branch', 'es')}, {_count(s.tags, 'tag')}")
     click.echo(f"{_count(s.chunks, 'chunk')} in {_count(s.packs, 'pack')}, {human_bytes(s.pack_bytes)} of packs "
                f"(chunk size {human_bytes(s.chunk_size)})")
+
+
+def _bisect_line(repo) -> tuple:
+    """(one line, JSON data) on a bisect in progress, as git status says so; (None, None) if none."""
+    from .. import bisect as bisect_api
+    if not bisect_api.in_progress(repo):
+        return None, None
+    try:
+        b = bisect_api.status(repo)
+    except MvcError as exc:
+        return f"You are bisecting, but its state cannot be read ({exc})", {"error": str(exc)}
+    if b.first_bad is not None:
+        where = f"first bad commit found: {b.first_bad.short_id}"
+    elif b.suspects:
+        where = f"only skipped commits are left ({len(b.suspects)} suspects)"
+    else:
+        where = f"{_count(b.remaining, 'commit')} left to judge, next {b.candidate.short_id}"
+    data = {"good": b.good, "bad": b.bad, "remaining": b.remaining,
+            "candidate": b.candidate.id if b.candidate else None,
+            "first_bad": b.first_bad.id if b.first_bad else None, "suspects": list(b.suspects)}
+    return (f"You are bisecting (good {b.good[:12]}, bad {b.bad[:12]}): {where}; "
+            "'mvc bisect log' shows it, 'mvc bisect reset' ends it"), data

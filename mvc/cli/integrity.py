@@ -31,7 +31,7 @@ def _show_damage(d) -> None:
             click.echo(f"    {label}: {_some(list(items), short)}")
 
 
-def _show_report(rep) -> None:
+def _show_report(rep, fates) -> None:
     verified = ("chunk data not re-hashed (--quick)" if rep.quick else
                 f"re-hashed {human_bytes(rep.bytes_verified)} in {rep.seconds:.2f}s")
     click.echo(f"checked {rep.commits} commits, {rep.trees} trees, {rep.tensors} tensors, {rep.chunks} chunks "
@@ -41,11 +41,16 @@ def _show_report(rep) -> None:
         for d in rep.damage:
             _show_damage(d)
     if rep.unreferenced:
-        click.echo(f"unreferenced pack bytes (harmless; 'mvc gc' reclaims them): "
-                   f"{human_bytes(rep.unreferenced_bytes)}")
-        for u in rep.unreferenced:
-            records = f", {u.records} records" if u.records else ""
-            click.echo(f"  {u.kind}: {u.pack} ({human_bytes(u.bytes)}{records})")
+        kept = [left for _, left in fates if left is not None]
+        reclaimed = rep.unreferenced_bytes - sum(u.bytes for u, left in fates if left is not None)
+        click.echo(f"unreferenced pack bytes (harmless): {human_bytes(rep.unreferenced_bytes)}; 'mvc gc' "
+                   f"reclaims {human_bytes(reclaimed)}" + (" and keeps the rest, see below" if kept else ""))
+        for u, left in fates:
+            records = f", {u.records} record{'' if u.records == 1 else 's'}" if u.records else ""
+            fate = "gc reclaims it" if left is None else f"gc keeps it: {left.why}"
+            click.echo(f"  {u.kind}: {u.pack} ({human_bytes(u.bytes)}{records}): {fate}")
+        for hint in _hints(kept):
+            click.echo(f"  {hint}")
     click.echo("ok: no damage found" if rep.ok else
                "fsck found damage: the commits and refs listed above cannot be loaded intact")
 
@@ -65,17 +70,19 @@ def fsck(ctx, quick, rebuild_index, as_json):
         rebuilt = repo.rebuild_index() if rebuild_index else None
         with Progress("verifying") as progress:
             report = repo.fsck(quick=quick, progress=progress)
+        fates = repo.unreferenced_fate(report)
     if as_json:
         out = to_jsonable(report)
         out["ok"] = report.ok
         out["unreferenced_bytes"] = report.unreferenced_bytes
+        out["gc_keeps"] = [to_jsonable(left) for _, left in fates if left is not None]
         if rebuilt is not None:
             out["rebuild"] = to_jsonable(rebuilt)
         echo_json(out)
     else:
         if rebuilt is not None:
             _show_rebuild(rebuilt)
-        _show_report(report)
+        _show_report(report, fates)
     if not report.ok:
         ctx.exit(1)
 
@@ -144,6 +151,21 @@ def unlock(branch, owner, force):
 
 # -- gc -----------------------------------------------------------------------
 
+def _hints(left) -> list:
+    """The commands that reclaim what gc keeps on purpose."""
+    from ..gc import MOSTLY_LIVE, YOUNG
+    hints = []
+    young = [x for x in left if x.kind == YOUNG]
+    mostly = [x for x in left if x.kind == MOSTLY_LIVE]
+    if young:
+        hints.append(f"'mvc gc --grace 0' also removes the {human_bytes(sum(x.bytes for x in young))} of young "
+                     "files; run it only when no commit or training run is writing to this repository")
+    if mostly:
+        hints.append(f"'mvc gc --repack' rewrites every pack holding garbage and reclaims "
+                     f"{human_bytes(sum(x.bytes for x in mostly))} more (it copies their live data)")
+    return hints
+
+
 def _show_gc(r) -> None:
     def did(past: str, future: str) -> str:
         return f"would {future}" if r.dry_run else past
@@ -161,6 +183,10 @@ def _show_gc(r) -> None:
                f"{r.tmp_removed} stale .tmp files")
     for note in r.notes:
         click.echo(f"  {note}")
+    for left in r.left:
+        click.echo(f"  {did('kept', 'keep')} {left.pack} ({human_bytes(left.bytes)} of garbage): {left.why}")
+    for hint in _hints(r.left):
+        click.echo(f"  {hint}")
     about = "about " if r.dry_run else ""
     click.echo(f"on disk: {human_bytes(r.bytes_before)} -> {about}{human_bytes(r.bytes_after)} "
                f"({human_bytes(r.bytes_reclaimed)} reclaimed; packs {human_bytes(r.pack_bytes_before)} -> "
@@ -176,12 +202,19 @@ def _show_gc(r) -> None:
 @click.option("--top", type=click.IntRange(min=1), default=1, show_default=True, metavar="K", help="How many best commits to keep.")
 @click.option("--dry-run", is_flag=True, help="Report what would be removed; change nothing.")
 @click.option("--force", is_flag=True, help="Also prune the history of protected branches.")
+@click.option("--repack", is_flag=True,
+              help="Rewrite every pack that holds garbage, not only those over a quarter garbage.")
+@click.option("--grace", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Leave .tmp files and packs no index entry names alone while younger than this "
+                   "(default 60: a running commit may still be writing them). 0 when no writer runs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def gc(keep_last, branch, keep_best, mode, top, dry_run, force, as_json):
+def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, as_json):
     """Delete what no ref or reflog entry reaches, and reclaim its space on disk.
 
     Packs that hold nothing live are deleted; packs over a quarter garbage
-    are rewritten. Commits wait while gc runs.
+    are rewritten (all packs holding garbage with --repack). Files a crash
+    left (.tmp) are removed once older than the grace period (--grace).
+    The report says what was kept on purpose and why. Commits wait while gc runs.
 
     Retention (--keep-last N and/or --keep-best METRIC) prunes old commits of
     every branch, or of --branch B: along each branch's first-parent history
@@ -195,8 +228,9 @@ def gc(keep_last, branch, keep_best, mode, top, dry_run, force, as_json):
     commits are expired. Pruning cannot be undone.
     """
     with open_repo() as repo:
+        extra = {} if grace is None else {"grace": grace}
         report = repo.gc(keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
-                         force=force, dry_run=dry_run)
+                         force=force, dry_run=dry_run, repack=repack, **extra)
     if as_json:
         out = to_jsonable(report)
         out["bytes_reclaimed"] = report.bytes_reclaimed

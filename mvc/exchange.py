@@ -1,0 +1,100 @@
+"""Checkpoints in and out of a repository: commit a file or model folder, export one.
+
+Vocabulary: an **input** is a checkpoint file (``.pt``-style or
+``.safetensors``, see mvc.files) or a Hugging Face model folder (see
+mvc.folders). An **export** writes a commit back as a file (pt or
+safetensors, optionally only a subtree as a flat state dict) or, for a
+commit of a model folder, as that folder. A safetensors file's
+``__metadata__`` is kept in the commit's context under ``safetensors`` and
+written back by a safetensors export.
+"""
+
+import os
+from pathlib import Path
+
+from . import files as _files
+from . import folders as _folders
+from .errors import BadInput
+from .records import Export
+
+SAFETENSORS_CONTEXT = "safetensors"  # context key of a committed .safetensors file's metadata
+
+
+def read_input(path, progress=None) -> tuple:
+    """(state, context, what) for a checkpoint file or model folder at ``path``:
+    a safetensors file's metadata goes into the context under ``safetensors``,
+    ``what`` says what was read ("model.pt", "model folder hf/ (...)").
+
+    Raises BadInput if it cannot be read.
+    """
+    path = Path(path)
+    if path.is_dir():
+        state = _folders.read_folder(path, progress)
+        shards, files = _folders.folder_summary(state)
+        return state, {}, f"model folder {path.name}/ ({shards} safetensors, {files} other files)"
+    imported = _files.import_checkpoint(path, progress)
+    context = {SAFETENSORS_CONTEXT: {"metadata": imported.metadata}} if imported.metadata else {}
+    return imported.state, context, path.name
+
+
+def commit_file(repo, path, message=None, *, context=None, read_progress=None, **kwargs):
+    """Commit the checkpoint file or model folder at ``path``.
+
+    With no ``message``, one that names what was committed ("Import a.pt: 3
+    tensors"). ``context`` adds to (and overrides) what the file brings; the
+    other keywords are ``Repository.commit``'s. Raises BadInput for an
+    unreadable input, and what ``commit`` raises.
+    """
+    state, found, what = read_input(path, read_progress)
+    if message is None:
+        n = _files.count_tensors(state)
+        message = f"Import {what}: {n} tensor{'' if n == 1 else 's'}"
+    return repo.commit(state, message, context={**found, **(context or {})}, **kwargs)
+
+
+def export(repo, rev: str, path, fmt=None, progress=None, *, force: bool = False, only=None,
+           strip_prefix=None, write_progress=None) -> Export:
+    """Write the checkpoint at ``rev`` to ``path``; see ``Repository.export``."""
+    commit = repo.resolve(rev)
+    folder_out = str(path).endswith(("/", os.sep)) or Path(path).is_dir()
+    # no suffix and nothing that asks for a file: a folder if the commit is one
+    undecided = (not folder_out and not Path(path).suffix and fmt is None and only is None
+                 and strip_prefix is None)
+    if not folder_out and not undecided:  # refuse a bad target before loading anything
+        _files.output_target(path, force)
+        _files.formats_for(path, fmt)
+    state = repo.load(commit, progress=progress)
+    is_folder = _folders.is_folder_state(state)
+    if folder_out or (undecided and is_folder):
+        return _export_folder(commit, state, path, fmt, force, only, strip_prefix, write_progress)
+    fmt = _files.formats_for(path, fmt)
+    folder_files = 0
+    if is_folder:
+        folder_files = _folders.folder_summary(state)[1]
+        state = {k: v for k, v in state.items() if k != _folders.FOLDER_KEY}
+    if only is not None or strip_prefix is not None:
+        state = _files.select(state, only, strip_prefix)
+    left_out = _files.plain_values(state) if fmt == "safetensors" else 0
+    metadata = safetensors_metadata(repo.get_commit(commit)) if fmt == "safetensors" else None
+    written = _files.write_checkpoint(state, path, fmt, force=force, metadata=metadata, progress=write_progress)
+    return Export(commit, written, fmt, left_out, folder_files)
+
+
+def _export_folder(commit, state, path, fmt, force, only, strip_prefix, write_progress) -> Export:
+    if not _folders.is_folder_state(state):
+        raise BadInput(f"commit {commit[:12]} was not committed from a model folder; "
+                       "give a file name ending in .pt or .safetensors")
+    if only is not None or strip_prefix is not None or fmt is not None:
+        raise BadInput("--only, --strip-prefix and --format write one file; a model folder is written whole")
+    shards, files = _folders.folder_summary(state)
+    written = _folders.write_folder(state, path, force=force, progress=write_progress)
+    return Export(commit, written, "folder", 0, files, shards)
+
+
+def safetensors_metadata(commit):
+    """The safetensors metadata a commit of a .safetensors file kept, or None."""
+    meta = commit.context.get(SAFETENSORS_CONTEXT, {})
+    meta = meta.get("metadata") if isinstance(meta, dict) else None
+    if isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        return meta
+    return None

@@ -3,9 +3,13 @@
 Refs live in the index under ``heads/NAME`` (branches) and ``tags/NAME``
 (tags); ``HEAD`` is symbolic (names a branch) or detached (names a commit).
 Names follow Git's check-ref-format rules. A revision is a base (full id,
-unique id prefix of at least 4 hex digits, branch, tag or ``HEAD``)
-followed by any of ``~N`` (N-th first-parent ancestor), ``^`` / ``^N``
-(first / N-th parent).
+unique id prefix of at least 4 hex digits, branch, tag, ``HEAD``, or
+``REF@{N}``: the value REF had N moves ago, from its reflog) followed by any
+of ``~N`` (N-th first-parent ancestor), ``^`` / ``^N`` (first / N-th parent).
+A **range** ``A..B`` names the commits B reaches and A does not (either side
+defaults to HEAD). Moving the branch HEAD is on is also logged in HEAD's
+reflog, as Git does, so ``HEAD@{1}`` is where HEAD was before the last
+commit or checkout.
 """
 
 import re
@@ -23,6 +27,7 @@ MAX_NAME = 400  # bytes: with its prefix a ref name stays under the index's key 
 
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 _SUFFIX = re.compile(r"(~\d*|\^\d*)")
+_AT = re.compile(r"^(.*)@\{(\d+)\}$")
 
 
 def check_name(name: str, what: str = "ref") -> str:
@@ -74,6 +79,14 @@ def split_revision(rev: str) -> tuple:
         digits = part[1:]
         ops.append((part[0], int(digits) if digits else 1))
     return base, ops
+
+
+def split_range(rev: str) -> Optional[tuple]:
+    """(A, B) for a range ``A..B`` (an empty side is HEAD), or None for one revision."""
+    if not isinstance(rev, str) or ".." not in rev or "..." in rev:
+        return None
+    a, _, b = rev.partition("..")
+    return a or HEAD, b or HEAD
 
 
 def human(ref: str) -> str:
@@ -129,6 +142,10 @@ class Refs:
                 return ref
         return None
 
+    def reflog(self, txn, ref: str) -> list:
+        """(sequence, entry) of ``ref``'s reflog, newest first."""
+        return [(seq, entry) for _, seq, entry in txn.reflog(ref)][::-1]
+
     def listed(self, txn, prefix: str) -> list:
         """(short name, id, protected) of each branch or tag under ``prefix``."""
         return [(name[len(prefix):], v.id, v.protected) for name, v in txn.refs(prefix) if v.id is not None]
@@ -157,7 +174,29 @@ class Refs:
                 oid = parents[n - 1]
         return oid
 
+    def _at(self, txn, name: str, n: int) -> bytes:
+        """The commit ``name@{n}`` names: the value ``name`` had ``n`` moves ago."""
+        if name in (HEAD, "@", ""):
+            ref = HEAD
+        else:
+            ref = next((r for r in (BRANCHES + name, TAGS + name, name) if r.startswith((BRANCHES, TAGS))
+                        and txn.ref(r) is not None), None)
+            if ref is None:
+                raise UnknownRevision(f"unknown revision {name + '@{' + str(n) + '}'!r}: no branch or tag {name!r}")
+        entries = self.reflog(txn, ref)
+        shown = "HEAD" if ref == HEAD else short_name(ref)
+        if n >= len(entries):
+            raise UnknownRevision(f"{shown}@{{{n}}}: the reflog of {shown} has only {len(entries)} "
+                                  f"entr{'y' if len(entries) == 1 else 'ies'} ('mvc reflog {shown}' lists them)")
+        new = entries[n][1].get("new")
+        if not isinstance(new, bytes):
+            raise UnknownRevision(f"{shown}@{{{n}}}: that reflog entry names no commit")
+        return new
+
     def _base(self, txn, base: str) -> bytes:
+        at = _AT.match(base)
+        if at:
+            return self._at(txn, at.group(1), int(at.group(2)))
         if base in (HEAD, "@"):
             branch, oid = self.head(txn)
             if oid is None:
@@ -238,7 +277,11 @@ class Refs:
         else:
             keep = current.protected if current is not None and current.id is not None else False
             txn.set_ref(ref, RefValue(id=new, protected=keep if protected is None else protected))
-        txn.append_reflog(ref, {"old": old, "new": new, "time": self.now(), "message": why})
+        entry = {"old": old, "new": new, "time": self.now(), "message": why}
+        txn.append_reflog(ref, entry)
+        head = txn.ref(HEAD) if ref != HEAD else None
+        if head is not None and head.target == ref:  # HEAD moved with its branch: Git logs both
+            txn.append_reflog(HEAD, entry)
 
     def set(self, txn, ref: str, rev: str, force: bool, protect: Optional[bool], why: str, me) -> tuple:
         """Point ``ref`` at ``rev`` (create or, with ``force``, move); (id, protected)."""
@@ -272,6 +315,48 @@ class Refs:
             raise UnknownRevision(f"{human(ref)} does not exist")
         txn.set_ref(ref, RefValue(id=current.id, protected=protected))
         return current.id
+
+    def rename(self, txn, old: str, new: str, force: bool, me) -> tuple:
+        """Rename branch ref ``old`` to ``new`` with its protection and reflog;
+        HEAD follows. (id, protected). UnknownRevision, RefConflict if ``new``
+        exists (unless ``force`` and it is not protected), LockHeld."""
+        current = txn.ref(old)
+        if current is None or current.id is None:
+            raise UnknownRevision(f"{human(old)} does not exist")
+        if current.protected and not force:
+            raise ProtectedRef(f"{human(old)} is protected; pass --force to rename it")
+        taken = txn.ref(new)
+        if taken is not None and old != new:
+            if taken.protected or not force:
+                raise RefConflict(f"{human(new)} already exists at {taken.id.hex()[:12]}; "
+                                  + ("it is protected" if taken.protected else "pass --force to replace it"))
+        self.check_writer(txn, old, me)
+        self.check_writer(txn, new, me)
+        history = [entry for _, entry in self.reflog(txn, old)][::-1]
+        for name in (old, new):  # a replaced branch's reflog goes, as with a deleted one
+            for _, seq, _ in list(txn.reflog_raw(name)):
+                txn.delete_reflog(name, seq)
+        txn.delete_ref(old)
+        txn.set_ref(new, RefValue(id=current.id, protected=current.protected))
+        for entry in history:
+            txn.append_reflog(new, entry)
+        why = f"branch: renamed {short_name(old)} to {short_name(new)}"
+        txn.append_reflog(new, {"old": current.id, "new": current.id, "time": self.now(), "message": why})
+        head = txn.ref(HEAD)
+        if head is not None and head.target == old:
+            txn.set_ref(HEAD, RefValue(target=new))
+        return current.id, current.protected
+
+    def checkout_new(self, txn, ref: str, rev: str, me) -> bytes:
+        """Create branch ``ref`` at ``rev`` and put HEAD on it (``checkout -b``); RefConflict if it exists."""
+        taken = txn.ref(ref)
+        if taken is not None:
+            raise RefConflict(f"{human(ref)} already exists; 'mvc checkout {short_name(ref)}' switches to it")
+        self.check_writer(txn, ref, me)
+        oid = self.resolve(txn, rev)
+        self._move(txn, ref, None, oid, f"branch: created from {rev}")
+        self.checkout(txn, short_name(ref))
+        return oid
 
     def checkout(self, txn, rev: str) -> None:
         """Move HEAD onto branch ``rev`` or, for any other revision, detached at its commit."""

@@ -28,6 +28,7 @@ from typing import Callable, Iterator, Optional
 from . import bisect as _bisect
 from . import diff as _diff
 from . import exchange as _exchange
+from . import history as _history
 from . import fsck as _fsck
 from . import gc as _gc
 from . import hashing, refs
@@ -374,9 +375,12 @@ class Repository:
     def commit(self, state, message: str = "", *, step: Optional[int] = None,
                epoch: Optional[int] = None, metrics: Optional[dict] = None,
                context: Optional[dict] = None, branch: Optional[str] = None,
-               author: Optional[str] = None, rebase: bool = False,
+               author: Optional[str] = None, rebase: bool = False, start: Optional[str] = None,
                progress: Optional[Callable[[int, int], None]] = None) -> Commit:
         """Store ``state`` as a new commit on ``branch`` (default: HEAD's branch).
+
+        A ``branch`` that does not exist yet starts at ``start`` (a revision,
+        e.g. "HEAD"), or with a root commit when ``start`` is None.
 
         The branch moves by compare-and-swap from the tip it had when the
         commit started; if another commit landed meanwhile this raises
@@ -394,6 +398,7 @@ class Repository:
             with self.index.read() as txn:
                 ref = self._target_ref(txn, branch)
                 parent = self.refs.tip(txn, ref)
+                fork = self.refs.resolve(txn, start) if parent is None and ref and start else None
                 self.refs.check_commit(txn, ref, me)  # before writing chunks, and again below
             root, slots = _state_module().flatten(state)
             batch, stats = self._write_chunks(slots, progress)
@@ -407,7 +412,8 @@ class Repository:
                     for data in tensors.values():
                         self.objects.put(txn, "tensors", data)
                     tree_id = self.objects.put(txn, "trees", tree_data)
-                    obj = replace(record, tree=tree_id, parents=(tip,) if tip else (), time=_now_us())
+                    base = tip or fork  # a new branch forks from its start point
+                    obj = replace(record, tree=tree_id, parents=(base,) if base else (), time=_now_us())
                     oid = self.objects.put(txn, "commits", obj.encode())
                     title = message.splitlines()[0] if message else ""
                     self.refs.set_if_equals(txn, ref, tip, oid, f"commit: {title}")
@@ -591,9 +597,46 @@ class Repository:
 
     def checkout(self, rev: str) -> Head:
         """Move HEAD: onto a branch (by name) or detached at any other revision."""
+
+    def checkout(self, rev: str, new_branch: Optional[str] = None) -> Head:
+        """Move HEAD: onto a branch (by name) or detached at any other revision;
+        with ``new_branch``, onto that new branch created at ``rev`` (``checkout -b``)."""
         with self.index.write() as txn:
-            self.refs.checkout(txn, rev)
+            if new_branch is None:
+                self.refs.checkout(txn, rev)
+            else:
+                ref = refs.BRANCHES + refs.check_name(new_branch, "branch")
+                self.refs.checkout_new(txn, ref, rev, locking.this_process(default_author()))
         return self.head()
+
+    def rename_branch(self, old: str, new: str, force: bool = False) -> Ref:
+        """Rename branch ``old`` to ``new``, keeping its protection and reflog; HEAD follows."""
+        old_ref = refs.BRANCHES + refs.check_name(old, "branch")
+        new_ref = refs.BRANCHES + refs.check_name(new, "branch")
+        with self.index.write() as txn:
+            oid, protected = self.refs.rename(txn, old_ref, new_ref, force, locking.this_process(default_author()))
+        return Ref(new, oid.hex(), protected)
+
+    def reflog(self, name: str = refs.HEAD) -> list:
+        """(sequence, entry) of a ref's reflog, newest first: ``name`` is HEAD, a
+        branch or a tag; an entry is {"old", "new" (hex or None), "time" (s), "message"}."""
+        with self.index.read() as txn:
+            ref = refs.HEAD if name in (refs.HEAD, "@") else (
+                self.refs.branch_ref(txn, name) or (refs.TAGS + name if txn.ref(refs.TAGS + name) else None))
+            if ref is None:
+                raise UnknownRevision(f"no branch or tag {name!r}")
+            return [(seq, {"old": e.get("old").hex() if isinstance(e.get("old"), bytes) else None,
+                           "new": e.get("new").hex() if isinstance(e.get("new"), bytes) else None,
+                           "time": e.get("time", 0) / 1e6, "message": e.get("message", "")})
+                    for seq, e in self.refs.reflog(txn, ref)]
+
+    def history(self, include=(), exclude=(), all_refs: bool = False, n: Optional[int] = None) -> list:
+        """Commits in the ancestry of ``include`` but not ``exclude``; see ``mvc.history.walk``."""
+        return _history.walk(self, include, exclude, all_refs, n)
+
+    def left_behind(self, commit_id: str) -> list:
+        """Commits of ``commit_id``'s ancestry no branch or tag reaches; see ``mvc.history``."""
+        return _history.left_behind(self, commit_id)
 
     # -- branch locks (mvc/store/locks.py) ---------------------------------
 

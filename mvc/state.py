@@ -75,8 +75,10 @@ def tensor_bytes(t: torch.Tensor) -> np.ndarray:
         return np.empty(0, dtype=np.uint8)
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.resolve_conj().resolve_neg().contiguous()
-    return t.reshape(-1).view(torch.uint8).numpy()
+    flat = t.resolve_conj().resolve_neg().contiguous().reshape(-1)
+    if flat.stride(0) != 1:  # one element may be "contiguous" with any stride, which view(uint8) refuses
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8).numpy()
 
 
 def _is_view_ready(t: torch.Tensor) -> bool:

@@ -26,7 +26,8 @@ CHUNK = 64
 def raw(t: torch.Tensor) -> torch.Tensor:
     if t.numel() == 0:  # an empty view may have strides that view(uint8) refuses
         return torch.empty(0, dtype=torch.uint8)
-    return t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+    flat = t.detach().resolve_conj().resolve_neg().reshape(-1).clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)  # clone: one element may be "contiguous" with a stride view() refuses
 
 
 def assert_same(got, want, path="<root>"):

@@ -1,0 +1,87 @@
+"""History beyond one first-parent line: ranges, every ref at once, commits left behind.
+
+Vocabulary:
+
+- **ancestry** of a commit: the commit and every commit reachable through
+  any of its parents.
+- a **walk** lists the ancestry of some ``include`` revisions minus the
+  ancestry of some ``exclude`` ones (``A..B`` is include B, exclude A),
+  newest first and every commit before its parents (Git's
+  ``--topo-order``), so a graph can be drawn from it top to bottom.
+- a commit is **left behind** when no branch or tag reaches it: once HEAD
+  moves off it, only the reflog remembers it (and gc keeps it only while
+  the reflog does).
+"""
+
+import heapq
+from typing import Iterable, Optional
+
+from . import refs
+
+
+def _ancestry(repo, txn, starts: Iterable[bytes]) -> dict:
+    """{id: commit object} of the ancestry of ``starts``."""
+    seen, todo = {}, list(starts)
+    while todo:
+        oid = todo.pop()
+        if oid in seen:
+            continue
+        seen[oid] = repo.objects.commit(txn, oid)
+        todo.extend(seen[oid].parents)
+    return seen
+
+
+def _ref_tips(repo, txn, with_head: bool = True) -> list:
+    tips = [oid for prefix in (refs.BRANCHES, refs.TAGS) for _, oid, _ in repo.refs.listed(txn, prefix)]
+    head = repo.refs.head(txn)[1] if with_head else None
+    return tips + ([head] if head else [])
+
+
+def walk(repo, include: Iterable[str] = (), exclude: Iterable[str] = (), all_refs: bool = False,
+         n: Optional[int] = None) -> list:
+    """Commits (``mvc.records.Commit``) in the ancestry of ``include`` (and of
+    every branch, tag and HEAD with ``all_refs``) but not of ``exclude``, in
+    topological order, newest first; at most ``n``.
+
+    Raises UnknownRevision / AmbiguousRevision for bad revisions.
+    """
+    with repo.index.read() as txn:
+        starts = [repo.refs.resolve(txn, rev) for rev in include]
+        if all_refs:
+            starts += _ref_tips(repo, txn)
+        hidden = _ancestry(repo, txn, [repo.refs.resolve(txn, rev) for rev in exclude])
+        found = {oid: obj for oid, obj in _ancestry(repo, txn, starts).items() if oid not in hidden}
+        order = _topo_order(found)[:n]
+        return [repo._to_commit(oid, found[oid], pruned=txn.pruned(oid) is not None) for oid in order]
+
+
+def _topo_order(found: dict) -> list:
+    """Children before parents; among commits that are ready, the newest first."""
+    waiting = {oid: 0 for oid in found}
+    for obj in found.values():
+        for p in obj.parents:
+            if p in waiting:
+                waiting[p] += 1
+    ready = [(-found[oid].time, oid) for oid, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, oid = heapq.heappop(ready)
+        out.append(oid)
+        for p in found[oid].parents:
+            if p in waiting:
+                waiting[p] -= 1
+                if waiting[p] == 0:
+                    heapq.heappush(ready, (-found[p].time, p))
+    return out
+
+
+def left_behind(repo, commit_id: str) -> list:
+    """The commits of ``commit_id``'s ancestry that no branch, tag or HEAD
+    reaches, newest first: what a checkout away from a detached HEAD leaves
+    only the reflog to remember."""
+    with repo.index.read() as txn:
+        kept = _ancestry(repo, txn, _ref_tips(repo, txn))
+        found = {oid: obj for oid, obj in _ancestry(repo, txn, [bytes.fromhex(commit_id)]).items()
+                 if oid not in kept}
+        return [repo._to_commit(oid, found[oid]) for oid in _topo_order(found)]

@@ -195,12 +195,12 @@ def test_missing_and_corrupt_objects(two, kind, missing, corrupt):
 
 def test_commit_reachable_only_from_reflog(two):
     repo, c1, c2 = two
-    repo.create_branch("main", c1, force=True)  # c2 is now only in main's reflog
+    repo.create_branch("main", c1, force=True)  # c2 is now only in the reflogs of main and HEAD (which is on main)
     cid, path, loc = _chunk(repo, c2, "model.w")
     with flipped(path, loc.offset):
         report = repo.fsck()
         d = _only(report, F.CHECKSUM)
-        assert d.commits == (c2,) and d.refs == ("reflog:heads/main",)
+        assert d.commits == (c2,) and d.refs == ("reflog:HEAD", "reflog:heads/main")
         assert report.commits == 2
 
 

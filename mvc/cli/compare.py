@@ -114,7 +114,7 @@ def _render_stat(d) -> None:
 # -- diff -----------------------------------------------------------------------
 
 @main.command()
-@click.argument("a", required=False)
+@click.argument("a", required=False, metavar="A[..B]")
 @click.argument("b", required=False)
 @click.option("--stat", is_flag=True, help="One line per changed tensor and the summary.")
 @click.option("--only", metavar="GLOB", default=None,
@@ -138,6 +138,10 @@ def diff(a, b, stat, only, plot_file, show_context, as_json):
     if a is None:
         raise click.UsageError("give a revision to compare: mvc diff A [B] compares A with B "
                                "(default HEAD), e.g. 'mvc diff HEAD~1'")
+    from .. import refs
+    span = refs.split_range(a)
+    if span and b is None:  # git diff A..B is git diff A B
+        a, b = span
     if plot_file:
         plot.require_matplotlib()  # fail before the work, not after it
     with open_repo() as repo:

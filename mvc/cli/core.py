@@ -8,6 +8,7 @@ from .. import Repository
 from ..files import FORMATS
 from ..repository import DEFAULT_CHUNK_SIZE, MAX_WRITE_CHUNK
 from ..errors import MvcError
+from .graph import layout as graph_layout
 from .base import (Progress, echo_json, human_bytes, main, open_repo, parse_pairs, record_line, title,
                    to_jsonable)
 
@@ -65,22 +66,29 @@ def init(path, chunk_size):
 @click.argument("file", type=click.Path())
 @click.option("-m", "--message", default=None,
               help="Commit message (default: one naming what was committed, e.g. 'Import a.pt: 12 tensors').")
-@click.option("-b", "--branch", default=None, help="Branch to commit to (default: HEAD's).")
+@click.option("-b", "--branch", default=None,
+              help="Branch to commit to (default: HEAD's); a new one forks from HEAD, as git checkout -b does.")
+@click.option("--orphan", is_flag=True, help="Start a new --branch with a root commit (no parent).")
 @click.option("--step", type=int, default=None, help="Training step of this checkpoint.")
 @click.option("--epoch", type=int, default=None, help="Training epoch of this checkpoint.")
 @click.option("--metric", "metrics", multiple=True, metavar="K=V", help="A metric (repeatable).")
 @click.option("--context", "context", multiple=True, metavar="K=V", help="A context field (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the commit as JSON.")
-def commit(file, message, branch, step, epoch, metrics, context, as_json):
+def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json):
     """Commit the state in FILE (.pt/.pth/.bin/.ckpt or .safetensors), or a
     Hugging Face model folder (model.safetensors or its shards, config and
     tokenizer files)."""
     metrics = parse_pairs(metrics, "--metric")
     context = parse_pairs(context, "--context")
+    if orphan and branch is None:
+        raise click.UsageError("--orphan starts a new branch: give it with --branch NEW")
     with open_repo() as repo, Progress("reading") as reading, \
             Progress("hashing", then="syncing to disk") as hashing:
+        start = None if orphan or repo.head().id is None else "HEAD"
+        if orphan and branch in {b.name for b in repo.branches()}:
+            raise click.UsageError(f"--orphan starts a new branch, and {branch!r} exists")
         c = repo.commit_file(file, message, step=step, epoch=epoch, metrics=metrics, context=context,
-                             branch=branch, read_progress=reading, progress=hashing)
+                             branch=branch, start=start, read_progress=reading, progress=hashing)
     if as_json:
         echo_json(c)
         return
@@ -93,45 +101,97 @@ def commit(file, message, branch, step, epoch, metrics, context, as_json):
 
 
 @main.command()
-@click.argument("rev", required=False)
+@click.argument("revs", nargs=-1, metavar="[REV | A..B]...")
 @click.option("-n", "--max-count", type=click.IntRange(min=0), default=None, help="Show at most N commits.")
+@click.option("--all", "all_refs", is_flag=True, help="Every commit any branch, tag or HEAD reaches.")
+@click.option("--graph", is_flag=True, help="Draw the history as a graph beside the commits.")
 @click.option("--oneline", is_flag=True, help="One line per commit.")
 @click.option("--json", "as_json", is_flag=True, help="Print commits as JSON.")
 @click.option("--plot", "plot_to", nargs=2, metavar="METRIC FILE", default=None,
               help="Also draw METRIC across these commits into FILE (e.g. loss.png). "
                    "Needs matplotlib: pip install 'mvc-checkpoints[plot]'.")
-def log(rev, max_count, oneline, as_json, plot_to):
-    """Show the history from REV (default HEAD), newest first."""
+def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to):
+    """Show the history from REV (default HEAD), newest first.
+
+    A..B shows the commits B reaches and A does not (as in Git); --all
+    starts from every branch, tag and HEAD; several REVs show what any of
+    them reaches.
+    """
     from .. import plot  # mvc.plot loads matplotlib only when it draws
+    from .. import refs
     if plot_to:
         plot.require_matplotlib()  # fail before the work, not after it
+    include, exclude = [], []
+    for rev in revs:
+        span = refs.split_range(rev)
+        if span:
+            exclude.append(span[0])
+            include.append(span[1])
+        else:
+            include.append(rev)
     with open_repo() as repo:
-        commits = list(repo.log(rev, n=max_count))
+        if len(include) == 1 and not exclude and not all_refs:
+            commits = list(repo.log(include[0], n=max_count))
+        elif include or all_refs:
+            commits = repo.history(include, exclude, all_refs, max_count)
+        else:
+            commits = list(repo.log(None, n=max_count))
         decorations = _decorations(repo)
     if plot_to:
         metric, path = plot_to
-        written = plot.plot_metric(commits, metric, path, title=f"{metric} on {rev or 'HEAD'}")
+        title_of = " ".join(revs) or ("--all" if all_refs else "HEAD")
+        written = plot.plot_metric(commits, metric, path, title=f"{metric} on {title_of}")
         click.echo(f"plot written to {written}", err=True)
     if as_json:
         echo_json(commits)
         return
-    for c in commits:
-        names = decorations.get(c.id)
-        deco = f" ({', '.join(names)})" if names else ""
-        deco += " [pruned]" if c.pruned else ""
-        if oneline:
-            record = record_line(c, beside=title(c))
-            click.echo(f"{c.short_id}{deco} {record + '  ' if record else ''}{title(c)}".rstrip())
-            continue
-        click.echo(f"commit {c.id}{deco}")
-        click.echo(f"Author: {c.author}")
-        click.echo(f"Date:   {_when(c.time)}")
-        if record_line(c):
-            click.echo(f"Record: {record_line(c)}")
-        click.echo()
-        for line in (c.message or "(no message)").splitlines():
-            click.echo(f"    {line}")
-        click.echo()
+    rows = graph_layout(commits) if graph else [("", "", [])] * len(commits)
+    for c, (head, body, folds) in zip(commits, rows):
+        _show_log_entry(c, decorations, oneline, head, body)
+        for line in folds:
+            click.echo(line)
+
+
+def _show_log_entry(c, decorations, oneline: bool, head: str, body: str) -> None:
+    names = decorations.get(c.id)
+    deco = f" ({', '.join(names)})" if names else ""
+    deco += " [pruned]" if c.pruned else ""
+    lead = f"{head} " if head else ""
+    if oneline:
+        record = record_line(c, beside=title(c))
+        click.echo(f"{lead}{c.short_id}{deco} {record + '  ' if record else ''}{title(c)}".rstrip())
+        return
+    pad = f"{body} " if body else ("  " if head else "")
+    lines = [f"Author: {c.author}", f"Date:   {_when(c.time)}"]
+    if record_line(c):
+        lines.append(f"Record: {record_line(c)}")
+    lines.append("")
+    lines += [f"    {line}" for line in (c.message or "(no message)").splitlines()]
+    lines.append("")
+    click.echo(f"{lead}commit {c.id}{deco}")
+    for line in lines:
+        click.echo(f"{pad}{line}".rstrip())
+
+
+@main.command()
+@click.argument("ref", default="HEAD")
+@click.option("-n", "--max-count", type=click.IntRange(min=0), default=None, help="Show at most N entries.")
+@click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
+def reflog(ref, max_count, as_json):
+    """Where REF (HEAD, a branch or a tag) pointed, newest first: REF@{N} names entry N.
+
+    A commit that no branch reaches any more (after a checkout away from a
+    detached HEAD, or a branch moved with --force) is still listed here, and
+    gc keeps it while the reflog does.
+    """
+    with open_repo() as repo:
+        entries = repo.reflog(ref)[:max_count]
+    if as_json:
+        echo_json([dict(entry, selector=f"{ref}@{{{i}}}") for i, (_, entry) in enumerate(entries)])
+        return
+    for i, (_, e) in enumerate(entries):
+        where = e["new"][:12] if e["new"] else "(deleted)   "
+        click.echo(f"{where} {ref}@{{{i}}}: {e['message']}")
 
 
 @main.command()
@@ -207,26 +267,56 @@ def output_options(command):
 
 
 @main.command()
-@click.argument("rev")
+@click.argument("rev", required=False)
+@click.option("-b", "new_branch", metavar="NEW", default=None,
+              help="Create branch NEW at REV (default HEAD) and switch to it.")
 @click.option("-o", "--output", type=click.Path(), default=None,
               help="Write the checkpoint to this file (or model folder) instead of moving HEAD.")
 @output_options
-def checkout(rev, output, fmt, force, only, strip_prefix):
+def checkout(rev, new_branch, output, fmt, force, only, strip_prefix):
     """Move HEAD to REV, or with -o write REV's checkpoint to a file.
+
+    Leaving a detached HEAD whose commits no branch or tag reaches warns and
+    says how to keep them (they stay in 'mvc reflog' meanwhile).
 
     The output is written under a temporary name and renamed into place, so
     an interrupted export leaves no partial file; an existing one is kept
     unless --force. A commit of a model folder is written back as that
     folder when -o names a folder (or has no suffix).
     """
+    if rev is None and new_branch is None:
+        raise click.UsageError("give a REV to check out (or -b NEW)")
     if output is None:
         if fmt or force or only or strip_prefix:
             raise click.UsageError("--format, --force, --only and --strip-prefix need -o/--output")
         with open_repo() as repo:
-            head = repo.checkout(rev)
-        click.echo(f"Switched to branch '{head.branch}'" if head.branch else f"HEAD is now detached at {head.id[:12]}")
+            before = repo.head()
+            head = repo.checkout(rev or "HEAD", new_branch=new_branch)
+            lost = repo.left_behind(before.id) if before.branch is None and before.id else []
+        _warn_left_behind(lost)
+        if new_branch:
+            click.echo(f"Switched to a new branch '{head.branch}' at {head.id[:12]}")
+        else:
+            click.echo(f"Switched to branch '{head.branch}'" if head.branch
+                       else f"HEAD is now detached at {head.id[:12]}")
         return
-    _export(rev, output, fmt, force, only, strip_prefix)
+    if new_branch:
+        raise click.UsageError("-b moves HEAD; it does not go with -o/--output")
+    _export(rev or "HEAD", output, fmt, force, only, strip_prefix)
+
+
+def _warn_left_behind(lost) -> None:
+    """Git's warning when HEAD leaves commits that nothing but the reflog reaches."""
+    if not lost:
+        return
+    click.echo(f"Warning: you are leaving {_count(len(lost), 'commit')} behind, not connected to any "
+               "branch or tag:", err=True)
+    for c in lost[:5]:
+        click.echo(f"  {c.short_id} {title(c)}", err=True)
+    if len(lost) > 5:
+        click.echo(f"  ... and {len(lost) - 5} more", err=True)
+    click.echo(f"Keep them with a branch now: mvc branch NEW {lost[0].short_id} "
+               "(until then 'mvc reflog' lists them)", err=True)
 
 
 @main.command()
@@ -268,8 +358,15 @@ def _list_refs(items, current=None, as_json=False):
         click.echo(f"{mark} {ref.name:<24} {ref.id[:12]}{flag}")
 
 
-def _ref_command(kind: str, name, rev, delete, force, protect, as_json) -> None:
-    """What ``mvc branch`` and ``mvc tag`` share: list, create, protect, delete."""
+def _ref_command(kind: str, name, rev, delete, force, protect, as_json, move=False) -> None:
+    """What ``mvc branch`` and ``mvc tag`` share: list, create, protect, delete (and rename branches)."""
+    if move:
+        if name is None or rev is None or delete:
+            raise click.UsageError("-m takes OLD NEW: mvc branch -m OLD NEW")
+        with open_repo() as repo:
+            ref = repo.rename_branch(name, rev, force=force)
+        click.echo(f"Renamed branch {name} to {ref.name} ({ref.id[:12]})")
+        return
     with open_repo() as repo:
         existing = repo.branches() if kind == "branch" else repo.tags()
         if delete:
@@ -297,11 +394,13 @@ A protected {kind} is not moved or deleted without --force."""
 @click.argument("name", required=False)
 @click.argument("rev", required=False)
 @click.option("-d", "--delete", "delete", metavar="NAME", default=None, help="Delete branch NAME.")
+@click.option("-m", "--move", is_flag=True, help="Rename branch NAME to REV's place: mvc branch -m OLD NEW "
+              "(its protection and reflog go with it; HEAD follows).")
 @click.option("-f", "--force", is_flag=True, help="Move or delete even if protected or existing.")
 @click.option("--protect/--unprotect", default=None, help="Protect NAME from moves and deletion.")
 @click.option("--json", "as_json", is_flag=True, help="List branches as JSON.")
-def branch(name, rev, delete, force, protect, as_json):
-    _ref_command("branch", name, rev, delete, force, protect, as_json)
+def branch(name, rev, delete, move, force, protect, as_json):
+    _ref_command("branch", name, rev, delete, force, protect, as_json, move)
 
 
 @main.command(help="List tags, tag REV as NAME, or delete one with -d.\n\n" + _REF_HELP.format(kind="tag"))

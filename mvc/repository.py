@@ -595,9 +595,6 @@ class Repository:
         reflog (``expire_reflog``)."""
         return _fsck.prune_lost(self)
 
-    def checkout(self, rev: str) -> Head:
-        """Move HEAD: onto a branch (by name) or detached at any other revision."""
-
     def checkout(self, rev: str, new_branch: Optional[str] = None) -> Head:
         """Move HEAD: onto a branch (by name) or detached at any other revision;
         with ``new_branch``, onto that new branch created at ``rev`` (``checkout -b``)."""

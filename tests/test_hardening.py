@@ -6,6 +6,7 @@ FIFOs, SIGKILLed processes, a lowered descriptor limit) and checks what a
 user sees.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -394,3 +395,24 @@ def test_a_nested_tensor_is_bad_input(repo):
     nt = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
     with pytest.raises(mvc.BadInput, match="nested tensor"):
         repo.commit({"n": nt}, "m")
+
+
+def test_cli_reflog_expire_fsck_prune_lost_and_gc_expire_reflog(repo):
+    from conftest import run_cli
+    old = repo.commit({"w": torch.randn(64)}, "old")
+    repo.create_branch("side", old.id)
+    repo.commit({"w": torch.randn(64)}, "new", branch="side")
+    repo.create_branch("side", old.id, force=True)
+    assert run_cli(repo, "reflog", "expire", "--expire", "x").exit_code == 2
+    result = run_cli(repo, "reflog", "expire", "side")
+    assert result.exit_code == 0 and result.output.startswith("expired ")
+    result = run_cli(repo, "gc", "--expire-reflog", "0", "--grace", "0", "--json")
+    assert result.exit_code == 0 and json.loads(result.output)["commits_removed"] == 1
+    c = repo.commit({"a": torch.randn(8), "b": torch.randn(8)}, "lost")
+    lost = next(e for e in repo.entries(c.id) if e.key == "b")
+    with repo.index.write() as txn:
+        txn.delete("tensors", bytes.fromhex(lost.tensor_id))
+    assert run_cli(repo, "fsck").exit_code == 1
+    result = run_cli(repo, "fsck", "--prune-lost")
+    assert result.exit_code == 0 and f"as pruned: {c.id[:12]}" in result.output
+    assert run_cli(repo, "gc").exit_code == 0

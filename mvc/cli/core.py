@@ -174,16 +174,27 @@ def _show_log_entry(c, decorations, oneline: bool, head: str, body: str) -> None
 
 
 @main.command()
-@click.argument("ref", default="HEAD")
+@click.argument("args", nargs=-1, metavar="[REF] | expire [REF]")
 @click.option("-n", "--max-count", type=click.IntRange(min=0), default=None, help="Show at most N entries.")
+@click.option("--expire", "older_than", default="now", metavar="SECONDS|now", show_default=True,
+              help="With 'expire': delete entries older than SECONDS ('now': all of them).")
+@click.option("--damaged", is_flag=True, help="With 'expire': delete only entries that cannot be read.")
 @click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
-def reflog(ref, max_count, as_json):
+def reflog(args, max_count, older_than, damaged, as_json):
     """Where REF (HEAD, a branch or a tag) pointed, newest first: REF@{N} names entry N.
 
     A commit that no branch reaches any more (after a checkout away from a
     detached HEAD, or a branch moved with --force) is still listed here, and
-    gc keeps it while the reflog does.
+    gc keeps it while the reflog does. 'mvc reflog expire [REF]' deletes
+    entries (of REF, or of every ref), as 'git reflog expire' does, so gc
+    can reclaim what only they kept.
     """
+    if args[:1] == ("expire",):
+        _expire(args[1:], older_than, damaged, as_json)
+        return
+    if len(args) > 1:
+        raise click.UsageError("give one REF, or 'expire [REF]'")
+    ref = args[0] if args else "HEAD"
     with open_repo() as repo:
         entries = repo.reflog(ref)[:max_count]
     if as_json:
@@ -192,6 +203,24 @@ def reflog(ref, max_count, as_json):
     for i, (_, e) in enumerate(entries):
         where = e["new"][:12] if e["new"] else "(deleted)   "
         click.echo(f"{where} {ref}@{{{i}}}: {e['message']}")
+
+
+def _expire(refs_given, older_than: str, damaged: bool, as_json: bool) -> None:
+    if len(refs_given) > 1:
+        raise click.UsageError("'mvc reflog expire' takes at most one REF")
+    if older_than == "now":
+        seconds = None
+    else:
+        try:
+            seconds = float(older_than)
+        except ValueError:
+            raise click.UsageError(f"--expire takes a number of seconds or 'now', not {older_than!r}") from None
+    with open_repo() as repo:
+        n = repo.expire_reflog(refs_given[0] if refs_given else None, seconds, damaged)
+    if as_json:
+        echo_json({"expired": n})
+    else:
+        click.echo(f"expired {n} reflog entr{'y' if n == 1 else 'ies'}; 'mvc gc' reclaims what only they kept")
 
 
 @main.command()

@@ -58,16 +58,26 @@ def _show_report(rep, fates) -> None:
 @main.command()
 @click.option("--quick", is_flag=True, help="Check structure only; do not re-hash chunk data.")
 @click.option("--rebuild-index", is_flag=True, help="First rebuild the chunk index from the packs' trailers.")
+@click.option("--prune-lost", is_flag=True, help="First mark the commits whose data is lost as pruned "
+              "(their records stay; gc can run again).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
-def fsck(ctx, quick, rebuild_index, as_json):
+def fsck(ctx, quick, rebuild_index, prune_lost, as_json):
     """Verify every commit, tree, tensor and chunk reachable from refs and the reflog.
 
     Exits 1 when anything reachable is damaged or missing. Unreferenced pack
-    bytes are reported separately: they are harmless.
+    bytes are reported separately: they are harmless. Damage that cannot be
+    repaired (no backup, no remote) blocks gc; --prune-lost marks the commits
+    whose tensors are lost as pruned, as retention would, so the rest of
+    the repository can be collected again.
     """
     with open_repo() as repo:
         rebuilt = repo.rebuild_index() if rebuild_index else None
+        if prune_lost:
+            lost = repo.prune_lost()
+            if not as_json:
+                click.echo(f"marked {len(lost)} commit{'' if len(lost) == 1 else 's'} with lost data as pruned"
+                           + (f": {', '.join(c[:12] for c in lost)}" if lost else ""))
         with Progress("verifying") as progress:
             report = repo.fsck(quick=quick, progress=progress)
         fates = repo.unreferenced_fate(report)
@@ -207,8 +217,10 @@ def _show_gc(r) -> None:
 @click.option("--grace", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Leave .tmp files and packs no index entry names alone while younger than this "
                    "(default 60: a running commit may still be writing them). 0 when no writer runs.")
+@click.option("--expire-reflog", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="First delete reflog entries older than SECONDS (0: all), as 'mvc reflog expire' does.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, as_json):
+def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, expire_reflog, as_json):
     """Delete what no ref or reflog entry reaches, and reclaim its space on disk.
 
     Packs that hold nothing live are deleted; packs over a quarter garbage
@@ -230,7 +242,7 @@ def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, a
     with open_repo() as repo:
         extra = {} if grace is None else {"grace": grace}
         report = repo.gc(keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
-                         force=force, dry_run=dry_run, repack=repack, **extra)
+                         force=force, dry_run=dry_run, repack=repack, expire_reflog=expire_reflog, **extra)
     if as_json:
         out = to_jsonable(report)
         out["bytes_reclaimed"] = report.bytes_reclaimed

@@ -110,7 +110,11 @@ def _read_torch(path: Path, progress=None):
                 size = os.fstat(f.fileno()).st_size
                 progress(0, size)
                 source = io.BufferedReader(_CountingReader(f, size, progress), PIECE)
-            return torch.load(source, map_location="cpu", weights_only=True)
+            state = torch.load(source, map_location="cpu", weights_only=True)
+        _check_expansion(state, path)
+        return state
+    except BadInput:
+        raise
     except pickle.UnpicklingError as exc:
         found = re.search(r"(?i)unsupported global:? (?:GLOBAL )?([\w.]+)", str(exc))
         if not found:
@@ -122,6 +126,35 @@ def _read_torch(path: Path, progress=None):
         raise
     except Exception as exc:  # a hostile or damaged file can make the unpickler raise anything
         raise BadInput(f"{path}: not a readable PyTorch checkpoint ({_reason(exc)})") from None
+
+
+MAX_EXPANSION = 4  # tensor bytes per file byte an import may expand to (views share storages)
+EXPANSION_SLACK = 64 << 20
+
+
+def _check_expansion(state, path: Path) -> None:
+    """BadInput if the file's tensors expand far beyond its size.
+
+    A ``.pt`` file holds storages; a tensor in it is a view (shape, strides)
+    of one. Views with zero or overlapping strides can name far more bytes
+    than the file holds (a 1 KB file naming a 16 GiB tensor), and a commit
+    stores every view's bytes. Legitimate files stay near 1x (tied or
+    transposed views of one storage at most a few times it).
+    """
+    import torch
+    from .traverse import storage_key
+    size = os.path.getsize(path)
+    seen, total = set(), 0
+    for _, leaf in walk(state):
+        if isinstance(leaf, torch.Tensor) and not leaf.is_nested:
+            key = storage_key(leaf)
+            if key is None or key not in seen:
+                seen.add(key)
+                total += leaf.numel() * leaf.element_size()
+    if total > MAX_EXPANSION * size + EXPANSION_SLACK:
+        raise BadInput(f"{path}: its tensors would expand to {total:,} bytes from a {size:,}-byte file "
+                       "(views with zero or overlapping strides); refused. Save the tensors contiguous "
+                       "(t.contiguous()) if this is intended")
 
 
 def _reason(exc: Exception) -> str:

@@ -416,3 +416,16 @@ def test_cli_reflog_expire_fsck_prune_lost_and_gc_expire_reflog(repo):
     result = run_cli(repo, "fsck", "--prune-lost")
     assert result.exit_code == 0 and f"as pruned: {c.id[:12]}" in result.output
     assert run_cli(repo, "gc").exit_code == 0
+
+
+def test_a_forged_pt_whose_views_expand_far_beyond_the_file_is_refused(repo, tmp_path):
+    from conftest import run_cli
+    small = torch.zeros(1)
+    huge = small.as_strided((65536, 65536), (0, 0))  # 16 GiB of float32 named by 4 bytes
+    torch.save({"w": huge}, tmp_path / "forged.pt")
+    assert (tmp_path / "forged.pt").stat().st_size < 4096
+    result = run_cli(repo, "commit", str(tmp_path / "forged.pt"), "-m", "x")
+    assert result.exit_code == 1 and "would expand to" in result.stderr
+    assert result.stderr.count("\n") == 1 and repo.head().id is None
+    torch.save({"w": torch.randn(64, 64), "t": torch.randn(64, 64).t()}, tmp_path / "fine.pt")
+    assert run_cli(repo, "commit", str(tmp_path / "fine.pt"), "-m", "ok").exit_code == 0

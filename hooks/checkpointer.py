@@ -298,7 +298,7 @@ class Checkpointer:
     def _state(self, progress: dict, ranks: list) -> dict:
         state = self.components.state()
         state.update({"mvc_hooks": LAYOUT, "world_size": self.world_size, "ranks": ranks,
-                      "progress": progress})
+                      "progress": progress, "types": self.components.types()})
         if self.extra is not None:
             state["extra"] = dict(self.extra)
         return state
@@ -341,8 +341,12 @@ class Checkpointer:
         if payload is None:
             return 0
         commit, state = payload["commit"], payload["state"]
-        self._check_and_load_per_rank(state, f"commit {commit.short_id} (step {commit.step})", strict)
-        self._restore(state)
+        before = self._check_and_load_per_rank(state, f"commit {commit.short_id} (step {commit.step})", strict)
+        try:
+            self._restore(state)
+        except BaseException:
+            self.per_rank.load(before)  # all or nothing: the data position goes back too
+            raise
         self.resumed_from = self.last_commit = commit
         self._committed_step = state["progress"]["step"]
         self.tracker = policies.Tracker(time.monotonic(), self._committed_step)
@@ -377,12 +381,13 @@ class Checkpointer:
             raise mvc.BadInput(f"{where} holds extra state and no extra= dict was given to receive it; "
                                "pass one, or strict=False to leave it out")
 
-    def _check_and_load_per_rank(self, state: dict, where: str, strict: bool) -> None:
+    def _check_and_load_per_rank(self, state: dict, where: str, strict: bool) -> dict:
         """Check ``state`` on every rank, then load this rank's own components.
 
         A sampler without a check of its own is checked only by its loader,
         so they are loaded before anything else; if any rank fails, every
         rank raises and puts its per-rank components back as they were.
+        Returns their previous state, to put back if a later load fails.
         """
         error, before = None, None
         try:
@@ -397,6 +402,7 @@ class Checkpointer:
             if before is not None:
                 self.per_rank.load(before)
             raise
+        return before
 
     def _restore(self, state: dict) -> None:
         """Load everything but the per-rank components (loaded already)."""

@@ -11,11 +11,18 @@ DistributedDataParallel, DataParallel or ``torch.compile`` are saved
 without their wrapper's key prefix.
 
 ``check`` compares a loaded checkpoint with the live components before
-anything is loaded, so a mismatch is an error and never a partial restore.
-A component may define ``state_problem(state)``, returning what makes a
-saved state unfit for it (a str) or None; ``check`` asks it too
-(ResumableSampler does).
+anything is loaded, so a mismatch is an error and never a partial restore:
+key sets, shapes and dtypes of model tensors, optimizer parameter groups
+(their count, sizes and hyperparameter keys), optimizer state shapes, and
+the class of every optimizer, scheduler and scaler (``types`` records them
+in the checkpoint). A component may define ``state_problem(state)``,
+returning what makes a saved state unfit for it (a str) or None; ``check``
+asks it too (ResumableSampler does). ``load`` loads the small components
+first and the models last, and puts back what it had loaded if a
+component's own loader still fails.
 """
+
+import copy
 
 from typing import Any, Callable, Iterator, Optional
 
@@ -23,7 +30,15 @@ import torch
 
 import mvc
 
-GROUPS = ("model", "optimizer", "scheduler", "scaler", "stateful", "sampler")
+GROUPS = ("model", "optimizer", "scheduler", "scaler", "stateful", "sampler", "loader")
+
+# Groups whose class the checkpoint records and a resume insists on: another
+# optimizer or scheduler class would take the state and compute something else.
+TYPED = ("optimizer", "scheduler", "scaler")
+
+# Load order: the cheap components first, so a failing one is rolled back
+# cheaply; the models last, as nothing after them can fail.
+LOAD_ORDER = ("sampler", "loader", "stateful", "scaler", "scheduler", "optimizer", "model")
 
 
 def unwrap(model):
@@ -87,6 +102,11 @@ class Components:
         return {group: _shaped(value, lambda key, obj, g=group: state_of(g, obj))
                 for group, value in self.groups.items()}
 
+    def types(self) -> dict:
+        """{group: class name(s), in the group's shape} of the groups whose class a resume checks."""
+        return {group: _shaped(value, lambda key, obj: type(obj).__qualname__)
+                for group, value in self.groups.items() if group in TYPED}
+
     def check(self, saved: dict, where: str, strict: bool = True) -> None:
         """Raise mvc.BadInput unless ``saved`` has a matching state for every component.
 
@@ -98,9 +118,10 @@ class Components:
                 raise mvc.BadInput(f"{where} has no {group} state, but a {group} was given; "
                                    f"resume from a checkpoint of this run or leave out the {group}")
             _check_shape(group, value, saved[group], where)
+            types = saved.get("types", {}).get(group) if isinstance(saved.get("types"), dict) else None
             for key, obj in members(value):
                 state = saved[group] if key is None else saved[group][key]
-                problem = _problem(group, obj, state)
+                problem = _type_problem(obj, types, key) or _problem(group, obj, state)
                 if problem:
                     raise mvc.BadInput(f"{where}: {_name(group, key)} does not match: {problem}")
         if strict:
@@ -110,16 +131,49 @@ class Components:
                                    "for; pass the objects, or strict=False to leave it out")
 
     def load(self, saved: dict) -> None:
-        """Load every component's state (after ``check``)."""
-        for group, value in self.groups.items():
-            for key, obj in members(value):
-                state = saved[group] if key is None else saved[group][key]
-                try:
-                    load_into(group, obj, state)
-                except mvc.MvcError:
-                    raise
-                except Exception as exc:  # any component's own loader, e.g. a GradScaler's
-                    raise mvc.BadInput(f"restoring {_name(group, key)} failed: {exc}") from exc
+        """Load every component's state (after ``check``); all or nothing.
+
+        If a component's own loader fails, the components loaded before it
+        get their previous state back and mvc.BadInput names the one that
+        failed. The models load last, so they are never rolled back (and
+        never copied).
+        """
+        order = sorted(self.groups, key=lambda g: LOAD_ORDER.index(g) if g in LOAD_ORDER else -1)
+        done = []
+        try:
+            for group in order:
+                for key, obj in members(self.groups[group]):
+                    state = saved[group] if key is None else saved[group][key]
+                    before = None if group == "model" else copy.deepcopy(state_of(group, obj))
+                    _load_one(group, key, obj, state)
+                    done.append((group, key, obj, before))
+        except BaseException:
+            for group, key, obj, before in reversed(done):
+                load_into(group, obj, before)
+            raise
+
+
+def _load_one(group: str, key, obj, state) -> None:
+    try:
+        load_into(group, obj, state)
+    except mvc.MvcError:
+        raise
+    except Exception as exc:  # any component's own loader, e.g. a GradScaler's
+        raise mvc.BadInput(f"restoring {_name(group, key)} failed: {exc}") from exc
+
+
+def _type_problem(obj, types, key) -> Optional[str]:
+    """The class recorded in the checkpoint, if it is not the live one's."""
+    if isinstance(types, dict):
+        saved = types.get(key)
+    elif isinstance(types, list):
+        saved = types[key] if isinstance(key, int) and key < len(types) else None
+    else:
+        saved = types
+    here = type(obj).__qualname__
+    if isinstance(saved, str) and saved != here:
+        return f"it is a {saved} in the checkpoint, {here} here; resume with the class the run used"
+    return None
 
 
 def _shaped(value, fn: Callable) -> Any:
@@ -196,7 +250,15 @@ def _model_problem(model: torch.nn.Module, state: dict) -> Optional[str]:
         if isinstance(tensor, torch.Tensor) and (not isinstance(saved, torch.Tensor) or saved.shape != tensor.shape):
             shape = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
             return f"{key} has shape {shape} in the checkpoint but {tuple(tensor.shape)} in the model"
+        if isinstance(tensor, torch.Tensor) and saved.dtype != tensor.dtype:
+            # load_state_dict would cast silently: not the checkpoint's values
+            return (f"{key} is {_dtype(saved.dtype)} in the checkpoint but {_dtype(tensor.dtype)} in the model; "
+                    "build the model in the checkpoint's dtype (model.to(...)) before resuming")
     return None
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def _optimizer_problem(opt: torch.optim.Optimizer, state: dict) -> Optional[str]:
@@ -207,6 +269,14 @@ def _optimizer_problem(opt: torch.optim.Optimizer, state: dict) -> Optional[str]
         return f"{len(saved_groups)} parameter groups in the checkpoint, {len(groups)} here"
     params = {}
     for i, (group, saved) in enumerate(zip(groups, saved_groups)):
+        if not isinstance(saved, dict):
+            return f"parameter group {i} in the checkpoint is not a dict"
+        # A newer torch may add hyperparameters (defaults fill them in); a key
+        # this optimizer lacks means the state is another optimizer's.
+        foreign = set(saved) - set(group)
+        if foreign:
+            return (f"parameter group {i} has {_listed(map(str, foreign))} in the checkpoint, which "
+                    f"{type(opt).__qualname__} lacks (another optimizer class?)")
         ids = saved.get("params", [])
         if len(ids) != len(group["params"]):
             return f"parameter group {i} has {len(ids)} parameters in the checkpoint, {len(group['params'])} here"

@@ -37,7 +37,7 @@ from typing import Callable, Optional
 import mvc
 
 from . import context as contexts
-from . import distributed, policy as policies, rng
+from . import data, distributed, policy as policies, rng
 from .state import Components, Snapshot
 
 LAYOUT = 1
@@ -104,6 +104,14 @@ class Checkpointer:
     anything with state_dict/load_state_dict); ``extra`` is a dict of plain
     values the run mutates and gets back on resume.
 
+    Data: ``loader`` is the DataLoader (or StatefulDataLoader) the loop
+    trains from; the Checkpointer tracks its passes so that a resume in the
+    middle of an epoch continues it bit for bit (data.py): the loader's
+    next pass yields the rest of the checkpoint's epoch, or, with
+    ``loop_skips=True``, the loop iterates past the seen batches itself
+    (``batches_seen`` says how many). A checkpoint taken while a loader it
+    was not given is mid-epoch is refused by ``resume()``.
+
     When: ``every_n_steps``, ``every_n_seconds``, ``on_best`` (a metric name
     or (name, "min"/"max")), ``adaptive`` ((min_steps, max_steps)), a custom
     ``policy``, gated by ``overhead_budget`` (a fraction of training time);
@@ -117,13 +125,18 @@ class Checkpointer:
 
     def __init__(self, path=".", *, model=None, optimizer=None, scheduler=None, scaler=None,
                  sampler=None, stateful=None, extra: Optional[dict] = None, branch: Optional[str] = None,
+                 loader=None, loop_skips: bool = False,
                  every_n_steps=None, every_n_seconds=None, on_best=None, adaptive=None,
                  overhead_budget=None, policy=None, async_save: bool = True,
                  context: Optional[dict] = None, chunk_size: Optional[int] = None,
                  on_commit: Optional[Callable] = None):
         self.components = Components(model=model, optimizer=optimizer, scheduler=scheduler,
                                      scaler=scaler, stateful=stateful)
-        self.per_rank = Components(sampler=sampler)
+        data.watch()
+        self.samplers = [obj for _, obj in Components(sampler=sampler).each("sampler")]
+        self.loader = None if loader is None else data.LoaderTracker(loader, self.samplers, loop_skips)
+        self.per_rank = Components(sampler=sampler, loader=self.loader)
+        self._resumed_step: Optional[int] = None
         if extra is not None and not isinstance(extra, dict):
             raise mvc.BadInput(f"extra must be a dict of plain values, not a {type(extra).__name__}")
         self.extra = extra
@@ -161,7 +174,12 @@ class Checkpointer:
                 except Exception as cleanup:  # the open's error is the one to raise
                     if hasattr(error, "add_note"):  # Python 3.11+
                         error.add_note(f"releasing the repository failed too: {cleanup!r}")
-        _raise_together(error)
+        try:
+            _raise_together(error)
+        except BaseException:
+            if self.loader is not None:
+                self.loader.close()  # the loader goes back as it was
+            raise
         self.branch = distributed.share(self.branch)
         self._static = {**contexts.machine(), **contexts.code()} if self.root else {}
         self._started = time.time()
@@ -213,6 +231,8 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            if self.loader is not None:
+                self.loader.close()
             if self.root:
                 self._release()
 
@@ -223,6 +243,11 @@ class Checkpointer:
         self.close()
 
     # -- saving ------------------------------------------------------------
+
+    @property
+    def batches_seen(self) -> int:
+        """After resume(): the batches of the checkpoint's pass the loop trained on (0 without loader=)."""
+        return 0 if self.loader is None else self.loader.batches_seen
 
     def wait(self) -> Optional[mvc.Commit]:
         """Wait for the save in flight; raise its error. The last commit, or None."""
@@ -242,6 +267,9 @@ class Checkpointer:
         self._check_open()
         if self._pending is not None and self._pending.done():
             self.wait()
+        if self.loader is not None:
+            expected, self._resumed_step = self._resumed_step, None
+            self.loader.on_step(step, expected)
         if epoch is not None:
             self.epoch = epoch
         if batch is not None:
@@ -279,6 +307,9 @@ class Checkpointer:
         started = time.monotonic()
         self.wait()  # the snapshot buffers are free again once the last save is done
         mine = {"rng": rng.capture(), **self.per_rank.state()}
+        loose = data.untracked(self.samplers)
+        if loose:
+            mine["untracked"] = loose
         # The gather is the barrier: rank 0 commits once every rank has finished the step.
         ranks = distributed.gather(mine)
         if self.root:
@@ -349,6 +380,7 @@ class Checkpointer:
             raise
         self.resumed_from = self.last_commit = commit
         self._committed_step = state["progress"]["step"]
+        self._resumed_step = self._committed_step + 1
         self.tracker = policies.Tracker(time.monotonic(), self._committed_step)
         return self._committed_step + 1
 
@@ -375,6 +407,13 @@ class Checkpointer:
                                f"{self.world_size}; resume with the same world size")
         self.components.check(state, where, strict)
         self.per_rank.check(state["ranks"][self.rank], f"{where} rank {self.rank}", strict)
+        loose = state["ranks"][self.rank].get("untracked")
+        if strict and loose:
+            raise mvc.BadInput(
+                f"{where} was taken in the middle of a pass of a DataLoader the Checkpointer was not given "
+                f"({'; '.join(loose)}): a resume would start that pass again with other random numbers and "
+                "other batches. Pass it as Checkpointer(loader=...) to resume bit for bit (see the README), "
+                "or resume(strict=False) to go on anyway, not bit for bit")
         if self.extra is not None and "extra" not in state:
             raise mvc.BadInput(f"{where} has no extra state, but extra= was given")
         if strict and self.extra is None and "extra" in state:

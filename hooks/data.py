@@ -28,6 +28,9 @@ its own state_dict: that restarts its workers with fresh random streams,
 so a dataset that draws random numbers as it loads would not continue
 exactly.
 
+A pass the loop left early (``break``, a stop) is continued by a resume,
+as the run would have gone on in it had it not stopped there.
+
 The first ``step()`` after a resume checks that the loop took as many
 batches as the checkpointed run took per step, so a loop that skips twice,
 or not at all, is an error and not a quiet drift.
@@ -227,7 +230,6 @@ class LoaderTracker:
         self.loader = loader
         self.loop_skips = loop_skips
         self.restored_sampler = next((s for s in _samplers(loader) if any(s is r for r in registered)), None)
-        self.iterations = 0
         self._iterator = None  # weakref to the current iteration's iterator
         self._start: Optional[dict] = None  # what the current iteration started from
         self._armed: Optional[dict] = None  # the checkpoint's iteration, until it is replayed
@@ -261,7 +263,6 @@ class LoaderTracker:
     def iterate(self, start):
         """``iter(loader)``: a fresh iteration, or the replay of the checkpoint's."""
         armed = self._armed
-        self.iterations += 1
         if armed is None:
             self._start = self._capture()
             it = start()
@@ -343,6 +344,10 @@ class LoaderTracker:
 
     def state_dict(self) -> dict:
         position = self.position()
+        if position is None and self._iterator is not None and self._step_at[0] is self._iterator:
+            # The loop left the pass (break) before saving: a resume goes on in it, as the run would
+            # have if it had not been stopped there.
+            position = self._step_at[1]
         length = _length(self.loader)
         mid = position is not None and position > 0 and (length is None or position < length)
         if mid:
@@ -353,8 +358,7 @@ class LoaderTracker:
         state = {"position": position if mid else None, "per_step": self.per_step, "start": start,
                  "length": length,
                  "dataset": _dataset_length(self.loader), "batch_size": self.loader.batch_size,
-                 "num_workers": self.loader.num_workers, "loop_skips": self.loop_skips,
-                 "iterations": self.iterations}
+                 "num_workers": self.loader.num_workers, "loop_skips": self.loop_skips}
         return state
 
     def state_problem(self, state) -> Optional[str]:

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+import torch
+
 import mvc
 
 from . import context as contexts
@@ -159,6 +161,11 @@ class Checkpointer:
         self._closed = False
         self._pending: Optional[_Save] = None
         self._snapshot = Snapshot()
+        self._step_hooks: dict = {}  # id(optimizer) -> hook handle: steps wait for the snapshot copy
+        if async_save:
+            for _, opt in self.components.each("optimizer"):
+                if isinstance(opt, torch.optim.Optimizer) and id(opt) not in self._step_hooks:
+                    self._step_hooks[id(opt)] = opt.register_step_pre_hook(self._before_optimizer_step)
         self._committed_step: Optional[int] = None
         self._last_step: Optional[int] = None
         self._last_values: dict = {}
@@ -177,6 +184,8 @@ class Checkpointer:
         try:
             _raise_together(error)
         except BaseException:
+            for handle in self._step_hooks.values():
+                handle.remove()
             if self.loader is not None:
                 self.loader.close()  # the loader goes back as it was
             raise
@@ -231,6 +240,9 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            for handle in self._step_hooks.values():
+                handle.remove()
+            self._step_hooks.clear()
             if self.loader is not None:
                 self.loader.close()
             if self.root:
@@ -265,6 +277,7 @@ class Checkpointer:
         Call it on every rank. Raises the error of a background save that failed.
         """
         self._check_open()
+        self._snapshot.filled()  # the loop may change anything from here on
         if self._pending is not None and self._pending.done():
             self.wait()
         if self.loader is not None:
@@ -318,13 +331,29 @@ class Checkpointer:
             record = {"message": message or f"step {step}", "step": step, "epoch": self.epoch,
                       "metrics": metrics, "context": self._context(progress, obs)}
             if self.async_save:
-                copy = self._snapshot.take(state)
-                self._pending = _Save(lambda: self._commit(copy, record), self._snapshot.wait)
+                copy = self._snapshot.take(state, defer=self._deferrable())
+                self._pending = _Save(lambda: self._commit(copy, record), self._snapshot.fill)
             else:
                 self._commit(state, record)
         self._committed_step = step
         now = time.monotonic()
         self.tracker.committed(step, now, now - started)
+
+    def _deferrable(self) -> Callable:
+        """Which tensors the save thread may copy while training goes on: the
+        optimizers' parameters and state, which only an optimizer step changes
+        (and every step waits for the copy); everything else is copied now."""
+        storages = set()
+        for _, opt in self.components.each("optimizer"):
+            if isinstance(opt, torch.optim.Optimizer) and id(opt) in self._step_hooks:
+                for group in opt.param_groups:
+                    storages.update(_storage(p) for p in group["params"])
+                for per_param in opt.state.values():
+                    storages.update(_storage(v) for v in per_param.values() if isinstance(v, torch.Tensor))
+        return lambda tensor: _storage(tensor) in storages
+
+    def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self._snapshot.filled()
 
     def _state(self, progress: dict, ranks: list) -> dict:
         state = self.components.state()
@@ -453,6 +482,10 @@ class Checkpointer:
         progress = state["progress"]
         self.epoch, self.batch = progress["epoch"], progress["batch"]
         rng.restore(mine["rng"])  # last: loading must not draw from the restored generators
+
+
+def _storage(tensor: torch.Tensor) -> tuple:
+    return (tensor.device, tensor.untyped_storage().data_ptr())
 
 
 def _numbers(loss, metrics: Optional[dict]) -> dict:

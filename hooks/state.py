@@ -24,6 +24,7 @@ component's own loader still fails.
 
 import copy
 
+import threading
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -295,6 +296,10 @@ def _optimizer_problem(opt: torch.optim.Optimizer, state: dict) -> Optional[str]
     return None
 
 
+class TornSnapshot(mvc.MvcError):
+    """A tensor changed in place while its deferred copy was being taken."""
+
+
 class Snapshot:
     """Copies of a state's tensors in CPU memory that training cannot change.
 
@@ -304,53 +309,93 @@ class Snapshot:
     pinned buffers with non-blocking copies; ``wait()`` blocks until those
     copies have landed. Tensors that share storage (tied weights) stay
     shared in the copy.
+
+    A CPU tensor for which ``take``'s ``defer(tensor)`` is true (parameters
+    and optimizer state: only an optimizer step changes them) gets its
+    buffer at once but is copied by ``fill()``, which the save thread runs
+    while training goes on; the training thread calls ``filled()`` before
+    anything may change those tensors (the Checkpointer does it before every
+    optimizer step and every checkpoint call). ``fill`` compares each
+    tensor's version counter with the one it had at ``take`` and raises
+    TornSnapshot if it changed in place meanwhile, so a torn copy is an
+    error, never a commit.
     """
 
     def __init__(self):
         self._buffers: dict = {}
         self._events: list = []
+        self._deferred: list = []  # (source, version at take, buffer, key path)
+        self._filled = threading.Event()
+        self._filled.set()
 
-    def take(self, state) -> Any:
+    def take(self, state, defer: Optional[Callable] = None) -> Any:
         self._events = []
+        self._deferred = []
         memo: dict = {}
         devices: set = set()
-        copy = self._copy(state, (), memo, devices)
+        copy = self._copy(state, (), memo, devices, defer)
         for device in devices:  # copies were queued on each device's current stream
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(device))
             self._events.append(event)
+        if self._deferred:
+            self._filled.clear()
         return copy
+
+    def fill(self) -> None:
+        """Copy the deferred tensors (in the save thread); then wait for the CUDA copies."""
+        try:
+            for source, version, buffer, path in self._deferred:
+                buffer.copy_(source)
+                if source._version != version:
+                    raise TornSnapshot(
+                        f"{'.'.join(map(str, path))} changed in place before its checkpoint copy was taken; "
+                        "change parameters and optimizer state only in optimizer steps, or pass "
+                        "async_save=False")
+        finally:
+            self._deferred = []
+            self._filled.set()
+        self.wait()
+
+    def filled(self) -> None:
+        """Block until ``fill`` has copied every deferred tensor."""
+        self._filled.wait()
 
     def wait(self) -> None:
         for event in self._events:
             event.synchronize()
         self._events = []
 
-    def _copy(self, node, path: tuple, memo: dict, devices: set) -> Any:
+    def _copy(self, node, path: tuple, memo: dict, devices: set, defer) -> Any:
         if isinstance(node, torch.Tensor):
             key = _alias_key(node)
             if key is not None and key in memo:
                 return memo[key]
-            out = self._copy_tensor(node.detach(), path, devices)
+            out = self._copy_tensor(node, path, devices, defer)
             if key is not None:
                 memo[key] = out
             return out
         if isinstance(node, dict):
-            return {k: self._copy(v, path + (k,), memo, devices) for k, v in node.items()}
+            return {k: self._copy(v, path + (k,), memo, devices, defer) for k, v in node.items()}
         if isinstance(node, (list, tuple)):
-            items = [self._copy(v, path + (i,), memo, devices) for i, v in enumerate(node)]
+            items = [self._copy(v, path + (i,), memo, devices, defer) for i, v in enumerate(node)]
             return tuple(items) if isinstance(node, tuple) else items
         return node  # plain values are immutable
 
-    def _copy_tensor(self, tensor: torch.Tensor, path: tuple, devices: set) -> torch.Tensor:
-        cuda = tensor.device.type == "cuda"
+    def _copy_tensor(self, tensor: torch.Tensor, path: tuple, devices: set, defer) -> torch.Tensor:
+        source = tensor.detach()
+        cuda = source.device.type == "cuda"
         buffer = self._buffers.get(path)
-        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=cuda)
+        if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
+            buffer = torch.empty(source.shape, dtype=source.dtype, pin_memory=cuda)
             self._buffers[path] = buffer
-        buffer.copy_(tensor, non_blocking=cuda)
+        if not cuda and defer is not None and source.device.type == "cpu" and defer(source):
+            # detach() shares the version counter, so fill() sees any in-place change
+            self._deferred.append((source, source._version, buffer, path))
+            return buffer
+        buffer.copy_(source, non_blocking=cuda)
         if cuda:
-            devices.add(tensor.device)
+            devices.add(source.device)
         return buffer
 
 

@@ -1,4 +1,4 @@
-"""PyTorch Lightning: checkpoints as mvc commits (``pip install 'mvc[lightning]'``).
+"""PyTorch Lightning: checkpoints as mvc commits (``pip install 'mvc-checkpoints[lightning]'``).
 
 ``MvcCheckpoint`` is Lightning's own ``ModelCheckpoint`` (the same
 ``monitor``, ``mode``, ``save_top_k``, ``save_last``, ``every_n_train_steps``,

@@ -1,4 +1,4 @@
-"""Hugging Face transformers: Trainer checkpoints as mvc commits (``pip install 'mvc[transformers]'``).
+"""Hugging Face transformers: Trainer checkpoints as mvc commits (``pip install 'mvc-checkpoints[transformers]'``).
 
 ``MvcCallback`` is a ``TrainerCallback``: at every save step of the
 Trainer (``save_strategy``, ``save_steps``) it commits the model, the

@@ -5,9 +5,10 @@
     python examples/train.py --repo demo            # "resumed from step N", same losses
     mvc log; mvc show HEAD                          # run inside demo/
 
-A small MLP with dropout learns a synthetic classification task from
-shuffled batches (ResumableSampler), with AdamW, a cosine LR schedule and a
-GradScaler. The resumed run continues bit for bit as if never stopped.
+A small MLP with dropout learns a synthetic classification task from a
+plain shuffling DataLoader, with AdamW, a cosine LR schedule and a
+GradScaler. The Checkpointer is given the loader, so a run stopped in the
+middle of an epoch resumes bit for bit as if never stopped.
 """
 
 import argparse
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from mvc_hooks import Checkpointer, ResumableSampler
+from mvc_hooks import Checkpointer
 
 FEATURES, CLASSES, SAMPLES, BATCH = 16, 4, 512, 32
 
@@ -32,7 +33,7 @@ def dataset(seed: int) -> TensorDataset:
 
 
 def build(args):
-    """Model, optimizer, scheduler, scaler, sampler and loader, fresh."""
+    """Model, optimizer, scheduler, scaler and loader, fresh."""
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -41,21 +42,16 @@ def build(args):
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
     scaler = torch.amp.GradScaler("cpu")
-    data = dataset(args.seed)
-    sampler = ResumableSampler(data, shuffle=True, seed=args.seed)
-    # A DataLoader draws a seed from the global torch RNG each time iteration
-    # starts unless it has a generator of its own; that draw would make a run
-    # resumed mid-epoch take other dropout masks than an uninterrupted one.
-    loader = DataLoader(data, batch_size=BATCH, sampler=sampler, generator=torch.Generator())
-    return model, optimizer, scheduler, scaler, sampler, loader
+    loader = DataLoader(dataset(args.seed), batch_size=BATCH, shuffle=True)
+    return model, optimizer, scheduler, scaler, loader
 
 
 def run(parts, ckpt, step: int, stop: int, log_every: int = 0, sleep: float = 0.0) -> dict:
     """Train from ``step`` up to ``stop``, reporting each step to ``ckpt``; {step: loss}."""
-    model, optimizer, scheduler, scaler, sampler, loader = parts
+    model, optimizer, scheduler, scaler, loader = parts
     losses = {}
     while step < stop:
-        for x, y in loader:  # a resumed sampler hands out the rest of its epoch first
+        for x, y in loader:  # after a resume, the rest of the checkpoint's epoch comes first
             loss = torch.nn.functional.cross_entropy(model(x), y)
             optimizer.zero_grad()
             scaler.scale(loss).backward()
@@ -65,7 +61,7 @@ def run(parts, ckpt, step: int, stop: int, log_every: int = 0, sleep: float = 0.
             losses[step] = loss.item()
             if log_every and step % log_every == 0:
                 print(f"step {step} loss {loss.item()!r}", flush=True)
-            ckpt.step(step, loss=loss.item(), epoch=sampler.epoch)
+            ckpt.step(step, loss=loss.item(), epoch=step // len(loader))
             step += 1
             time.sleep(sleep)
             if step >= stop:
@@ -75,14 +71,14 @@ def run(parts, ckpt, step: int, stop: int, log_every: int = 0, sleep: float = 0.
 
 def train(args) -> int:
     parts = build(args)
-    model, optimizer, scheduler, scaler, sampler, _ = parts
+    model, optimizer, scheduler, scaler, loader = parts
 
     def committed(commit):
         print(f"committed step {commit.step}: {commit.short_id} "
               f"({commit.stats.bytes_new} new bytes of {commit.stats.bytes_total})", flush=True)
 
     with Checkpointer(args.repo, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                      sampler=sampler, branch=args.branch, every_n_steps=args.every,
+                      loader=loader, branch=args.branch, every_n_steps=args.every,
                       async_save=not args.sync, on_commit=committed,
                       context={"batch_size": BATCH, "grad_accumulation": 1, "seed": args.seed}) as ckpt:
         start = ckpt.resume()

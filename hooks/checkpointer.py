@@ -34,10 +34,12 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+import torch
+
 import mvc
 
 from . import context as contexts
-from . import distributed, policy as policies, rng
+from . import data, distributed, policy as policies, rng
 from .state import Components, Snapshot
 
 LAYOUT = 1
@@ -104,6 +106,14 @@ class Checkpointer:
     anything with state_dict/load_state_dict); ``extra`` is a dict of plain
     values the run mutates and gets back on resume.
 
+    Data: ``loader`` is the DataLoader (or StatefulDataLoader) the loop
+    trains from; the Checkpointer tracks its passes so that a resume in the
+    middle of an epoch continues it bit for bit (data.py): the loader's
+    next pass yields the rest of the checkpoint's epoch, or, with
+    ``loop_skips=True``, the loop iterates past the seen batches itself
+    (``batches_seen`` says how many). A checkpoint taken while a loader it
+    was not given is mid-epoch is refused by ``resume()``.
+
     When: ``every_n_steps``, ``every_n_seconds``, ``on_best`` (a metric name
     or (name, "min"/"max")), ``adaptive`` ((min_steps, max_steps)), a custom
     ``policy``, gated by ``overhead_budget`` (a fraction of training time);
@@ -117,13 +127,18 @@ class Checkpointer:
 
     def __init__(self, path=".", *, model=None, optimizer=None, scheduler=None, scaler=None,
                  sampler=None, stateful=None, extra: Optional[dict] = None, branch: Optional[str] = None,
+                 loader=None, loop_skips: bool = False,
                  every_n_steps=None, every_n_seconds=None, on_best=None, adaptive=None,
                  overhead_budget=None, policy=None, async_save: bool = True,
                  context: Optional[dict] = None, chunk_size: Optional[int] = None,
                  on_commit: Optional[Callable] = None):
         self.components = Components(model=model, optimizer=optimizer, scheduler=scheduler,
                                      scaler=scaler, stateful=stateful)
-        self.per_rank = Components(sampler=sampler)
+        data.watch()
+        self.samplers = [obj for _, obj in Components(sampler=sampler).each("sampler")]
+        self.loader = None if loader is None else data.LoaderTracker(loader, self.samplers, loop_skips)
+        self.per_rank = Components(sampler=sampler, loader=self.loader)
+        self._resumed_step: Optional[int] = None
         if extra is not None and not isinstance(extra, dict):
             raise mvc.BadInput(f"extra must be a dict of plain values, not a {type(extra).__name__}")
         self.extra = extra
@@ -146,6 +161,11 @@ class Checkpointer:
         self._closed = False
         self._pending: Optional[_Save] = None
         self._snapshot = Snapshot()
+        self._step_hooks: dict = {}  # id(optimizer) -> hook handle: steps wait for the snapshot copy
+        if async_save:
+            for _, opt in self.components.each("optimizer"):
+                if isinstance(opt, torch.optim.Optimizer) and id(opt) not in self._step_hooks:
+                    self._step_hooks[id(opt)] = opt.register_step_pre_hook(self._before_optimizer_step)
         self._committed_step: Optional[int] = None
         self._last_step: Optional[int] = None
         self._last_values: dict = {}
@@ -161,7 +181,14 @@ class Checkpointer:
                 except Exception as cleanup:  # the open's error is the one to raise
                     if hasattr(error, "add_note"):  # Python 3.11+
                         error.add_note(f"releasing the repository failed too: {cleanup!r}")
-        _raise_together(error)
+        try:
+            _raise_together(error)
+        except BaseException:
+            for handle in self._step_hooks.values():
+                handle.remove()
+            if self.loader is not None:
+                self.loader.close()  # the loader goes back as it was
+            raise
         self.branch = distributed.share(self.branch)
         self._static = {**contexts.machine(), **contexts.code()} if self.root else {}
         self._started = time.time()
@@ -213,6 +240,11 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            for handle in self._step_hooks.values():
+                handle.remove()
+            self._step_hooks.clear()
+            if self.loader is not None:
+                self.loader.close()
             if self.root:
                 self._release()
 
@@ -223,6 +255,11 @@ class Checkpointer:
         self.close()
 
     # -- saving ------------------------------------------------------------
+
+    @property
+    def batches_seen(self) -> int:
+        """After resume(): the batches of the checkpoint's pass the loop trained on (0 without loader=)."""
+        return 0 if self.loader is None else self.loader.batches_seen
 
     def wait(self) -> Optional[mvc.Commit]:
         """Wait for the save in flight; raise its error. The last commit, or None."""
@@ -240,8 +277,12 @@ class Checkpointer:
         Call it on every rank. Raises the error of a background save that failed.
         """
         self._check_open()
+        self._snapshot.filled()  # the loop may change anything from here on
         if self._pending is not None and self._pending.done():
             self.wait()
+        if self.loader is not None:
+            expected, self._resumed_step = self._resumed_step, None
+            self.loader.on_step(step, expected)
         if epoch is not None:
             self.epoch = epoch
         if batch is not None:
@@ -279,6 +320,9 @@ class Checkpointer:
         started = time.monotonic()
         self.wait()  # the snapshot buffers are free again once the last save is done
         mine = {"rng": rng.capture(), **self.per_rank.state()}
+        loose = data.untracked(self.samplers)
+        if loose:
+            mine["untracked"] = loose
         # The gather is the barrier: rank 0 commits once every rank has finished the step.
         ranks = distributed.gather(mine)
         if self.root:
@@ -287,18 +331,34 @@ class Checkpointer:
             record = {"message": message or f"step {step}", "step": step, "epoch": self.epoch,
                       "metrics": metrics, "context": self._context(progress, obs)}
             if self.async_save:
-                copy = self._snapshot.take(state)
-                self._pending = _Save(lambda: self._commit(copy, record), self._snapshot.wait)
+                copy = self._snapshot.take(state, defer=self._deferrable())
+                self._pending = _Save(lambda: self._commit(copy, record), self._snapshot.fill)
             else:
                 self._commit(state, record)
         self._committed_step = step
         now = time.monotonic()
         self.tracker.committed(step, now, now - started)
 
+    def _deferrable(self) -> Callable:
+        """Which tensors the save thread may copy while training goes on: the
+        optimizers' parameters and state, which only an optimizer step changes
+        (and every step waits for the copy); everything else is copied now."""
+        storages = set()
+        for _, opt in self.components.each("optimizer"):
+            if isinstance(opt, torch.optim.Optimizer) and id(opt) in self._step_hooks:
+                for group in opt.param_groups:
+                    storages.update(_storage(p) for p in group["params"])
+                for per_param in opt.state.values():
+                    storages.update(_storage(v) for v in per_param.values() if isinstance(v, torch.Tensor))
+        return lambda tensor: _storage(tensor) in storages
+
+    def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self._snapshot.filled()
+
     def _state(self, progress: dict, ranks: list) -> dict:
         state = self.components.state()
         state.update({"mvc_hooks": LAYOUT, "world_size": self.world_size, "ranks": ranks,
-                      "progress": progress})
+                      "progress": progress, "types": self.components.types()})
         if self.extra is not None:
             state["extra"] = dict(self.extra)
         return state
@@ -341,10 +401,15 @@ class Checkpointer:
         if payload is None:
             return 0
         commit, state = payload["commit"], payload["state"]
-        self._check_and_load_per_rank(state, f"commit {commit.short_id} (step {commit.step})", strict)
-        self._restore(state)
+        before = self._check_and_load_per_rank(state, f"commit {commit.short_id} (step {commit.step})", strict)
+        try:
+            self._restore(state)
+        except BaseException:
+            self.per_rank.load(before)  # all or nothing: the data position goes back too
+            raise
         self.resumed_from = self.last_commit = commit
         self._committed_step = state["progress"]["step"]
+        self._resumed_step = self._committed_step + 1
         self.tracker = policies.Tracker(time.monotonic(), self._committed_step)
         return self._committed_step + 1
 
@@ -371,18 +436,26 @@ class Checkpointer:
                                f"{self.world_size}; resume with the same world size")
         self.components.check(state, where, strict)
         self.per_rank.check(state["ranks"][self.rank], f"{where} rank {self.rank}", strict)
+        loose = state["ranks"][self.rank].get("untracked")
+        if strict and loose:
+            raise mvc.BadInput(
+                f"{where} was taken in the middle of a pass of a DataLoader the Checkpointer was not given "
+                f"({'; '.join(loose)}): a resume would start that pass again with other random numbers and "
+                "other batches. Pass it as Checkpointer(loader=...) to resume bit for bit (see the README), "
+                "or resume(strict=False) to go on anyway, not bit for bit")
         if self.extra is not None and "extra" not in state:
             raise mvc.BadInput(f"{where} has no extra state, but extra= was given")
         if strict and self.extra is None and "extra" in state:
             raise mvc.BadInput(f"{where} holds extra state and no extra= dict was given to receive it; "
                                "pass one, or strict=False to leave it out")
 
-    def _check_and_load_per_rank(self, state: dict, where: str, strict: bool) -> None:
+    def _check_and_load_per_rank(self, state: dict, where: str, strict: bool) -> dict:
         """Check ``state`` on every rank, then load this rank's own components.
 
         A sampler without a check of its own is checked only by its loader,
         so they are loaded before anything else; if any rank fails, every
         rank raises and puts its per-rank components back as they were.
+        Returns their previous state, to put back if a later load fails.
         """
         error, before = None, None
         try:
@@ -397,6 +470,7 @@ class Checkpointer:
             if before is not None:
                 self.per_rank.load(before)
             raise
+        return before
 
     def _restore(self, state: dict) -> None:
         """Load everything but the per-rank components (loaded already)."""
@@ -408,6 +482,10 @@ class Checkpointer:
         progress = state["progress"]
         self.epoch, self.batch = progress["epoch"], progress["batch"]
         rng.restore(mine["rng"])  # last: loading must not draw from the restored generators
+
+
+def _storage(tensor: torch.Tensor) -> tuple:
+    return (tensor.device, tensor.untyped_storage().data_ptr())
 
 
 def _numbers(loss, metrics: Optional[dict]) -> dict:

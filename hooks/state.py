@@ -11,19 +11,35 @@ DistributedDataParallel, DataParallel or ``torch.compile`` are saved
 without their wrapper's key prefix.
 
 ``check`` compares a loaded checkpoint with the live components before
-anything is loaded, so a mismatch is an error and never a partial restore.
-A component may define ``state_problem(state)``, returning what makes a
-saved state unfit for it (a str) or None; ``check`` asks it too
-(ResumableSampler does).
+anything is loaded, so a mismatch is an error and never a partial restore:
+key sets, shapes and dtypes of model tensors, optimizer parameter groups
+(their count, sizes and hyperparameter keys), optimizer state shapes, and
+the class of every optimizer, scheduler and scaler (``types`` records them
+in the checkpoint). A component may define ``state_problem(state)``,
+returning what makes a saved state unfit for it (a str) or None; ``check``
+asks it too (ResumableSampler does). ``load`` loads the small components
+first and the models last, and puts back what it had loaded if a
+component's own loader still fails.
 """
 
+import copy
+
+import threading
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 import mvc
 
-GROUPS = ("model", "optimizer", "scheduler", "scaler", "stateful", "sampler")
+GROUPS = ("model", "optimizer", "scheduler", "scaler", "stateful", "sampler", "loader")
+
+# Groups whose class the checkpoint records and a resume insists on: another
+# optimizer or scheduler class would take the state and compute something else.
+TYPED = ("optimizer", "scheduler", "scaler")
+
+# Load order: the cheap components first, so a failing one is rolled back
+# cheaply; the models last, as nothing after them can fail.
+LOAD_ORDER = ("sampler", "loader", "stateful", "scaler", "scheduler", "optimizer", "model")
 
 
 def unwrap(model):
@@ -87,6 +103,11 @@ class Components:
         return {group: _shaped(value, lambda key, obj, g=group: state_of(g, obj))
                 for group, value in self.groups.items()}
 
+    def types(self) -> dict:
+        """{group: class name(s), in the group's shape} of the groups whose class a resume checks."""
+        return {group: _shaped(value, lambda key, obj: type(obj).__qualname__)
+                for group, value in self.groups.items() if group in TYPED}
+
     def check(self, saved: dict, where: str, strict: bool = True) -> None:
         """Raise mvc.BadInput unless ``saved`` has a matching state for every component.
 
@@ -98,9 +119,10 @@ class Components:
                 raise mvc.BadInput(f"{where} has no {group} state, but a {group} was given; "
                                    f"resume from a checkpoint of this run or leave out the {group}")
             _check_shape(group, value, saved[group], where)
+            types = saved.get("types", {}).get(group) if isinstance(saved.get("types"), dict) else None
             for key, obj in members(value):
                 state = saved[group] if key is None else saved[group][key]
-                problem = _problem(group, obj, state)
+                problem = _type_problem(obj, types, key) or _problem(group, obj, state)
                 if problem:
                     raise mvc.BadInput(f"{where}: {_name(group, key)} does not match: {problem}")
         if strict:
@@ -110,16 +132,49 @@ class Components:
                                    "for; pass the objects, or strict=False to leave it out")
 
     def load(self, saved: dict) -> None:
-        """Load every component's state (after ``check``)."""
-        for group, value in self.groups.items():
-            for key, obj in members(value):
-                state = saved[group] if key is None else saved[group][key]
-                try:
-                    load_into(group, obj, state)
-                except mvc.MvcError:
-                    raise
-                except Exception as exc:  # any component's own loader, e.g. a GradScaler's
-                    raise mvc.BadInput(f"restoring {_name(group, key)} failed: {exc}") from exc
+        """Load every component's state (after ``check``); all or nothing.
+
+        If a component's own loader fails, the components loaded before it
+        get their previous state back and mvc.BadInput names the one that
+        failed. The models load last, so they are never rolled back (and
+        never copied).
+        """
+        order = sorted(self.groups, key=lambda g: LOAD_ORDER.index(g) if g in LOAD_ORDER else -1)
+        done = []
+        try:
+            for group in order:
+                for key, obj in members(self.groups[group]):
+                    state = saved[group] if key is None else saved[group][key]
+                    before = None if group == "model" else copy.deepcopy(state_of(group, obj))
+                    _load_one(group, key, obj, state)
+                    done.append((group, key, obj, before))
+        except BaseException:
+            for group, key, obj, before in reversed(done):
+                load_into(group, obj, before)
+            raise
+
+
+def _load_one(group: str, key, obj, state) -> None:
+    try:
+        load_into(group, obj, state)
+    except mvc.MvcError:
+        raise
+    except Exception as exc:  # any component's own loader, e.g. a GradScaler's
+        raise mvc.BadInput(f"restoring {_name(group, key)} failed: {exc}") from exc
+
+
+def _type_problem(obj, types, key) -> Optional[str]:
+    """The class recorded in the checkpoint, if it is not the live one's."""
+    if isinstance(types, dict):
+        saved = types.get(key)
+    elif isinstance(types, list):
+        saved = types[key] if isinstance(key, int) and key < len(types) else None
+    else:
+        saved = types
+    here = type(obj).__qualname__
+    if isinstance(saved, str) and saved != here:
+        return f"it is a {saved} in the checkpoint, {here} here; resume with the class the run used"
+    return None
 
 
 def _shaped(value, fn: Callable) -> Any:
@@ -196,7 +251,15 @@ def _model_problem(model: torch.nn.Module, state: dict) -> Optional[str]:
         if isinstance(tensor, torch.Tensor) and (not isinstance(saved, torch.Tensor) or saved.shape != tensor.shape):
             shape = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
             return f"{key} has shape {shape} in the checkpoint but {tuple(tensor.shape)} in the model"
+        if isinstance(tensor, torch.Tensor) and saved.dtype != tensor.dtype:
+            # load_state_dict would cast silently: not the checkpoint's values
+            return (f"{key} is {_dtype(saved.dtype)} in the checkpoint but {_dtype(tensor.dtype)} in the model; "
+                    "build the model in the checkpoint's dtype (model.to(...)) before resuming")
     return None
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def _optimizer_problem(opt: torch.optim.Optimizer, state: dict) -> Optional[str]:
@@ -207,6 +270,14 @@ def _optimizer_problem(opt: torch.optim.Optimizer, state: dict) -> Optional[str]
         return f"{len(saved_groups)} parameter groups in the checkpoint, {len(groups)} here"
     params = {}
     for i, (group, saved) in enumerate(zip(groups, saved_groups)):
+        if not isinstance(saved, dict):
+            return f"parameter group {i} in the checkpoint is not a dict"
+        # A newer torch may add hyperparameters (defaults fill them in); a key
+        # this optimizer lacks means the state is another optimizer's.
+        foreign = set(saved) - set(group)
+        if foreign:
+            return (f"parameter group {i} has {_listed(map(str, foreign))} in the checkpoint, which "
+                    f"{type(opt).__qualname__} lacks (another optimizer class?)")
         ids = saved.get("params", [])
         if len(ids) != len(group["params"]):
             return f"parameter group {i} has {len(ids)} parameters in the checkpoint, {len(group['params'])} here"
@@ -225,6 +296,10 @@ def _optimizer_problem(opt: torch.optim.Optimizer, state: dict) -> Optional[str]
     return None
 
 
+class TornSnapshot(mvc.MvcError):
+    """A tensor changed in place while its deferred copy was being taken."""
+
+
 class Snapshot:
     """Copies of a state's tensors in CPU memory that training cannot change.
 
@@ -234,53 +309,93 @@ class Snapshot:
     pinned buffers with non-blocking copies; ``wait()`` blocks until those
     copies have landed. Tensors that share storage (tied weights) stay
     shared in the copy.
+
+    A CPU tensor for which ``take``'s ``defer(tensor)`` is true (parameters
+    and optimizer state: only an optimizer step changes them) gets its
+    buffer at once but is copied by ``fill()``, which the save thread runs
+    while training goes on; the training thread calls ``filled()`` before
+    anything may change those tensors (the Checkpointer does it before every
+    optimizer step and every checkpoint call). ``fill`` compares each
+    tensor's version counter with the one it had at ``take`` and raises
+    TornSnapshot if it changed in place meanwhile, so a torn copy is an
+    error, never a commit.
     """
 
     def __init__(self):
         self._buffers: dict = {}
         self._events: list = []
+        self._deferred: list = []  # (source, version at take, buffer, key path)
+        self._filled = threading.Event()
+        self._filled.set()
 
-    def take(self, state) -> Any:
+    def take(self, state, defer: Optional[Callable] = None) -> Any:
         self._events = []
+        self._deferred = []
         memo: dict = {}
         devices: set = set()
-        copy = self._copy(state, (), memo, devices)
+        copy = self._copy(state, (), memo, devices, defer)
         for device in devices:  # copies were queued on each device's current stream
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(device))
             self._events.append(event)
+        if self._deferred:
+            self._filled.clear()
         return copy
+
+    def fill(self) -> None:
+        """Copy the deferred tensors (in the save thread); then wait for the CUDA copies."""
+        try:
+            for source, version, buffer, path in self._deferred:
+                buffer.copy_(source)
+                if source._version != version:
+                    raise TornSnapshot(
+                        f"{'.'.join(map(str, path))} changed in place before its checkpoint copy was taken; "
+                        "change parameters and optimizer state only in optimizer steps, or pass "
+                        "async_save=False")
+        finally:
+            self._deferred = []
+            self._filled.set()
+        self.wait()
+
+    def filled(self) -> None:
+        """Block until ``fill`` has copied every deferred tensor."""
+        self._filled.wait()
 
     def wait(self) -> None:
         for event in self._events:
             event.synchronize()
         self._events = []
 
-    def _copy(self, node, path: tuple, memo: dict, devices: set) -> Any:
+    def _copy(self, node, path: tuple, memo: dict, devices: set, defer) -> Any:
         if isinstance(node, torch.Tensor):
             key = _alias_key(node)
             if key is not None and key in memo:
                 return memo[key]
-            out = self._copy_tensor(node.detach(), path, devices)
+            out = self._copy_tensor(node, path, devices, defer)
             if key is not None:
                 memo[key] = out
             return out
         if isinstance(node, dict):
-            return {k: self._copy(v, path + (k,), memo, devices) for k, v in node.items()}
+            return {k: self._copy(v, path + (k,), memo, devices, defer) for k, v in node.items()}
         if isinstance(node, (list, tuple)):
-            items = [self._copy(v, path + (i,), memo, devices) for i, v in enumerate(node)]
+            items = [self._copy(v, path + (i,), memo, devices, defer) for i, v in enumerate(node)]
             return tuple(items) if isinstance(node, tuple) else items
         return node  # plain values are immutable
 
-    def _copy_tensor(self, tensor: torch.Tensor, path: tuple, devices: set) -> torch.Tensor:
-        cuda = tensor.device.type == "cuda"
+    def _copy_tensor(self, tensor: torch.Tensor, path: tuple, devices: set, defer) -> torch.Tensor:
+        source = tensor.detach()
+        cuda = source.device.type == "cuda"
         buffer = self._buffers.get(path)
-        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=cuda)
+        if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
+            buffer = torch.empty(source.shape, dtype=source.dtype, pin_memory=cuda)
             self._buffers[path] = buffer
-        buffer.copy_(tensor, non_blocking=cuda)
+        if not cuda and defer is not None and source.device.type == "cpu" and defer(source):
+            # detach() shares the version counter, so fill() sees any in-place change
+            self._deferred.append((source, source._version, buffer, path))
+            return buffer
+        buffer.copy_(source, non_blocking=cuda)
         if cuda:
-            devices.add(tensor.device)
+            devices.add(source.device)
         return buffer
 
 

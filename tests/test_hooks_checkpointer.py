@@ -59,7 +59,8 @@ def test_commits_hold_the_complete_state_and_resume_restores_it(tmp_path):
         state = repo.load()
         assert repo.chunk_size == SMALL_CHUNK
     assert set(state) == {"model", "optimizer", "scheduler", "scaler", "extra", "ranks", "progress",
-                          "world_size", "mvc_hooks"}
+                          "world_size", "mvc_hooks", "types"}
+    assert state["types"] == {"optimizer": "AdamW", "scheduler": "StepLR", "scaler": "GradScaler"}
     assert state["progress"] == {"step": 9, "epoch": None, "batch": None}
     assert state["extra"] == {"best": 0.5, "seen": [1, 2]}
     assert set(state["ranks"][0]) == {"rng", "sampler"} and state["ranks"][0]["sampler"]["position"] == 2

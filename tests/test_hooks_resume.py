@@ -1,7 +1,9 @@
 """Bit-exact resume: 2N steps straight equal N steps, a stop (or SIGKILL), a resume and N more.
 
-The run is examples/train.py: an MLP with dropout on shuffled batches
-(ResumableSampler), AdamW, a cosine schedule and an enabled CPU GradScaler.
+The run is examples/train.py: an MLP with dropout on shuffled batches (a
+plain DataLoader(shuffle=True) with no generator, given as loader=), AdamW,
+a cosine schedule and an enabled CPU GradScaler. 60 steps of 16 batches an
+epoch: the commits at steps 19 and 39 are in the middle of epochs.
 """
 
 import contextlib
@@ -90,9 +92,9 @@ def test_stop_and_resume_in_process_is_bit_exact(tmp_path, straight, async_save)
     settings = SimpleNamespace(seed=0, steps=TOTAL)
     for start_expected, stop in ((0, TOTAL // 2), (TOTAL // 2, TOTAL)):
         parts = example.build(settings)  # fresh objects, as a new process would have
-        model, optimizer, scheduler, scaler, sampler, _ = parts
+        model, optimizer, scheduler, scaler, loader = parts
         with Checkpointer(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                          sampler=sampler, every_n_steps=EVERY, async_save=async_save) as ckpt:
+                          loader=loader, every_n_steps=EVERY, async_save=async_save) as ckpt:
             start = ckpt.resume()
             assert start == start_expected
             losses.update(example.run(parts, ckpt, start, stop))

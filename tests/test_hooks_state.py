@@ -184,3 +184,21 @@ def test_snapshot_copies_are_unaffected_by_training_and_reuse_buffers():
     again = snap.take(tied)
     assert again["a"].data_ptr() == copy["a"].data_ptr()  # the same buffer, refilled
     assert torch.equal(again["a"], model.weight.detach())
+
+
+def test_a_deferred_snapshot_copies_later_and_refuses_a_torn_copy():
+    from mvc_hooks.state import Snapshot, TornSnapshot
+    weight, buffer = torch.arange(6.0), torch.ones(2)
+    snap = Snapshot()
+    copy = snap.take({"w": weight, "b": buffer}, defer=lambda t: t is weight or t.data_ptr() == weight.data_ptr())
+    buffer.add_(1)  # copied at take: the change does not reach the copy
+    assert torch.equal(copy["b"], torch.ones(2))
+    snap.fill()  # the save thread's copy of the deferred tensor
+    snap.filled()
+    assert torch.equal(copy["w"], torch.arange(6.0))
+    copy = snap.take({"w": weight, "b": buffer}, defer=lambda t: t.data_ptr() == weight.data_ptr())
+    with torch.no_grad():
+        weight.mul_(2)  # changed in place before the copy was made
+    with pytest.raises(TornSnapshot, match="w changed in place before its checkpoint copy was taken"):
+        snap.fill()
+    snap.filled()  # never left waiting after a failure

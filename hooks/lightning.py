@@ -1,0 +1,223 @@
+"""PyTorch Lightning: checkpoints as mvc commits (``pip install 'mvc-checkpoints[lightning]'``).
+
+``MvcCheckpoint`` is Lightning's own ``ModelCheckpoint`` (the same
+``monitor``, ``mode``, ``save_top_k``, ``save_last``, ``every_n_train_steps``,
+``every_n_epochs``, ``filename`` ...) with the files replaced by commits:
+each checkpoint Lightning saves is its own checkpoint dict, committed to a
+branch of an mvc repository, and the **checkpoint path** Lightning keeps
+for it (``best_model_path``, ``last_model_path``, the top-k dict) names a
+tag that points at that commit. Where ModelCheckpoint deletes a file (a
+checkpoint that left the top k, an older "last"), the tag is deleted and
+mvc's retention prunes the commit: gc keeps the branch tip, the
+``keep_last`` newest commits and every tagged one. The commits' history,
+metrics and context stay.
+
+Resume with ``trainer.fit(model, ckpt_path="mvc:REV")`` (a branch, tag,
+id or ``REV~N``) or with a path the callback handed out
+(``checkpoint_callback.best_model_path``). The checkpoint also holds the
+RNG state of every rank (Lightning saves none), put back when training
+starts, so a run resumed from an epoch-end checkpoint continues bit for
+bit (Lightning restarts the data of an epoch it was stopped in).
+"""
+
+import os
+from typing import Any, Optional
+
+import torch
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+import mvc
+
+from . import distributed, rng
+from .checkpointer import _open_or_init
+
+PREFIX = "mvc:"
+
+
+def _plain(node):
+    """Lightning's checkpoint dict as mvc stores it: dict subclasses as dicts, paths as str."""
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        items = [_plain(v) for v in node]
+        return tuple(items) if isinstance(node, tuple) else items
+    if isinstance(node, os.PathLike):
+        return os.fspath(node)
+    return node
+
+
+class _MvcCheckpointIO(CheckpointIO):
+    """Lightning's checkpoint IO for the callback's paths; any other path goes to the IO it replaced."""
+
+    def __init__(self, callback: "MvcCheckpoint", fallback: Optional[CheckpointIO]):
+        self.callback = callback
+        self.fallback = fallback
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options: Optional[Any] = None) -> None:
+        self.callback._commit(checkpoint, os.fspath(path))
+
+    def load_checkpoint(self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> dict:
+        rev = self.callback._rev_of(os.fspath(path))
+        if rev is None:
+            if self.fallback is None:
+                raise mvc.BadInput(f"{path} is neither an mvc revision ({PREFIX}REV) nor a checkpoint of this "
+                                   "callback")
+            return self.fallback.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        return self.callback._load(rev, map_location)
+
+    def remove_checkpoint(self, path) -> None:
+        self.callback._forget(os.fspath(path))
+
+    def teardown(self) -> None:
+        if self.fallback is not None:
+            self.fallback.teardown()
+
+
+class MvcCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that commits to the mvc repository at ``repo`` (created if missing).
+
+    ``branch`` (default "lightning") is where the run commits; rank 0 holds
+    its write lock while fitting. ``keep_last`` is how many of the newest
+    commits retention keeps besides the tagged ones (default 1: the tip,
+    as ModelCheckpoint keeps only the files it lists). Every other keyword
+    is ModelCheckpoint's.
+    """
+
+    def __init__(self, repo=".", branch: str = "lightning", keep_last: int = 1,
+                 chunk_size: Optional[int] = None, **kwargs):
+        kwargs.setdefault("dirpath", os.fspath(repo))  # checkpoint paths name tags, no file is written
+        super().__init__(**kwargs)
+        if not isinstance(keep_last, int) or keep_last < 1:
+            raise mvc.BadInput(f"keep_last must be a positive int, not {keep_last!r}")
+        self.repo_path = repo
+        self.branch = branch
+        self.keep_last = keep_last
+        self.chunk_size = chunk_size
+        self.repo: Optional[mvc.Repository] = None
+        self.last_commit: Optional[mvc.Commit] = None
+        self._metrics: dict = {}
+        self._resume_rng: Optional[dict] = None
+        self._fit_started = False
+
+    # -- Lightning's hooks ---------------------------------------------------
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        io = trainer.strategy.checkpoint_io
+        if not isinstance(io, _MvcCheckpointIO):
+            trainer.strategy.checkpoint_io = _MvcCheckpointIO(self, io)
+        if trainer.is_global_zero and stage == "fit" and self.repo is None:
+            self.repo = _open_or_init(self.repo_path, self.chunk_size)
+            self.repo.lock_branch(self.branch)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        self._fit_started = False
+        if self.repo is not None:
+            try:
+                self.repo.unlock_branch(self.branch)
+            finally:
+                self.repo.close()
+                self.repo = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        super().on_fit_start(trainer, pl_module)
+        self._fit_started = True
+        self._restore_rng()
+
+    def _restore_rng(self) -> None:
+        # The last hook before the fit loop starts the data: on a restart Lightning
+        # iterates the train loader while setting up, before on_train_start.
+        if self._resume_rng is not None and self._fit_started:
+            rng.restore(self._resume_rng)
+            self._resume_rng = None
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["rng"] = distributed.all_gather(rng.capture())  # every rank's, in rank order
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state = dict(state_dict)
+        ranks = state.pop("rng", None)
+        super().load_state_dict(state)
+        if ranks is not None:
+            if len(ranks) != distributed.world_size():
+                raise mvc.BadInput(f"the checkpoint was made by {len(ranks)} ranks, this run has "
+                                   f"{distributed.world_size()}; resume with the same number of devices")
+            self._resume_rng = ranks[distributed.rank()]
+            self._restore_rng()  # strategies that restore after setup do it after on_fit_start
+
+    def _save_checkpoint(self, trainer, filepath: str) -> None:
+        self._metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
+                         if isinstance(v, (int, float)) or (isinstance(v, torch.Tensor) and v.numel() == 1)}
+        super()._save_checkpoint(trainer, filepath)
+
+    def _link_checkpoint(self, trainer, filepath: str, linkpath: str) -> None:
+        """save_last="link": the "last" tag points at the commit just made, no copy."""
+        if trainer.is_global_zero and self.repo is not None:
+            self.repo.create_tag(self._tag(linkpath), self._tag(filepath), force=True)
+        trainer.strategy.barrier()
+
+    def file_exists(self, filepath, trainer) -> bool:
+        exists = self.repo is not None and any(t.name == self._tag(os.fspath(filepath)) for t in self.repo.tags())
+        return trainer.strategy.broadcast(exists)
+
+    # -- commits, tags, retention ----------------------------------------------
+
+    def _tag(self, path: str) -> str:
+        """The tag of a checkpoint path: ``BRANCH/NAME`` for ``.../NAME.ckpt``."""
+        name = os.path.basename(path)
+        if name.endswith(self.FILE_EXTENSION):
+            name = name[:-len(self.FILE_EXTENSION)]
+        return f"{self.branch}/{name}"
+
+    def _rev_of(self, path: str) -> Optional[str]:
+        if path.startswith(PREFIX):
+            return path[len(PREFIX):]
+        if os.path.exists(path):
+            return None
+        tag = self._tag(path)
+        repo = self.repo or mvc.Repository.open(self.repo_path)
+        try:
+            return tag if any(t.name == tag for t in repo.tags()) else None
+        finally:
+            if repo is not self.repo:
+                repo.close()
+
+    def _commit(self, checkpoint: dict, path: str) -> None:
+        if self.repo is None:
+            raise mvc.BadInput("MvcCheckpoint saves only while fitting (its repository opens in setup)")
+        step, epoch = checkpoint.get("global_step"), checkpoint.get("epoch")
+        commit = self.repo.commit(_plain(checkpoint), message=f"lightning {os.path.basename(path)}",
+                                  step=step, epoch=epoch, metrics=self._metrics, branch=self.branch,
+                                  context={"lightning": {"path": path, "monitor": self.monitor,
+                                                         "mode": self.mode, "save_top_k": self.save_top_k}})
+        tag = self._tag(path)
+        moved = any(t.name == tag for t in self.repo.tags())  # "last", saved under one name each time
+        self.repo.create_tag(tag, commit.id, force=True)
+        self.last_commit = commit
+        if moved:
+            self._retain()
+
+    def _retain(self) -> None:
+        self.repo.gc(keep_last=self.keep_last, branch=self.branch)
+
+    def _forget(self, path: str) -> None:
+        """Where ModelCheckpoint deletes a file: drop its tag and let retention prune the commit."""
+        if self.repo is None:
+            return
+        tag = self._tag(path)
+        if any(t.name == tag for t in self.repo.tags()):
+            self.repo.delete_tag(tag, force=True)
+        self._retain()
+
+    def _load(self, rev: str, map_location) -> dict:
+        repo = self.repo or mvc.Repository.open(self.repo_path)
+        try:
+            return repo.load(rev, map_location=map_location if isinstance(map_location, (str, torch.device))
+                             else None)
+        finally:
+            if repo is not self.repo:
+                repo.close()

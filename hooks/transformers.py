@@ -1,0 +1,154 @@
+"""Hugging Face transformers: Trainer checkpoints as mvc commits (``pip install 'mvc-checkpoints[transformers]'``).
+
+``MvcCallback`` is a ``TrainerCallback``: at every save step of the
+Trainer (``save_strategy``, ``save_steps``) it commits the model, the
+optimizer, the LR scheduler, the RNG state of every process and the
+trainer state (``TrainerState``: step, epoch, log history, best metric) to
+a branch of an mvc repository, with the step, the epoch and the last
+logged metrics as the commit's record. With ``keep_files=False`` (the
+default) the ``checkpoint-N`` directory the Trainer wrote is removed once
+its commit is durable, so the repository is the only copy.
+
+To resume, ``checkout(rev)`` writes the commit back as a checkpoint
+directory in the Trainer's own layout (``model.safetensors``,
+``optimizer.pt``, ``scheduler.pt``, ``rng_state*.pth``,
+``trainer_state.json``) and returns its path for
+``trainer.train(resume_from_checkpoint=...)``, so the Trainer's own
+resume logic runs: it skips the batches already seen and restores the
+RNG, and the run continues bit for bit where the Trainer supports that.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+import torch
+from transformers import TrainerCallback
+
+import mvc
+
+from . import distributed, rng
+from .checkpointer import _open_or_init
+from .state import unwrap
+
+LAYOUT = 1
+
+
+def _metrics(state) -> dict:
+    """The numbers of the last log entries since the previous save."""
+    out = {}
+    for entry in state.log_history[-4:]:
+        for key, value in entry.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "epoch"):
+                out[key] = float(value)
+    return out
+
+
+class MvcCallback(TrainerCallback):
+    """Commits the Trainer's state at its save steps to ``branch`` of the repository at ``repo``.
+
+    The repository is opened at ``repo`` or above it, or created there.
+    The main process holds the branch's write lock while training.
+    """
+
+    def __init__(self, repo=".", branch: str = "hf", keep_files: bool = False, chunk_size: Optional[int] = None):
+        self.repo_path = repo
+        self.branch = branch
+        self.keep_files = keep_files
+        self.chunk_size = chunk_size
+        self.repo: Optional[mvc.Repository] = None
+        self.last_commit: Optional[mvc.Commit] = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.repo is None:
+            self.repo = _open_or_init(self.repo_path, self.chunk_size)
+            self.repo.lock_branch(self.branch)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.repo is not None:
+            try:
+                self.repo.unlock_branch(self.branch)
+            finally:
+                self.repo.close()
+                self.repo = None
+
+    def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        # The RNG is as the Trainer saved it: nothing drew since. Every process calls this.
+        ranks = distributed.all_gather(rng.capture())
+        if not state.is_world_process_zero:
+            return
+        checkpoint = {"mvc_hf": LAYOUT, "model": unwrap(model).state_dict(), "rng": ranks,
+                      "trainer_state": json.loads(json.dumps(dataclasses.asdict(state)))}  # as its json
+        if optimizer is not None:
+            checkpoint["optimizer"] = optimizer.state_dict()
+        if lr_scheduler is not None:
+            checkpoint["scheduler"] = lr_scheduler.state_dict()
+        self.last_commit = self.repo.commit(
+            checkpoint, message=f"hf checkpoint-{state.global_step}", step=state.global_step,
+            epoch=int(state.epoch or 0), metrics=_metrics(state), branch=self.branch, rebase=False,
+            context={"transformers": {"epoch": state.epoch, "max_steps": state.max_steps,
+                                      "train_batch_size": state.train_batch_size,
+                                      "learning_rate": args.learning_rate, "seed": args.seed,
+                                      "world_size": args.world_size}})
+        if not self.keep_files:
+            written = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            if os.path.isdir(written):
+                shutil.rmtree(written)
+
+    def checkout(self, rev: Optional[str] = None, directory=None) -> str:
+        """Write commit ``rev`` (default: the branch's tip) as a Trainer checkpoint directory; its path.
+
+        ``directory`` defaults to a new temporary one. Raises
+        mvc.BadInput if the commit was not made by this callback.
+        """
+        repo = self.repo or mvc.Repository.open(self.repo_path)
+        try:
+            rev = rev or self.branch
+            state = repo.load(rev)
+            commit = repo.get_commit(rev)
+        finally:
+            if repo is not self.repo:
+                repo.close()
+        if not isinstance(state, dict) or state.get("mvc_hf") != LAYOUT:
+            raise mvc.BadInput(f"commit {commit.short_id} was not made by mvc_hooks.transformers.MvcCallback")
+        out = directory or tempfile.mkdtemp(prefix=f"mvc-checkpoint-{commit.step}-")
+        os.makedirs(out, exist_ok=True)
+        _write_checkpoint(state, out)
+        return os.fspath(out)
+
+
+def _write_checkpoint(state: dict, out) -> None:
+    """The Trainer's checkpoint layout (the names its resume looks for)."""
+    from safetensors.torch import save_file
+    save_file(state["model"], os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    if "optimizer" in state:
+        torch.save(state["optimizer"], os.path.join(out, "optimizer.pt"))
+    if "scheduler" in state:
+        torch.save(state["scheduler"], os.path.join(out, "scheduler.pt"))
+    ranks = state["rng"]
+    for index, saved in enumerate(ranks):
+        name = "rng_state.pth" if len(ranks) == 1 else f"rng_state_{index}.pth"
+        torch.save(_trainer_rng(saved, None if len(ranks) == 1 else index), os.path.join(out, name))
+    with open(os.path.join(out, "trainer_state.json"), "w") as f:
+        json.dump(state["trainer_state"], f, indent=2, sort_keys=True)
+
+
+def _trainer_rng(saved: dict, process: Optional[int]) -> dict:
+    """An RNG state of rng.capture() in the Trainer's rng_state.pth form.
+
+    A distributed run's file holds the process's own CUDA device state (one
+    device a process, the Trainer's layout), the others all devices'.
+    """
+    py, npy = saved["python"], saved["numpy"]
+    import numpy as np
+    state = {"python": (py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]),
+             "numpy": (npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                       npy["gauss"]),
+             "cpu": saved["torch"]}
+    if saved["cuda"]:
+        cuda = saved["cuda"]
+        state["cuda"] = cuda if process is None else cuda[process % len(cuda)]
+    return state

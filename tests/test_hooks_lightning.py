@@ -1,0 +1,111 @@
+"""PyTorch Lightning with MvcCheckpoint: a real Trainer on a tiny model, commits instead of files.
+
+Four epochs straight must equal two epochs, a new Trainer resumed with
+``ckpt_path="mvc:lightning"``, and two more, bit for bit (losses of every
+step and the weights); the top-k and last checkpoints are tags, and a
+checkpoint that left the top k is pruned by retention, not deleted.
+"""
+
+import warnings
+
+import pytest
+
+pl = pytest.importorskip("lightning.pytorch")
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+import mvc  # noqa: E402
+from mvc_hooks.lightning import MvcCheckpoint  # noqa: E402
+
+
+class Net(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
+        self.losses = {}
+
+    def training_step(self, batch, index):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.losses[self.global_step] = loss.item()
+        self.log("train_loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=0.01)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 3)}
+
+
+def loader():
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g))
+    return DataLoader(data, batch_size=8, shuffle=True)  # no generator: draws from the global RNG
+
+
+def fit(root, epochs, ckpt_path=None, **kwargs):
+    pl.seed_everything(0, verbose=False)
+    model = Net()
+    callback = MvcCheckpoint(root / "repo", chunk_size=64, **kwargs)
+    trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+                         default_root_dir=root)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, loader(), ckpt_path=ckpt_path)
+    return model, callback
+
+
+TOP = {"monitor": "train_loss", "mode": "min", "save_top_k": 2, "save_last": True}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    model, _ = fit(tmp_path_factory.mktemp("straight"), 4, **TOP)
+    return model.losses, [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_resumed_fit_is_bit_exact_and_keeps_the_top_k_by_retention(tmp_path, straight):
+    want_losses, want_params = straight
+    first, callback = fit(tmp_path, 2, **TOP)
+    second, callback = fit(tmp_path, 4, ckpt_path="mvc:lightning", **TOP)
+    assert {**first.losses, **second.losses} == want_losses and len(want_losses) == 32
+    assert all(torch.equal(a, b) for a, b in zip(second.parameters(), want_params))
+
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        tags = {t.name: t.id for t in repo.tags()}
+        kept = {f"lightning/{p.rsplit('/', 1)[-1][:-5]}" for p in callback.best_k_models}
+        assert set(tags) == kept | {"lightning/last"} and len(kept) == 2
+        tip = repo.get_commit("lightning")
+        assert tags["lightning/last"] == tip.id and tip.step == 32 and tip.epoch == 3
+        state = repo.load("lightning/last")
+        for key in ("epoch", "global_step", "state_dict", "optimizer_states", "lr_schedulers", "loops",
+                    "callbacks", "pytorch-lightning_version"):
+            assert key in state, key
+        assert torch.equal(state["state_dict"]["net.0.weight"], second.net[0].weight)
+        assert "train_loss" in tip.metrics
+        pruned = [c for c in repo.log("lightning") if c.id not in tags.values() and c.id != tip.id]
+        assert pruned  # checkpoints that left the top k, and older "last" ones
+        with pytest.raises(mvc.ObjectNotFound, match="pruned by gc"):
+            repo.load(pruned[0].id)
+
+    # a path the callback handed out resumes too (it names a tag of the callback's branch)
+    best = callback.best_model_path
+    third, _ = fit(tmp_path, 5, ckpt_path=best, **TOP)
+    assert min(third.losses) == int(best.rsplit("step=", 1)[1][:-5])  # it went on from the best one's step
+
+
+def test_save_last_link_moves_a_tag_instead_of_committing_twice(tmp_path):
+    _, callback = fit(tmp_path, 2, monitor="train_loss", save_top_k=-1, save_last="link")
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        commits = list(repo.log("lightning"))
+        tags = {t.name: t.id for t in repo.tags()}
+    assert [c.step for c in commits] == [16, 8]
+    assert tags["lightning/last"] == commits[0].id
+    assert callback.last_model_path.endswith("last.ckpt")
+
+
+def test_a_revision_that_does_not_exist_is_a_clear_error(tmp_path):
+    fit(tmp_path, 1, **TOP)
+    with pytest.raises(mvc.UnknownRevision):
+        fit(tmp_path, 2, ckpt_path="mvc:no-such-branch", **TOP)

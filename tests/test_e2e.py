@@ -90,3 +90,8 @@ def test_wheel_carries_both_packages(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert Path(proc.stdout.strip()).is_relative_to(tmp_path / "site")
     assert "mvc = mvc.cli:main" in next((tmp_path / "site").glob("*.dist-info/entry_points.txt")).read_text()
+    # every module of the source tree is in the wheel (a subpackage missing from pyproject would not be)
+    sources = {p.relative_to(root).as_posix() for p in (root / "mvc").rglob("*.py")}
+    sources |= {"mvc_hooks/" + p.relative_to(root / "hooks").as_posix() for p in (root / "hooks").rglob("*.py")}
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    assert sources <= shipped, sorted(sources - shipped)

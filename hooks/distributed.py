@@ -19,6 +19,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+import mvc
+
 BUCKET_BYTES = 64 << 20
 
 
@@ -97,28 +99,21 @@ class _Slot:
 
 
 def _strip(node, tensors: list):
-    if isinstance(node, torch.Tensor):
-        data = node.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-        tensors.append(data)
-        return _Slot(len(tensors) - 1, node.dtype, tuple(node.shape))
-    if isinstance(node, dict):
-        return {k: _strip(v, tensors) for k, v in node.items()}
-    if isinstance(node, (list, tuple)):
-        items = [_strip(v, tensors) for v in node]
-        return tuple(items) if isinstance(node, tuple) else items
-    return node
+    def leaf(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        tensors.append(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8))
+        return _Slot(len(tensors) - 1, value.dtype, tuple(value.shape))
+    return mvc.traverse.map_leaves(node, leaf)
 
 
 def _fill(node, received: list):
-    if isinstance(node, _Slot):
+    def leaf(value):
+        if not isinstance(value, _Slot):
+            return value
         # clone: a slice of a bucket need not be aligned for the dtype
-        return received[node.index].clone().view(node.dtype).reshape(node.shape)
-    if isinstance(node, dict):
-        return {k: _fill(v, received) for k, v in node.items()}
-    if isinstance(node, (list, tuple)):
-        items = [_fill(v, received) for v in node]
-        return tuple(items) if isinstance(node, tuple) else items
-    return node
+        return received[value.index].clone().view(value.dtype).reshape(value.shape)
+    return mvc.traverse.map_leaves(node, leaf)
 
 
 def _buckets(sizes: list) -> list:

@@ -37,14 +37,7 @@ PREFIX = "mvc:"
 
 def _plain(node):
     """Lightning's checkpoint dict as mvc stores it: dict subclasses as dicts, paths as str."""
-    if isinstance(node, dict):
-        return {k: _plain(v) for k, v in node.items()}
-    if isinstance(node, (list, tuple)):
-        items = [_plain(v) for v in node]
-        return tuple(items) if isinstance(node, tuple) else items
-    if isinstance(node, os.PathLike):
-        return os.fspath(node)
-    return node
+    return mvc.traverse.map_leaves(node, lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v)
 
 
 class _MvcCheckpointIO(CheckpointIO):

@@ -399,7 +399,4 @@ class Snapshot:
         return buffer
 
 
-def _alias_key(t: torch.Tensor):
-    if t.numel() == 0 or t.layout != torch.strided:
-        return None
-    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+_alias_key = mvc.traverse.storage_key  # tied tensors stay tied in the copy, as in a commit

@@ -62,6 +62,19 @@ def rebuild(node, leaf_fn: Callable, leaf_type=None, path: tuple = ()) -> Any:
     return leaf_fn(node) if leaf_type is None else node
 
 
+def map_leaves(node, fn: Callable) -> Any:
+    """A copy of ``node`` with every leaf replaced by ``fn(leaf)``. Unlike
+    ``rebuild`` it accepts what users hand in: dict subclasses (an
+    ``OrderedDict`` state_dict) come back as dicts, list and tuple subclasses
+    as lists and tuples."""
+    if isinstance(node, dict):
+        return {k: map_leaves(v, fn) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        items = [map_leaves(v, fn) for v in node]
+        return tuple(items) if isinstance(node, tuple) else items
+    return fn(node)
+
+
 def depth(node, limit: int = MAX_DEPTH) -> int:
     """How deep containers nest under ``node`` (a leaf is 0), counting only up to ``limit + 1``."""
     best, todo = 0, [(node, 0)]

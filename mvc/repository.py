@@ -727,6 +727,9 @@ class Repository:
         """Judge ``rev`` (default: the current candidate) "good", "bad" or "skip"."""
         return _bisect.mark(self, verdict, rev)
 
+    def bisect_in_progress(self) -> bool:
+        return _bisect.in_progress(self)
+
     def bisect_status(self) -> "_bisect.BisectStatus":
         return _bisect.status(self)
 

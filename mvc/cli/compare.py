@@ -2,7 +2,7 @@
 
 import click
 
-from .. import bisect as bisect_api
+from ..bisect import VERDICTS
 from .. import plot
 from ..files import FORMATS
 from .base import echo_json, human_bytes, main, open_repo, record_line, title
@@ -225,7 +225,7 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Print as JS
 def bisect_start(bad, good, branch, as_json):
     """Start bisecting between BAD (a bad commit) and GOOD (an older good one)."""
     with open_repo() as repo:
-        _show(bisect_api.start(repo, bad, good, branch=branch), as_json)
+        _show(repo.bisect_start(bad, good, branch=branch), as_json)
 
 
 VERDICT_HELP = {"good": "Mark REV (default: the commit offered) good.",
@@ -239,11 +239,11 @@ def _verdict_command(verdict: str):
     @_json_option
     def command(rev, as_json):
         with open_repo() as repo:
-            _show(bisect_api.mark(repo, verdict, rev), as_json)
+            _show(repo.bisect_mark(verdict, rev), as_json)
     return command
 
 
-for _verdict in bisect_api.VERDICTS:
+for _verdict in VERDICTS:
     _verdict_command(_verdict)
 
 
@@ -252,7 +252,7 @@ for _verdict in bisect_api.VERDICTS:
 def bisect_log(as_json):
     """Show the verdicts given so far and where the bisect stands."""
     with open_repo() as repo:
-        result = bisect_api.log(repo)
+        result = repo.bisect_log()
     if as_json:
         echo_json(result)
         return
@@ -268,10 +268,10 @@ def bisect_log(as_json):
 def bisect_reset():
     """End the bisect and forget its verdicts."""
     with open_repo() as repo:
-        if not bisect_api.in_progress(repo):
+        if not repo.bisect_in_progress():
             click.echo("no bisect in progress; nothing to reset", err=True)
             return
-        where = bisect_api.reset(repo)
+        where = repo.bisect_reset()
     found = f" (first bad commit was {where.first_bad.short_id})" if where and where.first_bad else ""
     click.echo(f"bisect reset{found}")
 
@@ -313,10 +313,10 @@ def bisect_run(fmt, metric, threshold, higher_is_worse, no_check_ends, as_json, 
         raise click.UsageError("--metric needs --threshold X")
     with open_repo() as repo:
         if metric is None:
-            status = bisect_api.run(repo, list(command), fmt or "pt", progress=_progress,
-                                    check_ends=not no_check_ends)
+            status = repo.bisect_run(list(command), fmt or "pt", progress=_progress,
+                                     check_ends=not no_check_ends)
         else:
-            status = bisect_api.run_metric(repo, metric, threshold, higher_is_worse, progress=_progress)
+            status = repo.bisect_run_metric(metric, threshold, higher_is_worse, progress=_progress)
     if not as_json:
         click.echo(f"{status.evaluations} evaluation{'' if status.evaluations == 1 else 's'}")
     _show(status, as_json)

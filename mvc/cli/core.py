@@ -469,11 +469,10 @@ def status(as_json):
 
 def _bisect_line(repo) -> tuple:
     """(one line, JSON data) on a bisect in progress, as git status says so; (None, None) if none."""
-    from .. import bisect as bisect_api
-    if not bisect_api.in_progress(repo):
+    if not repo.bisect_in_progress():
         return None, None
     try:
-        b = bisect_api.status(repo)
+        b = repo.bisect_status()
     except MvcError as exc:
         return f"You are bisecting, but its state cannot be read ({exc})", {"error": str(exc)}
     if b.first_bad is not None:

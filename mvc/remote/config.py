@@ -59,7 +59,9 @@ def put(txn, info: RemoteInfo) -> None:
 
 def add(txn, name: str, url: str, endpoint_url: Optional[str]) -> RemoteInfo:
     check_name(name)
-    parse_url(url)
+    kind, where, _ = parse_url(url)
+    if kind == "folder":
+        url = where  # absolute: a relative path would change meaning with the working directory
     if txn.meta(PREFIX + name) is not None:
         raise BadInput(f"remote {name!r} already exists; remove it first (mvc remote remove {name})")
     if endpoint_url is not None and not re.match(r"https?://", endpoint_url):

@@ -15,6 +15,7 @@ Vocabulary:
   write lock, ``MVCREMOTE`` the layout version.
 """
 
+import os
 import secrets
 import struct
 from typing import Optional
@@ -31,7 +32,7 @@ CHUNK_PACKS, OBJECT_PACKS, REFS, LOCKS, HEAD = "packs/", "objects/", "refs/", "l
 # first push of 1 GiB ran as fast with 32 MiB packs as with 64-128 MiB (the
 # per-object cost is gone by 16 MiB), while a killed push loses at most a few
 # packs in flight and a fetch of one version never reads a whole large pack.
-PACK_BYTES = 32 << 20
+PACK_BYTES = int(os.environ.get("MVC_REMOTE_PACK_BYTES", 32 << 20))  # the variable: a knob for tests
 NAME_BYTES = 16
 
 

@@ -74,8 +74,9 @@ def fetch_chunks(bucket, locations: dict, deliver: Callable, what: Callable = la
         return sum(pool.map(one, work))
 
 
-def pack_groups(items: list, limit: int = layout.PACK_BYTES) -> list:
-    """(id, length) items cut into lists of about ``limit`` bytes each, one pack per list."""
+def pack_groups(items: list, limit: Optional[int] = None) -> list:
+    """(id, length) items cut into lists of about ``limit`` (``layout.PACK_BYTES``) bytes each, one pack per list."""
+    limit = limit or layout.PACK_BYTES
     out, current, size = [], [], 0
     for item in items:
         if current and size + item[1] > limit:

@@ -159,9 +159,16 @@ def s3_server():
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def s3_bucket(s3_server):
+    """The session's one bucket: each bucket is a SeaweedFS collection with volumes of its own, and
+    ``-volume.max=8`` leaves room for only a few, so tests share one and take a prefix each."""
+    return s3_server.bucket("mvc-tests")
+
+
 @pytest.fixture
-def s3_url(s3_server, request):
-    """``make(prefix="")`` -> an ``s3://BUCKET/PREFIX`` URL on a new bucket of the session's server."""
-    def make(prefix: str = "repo") -> str:
-        return f"s3://{s3_server.bucket('t')}/{prefix}"
+def s3_url(s3_bucket):
+    """``make(stem)`` -> a new ``s3://BUCKET/PREFIX`` URL nobody has used."""
+    def make(stem: str = "repo") -> str:
+        return f"s3://{s3_bucket}/{stem}-{secrets.token_hex(4)}"
     return make

@@ -125,11 +125,15 @@ class Connection:
         """{heads/X or tags/X: (commit id, protected, etag)} as the remote holds them now."""
         out = {}
         for key, _ in self.bucket.list(layout.REFS):
+            ref = key[len(layout.REFS):]
+            if not (ref.startswith((refnames.BRANCHES, refnames.TAGS))
+                    and refnames.is_valid_name(refnames.short_name(ref))):
+                continue  # not a ref mvc writes: never let a remote's key become a local ref name
             current = self.bucket.get_versioned(key)
             if current is None:  # deleted since the listing
                 continue
             oid, protected = layout.decode_ref(current[0], key)
-            out[key[len(layout.REFS):]] = (oid, protected, current[1])
+            out[ref] = (oid, protected, current[1])
         return out
 
     def close(self) -> None:

@@ -145,6 +145,11 @@ def run_main(args, server: Server, scratch: Path) -> None:
     switch_s, _ = timed(lazy.load, v1)
     row("cached_switch", "switch back to a cached version (load) vs download + load", switch_s, dl_s)
     lazy.close()
+    # for reference: the same version into memory (no .pt written) from a fresh lazy clone
+    fresh = mvc.Repository.clone(url, scratch / "eval2", lazy=True, endpoint_url=server.endpoint)
+    load_s, _ = timed(fresh.load, v1)
+    row("lazy_checkout", "(info) load from a fresh --lazy clone vs download + load", load_s, dl_s)
+    fresh.close()
 
     storage(args, server, scratch, state)
 

@@ -14,6 +14,7 @@ also forgets packs that are no longer listed (deleted on the remote), so
 nothing is evicted locally on the strength of a copy that is gone.
 """
 
+import os
 import shutil
 import struct
 import time
@@ -48,7 +49,8 @@ class Catalogue:
         path = folder(repo_dir, name)
         fs.ensure_dir(Path(repo_dir) / "remotes")
         fs.ensure_dir(path)
-        self.index = Index(path, create=True)
+        # opened without create once it exists, so a planted link in place of data.mdb is refused
+        self.index = Index(path, create=not os.path.lexists(path / "data.mdb"))
 
     # -- lookups ----------------------------------------------------------------
 

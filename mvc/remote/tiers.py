@@ -352,7 +352,7 @@ def status(repo) -> CacheStatus:
         live = reach.walk(txn, repo.objects).chunk_length if name else {}
         here = {cid for cid in live if txn.chunk(cid) is not None}
     remote_chunks = remote_bytes = only_remote = only_local = 0
-    if name is not None:
+    if name is not None and os.path.isdir(repo.dir / "remotes" / name):  # never listed: nothing known yet
         catalogue = Catalogue(repo.dir, name)
         try:
             remote_chunks, remote_bytes = catalogue.remote_bytes()

@@ -166,13 +166,15 @@ class _Checker:
     def find(self, kind, what, detail, **where) -> None:
         self.reach.find(kind, what, detail, **where)
 
-    def locate_chunks(self, txn) -> None:
+    def locate_chunks(self, txn, elsewhere=frozenset()) -> None:
         for cid, length in self.reach.chunk_length.items():
             what = f"chunk {_short(cid)}"
             try:
                 loc = txn.chunk(cid)
             except CorruptObject as exc:
                 self.find(BAD_INDEX_ENTRY, what, str(exc), chunks={cid})
+                continue
+            if loc is None and cid in elsewhere:  # evicted or never fetched: the chunk store reads it from a remote
                 continue
             if loc is None:
                 self.find(MISSING_CHUNK, what, "the chunk is missing from the chunk index", chunks={cid})
@@ -273,7 +275,7 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
     start = time.perf_counter()
     with repo.index.read() as txn:
         checker = _Checker(reach.walk(txn, repo.objects, reach.COLLECT))
-        checker.locate_chunks(txn)
+        checker.locate_chunks(txn, repo.chunks.remote_only(checker.reach.chunk_length, txn))
         # Scanned after the snapshot was taken: every pack it names was sealed before.
         packs, tmps, odd = scan_packs(repo.dir / "packs")
         indexed = _indexed_packs(txn, packs, checker.locations)

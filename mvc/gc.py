@@ -153,7 +153,7 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
     with repo.gc_lock.exclusive():
         before, packs_before = disk_usage(repo.dir), disk_usage(repo.dir / "packs")
         with (repo.index.read() if dry_run else repo.index.write()) as txn:
-            sweep = _sweep(txn, repo.objects, policy, force, dry_run)
+            sweep = _sweep(txn, repo.objects, policy, force, dry_run, repo.chunks)
         plan = _plan_packs(repo.dir / "packs", sweep.live_locs, sweep.indexed_packs, grace, repack)
         if dry_run:
             saved = plan.reclaimable()
@@ -275,7 +275,7 @@ class _Sweep:
                         len(plan.tmp), tuple(plan.notes), tuple(plan.left))
 
 
-def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool) -> _Sweep:
+def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=None) -> _Sweep:
     prune, skipped = _retention(txn, objects, policy, force) if policy.active else (set(), ())
     sweep = _Sweep(prune, skipped)
     expired = []  # entries whose new commit is (being) pruned: they would keep its data alive
@@ -308,6 +308,7 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool) -> _Swee
         else:
             dead_chunks.append(cid)
     missing = live.chunk_length.keys() - sweep.live_locs.keys()
+    missing -= chunks.remote_only(missing, txn) if chunks is not None and missing else set()  # held by a remote
     if missing:
         raise CorruptObject(f"gc stopped, nothing was deleted: {len(missing)} live chunks (e.g. "
                             f"{next(iter(missing)).hex()[:12]}) are not in the chunk index; run 'mvc fsck'")

@@ -22,6 +22,7 @@ from .store.index import RefValue
 HEAD = "HEAD"
 BRANCHES = "heads/"
 TAGS = "tags/"
+REMOTES = "remotes/"  # remote-tracking refs: remotes/NAME/BRANCH, written by push and fetch
 MIN_PREFIX = 4
 MAX_NAME = 400  # bytes: with its prefix a ref name stays under the index's key limit
 
@@ -207,8 +208,8 @@ class Refs:
             oid = bytes.fromhex(lower)
             if self.objects.has(txn, "commits", oid):
                 return oid
-        for name in (BRANCHES + base, TAGS + base, base):
-            if name.startswith((BRANCHES, TAGS)):
+        for name in (BRANCHES + base, TAGS + base, REMOTES + base, base):
+            if name.startswith((BRANCHES, TAGS, REMOTES)):
                 ref = txn.ref(name)
                 if ref is not None and ref.id is not None:
                     return ref.id

@@ -32,7 +32,7 @@ from . import history as _history
 from . import fsck as _fsck
 from . import gc as _gc
 from . import hashing, refs
-from .errors import BadInput, CorruptObject, NotARepository, RepositoryExists, UnknownRevision, UnsupportedFormat
+from .errors import BadInput, CorruptObject, MvcError, NotARepository, RepositoryExists, UnknownRevision, UnsupportedFormat
 from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
 from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
 from .store import fs, locks as locking
@@ -116,6 +116,16 @@ def default_author() -> str:
     except Exception:  # no user database entry (containers)
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
+
+
+def _tiers():
+    from .remote import tiers  # the remote layer, imported when a repository opens (no boto3 unless S3 is used)
+    return tiers
+
+
+def _remote(module: str):
+    import importlib
+    return importlib.import_module(f".remote.{module}", __package__)
 
 
 def _state_module():
@@ -257,6 +267,7 @@ class Repository:
         if SEALED_VALUES not in extensions and not self.index.readonly:
             # this mvc writes sealed values: say so first, so an older mvc refuses clearly
             write_format(self.dir, extensions | {SEALED_VALUES})
+        self.chunks = _tiers().chunk_store(self)  # a CacheStore in front of PackStore when a remote is cached
 
     @property
     def lock_timeout(self) -> float:
@@ -775,3 +786,123 @@ class Repository:
         gc reclaims it, else a ``mvc.gc.LeftAlone`` saying why not)."""
         return [(u, _gc.unreferenced_fate(self.dir / "packs", u.kind, u.pack, u.records, u.bytes))
                 for u in report.unreferenced]
+
+    # -- remotes and tiers (mvc/remote/) ---------------------------------------
+
+    def remote_add(self, name: str, url: str, endpoint_url: Optional[str] = None):
+        """Add remote ``name`` at ``url`` (s3://BUCKET/PREFIX, file:///PATH or a path); a RemoteInfo."""
+        with self.index.write() as txn:
+            return _remote("config").add(txn, name, url, endpoint_url)
+
+    def remotes(self) -> list:
+        """Every configured remote (RemoteInfo), by name."""
+        config = _remote("config")
+        with self.index.read() as txn:
+            return [config.get(txn, name) for name in config.names(txn)]
+
+    def remote_remove(self, name: str) -> None:
+        """Forget remote ``name``, its tracking refs and its catalogue (the remote itself is untouched)."""
+        config, sync = _remote("config"), _remote("sync")
+        with self.index.write() as txn:
+            config.remove(txn, name)
+            prefix = f"{sync.REMOTES}{name}/"
+            for ref, _ in list(txn.refs(prefix)):
+                txn.delete_ref(ref)
+                for _, seq, _ in list(txn.reflog_raw(ref)):
+                    txn.delete_reflog(ref, seq)
+        _remote("catalogue").forget(self.dir, name)
+
+    def remote_branches(self) -> list:
+        """Tracking refs (``NAME/BRANCH``), as Refs."""
+        return self._listed(_remote("sync").REMOTES)
+
+    def push(self, remote: Optional[str] = None, refs: tuple = (), force: bool = False, progress=None):
+        """Send what the remote lacks of ``refs`` (default: HEAD's branch) and move its refs; see
+        ``mvc.remote.sync.push``. Then keeps the local cache to its budget, if one is set."""
+        report = _remote("sync").push(self, remote, tuple(refs), force, progress)
+        self._keep_budget()
+        return report
+
+    def fetch(self, remote: Optional[str] = None, progress=None):
+        """Bring the remote's branches as tracking refs with what they need; see ``mvc.remote.sync.fetch``."""
+        return _remote("sync").fetch(self, remote, progress)
+
+    def pull(self, remote: Optional[str] = None, branch: Optional[str] = None, progress=None):
+        """fetch, then fast-forward ``branch`` (default HEAD's); see ``mvc.remote.sync.pull``."""
+        return _remote("sync").pull(self, remote, branch, progress)
+
+    @classmethod
+    def clone(cls, url: str, path, lazy: bool = False, endpoint_url: Optional[str] = None,
+              progress=None) -> "Repository":
+        """A new repository at ``path`` with the history of the remote at ``url`` (remote ``origin``).
+
+        ``lazy``: metadata only; chunks are read from the remote on demand and
+        cached. The clone's fetch report is ``repo.cloned``.
+        """
+        repo, report = _remote("sync").clone(cls, url, path, lazy, endpoint_url, progress=progress)
+        repo.cloned = report
+        return repo
+
+    def remote_lock(self, branch: str, remote: Optional[str] = None, owner: Optional[str] = None) -> str:
+        """Lock ``branch`` on the remote: pushes to it by anyone but ``owner`` are refused."""
+        return _remote("sync").lock(self, remote, branch, owner)
+
+    def remote_unlock(self, branch: str, remote: Optional[str] = None, force: bool = False,
+                      owner: Optional[str] = None) -> bool:
+        return _remote("sync").unlock(self, remote, branch, force, owner)
+
+    def config(self, key: str, value: Optional[str] = None, unset: bool = False) -> Optional[str]:
+        """Read a setting (``cache.remote``, ``cache.max-bytes``), or set it / unset it.
+
+        Setting ``cache.remote`` takes effect when the repository is next opened.
+        """
+        config = _remote("config")
+        if value is None and not unset:
+            with self.index.read() as txn:
+                return config.get_value(txn, key)
+        with self.index.write() as txn:
+            if key == config.CACHE_MAX and value is not None and config.cache_remote(txn) is None:
+                name = config.default(txn, None)
+                config.set_value(txn, config.CACHE_REMOTE, name)  # a budget needs a remote to evict to
+            return config.set_value(txn, key, None if unset else value)
+
+    def pin(self, name: str, pinned: bool = True) -> str:
+        """Keep the chunks of branch or tag ``name`` local whatever the cache budget (or stop)."""
+        config = _remote("config")
+        with self.index.write() as txn:
+            ref = self.refs.branch_ref(txn, name) or (refs.TAGS + name if txn.ref(refs.TAGS + name) else None)
+            if ref is None:
+                raise BadInput(f"no branch or tag named {name!r}")
+            if pinned:
+                txn.put_meta(config.PIN + ref, b"")
+            else:
+                txn.delete("meta", (config.PIN + ref).encode())
+        return ref
+
+    def evict(self, max_bytes=None):
+        """Evict chunks safely on the cached remote until local packs fit ``max_bytes``
+        (default ``cache.max-bytes``); see ``mvc.remote.tiers.evict``."""
+        budget = None if max_bytes is None else _remote("config").parse_size(max_bytes)
+        return _tiers().evict(self, budget)
+
+    def _keep_budget(self) -> None:
+        config = _remote("config")
+        with self.index.read() as txn:
+            budget, cached = config.cache_max(txn), config.cache_remote(txn)
+        if budget is not None and cached is not None and _tiers().local_bytes(self) > budget:
+            try:
+                _tiers().evict(self, budget)
+            except MvcError:  # the budget is a goal, not a promise: the push itself succeeded
+                pass
+
+    def cache_status(self):
+        """Local vs remote bytes (CacheStatus)."""
+        return _tiers().status(self)
+
+    def fsck_remote(self, remote: Optional[str] = None):
+        """Verify every pack and ref of a remote; see ``mvc.remote.check.fsck_remote``."""
+        return _remote("check").fsck_remote(self, remote)
+
+    def repair(self):
+        """Refetch damaged or missing local chunks and objects from remotes; see ``mvc.remote.check.repair``."""
+        return _remote("check").repair(self)

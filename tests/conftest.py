@@ -19,3 +19,6 @@ def run_cli(repo, *args):
     from click.testing import CliRunner
     from mvc.cli import main
     return CliRunner().invoke(main, ["-C", str(repo.root), *args])
+
+
+from s3server import s3_bucket, s3_server, s3_url  # noqa: E402,F401  (the session's SeaweedFS, for tests/test_remote*.py)

@@ -428,7 +428,11 @@ A protected {kind} is not moved or deleted without --force."""
 @click.option("-f", "--force", is_flag=True, help="Move or delete even if protected or existing.")
 @click.option("--protect/--unprotect", default=None, help="Protect NAME from moves and deletion.")
 @click.option("--json", "as_json", is_flag=True, help="List branches as JSON.")
-def branch(name, rev, delete, move, force, protect, as_json):
+@click.option("-r", "--remotes", "remotes", is_flag=True, help="List remote-tracking branches (REMOTE/BRANCH).")
+def branch(name, rev, delete, move, force, protect, as_json, remotes=False):
+    if remotes:
+        with open_repo() as repo:
+            return _list_refs(repo.remote_branches(), as_json=as_json)
     _ref_command("branch", name, rev, delete, force, protect, as_json, move)
 
 
@@ -450,9 +454,12 @@ def status(as_json):
     with open_repo() as repo:
         s = repo.status()
         bisecting, bisect_data = _bisect_line(repo)
+        remote_status = repo.cache_status()
     if as_json:
         out = to_jsonable(s)
         out["bisect"] = bisect_data
+        if remote_status.remote:
+            out["remote"] = to_jsonable(remote_status)
         echo_json(out)
         return
     if s.head.branch:
@@ -465,6 +472,9 @@ def status(as_json):
     click.echo(f"{_count(s.commits, 'commit')}, {_count(s.branches, 'branch', 'es')}, {_count(s.tags, 'tag')}")
     click.echo(f"{_count(s.chunks, 'chunk')} in {_count(s.packs, 'pack')}, {human_bytes(s.pack_bytes)} of packs "
                f"(chunk size {human_bytes(s.chunk_size)})")
+    from .remote import status_lines  # local vs remote bytes, when a remote is configured
+    for line in status_lines(remote_status):
+        click.echo(line)
 
 
 def _bisect_line(repo) -> tuple:

@@ -60,9 +60,12 @@ def _show_report(rep, fates) -> None:
 @click.option("--rebuild-index", is_flag=True, help="First rebuild the chunk index from the packs' trailers.")
 @click.option("--prune-lost", is_flag=True, help="First mark the commits whose data is lost as pruned "
               "(their records stay; gc can run again).")
+@click.option("--remote", "remote_name", metavar="NAME", default=None,
+              help="Verify remote NAME's packs and refs instead (reads every pack).")
+@click.option("--repair", is_flag=True, help="Refetch damaged or missing chunks and objects from remotes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
-def fsck(ctx, quick, rebuild_index, prune_lost, as_json):
+def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, as_json):
     """Verify every commit, tree, tensor and chunk reachable from refs and the reflog.
 
     Exits 1 when anything reachable is damaged or missing. Unreferenced pack
@@ -71,6 +74,9 @@ def fsck(ctx, quick, rebuild_index, prune_lost, as_json):
     whose tensors are lost as pruned, as retention would, so the rest of
     the repository can be collected again.
     """
+    if remote_name is not None or repair:
+        from .remote import fsck_remote_or_repair  # noqa: PLC0415  (the remote layer's commands)
+        ctx.exit(fsck_remote_or_repair(remote_name, repair, as_json))
     with open_repo() as repo:
         rebuilt = repo.rebuild_index() if rebuild_index else None
         if prune_lost:

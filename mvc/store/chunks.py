@@ -122,6 +122,13 @@ class ChunkStore:
         """Whether this store can read chunk ``cid``."""
         raise NotImplementedError
 
+    def remote_only(self, ids: Iterable[bytes], txn) -> set:
+        """The ids among ``ids`` this store reads from elsewhere (a remote), not from local packs.
+
+        fsck and gc count these as present though the chunk index lacks them.
+        """
+        return set()
+
     def writer(self) -> "ChunkWriter":
         """A new batch of chunks to add (see the module's call order)."""
         raise NotImplementedError

@@ -1,0 +1,288 @@
+"""Remote commands: remote, push, fetch, pull, clone, config, cache."""
+
+import click
+
+from .. import Repository
+from .base import echo_json, human_bytes, main, open_repo, to_jsonable
+
+
+def _short(hex_id) -> str:
+    return hex_id[:12] if hex_id else "(none)"
+
+
+def _ref_lines(updates) -> None:
+    for u in updates:
+        name = u.ref.split("/", 1)[1] if u.ref.startswith(("heads/", "tags/")) else u.ref
+        if u.status == "up to date":
+            click.echo(f"  = {name:<24} {_short(u.new)} (up to date)")
+        elif u.status == "new":
+            click.echo(f"  * {name:<24} {_short(u.new)} (new)")
+        else:
+            mark = "+" if u.status == "forced" else " "
+            click.echo(f"  {mark} {name:<24} {_short(u.old)}..{_short(u.new)}{' (forced)' if mark == '+' else ''}")
+
+
+# -- remote ---------------------------------------------------------------------
+
+@main.group(invoke_without_command=True)
+@click.pass_context
+def remote(ctx):
+    """Manage remotes: list (default), add, remove, lock, unlock."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(remote_list)
+
+
+@remote.command("add")
+@click.argument("name")
+@click.argument("url")
+@click.option("--endpoint-url", default=None, metavar="URL",
+              help="S3 endpoint (for S3-compatible stores such as SeaweedFS or MinIO); kept with the remote.")
+def remote_add(name, url, endpoint_url):
+    """Add remote NAME at URL: s3://BUCKET/PREFIX, file:///PATH or a folder path.
+
+    Credentials come from the standard AWS configuration chain (AWS_*
+    environment variables, ~/.aws profiles); they are never stored.
+    """
+    with open_repo() as repo:
+        info = repo.remote_add(name, url, endpoint_url)
+    click.echo(f"added remote {info.name}: {info.url}" + (f" (endpoint {info.endpoint_url})" if info.endpoint_url else ""))
+
+
+@remote.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def remote_list(as_json=False):
+    """List the remotes."""
+    with open_repo() as repo:
+        items = repo.remotes()
+    if as_json:
+        echo_json(items)
+        return
+    for info in items:
+        click.echo(f"{info.name}\t{info.url}" + (f"\t(endpoint {info.endpoint_url})" if info.endpoint_url else ""))
+
+
+@remote.command("remove")
+@click.argument("name")
+def remote_remove(name):
+    """Forget remote NAME and its tracking refs (the remote's data is untouched)."""
+    with open_repo() as repo:
+        repo.remote_remove(name)
+    click.echo(f"removed remote {name}")
+
+
+@remote.command("lock")
+@click.argument("name")
+@click.argument("branch")
+@click.option("--owner", default=None, help="Hold the lock as OWNER (default: your commit author).")
+def remote_lock(name, branch, owner):
+    """Lock BRANCH on remote NAME: pushes to it by anyone else are refused."""
+    with open_repo() as repo:
+        who = repo.remote_lock(branch, name, owner)
+    click.echo(f"locked branch {branch!r} on {name} for {who}")
+
+
+@remote.command("unlock")
+@click.argument("name")
+@click.argument("branch")
+@click.option("--force", is_flag=True, help="Remove the lock whoever holds it.")
+@click.option("--owner", default=None, help="Release as OWNER (default: your commit author).")
+def remote_unlock(name, branch, force, owner):
+    """Release BRANCH's lock on remote NAME."""
+    with open_repo() as repo:
+        had = repo.remote_unlock(branch, name, force, owner)
+    click.echo(f"unlocked branch {branch!r} on {name}" if had else f"branch {branch!r} was not locked on {name}")
+
+
+# -- push, fetch, pull, clone ---------------------------------------------------------
+
+@main.command()
+@click.argument("name", required=False, metavar="[REMOTE]")
+@click.argument("refs", nargs=-1, metavar="[REF]...")
+@click.option("-f", "--force", is_flag=True, help="Move remote refs even if that drops their commits.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def push(name, refs, force, as_json):
+    """Send REFs (default: the current branch) to REMOTE (default: origin).
+
+    Only the chunks and objects the remote lacks are sent, in packs; the
+    remote's refs move last, by conditional writes: if someone else pushed
+    meanwhile, the push is rejected and nothing they pushed is lost.
+    """
+    with open_repo() as repo:
+        report = repo.push(name, refs, force=force)
+    if as_json:
+        echo_json(report)
+        return
+    click.echo(f"to {report.remote}: {report.commits} commits, {report.objects} objects, {report.chunks} chunks "
+               f"({human_bytes(report.chunk_bytes)} of chunk data, {human_bytes(report.bytes_sent)} in "
+               f"{report.packs} packs)")
+    _ref_lines(report.refs)
+
+
+def _show_fetch(report) -> None:
+    where = "left on the remote until read (cached remote)" if report.lazy else \
+        f"{report.chunks} chunks, {human_bytes(report.bytes_received)}"
+    click.echo(f"from {report.remote}: {report.objects} objects; {where}")
+    _ref_lines(report.refs)
+
+
+@main.command()
+@click.argument("name", required=False, metavar="[REMOTE]")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def fetch(name, as_json):
+    """Bring REMOTE's branches (as REMOTE/BRANCH) and what they need that is missing here."""
+    with open_repo() as repo:
+        report = repo.fetch(name)
+    if as_json:
+        echo_json(report)
+    else:
+        _show_fetch(report)
+
+
+@main.command()
+@click.argument("name", required=False, metavar="[REMOTE]")
+@click.argument("branch", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def pull(name, branch, as_json):
+    """fetch REMOTE, then fast-forward BRANCH (default: the current one) to REMOTE/BRANCH."""
+    with open_repo() as repo:
+        report = repo.pull(name, branch)
+    if as_json:
+        echo_json(report)
+        return
+    _show_fetch(report.fetch)
+    if report.status == "up to date":
+        click.echo(f"branch {report.branch} is up to date")
+    else:
+        click.echo(f"branch {report.branch}: {_short(report.old)}..{_short(report.new)} ({report.status})")
+
+
+@main.command()
+@click.argument("url")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--lazy", is_flag=True, help="Fetch metadata only; chunks come from the remote when a version is read.")
+@click.option("--endpoint-url", default=None, metavar="URL", help="S3 endpoint for S3-compatible stores.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def clone(url, directory, lazy, endpoint_url, as_json):
+    """Make DIRECTORY a new repository with the history of the remote at URL (as remote origin)."""
+    with Repository.clone(url, directory, lazy=lazy, endpoint_url=endpoint_url) as repo:
+        head = repo.head()
+        report = repo.cloned
+    if as_json:
+        echo_json({"fetch": to_jsonable(report), "head": to_jsonable(head)})
+        return
+    click.echo(f"cloned {url} into {directory}{' (lazy: metadata only)' if lazy else ''}")
+    _show_fetch(report)
+    if head.id:
+        click.echo(f"on branch {head.branch} at {_short(head.id)}")
+
+
+# -- settings and the cache -------------------------------------------------------------
+
+@main.command()
+@click.argument("key")
+@click.argument("value", required=False)
+@click.option("--unset", is_flag=True, help="Remove the setting.")
+def config(key, value, unset):
+    """Read or set a setting: cache.max-bytes (e.g. 20G), cache.remote (a remote's name).
+
+    With a budget, chunks that are safely on the cached remote are evicted
+    locally, least recently read first (never chunks only here, never those
+    of HEAD, of a locked branch's tip, or of pinned refs).
+    """
+    with open_repo() as repo:
+        out = repo.config(key, value, unset=unset)
+    if value is None and not unset:
+        if out is None:
+            raise click.exceptions.Exit(1)
+        click.echo(out)
+
+
+@main.group()
+def cache():
+    """The local cache of a remote: status, evict, pin, unpin."""
+
+
+@cache.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def cache_status(as_json):
+    """Local vs remote bytes."""
+    with open_repo() as repo:
+        s = repo.cache_status()
+    if as_json:
+        echo_json(s)
+        return
+    for line in status_lines(s):
+        click.echo(line)
+
+
+def status_lines(s) -> list:
+    if s.remote is None:
+        return []
+    budget = f", budget {human_bytes(s.budget)}" if s.budget is not None else ""
+    return [f"local: {human_bytes(s.local_bytes)} of packs, {s.local_chunks} chunks{budget}",
+            f"remote {s.remote}: {s.remote_chunks} chunks, {human_bytes(s.remote_bytes)} (as last listed); "
+            f"{s.only_remote} reachable chunks only there, {s.only_local} only here (not pushed)"]
+
+
+@cache.command("evict")
+@click.option("--max-bytes", default=None, metavar="SIZE", help="Evict down to SIZE (default: cache.max-bytes).")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def cache_evict(max_bytes, as_json):
+    """Evict chunks that are safely on the cached remote until the packs fit the budget."""
+    with open_repo() as repo:
+        r = repo.evict(max_bytes)
+    if as_json:
+        echo_json(r)
+        return
+    click.echo(f"evicted {r.chunks_evicted} chunks ({r.packs_evicted} packs deleted, {r.packs_rewritten} rewritten): "
+               f"{human_bytes(r.bytes_before)} -> {human_bytes(r.bytes_after)} (budget {human_bytes(r.budget)})")
+    if r.kept_pinned or r.kept_local:
+        click.echo(f"kept {r.kept_pinned} chunks of pinned commits and {r.kept_local} not yet on the remote")
+
+
+@cache.command("pin")
+@click.argument("ref")
+def cache_pin(ref):
+    """Keep branch or tag REF's chunks local whatever the budget (keep-local)."""
+    with open_repo() as repo:
+        name = repo.pin(ref, True)
+    click.echo(f"pinned {name}")
+
+
+@cache.command("unpin")
+@click.argument("ref")
+def cache_unpin(ref):
+    """Let branch or tag REF's chunks be evicted again."""
+    with open_repo() as repo:
+        name = repo.pin(ref, False)
+    click.echo(f"unpinned {name}")
+
+
+# -- fsck --remote / --repair (options of 'mvc fsck') ------------------------------------
+
+def fsck_remote_or_repair(name, repair: bool, as_json: bool) -> int:
+    """Run 'mvc fsck --remote NAME' or 'mvc fsck --repair'; the exit code."""
+    with open_repo() as repo:
+        if repair:
+            r = repo.repair()
+        else:
+            r = repo.fsck_remote(name)
+    if as_json:
+        out = to_jsonable(r)
+        out["ok"] = r.after.ok if repair else r.ok
+        echo_json(out)
+        return 0 if out["ok"] else 1
+    if repair:
+        click.echo(f"repaired {r.chunks_repaired} chunks and {r.objects_repaired} objects"
+                   + (f" from {', '.join(r.remotes)}" if r.remotes else ""))
+        if r.unrepaired:
+            click.echo(f"no remote holds {len(r.unrepaired)} of them: {', '.join(i[:12] for i in r.unrepaired[:5])}")
+        click.echo("ok: no damage found" if r.after.ok else
+                   f"damage remains: {len(r.after.damage)} problems (run 'mvc fsck' for details)")
+        return 0 if r.after.ok else 1
+    click.echo(f"checked remote {r.remote} ({r.url}): {r.packs} packs, {r.chunks} chunks, {r.objects} objects, "
+               f"{r.refs} refs; re-hashed {human_bytes(r.bytes_verified)}")
+    for p in r.problems:
+        click.echo(f"  {p.kind}: {p.object}: {p.detail}" + (f" (needed by {', '.join(p.refs)})" if p.refs else ""))
+    click.echo("ok: no damage found" if r.ok else f"DAMAGE: {len(r.problems)} problems on remote {r.remote}")
+    return 0 if r.ok else 1

@@ -1,0 +1,17 @@
+"""Remotes and tiers: history kept in object storage, the local disk as a bounded cache of it.
+
+- ``bucket``     the object-store interface (get, ranged get, conditional
+                 put, list, delete) and a folder implementation
+- ``s3``         the S3 implementation (the only module that imports boto3)
+- ``layout``     the remote's keys and bytes: packs, object packs, refs
+- ``catalogue``  what a remote holds and where, as last listed (derived)
+- ``transfer``   verified ranged reads of packs; packing and uploading
+- ``config``     remote and cache settings in the index's meta database
+- ``sync``       push, fetch, pull, clone
+- ``tiers``      ``CacheStore`` (the chunk-store seam over local packs and a
+                 remote) and eviction under a budget
+- ``check``      ``fsck --remote`` and ``fsck --repair``
+
+Everything here is reached through ``Repository`` methods; only
+``mvc/cli/remote.py`` prints.
+"""

@@ -1,0 +1,176 @@
+"""The catalogue: what one remote holds and where, as this repository last saw it.
+
+Built from the trailers of the remote's packs (each read once: packs are
+immutable), kept in an LMDB environment of its own at
+``.mvc/remotes/NAME/`` (an ``mvc.store.index.Index``, whose ``chunks``
+database maps chunk id -> (remote pack name, data offset, length), whose
+``tensors`` database maps object id -> the same for object packs, and whose
+``meta`` holds ``pack:KEY`` -> the ids a pack lists and ``used:PACK`` -> when
+this repository last read local pack PACK, for LRU eviction).
+
+It is derived data: deleting the folder loses nothing; the next command
+that needs it lists the remote and reads the trailers again. ``refresh``
+also forgets packs that are no longer listed (deleted on the remote), so
+nothing is evicted locally on the strength of a copy that is gone.
+"""
+
+import os
+import shutil
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterable, Optional
+
+from .. import encoding
+from ..errors import CorruptObject
+from ..store import fs
+from ..store.index import Index
+from ..store.packs import Location
+from . import layout
+
+TAIL_BYTES = 64 << 10  # read from a pack's end first: footer and (usually) the whole trailer
+THREADS = 8
+_LOC = struct.Struct("<16sQI")
+OBJECTS_DB = "tensors"  # this environment's object table: id -> location in an object pack
+
+
+def folder(repo_dir: Path, name: str) -> Path:
+    return Path(repo_dir) / "remotes" / name
+
+
+def forget(repo_dir: Path, name: str) -> None:
+    """Delete a remote's catalogue (it is rebuilt on demand)."""
+    shutil.rmtree(folder(repo_dir, name), ignore_errors=True)
+
+
+class Catalogue:
+    def __init__(self, repo_dir: Path, name: str):
+        path = folder(repo_dir, name)
+        fs.ensure_dir(Path(repo_dir) / "remotes")
+        fs.ensure_dir(path)
+        # opened without create once it exists, so a planted link in place of data.mdb is refused
+        self.index = Index(path, create=not os.path.lexists(path / "data.mdb"))
+
+    # -- lookups ----------------------------------------------------------------
+
+    def chunk(self, cid: bytes, txn=None) -> Optional[Location]:
+        if txn is None:
+            with self.index.read() as txn:
+                return txn.chunk(cid)
+        return txn.chunk(cid)
+
+    def has_chunk(self, cid: bytes) -> bool:
+        return self.chunk(cid) is not None
+
+    def chunks(self, ids: Iterable[bytes]) -> dict:
+        """{id: Location} of the ids the remote holds."""
+        with self.index.read() as txn:
+            return {cid: loc for cid in ids if (loc := txn.chunk(cid)) is not None}
+
+    def has_objects(self, ids: Iterable[bytes]) -> set:
+        with self.index.read() as txn:
+            return {oid for oid in ids if txn.get(OBJECTS_DB, oid) is not None}
+
+    def object_packs(self) -> dict:
+        """{object pack key: [ids it lists]}."""
+        with self.index.read() as txn:
+            out = {}
+            for key in txn.ids("meta", b"pack:" + layout.OBJECT_PACKS.encode()):
+                out[key.decode()[5:]] = encoding.unpack(txn.meta(key.decode()), "catalogue entry")
+            return out
+
+    def pack_keys(self) -> set:
+        with self.index.read() as txn:
+            return {key.decode()[5:] for key in txn.ids("meta", b"pack:")}
+
+    def remote_bytes(self) -> tuple:
+        """(chunks, bytes of chunk data) the remote holds, as catalogued."""
+        with self.index.read() as txn:
+            n = total = 0
+            for _, loc in txn.chunks():
+                n += 1
+                total += loc.length
+            return n, total
+
+    # -- updates ----------------------------------------------------------------
+
+    def add_pack(self, key: str, entries: list) -> None:
+        """Record pack ``key`` with its trailer's (id, offset, length) entries."""
+        name = layout.pack_name(key)
+        is_objects = key.startswith(layout.OBJECT_PACKS)
+        with self.index.write() as txn:
+            for cid, offset, length in entries:
+                if is_objects:
+                    txn.put(OBJECTS_DB, cid, _LOC.pack(name, offset, length))
+                else:
+                    txn.put_chunk(cid, Location(name, offset, length))
+            txn.put_meta("pack:" + key, encoding.pack([cid for cid, _, _ in entries]))
+
+    def _drop_pack(self, txn, key: str) -> None:
+        name = layout.pack_name(key)
+        raw = txn.meta("pack:" + key)
+        ids = encoding.unpack(raw, "catalogue entry") if raw else []
+        for cid in ids:
+            if key.startswith(layout.OBJECT_PACKS):
+                raw_loc = txn.get(OBJECTS_DB, cid)
+                if raw_loc is not None and _LOC.unpack(raw_loc)[0] == name:
+                    txn.delete(OBJECTS_DB, cid)
+            else:
+                loc = txn.chunk(cid)
+                if loc is not None and loc.pack == name:
+                    txn.delete_chunk(cid)
+        txn.delete("meta", ("pack:" + key).encode())
+
+    def refresh(self, bucket) -> int:
+        """List the remote's packs; read the trailers of new ones, forget vanished ones.
+
+        Returns how many packs were new. A pack whose trailer is damaged is
+        left out (``mvc fsck --remote`` names it). Raises RemoteError.
+        """
+        listed = {key: size for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS)
+                  for key, size in bucket.list(folder) if layout.pack_name(key) is not None}
+        known = self.pack_keys()
+        gone = known - listed.keys()
+        if gone:
+            with self.index.write() as txn:
+                for key in gone:
+                    self._drop_pack(txn, key)
+        new = [key for key in listed if key not in known]
+
+        def read(key):
+            try:
+                return key, read_trailer(bucket, key, listed[key])
+            except CorruptObject:
+                return key, None
+        with ThreadPoolExecutor(THREADS) as pool:
+            for key, entries in pool.map(read, new):
+                if entries is not None:
+                    self.add_pack(key, entries)
+        return len(new)
+
+    def touch(self, packs: Iterable[bytes]) -> None:
+        """Note that local packs ``packs`` were just read (LRU order for eviction)."""
+        now = struct.pack("<d", time.time())
+        with self.index.write() as txn:
+            for name in packs:
+                txn.put_meta("used:" + name.hex(), now)
+
+    def used(self, name: bytes) -> Optional[float]:
+        with self.index.read() as txn:
+            raw = txn.meta("used:" + name.hex())
+        return struct.unpack("<d", raw)[0] if raw and len(raw) == 8 else None
+
+    def close(self) -> None:
+        self.index.close()
+
+
+def read_trailer(bucket, key: str, size: Optional[int] = None) -> list:
+    """The entries of remote pack ``key``'s trailer, verified; CorruptObject / RemoteError."""
+    tail, size = bucket.get_tail(key, TAIL_BYTES)
+    start, stop = layout.trailer_span(tail, size, key)
+    if start >= size - len(tail):
+        body = tail[start - (size - len(tail)):stop - (size - len(tail))]
+    else:
+        body = bucket.get_range(key, start, stop)
+    return layout.parse_trailer(body, tail[-layout.FOOTER.size:], size, key)

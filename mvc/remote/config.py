@@ -1,0 +1,141 @@
+"""Remote and cache settings, kept in the index's ``meta`` database (``docs/format.md`` 5.6).
+
+- ``remote/NAME``: canonical msgpack ``{"url", "endpoint_url", "conditional"}``;
+  ``conditional`` records that the store was once found to honour
+  conditional writes (so the probe runs once per remote).
+- ``cache.remote``: the remote the local disk caches (its name, UTF-8);
+  set, the repository reads chunks it no longer holds from there.
+- ``cache.max-bytes``: the budget of local pack bytes (ASCII decimal).
+- ``cache.pin/REF``: a ref whose chunks are never evicted (value empty).
+"""
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from .. import encoding
+from ..errors import BadInput, CorruptObject, MvcError
+from .bucket import parse_url
+
+PREFIX = "remote/"
+CACHE_REMOTE, CACHE_MAX, PIN = "cache.remote", "cache.max-bytes", "cache.pin/"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?", re.IGNORECASE)
+SETTINGS = (CACHE_REMOTE, CACHE_MAX)
+
+
+class UnknownRemote(MvcError):
+    """No remote by that name is configured."""
+
+
+@dataclass(frozen=True)
+class RemoteInfo:
+    name: str
+    url: str
+    endpoint_url: Optional[str] = None
+    conditional: bool = False
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name.endswith((".", ".lock")):
+        raise BadInput(f"remote name {name!r} is not valid: use letters, digits, '.', '_' and '-' (like 'origin')")
+    return name
+
+
+def get(txn, name: str) -> RemoteInfo:
+    raw = txn.meta(PREFIX + check_name(name))
+    if raw is None:
+        raise UnknownRemote(f"no remote named {name!r}; add it with 'mvc remote add {name} URL'")
+    value = encoding.unpack(raw, f"settings of remote {name!r}")
+    if type(value) is not dict or not isinstance(value.get("url"), str):
+        raise CorruptObject(f"the settings of remote {name!r} are damaged; remove and add it again")
+    return RemoteInfo(name, value["url"], value.get("endpoint_url"), bool(value.get("conditional")))
+
+
+def put(txn, info: RemoteInfo) -> None:
+    txn.put_meta(PREFIX + info.name, encoding.pack({"url": info.url, "endpoint_url": info.endpoint_url,
+                                                    "conditional": info.conditional}))
+
+
+def add(txn, name: str, url: str, endpoint_url: Optional[str]) -> RemoteInfo:
+    check_name(name)
+    kind, where, _ = parse_url(url)
+    if kind == "folder":
+        url = where  # absolute: a relative path would change meaning with the working directory
+    if txn.meta(PREFIX + name) is not None:
+        raise BadInput(f"remote {name!r} already exists; remove it first (mvc remote remove {name})")
+    if endpoint_url is not None and not re.match(r"https?://", endpoint_url):
+        raise BadInput(f"--endpoint-url {endpoint_url!r} must start with http:// or https://")
+    info = RemoteInfo(name, url, endpoint_url)
+    put(txn, info)
+    return info
+
+
+def names(txn) -> list:
+    return sorted(key.decode()[len(PREFIX):] for key in txn.ids("meta", PREFIX.encode()))
+
+
+def default(txn, name: Optional[str]) -> str:
+    """``name``, or the remote a command means when none is given: origin, or the only one."""
+    if name is not None:
+        return check_name(name)
+    known = names(txn)
+    if "origin" in known or len(known) == 1:
+        return "origin" if "origin" in known else known[0]
+    if not known:
+        raise UnknownRemote("no remote is configured; add one with 'mvc remote add origin URL'")
+    raise UnknownRemote(f"several remotes are configured ({', '.join(known)}); name the one to use")
+
+
+def remove(txn, name: str) -> None:
+    get(txn, name)
+    txn.delete("meta", (PREFIX + name).encode())
+    if cache_remote(txn) == name:
+        txn.delete("meta", CACHE_REMOTE.encode())
+
+
+def cache_remote(txn) -> Optional[str]:
+    raw = txn.meta(CACHE_REMOTE)
+    return raw.decode("utf-8", "replace") if raw else None
+
+
+def cache_max(txn) -> Optional[int]:
+    raw = txn.meta(CACHE_MAX)
+    return int(raw) if raw and raw.isdigit() else None
+
+
+def parse_size(text) -> int:
+    """'20G', '512MiB', '1000' -> bytes; BadInput otherwise."""
+    if isinstance(text, int) and text >= 0:
+        return text
+    match = _SIZE.fullmatch(str(text).strip())
+    if not match:
+        raise BadInput(f"{text!r} is not a size: give bytes or a number with K, M, G or T (like 20G)")
+    unit = match.group(2).upper()
+    return int(float(match.group(1)) * (1024 ** ("KMGT".find(unit) + 1) if unit else 1))
+
+
+def set_value(txn, key: str, value: Optional[str]) -> Optional[str]:
+    """Set (or with None unset) a setting; returns its value as stored."""
+    if key not in SETTINGS:
+        raise BadInput(f"unknown setting {key!r}; known: {', '.join(SETTINGS)}")
+    if value is None:
+        txn.delete("meta", key.encode())
+        return None
+    if key == CACHE_MAX:
+        value = str(parse_size(value))
+    else:
+        get(txn, value)  # the cached remote must exist
+    txn.put_meta(key, value.encode())
+    return value
+
+
+def get_value(txn, key: str) -> Optional[str]:
+    if key not in SETTINGS:
+        raise BadInput(f"unknown setting {key!r}; known: {', '.join(SETTINGS)}")
+    raw = txn.meta(key)
+    return raw.decode("utf-8", "replace") if raw is not None else None
+
+
+def pins(txn) -> list:
+    return sorted(key.decode()[len(PIN):] for key in txn.ids("meta", PIN.encode()))

@@ -1,0 +1,178 @@
+"""The layout of a remote: which keys hold what, and the bytes of each (``docs/format.md`` section 11).
+
+Vocabulary:
+
+- **chunk pack** (``packs/<name>.pack``): many chunk records in one object,
+  in exactly the local pack format (header, records, trailer, footer), so
+  a ranged GET of a record's bytes reads one chunk and the trailer lists
+  what the pack holds.
+- **object pack** (``objects/<name>.pack``): the same format, whose records
+  are commit, tree and tensor objects (and notes of pruned commits); a
+  record's id is the BLAKE3 of its bytes, like every id.
+- **ref** (``refs/heads/NAME``, ``refs/tags/NAME``): a small object naming a
+  commit; moved only by conditional puts, after everything it reaches is on
+  the remote. ``HEAD`` names the default branch, ``locks/NAME`` a branch's
+  write lock, ``MVCREMOTE`` the layout version.
+"""
+
+import os
+import secrets
+import struct
+from typing import Optional
+
+from .. import encoding, hashing, refs as refnames
+from ..errors import CorruptObject, InvalidRefName
+from ..store.packs import ENTRY, FOOTER, HEADER, RECORD_HEAD, SEAL
+from .bucket import _KEY
+
+LAYOUT_VERSION = 1
+MARKER = "MVCREMOTE"
+CHUNK_PACKS, OBJECT_PACKS, REFS, LOCKS, HEAD = "packs/", "objects/", "refs/", "locks/", "HEAD"
+# 32 MiB packs, from benchmarks/bench_remote.py --pack-sizes on SeaweedFS: a
+# first push of 1 GiB ran as fast with 32 MiB packs as with 64-128 MiB (the
+# per-object cost is gone by 16 MiB), while a killed push loses at most a few
+# packs in flight and a fetch of one version never reads a whole large pack.
+PACK_BYTES = int(os.environ.get("MVC_REMOTE_PACK_BYTES", 32 << 20))  # the variable: a knob for tests
+NAME_BYTES = 16
+
+
+def marker(chunk_size: int) -> bytes:
+    return f"mvc-remote {LAYOUT_VERSION}\nchunk-size {chunk_size}\n".encode()
+
+
+def parse_marker(data: bytes, url: str) -> int:
+    """The chunk size a remote's MVCREMOTE names; CorruptObject if it is not one this mvc reads."""
+    try:
+        fields = dict(line.split(" ", 1) for line in data.decode().splitlines() if line)
+        version, size = int(fields["mvc-remote"]), int(fields["chunk-size"])
+    except (ValueError, KeyError, UnicodeDecodeError):
+        raise CorruptObject(f"{url}/{MARKER} is damaged; it is not an mvc remote") from None
+    if version != LAYOUT_VERSION:
+        raise CorruptObject(f"{url} uses remote layout {version}; this mvc reads layout {LAYOUT_VERSION}: upgrade mvc")
+    return size
+
+
+def new_name() -> bytes:
+    return secrets.token_bytes(NAME_BYTES)
+
+
+def pack_key(folder: str, name: bytes) -> str:
+    return f"{folder}{name.hex()}.pack"
+
+
+def pack_name(key: str) -> Optional[bytes]:
+    """The 16-byte name in a pack key, or None if ``key`` is not a pack's."""
+    stem = key.rpartition("/")[2]
+    if not stem.endswith(".pack") or len(stem) != 2 * NAME_BYTES + 5:
+        return None
+    try:
+        return bytes.fromhex(stem[:-5])
+    except ValueError:
+        return None
+
+
+class PackImage:
+    """One pack built in memory for upload: headers and trailer first, data filled in after.
+
+    ``items`` are (id, length); ``slot(i)`` is the writable view where record
+    ``i``'s bytes go; ``offsets[i]`` where they lie in the object.
+    """
+
+    def __init__(self, items: list):
+        self.items = items
+        size = len(HEADER) + sum(RECORD_HEAD.size + n for _, n in items)
+        trailer = struct.pack("<I", len(items))
+        self.offsets, at = [], len(HEADER)
+        for cid, n in items:
+            self.offsets.append(at + RECORD_HEAD.size)
+            at += RECORD_HEAD.size + n
+        trailer += b"".join(ENTRY.pack(cid, off, n) for (cid, n), off in zip(items, self.offsets))
+        self.data = bytearray(size + len(trailer) + FOOTER.size)
+        self.data[:len(HEADER)] = HEADER
+        for (cid, n), off in zip(items, self.offsets):
+            self.data[off - RECORD_HEAD.size:off] = RECORD_HEAD.pack(cid, n)
+        self.data[size:size + len(trailer)] = trailer
+        self.data[size + len(trailer):] = FOOTER.pack(hashing.digest(trailer), size, SEAL)
+        self._view = memoryview(self.data)
+
+    def slot(self, i: int) -> memoryview:
+        return self._view[self.offsets[i]:self.offsets[i] + self.items[i][1]]
+
+
+def trailer_span(tail: bytes, size: int, key: str) -> tuple:
+    """(start, stop) of a pack object's trailer, from its last bytes; CorruptObject if not sealed."""
+    if size < len(HEADER) + 4 + FOOTER.size or len(tail) < FOOTER.size:
+        raise CorruptObject(f"remote pack {key} is too short to be a pack")
+    _, trailer_offset, seal = FOOTER.unpack(tail[-FOOTER.size:])
+    if seal != SEAL or not len(HEADER) <= trailer_offset <= size - FOOTER.size - 4:
+        raise CorruptObject(f"remote pack {key} is not sealed (truncated or damaged trailer)")
+    return trailer_offset, size - FOOTER.size
+
+
+def parse_trailer(body: bytes, footer: bytes, size: int, key: str) -> list:
+    """The (id, data offset, length) records a pack's trailer lists, checked as for local packs."""
+    digest, trailer_offset, _ = FOOTER.unpack(footer)
+    if hashing.digest(body) != digest:
+        raise CorruptObject(f"remote pack {key} has a damaged trailer (checksum mismatch)")
+    (count,) = struct.unpack_from("<I", body)
+    if len(body) != 4 + count * ENTRY.size:
+        raise CorruptObject(f"remote pack {key} trailer length does not match its count")
+    entries = [ENTRY.unpack_from(body, 4 + i * ENTRY.size) for i in range(count)]
+    for _, offset, length in entries:
+        if offset < len(HEADER) + RECORD_HEAD.size or offset + length > trailer_offset:
+            raise CorruptObject(f"remote pack {key} lists a record outside its data")
+    return entries
+
+
+# -- refs -----------------------------------------------------------------------
+
+def ref_key(ref: str) -> str:
+    """The key of local ref ``heads/X`` / ``tags/X`` on a remote; InvalidRefName if a name cannot be a key."""
+    key = REFS + ref
+    if not _KEY.fullmatch(key):
+        raise InvalidRefName(f"{refnames.human(ref)} cannot be pushed: remote ref names may hold only "
+                             "letters, digits, '.', '_', '-' and '/'")
+    return key
+
+
+def encode_ref(oid: bytes, protected: bool) -> bytes:
+    return encoding.pack({"id": oid, "protected": bool(protected)})
+
+
+def decode_ref(data: bytes, key: str) -> tuple:
+    """(commit id, protected) of a remote ref object; CorruptObject if damaged."""
+    value = encoding.unpack(data, f"remote ref {key}")
+    if type(value) is not dict or set(value) != {"id", "protected"} or type(value["id"]) is not bytes \
+            or len(value["id"]) != hashing.DIGEST_SIZE or type(value["protected"]) is not bool:
+        raise CorruptObject(f"remote ref {key} is damaged")
+    return value["id"], value["protected"]
+
+
+def encode_head(target: str) -> bytes:
+    return encoding.pack({"target": target})
+
+
+def decode_head(data: bytes) -> Optional[str]:
+    try:
+        value = encoding.unpack(data, "remote HEAD")
+    except CorruptObject:
+        return None
+    target = value.get("target") if type(value) is dict else None
+    return target if isinstance(target, str) and target.startswith(refnames.BRANCHES) else None
+
+
+def encode_lock(owner: str, host: str, since: float) -> bytes:
+    return encoding.pack({"owner": owner, "host": host, "since": float(since)})
+
+
+def decode_lock(data: bytes, key: str) -> dict:
+    value = encoding.unpack(data, f"remote lock {key}")
+    if type(value) is not dict or not isinstance(value.get("owner"), str):
+        raise CorruptObject(f"remote lock {key} is damaged; remove it with 'mvc remote unlock --force'")
+    return value
+
+
+def encode_pruned(commit: bytes, note: dict) -> bytes:
+    """A note that retention pruned ``commit``'s data, as an object-pack record."""
+    return encoding.pack({"type": "pruned", "commit": commit, "time": int(note.get("time", 0)),
+                          "policy": str(note.get("policy", "retention"))})

@@ -1,0 +1,652 @@
+"""push, fetch, pull and clone: only what the other side lacks moves, verified, in a crash-safe order.
+
+Vocabulary:
+
+- **tracking ref**: ``remotes/NAME/BRANCH`` in the local index, the commit
+  branch BRANCH of remote NAME named when this repository last talked to
+  it. A root for gc like any ref; revisions accept ``NAME/BRANCH``.
+- **closure** of a commit: it, its ancestors, their trees, tensors and
+  chunks. The remote never holds a commit object whose closure is not
+  durable there, because a push uploads chunk packs, then object packs,
+  then moves refs; so "the remote has commit C" means "and all it needs",
+  and a push walks history only until it meets a commit the remote has.
+
+Push order (each step durable before the next): chunk packs; object packs;
+each ref by a conditional put against the etag it was read with. A killed
+push leaves packs no ref names (harmless); its rerun finds them in the
+listing and sends only the rest. Fetch order: chunks into local packs,
+each published on its own (harmless until referenced); then one index
+transaction stores the objects and moves the tracking refs.
+"""
+
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .. import refs as refnames
+from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict
+from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
+from ..store.index import RefValue
+from ..traverse import walk as walk_tree
+from . import config, layout, transfer
+from .bucket import NotFound, PreconditionFailed, RemoteError, open_bucket
+from .catalogue import Catalogue, read_trailer
+
+REMOTES = refnames.REMOTES
+REJECTED = "rejected: remote has commits you lack; fetch first"
+
+
+class RefRejected(RefConflict):
+    """The remote ref moved to commits this repository lacks (or has diverged): fetch first."""
+
+
+@dataclass(frozen=True)
+class RefUpdate:
+    ref: str  # heads/X or tags/X
+    old: Optional[str]  # hex ids
+    new: Optional[str]
+    status: str  # "new", "updated", "up to date", "forced"
+
+
+@dataclass(frozen=True)
+class PushReport:
+    remote: str
+    refs: tuple
+    commits: int = 0
+    objects: int = 0
+    chunks: int = 0
+    chunk_bytes: int = 0  # chunk data sent
+    packs: int = 0
+    bytes_sent: int = 0  # every pack byte sent
+
+
+@dataclass(frozen=True)
+class FetchReport:
+    remote: str
+    refs: tuple  # RefUpdate of tracking refs (ref is remotes/NAME/BRANCH)
+    objects: int = 0
+    chunks: int = 0
+    bytes_received: int = 0
+    lazy: bool = False  # chunks were left on the remote (a cache / --lazy clone)
+
+
+@dataclass(frozen=True)
+class PullReport:
+    fetch: FetchReport
+    branch: str
+    old: Optional[str]
+    new: Optional[str]
+    status: str  # "fast-forward", "up to date", "new"
+
+
+class Connection:
+    """One remote as a command uses it: its settings, bucket and catalogue."""
+
+    def __init__(self, repo, name: Optional[str] = None, create: bool = False):
+        self.repo, self.create = repo, create  # create: a push may make a folder remote's folder
+        with repo.index.read() as txn:
+            self.name = config.default(txn, name)
+            self.info = config.get(txn, self.name)
+        self._bucket = None
+        self.catalogue = Catalogue(repo.dir, self.name)
+
+    @property
+    def bucket(self):
+        if self._bucket is None:
+            self._bucket = open_bucket(self.info.url, self.info.endpoint_url, create=self.create)
+        return self._bucket
+
+    def ensure_conditional(self) -> None:
+        """Probe once per remote that conditional writes are honoured (RemoteError if not)."""
+        if self.info.conditional:
+            return
+        self.bucket.check_conditional()
+        self.info = config.RemoteInfo(self.info.name, self.info.url, self.info.endpoint_url, True)
+        with self.repo.index.write() as txn:
+            config.put(txn, self.info)
+
+    def marker(self, create: bool) -> Optional[int]:
+        """The remote's chunk size from MVCREMOTE; with ``create``, write it if absent."""
+        current = self.bucket.get_versioned(layout.MARKER)
+        if current is None and create:
+            try:
+                self.bucket.put(layout.MARKER, layout.marker(self.repo.chunk_size), if_absent=True)
+            except PreconditionFailed:
+                pass  # another pusher made it first
+            current = self.bucket.get_versioned(layout.MARKER)
+        if current is None:
+            return None
+        return layout.parse_marker(current[0], self.bucket.url)
+
+    def remote_refs(self) -> dict:
+        """{heads/X or tags/X: (commit id, protected, etag)} as the remote holds them now."""
+        out = {}
+        for key, _ in self.bucket.list(layout.REFS):
+            ref = key[len(layout.REFS):]
+            if not (ref.startswith((refnames.BRANCHES, refnames.TAGS))
+                    and refnames.is_valid_name(refnames.short_name(ref))):
+                continue  # not a ref mvc writes: never let a remote's key become a local ref name
+            current = self.bucket.get_versioned(key)
+            if current is None:  # deleted since the listing
+                continue
+            oid, protected = layout.decode_ref(current[0], key)
+            out[ref] = (oid, protected, current[1])
+        return out
+
+    def close(self) -> None:
+        self.catalogue.close()
+        if self._bucket is not None:
+            self._bucket.close()
+
+
+def _hex(oid: Optional[bytes]) -> Optional[str]:
+    return oid.hex() if oid else None
+
+
+# -- push ---------------------------------------------------------------------------
+
+@dataclass
+class _Outgoing:
+    records: list = field(default_factory=list)  # (id, bytes) of objects to send
+    chunks: dict = field(default_factory=dict)  # id -> length
+    commits: int = 0
+
+
+def _outgoing(txn, objects, tips: list, conn: Connection) -> _Outgoing:
+    """What the remote lacks of the closures of ``tips``: walks until it meets what it has."""
+    out, seen = _Outgoing(), set()
+    has = conn.catalogue.has_objects
+    todo = [t for t in tips if t not in has(tips)]
+    while todo:
+        oid = todo.pop()
+        if oid in seen:
+            continue
+        seen.add(oid)
+        commit = objects.commit(txn, oid)  # verified
+        out.records.append((oid, txn.get("commits", oid)))
+        out.commits += 1
+        note = objects.pruned(txn, oid)
+        if note is not None:
+            data = layout.encode_pruned(oid, note)
+            out.records.append((object_id(data), data))
+        elif not has([commit.tree]):
+            _outgoing_tree(txn, objects, commit.tree, out, seen, has, conn)
+        todo += [p for p in commit.parents if p not in seen and not has([p])]
+    return out
+
+
+def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has, conn) -> None:
+    if tree_id in seen:
+        return
+    seen.add(tree_id)
+    tree = objects.tree(txn, tree_id)
+    out.records.append((tree_id, txn.get("trees", tree_id)))
+    leaves = {leaf.id for _, leaf in walk_tree(tree.root) if isinstance(leaf, TensorLeaf)} - seen
+    for tid in leaves - has(leaves):
+        seen.add(tid)
+        tensor = objects.tensor(txn, tid)
+        out.records.append((tid, txn.get("tensors", tid)))
+        spans = {cid: n for cid, _, n in tensor.chunk_spans() if cid not in out.chunks}
+        known = conn.catalogue.chunks(spans)
+        out.chunks.update({cid: n for cid, n in spans.items() if cid not in known})
+
+
+def _targets(repo, txn, names: tuple) -> dict:
+    """{local ref: (id, protected)} that a push of ``names`` sends (default: HEAD's branch)."""
+    if not names:
+        branch, oid = repo.refs.head(txn)
+        if branch is None:
+            raise BadInput("HEAD is detached: name the branch or tag to push")
+        names = (refnames.short_name(branch),)
+    out = {}
+    for name in names:
+        for ref in (name if name.startswith((refnames.BRANCHES, refnames.TAGS)) else None,
+                    refnames.BRANCHES + name, refnames.TAGS + name):
+            value = txn.ref(ref) if ref else None
+            if value is not None and value.id is not None:
+                out[ref] = (value.id, value.protected)
+                break
+        else:
+            raise BadInput(f"nothing to push by the name {name!r}: no such branch or tag")
+    return out
+
+
+def _is_ancestor(txn, objects, old: bytes, new: bytes) -> bool:
+    """Whether commit ``old`` is ``new`` or one of its ancestors (both local)."""
+    seen, todo = set(), [new]
+    while todo:
+        oid = todo.pop()
+        if oid == old:
+            return True
+        if oid in seen or txn.get("commits", oid) is None:
+            continue
+        seen.add(oid)
+        todo += objects.commit(txn, oid).parents
+    return False
+
+
+def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = False, progress=None) -> PushReport:
+    """Send the closures of the named refs that the remote lacks, then move its refs.
+
+    Raises RefRejected ('rejected: remote has commits you lack; fetch
+    first') when a remote branch moved to commits this repository lacks or
+    that its tip does not descend from (unless ``force``), ProtectedRef /
+    LockHeld when the remote ref is protected or locked by someone else,
+    RemoteError for the store's failures.
+    """
+    conn = Connection(repo, name, create=True)
+    try:
+        conn.marker(create=True)
+        conn.ensure_conditional()
+        conn.catalogue.refresh(conn.bucket)
+        with repo.gc_lock.shared():
+            with repo.index.read() as txn:
+                targets = _targets(repo, txn, tuple(names))
+                out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn)
+            chunks = sorted(out.chunks.items())
+            packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress)
+            opacks, osent = transfer.upload_objects(conn.bucket, conn.catalogue, out.records)
+            updates = _move_refs(repo, conn, targets, force)
+        return PushReport(conn.name, tuple(updates), out.commits, len(out.records), len(chunks),
+                          sum(out.chunks.values()), packs + opacks, sent + osent)
+    finally:
+        conn.close()
+
+
+def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
+    updates, rejected = [], []
+    current = conn.remote_refs()
+    me = repo_author()
+    for ref, (tip, protected) in sorted(targets.items()):
+        key = layout.ref_key(ref)
+        old, old_protected, etag = current.get(ref, (None, False, None))
+        if old == tip:
+            updates.append(RefUpdate(ref, _hex(old), _hex(tip), "up to date"))
+            continue
+        if old is not None and old_protected and not force:
+            raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was moved "
+                               "(pass --force to move it)")
+        if old is not None and not force:
+            with repo.index.read() as txn:
+                ok = ref.startswith(refnames.BRANCHES) and _is_ancestor(txn, repo.objects, old, tip)
+            if not ok:
+                rejected.append(ref)
+                continue
+        _check_remote_lock(conn, ref, me)
+        body = layout.encode_ref(tip, protected or old_protected)
+        try:
+            if etag is None:
+                conn.bucket.put(key, body, if_absent=True)
+            else:
+                conn.bucket.put(key, body, if_match=etag)
+        except PreconditionFailed:
+            rejected.append(ref)
+            continue
+        updates.append(RefUpdate(ref, _hex(old), _hex(tip), "new" if old is None else ("forced" if force else "updated")))
+        _track(repo, conn.name, ref, tip, f"push: {refnames.short_name(ref)}")
+    heads = [u.ref for u in updates if u.ref.startswith(refnames.BRANCHES)]
+    if heads and conn.bucket.get_versioned(layout.HEAD) is None:
+        try:
+            conn.bucket.put(layout.HEAD, layout.encode_head(heads[0]), if_absent=True)
+        except PreconditionFailed:
+            pass
+    if rejected:
+        names = ", ".join(refnames.short_name(r) for r in rejected)
+        raise RefRejected(f"{REJECTED} ('mvc fetch {conn.name}', then build on {conn.name}/BRANCH): "
+                          f"{names} on {conn.name!r} not moved"
+                          + (f"; moved: {', '.join(refnames.short_name(u.ref) for u in updates)}" if updates else ""))
+    return updates
+
+
+def repo_author() -> str:
+    from ..repository import default_author
+    return default_author()
+
+
+def _check_remote_lock(conn: Connection, ref: str, me: str) -> None:
+    if not ref.startswith(refnames.BRANCHES):
+        return
+    branch = refnames.short_name(ref)
+    current = conn.bucket.get_versioned(layout.LOCKS + branch)
+    if current is None:
+        return
+    holder = layout.decode_lock(current[0], layout.LOCKS + branch)
+    if holder["owner"] != me:
+        raise LockHeld(f"cannot push branch {branch!r}: it is locked on remote {conn.name!r} by {holder['owner']} "
+                       f"(from {holder.get('host', '?')}); ask them to run 'mvc remote unlock {conn.name} {branch}'")
+
+
+def _track(repo, remote: str, ref: str, oid: bytes, why: str) -> None:
+    if not ref.startswith(refnames.BRANCHES):
+        return
+    name = REMOTES + remote + "/" + refnames.short_name(ref)
+    with repo.index.write() as txn:
+        _set_tracking(repo, txn, name, oid, why)
+
+
+def _set_tracking(repo, txn, name: str, oid: bytes, why: str) -> Optional[bytes]:
+    current = txn.ref(name)
+    old = current.id if current is not None else None
+    if old != oid:
+        txn.set_ref(name, RefValue(id=oid))
+        txn.append_reflog(name, {"old": old, "new": oid, "time": repo.refs.now(), "message": why})
+    return old
+
+
+def lock(repo, name: Optional[str], branch: str, owner: Optional[str] = None) -> str:
+    """Take branch ``branch``'s write lock on the remote (pushes by anyone else are refused)."""
+    conn = Connection(repo, name)
+    try:
+        conn.ensure_conditional()
+        me = owner or repo_author()
+        key = layout.LOCKS + refnames.check_name(branch, "branch")
+        current = conn.bucket.get_versioned(key)
+        if current is not None:
+            holder = layout.decode_lock(current[0], key)
+            if holder["owner"] != me:
+                raise LockHeld(f"branch {branch!r} is already locked on remote {conn.name!r} by {holder['owner']}")
+            return me
+        try:
+            conn.bucket.put(key, layout.encode_lock(me, socket.gethostname(), time.time()), if_absent=True)
+        except PreconditionFailed:
+            raise LockHeld(f"branch {branch!r} was just locked on remote {conn.name!r} by someone else") from None
+        return me
+    finally:
+        conn.close()
+
+
+def unlock(repo, name: Optional[str], branch: str, force: bool = False, owner: Optional[str] = None) -> bool:
+    """Release the remote lock; False if there was none."""
+    conn = Connection(repo, name)
+    try:
+        key = layout.LOCKS + refnames.check_name(branch, "branch")
+        current = conn.bucket.get_versioned(key)
+        if current is None:
+            return False
+        holder = layout.decode_lock(current[0], key) if not force else {"owner": None}
+        if not force and holder["owner"] != (owner or repo_author()):
+            raise LockHeld(f"branch {branch!r} is locked on remote {conn.name!r} by {holder['owner']}; "
+                           "pass --force to remove the lock anyway")
+        conn.bucket.delete(key)
+        return True
+    finally:
+        conn.close()
+
+
+# -- fetch --------------------------------------------------------------------------
+
+def lazy_for(repo, remote: str) -> bool:
+    """Whether chunks of ``remote`` stay there until read (the repository caches it)."""
+    with repo.index.read() as txn:
+        return config.cache_remote(txn) == remote
+
+
+def _incoming_objects(repo, conn: Connection) -> dict:
+    """{id: bytes} of every object the remote's object packs hold that the local index lacks, verified."""
+    wanted, out = {}, {}
+    with repo.index.read() as txn:
+        for key, ids in conn.catalogue.object_packs().items():
+            lacking = [oid for oid in ids if not any(txn.get(k, oid) is not None
+                                                      for k in ("commits", "trees", "tensors"))]
+            if lacking:
+                wanted[key] = lacking
+    for key in wanted:
+        out.update(transfer.read_pack_records(conn.bucket, key, read_trailer(conn.bucket, key)))
+    return out
+
+
+def _classify(data: bytes, oid: bytes):
+    """(kind, decoded) of a verified object record: commits, trees, tensors or pruned."""
+    from .. import encoding
+    value = encoding.unpack(data, f"object {oid.hex()[:12]}")
+    kind = value.get("type") if type(value) is dict else None
+    if kind == "commit":
+        return "commits", CommitObject.decode(data)
+    if kind == "tree":
+        return "trees", TreeObject.decode(data)
+    if kind == "tensor":
+        return "tensors", TensorObject.decode(data)
+    if kind == "pruned" and type(value.get("commit")) is bytes:
+        return "pruned", value
+    raise CorruptObject(f"object {oid.hex()[:12]} on the remote is of no known type")
+
+
+@dataclass
+class _Incoming:
+    objects: list = field(default_factory=list)  # (kind, id, bytes)
+    pruned: dict = field(default_factory=dict)  # commit id -> note
+    chunks: dict = field(default_factory=dict)  # id -> length, reachable and not local
+
+
+def _closure(repo, txn, tips: list, fetched: dict) -> _Incoming:
+    """What the local repository lacks of the closures of ``tips``; CorruptObject if the remote lacks it too."""
+    decoded, pruned_notes = {}, {}
+    for oid, data in fetched.items():
+        kind, obj = _classify(data, oid)
+        if kind == "pruned":
+            pruned_notes[obj["commit"]] = {"time": obj.get("time", 0), "policy": obj.get("policy", "retention")}
+        else:
+            decoded[oid] = (kind, obj, data)
+    inc, seen = _Incoming(), set()
+
+    def get(kind: str, oid: bytes):
+        if txn.get(kind, oid) is not None:
+            return None  # local: its closure is local too (or readable through the cache)
+        if oid in decoded and decoded[oid][0] == kind:
+            _, obj, data = decoded[oid]
+            if oid not in seen:
+                inc.objects.append((kind, oid, data))
+            return obj
+        raise CorruptObject(f"{kind[:-1]} {oid.hex()[:12]} is missing on the remote and here; the remote is "
+                            "damaged: run 'mvc fsck --remote'")
+    todo = list(tips)
+    while todo:
+        oid = todo.pop()
+        if oid in seen:
+            continue
+        commit = get("commits", oid)
+        seen.add(oid)
+        if commit is None:
+            continue
+        todo += commit.parents
+        if oid in pruned_notes:
+            inc.pruned[oid] = pruned_notes[oid]
+            continue
+        tree = get("trees", commit.tree)
+        if tree is None or commit.tree in seen:
+            continue
+        seen.add(commit.tree)
+        for _, leaf in walk_tree(tree.root):
+            if isinstance(leaf, TensorLeaf) and leaf.id not in seen:
+                tensor = get("tensors", leaf.id)
+                seen.add(leaf.id)
+                if tensor is not None:
+                    for cid, _, n in tensor.chunk_spans():
+                        if txn.chunk(cid) is None:
+                            inc.chunks[cid] = n
+    return inc
+
+
+def fetch(repo, name: Optional[str] = None, progress=None) -> FetchReport:
+    """Bring the remote's refs as tracking refs, with the objects (and, unless the repository caches this
+    remote, the chunks) they need that are missing here, every byte verified first.
+
+    Raises ChecksumMismatch / CorruptObject for damaged remote data (nothing
+    is indexed then), RemoteError for the store's failures.
+    """
+    conn = Connection(repo, name)
+    try:
+        if conn.marker(create=False) is None:
+            raise RemoteError(f"{conn.info.url} holds no mvc remote yet (no {layout.MARKER}); push to it first")
+        conn.catalogue.refresh(conn.bucket)
+        remote = conn.remote_refs()
+        lazy = lazy_for(repo, conn.name)
+        with repo.gc_lock.shared():
+            fetched = _incoming_objects(repo, conn)
+            with repo.index.read() as txn:
+                inc = _closure(repo, txn, [oid for oid, _, _ in remote.values()], fetched)
+            received = 0
+            if lazy:
+                absent = [cid for cid in inc.chunks if not conn.catalogue.has_chunk(cid)]
+                if absent:
+                    raise CorruptObject(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on "
+                                        f"remote {conn.name!r}; it is damaged: run 'mvc fsck --remote {conn.name}'")
+            else:
+                received = download(repo, conn, inc.chunks, progress)
+            updates = _store_fetch(repo, conn, inc, remote)
+        return FetchReport(conn.name, tuple(updates), len(inc.objects), 0 if lazy else len(inc.chunks),
+                           received, lazy)
+    finally:
+        conn.close()
+
+
+def _store_fetch(repo, conn: Connection, inc: _Incoming, remote: dict) -> list:
+    updates = []
+    with repo.index.write() as txn:
+        for kind, oid, data in inc.objects:
+            repo.objects.put(txn, kind, data)
+        for oid, note in inc.pruned.items():
+            txn.put_pruned(oid, note)
+        for ref, (oid, _, _) in sorted(remote.items()):
+            if ref.startswith(refnames.BRANCHES):
+                name = REMOTES + conn.name + "/" + refnames.short_name(ref)
+                old = _set_tracking(repo, txn, name, oid, f"fetch: {conn.name}")
+                updates.append(RefUpdate(name, _hex(old), oid.hex(),
+                                         "up to date" if old == oid else ("new" if old is None else "updated")))
+            elif ref.startswith(refnames.TAGS) and txn.ref(ref) is None and refnames.is_valid_name(ref[len(refnames.TAGS):]):
+                txn.set_ref(ref, RefValue(id=oid))
+                txn.append_reflog(ref, {"old": None, "new": oid, "time": repo.refs.now(),
+                                        "message": f"fetch: {conn.name}"})
+                updates.append(RefUpdate(ref, None, oid.hex(), "new"))
+    return updates
+
+
+def download(repo, conn: Connection, chunks: dict, progress=None) -> int:
+    """Fetch chunks {id: length} from the remote into new local packs, each published once sealed;
+    the bytes read from the remote."""
+    if not chunks:
+        return 0
+    located = conn.catalogue.chunks(chunks)
+    absent = [cid for cid in chunks if cid not in located]
+    if absent:
+        raise CorruptObject(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on remote "
+                            f"{conn.name!r}; it is damaged: run 'mvc fsck --remote {conn.name}'")
+    return sum(_download_group(repo, conn, group, progress) for group in _location_groups(located))
+
+
+def _location_groups(located: dict) -> list:
+    items = sorted(located.items(), key=lambda i: (i[1].pack, i[1].offset))
+    out, current, size = [], {}, 0
+    for cid, loc in items:
+        if current and size + loc.length > layout.PACK_BYTES:
+            out.append(current)
+            current, size = {}, 0
+        current[cid] = loc
+        size += loc.length
+    if current:
+        out.append(current)
+    return out
+
+
+def _download_group(repo, conn: Connection, located: dict, progress=None) -> int:
+    import threading
+    batch, guard = repo.chunks.writer(), threading.Lock()
+
+    def deliver(cid, data):
+        with guard:
+            batch.add(cid, data)
+    try:
+        received = transfer.fetch_chunks(conn.bucket, located, deliver, progress=progress)
+        batch.seal()
+    except BaseException:
+        batch.abort()
+        raise
+    with repo.index.write() as txn:
+        batch.publish(txn)
+    return received
+
+
+# -- pull and clone ------------------------------------------------------------------
+
+def pull(repo, name: Optional[str] = None, branch: Optional[str] = None, progress=None) -> PullReport:
+    """fetch, then fast-forward local ``branch`` (default HEAD's) to ``NAME/branch``.
+
+    Raises RefConflict when they have diverged (mvc does not merge
+    checkpoints), ProtectedRef / LockHeld as a commit would.
+    """
+    report = fetch(repo, name, progress)
+    from ..store import locks as locking
+    with repo.index.write() as txn:
+        if branch is None:
+            head = repo.refs.head(txn)[0]
+            if head is None:
+                raise BadInput("HEAD is detached: name the branch to pull")
+            branch = refnames.short_name(head)
+        ref = refnames.BRANCHES + refnames.check_name(branch, "branch")
+        tracking = txn.ref(REMOTES + report.remote + "/" + branch)
+        if tracking is None:
+            raise BadInput(f"remote {report.remote!r} has no branch {branch!r}")
+        mine = repo.refs.tip(txn, ref)
+        new = tracking.id
+        if mine == new:
+            return PullReport(report, branch, _hex(mine), _hex(new), "up to date")
+        if mine is not None and not _is_ancestor(txn, repo.objects, mine, new):
+            if _is_ancestor(txn, repo.objects, new, mine):
+                return PullReport(report, branch, _hex(mine), _hex(mine), "up to date")
+            raise RefConflict(f"branch {branch!r} and {report.remote}/{branch} have diverged; mvc does not merge "
+                              f"checkpoints: keep yours on a new branch (mvc branch NAME {branch}), then "
+                              f"'mvc branch --force {branch} {report.remote}/{branch}'")
+        repo.refs.check_commit(txn, ref, locking.this_process(repo_author()))
+        repo.refs.set_if_equals(txn, ref, mine, new, f"pull: {report.remote}/{branch}")
+    return PullReport(report, branch, _hex(mine), new.hex(), "new" if mine is None else "fast-forward")
+
+
+def clone(repo_cls, url: str, path, lazy: bool = False, endpoint_url: Optional[str] = None,
+          name: str = "origin", progress=None) -> tuple:
+    """(Repository, FetchReport): a new repository at ``path`` holding the remote's history.
+
+    ``lazy``: metadata only; chunks stay on the remote until a version is
+    read (the repository caches the remote). Checks out the remote's HEAD
+    branch. A failed clone leaves nothing behind.
+    """
+    bucket = open_bucket(url, endpoint_url)
+    try:
+        raw = bucket.get(layout.MARKER)
+        head = bucket.get_versioned(layout.HEAD)
+    except NotFound:
+        raise RemoteError(f"{url} holds no mvc remote (no {layout.MARKER}); push to it first") from None
+    finally:
+        bucket.close()
+    chunk_size = layout.parse_marker(raw, url)
+    target = Path(path)
+    existed = target.exists()
+    repo = repo_cls.init(target, chunk_size=chunk_size)
+    try:
+        with repo.index.write() as txn:
+            config.add(txn, name, url, endpoint_url)
+            if lazy:
+                txn.put_meta(config.CACHE_REMOTE, name.encode())
+        if lazy:  # reopened: the chunk store is chosen when a repository opens
+            repo.close()
+            repo = repo_cls(target)
+        report = fetch(repo, name, progress)
+        branch = layout.decode_head(head[0]) if head else None
+        branch = refnames.short_name(branch) if branch else None
+        with repo.index.write() as txn:
+            tracking = txn.ref(REMOTES + name + "/" + branch) if branch else None
+            if tracking is not None:
+                txn.set_ref(refnames.BRANCHES + branch, RefValue(id=tracking.id))
+                txn.append_reflog(refnames.BRANCHES + branch, {"old": None, "new": tracking.id,
+                                                                "time": repo.refs.now(), "message": f"clone: {url}"})
+                txn.set_ref(refnames.HEAD, RefValue(target=refnames.BRANCHES + branch))
+        return repo, report
+    except BaseException:
+        repo.close()
+        shutil.rmtree(target / ".mvc", ignore_errors=True)
+        if not existed:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
+

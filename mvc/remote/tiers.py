@@ -1,0 +1,366 @@
+"""Tiers: the local packs as a bounded cache in front of a remote.
+
+Vocabulary:
+
+- **cached remote**: the remote named by the ``cache.remote`` setting. A
+  repository that has one reads chunks through ``CacheStore``: local packs
+  first, then ranged reads of the remote's packs for what is not here,
+  verified on arrival and kept in a new local pack.
+- **evictable chunk**: one the catalogue shows in a pack on the cached
+  remote (after a fresh listing), that no pinned commit uses. Chunks only
+  here (not yet pushed) are never evicted.
+- **pinned commits**: what HEAD names, the tips of branches with a live
+  write lock (a run is training there), and refs pinned with ``mvc cache
+  pin REF`` (``keep-local``).
+- **budget**: ``cache.max-bytes``; eviction drops the least recently read
+  local packs first until the packs fit (a pack that also holds chunks it
+  must keep is rewritten with only those).
+
+Eviction holds the exclusive gc lock, so no load reads a pack it deletes;
+it drops index entries in one transaction and deletes pack files after,
+so a crash in between leaves only unreferenced packs that gc reclaims.
+"""
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from .. import refs as refnames
+from ..errors import CorruptObject, LockHeld, ObjectNotFound
+from ..objects import TensorLeaf
+from ..store import fs
+from ..store.chunks import THREADS, ChunkStore, PackStore, Request
+from ..store.packs import PACK_NAME
+from ..traverse import walk as walk_tree
+from . import config, transfer
+from .catalogue import Catalogue
+from .sync import Connection
+
+
+@dataclass(frozen=True)
+class EvictReport:
+    budget: Optional[int]
+    bytes_before: int
+    bytes_after: int
+    packs_evicted: int = 0
+    packs_rewritten: int = 0
+    chunks_evicted: int = 0
+    kept_pinned: int = 0  # chunks kept because a pinned commit uses them
+    kept_local: int = 0  # chunks kept because the remote does not hold them
+
+
+@dataclass(frozen=True)
+class CacheStatus:
+    remote: Optional[str]
+    budget: Optional[int]
+    local_bytes: int  # bytes of local pack files
+    local_chunks: int
+    remote_chunks: int  # chunks the cached remote holds (as last listed)
+    remote_bytes: int
+    only_remote: int  # reachable chunks held only on the remote
+    only_local: int  # reachable chunks not yet on the remote (never evicted)
+
+
+def chunk_store(repo) -> ChunkStore:
+    """The chunk store for ``repo``: a CacheStore when it caches a remote, else its PackStore."""
+    with repo.index.read() as txn:
+        name = config.cache_remote(txn)
+    if name is None:
+        return repo.chunks
+    return CacheStore(repo, repo.chunks, name)
+
+
+class CacheStore(ChunkStore):
+    """Local packs (``local``, a PackStore) in front of remote ``name``'s packs."""
+
+    def __init__(self, repo, local: PackStore, name: str):
+        self.repo, self.local, self.name = repo, local, name
+        self._conn: Optional[Connection] = None
+        self._lock = threading.Lock()
+        self._used: set = set()
+        self.fetched = 0  # chunk bytes fetched from the remote by this store
+
+    @property
+    def conn(self) -> Connection:
+        with self._lock:
+            if self._conn is None:
+                self._conn = Connection(self.repo, self.name)
+            return self._conn
+
+    @property
+    def packs(self):  # callers that reach for PackStore's reader (gc's delete step)
+        return self.local.packs
+
+    # -- the seam ------------------------------------------------------------------
+
+    def has(self, cid: bytes, txn) -> bool:
+        return txn.chunk(cid) is not None or self.conn.catalogue.has_chunk(cid)
+
+    def missing(self, ids, txn) -> set:
+        absent = {cid for cid in ids if txn.chunk(cid) is None}
+        return absent - set(self.conn.catalogue.chunks(absent)) if absent else set()
+
+    def remote_only(self, ids, txn) -> set:
+        absent = set()
+        for cid in ids:
+            try:
+                if txn.chunk(cid) is None:
+                    absent.add(cid)
+            except CorruptObject:  # a damaged entry: the checker reports it
+                pass
+        return set(self.conn.catalogue.chunks(absent)) if absent else set()
+
+    def writer(self):
+        return self.local.writer()
+
+    def length(self, cid: bytes, txn, what: str = "") -> int:
+        loc = txn.chunk(cid) or self.conn.catalogue.chunk(cid)
+        if loc is None:
+            raise ObjectNotFound(f"chunk {cid.hex()[:12]}{' of ' + what if what else ''} is neither here nor on "
+                                 f"remote {self.name!r}; run 'mvc fsck'", id=cid)
+        return loc.length
+
+    def read(self, requests: list, txn, progress=None, threads: int = THREADS) -> None:
+        here, away = [], []
+        for req in requests:
+            loc = txn.chunk(req.id)
+            (here if loc is not None else away).append(req)
+            if loc is not None:
+                self._used.add(loc.pack)
+        if here:
+            self.local.read(here, txn, progress, threads=threads)
+        if away:
+            self._fetch(away, progress)
+
+    def _fetch(self, requests: list, progress) -> None:
+        by_id: dict = {}
+        for req in requests:
+            by_id.setdefault(req.id, []).append(req)
+        located = self.conn.catalogue.chunks(by_id)
+        if len(located) < len(by_id):
+            # the catalogue may be stale (a push from elsewhere): list the remote once, then decide
+            self.conn.catalogue.refresh(self.conn.bucket)
+            located = self.conn.catalogue.chunks(by_id)
+        for cid, reqs in by_id.items():
+            loc = located.get(cid)
+            if loc is None:
+                raise ObjectNotFound(f"chunk {cid.hex()[:12]} of {reqs[0].what or 'a tensor'} is neither here nor on "
+                                     f"remote {self.name!r}; run 'mvc fsck'", id=cid)
+            if any(memoryview(r.buffer).nbytes != loc.length for r in reqs):
+                raise CorruptObject(f"chunk {cid.hex()[:12]} of {reqs[0].what} has another length on remote "
+                                    f"{self.name!r}; run 'mvc fsck --remote {self.name}'", id=cid)
+        batch, guard = self.local.writer(), threading.Lock()
+
+        def deliver(cid, data):
+            for req in by_id[cid]:
+                memoryview(req.buffer).cast("B")[:] = data
+            with guard:
+                batch.add(cid, data)
+        try:
+            transfer.fetch_chunks(self.conn.bucket, located, deliver, lambda cid: f" of {by_id[cid][0].what}",
+                                  progress)
+            self.fetched += sum(loc.length for loc in located.values())
+            if self.repo.index.readonly:
+                batch.abort()
+                return
+            batch.seal()
+        except BaseException:
+            batch.abort()
+            raise
+        with self.repo.index.write() as txn:  # kept: the next read of these finds them here
+            batch.publish(txn)
+        self._used.update(loc.pack for loc in batch.locations.values())
+
+    def verify(self, locations: dict, txn=None, threads: int = THREADS, progress=None) -> list:
+        return self.local.verify(locations, txn, threads, progress)
+
+    def close(self) -> None:
+        try:
+            if self._conn is not None:
+                if self._used and not self.repo.index.readonly:
+                    self._conn.catalogue.touch(self._used)
+                if self.fetched:
+                    self._evict_quietly()
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            self.local.close()
+
+    def _evict_quietly(self) -> None:
+        """Keep to the budget after reads brought chunks in; skipped while gc or a load holds the lock."""
+        with self.repo.index.read() as txn:
+            budget = config.cache_max(txn)
+        if budget is None or local_bytes(self.repo) <= budget:
+            return
+        old = self.repo.gc_lock.timeout
+        self.repo.gc_lock.timeout = 0.5
+        try:
+            evict(self.repo, budget)
+        except LockHeld:
+            pass
+        finally:
+            self.repo.gc_lock.timeout = old
+
+
+# -- eviction ---------------------------------------------------------------------
+
+def local_packs(repo) -> dict:
+    """{pack name: (path, size)} of the sealed local packs."""
+    out = {}
+    folder = repo.dir / "packs"
+    for name, regular in fs.entries(folder):
+        match = PACK_NAME.fullmatch(name)
+        if regular and match:
+            try:
+                out[bytes.fromhex(match.group(1))] = (folder / name, os.lstat(folder / name).st_size)
+            except FileNotFoundError:
+                pass
+    return out
+
+
+def local_bytes(repo) -> int:
+    return sum(size for _, size in local_packs(repo).values())
+
+
+def pinned_commits(repo, txn) -> set:
+    out = set()
+    head = repo.refs.head(txn)[1]
+    if head is not None:
+        out.add(head)
+    from ..store import locks as locking
+    for lock in locking.all_locks(txn):
+        if not lock.stale:
+            tip = repo.refs.tip(txn, refnames.BRANCHES + lock.branch)
+            if tip is not None:
+                out.add(tip)
+    for ref in config.pins(txn):
+        value = txn.ref(ref)
+        if value is not None and value.id is not None:
+            out.add(value.id)
+    return out
+
+
+def commit_chunks(repo, txn, commits: set) -> set:
+    """The chunk ids the trees of ``commits`` use (pruned commits use none)."""
+    out = set()
+    for oid in commits:
+        if repo.objects.pruned(txn, oid) is not None:
+            continue
+        tree = repo.objects.commit_tree(txn, oid)
+        for _, leaf in walk_tree(tree.root):
+            if isinstance(leaf, TensorLeaf):
+                out.update(repo.objects.tensor(txn, leaf.id).chunks)
+    return out
+
+
+def evict(repo, budget: Optional[int] = None) -> EvictReport:
+    """Drop local copies of chunks safely on the cached remote until the packs fit ``budget``
+    (default: ``cache.max-bytes``; 0 evicts everything evictable).
+
+    Raises BadInput if no remote is cached, LockHeld if gc or loads keep the
+    lock, RemoteError if the remote cannot be listed (nothing is evicted
+    on the strength of an old listing).
+    """
+    from ..errors import BadInput
+    with repo.index.read() as txn:
+        name = config.cache_remote(txn)
+        budget = config.cache_max(txn) if budget is None else budget
+    if name is None:
+        raise BadInput("no remote is cached: set one with 'mvc config cache.remote NAME'")
+    if budget is None:
+        raise BadInput("no cache budget: set one with 'mvc config cache.max-bytes SIZE' or give one")
+    conn = Connection(repo, name)
+    try:
+        conn.catalogue.refresh(conn.bucket)
+        with repo.gc_lock.exclusive():
+            return _evict(repo, conn.catalogue, budget)
+    finally:
+        conn.close()
+
+
+def _evict(repo, catalogue: Catalogue, budget: int) -> EvictReport:
+    packs = local_packs(repo)
+    before = total = sum(size for _, size in packs.values())
+    report = dict(packs_evicted=0, packs_rewritten=0, chunks_evicted=0, kept_pinned=0, kept_local=0)
+    if total <= budget:
+        return EvictReport(budget, before, total)
+    with repo.index.read() as txn:
+        by_pack: dict = {}
+        for cid, loc in txn.chunks():
+            by_pack.setdefault(loc.pack, []).append((cid, loc))
+        pinned = commit_chunks(repo, txn, pinned_commits(repo, txn))
+    order = sorted((n for n in packs if n in by_pack),
+                   key=lambda n: catalogue.used(n) or os.lstat(packs[n][0]).st_mtime)
+    for name in order:
+        if total <= budget:
+            break
+        items = by_pack[name]
+        remote = catalogue.chunks([cid for cid, _ in items])
+        drop = [(cid, loc) for cid, loc in items if cid in remote and cid not in pinned]
+        dropped = {cid for cid, _ in drop}
+        keep = [(cid, loc) for cid, loc in items if cid not in dropped]
+        report["kept_pinned"] += sum(1 for cid, _ in keep if cid in pinned)
+        report["kept_local"] += sum(1 for cid, _ in keep if cid not in remote)
+        if not drop:
+            continue
+        moved = _rewrite(repo, keep) if keep else {}
+        with repo.index.write() as txn:
+            for cid, loc in drop:
+                if txn.chunk(cid) == loc:
+                    txn.delete_chunk(cid)
+            for cid, loc in keep:
+                if txn.chunk(cid) == loc:
+                    txn.put_chunk(cid, moved[cid], overwrite=True)
+        repo.chunks.packs.close()  # no descriptor may keep the deleted pack's space
+        os.unlink(packs[name][0])
+        report["chunks_evicted"] += len(drop)
+        report["packs_rewritten" if keep else "packs_evicted"] += 1
+        total = local_bytes(repo)
+    fs.fsync_dir(repo.dir / "packs")
+    return EvictReport(budget, before, total, **report)
+
+
+def _rewrite(repo, keep: list) -> dict:
+    """Copy chunks (verified) to a new local pack; {id: new Location}."""
+    store = getattr(repo.chunks, "local", repo.chunks)
+    batch = store.writer()
+    try:
+        with repo.index.read() as txn:
+            for cid, loc in keep:
+                buffer = bytearray(loc.length)
+                store.read([Request(cid, buffer)], txn)
+                batch.add(cid, buffer)
+        batch.seal()
+    except BaseException:
+        batch.abort()
+        raise
+    return batch.locations
+
+
+def status(repo) -> CacheStatus:
+    """Local vs remote bytes of the cached remote (or of the default remote when none is cached)."""
+    from .. import reach
+    with repo.index.read() as txn:
+        name = config.cache_remote(txn)
+        budget = config.cache_max(txn)
+        if name is None:
+            known = config.names(txn)
+            name = "origin" if "origin" in known else (known[0] if len(known) == 1 else None)
+        local_chunks = sum(1 for _ in txn.ids("chunks"))
+        live = reach.walk(txn, repo.objects).chunk_length if name else {}
+        here = {cid for cid in live if txn.chunk(cid) is not None}
+    remote_chunks = remote_bytes = only_remote = only_local = 0
+    if name is not None and os.path.isdir(repo.dir / "remotes" / name):  # never listed: nothing known yet
+        catalogue = Catalogue(repo.dir, name)
+        try:
+            remote_chunks, remote_bytes = catalogue.remote_bytes()
+            on_remote = set(catalogue.chunks(live))
+            only_remote = len(set(live) - here)
+            only_local = len(here - on_remote)
+        finally:
+            catalogue.close()
+    return CacheStatus(name, budget, local_bytes(repo), local_chunks, remote_chunks, remote_bytes,
+                       only_remote, only_local)
+

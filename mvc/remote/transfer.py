@@ -1,0 +1,187 @@
+"""Moving chunk bytes to and from a remote: ranged reads of packs, verified; packs built and uploaded.
+
+Reads: the wanted chunks are grouped by remote pack and cut into spans of
+records that lie close together (gaps under ``GAP`` bytes are read and
+thrown away, spans stop near ``SPAN_BYTES``), read with one ranged GET each,
+several at once. Every chunk is BLAKE3-hashed against its id the moment
+it arrives; only then is it handed on. Writes: chunks go into packs of
+about ``layout.PACK_BYTES``, read straight into the upload buffer through
+the chunk store (which verifies them), and several packs upload at once.
+"""
+
+import threading
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional
+
+from .. import hashing
+from ..errors import ChecksumMismatch, ObjectNotFound
+from ..store.chunks import Request
+from . import layout
+
+GAP = 256 << 10
+SPAN_BYTES = 16 << 20
+THREADS = 8
+UPLOADS = 3  # packs in flight at once: bounded memory (3 x PACK_BYTES), the link kept busy
+
+
+def spans(locations: dict) -> list:
+    """[(pack name, start, stop, [(id, Location)])]: the ranged reads that fetch ``locations``."""
+    by_pack = defaultdict(list)
+    for cid, loc in locations.items():
+        by_pack[loc.pack].append((cid, loc))
+    out = []
+    for name, items in by_pack.items():
+        items.sort(key=lambda item: item[1].offset)
+        current = None
+        for cid, loc in items:
+            if current and loc.offset - current[2] <= GAP and loc.offset + loc.length - current[1] <= SPAN_BYTES:
+                current[2] = max(current[2], loc.offset + loc.length)
+                current[3].append((cid, loc))
+            else:
+                current = [name, loc.offset, loc.offset + loc.length, [(cid, loc)]]
+                out.append(current)
+    return [tuple(s) for s in out]
+
+
+def fetch_chunks(bucket, locations: dict, deliver: Callable, what: Callable = lambda cid: "",
+                 progress: Optional[Callable[[int], None]] = None, threads: int = THREADS) -> int:
+    """Read every chunk {id: remote Location}, verify it, and call ``deliver(id, bytes)``.
+
+    ``deliver`` may run in several threads at once. Returns the bytes read
+    from the remote (chunk data plus the gaps read along). Raises
+    ChecksumMismatch naming the remote pack when bytes do not hash to their
+    id (nothing of that chunk is delivered), NotFound / RemoteError.
+    """
+    work = spans(locations)
+
+    def one(span):
+        name, start, stop, items = span
+        key = layout.pack_key(layout.CHUNK_PACKS, name)
+        data = memoryview(bucket.get_range(key, start, stop))
+        for cid, loc in items:
+            piece = data[loc.offset - start:loc.offset - start + loc.length]
+            if hashing.digest(piece) != cid:
+                raise ChecksumMismatch(f"chunk {cid.hex()[:12]}{what(cid)} read from remote pack {key} is corrupt "
+                                       "(BLAKE3 mismatch); nothing was stored: run 'mvc fsck --remote'", id=cid)
+            deliver(cid, piece)
+        if progress:
+            progress(sum(loc.length for _, loc in items))
+        return stop - start
+    if len(work) <= 1 or threads <= 1:
+        return sum(one(span) for span in work)
+    with ThreadPoolExecutor(min(threads, len(work))) as pool:
+        return sum(pool.map(one, work))
+
+
+def pack_groups(items: list, limit: Optional[int] = None) -> list:
+    """(id, length) items cut into lists of about ``limit`` (``layout.PACK_BYTES``) bytes each, one pack per list."""
+    limit = limit or layout.PACK_BYTES
+    out, current, size = [], [], 0
+    for item in items:
+        if current and size + item[1] > limit:
+            out.append(current)
+            current, size = [], 0
+        current.append(item)
+        size += item[1]
+    if current:
+        out.append(current)
+    return out
+
+
+class Uploader:
+    """Uploads pack images, ``UPLOADS`` at a time, recording each in the catalogue once it is durable."""
+
+    def __init__(self, bucket, catalogue, progress: Optional[Callable[[int], None]] = None):
+        self.bucket, self.catalogue, self.progress = bucket, catalogue, progress
+        self.pool = ThreadPoolExecutor(UPLOADS)
+        self.slots = threading.Semaphore(UPLOADS + 1)  # images built ahead of the uploads: bounded memory
+        self.pending = []
+        self.packs = self.bytes = 0
+
+    def submit(self, folder: str, image: layout.PackImage) -> None:
+        key = layout.pack_key(folder, layout.new_name())
+        self.pending.append(self.pool.submit(self._send, key, image))
+        self._reap(block=False)
+
+    def reserve(self) -> None:
+        """Wait for room for one more image in memory."""
+        self.slots.acquire()
+
+    def _send(self, key: str, image: layout.PackImage) -> int:
+        try:
+            self.bucket.put(key, image.data)
+            entries = [(cid, off, n) for (cid, n), off in zip(image.items, image.offsets)]
+            self.catalogue.add_pack(key, entries)
+            if self.progress:
+                self.progress(len(image.data))
+            return len(image.data)
+        finally:
+            self.slots.release()
+
+    def _reap(self, block: bool) -> None:
+        keep = []
+        for future in self.pending:
+            if block or future.done():
+                self.bytes += future.result()
+                self.packs += 1
+            else:
+                keep.append(future)
+        self.pending = keep
+
+    def finish(self) -> None:
+        """Wait for every upload; re-raises the first failure."""
+        try:
+            self._reap(block=True)
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def upload_chunks(repo, bucket, catalogue, chunks: list, progress=None) -> tuple:
+    """Pack and upload (id, length) chunks read through ``repo.chunks``; (packs, bytes) sent.
+
+    The caller holds ``repo.gc_lock.shared()``.
+    """
+    uploader = Uploader(bucket, catalogue, progress)
+    try:
+        for group in pack_groups(chunks):
+            uploader.reserve()
+            image = layout.PackImage(group)
+            with repo.index.read() as txn:
+                repo.chunks.read([Request(cid, image.slot(i), "a chunk to push") for i, (cid, _) in enumerate(group)],
+                                 txn)
+            uploader.submit(layout.CHUNK_PACKS, image)
+    finally:
+        uploader.finish()
+    return uploader.packs, uploader.bytes
+
+
+def upload_objects(bucket, catalogue, records: list) -> tuple:
+    """Upload (id, bytes) object records as object packs; (packs, bytes) sent."""
+    uploader, data = Uploader(bucket, catalogue), dict(records)
+    try:
+        for group in pack_groups([(oid, len(raw)) for oid, raw in records]):
+            uploader.reserve()
+            image = layout.PackImage(group)
+            for i, (oid, _) in enumerate(group):
+                image.slot(i)[:] = data[oid]
+            uploader.submit(layout.OBJECT_PACKS, image)
+    finally:
+        uploader.finish()
+    return uploader.packs, uploader.bytes
+
+
+def read_pack_records(bucket, key: str, entries: list) -> dict:
+    """{id: bytes} of every record of remote pack ``key`` (read whole), each verified against its id."""
+    data = memoryview(bucket.get(key))
+    out = {}
+    for oid, offset, length in entries:
+        piece = data[offset:offset + length]
+        if len(piece) != length:
+            raise ObjectNotFound(f"remote pack {key} is shorter than its trailer says; run 'mvc fsck --remote'")
+        if hashing.digest(piece) != oid:
+            raise ChecksumMismatch(f"object {oid.hex()[:12]} in remote pack {key} is corrupt (BLAKE3 mismatch); "
+                                   "nothing was stored: run 'mvc fsck --remote'", id=oid)
+        out[oid] = bytes(piece)
+    return out
+

@@ -1,0 +1,315 @@
+"""Remotes in a folder on this machine: push, fetch, pull, clone, tiers, damage, repair.
+
+The same code paths as S3 (tests/test_remote_s3.py runs the S3 ones
+against a real SeaweedFS); folders make these fast. Tensors are tiny and
+the chunk size is 64 bytes, so every state spans many chunks.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import mvc
+from mvc.cli import main
+from mvc.remote import layout
+from mvc.remote.bucket import FolderBucket, PreconditionFailed, RemoteError
+from mvc.remote.sync import REJECTED
+
+SMALL = 64
+
+
+def state(seed: int = 0, n: int = 2000) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"model": {"w": torch.randn(n, generator=g), "frozen": torch.arange(n, dtype=torch.float32)},
+            "step": seed, "opt": [torch.ones(7, dtype=torch.bfloat16) * seed]}
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return (a.dtype == b.dtype and a.shape == b.shape
+                and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.fixture
+def origin(tmp_path):
+    """A repository with two commits on main and a folder remote 'origin' it has pushed to."""
+    repo = mvc.Repository.init(tmp_path / "a", chunk_size=SMALL)
+    repo.commit(state(0), "first")
+    s = state(0)
+    s["model"]["w"][:16] = 1.0  # one chunk changes
+    repo.commit(s, "second")
+    repo.remote_add("origin", str(tmp_path / "remote"))
+    repo.push()
+    yield repo
+    repo.close()
+
+
+def remote_packs(tmp_path) -> list:
+    return sorted((tmp_path / "remote" / "packs").glob("*.pack"))
+
+
+def test_clone_round_trip_bit_exact_and_fsck_clean(origin, tmp_path):
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
+    try:
+        assert clone.head().branch == "main" and clone.resolve("main") == origin.resolve("main")
+        for rev in ("main", "main~1"):
+            assert same(clone.load(rev), origin.load(rev))
+        assert clone.fsck().ok and origin.fsck().ok
+        assert clone.fsck_remote().ok
+        assert [c.id for c in clone.log()] == [c.id for c in origin.log()]
+    finally:
+        clone.close()
+
+
+def test_push_sends_only_what_the_remote_lacks(origin, tmp_path):
+    again = origin.push()
+    assert (again.chunks, again.objects, again.refs[0].status) == (0, 0, "up to date")
+    s = origin.load()
+    s["model"]["w"][96:112] = 3.0  # bytes 384-447: exactly one chunk
+    origin.commit(s, "third")
+    report = origin.push()
+    assert report.chunks == 1 and report.chunk_bytes == SMALL
+    assert report.commits == 1 and report.objects == 3  # commit, tree, the changed tensor
+    assert origin.resolve("origin/main") == origin.resolve("main")
+
+
+def test_fetch_moves_only_missing_and_tracking_refs(origin, tmp_path):
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
+    s = origin.load()
+    s["model"]["w"][-16:] = 7.0
+    c = origin.commit(s, "third")
+    origin.push()
+    report = clone.fetch()
+    assert report.chunks == 1 and report.objects == 3
+    assert clone.resolve("origin/main") == c.id and clone.resolve("main") != c.id
+    assert same(clone.load("origin/main"), s)
+    assert clone.fetch().chunks == 0
+    pulled = clone.pull()
+    assert pulled.status == "fast-forward" and clone.resolve("main") == c.id
+    assert clone.fsck().ok
+    clone.close()
+
+
+def test_two_pushers_one_wins_the_other_is_rejected(origin, tmp_path):
+    other = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
+    s = origin.load()
+    s["step"] = 100
+    origin.commit(s, "mine")
+    s["step"] = 200
+    theirs = other.commit(s, "theirs")
+    other.push()
+    with pytest.raises(mvc.RefConflict, match=REJECTED):
+        origin.push()
+    assert other.fetch().refs[0].status == "up to date"
+    origin.fetch()
+    assert origin.resolve("origin/main") == theirs.id  # their update is not lost
+    other.close()
+
+
+def test_conditional_put_races_lose_cleanly(tmp_path):
+    bucket = FolderBucket(tmp_path / "r", create=True)
+    etag = bucket.put("refs/heads/x", b"1", if_absent=True)
+    with pytest.raises(PreconditionFailed):
+        bucket.put("refs/heads/x", b"2", if_absent=True)
+    bucket.put("refs/heads/x", b"3", if_match=etag)
+    with pytest.raises(PreconditionFailed):
+        bucket.put("refs/heads/x", b"4", if_match=etag)  # stale etag
+    assert bucket.get("refs/heads/x") == b"3"
+    bucket.check_conditional()
+
+
+class IgnoresConditions(FolderBucket):
+    """A store that accepts every conditional write (as some S3 clones do)."""
+
+    def put(self, key, data, if_match=None, if_absent=False):
+        return super().put(key, data)
+
+
+def test_a_store_without_conditional_writes_is_refused(tmp_path):
+    with pytest.raises(RemoteError, match="does not honour conditional writes"):
+        IgnoresConditions(tmp_path / "r", create=True).check_conditional()
+
+
+def test_lazy_clone_reads_on_demand_verified_and_keeps_them(origin, tmp_path):
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        assert lazy.status().chunks == 0 and lazy.fsck().ok
+        assert same(lazy.load("main~1"), origin.load("main~1"))
+        got = lazy.status().chunks
+        assert got > 0 and lazy.cache_status().only_remote == 1  # only main's one changed chunk is away
+        assert same(lazy.load("main"), origin.load("main"))
+        assert lazy.fsck().ok and lazy.status().chunks == got + 1
+        assert lazy.gc().chunks_removed == 0 and same(lazy.load("main"), origin.load("main"))
+    finally:
+        lazy.close()
+
+
+def test_lazy_clone_commits_and_pushes(origin, tmp_path):
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    s = origin.load()
+    s["model"]["w"][:16] = 9.0
+    c = lazy.commit(s, "from the lazy clone")
+    assert c.stats.chunks_new == 1  # the rest is deduplicated against the remote, never fetched
+    assert lazy.status().chunks == 1
+    report = lazy.push()
+    assert report.chunks == 1
+    origin.pull()
+    assert same(origin.load(), s)
+    lazy.close()
+
+
+def test_eviction_under_a_budget_keeps_unpushed_and_pinned(origin, tmp_path):
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        lazy.load("main")
+        lazy.load("main~1")
+        lazy.create_branch("old", "main~1")
+        lazy.checkout("old")
+        lazy.pin("old")
+        s = lazy.load("old")
+        s["model"]["w"][:16] = 5.0
+        lazy.commit(s, "not pushed", branch="side")  # only here: never evicted
+        before = lazy.status().chunks
+        lazy.config("cache.max-bytes", "0")
+        report = lazy.evict()
+        assert report.kept_local >= 1 and report.kept_pinned > 0
+        assert 0 < lazy.status().chunks < before
+        lazy.pin("old", False)
+        lazy.checkout("main")
+        report = lazy.evict(0)
+        with lazy.index.read() as txn:
+            assert txn.chunk(lazy.entries("side")[1].chunks[0]) is not None  # the unpushed chunk stayed
+        assert lazy.fsck().ok
+        for rev, theirs in (("main", "main"), ("old", "main~1")):
+            assert same(lazy.load(rev), origin.load(theirs))  # evicted ones come back, verified
+        assert same(lazy.load("side"), s)
+    finally:
+        lazy.close()
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_byte_on_the_remote_is_found_and_refused(origin, tmp_path):
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    full = mvc.Repository.init(tmp_path / "full", chunk_size=SMALL)
+    full.remote_add("origin", str(tmp_path / "remote"))
+    biggest = max(remote_packs(tmp_path), key=lambda p: p.stat().st_size)
+    _flip_byte(biggest, 200)
+    report = origin.fsck_remote()
+    assert not report.ok and any(biggest.name in p.object for p in report.problems)
+    with pytest.raises(mvc.ChecksumMismatch, match="remote pack"):
+        full.fetch()
+    assert full.remote_branches() == [] and full.status().chunks == 0  # nothing indexed, no ref moved
+    with pytest.raises(mvc.ChecksumMismatch):
+        lazy.load("main")
+    assert lazy.fsck().ok
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "fsck", "--remote", "origin"])
+    assert result.exit_code == 1 and "checksum-mismatch" in result.output
+    lazy.close()
+    full.close()
+
+
+def test_deleted_remote_pack_is_named(origin, tmp_path):
+    pack = max(remote_packs(tmp_path), key=lambda p: p.stat().st_size)
+    pack.unlink()
+    report = origin.fsck_remote()
+    assert not report.ok and any(p.kind == "missing-chunk" and "heads/main" in p.refs[0] for p in report.problems)
+    fresh = mvc.Repository.init(tmp_path / "fresh", chunk_size=SMALL)
+    fresh.remote_add("origin", str(tmp_path / "remote"))
+    with pytest.raises(mvc.CorruptObject, match="missing on remote"):
+        fresh.fetch()
+    fresh.close()
+
+
+def test_repair_refetches_damaged_local_chunks(origin, tmp_path):
+    packs = sorted((tmp_path / "a" / ".mvc" / "packs").glob("*.pack"), key=lambda p: p.stat().st_size)
+    _flip_byte(packs[-1], 8 + 36 + 3)  # inside the first record's data
+    assert not origin.fsck().ok
+    report = origin.repair()
+    assert report.chunks_repaired >= 1 and report.after.ok
+    assert same(origin.load("main~1"), state(0))
+
+
+def test_protected_and_locked_remote_refs(origin, tmp_path):
+    other = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
+    origin.remote_lock("main", owner="alice")
+    s = other.load()
+    s["step"] = 5
+    other.commit(s, "bob's", author="bob")
+    os.environ["MVC_AUTHOR"] = "bob"
+    try:
+        with pytest.raises(mvc.LockHeld, match="alice"):
+            other.push()
+    finally:
+        del os.environ["MVC_AUTHOR"]
+    assert origin.remote_unlock("main", owner="alice")
+    origin.create_tag("v1", "main", protect=True)
+    origin.push(refs=("v1",))
+    origin.create_tag("v1", "main~1", force=True, protect=True)
+    with pytest.raises(mvc.ProtectedRef):
+        origin.push(refs=("v1",))
+    other.close()
+
+
+def test_pull_refuses_diverged_history(origin, tmp_path):
+    other = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
+    s = origin.load()
+    s["step"] = 1
+    origin.commit(s, "a")
+    origin.push()
+    s["step"] = 2
+    other.commit(s, "b")
+    with pytest.raises(mvc.RefConflict, match="diverged"):
+        other.pull()
+    other.close()
+
+
+def test_layout_marker_and_refs_on_the_remote(origin, tmp_path):
+    root = tmp_path / "remote"
+    assert layout.parse_marker((root / "MVCREMOTE").read_bytes(), "x") == SMALL
+    oid, protected = layout.decode_ref((root / "refs/heads/main").read_bytes(), "main")
+    assert oid.hex() == origin.resolve("main") and not protected
+    assert layout.decode_head((root / "HEAD").read_bytes()) == "heads/main"
+    assert all(p.read_bytes()[:8] == b"MVCPACK1" for p in remote_packs(tmp_path))
+
+
+def test_cli_remote_commands(tmp_path):
+    runner = CliRunner()
+
+    def run(*args, code=0):
+        result = runner.invoke(main, ["-C", str(tmp_path / "a"), *args])
+        assert result.exit_code == code, result.output
+        return result.output
+    mvc.Repository.init(tmp_path / "a", chunk_size=SMALL).close()
+    torch.save(state(1), tmp_path / "s.pt")
+    run("commit", str(tmp_path / "s.pt"), "-m", "one")
+    run("remote", "add", "origin", str(tmp_path / "remote"))
+    assert "origin" in run("remote", "list")
+    assert '"url"' in run("remote", "list", "--json")
+    assert "(new)" in run("push")
+    assert "origin/main" in run("branch", "-r")
+    assert "one" in run("log", "--oneline", "origin/main")
+    assert "remote origin" in run("status")
+    out = runner.invoke(main, ["clone", "--lazy", str(tmp_path / "remote"), str(tmp_path / "c")])
+    assert out.exit_code == 0 and "lazy" in out.output
+    assert "ok" in run("fsck", "--remote", "origin")
+    err = runner.invoke(main, ["-C", str(tmp_path / "a"), "remote", "add", "x", "ftp://nope"])
+    assert err.exit_code == 1 and "not supported" in err.output and "Traceback" not in err.output
+    err = runner.invoke(main, ["-C", str(tmp_path / "a"), "push", "nosuch"])
+    assert err.exit_code == 1 and "no remote named 'nosuch'" in err.output
+    run("config", "cache.max-bytes", "1G")
+    assert run("config", "cache.max-bytes").strip() == str(1 << 30)
+    run("remote", "remove", "origin")
+    assert run("branch", "-r").strip() == ""

@@ -125,6 +125,11 @@ def _state_module():
     return state
 
 
+def _live_module():
+    from . import live  # brings torch, like state
+    return live
+
+
 def _foreign_types() -> tuple:
     """(0-dim scalar types, types shown as text) of numpy and torch, if loaded.
 
@@ -248,6 +253,7 @@ class Repository:
         self.chunks = PackStore(self.dir / "packs")
         self.refs = refs.Refs(self.objects, _now_us)
         self.gc_lock = GcLock(self.dir / "locks")
+        self._live = None  # mvc.live.LiveRecords, made on first use
         with self.index.read() as txn:
             raw = txn.meta("chunk_size")
         if raw is None or len(raw) != 8:
@@ -461,22 +467,48 @@ class Repository:
     # -- load --------------------------------------------------------------
 
     def load(self, rev: str = refs.HEAD, map_location=None,
-             progress: Optional[Callable[[int, int], None]] = None):
+             progress: Optional[Callable[[int, int], None]] = None, only: Optional[str] = None):
         """The state committed at ``rev``: the same nested structure, CPU tensors.
 
         ``map_location`` (a device or device string) moves tensors after loading.
-        Every object and chunk is verified against its id; ChecksumMismatch
-        names the tensor's key path and the commit. CommitPruned if gc
-        retention deleted its tensors. ``progress(done, total)`` is called
-        with the bytes read so far.
+        ``only`` (a glob on dotted keys, as ``diff --only``) reads and verifies
+        only the matching leaves; see ``mvc.live.select`` for the shape of
+        what comes back. Every object and chunk is verified against its id;
+        ChecksumMismatch names the tensor's key path and the commit.
+        CommitPruned if gc retention deleted its tensors. ``progress(done,
+        total)`` is called with the bytes read so far.
         """
         # gc must not move or delete a pack between reading a location and reading the pack
         with self.gc_lock.shared(), self.index.read() as txn:
             oid = self.refs.resolve(txn, rev)
-            tree = self.objects.commit_tree(txn, oid)
-            leaves = [(p, leaf) for p, leaf in walk(tree.root) if isinstance(leaf, TensorLeaf)]
+            root = self.objects.commit_tree(txn, oid).root
+            if only is not None:
+                root = _live_module().select(root, only)
+            leaves = [(p, leaf) for p, leaf in walk(root) if isinstance(leaf, TensorLeaf)]
             tensors = self.read_tensors(txn, leaves, oid, progress)
-        return _state_module().materialize(tree.root, tensors, map_location)
+        return _state_module().materialize(root, tensors, map_location)
+
+    # -- live version switch (mvc/live.py) ---------------------------------
+
+    @property
+    def live(self):
+        """What each live tensor last received from ``load_into`` (``mvc.live.LiveRecords``)."""
+        if self._live is None:
+            self._live = _live_module().LiveRecords()
+        return self._live
+
+    def load_into(self, targets: dict, rev: str = refs.HEAD) -> "Switch":
+        """Update live tensors in place to commit ``rev``, reading only what differs.
+
+        ``targets`` is shaped like part of the committed state: its leaves
+        are live tensors, or objects with state_dict/load_state_dict (a
+        module, an optimizer). Only the keys given are touched; a chunk is
+        skipped only when its bytes provably still hold what the commit
+        needs (``mvc.live``). Raises BadInput on a missing key, dtype or
+        shape mismatch, ChecksumMismatch on a corrupt chunk: before any
+        live tensor changes. Returns a ``mvc.live.Switch``.
+        """
+        return _live_module().load_into(self, targets, rev)
 
     def read_tensors(self, txn, leaves: list, commit_id: bytes, progress=None) -> dict:
         """{tensor id: CPU tensor} for (key path, TensorLeaf) pairs, read in threads and verified.

@@ -31,6 +31,7 @@ from . import exchange as _exchange
 from . import history as _history
 from . import fsck as _fsck
 from . import gc as _gc
+from . import repack as _repack
 from . import hashing, refs
 from .errors import BadInput, CorruptObject, NotARepository, RepositoryExists, UnknownRevision, UnsupportedFormat
 from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
@@ -46,7 +47,11 @@ from .traverse import format_path, walk
 MVC_DIR = ".mvc"
 FORMAT_VERSION = 1
 SEALED_VALUES = "sealed-values"  # refs, reflog, locks and pruned notes carry checksums (format.md 5.8)
-KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES})
+# encoded-records: packs of version 2, whose records may be byte-grouped zstd
+# or deltas (docs/format.md 4.2); written to FORMAT before the first such pack
+# is indexed, so an mvc that cannot decode them refuses the repository.
+ENCODED_RECORDS = "encoded-records"
+KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES, ENCODED_RECORDS})
 # 256 KiB, from benchmarks/bench_core.py --chunk-sizes (1 GiB state): commits
 # and loads are as fast as with 1-4 MiB chunks (per-chunk costs show only at
 # 128 KiB and below), while a few touched embedding rows rewrite a quarter
@@ -101,6 +106,15 @@ def write_format(mvc_dir: Path, extensions) -> None:
         os.close(fd)
     os.rename(tmp, mvc_dir / "FORMAT")
     fs.fsync_dir(mvc_dir)
+
+
+def add_extension(mvc_dir: Path, name: str) -> None:
+    """List extension ``name`` in ``FORMAT`` (atomically, ``write_format``). Called
+    before the first data that needs it is indexed; a crash after it leaves a
+    flag nothing needs yet, which is harmless."""
+    _, extensions = read_format(mvc_dir)
+    if name not in extensions:
+        write_format(mvc_dir, extensions | {name})
 
 
 def _now_us() -> int:
@@ -250,7 +264,7 @@ class Repository:
                 pass
         self.index = Index(self.dir / "index")
         self.objects = ObjectStore()
-        self.chunks = PackStore(self.dir / "packs")
+        self.chunks = PackStore(self.dir / "packs", 2 if ENCODED_RECORDS in extensions else 1)
         self.refs = refs.Refs(self.objects, _now_us)
         self.gc_lock = GcLock(self.dir / "locks")
         self._live = None  # mvc.live.LiveRecords, made on first use
@@ -717,6 +731,19 @@ class Repository:
                       sum(p.stat().st_size for p in packs), self.chunk_size)
 
     # -- the higher verbs ----------------------------------------------------
+
+    # -- denser records (mvc/repack.py, mvc/store/codec.py) -------------------
+
+    def enable_encoded_records(self) -> None:
+        """Turn on the encoded-records extension: FORMAT lists it, and new packs
+        are version 2 packs, which may hold compressed and delta records."""
+        add_extension(self.dir, ENCODED_RECORDS)
+        self.chunks.pack_version = 2
+
+    def repack(self, depth: Optional[int] = None, dry_run: bool = False, progress=None) -> "_repack.RepackReport":
+        """Re-encode live raw chunks as byte-grouped zstd or deltas where it pays;
+        see ``mvc.repack.repack``."""
+        return _repack.repack(self, depth=depth, dry_run=dry_run, progress=progress)
 
     def fsck(self, quick: bool = False, threads=None, progress=None) -> "_fsck.FsckReport":
         """Check everything reachable; see ``mvc.fsck.fsck``."""

@@ -4,5 +4,6 @@ from .base import main
 from . import core  # noqa: F401  (registers init, commit, log, show, checkout, branch, tag, status)
 from . import integrity  # noqa: F401  (registers fsck, lock, unlock, gc)
 from . import compare  # noqa: F401  (registers diff, bisect)
+from . import storage  # noqa: F401  (registers repack)
 
 __all__ = ["main"]

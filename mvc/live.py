@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import dtypes, fingerprint, state as states
+from . import dtypes, fingerprint, hashing, state as states
 from .errors import BadInput
 from .objects import TensorLeaf
 from .store.chunks import THREADS, Request
@@ -78,6 +78,35 @@ class LiveRecords:
     def forget(self, t: torch.Tensor) -> None:
         with self._lock:
             self._records.pop(self.key(t), None)
+
+
+# -- commits: ids of unchanged chunks without BLAKE3 -------------------------------
+
+def identify(record: Optional[_Record], data, off: int, n: int, chunk_size: int) -> tuple:
+    """(chunk id, fingerprint, reused) of ``data[off:off + n]``, chunk ``off // chunk_size``.
+
+    The id is the record's when the bytes' fingerprint equals the one taken of
+    bytes that hashed to that id (the chunk is unchanged since it was last
+    committed or loaded); otherwise BLAKE3 of the bytes. The fingerprint is
+    taken again after hashing and dropped (b"") if the bytes moved meanwhile,
+    so a record never pairs an id with a fingerprint of other bytes.
+    """
+    piece = data[off:off + n]
+    fp = fingerprint.fingerprint(piece)
+    i = off // chunk_size
+    if record is not None and record.chunk_size == chunk_size and i < len(record.chunks) \
+            and record.fingerprints[i] == fp:
+        return record.chunks[i], fp, True
+    cid = hashing.digest(piece)
+    return cid, fp if fingerprint.fingerprint(piece) == fp else b"", False
+
+
+def remember(records: "LiveRecords", slots: list, prints: dict, chunk_size: int) -> None:
+    """Record, for each slot's tensor, the ids just committed and their fingerprints."""
+    for slot in slots:
+        fps = prints.get(id(slot))
+        if fps is not None and len(fps) == len(slot.chunks):
+            records.put(slot.tensor, _Record(chunk_size, tuple(slot.chunks), tuple(fps)))
 
 
 # -- partial loads --------------------------------------------------------------

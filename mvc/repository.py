@@ -449,8 +449,14 @@ class Repository:
         for slot in slots:
             slot.chunks = []
 
+        # Chunks whose bytes still fingerprint as when they were last committed
+        # or loaded keep their id without BLAKE3 (mvc/live.py: identify).
+        live, known, prints = _live_module(), {}, {}
+        for slot in slots:
+            known[id(slot)], prints[id(slot)] = self.live.get(slot.tensor), []
+
         def hash_batch(batch):
-            return [hashing.digest(slot.bytes()[off:off + n]) for slot, off, n in batch]
+            return [live.identify(known[id(slot)], slot.bytes(), off, n, size) for slot, off, n in batch]
 
         batch, bytes_new, done = self.chunks.writer(), 0, 0
         total = sum(s.nbytes for s in slots)
@@ -460,8 +466,11 @@ class Repository:
             with ThreadPoolExecutor(THREADS) as pool, self.index.read() as txn:
                 work = batches(spans, lambda s: s[2], HASH_BYTES)
                 for piece, digests in zip(work, _ahead(pool, hash_batch, work, 2 * THREADS)):
-                    for (slot, off, n), cid in zip(piece, digests):
+                    for (slot, off, n), (cid, fp, reused) in zip(piece, digests):
+                        if reused and not self.chunks.has(cid, txn):  # gc took it: the bytes must be written
+                            cid = hashing.digest(slot.bytes()[off:off + n])
                         slot.chunks.append(cid)
+                        prints[id(slot)].append(fp)
                         if not self.chunks.has(cid, txn) and batch.add(cid, slot.bytes()[off:off + n]):
                             bytes_new += n
                         if off + n == slot.nbytes:
@@ -470,6 +479,7 @@ class Repository:
                     if progress:
                         progress(done, total)
             batch.seal()
+            live.remember(self.live, slots, prints, size)
         except BaseException as exc:
             batch.abort()
             if isinstance(exc, OSError):  # a full disk, above all: say what failed and that nothing changed

@@ -137,3 +137,25 @@ def test_golden_zstd_plane_decodes():
     out = bytearray(64)
     codec.decode(codec.GROUPED, payload, 64, out)
     assert bytes(out) == b"\x3f" * 64
+
+
+def test_golden_index_value_and_trailer_entry(tmp_path):
+    from mvc.store.packs import ENTRY_V2, Location, decode_location, encode_location, read_locations, PackWriter
+    loc = Location(b"\x01" * 16, 44, 100, codec.DELTA, 4096, 1, b"\x02" * 32)
+    raw = encode_location(loc)
+    assert raw.hex() == "01" * 16 + "2c00000000000000" + "64000000" + "02" + "00100000" + "01" + "02" * 32
+    assert decode_location(raw) == loc
+    assert encode_location(Location(b"\x01" * 16, 44, 100)) == b"\x01" * 16 + bytes.fromhex("2c00000000000000 64000000")
+    for bad in (raw[:-1], raw[:28] + b"\x09" + raw[29:], raw[:33] + b"\x00" + raw[34:], raw[:33] + b"\x09" + raw[34:]):
+        with pytest.raises(CorruptObject):
+            decode_location(bad)
+    w = PackWriter(tmp_path, version=2)
+    w.add(b"\x03" * 32, b"x" * 10, codec.GROUPED, 64, 0, None)
+    path = w.seal()
+    body = path.read_bytes()
+    assert body[:8] == b"MVCPACK2" and ENTRY_V2.size == 82
+    [(cid, got)] = read_locations(path, b"\x05" * 16)
+    assert cid == b"\x03" * 32 and (got.offset, got.length, got.kind, got.size, got.depth, got.base) == \
+        (44, 10, codec.GROUPED, 64, 0, None)
+    entry = body[54 + 4:54 + 4 + 82]
+    assert entry.hex() == "03" * 32 + "2c00000000000000" + "0a000000" + "01" + "40000000" + "00" + "00" * 32

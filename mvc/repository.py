@@ -776,6 +776,8 @@ class Repository:
         """
         if expire_reflog is not None and not dry_run:
             self.expire_reflog(older_than=expire_reflog)
+        if ENCODED_RECORDS in read_format(self.dir)[1]:  # a repack elsewhere may have turned it on since open
+            self.chunks.pack_version = 2
         return _gc.gc(self, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
                       force=force, dry_run=dry_run, grace=grace, repack=repack)
 

@@ -188,6 +188,10 @@ def measure(name: str, build, scale: float, ckpts: int, work: Path) -> dict:
         states.append(_copy(state))
         ids.append(c.id)
     raw_packs = _packs(repo)
+    load_raw = load_torch0 = float("inf")
+    for _ in range(3):
+        load_torch0 = min(load_torch0, _timed(lambda: torch.load(files[-1], weights_only=True))[0])
+        load_raw = min(load_raw, _timed(lambda: repo.load(ids[-1]))[0])
     repack_s, report = _timed(lambda: repo.repack())
     dense_packs = _packs(repo)
     bound = _blocks(states)
@@ -210,7 +214,7 @@ def measure(name: str, build, scale: float, ckpts: int, work: Path) -> dict:
     return dict(name=name, torch=torch_bytes, raw=raw_packs, dense=dense_packs, bound=bound,
                 commit=sum(commit_s[1:]) / sum(save_s[1:]), first_commit=commit_s[0] / save_s[0],
                 encode_at_commit=(commit_s[-1] + encode_s) / save_s[-1], repack_s=repack_s,
-                load=load_mvc / load_torch, switch=switch / load_torch, deltas=report.deltas, grouped=report.grouped)
+                load=load_mvc / load_torch, load_raw=load_raw / load_torch0, switch=switch / load_torch, deltas=report.deltas, grouped=report.grouped)
 
 
 def _encode_time(tensors: list, chunk: int = 256 << 10) -> float:
@@ -272,7 +276,7 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{'run':8} {'torch.save':>11} {'mvc':>9} {'repacked':>9} {'bound':>9} | {'mvc/bound':>9} "
-          f"{'pack/bnd':>8} {'pack/raw':>8} | {'commit':>6} {'1st':>5} {'enc@c':>6} {'load':>5} {'switch':>6}")
+          f"{'pack/bnd':>8} {'pack/raw':>8} | {'commit':>6} {'1st':>5} {'enc@c':>6} {'load0':>6} {'load':>5} {'switch':>6}")
     for r in rows:
         print(f"{r['name']} records after repack: {r['grouped']} byte-grouped, {r['deltas']} deltas; "
               f"repack took {r['repack_s']:.1f} s")
@@ -280,14 +284,14 @@ def main():
         print(f"{r['name']:8} {r['torch'] / MiB:9.1f}Mi {r['raw'] / MiB:7.1f}Mi {r['dense'] / MiB:7.1f}Mi "
               f"{r['bound'] / MiB:7.1f}Mi | {r['raw'] / r['bound']:8.2f}x {r['dense'] / r['bound']:7.2f}x "
               f"{r['dense'] / r['raw']:7.3f}x | {r['commit']:5.2f}x {r['first_commit']:4.2f}x "
-              f"{r['encode_at_commit']:5.2f}x {r['load']:4.2f}x {r['switch']:5.3f}x")
+              f"{r['encode_at_commit']:5.2f}x {r['load_raw']:5.2f}x {r['load']:4.2f}x {r['switch']:5.3f}x")
     print(f"bf16 weights after repack: {ratio16:.3f}x raw")
     if hook:
         print(f"10%-changed {args.hook_mib} MiB commit through the hook: {hook['hook']:.3f}x torch.save "
               f"({hook['hook_s']:.2f} s vs {hook['save_s']:.2f} s)")
     print("columns: commit = mvc commit / torch.save (checkpoints 2..n); 1st = the first checkpoint; enc@c = "
           "the last commit plus byte-grouped zstd of all its chunks, / torch.save (what compressing at commit "
-          "would cost); load = mvc load of the last checkpoint after repack / torch.load; switch = load_into "
+          "would cost); load0 / load = mvc load of the last checkpoint before / after repack / torch.load; switch = load_into "
           "between two adjacent checkpoints / torch.load of one")
 
 

@@ -43,6 +43,11 @@ ID_SIZE = 32
 # An encoding is kept only when it saves at least this share of the chunk:
 # decoding costs CPU at every read, so a sliver of saving is not worth it.
 MIN_SAVING = 1 / 32
+# A delta must be at most this share of the chunk's grouped encoding: every
+# delta makes a read decode its base too, which pays for sparse changes (a
+# few rows: the delta is tiny) but not for dense ones (every weight moved:
+# XOR saves a few percent and chains would multiply the decoding work).
+DELTA_GAIN = 0.5
 ENTROPY_SKIP = 7.9  # bits per byte above which a plane is not worth trying to compress
 
 _local = None
@@ -102,7 +107,7 @@ def encode(data, width: int, base=None, base_id: bytes = None) -> tuple:
         other = np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray) else base.reshape(-1)
         if len(other) == size:
             delta = base_id + group(np.bitwise_xor(data, other), width)
-            if len(delta) < best[2]:
+            if len(delta) < best[2] * DELTA_GAIN:
                 best = (DELTA, delta, len(delta))
     if best[0] == RAW or best[2] > size - max(1, int(size * MIN_SAVING)):
         return RAW, None

@@ -34,12 +34,13 @@ from .reach import (CORRUPT_COMMIT, CORRUPT_REF, CORRUPT_REFLOG, CORRUPT_TENSOR,
                     MISSING_COMMIT, MISSING_TENSOR, MISSING_TREE, REFLOG, Finding)
 from .store import chunks as chunkstore
 from .store.fs import entries
-from .store.packs import PACK_NAME, RECORD_HEAD, TMP_NAME, Location, pack_filename, read_trailer, salvage_records
+from .store.packs import PACK_NAME, RECORD_HEAD, TMP_NAME, pack_filename, read_locations, read_trailer, salvage_records
 
 # Kinds of damage, as they appear in reports (the walk's own kinds are in mvc.reach).
 MISSING_CHUNK, BAD_INDEX_ENTRY = "missing-chunk", "bad-index-entry"
 MISSING_PACK, DAMAGED_PACK = "missing-pack", "damaged-pack"
 NOT_IN_PACK, BAD_RECORD, CHECKSUM = "chunk-not-in-pack", chunkstore.BAD_RECORD, chunkstore.CHECKSUM
+BAD_ENCODING, BROKEN_BASE = chunkstore.BAD_ENCODING, chunkstore.BROKEN_BASE
 NOT_REGULAR = "not-a-regular-file"
 
 # Kinds of unreferenced pack bytes.
@@ -178,8 +179,8 @@ class _Checker:
                 continue
             if loc is None:
                 self.find(MISSING_CHUNK, what, "the chunk is missing from the chunk index", chunks={cid})
-            elif loc.length != length:
-                self.find(BAD_INDEX_ENTRY, what, f"the index gives it {loc.length} bytes, its tensor needs "
+            elif loc.size != length:
+                self.find(BAD_INDEX_ENTRY, what, f"the index gives it {loc.size} bytes, its tensor needs "
                           f"{length}", chunks={cid})
             else:
                 self.locations[cid] = loc
@@ -343,8 +344,10 @@ def _rebuild_index(repo) -> RebuildReport:
         txn.drop_chunks()
         chunks = duplicates = 0
         for name, pack in packs.items():
-            for offset, (cid, length) in (pack.records or {}).items():
-                if txn.put_chunk(cid, Location(name, offset, length)):
+            if pack.records is None:
+                continue
+            for cid, loc in read_locations(pack.path, name):
+                if txn.put_chunk(cid, loc):
                     chunks += 1
                 else:
                     duplicates += 1

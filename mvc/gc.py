@@ -44,7 +44,6 @@ from typing import Optional
 from . import reach, refs
 from .errors import BadInput, CorruptObject, MvcError, ProtectedRef, UnknownRevision
 from .objects import ID_SIZE
-from .store.chunks import Request
 from .store.fs import entries, fsync_dir
 from .store.packs import PACK_NAME, RECORD_HEAD, TMP_NAME, read_trailer
 
@@ -469,13 +468,12 @@ def _rewrite(repo, plan: _PackPlan) -> int:
 def _copy_records(repo, txn, batch, path: Path, live: list, notes: list):
     moves = []
     for cid, loc in live:
-        buffer = bytearray(loc.length)
-        try:
-            repo.chunks.read([Request(cid, buffer)], txn)
+        try:  # an encoded record (compressed, delta) moves as it is, proven to decode to its id
+            loc, payload = repo.chunks.read_stored(cid, txn)
         except MvcError as exc:  # records already copied become garbage in the new pack
             notes.append(f"{path.name} not rewritten: {exc}")
             return None
-        batch.add(cid, buffer)
+        batch.add_record(cid, payload, loc.kind, loc.size, loc.depth, loc.base)
         moves.append((cid, loc))
     return moves
 

@@ -8,6 +8,10 @@ Vocabulary:
 - **reachable** (live): a root, a parent of a reachable commit, and the
   tree, tensors and chunks of a reachable commit that gc retention has not
   pruned (a pruned commit keeps only its record).
+- **delta base**: a chunk that a live chunk's record is a delta against
+  (``store/codec.py``). Bases are live too, however they are used, and a
+  base counts as held by the tensors of every chunk that depends on it, so
+  damage to a base is named by those tensors and their commits.
 - **damage**: something the walk needs that is missing, corrupt (does not
   hash to its id or does not decode), or a ref or reflog entry that cannot
   be read. Each is a ``Finding``.
@@ -190,6 +194,25 @@ class _Walker:
                 self.reach.chunk_tensors[cid].add(tid)
                 self.reach.chunk_length.setdefault(cid, length)
 
+    def bases(self) -> None:
+        """Add the delta bases of live chunks (and theirs) to the live chunks."""
+        todo = list(self.reach.chunk_length)
+        while todo:
+            cid = todo.pop()
+            try:
+                loc = self.txn.chunk(cid)
+            except CorruptObject:  # a damaged entry: fsck names it when it locates the chunk
+                continue
+            if loc is None or loc.base is None:
+                continue
+            users = self.reach.chunk_tensors[cid]
+            held = self.reach.chunk_tensors[loc.base]
+            new = loc.base not in self.reach.chunk_length
+            if new or not users <= held:
+                held |= users
+                self.reach.chunk_length.setdefault(loc.base, loc.size)
+                todo.append(loc.base)
+
 
 def reflog_ids(raw: bytes, name: str) -> Optional[list]:
     """The commit ids a raw reflog entry names (old, new; None left out), or None if it is damaged."""
@@ -217,6 +240,7 @@ def walk(txn, objects, policy: str = COLLECT, prune: Iterable[bytes] = (), skip_
     walker.commits()
     walker.trees()
     walker.tensors()
+    walker.bases()
     return walker.reach
 
 

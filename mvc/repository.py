@@ -31,6 +31,7 @@ from . import exchange as _exchange
 from . import history as _history
 from . import fsck as _fsck
 from . import gc as _gc
+from . import repack as _repack
 from . import hashing, refs
 from .errors import BadInput, CorruptObject, MvcError, NotARepository, RepositoryExists, UnknownRevision, UnsupportedFormat
 from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
@@ -46,7 +47,11 @@ from .traverse import format_path, walk
 MVC_DIR = ".mvc"
 FORMAT_VERSION = 1
 SEALED_VALUES = "sealed-values"  # refs, reflog, locks and pruned notes carry checksums (format.md 5.8)
-KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES})
+# encoded-records: packs of version 2, whose records may be byte-grouped zstd
+# or deltas (docs/format.md 4.2); written to FORMAT before the first such pack
+# is indexed, so an mvc that cannot decode them refuses the repository.
+ENCODED_RECORDS = "encoded-records"
+KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES, ENCODED_RECORDS})
 # 256 KiB, from benchmarks/bench_core.py --chunk-sizes (1 GiB state): commits
 # and loads are as fast as with 1-4 MiB chunks (per-chunk costs show only at
 # 128 KiB and below), while a few touched embedding rows rewrite a quarter
@@ -103,6 +108,15 @@ def write_format(mvc_dir: Path, extensions) -> None:
     fs.fsync_dir(mvc_dir)
 
 
+def add_extension(mvc_dir: Path, name: str) -> None:
+    """List extension ``name`` in ``FORMAT`` (atomically, ``write_format``). Called
+    before the first data that needs it is indexed; a crash after it leaves a
+    flag nothing needs yet, which is harmless."""
+    _, extensions = read_format(mvc_dir)
+    if name not in extensions:
+        write_format(mvc_dir, extensions | {name})
+
+
 def _now_us() -> int:
     return time.time_ns() // 1000
 
@@ -133,6 +147,11 @@ def _state_module():
     # metadata (log, show, status, fsck ...) do not need.
     from . import state
     return state
+
+
+def _live_module():
+    from . import live  # brings torch, like state
+    return live
 
 
 def _foreign_types() -> tuple:
@@ -255,9 +274,10 @@ class Repository:
                 pass
         self.index = Index(self.dir / "index")
         self.objects = ObjectStore()
-        self.chunks = PackStore(self.dir / "packs")
+        self.chunks = PackStore(self.dir / "packs", 2 if ENCODED_RECORDS in extensions else 1)
         self.refs = refs.Refs(self.objects, _now_us)
         self.gc_lock = GcLock(self.dir / "locks")
+        self._live = None  # mvc.live.LiveRecords, made on first use
         with self.index.read() as txn:
             raw = txn.meta("chunk_size")
         if raw is None or len(raw) != 8:
@@ -440,8 +460,14 @@ class Repository:
         for slot in slots:
             slot.chunks = []
 
+        # Chunks whose bytes still fingerprint as when they were last committed
+        # or loaded keep their id without BLAKE3 (mvc/live.py: identify).
+        live, known, prints = _live_module(), {}, {}
+        for slot in slots:
+            known[id(slot)], prints[id(slot)] = self.live.get(slot.tensor), []
+
         def hash_batch(batch):
-            return [hashing.digest(slot.bytes()[off:off + n]) for slot, off, n in batch]
+            return [live.identify(known[id(slot)], slot.bytes(), off, n, size) for slot, off, n in batch]
 
         batch, bytes_new, done = self.chunks.writer(), 0, 0
         total = sum(s.nbytes for s in slots)
@@ -451,8 +477,11 @@ class Repository:
             with ThreadPoolExecutor(THREADS) as pool, self.index.read() as txn:
                 work = batches(spans, lambda s: s[2], HASH_BYTES)
                 for piece, digests in zip(work, _ahead(pool, hash_batch, work, 2 * THREADS)):
-                    for (slot, off, n), cid in zip(piece, digests):
+                    for (slot, off, n), (cid, fp, reused) in zip(piece, digests):
+                        if reused and not self.chunks.has(cid, txn):  # gc took it: the bytes must be written
+                            cid = hashing.digest(slot.bytes()[off:off + n])
                         slot.chunks.append(cid)
+                        prints[id(slot)].append(fp)
                         if not self.chunks.has(cid, txn) and batch.add(cid, slot.bytes()[off:off + n]):
                             bytes_new += n
                         if off + n == slot.nbytes:
@@ -461,6 +490,7 @@ class Repository:
                     if progress:
                         progress(done, total)
             batch.seal()
+            live.remember(self.live, slots, prints, size)
         except BaseException as exc:
             batch.abort()
             if isinstance(exc, OSError):  # a full disk, above all: say what failed and that nothing changed
@@ -472,22 +502,48 @@ class Repository:
     # -- load --------------------------------------------------------------
 
     def load(self, rev: str = refs.HEAD, map_location=None,
-             progress: Optional[Callable[[int, int], None]] = None):
+             progress: Optional[Callable[[int, int], None]] = None, only: Optional[str] = None):
         """The state committed at ``rev``: the same nested structure, CPU tensors.
 
         ``map_location`` (a device or device string) moves tensors after loading.
-        Every object and chunk is verified against its id; ChecksumMismatch
-        names the tensor's key path and the commit. CommitPruned if gc
-        retention deleted its tensors. ``progress(done, total)`` is called
-        with the bytes read so far.
+        ``only`` (a glob on dotted keys, as ``diff --only``) reads and verifies
+        only the matching leaves; see ``mvc.live.select`` for the shape of
+        what comes back. Every object and chunk is verified against its id;
+        ChecksumMismatch names the tensor's key path and the commit.
+        CommitPruned if gc retention deleted its tensors. ``progress(done,
+        total)`` is called with the bytes read so far.
         """
         # gc must not move or delete a pack between reading a location and reading the pack
         with self.gc_lock.shared(), self.index.read() as txn:
             oid = self.refs.resolve(txn, rev)
-            tree = self.objects.commit_tree(txn, oid)
-            leaves = [(p, leaf) for p, leaf in walk(tree.root) if isinstance(leaf, TensorLeaf)]
+            root = self.objects.commit_tree(txn, oid).root
+            if only is not None:
+                root = _live_module().select(root, only)
+            leaves = [(p, leaf) for p, leaf in walk(root) if isinstance(leaf, TensorLeaf)]
             tensors = self.read_tensors(txn, leaves, oid, progress)
-        return _state_module().materialize(tree.root, tensors, map_location)
+        return _state_module().materialize(root, tensors, map_location)
+
+    # -- live version switch (mvc/live.py) ---------------------------------
+
+    @property
+    def live(self):
+        """What each live tensor last received from ``load_into`` (``mvc.live.LiveRecords``)."""
+        if self._live is None:
+            self._live = _live_module().LiveRecords()
+        return self._live
+
+    def load_into(self, targets: dict, rev: str = refs.HEAD) -> "Switch":
+        """Update live tensors in place to commit ``rev``, reading only what differs.
+
+        ``targets`` is shaped like part of the committed state: its leaves
+        are live tensors, or objects with state_dict/load_state_dict (a
+        module, an optimizer). Only the keys given are touched; a chunk is
+        skipped only when its bytes provably still hold what the commit
+        needs (``mvc.live``). Raises BadInput on a missing key, dtype or
+        shape mismatch, ChecksumMismatch on a corrupt chunk: before any
+        live tensor changes. Returns a ``mvc.live.Switch``.
+        """
+        return _live_module().load_into(self, targets, rev)
 
     def read_tensors(self, txn, leaves: list, commit_id: bytes, progress=None) -> dict:
         """{tensor id: CPU tensor} for (key path, TensorLeaf) pairs, read in threads and verified.
@@ -697,6 +753,19 @@ class Repository:
 
     # -- the higher verbs ----------------------------------------------------
 
+    # -- denser records (mvc/repack.py, mvc/store/codec.py) -------------------
+
+    def enable_encoded_records(self) -> None:
+        """Turn on the encoded-records extension: FORMAT lists it, and new packs
+        are version 2 packs, which may hold compressed and delta records."""
+        add_extension(self.dir, ENCODED_RECORDS)
+        self.chunks.pack_version = 2
+
+    def repack(self, depth: Optional[int] = None, dry_run: bool = False, progress=None) -> "_repack.RepackReport":
+        """Re-encode live raw chunks as byte-grouped zstd or deltas where it pays;
+        see ``mvc.repack.repack``."""
+        return _repack.repack(self, depth=depth, dry_run=dry_run, progress=progress)
+
     def fsck(self, quick: bool = False, threads=None, progress=None) -> "_fsck.FsckReport":
         """Check everything reachable; see ``mvc.fsck.fsck``."""
         return _fsck.fsck(self, quick=quick, threads=threads, progress=progress)
@@ -718,6 +787,8 @@ class Repository:
         """
         if expire_reflog is not None and not dry_run:
             self.expire_reflog(older_than=expire_reflog)
+        if ENCODED_RECORDS in read_format(self.dir)[1]:  # a repack elsewhere may have turned it on since open
+            self.chunks.pack_version = 2
         return _gc.gc(self, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
                       force=force, dry_run=dry_run, grace=grace, repack=repack)
 

@@ -5,5 +5,6 @@ from . import core  # noqa: F401  (registers init, commit, log, show, checkout, 
 from . import integrity  # noqa: F401  (registers fsck, lock, unlock, gc)
 from . import compare  # noqa: F401  (registers diff, bisect)
 from . import remote  # noqa: F401  (registers remote, push, fetch, pull, clone, config, cache)
+from . import storage  # noqa: F401  (registers repack)
 
 __all__ = ["main"]

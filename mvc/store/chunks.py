@@ -29,7 +29,10 @@ Call order of a write (what "finished" means):
 
 Every byte ``read`` returns has been re-hashed and matched with its id;
 a mismatch raises ``ChecksumMismatch`` naming ``what``; nothing is ever
-returned unverified.
+returned unverified. A record may hold an encoding of its chunk (byte-grouped
+zstd, or a delta against a base chunk: ``codec``); it is decoded, bases
+first (at most ``codec.MAX_DEPTH`` deep), and the decoded bytes are what is
+hashed, so an encoding can never hand back other bytes than its id names.
 """
 
 import os
@@ -41,6 +44,7 @@ from typing import Callable, Iterable, Optional
 
 from .. import hashing
 from ..errors import ChecksumMismatch, CorruptObject, ObjectNotFound
+from . import codec
 from .packs import RECORD_HEAD, Location, PackReader, PackWriter, pack_filename
 
 THREADS = max(1, min(8, os.cpu_count() or 1))
@@ -53,6 +57,7 @@ TASK_BYTES = 16 << 20  # work handed to one thread at a time: amortises the pool
 
 # Kinds of problem ``verify`` reports.
 BAD_RECORD, CHECKSUM, SHORT_PACK, UNREADABLE = "bad-record-header", "checksum-mismatch", "damaged-pack", "missing-pack"
+BAD_ENCODING, BROKEN_BASE = "bad-encoding", "broken-delta-base"
 
 
 @dataclass
@@ -186,10 +191,13 @@ def _named(cid: bytes, what: str) -> str:
 class PackStore(ChunkStore):
     """Chunks in the local ``packs/`` folder, located through the index's chunk table."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, pack_version: int = 1):
         self.directory = Path(directory)
         self.packs = PackReader(self.directory)
         self._scratch = threading.local()
+        # 2 once the repository's FORMAT lists the encoded-records extension:
+        # then every new pack is a version 2 pack, able to hold encoded records.
+        self.pack_version = pack_version
 
     # -- writing -------------------------------------------------------------
 
@@ -197,7 +205,7 @@ class PackStore(ChunkStore):
         return txn.chunk(cid) is not None
 
     def writer(self) -> "PackBatch":
-        return PackBatch(self.directory)
+        return PackBatch(self.directory, self.pack_version)
 
     # -- reading -------------------------------------------------------------
 
@@ -208,16 +216,19 @@ class PackStore(ChunkStore):
         return loc
 
     def length(self, cid: bytes, txn, what: str = "") -> int:
-        return self.locate(cid, txn, what).length
+        return self.locate(cid, txn, what).size  # decoded: what the caller's buffer must hold
 
     def read(self, requests: list, txn, progress=None, threads: int = THREADS) -> None:
-        jobs = []
+        jobs, coded = [], []
         for req in requests:
             loc = self.locate(req.id, txn, req.what)
-            if loc.length != memoryview(req.buffer).nbytes:
+            if loc.size != memoryview(req.buffer).nbytes:
                 raise CorruptObject(f"{_named(req.id, req.what)} has the wrong length in the index; "
                                     "run 'mvc fsck'", id=req.id)
-            jobs.append((loc, req))
+            if loc.coded:  # each alone, with its chain of bases looked up here, in the transaction's thread
+                coded.append([(loc, req, self.chain(req.id, loc, txn, req.what))])
+            else:
+                jobs.append((loc, req))
         pieces = runs(jobs)
         # Cold packs: start the kernel reading every run now, so the reads
         # below find it in the cache instead of waiting for the disk in turn.
@@ -225,9 +236,12 @@ class PackStore(ChunkStore):
 
         def work(task):
             for run in task:
-                self._read_run(run)
-            return sum(job[0].length for run in task for job in run)
-        tasks = batches(pieces, lambda run: sum(job[0].length for job in run))
+                if len(run[0]) == 3:
+                    self._read_coded(*run[0])
+                else:
+                    self._read_run(run)
+            return sum(job[0].size for run in task for job in run)
+        tasks = batches(pieces + coded, lambda run: sum(job[0].size for job in run))
         if len(tasks) <= 1 or threads <= 1:
             for task in tasks:
                 n = work(task)
@@ -238,6 +252,64 @@ class PackStore(ChunkStore):
             for n in pool.map(work, tasks):
                 if progress:
                     progress(n)
+
+    def chain(self, cid: bytes, loc: Location, txn, what: str = "") -> list:
+        """[(id, Location)] of a record's bases, nearest first (empty unless a delta)."""
+        out, seen = [], {cid}
+        while loc.base is not None:
+            if len(out) >= codec.MAX_DEPTH or loc.base in seen:
+                raise CorruptObject(f"{_named(cid, what)} has a chain of deltas deeper than "
+                                    f"{codec.MAX_DEPTH} or one that loops; run 'mvc fsck'", id=cid)
+            base = loc.base
+            seen.add(base)
+            loc = self.locate(base, txn, f"the delta base of {_named(cid, what)}")
+            out.append((base, loc))
+        return out
+
+    def decode(self, cid: bytes, loc: Location, chain: list, out, what: str = "", payload=None) -> None:
+        """Decode the record at ``loc`` (its stored bytes ``payload`` if already
+        read; bases from ``chain``) into ``out``, verified against ``cid``;
+        ChecksumMismatch / CorruptObject naming ``what``."""
+        try:
+            base = None
+            for base_id, base_loc in reversed(chain):  # the deepest base decodes alone
+                data = bytearray(base_loc.size)
+                codec.decode(base_loc.kind, self.packs.read(base_loc), base_loc.size, data, base)
+                base = data
+            payload = self.packs.read(loc) if payload is None else payload
+            if loc.kind == codec.DELTA and codec.delta_base(payload) != loc.base:
+                raise CorruptObject("the delta record names another base than the index")
+            codec.decode(loc.kind, payload, loc.size, out, base)
+        except CorruptObject as exc:
+            raise CorruptObject(f"{_named(cid, what)} cannot be decoded ({exc}); run 'mvc fsck'", id=cid) from None
+        if hashing.digest(out) != cid:
+            broken = [b for b, _ in chain if not self._intact(b, chain)]
+            why = f" (its delta base {broken[0].hex()[:12]} is damaged)" if broken else ""
+            raise ChecksumMismatch(f"{_named(cid, what)} is corrupt (BLAKE3 mismatch){why}; run 'mvc fsck'",
+                                   id=cid)
+
+    def _intact(self, base_id: bytes, chain: list) -> bool:
+        at = [i for i, (b, _) in enumerate(chain) if b == base_id][0]
+        try:
+            out = bytearray(chain[at][1].size)
+            self.decode(base_id, chain[at][1], chain[at + 1:], out)
+            return True
+        except (CorruptObject, ChecksumMismatch):
+            return False
+
+    def _read_coded(self, loc: Location, req: Request, chain: list) -> None:
+        self.decode(req.id, loc, chain, req.buffer, req.what)
+
+    def read_stored(self, cid: bytes, txn, what: str = "") -> tuple:
+        """(Location, the record's stored bytes) of chunk ``cid``, proven to decode to it."""
+        loc = self.locate(cid, txn, what)
+        if not loc.coded:
+            data = bytearray(loc.length)
+            self.read([Request(cid, data, what)], txn)
+            return loc, bytes(data)
+        payload = self.packs.read(loc)
+        self.decode(cid, loc, self.chain(cid, loc, txn, what), bytearray(loc.size), what, payload)
+        return loc, payload
 
     def _read_run(self, run: list) -> None:
         # Record headers matter only to rebuilding the index (verify checks
@@ -256,12 +328,12 @@ class PackStore(ChunkStore):
         Reads go through the same runs as ``read``, into a scratch buffer per thread.
         """
         jobs = sorted(((loc, cid) for cid, loc in locations.items()), key=lambda j: (j[0].pack, j[0].offset))
-        pieces = runs(jobs)
+        pieces = runs([job for job in jobs if not job[0].coded]) + [[job] for job in jobs if job[0].coded]
 
         def work(task):
             found = []
             for run in task:
-                found += self._verify_run(run)
+                found += self._verify_coded(*run[0], locations) if run[0][0].coded else self._verify_run(run)
             return found, sum(loc.length for run in task for loc, _ in run)
         problems = []
         tasks = batches(pieces, lambda run: sum(loc.length for loc, _ in run))
@@ -305,6 +377,35 @@ class PackStore(ChunkStore):
                                         "id (BLAKE3 mismatch)"))
         return problems
 
+    def _verify_coded(self, loc: Location, cid: bytes, locations: dict) -> list:
+        """The Problems of one encoded record: its header, its bases, its decoded bytes."""
+        buffer = bytearray(loc.length)
+        where = f"offset {loc.offset} in {pack_filename(loc.pack)}"
+        try:
+            (head,) = self.packs.read_run([loc], [buffer])
+        except CorruptObject as exc:
+            kind = UNREADABLE if "missing" in str(exc) else SHORT_PACK
+            return [Problem(kind, cid, str(exc))]
+        if RECORD_HEAD.unpack(head) != (cid, loc.length):
+            return [Problem(BAD_RECORD, cid, f"the record header before {where} does not name this chunk and length")]
+        chain, at = [], loc
+        while at.base is not None:
+            base = locations.get(at.base)
+            if base is None or len(chain) >= codec.MAX_DEPTH or at.base == cid:
+                return [Problem(BROKEN_BASE, cid, f"its delta base {at.base.hex()[:12]} cannot be read "
+                                "(missing, or the chain is too deep or loops)")]
+            chain.append((at.base, base))
+            at = base
+        try:
+            self.decode(cid, loc, chain, bytearray(loc.size), payload=bytes(buffer))
+        except ChecksumMismatch as exc:
+            broken = "delta base" in str(exc)
+            return [Problem(BROKEN_BASE if broken else CHECKSUM, cid, f"the record at {where} does not decode to "
+                            f"its id ({'a delta base is damaged' if broken else 'BLAKE3 mismatch'})")]
+        except CorruptObject as exc:
+            return [Problem(BAD_ENCODING, cid, f"the record at {where} cannot be decoded: {exc}")]
+        return []
+
     def close(self) -> None:
         self.packs.close()
 
@@ -312,18 +413,27 @@ class PackStore(ChunkStore):
 class PackBatch(ChunkWriter):
     """New chunks appended to one new pack of this process."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, version: int = 1):
         self.directory = directory
+        self.version = version
         self._writer: Optional[PackWriter] = None
         self._locs: dict = {}
         self.bytes = 0
 
     def add(self, cid: bytes, data) -> bool:
+        return self.add_record(cid, data)
+
+    def add_record(self, cid: bytes, payload, kind: int = codec.RAW, size: int = -1, depth: int = 0,
+                   base: Optional[bytes] = None) -> bool:
+        """Add a record whose stored bytes are ``payload``: the chunk itself
+        (RAW) or an encoding of it (``codec``) that decodes to ``size`` bytes.
+        The caller has proven the encoding decodes to ``cid``. False if this
+        batch already holds the chunk."""
         if cid in self._locs:
             return False
         if self._writer is None:
-            self._writer = PackWriter(self.directory)
-        self._locs[cid] = self._writer.add(cid, data)
+            self._writer = PackWriter(self.directory, self.version)
+        self._locs[cid] = self._writer.add(cid, payload, kind, size, depth, base)
         self.bytes += self._locs[cid].length
         return True
 

@@ -30,11 +30,10 @@ import lmdb
 from .. import encoding, hashing
 from ..errors import BadInput, CorruptObject, MvcError
 from .fs import check_file
-from .packs import Location
+from .packs import Location, decode_location, encode_location
 
 OBJECT_KINDS = ("tensors", "trees", "commits")
 DB_NAMES = ("chunks",) + OBJECT_KINDS + ("refs", "reflog", "locks", "meta", "pruned")
-_LOCATION = struct.Struct("<16sQI")
 _SEQ = struct.Struct(">Q")
 DIRECT, SYMBOLIC = 0, 1
 FLAG_PROTECTED = 1
@@ -101,9 +100,7 @@ def check_key(name: str) -> None:
 
 
 def _location(raw: bytes) -> Location:
-    if len(raw) != _LOCATION.size:
-        raise CorruptObject("a chunk location in the index is damaged")
-    return Location(*_LOCATION.unpack(raw))
+    return decode_location(raw)  # 28 bytes (raw record) or 66 (encoded): packs.py
 
 
 class Txn:
@@ -119,7 +116,7 @@ class Txn:
         return None if raw is None else _location(raw)
 
     def put_chunk(self, cid: bytes, loc: Location, overwrite: bool = False) -> bool:
-        raw = _LOCATION.pack(loc.pack, loc.offset, loc.length)
+        raw = encode_location(loc)
         return self._txn.put(cid, raw, db=self._dbs["chunks"], overwrite=overwrite)
 
     def delete_chunk(self, cid: bytes) -> None:

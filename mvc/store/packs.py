@@ -9,6 +9,12 @@ gives every byte)::
     trailer  count (u32 LE) | count x [id (32) | offset (u64 LE) | length (u32 LE)]
     footer   BLAKE3(trailer) (32) | trailer offset (u64 LE) | b"MVCSEAL1"
 
+A **version 2** pack (header ``b"MVCPACK2"``, written by repositories with the
+``encoded-records`` extension) has the same records, but each trailer entry
+also gives the record's kind, decoded size, delta depth and base id
+(``codec`` defines the kinds), so a record's data may be an encoding of the
+chunk rather than its bytes.
+
 A pack is written as ``pack-<name>.pack.tmp`` and renamed to
 ``pack-<name>.pack`` only once sealed and fsynced: a ``.pack`` file is always
 complete, a ``.tmp`` file is a crash leftover that nothing references.
@@ -23,16 +29,21 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 from .. import hashing
 from ..errors import CorruptObject
 from .fs import fsync_dir, open_file
 
 HEADER = b"MVCPACK1"
+HEADER_V2 = b"MVCPACK2"
 SEAL = b"MVCSEAL1"
 RECORD_HEAD = struct.Struct("<32sI")
 ENTRY = struct.Struct("<32sQI")
+ENTRY_V2 = struct.Struct("<32sQIBIB32s")  # id, offset, length, kind, size, depth, base id (zeros: none)
+INDEX_RAW = struct.Struct("<16sQI")  # a chunk index value: raw record
+INDEX_CODED = struct.Struct("<16sQIBIB32s")  # and an encoded one
+NO_BASE = bytes(32)
 FOOTER = struct.Struct("<32sQ8s")
 NAME_BYTES = 16
 PREFETCH_BYTES = 1 << 30  # asked ahead of a load at most: more could evict itself before use
@@ -42,11 +53,50 @@ TMP_NAME = re.compile(r"pack-[0-9a-f]{32}\.pack\.tmp")
 
 @dataclass(frozen=True)
 class Location:
-    """Where a chunk's bytes lie: pack name (16 bytes), data offset, length."""
+    """Where a chunk's record lies: pack name (16 bytes), data offset, stored
+    length; and how to decode it: kind (``codec.RAW``, ``GROUPED``, ``DELTA``),
+    decoded size, delta depth and base id (None unless a delta)."""
 
     pack: bytes
     offset: int
     length: int
+    kind: int = 0
+    size: int = -1  # -1: the stored length (a raw record)
+    depth: int = 0
+    base: Optional[bytes] = None
+
+    def __post_init__(self):
+        if self.size < 0:
+            object.__setattr__(self, "size", self.length)
+
+    @property
+    def coded(self) -> bool:
+        return self.kind != 0
+
+
+def encode_location(loc: Location) -> bytes:
+    """A chunk index value: 28 bytes for a raw record (as format 1), 66 for an encoded one."""
+    if not loc.coded:
+        return INDEX_RAW.pack(loc.pack, loc.offset, loc.length)
+    return INDEX_CODED.pack(loc.pack, loc.offset, loc.length, loc.kind, loc.size, loc.depth, loc.base or NO_BASE)
+
+
+def decode_location(raw: bytes) -> Location:
+    """The Location a chunk index value holds; CorruptObject if it is damaged."""
+    if len(raw) == INDEX_RAW.size:
+        return Location(*INDEX_RAW.unpack(raw))
+    if len(raw) == INDEX_CODED.size:
+        return _coded(*INDEX_CODED.unpack(raw), what="a chunk location in the index")
+    raise CorruptObject("a chunk location in the index is damaged")
+
+
+def _coded(pack, offset, length, kind, size, depth, base, what: str) -> Location:
+    from . import codec
+    delta = kind == codec.DELTA
+    if kind not in codec.KINDS or (base != NO_BASE) != delta or (depth > 0) != delta or \
+            (kind == codec.RAW and size != length) or depth > codec.MAX_DEPTH:
+        raise CorruptObject(f"{what} is damaged (record kind {kind}, depth {depth})")
+    return Location(pack, offset, length, kind, size, depth, base if delta else None)
 
 
 def pack_filename(name: bytes) -> str:
@@ -61,15 +111,16 @@ class PackWriter:
     returns; a writer that is never sealed leaves only a ``.tmp`` file.
     """
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, version: int = 1):
         self.directory = Path(directory)
+        self.version = version
         self.name = secrets.token_bytes(NAME_BYTES)
         self.tmp_path = self.directory / (pack_filename(self.name) + ".tmp")
         self.fd = open_file(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         self.offset = 0
         self.entries: list = []
         try:
-            self._write([HEADER])
+            self._write([HEADER_V2 if version == 2 else HEADER])
         except BaseException:  # a full disk already: leave no .tmp behind
             self.abort()
             raise
@@ -82,17 +133,26 @@ class PackWriter:
             written += os.write(self.fd, rest)
         self.offset += total
 
-    def add(self, chunk_id: bytes, data) -> Location:
-        """Append one chunk record; returns where its data lies."""
+    def add(self, chunk_id: bytes, data, kind: int = 0, size: int = -1, depth: int = 0,
+            base: Optional[bytes] = None) -> Location:
+        """Append one chunk record (its bytes, or with ``kind`` an encoding of
+        them that decodes to ``size`` bytes); returns where its data lies."""
         mv = memoryview(data).cast("B")
+        if kind and self.version < 2:
+            raise ValueError("encoded records go only into version 2 packs")
         self._write([RECORD_HEAD.pack(chunk_id, len(mv)), mv])
-        loc = Location(self.name, self.offset - len(mv), len(mv))
-        self.entries.append((chunk_id, loc.offset, loc.length))
+        loc = Location(self.name, self.offset - len(mv), len(mv), kind, size if kind else -1, depth, base)
+        self.entries.append((chunk_id, loc))
         return loc
+
+    def _entry(self, chunk_id: bytes, loc: Location) -> bytes:
+        if self.version < 2:
+            return ENTRY.pack(chunk_id, loc.offset, loc.length)
+        return ENTRY_V2.pack(chunk_id, loc.offset, loc.length, loc.kind, loc.size, loc.depth, loc.base or NO_BASE)
 
     def seal(self) -> Path:
         """Write the trailer, fsync, and rename into place; returns the path."""
-        body = struct.pack("<I", len(self.entries)) + b"".join(ENTRY.pack(*e) for e in self.entries)
+        body = struct.pack("<I", len(self.entries)) + b"".join(self._entry(*e) for e in self.entries)
         trailer_offset = self.offset
         self._write([body, FOOTER.pack(hashing.digest(body), trailer_offset, SEAL)])
         os.fsync(self.fd)
@@ -115,10 +175,22 @@ class PackWriter:
 
 
 def read_trailer(path: Path) -> list:
-    """The (id, offset, length) entries a sealed pack lists; CorruptObject if damaged."""
+    """The (id, offset, stored length) entries a sealed pack lists; CorruptObject if damaged."""
+    return [(cid, loc.offset, loc.length) for cid, loc in read_locations(path)]
+
+
+def pack_version(header: bytes) -> int:
+    """1 or 2 for a pack's first 8 bytes; 0 if they are no pack header."""
+    return {HEADER: 1, HEADER_V2: 2}.get(bytes(header), 0)
+
+
+def read_locations(path: Path, name: bytes = NO_BASE[:NAME_BYTES]) -> list:
+    """(id, Location in pack ``name``) for each record a sealed pack lists, in
+    order; CorruptObject if the pack is damaged."""
     with os.fdopen(open_file(path), "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        if size < len(HEADER) + 4 + FOOTER.size or f.read(len(HEADER)) != HEADER:
+        version = pack_version(f.read(len(HEADER))) if size >= len(HEADER) + 4 + FOOTER.size else 0
+        if not version:
             raise CorruptObject(f"pack {path.name} has no valid header or is truncated")
         f.seek(size - FOOTER.size)
         digest, trailer_offset, seal = FOOTER.unpack(f.read(FOOTER.size))
@@ -130,13 +202,20 @@ def read_trailer(path: Path) -> list:
     if hashing.digest(body) != digest:
         raise CorruptObject(f"pack {path.name} has a damaged trailer (checksum mismatch)")
     (count,) = struct.unpack_from("<I", body)
-    if body_len != 4 + count * ENTRY.size:
+    entry = ENTRY_V2 if version == 2 else ENTRY
+    if body_len != 4 + count * entry.size:
         raise CorruptObject(f"pack {path.name} trailer length does not match its count")
-    entries = [ENTRY.unpack_from(body, 4 + i * ENTRY.size) for i in range(count)]
-    for cid, offset, length in entries:
+    out = []
+    for i in range(count):
+        fields = entry.unpack_from(body, 4 + i * entry.size)
+        cid, offset, length = fields[:3]
         if offset < len(HEADER) + RECORD_HEAD.size or offset + length > trailer_offset:
             raise CorruptObject(f"pack {path.name} lists a record outside its data")
-    return entries
+        if version == 2:
+            out.append((cid, _coded(name, *fields[1:], what=f"an entry of pack {path.name}")))
+        else:
+            out.append((cid, Location(name, offset, length)))
+    return out
 
 
 def salvage_records(path: Path, limit: int = 1 << 32) -> Iterator[tuple]:
@@ -147,8 +226,10 @@ def salvage_records(path: Path, limit: int = 1 << 32) -> Iterator[tuple]:
     verify is skipped, and the scan ends where a record is cut short. Only
     data that proves itself comes out. ``limit`` bounds a record's length.
     """
+    from . import codec
     with os.fdopen(open_file(path), "rb") as f:
-        if f.read(len(HEADER)) != HEADER:
+        version = pack_version(f.read(len(HEADER)))
+        if not version:
             return
         while True:
             head = f.read(RECORD_HEAD.size)
@@ -162,6 +243,24 @@ def salvage_records(path: Path, limit: int = 1 << 32) -> Iterator[tuple]:
                 return
             if hashing.digest(data) == cid:
                 yield cid, data
+            elif version == 2:  # a grouped record proves itself once decoded; a delta needs its base: lost
+                decoded = _decode_alone(codec, data, limit)
+                if decoded is not None and hashing.digest(decoded) == cid:
+                    yield cid, decoded
+
+
+def _decode_alone(codec, payload: bytes, limit: int):
+    if len(payload) < codec.GROUP_HEAD.size:
+        return None
+    _, size = codec.GROUP_HEAD.unpack_from(payload, 0)
+    if size > limit:
+        return None
+    out = bytearray(size)
+    try:
+        codec.decode(codec.GROUPED, payload, size, out)
+    except CorruptObject:
+        return None
+    return bytes(out)
 
 
 MAX_OPEN = 128  # pack descriptors kept open: far below the usual 1024 limit, whatever the pack count

@@ -1,0 +1,384 @@
+"""Loading into live tensors in place (the live version switch), and partial loads.
+
+Vocabulary:
+
+- **targets**: a nested dict shaped like part of a committed state, whose
+  leaves are the user's live tensors (``{"model": model.state_dict()}``) or
+  objects with ``state_dict``/``load_state_dict`` (``{"model": model,
+  "optimizer": opt}``). Only the keys given are touched.
+- **record**: per repository, for each live tensor (by its storage, offset,
+  shape, strides and dtype), the chunk ids it last received from a load and
+  a fingerprint (``mvc.fingerprint``) of each chunk's bytes as written.
+- A chunk of a live tensor is **known** to hold id X when its record says X
+  and its bytes, fingerprinted now, still match the fingerprint taken of
+  the verified bytes of X when they were written. Only known chunks whose id
+  the target commit also has are skipped; everything else is read from the
+  store and verified. A write of any kind since the last load (autograd,
+  ``.data``, a numpy view, DLPack, another thread) changes the bytes and so
+  the fingerprint: ``_version`` counters are never trusted.
+
+Every check (keys, dtypes, shapes) runs before the first byte is written,
+and every chunk is read and verified before any live tensor changes, so a
+mismatch or a corrupt chunk changes nothing.
+"""
+
+import fnmatch
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from . import dtypes, fingerprint, hashing, state as states
+from .errors import BadInput
+from .objects import TensorLeaf
+from .store.chunks import THREADS, Request
+from .traverse import format_path, is_container, walk
+
+
+@dataclass(frozen=True)
+class Switch:
+    """What ``load_into`` did."""
+
+    commit: str  # hex id of the commit loaded
+    tensors: int  # live tensors given
+    tensors_updated: int  # live tensors whose bytes changed
+    chunks_read: int  # chunks read from the store (verified)
+    bytes_read: int
+    bytes_skipped: int  # bytes already known to hold the commit's chunks
+    values: int  # plain values set (in dicts, or through load_state_dict)
+
+
+@dataclass(frozen=True)
+class _Record:
+    chunk_size: int
+    chunks: tuple  # chunk ids the tensor's chunks last received
+    fingerprints: tuple  # fingerprints of those chunks' verified bytes
+
+
+class LiveRecords:
+    """What each live tensor last received from this repository (see the module doc)."""
+
+    def __init__(self):
+        self._records: dict = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(t: torch.Tensor):
+        return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+    def get(self, t: torch.Tensor) -> Optional[_Record]:
+        with self._lock:
+            return self._records.get(self.key(t))
+
+    def put(self, t: torch.Tensor, record: _Record) -> None:
+        with self._lock:
+            self._records[self.key(t)] = record
+
+    def forget(self, t: torch.Tensor) -> None:
+        with self._lock:
+            self._records.pop(self.key(t), None)
+
+
+# -- commits: ids of unchanged chunks without BLAKE3 -------------------------------
+
+def identify(record: Optional[_Record], data, off: int, n: int, chunk_size: int) -> tuple:
+    """(chunk id, fingerprint, reused) of ``data[off:off + n]``, chunk ``off // chunk_size``.
+
+    The id is the record's when the bytes' fingerprint equals the one taken of
+    bytes that hashed to that id (the chunk is unchanged since it was last
+    committed or loaded); otherwise BLAKE3 of the bytes. The fingerprint is
+    taken again after hashing and dropped (b"") if the bytes moved meanwhile,
+    so a record never pairs an id with a fingerprint of other bytes.
+    """
+    piece = data[off:off + n]
+    fp = fingerprint.fingerprint(piece)
+    i = off // chunk_size
+    if record is not None and record.chunk_size == chunk_size and i < len(record.chunks) \
+            and record.fingerprints[i] == fp:
+        return record.chunks[i], fp, True
+    cid = hashing.digest(piece)
+    return cid, fp if fingerprint.fingerprint(piece) == fp else b"", False
+
+
+def remember(records: "LiveRecords", slots: list, prints: dict, chunk_size: int) -> None:
+    """Record, for each slot's tensor, the ids just committed and their fingerprints."""
+    for slot in slots:
+        fps = prints.get(id(slot))
+        if fps is not None and len(fps) == len(slot.chunks):
+            records.put(slot.tensor, _Record(chunk_size, tuple(slot.chunks), tuple(fps)))
+
+
+# -- partial loads --------------------------------------------------------------
+
+def select(root, only: str):
+    """The tree ``root`` cut to the leaves whose dotted key matches the glob ``only``.
+
+    Dicts keep only keys that lead to a match; a list or tuple that leads to
+    one keeps its length, with None for items that lead to none. The root
+    itself is always kept (empty when nothing matches).
+    """
+    def cut(node, path):
+        if not is_container(node):
+            return node if fnmatch.fnmatchcase(format_path(path), only) else _NONE
+        if type(node) is dict:
+            kept = {k: cut(v, path + (k,)) for k, v in node.items()}
+            kept = {k: v for k, v in kept.items() if v is not _NONE}
+            return kept if kept or not path else _NONE
+        items = [cut(v, path + (i,)) for i, v in enumerate(node)]
+        if all(v is _NONE for v in items) and path:
+            return _NONE
+        items = [None if v is _NONE else v for v in items]
+        return tuple(items) if type(node) is tuple else items
+    out = cut(root, ())
+    return out if out is not _NONE else None
+
+
+_NONE = object()
+
+
+# -- the live switch --------------------------------------------------------------
+
+@dataclass
+class _Target:
+    path: tuple
+    live: torch.Tensor
+    leaf: TensorLeaf
+    obj: Any = None  # the TensorObject, once read
+    record: Optional[_Record] = None
+    need: list = None  # (chunk index, id, offset, length) to read
+    bytes: Any = None  # the live tensor's raw bytes (a view when contiguous on the CPU)
+
+
+@dataclass
+class _Owner:
+    """An object with state_dict/load_state_dict among the targets."""
+
+    path: tuple
+    obj: Any
+    live: dict  # its state_dict()
+
+
+def _is_stateful(node) -> bool:
+    return callable(getattr(node, "state_dict", None)) and callable(getattr(node, "load_state_dict", None))
+
+
+def _expand(node, path: tuple, owner: Optional[_Owner], tensors: list, values: list, owners: list) -> None:
+    if isinstance(node, torch.Tensor):
+        tensors.append((path, node, owner))
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            if type(k) not in (str, int):
+                raise BadInput(f"target key {k!r} at {format_path(path) or '<root>'!r} is not a str or int")
+            _expand(v, path + (k,), owner, tensors, values, owners)
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            _expand(v, path + (i,), owner, tensors, values, owners)
+    elif _is_stateful(node) and owner is None:
+        live = node.state_dict()
+        if not isinstance(live, dict):
+            raise BadInput(f"{format_path(path)!r}: state_dict() returned a {type(live).__name__}, not a dict")
+        own = _Owner(path, node, live)
+        owners.append(own)
+        _expand(live, path, own, tensors, values, owners)
+    else:
+        values.append((path, node, owner))
+
+
+def _at(root, path: tuple, commit: str):
+    node = root
+    for i, key in enumerate(path):
+        try:
+            if type(node) is dict:
+                node = node[key]
+            elif type(node) in (list, tuple) and type(key) is int and 0 <= key < len(node):
+                node = node[key]
+            else:
+                raise KeyError(key)
+        except KeyError:
+            raise BadInput(f"commit {commit[:12]} has no key {format_path(path[:i + 1])!r}; "
+                           "nothing was loaded") from None
+    return node
+
+
+def load_into(repo, targets, rev: str) -> Switch:
+    """Update the live tensors in ``targets`` in place to commit ``rev``; see the module doc.
+
+    Raises BadInput (a key the commit lacks, a dtype or shape mismatch, a
+    tensor where the commit has a value or the other way round) and
+    ObjectNotFound / ChecksumMismatch / CommitPruned, always before any
+    live tensor changes.
+    """
+    if not isinstance(targets, dict):
+        raise BadInput(f"targets must be a dict shaped like the committed state, not a {type(targets).__name__}")
+    tensors, values, owners = [], [], []
+    _expand(targets, (), None, tensors, values, owners)
+    with repo.gc_lock.shared(), repo.index.read() as txn:
+        oid = repo.refs.resolve(txn, rev)
+        commit = oid.hex()
+        tree = repo.objects.commit_tree(txn, oid)
+        plan, seen = [], set()
+        for path, live, _ in tensors:
+            leaf = _at(tree.root, path, commit)
+            if not isinstance(leaf, TensorLeaf):
+                raise BadInput(f"{format_path(path)!r} is a tensor here but a {type(leaf).__name__} in commit "
+                               f"{commit[:12]}; nothing was loaded")
+            key = LiveRecords.key(live)
+            if key in seen:  # tied weights given twice: one storage, loaded once
+                continue
+            seen.add(key)
+            target = _Target(path, live, leaf, repo.objects.tensor(txn, leaf.id))
+            _check(target, commit)
+            plan.append(target)
+        new_values = _values(tree.root, values, commit)
+        saved = _owner_states(tree.root, owners, commit, txn, repo)
+        for target in plan:
+            _plan_reads(repo.live, target)
+        scratch = _read(repo, txn, plan, commit)
+    return _apply(repo.live, plan, scratch, new_values, saved, targets, owners, commit, len(tensors))
+
+
+def _check(target: _Target, commit: str) -> None:
+    obj, live, where = target.obj, target.live, format_path(target.path)
+    if live.layout != torch.strided or live.device.type == "meta":
+        raise BadInput(f"{where!r} is not a dense tensor with data; nothing was loaded")
+    name = dtypes.name_of(live.dtype, where)
+    if name != obj.dtype or tuple(live.shape) != tuple(obj.shape):
+        raise BadInput(f"{where!r} is {name} {list(live.shape)} here but {obj.dtype} {list(obj.shape)} in commit "
+                       f"{commit[:12]}; nothing was loaded")
+
+
+def _values(root, values: list, commit: str) -> list:
+    """(path, committed value, owner) for the plain values among the targets."""
+    out = []
+    for path, _, owner in values:
+        saved = _at(root, path, commit)
+        if isinstance(saved, TensorLeaf) or is_container(saved):
+            raise BadInput(f"{format_path(path)!r} is a plain value here but not in commit {commit[:12]}; "
+                           "nothing was loaded")
+        out.append((path, saved, owner))
+    return out
+
+
+def _owner_states(root, owners: list, commit: str, txn, repo) -> dict:
+    """{owner path: (its committed subtree, {tensor id: tensor} for committed
+    tensors its live state lacks, e.g. a fresh optimizer's moments)}."""
+    out = {}
+    for owner in owners:
+        saved = _at(root, owner.path, commit)
+        live_paths = set()
+        _collect_paths(owner.live, owner.path, live_paths)
+        absent = [(owner.path + p, leaf) for p, leaf in walk(saved)
+                  if isinstance(leaf, TensorLeaf) and owner.path + p not in live_paths]
+        out[owner.path] = (saved, repo.read_tensors(txn, absent, bytes.fromhex(commit)) if absent else {})
+    return out
+
+
+def _collect_paths(node, path: tuple, out: set) -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _collect_paths(v, path + (k,), out)
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            _collect_paths(v, path + (i,), out)
+    else:
+        out.add(path)
+
+
+def _plan_reads(records: LiveRecords, target: _Target) -> None:
+    """Which chunks of the target must be read: all but those known to hold the commit's ids."""
+    spans = list(target.obj.chunk_spans())
+    target.bytes = states.tensor_bytes(target.live)
+    record = records.get(target.live)
+    target.need = [(i, cid, off, n) for i, (cid, off, n) in enumerate(spans)]
+    if record is None or record.chunk_size != target.obj.chunk_size or len(record.chunks) != len(spans):
+        return
+    want = [i for i, (cid, _, _) in enumerate(spans) if record.chunks[i] == cid]
+    now = fingerprint.fingerprints(target.bytes, [spans[i][1:] for i in want], THREADS)
+    known = {i for i, fp in zip(want, now) if fp == record.fingerprints[i]}
+    target.record = record
+    target.need = [item for item in target.need if item[0] not in known]
+
+
+def _read(repo, txn, plan: list, commit: str) -> dict:
+    """{id(target): (scratch bytes, [(index, id, offset, length, scratch offset)])}, verified."""
+    out, requests = {}, []
+    for target in plan:
+        size = sum(n for _, _, _, n in target.need)
+        if not target.need:
+            continue
+        scratch = states.empty_tensor((size,), "U8")[1]
+        at, items = 0, []
+        what = f"tensor {format_path(target.path)!r} in commit {commit[:12]}"
+        for i, cid, off, n in target.need:
+            requests.append(Request(cid, scratch[at:at + n], what))
+            items.append((i, cid, off, n, at))
+            at += n
+        out[id(target)] = (scratch, items)
+    repo.chunks.read(requests, txn)
+    return out
+
+
+def _apply(records: LiveRecords, plan: list, scratch: dict, new_values: list, saved: dict, targets: dict,
+           owners: list, commit: str, given: int) -> Switch:
+    updated = chunks_read = bytes_read = skipped = 0
+    for target in plan:
+        got = scratch.get(id(target))
+        prints = list(target.record.fingerprints) if target.record else [b""] * len(target.obj.chunks)
+        if got is not None:
+            data, items = got
+            raw = target.bytes  # a view of the live tensor when it is contiguous on the CPU, else a copy
+            for _, _, off, n, at in items:
+                raw[off:off + n] = data[at:at + n]
+            if not (target.live.device.type == "cpu" and target.live.is_contiguous()):
+                with torch.no_grad():
+                    target.live.copy_(torch.from_numpy(raw).view(target.live.dtype).reshape(target.live.shape))
+            fps = fingerprint.fingerprints(data, [(at, n) for _, _, _, n, at in items], THREADS)
+            for (i, _, _, _, _), fp in zip(items, fps):
+                prints[i] = fp
+            updated += 1
+            chunks_read += len(items)
+            bytes_read += sum(n for _, _, _, n, _ in items)
+        skipped += target.obj.nbytes - (sum(n for _, _, _, n, _ in got[1]) if got else 0)
+        records.put(target.live, _Record(target.obj.chunk_size, target.obj.chunks, tuple(prints)))
+    return Switch(commit, given, updated, chunks_read, bytes_read, skipped,
+                  _set_values(new_values, saved, targets, owners))
+
+
+def _set_values(new_values: list, saved: dict, targets: dict, owners: list) -> int:
+    """Plain values go into their dicts and lists; an owner whose committed
+    values differ from its live ones, or whose live state lacks committed
+    tensors, gets ``load_state_dict`` of its committed state with its live
+    tensors (already updated) in place."""
+    count, stale = 0, set()
+    for path, value, owner in new_values:
+        root, rel = (owner.live, path[len(owner.path):]) if owner else (targets, path)
+        parent = root
+        for key in rel[:-1]:
+            parent = parent[key]
+        if parent[rel[-1]] == value and type(parent[rel[-1]]) is type(value):
+            continue
+        if owner is not None:
+            stale.add(owner.path)
+        elif type(parent) in (dict, list):
+            parent[rel[-1]] = value
+            count += 1
+    for owner in owners:
+        subtree, fresh = saved[owner.path]
+        if owner.path in stale or fresh:
+            owner.obj.load_state_dict(_merged(subtree, owner.live, fresh))
+            count += 1
+    return count
+
+
+def _merged(node, live, fresh: dict):
+    """The committed subtree ``node`` with the live tensors where the live state has them."""
+    if isinstance(node, TensorLeaf):
+        return live if isinstance(live, torch.Tensor) else fresh[node.id].clone()
+    if type(node) is dict:
+        return {k: _merged(v, live.get(k) if isinstance(live, dict) else None, fresh) for k, v in node.items()}
+    if type(node) in (list, tuple):
+        items = [_merged(v, live[i] if isinstance(live, (list, tuple)) and i < len(live) else None, fresh)
+                 for i, v in enumerate(node)]
+        return tuple(items) if type(node) is tuple else items
+    return node

@@ -1,0 +1,313 @@
+"""repack: store live chunks densely, as Git deltifies at gc.
+
+Vocabulary (the record kinds are in ``store/codec.py``):
+
+- **candidate base** of chunk i of the tensor at key path P in commit C: chunk
+  i of the tensor at P in C's first parent, when that tensor has the same
+  dtype and chunk size and the chunk the same length. Checkpoints of one run
+  differ from their parent in the bytes that training moved, so XOR against
+  it is mostly zeros where few rows changed.
+- **depth**: deltas a read must follow; a chunk is only delta-encoded against
+  a base of depth < K (``depth``), so no read ever follows more than K.
+
+Every live chunk whose record is raw is encoded (``codec.encode``): byte
+grouped by its dtype's width, or as a delta against its candidate base when
+that is smaller; it stays raw when neither saves enough. Commits are taken
+oldest first, so a base is always decided before the chunks that use it, and
+a chunk is encoded once however many commits share it; a base whose chain of
+bases leads back to the chunk is refused, so chains never loop. Each
+encoding is decoded again and compared with the chunk's bytes before it is
+written.
+
+Order of the steps, each harmless to interrupt:
+
+1. ``FORMAT`` gains the ``encoded-records`` extension (before any index
+   entry names a version 2 pack);
+2. the encoded records go to one new pack, sealed and fsynced;
+3. one index write transaction points the chunks at their new records;
+4. gc's pack step deletes the packs that now hold nothing live and rewrites
+   those mostly garbage.
+
+It runs under the exclusive gc lock: no commit or load runs meanwhile.
+"""
+
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from . import dtypes, gc as _gc, reach
+from .errors import BadInput, CorruptObject
+from .objects import TensorLeaf
+from .store import codec
+from .store.chunks import THREADS, Request
+from .traverse import format_path, walk
+
+SLICE_BYTES = 64 << 20  # chunks read and encoded at a time: bounds repack's memory
+CACHE_BYTES = 512 << 20  # decoded bytes kept for use as bases by the next commit
+
+
+@dataclass(frozen=True)
+class RepackReport:
+    dry_run: bool
+    chunks: int  # live raw chunks looked at
+    grouped: int  # now byte-grouped zstd
+    deltas: int  # now deltas against their parent's chunk
+    raw: int  # left raw: no encoding paid
+    bytes_before: int  # their stored bytes before
+    bytes_after: int  # and after
+    packs_deleted: int
+    packs_rewritten: int
+    seconds: float
+
+
+@dataclass
+class _Item:
+    cid: bytes
+    size: int
+    width: int
+    what: str
+    base: Optional[bytes] = None
+    kind: int = codec.RAW
+    payload: Optional[bytes] = None  # the record's stored bytes, until written
+    stored: int = 0
+    depth: int = 0
+
+
+class _Cache:
+    """Decoded chunk bytes by id, the oldest dropped beyond a byte budget."""
+
+    def __init__(self, limit: int = CACHE_BYTES):
+        self.limit, self.size, self.items = limit, 0, OrderedDict()
+
+    def get(self, cid: bytes):
+        data = self.items.get(cid)
+        if data is not None:
+            self.items.move_to_end(cid)
+        return data
+
+    def put(self, cid: bytes, data) -> None:
+        if cid in self.items or len(data) > self.limit:
+            return
+        self.items[cid] = data
+        self.size += len(data)
+        while self.size > self.limit:
+            _, old = self.items.popitem(last=False)
+            self.size -= len(old)
+
+
+def repack(repo, depth: Optional[int] = None, dry_run: bool = False, progress=None) -> RepackReport:
+    """Re-encode live raw chunks where it pays; see the module doc.
+
+    ``depth``: the most deltas a read may follow (1 ..= codec.MAX_DEPTH,
+    default the maximum). ``progress(done, total)`` with bytes looked at.
+    Raises BadInput for a bad depth, CorruptObject (changing nothing) if
+    anything live is missing or damaged, LockHeld if commits keep running.
+    """
+    depth = codec.MAX_DEPTH if depth is None else depth
+    if type(depth) is not int or not 0 <= depth <= codec.MAX_DEPTH:
+        raise BadInput(f"delta depth must be between 0 and {codec.MAX_DEPTH}, not {depth!r}")
+    start = time.perf_counter()
+    with repo.gc_lock.exclusive():
+        if not dry_run:
+            repo.enable_encoded_records()
+        with repo.index.read() as txn:
+            items = _plan(txn, repo.objects)
+            total, done = sum(len(chunks) for chunks in items), 0
+            decided, locs = _Decided(txn, depth), {}
+            batch = None if dry_run else repo.chunks.writer()
+            cache = _Cache()
+            try:
+                for commit_items in items:
+                    for part in _slices(commit_items):
+                        _encode(repo, txn, part, decided, cache)
+                        for item in part:
+                            locs[item.cid] = txn.chunk(item.cid)
+                            if batch is not None:  # raw ones move too: the old packs empty out
+                                batch.add_record(item.cid, item.payload, item.kind, item.size, item.depth, item.base)
+                            item.payload = None  # written: keep only what the report needs
+                            decided.done(item)
+                        done += len(part)
+                        if progress:
+                            progress(done, total)
+                if batch is not None:
+                    batch.seal()
+            except BaseException:
+                if batch is not None:
+                    batch.abort()
+                raise
+        kinds = [item for item in decided.items.values()]
+        report = dict(chunks=len(kinds), grouped=sum(i.kind == codec.GROUPED for i in kinds),
+                      deltas=sum(i.kind == codec.DELTA for i in kinds), raw=sum(i.kind == codec.RAW for i in kinds),
+                      bytes_before=sum(i.size for i in kinds),
+                      bytes_after=sum(i.stored for i in kinds))
+        if dry_run or batch.count == 0:
+            return RepackReport(dry_run, **report, packs_deleted=0, packs_rewritten=0,
+                                seconds=time.perf_counter() - start)
+        plan = _publish(repo, batch, locs)
+        return RepackReport(False, **report, packs_deleted=len(plan.delete), packs_rewritten=len(plan.rewrite),
+                            seconds=time.perf_counter() - start)
+
+
+def _plan(txn, objects) -> list:
+    """Per live commit, oldest first: the _Items of its raw chunks not seen in an older one."""
+    live = reach.walk(txn, objects, reach.RAISE)
+    order, seen = [], set()
+    for root in sorted(live.commits, key=lambda oid: live.commits[oid].time):
+        stack = [(root, False)]
+        while stack:  # parents before children: bases are decided before their users
+            oid, expanded = stack.pop()
+            if oid in seen and not expanded:
+                continue
+            if expanded:
+                order.append(oid)
+                continue
+            seen.add(oid)
+            stack.append((oid, True))
+            stack += [(p, False) for p in live.parents.get(oid, ()) if p in live.commits and p not in seen]
+    out, taken = [], set()
+    for oid in order:
+        obj = live.commits[oid]
+        if obj.tree not in live.tree_commits:  # pruned: its tensors are gone
+            continue
+        parent = obj.parents[0] if obj.parents else None
+        parent_tree = live.commits[parent].tree if parent in live.commits else None
+        before = _tensors(txn, objects, parent_tree) if parent_tree in live.tree_commits else {}
+        items = []
+        for path, tensor in _tensors(txn, objects, obj.tree).items():
+            old = before.get(path)
+            same = old is not None and (old.dtype, old.chunk_size) == (tensor.dtype, tensor.chunk_size)
+            width = dtypes.itemsize(tensor.dtype)
+            what = f"tensor {path!r} in commit {oid.hex()[:12]}"
+            for i, (cid, _, n) in enumerate(tensor.chunk_spans()):
+                if cid in taken:
+                    continue
+                taken.add(cid)
+                loc = txn.chunk(cid)
+                if loc is None:
+                    raise CorruptObject(f"repack stopped, nothing was changed: chunk {cid.hex()[:12]} of {what} "
+                                        "is missing from the chunk index; run 'mvc fsck'")
+                if loc.coded:  # encoded by an earlier repack: kept as it is
+                    continue
+                base = None
+                if same and i < len(old.chunks) and old.chunks[i] != cid and _length(old, i) == n:
+                    base = old.chunks[i]
+                items.append(_Item(cid, n, width, what, base))
+        out.append(items)
+    return out
+
+
+def _length(tensor, i: int) -> int:
+    return min(tensor.chunk_size, tensor.nbytes - i * tensor.chunk_size)
+
+
+def _tensors(txn, objects, tree_id) -> dict:
+    tree = objects.tree(txn, tree_id)
+    return {format_path(p): objects.tensor(txn, leaf.id) for p, leaf in walk(tree.root) if isinstance(leaf, TensorLeaf)}
+
+
+class _Decided:
+    """Depths and bases of chunks: as the index has them, or as this repack decided."""
+
+    def __init__(self, txn, limit: int):
+        self.txn, self.limit, self.items = txn, limit, {}
+
+    def done(self, item: _Item) -> None:
+        self.items[item.cid] = item
+
+    def _link(self, cid: bytes) -> tuple:
+        """(depth, base) of chunk ``cid`` after this repack."""
+        item = self.items.get(cid)
+        if item is not None:
+            return item.depth, item.base if item.kind == codec.DELTA else None
+        loc = self.txn.chunk(cid)
+        if loc is None:
+            raise CorruptObject(f"repack stopped, nothing was changed: chunk {cid.hex()[:12]} is missing from "
+                                "the chunk index; run 'mvc fsck'")
+        return loc.depth, loc.base
+
+    def usable(self, item: _Item) -> bool:
+        """Whether ``item.base`` may be its base: shallow enough, and not leading back to it."""
+        if item.base is None:
+            return False
+        depth, at = self._link(item.base)
+        if depth + 1 > self.limit:
+            return False
+        while at is not None:
+            if at == item.cid:
+                return False
+            at = self._link(at)[1]
+        return True
+
+
+def _slices(items: list) -> list:
+    out, current, size = [], [], 0
+    for item in items:
+        current.append(item)
+        size += item.size
+        if size >= SLICE_BYTES:
+            out.append(current)
+            current, size = [], 0
+    return out + ([current] if current else [])
+
+
+def _encode(repo, txn, items: list, decided: _Decided, cache: _Cache) -> None:
+    """Read the items' chunks (and their bases) verified, and encode each where it pays.
+
+    ``items`` hold only raw records (``_plan`` leaves encoded ones as they are)."""
+    todo = items
+    for item in todo:
+        if not decided.usable(item):
+            item.base = None
+    wanted = {item.cid: item.size for item in todo}
+    wanted.update({item.base: item.size for item in todo if item.base is not None})
+    data, requests = {}, []
+    for cid, size in wanted.items():
+        hit = cache.get(cid)
+        if hit is not None:
+            data[cid] = hit
+            continue
+        data[cid] = np.empty(size, dtype=np.uint8)
+        what = next((i.what for i in todo if i.cid == cid), "a delta base")
+        requests.append(Request(cid, data[cid], what))
+    repo.chunks.read(requests, txn)
+
+    def work(item: _Item) -> None:
+        base = data[item.base] if item.base is not None else None
+        kind, payload = codec.encode(data[item.cid], item.width, base, item.base)
+        if kind != codec.RAW:
+            check = np.empty(item.size, dtype=np.uint8)
+            codec.decode(kind, payload, item.size, check, base)
+            if not np.array_equal(check, data[item.cid]):
+                raise CorruptObject(f"repack stopped, nothing was changed: the encoding of chunk "
+                                    f"{item.cid.hex()[:12]} does not decode to it (a bug; please report it)")
+        item.kind, item.payload = kind, payload if kind != codec.RAW else data[item.cid]
+        item.stored = len(item.payload)
+        if kind != codec.DELTA:
+            item.base = None
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(work, todo))
+    for item in todo:  # depths need the index: here, in the transaction's thread
+        item.depth = decided._link(item.base)[0] + 1 if item.kind == codec.DELTA else 0
+    for cid in wanted:
+        cache.put(cid, data[cid])
+
+
+def _publish(repo, batch, old: dict):
+    """Point the chunks at their new records, then let gc's pack step reclaim the old packs."""
+    new = batch.locations
+    with repo.index.write() as txn:
+        before = {loc.pack for _, loc in txn.chunks()}
+        for cid, loc in new.items():
+            if txn.chunk(cid) == old[cid]:
+                txn.put_chunk(cid, loc, overwrite=True)
+        live = reach.walk(txn, repo.objects, reach.RAISE)
+        live_locs = {cid: loc for cid, loc in txn.chunks() if cid in live.chunk_length}
+    plan = _gc._plan_packs(repo.dir / "packs", live_locs, before, _gc.GRACE_S)
+    _gc._rewrite(repo, plan)
+    _gc._delete(repo, plan)
+    return plan
+

@@ -1,0 +1,189 @@
+"""Record encodings: byte-grouped zstd, and XOR deltas against a base chunk.
+
+The only module that imports ``zstandard``. Vocabulary (``docs/format.md``
+section 4.2 gives every byte):
+
+- **kind** of a record: ``RAW`` (the chunk's bytes as they are), ``GROUPED``
+  (byte-grouped, each plane stored raw or zstd-compressed) or ``DELTA`` (the
+  chunk XOR its **base**, another chunk of the same length, then grouped).
+- **width**: the element size the bytes are grouped by (the tensor dtype's
+  itemsize, 1 to 16). **Plane** j holds byte j of every whole element; the
+  ``size % width`` bytes after the last whole element are the **tail**.
+- **depth**: 0 for a record that decodes alone, the base's depth + 1 for a
+  delta. Readers follow at most ``MAX_DEPTH`` deltas.
+
+Why byte planes: in float tensors the sign and exponent bytes repeat a few
+values while mantissa bytes are close to random; grouped, the exponent plane
+compresses to about a third and the others are stored raw (so they cost no
+decompression). XOR against the previous checkpoint's chunk turns unchanged
+rows into zeros, which zstd stores in a few bytes.
+
+``encode`` never returns an encoding that does not pay: random bytes stay
+``RAW``. ``decode`` checks every length it reads and raises only
+CorruptObject, whatever the payload holds.
+"""
+
+import struct
+
+import numpy as np
+import zstandard
+
+from ..errors import CorruptObject
+
+RAW, GROUPED, DELTA = 0, 1, 2
+KINDS = (RAW, GROUPED, DELTA)
+KIND_NAMES = {RAW: "raw", GROUPED: "grouped", DELTA: "delta"}
+PLANE_RAW, PLANE_ZSTD = 0, 1
+MAX_WIDTH = 16
+MAX_DEPTH = 8  # deltas a read follows at most (K): bounds the work of one read
+LEVEL = 3
+GROUP_HEAD = struct.Struct("<BI")  # width, size
+PLANE_HEAD = struct.Struct("<BI")  # mode, stored length
+ID_SIZE = 32
+# An encoding is kept only when it saves at least this share of the chunk:
+# decoding costs CPU at every read, so a sliver of saving is not worth it.
+MIN_SAVING = 1 / 32
+# A delta must be at most this share of the chunk's grouped encoding: every
+# delta makes a read decode its base too, which pays for sparse changes (a
+# few rows: the delta is tiny) but not for dense ones (every weight moved:
+# XOR saves a few percent and chains would multiply the decoding work).
+DELTA_GAIN = 0.5
+ENTROPY_SKIP = 7.9  # bits per byte above which a plane is not worth trying to compress
+
+_local = None
+
+
+def _zstd():
+    # One compressor and decompressor per thread: zstandard's contexts are not thread-safe.
+    global _local
+    if _local is None:
+        import threading
+        _local = threading.local()
+    if not hasattr(_local, "c"):
+        _local.c = zstandard.ZstdCompressor(level=LEVEL, write_checksum=False, write_content_size=True)
+        _local.d = zstandard.ZstdDecompressor()
+    return _local.c, _local.d
+
+
+def _entropy(plane: np.ndarray) -> float:
+    counts = np.bincount(plane, minlength=256)
+    p = counts[counts > 0] / len(plane)
+    return float(-(p * np.log2(p)).sum())
+
+
+def group(data: np.ndarray, width: int) -> bytes:
+    """The GROUPED payload of ``data`` (1-D uint8): planes compressed where it pays."""
+    size = len(data)
+    n = size // width
+    head = [GROUP_HEAD.pack(width, size)]
+    bodies = []
+    whole = data[:n * width].reshape(n, width) if n else data[:0].reshape(0, width)
+    comp, _ = _zstd()
+    for j in range(width):
+        plane = np.ascontiguousarray(whole[:, j]) if width > 1 else data[:n]
+        body, mode = plane, PLANE_RAW
+        if n >= 64 and _entropy(plane) < ENTROPY_SKIP:
+            packed = comp.compress(plane)
+            if len(packed) < n - n // 64:
+                body, mode = packed, PLANE_ZSTD
+        head.append(PLANE_HEAD.pack(mode, len(body)))
+        bodies.append(body)
+    return b"".join(head + [bytes(b) if isinstance(b, np.ndarray) else b for b in bodies]
+                    + [data[n * width:].tobytes()])
+
+
+def encode(data, width: int, base=None, base_id: bytes = None) -> tuple:
+    """(kind, payload) for chunk bytes ``data``: GROUPED, DELTA against ``base``
+    (bytes of the same length, whose id is ``base_id``) when that is smaller,
+    or (RAW, None) when neither saves at least MIN_SAVING."""
+    data = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1)
+    size = len(data)
+    width = width if 1 <= width <= MAX_WIDTH else 1
+    best = (RAW, None, size)
+    grouped = group(data, width)
+    if len(grouped) < best[2]:
+        best = (GROUPED, grouped, len(grouped))
+    if base is not None:
+        other = np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray) else base.reshape(-1)
+        if len(other) == size:
+            delta = base_id + group(np.bitwise_xor(data, other), width)
+            if len(delta) < best[2] * DELTA_GAIN:
+                best = (DELTA, delta, len(delta))
+    if best[0] == RAW or best[2] > size - max(1, int(size * MIN_SAVING)):
+        return RAW, None
+    return best[0], best[1]
+
+
+def delta_base(payload) -> bytes:
+    """The base id a DELTA payload names; CorruptObject if it is too short."""
+    if len(payload) < ID_SIZE:
+        raise CorruptObject("a delta record is too short to name its base")
+    return bytes(payload[:ID_SIZE])
+
+
+def decode(kind: int, payload, size: int, out, base=None) -> None:
+    """Decode a record's payload into ``out`` (a writable buffer of ``size`` bytes).
+
+    ``base`` is the base chunk's bytes for a DELTA. Raises CorruptObject on
+    any inconsistency; the caller still hashes ``out`` against the id.
+    """
+    target = np.frombuffer(out, dtype=np.uint8) if not isinstance(out, np.ndarray) else out
+    if len(target) != size:
+        raise CorruptObject(f"record decodes to {size} bytes but {len(target)} are asked for")
+    if kind == RAW:
+        if len(payload) != size:
+            raise CorruptObject("a raw record has the wrong length")
+        target[:] = np.frombuffer(payload, dtype=np.uint8)
+        return
+    if kind == DELTA:
+        if base is None or len(base) != size:
+            raise CorruptObject("a delta record's base is missing or has another length")
+        _ungroup(memoryview(payload)[ID_SIZE:], size, target)
+        np.bitwise_xor(target, np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray) else base,
+                       out=target)
+        return
+    if kind == GROUPED:
+        _ungroup(memoryview(payload), size, target)
+        return
+    raise CorruptObject(f"unknown record kind {kind}")
+
+
+def _ungroup(payload: memoryview, size: int, out: np.ndarray) -> None:
+    if len(payload) < GROUP_HEAD.size:
+        raise CorruptObject("a grouped record is too short")
+    width, stated = GROUP_HEAD.unpack_from(payload, 0)
+    if not 1 <= width <= MAX_WIDTH or stated != size:
+        raise CorruptObject(f"a grouped record has width {width} and size {stated}, expected size {size}")
+    n = size // width
+    at = GROUP_HEAD.size + width * PLANE_HEAD.size
+    if len(payload) < at:
+        raise CorruptObject("a grouped record's plane table is cut short")
+    planes = [PLANE_HEAD.unpack_from(payload, GROUP_HEAD.size + j * PLANE_HEAD.size) for j in range(width)]
+    if at + sum(length for _, length in planes) + size - n * width != len(payload):
+        raise CorruptObject("a grouped record's planes do not add up to its length")
+    whole = out[:n * width].reshape(n, width) if n else None
+    _, dec = _zstd()
+    for j, (mode, length) in enumerate(planes):
+        body = payload[at:at + length]
+        at += length
+        if mode == PLANE_RAW:
+            if length != n:
+                raise CorruptObject("a raw plane has the wrong length")
+            plane = np.frombuffer(body, dtype=np.uint8)
+        elif mode == PLANE_ZSTD:
+            try:
+                if zstandard.frame_content_size(body) != n:  # checked first: never allocate what a frame claims
+                    raise CorruptObject("a compressed plane states another length")
+                plane = np.frombuffer(dec.decompress(body, max_output_size=n), dtype=np.uint8)
+            except zstandard.ZstdError as exc:
+                raise CorruptObject(f"a compressed plane does not decompress: {exc}") from None
+            if len(plane) != n:
+                raise CorruptObject("a compressed plane decompresses to the wrong length")
+        else:
+            raise CorruptObject(f"a plane has unknown mode {mode}")
+        if n:
+            if width == 1:
+                out[:n] = plane
+            else:
+                whole[:, j] = plane
+    out[n * width:] = np.frombuffer(payload[at:], dtype=np.uint8)

@@ -1,0 +1,252 @@
+"""repack: compressed and delta records in a real repository, and what reads, fsck and gc make of them."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import mvc
+from mvc import repository
+from mvc.store import codec
+from damage import flip_bit
+
+CHUNK = 4096
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8,
+          torch.bool, torch.float8_e4m3fn, torch.complex64]
+
+
+@pytest.fixture
+def big(tmp_path):
+    r = mvc.Repository.init(tmp_path / "r", chunk_size=CHUNK)
+    yield r
+    r.close()
+
+
+def _tensor(dtype, n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(n, generator=g) > 0.9
+    if not dtype.is_floating_point and not dtype.is_complex:
+        return torch.randint(0, 50, (n,), generator=g).to(dtype)
+    if dtype == torch.float8_e4m3fn:
+        return (torch.randn(n, generator=g) * 0.1).to(dtype)
+    return (torch.randn(n, generator=g, dtype=torch.float32) * 0.02).to(dtype)
+
+
+def _sizes(dtype) -> list:
+    per = CHUNK // torch.empty(0, dtype=dtype).element_size()
+    return [0, 1, per - 1, per, per + 1, 5 * per + 3]
+
+
+def _history(repo, steps: int = 3) -> list:
+    """(commit id, state) of a run where each step changes a few rows of every tensor."""
+    state = {f"{str(d).split('.')[-1]}_{n}": _tensor(d, n, i) for i, d in enumerate(DTYPES) for n in _sizes(d)}
+    state["emb"] = torch.randn(512, 64) * 0.02
+    out = []
+    for step in range(steps):
+        state = {k: v.clone() for k, v in state.items()}
+        for k, v in state.items():
+            if v.numel() > 10:
+                v[step * 3 % v.numel()] = _tensor(v.dtype, 1, 100 + step)[0]
+        state["emb"][torch.tensor([3, 200, 401]) + step] += 0.5
+        out.append((repo.commit(state, f"step {step}").id, state))
+    return out
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.uint8) if a[k].numel() else a[k],
+                                                    b[k].view(torch.uint8) if b[k].numel() else b[k])
+                                        and a[k].dtype == b[k].dtype and a[k].shape == b[k].shape for k in a)
+
+
+def _kinds(repo) -> dict:
+    with repo.index.read() as txn:
+        return {cid: loc for cid, loc in txn.chunks()}
+
+
+def test_every_dtype_and_size_round_trips_bit_for_bit(big):
+    history = _history(big)
+    report = big.repack()
+    assert report.grouped > 0 and report.deltas > 0
+    kinds = {loc.kind for loc in _kinds(big).values()}
+    assert codec.GROUPED in kinds and codec.DELTA in kinds
+    for cid, state in history:
+        assert _same(big.load(cid), state)
+    assert big.fsck().ok
+    assert "encoded-records" in (big.dir / "FORMAT").read_text()
+
+
+def test_reopened_and_rebuilt_index_keep_the_encodings(big):
+    history = _history(big)
+    big.repack()
+    before = _kinds(big)
+    big.rebuild_index()
+    assert _kinds(big) == before
+    again = mvc.Repository.open(big.root)
+    for cid, state in history:
+        assert _same(again.load(cid), state)
+    again.close()
+
+
+def test_depth_is_bounded(big):
+    history = _history(big, steps=5)
+    big.repack(depth=2)
+    locs = _kinds(big).values()
+    assert max(loc.depth for loc in locs) == 2
+    for cid, state in history:
+        assert _same(big.load(cid), state)
+
+
+def test_new_commits_after_repack_and_a_second_repack(big):
+    history = _history(big, steps=2)
+    big.repack()
+    history += _history(big, steps=2)
+    big.repack()
+    for cid, state in history:
+        assert _same(big.load(cid), state)
+    assert big.fsck().ok
+
+
+def test_incompressible_data_costs_at_most_1001_per_mille(tmp_path):
+    r = mvc.Repository.init(tmp_path / "r")  # the default chunk size
+    data = torch.frombuffer(bytearray(os.urandom(4 << 20)), dtype=torch.uint8)
+    c = r.commit({"x": data}).id
+    report = r.repack()
+    assert report.raw == report.chunks and report.bytes_after == report.bytes_before
+    pack_bytes = r.status().pack_bytes
+    assert pack_bytes <= 1.001 * (4 << 20)
+    assert torch.equal(r.load(c)["x"], data)
+
+
+def _record_of(repo, kind: int):
+    with repo.index.read() as txn:
+        for cid, loc in txn.chunks():
+            if loc.kind == kind:
+                return cid, loc
+
+
+def _pack_path(repo, loc):
+    return repo.dir / "packs" / f"pack-{loc.pack.hex()}.pack"
+
+
+@pytest.mark.parametrize("kind", [codec.GROUPED, codec.DELTA])
+def test_a_flipped_bit_in_an_encoded_record_is_caught_on_read_and_by_fsck(big, kind):
+    history = _history(big)
+    big.repack()
+    cid, loc = _record_of(big, kind)
+    for offset in (loc.offset, loc.offset + loc.length // 2, loc.offset + loc.length - 1):
+        flip_bit(_pack_path(big, loc), offset, 3)
+        with pytest.raises((mvc.ChecksumMismatch, mvc.CorruptObject)):
+            big.read_chunk(cid)
+        broken = [c for c, s in history if cid in {x for e in big.entries(c) if e.kind == "tensor" for x in e.chunks}]
+        with pytest.raises((mvc.ChecksumMismatch, mvc.CorruptObject)):
+            big.load(broken[0])
+        report = big.fsck()
+        assert not report.ok
+        damage = [d for d in report.damage if cid.hex() in d.chunks]
+        assert damage and damage[0].tensors and damage[0].commits
+        flip_bit(_pack_path(big, loc), offset, 3)
+    assert big.fsck().ok
+
+
+def test_a_broken_delta_base_is_named_by_tensor_and_commit(big):
+    history = _history(big)
+    big.repack()
+    cid, loc = _record_of(big, codec.DELTA)
+    base = _kinds(big)[loc.base]
+    flip_bit(_pack_path(big, base), base.offset + base.length // 2)
+    with pytest.raises(mvc.ChecksumMismatch, match="delta base"):
+        big.read_chunk(cid)
+    report = big.fsck()
+    mine = [d for d in report.damage if cid.hex() in d.chunks]
+    assert mine and mine[0].kind == "broken-delta-base" and mine[0].tensors and mine[0].commits
+    of_base = [d for d in report.damage if loc.base.hex() in d.chunks]
+    assert of_base and set(mine[0].tensors) <= set(of_base[0].tensors)
+
+
+def test_gc_keeps_delta_bases_of_kept_commits_alive(big):
+    history = _history(big, steps=4)
+    big.repack()
+    report = big.gc(keep_last=1, grace=0)
+    assert report.pruned
+    last, state = history[-1]
+    assert _same(big.load(last), state)
+    assert big.fsck().ok
+    kinds = _kinds(big)
+    assert any(loc.kind == codec.DELTA for loc in kinds.values())
+    assert all(loc.base in kinds for loc in kinds.values() if loc.base)
+
+
+def test_gc_rewrite_moves_encoded_records_as_they_are(big):
+    history = _history(big, steps=3)
+    big.commit({"junk": torch.randn(200000)}, "junk")  # raw, in the repacked pack: garbage once pruned
+    big.repack()
+    report = big.gc(keep_last=1, grace=0, branch="main")
+    assert report.packs_rewritten == 1 and report.records_moved > 0
+    kinds = _kinds(big)
+    assert any(loc.coded for loc in kinds.values())
+    assert big.fsck().ok
+
+
+def test_an_older_mvc_refuses_a_repository_with_encoded_records(big, monkeypatch):
+    _history(big, steps=1)
+    big.repack()
+    monkeypatch.setattr(repository, "KNOWN_EXTENSIONS", frozenset())
+    with pytest.raises(mvc.UnsupportedFormat, match="encoded-records"):
+        mvc.Repository.open(big.root)
+
+
+def test_dry_run_changes_nothing(big):
+    _history(big, steps=2)
+    before = _kinds(big)
+    report = big.repack(dry_run=True)
+    assert report.dry_run and report.bytes_after < report.bytes_before
+    assert _kinds(big) == before and "encoded" not in (big.dir / "FORMAT").read_text()
+
+
+def test_repack_cli(big):
+    from click.testing import CliRunner
+    from mvc.cli import main
+    _history(big, steps=2)
+    os.chdir(big.root)
+    result = CliRunner().invoke(main, ["repack"])
+    assert result.exit_code == 0 and "byte-grouped" in result.output
+    result = CliRunner().invoke(main, ["repack", "--depth", "99"])
+    assert result.exit_code == 2
+
+
+CHILD = r"""
+import sys, mvc
+repo = mvc.Repository.open(sys.argv[1])
+print("start", flush=True)
+while True:
+    repo.repack()
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_during_repack_leaves_fsck_clean(tmp_path):
+    repo = mvc.Repository.init(tmp_path / "r", chunk_size=CHUNK)
+    history = []
+    emb = torch.randn(4096, 64) * 0.02
+    for step in range(4):
+        emb = emb.clone()
+        emb[torch.randint(0, 4096, (20,))] += 1
+        history.append((repo.commit({"emb": emb, "w": torch.randn(50000)}).id, emb))
+    repo.close()
+    for delay in (0.05, 0.2, 0.4, 0.8, 1.5):
+        child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / "r")], stdout=subprocess.PIPE)
+        assert child.stdout.readline().startswith(b"start")
+        time.sleep(delay)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        repo = mvc.Repository.open(tmp_path / "r")
+        report = repo.fsck()
+        assert report.ok, report.damage
+        for cid, emb in history:
+            assert torch.equal(repo.load(cid)["emb"], emb)
+        repo.close()

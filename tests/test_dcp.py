@@ -253,3 +253,17 @@ def test_async_save_killed_before_the_commit_leaves_the_previous_commit(tmp_path
         assert repo.fsck().ok
         c = save(repo, {"w": torch.arange(4.0)}, message="after")
         assert c.parents == (before.id,)
+
+
+@pytest.mark.parametrize("boxes", [ROWS, COLUMNS], ids=["rows", "columns"])
+def test_load_into_a_live_tensor_from_a_sharded_commit(repo, boxes):
+    full = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    a = shard_commit(repo, full, boxes)
+    changed = full.clone()
+    changed[5, 6] = -7.0
+    b = shard_commit(repo, changed, boxes)
+    live = {"w": torch.zeros(8, 8)}
+    repo.load_into(live, a.id)
+    assert torch.equal(live["w"], full)
+    repo.load_into(live, b.id)
+    assert torch.equal(live["w"], changed)

@@ -3,7 +3,8 @@
 ``Checkpointer`` commits a run's complete state (models, optimizers,
 schedulers, GradScaler, RNG of every rank, data position, extra state) and
 resumes it bit for bit; ``ResumableSampler`` is a shuffling sampler that
-resumes mid-epoch; the policies decide when to commit.
+resumes mid-epoch; the policies decide when to commit. ``mvc_hooks.dcp``
+holds the torch.distributed.checkpoint storage plugins (sharded saves).
 """
 
 from .checkpointer import Checkpointer

@@ -39,7 +39,7 @@ import torch
 import mvc
 
 from . import context as contexts
-from . import data, distributed, policy as policies, rng
+from . import data, distributed, policy as policies, rng, sharded
 from .state import Components, Snapshot
 
 LAYOUT = 1
@@ -138,6 +138,10 @@ class Checkpointer:
         self.samplers = [obj for _, obj in Components(sampler=sampler).each("sampler")]
         self.loader = None if loader is None else data.LoaderTracker(loader, self.samplers, loop_skips)
         self.per_rank = Components(sampler=sampler, loader=self.loader)
+        # DTensor (FSDP2) models: every rank saves and loads its own shards (sharded.py)
+        self.sharded = sharded.is_sharded(self.components)
+        self._path = path
+        self._reshard = False
         self._resumed_step: Optional[int] = None
         if extra is not None and not isinstance(extra, dict):
             raise mvc.BadInput(f"extra must be a dict of plain values, not a {type(extra).__name__}")
@@ -325,7 +329,9 @@ class Checkpointer:
             mine["untracked"] = loose
         # The gather is the barrier: rank 0 commits once every rank has finished the step.
         ranks = distributed.gather(mine)
-        if self.root:
+        if self.sharded:
+            self._save_sharded(step, obs, metrics, message, ranks)
+        elif self.root:
             progress = {"step": step, "epoch": self.epoch, "batch": self.batch}
             state = self._state(progress, ranks)
             record = {"message": message or f"step {step}", "step": step, "epoch": self.epoch,
@@ -355,6 +361,20 @@ class Checkpointer:
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         self._snapshot.filled()
 
+    def _save_sharded(self, step: int, obs, metrics: dict, message: str, ranks) -> None:
+        """Every rank saves its shards; rank 0 adds the rest and commits (synchronously)."""
+        small = record = None
+        if self.root:
+            progress = {"step": step, "epoch": self.epoch, "batch": self.batch}
+            small = self._state(progress, ranks)
+            record = {"message": message or f"step {step}", "step": step, "epoch": self.epoch,
+                      "metrics": metrics, "context": self._context(progress, obs)}
+        commit = sharded.save(self.repo.root if self.root else self._path, self.components, small, self.branch, record)
+        if self.root:
+            self.last_commit = commit
+            if self.on_commit is not None:
+                self.on_commit(commit)
+
     def _state(self, progress: dict, ranks: list) -> dict:
         state = self.components.state()
         state.update({"mvc_hooks": LAYOUT, "world_size": self.world_size, "ranks": ranks,
@@ -376,7 +396,7 @@ class Checkpointer:
 
     # -- resume ------------------------------------------------------------
 
-    def resume(self, rev: Optional[str] = None, strict: bool = True) -> int:
+    def resume(self, rev: Optional[str] = None, strict: bool = True, reshard: bool = False) -> int:
         """Restore the run from its branch's last commit; the step to run next.
 
         0 when the branch has no commits. ``rev`` resumes from another
@@ -387,9 +407,13 @@ class Checkpointer:
         sampler of another data order, another world size raise BadInput and
         leave the objects untouched. An error on one rank is raised on all.
         ``strict=False`` allows a checkpoint holding groups not given here.
+        A sharded (DTensor) model loads its own shards on every rank; with
+        ``reshard=True`` it may resume at another world size, and then each
+        rank's RNG and sampler are not restored (they were another rank's).
         """
         self._check_open()
         self.wait()
+        self._reshard = reshard
         error, payload = None, None
         if self.root:
             try:
@@ -403,7 +427,7 @@ class Checkpointer:
         commit, state = payload["commit"], payload["state"]
         before = self._check_and_load_per_rank(state, f"commit {commit.short_id} (step {commit.step})", strict)
         try:
-            self._restore(state)
+            self._restore(state, commit.id)
         except BaseException:
             self.per_rank.load(before)  # all or nothing: the data position goes back too
             raise
@@ -425,18 +449,23 @@ class Checkpointer:
                                    "on a new branch (branch=...) to fork the run from it")
         if tip is None:
             return None
+        if self.sharded:  # the model and optimizer come through DCP on every rank, in _restore
+            keys = ("mvc_hooks", "world_size", "ranks", "progress", "extra", "scheduler", "scaler", "stateful")
+            return {"commit": self.repo.get_commit(tip), "state": self.repo.load_keys(tip, keys)}
         return {"commit": self.repo.get_commit(tip), "state": self.repo.load(tip)}
 
     def _check(self, state: dict, where: str, strict: bool) -> None:
         if not isinstance(state, dict) or state.get("mvc_hooks") != LAYOUT:
             raise mvc.BadInput(f"{where} was not made by an mvc_hooks Checkpointer (layout {LAYOUT}); "
                                "load it with Repository.load instead")
-        if state["world_size"] != self.world_size:
+        if state["world_size"] != self.world_size and not (self.sharded and self._reshard):
             raise mvc.BadInput(f"{where} was made by {state['world_size']} ranks, this run has "
-                               f"{self.world_size}; resume with the same world size")
-        self.components.check(state, where, strict)
-        self.per_rank.check(state["ranks"][self.rank], f"{where} rank {self.rank}", strict)
-        loose = state["ranks"][self.rank].get("untracked")
+                               f"{self.world_size}; resume with the same world size"
+                               + (" or pass reshard=True" if self.sharded else ""))
+        (sharded.others(self.components) if self.sharded else self.components).check(state, where, strict)
+        if self._same_world(state):
+            self.per_rank.check(state["ranks"][self.rank], f"{where} rank {self.rank}", strict)
+        loose = state["ranks"][self.rank].get("untracked") if self._same_world(state) else None
         if strict and loose:
             raise mvc.BadInput(
                 f"{where} was taken in the middle of a pass of a DataLoader the Checkpointer was not given "
@@ -461,7 +490,8 @@ class Checkpointer:
         try:
             self._check(state, where, strict)
             before = copy.deepcopy(self.per_rank.state())  # a state_dict may share the live object's data
-            self.per_rank.load(state["ranks"][self.rank])
+            if self._same_world(state):
+                self.per_rank.load(state["ranks"][self.rank])
         except Exception as exc:  # any error, not only mvc's: the other ranks wait to hear of it
             error = exc
         try:
@@ -472,16 +502,23 @@ class Checkpointer:
             raise
         return before
 
-    def _restore(self, state: dict) -> None:
+    def _restore(self, state: dict, commit_id: str) -> None:
         """Load everything but the per-rank components (loaded already)."""
-        mine = state["ranks"][self.rank]
-        self.components.load(state)
+        if self.sharded:  # a collective: every rank reads its own shards, resharding
+            sharded.load(self.repo.root if self.root else self._path, self.components, commit_id)
+            sharded.others(self.components).load(state)
+        else:
+            self.components.load(state)
         if self.extra is not None:
             self.extra.clear()
             self.extra.update(state["extra"])
         progress = state["progress"]
         self.epoch, self.batch = progress["epoch"], progress["batch"]
-        rng.restore(mine["rng"])  # last: loading must not draw from the restored generators
+        if self._same_world(state):
+            rng.restore(state["ranks"][self.rank]["rng"])  # last: loading must not draw from the restored generators
+
+    def _same_world(self, state: dict) -> bool:
+        return state["world_size"] == self.world_size
 
 
 def _storage(tensor: torch.Tensor) -> tuple:

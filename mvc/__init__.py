@@ -4,18 +4,19 @@
 save writes only the blocks that changed; commits carry the training record.
 """
 
-from . import traverse
+from . import dtypes, traverse
 from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CommitPruned, CorruptObject,
                      InvalidRefName, LockHeld, MvcError, NotARepository, ObjectNotFound, ProtectedRef,
                      RefConflict, RepositoryExists, UnknownRevision, UnsupportedFormat)
 from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
 from .repository import Repository
+from .sharded import ShardedTensor
 from .store.locks import BranchLock
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Repository", "BranchLock", "Commit", "CommitStats", "Entry", "Export", "Head", "Ref", "Status",
+    "Repository", "ShardedTensor", "BranchLock", "dtypes", "Commit", "CommitStats", "Entry", "Export", "Head", "Ref", "Status",
     "traverse", "MvcError", "AmbiguousRevision", "BadInput", "ChecksumMismatch", "CommitPruned", "CorruptObject",
     "InvalidRefName", "LockHeld", "NotARepository", "ObjectNotFound", "ProtectedRef",
     "RefConflict", "RepositoryExists", "UnknownRevision", "UnsupportedFormat", "__version__",

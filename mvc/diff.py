@@ -20,6 +20,7 @@ the chunk ids agree, both sides where they differ. At most one window pair
 per worker thread is in memory, never a whole state.
 """
 
+import bisect
 import fnmatch
 import math
 import re
@@ -198,35 +199,62 @@ def _unstreamed(ea: Optional[Entry], eb: Optional[Entry]) -> TensorDiff:
 
 
 class _Reader:
-    """Byte ranges of one stored tensor, read one verified chunk at a time
-    through the chunk store, in the caller's index transaction."""
+    """Byte ranges of one stored tensor's stream, read one verified chunk at a
+    time through the chunk store, in the caller's index transaction. (The
+    stream is the tensor's C-order bytes unless its shards need scattering;
+    ``_stream`` compares such a tensor through ``_Loaded`` when the two
+    sides are not sharded alike.)"""
 
     def __init__(self, repo, txn, obj, key: str):
-        self.repo, self.txn, self.obj, self.size = repo, txn, obj, obj.chunk_size
+        self.repo, self.txn, self.obj = repo, txn, obj
+        self.spans = list(obj.chunk_spans())  # sharded tensors restart chunking at every shard
+        self.starts = [off for _, off, _ in self.spans]
         self.what = f"tensor {key!r}"
         self._index, self._data = -1, memoryview(b"")
 
+    def _at(self, pos: int) -> int:
+        return bisect.bisect_right(self.starts, pos) - 1
+
     def ids(self, start: int, stop: int) -> tuple:
-        return self.obj.chunks[start // self.size:(stop - 1) // self.size + 1]
+        return tuple(cid for cid, _, _ in self.spans[self._at(start):self._at(stop - 1) + 1])
 
     def read(self, start: int, stop: int):
         """The bytes [start, stop) as a bytes-like object."""
         parts, pos = [], start
         while pos < stop:
-            i = pos // self.size
+            i = self._at(pos)
             data = self._chunk(i)
-            take = min(stop - pos, len(data) - (pos - i * self.size))
-            parts.append(data[pos - i * self.size:pos - i * self.size + take])
+            at = pos - self.starts[i]
+            take = min(stop - pos, len(data) - at)
+            parts.append(data[at:at + take])
             pos += take
         return parts[0] if len(parts) == 1 else b"".join(parts)  # one part: no copy
 
     def _chunk(self, i: int) -> memoryview:
         if i != self._index:  # windows move forward, so one cached chunk suffices
-            start = i * self.size
-            buffer = bytearray(min(self.size, self.obj.nbytes - start))
-            self.repo.chunks.read([Request(self.obj.chunks[i], buffer, self.what)], self.txn, threads=1)
+            cid, _, n = self.spans[i]
+            buffer = bytearray(n)
+            self.repo.chunks.read([Request(cid, buffer, self.what)], self.txn, threads=1)
             self._data, self._index = memoryview(buffer), i
         return self._data
+
+
+class _Loaded:
+    """A tensor read whole into memory, in C order: for sharded tensors whose
+    streams are not comparable byte for byte (shards cut by columns, and
+    the two sides cut differently)."""
+
+    def __init__(self, repo, txn, oid: bytes, obj, key: str):
+        import torch
+        from .objects import TensorLeaf
+        tensor = repo.read_tensors(txn, [((key,), TensorLeaf(oid))], b"")[oid]
+        self.obj, self.data = obj, memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+    def ids(self, start: int, stop: int) -> tuple:
+        return ()
+
+    def read(self, start: int, stop: int):
+        return self.data[start:stop]
 
 
 class _Sums:
@@ -310,15 +338,18 @@ def _changed_elements(raw_a, raw_b, itemsize: int) -> np.ndarray:
 def _stream(repo, ea: Entry, eb: Entry) -> TensorDiff:
     """Compare two stored tensors of one dtype and shape, window by window."""
     with repo.index.read() as txn:
-        obj_a = repo.objects.tensor(txn, bytes.fromhex(ea.tensor_id))
-        obj_b = repo.objects.tensor(txn, bytes.fromhex(eb.tensor_id))
+        ids = bytes.fromhex(ea.tensor_id), bytes.fromhex(eb.tensor_id)
+        obj_a, obj_b = (repo.objects.tensor(txn, oid) for oid in ids)
+        if obj_a.shards != obj_b.shards and not (obj_a.in_c_order and obj_b.in_c_order):
+            return _compare(_Loaded(repo, txn, ids[0], obj_a, ea.key), _Loaded(repo, txn, ids[1], obj_b, eb.key),
+                            ea, eb)
         return _compare(_Reader(repo, txn, obj_a, ea.key), _Reader(repo, txn, obj_b, eb.key), ea, eb)
 
 
 def _compare(ra: _Reader, rb: _Reader, ea: Entry, eb: Entry) -> TensorDiff:
     obj_a, obj_b = ra.obj, rb.obj
     itemsize = dtypes.itemsize(ea.dtype)
-    aligned = obj_a.chunk_size == obj_b.chunk_size
+    aligned = obj_a.chunk_size == obj_b.chunk_size and obj_a.shards == obj_b.shards
     window = math.lcm(obj_a.chunk_size, itemsize)
     sums, elements = _Sums(), 0
     for start in range(0, ea.nbytes, window):
@@ -343,7 +374,7 @@ def _clamp(cosine: float) -> float:
 def _changed_chunks(obj_a, obj_b) -> list:
     """(index, length) of B's chunks that differ from A's."""
     spans = list(obj_b.chunk_spans())
-    if obj_a.chunk_size == obj_b.chunk_size:
+    if obj_a.chunk_size == obj_b.chunk_size and obj_a.shards == obj_b.shards:
         return [(i, n) for i, (cid, _, n) in enumerate(spans) if cid != obj_a.chunks[i]]
     known = set(obj_a.chunks)  # different boundaries: a chunk "differs" if A has no such chunk
     return [(i, n) for i, (cid, _, n) in enumerate(spans) if cid not in known]

@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import dtypes, fingerprint, hashing, state as states
+from . import dtypes, fingerprint, hashing, sharded, state as states
 from .errors import BadInput
 from .objects import TensorLeaf
 from .store.chunks import THREADS, Request
@@ -291,6 +291,8 @@ def _plan_reads(records: LiveRecords, target: _Target) -> None:
     target.bytes = states.tensor_bytes(target.live)
     record = records.get(target.live)
     target.need = [(i, cid, off, n) for i, (cid, off, n) in enumerate(spans)]
+    if not target.obj.in_c_order:  # shards cut by columns: the stream is not the tensor's byte order, read it all
+        return
     if record is None or record.chunk_size != target.obj.chunk_size or len(record.chunks) != len(spans):
         return
     want = [i for i, (cid, _, _) in enumerate(spans) if record.chunks[i] == cid]
@@ -328,8 +330,13 @@ def _apply(records: LiveRecords, plan: list, scratch: dict, new_values: list, sa
         if got is not None:
             data, items = got
             raw = target.bytes  # a view of the live tensor when it is contiguous on the CPU, else a copy
-            for _, _, off, n, at in items:
-                raw[off:off + n] = data[at:at + n]
+            if not target.obj.in_c_order:  # the whole stream was read, in order: copy each shard into its box
+                whole = torch.from_numpy(raw).view(target.live.dtype).reshape(target.live.shape)
+                for offsets, sizes, start, nbytes, _ in target.obj.pieces():
+                    sharded.scatter(whole, offsets, sizes, data[start:start + nbytes])
+            else:
+                for _, _, off, n, at in items:
+                    raw[off:off + n] = data[at:at + n]
             if not (target.live.device.type == "cpu" and target.live.is_contiguous()):
                 with torch.no_grad():
                     target.live.copy_(torch.from_numpy(raw).view(target.live.dtype).reshape(target.live.shape))

@@ -3,7 +3,14 @@
 - **tensor**: dtype, shape, the chunk size it was split with, and the ids of
   its chunks (runs of at most ``chunk_size`` bytes of its raw little-endian
   data, starting at its first byte).
-- **tree**: the structure of a state. Dicts (str or int keys), lists,
+- **shard** (of a sharded tensor): a box of a tensor (per-dimension offsets
+  and sizes) whose elements, in C order, one rank saved. A sharded tensor
+  lists its shards, sorted by offsets; its chunks are each shard's chunks in
+  turn, every shard chunked from its own first byte. Its **stream** is the
+  shards' bytes one after the other; ``in_c_order`` when that is the
+  tensor's own C-order bytes (every shard a contiguous run of rows).
+- **tree**: the structure of a state, and for a sharded (DCP) save its
+  ``dcp`` metadata as plain values (``mvc/sharded.py``). Dicts (str or int keys), lists,
   tuples and plain values (None, bool, int, float, str, bytes) are kept as
   they are; each tensor is a ``TensorLeaf`` naming a tensor object.
 - **commit**: tree id, parent ids, message, author, time and the training
@@ -63,6 +70,7 @@ class TensorObject:
     shape: tuple
     chunk_size: int
     chunks: tuple
+    shards: tuple = ()  # ((offsets, sizes), ...) sorted by offsets; () for a tensor stored whole
 
     @property
     def numel(self) -> int:
@@ -72,23 +80,45 @@ class TensorObject:
     def nbytes(self) -> int:
         return self.numel * dtypes.itemsize(self.dtype)
 
+    def pieces(self) -> list:
+        """(offsets, sizes, stream start, nbytes, first chunk index) of each shard;
+        one piece covering the tensor when it is stored whole."""
+        boxes = self.shards or ((tuple(0 for _ in self.shape), tuple(self.shape)),)
+        item, out, start, first = dtypes.itemsize(self.dtype), [], 0, 0
+        for offsets, sizes in boxes:
+            n = math.prod(sizes) * item
+            out.append((offsets, sizes, start, n, first))
+            start += n
+            first += -(-n // self.chunk_size)
+        return out
+
     def chunk_spans(self) -> Iterator[tuple]:
-        """(chunk id, byte offset in the tensor, length) for each chunk."""
-        total = self.nbytes
-        for i, cid in enumerate(self.chunks):
-            start = i * self.chunk_size
-            yield cid, start, min(self.chunk_size, total - start)
+        """(chunk id, byte offset in the stream, length) for each chunk.
+
+        The stream is the tensor's raw bytes unless it is sharded and not
+        ``in_c_order``; then it is its shards' bytes one after the other.
+        """
+        for _, _, start, n, first in self.pieces():
+            for i, off in enumerate(range(0, n, self.chunk_size)):
+                yield self.chunks[first + i], start + off, min(self.chunk_size, n - off)
+
+    @property
+    def in_c_order(self) -> bool:
+        """Whether the stream is the tensor's C-order bytes (no shard needs scattering)."""
+        return all(_contiguous(offsets, sizes, self.shape) for offsets, sizes in self.shards)
 
     def encode(self) -> bytes:
-        return encoding.pack({
-            "type": "tensor", "dtype": self.dtype, "shape": list(self.shape),
-            "chunk_size": self.chunk_size, "chunks": list(self.chunks),
-        })
+        fields = {"type": "tensor", "dtype": self.dtype, "shape": list(self.shape),
+                  "chunk_size": self.chunk_size, "chunks": list(self.chunks)}
+        if self.shards:  # absent for a whole tensor: its bytes stay what format 1 wrote
+            fields["shards"] = [[list(o), list(z)] for o, z in self.shards]
+        return encoding.pack(fields)
 
     @classmethod
     def decode(cls, data: bytes) -> "TensorObject":
         v = _decode_map(data, "tensor")
-        _fields(v, "tensor", {"type", "dtype", "shape", "chunk_size", "chunks"})
+        base = {"type", "dtype", "shape", "chunk_size", "chunks"}
+        _fields(v, "tensor", base | {"shards"} if "shards" in v else base)
         dtype, shape, size, chunks = v["dtype"], v["shape"], v["chunk_size"], v["chunks"]
         dtypes.check_name(dtype)
         _check(type(shape) is list and len(shape) <= MAX_DIMS, "tensor shape is not a list of dims")
@@ -98,9 +128,56 @@ class TensorObject:
         _check(math.prod(max(d, 1) for d in shape) * dtypes.itemsize(dtype) <= MAX_EXTENT,
                "tensor shape is too large for int64 sizes and strides")
         _check(type(chunks) is list and all(_is_id(c) for c in chunks), "tensor chunks are not ids")
-        obj = cls(dtype, tuple(shape), size, tuple(chunks))
-        _check(len(chunks) == -(-obj.nbytes // size), "tensor chunk count does not match its size")
+        shards = _decode_shards(v["shards"], tuple(shape)) if "shards" in v else ()
+        obj = cls(dtype, tuple(shape), size, tuple(chunks), shards)
+        expected = sum(-(-n // size) for _, _, _, n, _ in obj.pieces())
+        _check(len(chunks) == expected, "tensor chunk count does not match its size")
         return obj
+
+
+def _contiguous(offsets: tuple, sizes: tuple, shape: tuple) -> bool:
+    """Whether a box's elements are one run of the tensor's C-order elements:
+    whole in every dimension after the first one it cuts, one wide before it."""
+    cut = next((d for d in range(len(shape)) if sizes[d] != shape[d]), len(shape))
+    return all(sizes[d] == 1 for d in range(cut)) and all(sizes[d] == shape[d] for d in range(cut + 1, len(shape)))
+
+
+def _decode_shards(value, shape: tuple) -> tuple:
+    """Shards as ((offsets, sizes), ...), checked to tile the tensor exactly."""
+    _check(type(value) is list and len(value) >= 2, "tensor shards are not a list of at least two boxes")
+    boxes = []
+    for box in value:
+        _check(type(box) is list and len(box) == 2 and all(type(p) is list and len(p) == len(shape) for p in box),
+               "a tensor shard is not [offsets, sizes] with one entry per dimension")
+        offsets, sizes = box
+        _check(all(type(x) is int for x in offsets + sizes), "a tensor shard has a non-integer bound")
+        _check(all(o >= 0 and z >= 1 and o + z <= d for o, z, d in zip(offsets, sizes, shape)),
+               "a tensor shard is empty or lies outside the tensor")
+        boxes.append((tuple(offsets), tuple(sizes)))
+    _check(boxes == sorted(boxes), "tensor shards are not sorted by offsets")
+    _check(sum(math.prod(z) for _, z in boxes) == math.prod(shape), "tensor shards do not add up to the tensor")
+    _check(not _overlap(boxes, shape), "tensor shards overlap")
+    return tuple(boxes)
+
+
+def _overlap(boxes: list, shape: tuple) -> bool:
+    """Whether any two boxes share an element (they add up to the tensor, so
+    disjoint means they tile it)."""
+    if all(_contiguous(o, z, shape) for o, z in boxes):  # runs of C order: sorted, so neighbours suffice
+        runs = [(_linear(o, shape), math.prod(z)) for o, z in boxes]
+        return any(a + n > b for (a, n), (b, _) in zip(runs, runs[1:]))
+    for i, (oi, zi) in enumerate(boxes):
+        for oj, zj in boxes[i + 1:]:
+            if all(a < b + m and b < a + n for a, n, b, m in zip(oi, zi, oj, zj)):
+                return True
+    return False
+
+
+def _linear(offsets: tuple, shape: tuple) -> int:
+    index = 0
+    for o, d in zip(offsets, shape):
+        index = index * d + o
+    return index
 
 
 @dataclass(frozen=True)
@@ -154,16 +231,21 @@ def _decode_node(node) -> Any:
 @dataclass(frozen=True)
 class TreeObject:
     root: Any
+    dcp: Any = None  # a sharded save's DCP metadata (plain values, see mvc/sharded.py); None otherwise
 
     def encode(self) -> bytes:
-        return encoding.pack({"type": "tree", "root": _encode_node(self.root)})
+        fields = {"type": "tree", "root": _encode_node(self.root)}
+        if self.dcp is not None:
+            fields["dcp"] = self.dcp
+        return encoding.pack(fields)
 
     @classmethod
     def decode(cls, data: bytes) -> "TreeObject":
         v = _decode_map(data, "tree")
-        _fields(v, "tree", {"type", "root"})
+        _fields(v, "tree", {"type", "root", "dcp"} if "dcp" in v else {"type", "root"})
+        _check("dcp" not in v or type(v["dcp"]) is dict, "tree dcp metadata is not a map")
         try:
-            return cls(_decode_node(v["root"]))
+            return cls(_decode_node(v["root"]), v.get("dcp"))
         except RecursionError:
             raise CorruptObject("tree object is nested too deeply") from None
 

@@ -33,6 +33,7 @@ from . import fsck as _fsck
 from . import gc as _gc
 from . import repack as _repack
 from . import hashing, refs
+from . import sharded as _sharded
 from .errors import BadInput, CorruptObject, MvcError, NotARepository, RepositoryExists, UnknownRevision, UnsupportedFormat
 from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
 from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
@@ -51,7 +52,7 @@ SEALED_VALUES = "sealed-values"  # refs, reflog, locks and pruned notes carry ch
 # or deltas (docs/format.md 4.2); written to FORMAT before the first such pack
 # is indexed, so an mvc that cannot decode them refuses the repository.
 ENCODED_RECORDS = "encoded-records"
-KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES, ENCODED_RECORDS})
+KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES, ENCODED_RECORDS, _sharded.EXTENSION})
 # 256 KiB, from benchmarks/bench_core.py --chunk-sizes (1 GiB state): commits
 # and loads are as fast as with 1-4 MiB chunks (per-chunk costs show only at
 # 128 KiB and below), while a few touched embedding rows rewrite a quarter
@@ -437,18 +438,28 @@ class Repository:
                 tensors = _encode_tensors(slots, self.chunk_size)
                 tree_data = TreeObject(_state_module().tree_root(root)).encode()
                 with self.index.write() as txn:
-                    tip = self.refs.tip(txn, ref) if rebase else self.refs.expect(txn, ref, parent)
-                    self.refs.check_commit(txn, ref, me)
-                    batch.publish(txn)
-                    for data in tensors.values():
-                        self.objects.put(txn, "tensors", data)
-                    tree_id = self.objects.put(txn, "trees", tree_data)
-                    base = tip or fork  # a new branch forks from its start point
-                    obj = replace(record, tree=tree_id, parents=(base,) if base else (), time=_now_us())
-                    oid = self.objects.put(txn, "commits", obj.encode())
-                    title = message.splitlines()[0] if message else ""
-                    self.refs.set_if_equals(txn, ref, tip, oid, f"commit: {title}")
+                    oid, obj = self._land(txn, ref, parent, rebase, me, record, batch.publish, tensors, tree_data,
+                                          fork)
         return replace(self._to_commit(oid, obj, stats), branch=refs.short_name(ref) if ref else None)
+
+    def _land(self, txn, ref, parent, rebase: bool, me, record: CommitObject, publish: Callable,
+              tensors: dict, tree_data: bytes, fork: Optional[bytes] = None) -> tuple:
+        """A commit's one index write transaction: compare-and-swap against
+        ``parent`` (or onto the tip with ``rebase``), ``publish(txn)`` its
+        chunks, store its objects, move ``ref``. A new branch's first commit
+        has ``fork`` (its start point), if any, as parent. Returns (id, CommitObject)."""
+        tip = self.refs.tip(txn, ref) if rebase else self.refs.expect(txn, ref, parent)
+        self.refs.check_commit(txn, ref, me)
+        publish(txn)
+        for data in tensors.values():
+            self.objects.put(txn, "tensors", data)
+        tree_id = self.objects.put(txn, "trees", tree_data)
+        base = tip or fork  # a new branch forks from its start point
+        obj = replace(record, tree=tree_id, parents=(base,) if base else (), time=_now_us())
+        oid = self.objects.put(txn, "commits", obj.encode())
+        title = record.message.splitlines()[0] if record.message else ""
+        self.refs.set_if_equals(txn, ref, tip, oid, f"commit: {title}")
+        return oid, obj
 
     def _write_chunks(self, slots: list, progress) -> tuple:
         """Hash every chunk (in threads) and write the ones the store lacks as one sealed batch.
@@ -550,15 +561,19 @@ class Repository:
 
         The caller holds ``gc_lock.shared()`` and the index transaction ``txn``.
         """
-        requests, out = [], {}
+        requests, out, scattered = [], {}, []
         for path, leaf in leaves:
             if leaf.id in out:
                 continue
             obj = self.objects.tensor(txn, leaf.id)
             out[leaf.id], buffer = _state_module().empty_tensor(obj.shape, obj.dtype)
             what = f"tensor {format_path(path)!r} in commit {commit_id.hex()[:12]}"
-            requests += [Request(cid, buffer[off:off + n], what) for cid, off, n in obj.chunk_spans()]
-        total, done = sum(r.buffer.nbytes for r in requests), 0
+            if obj.in_c_order:  # whole, or shards that are runs of rows: read straight into place
+                requests += [Request(cid, buffer[off:off + n], what) for cid, off, n in obj.chunk_spans()]
+            else:
+                scattered.append((out[leaf.id], obj, what))
+        total = sum(r.buffer.nbytes for r in requests) + sum(obj.nbytes for _, obj, _ in scattered)
+        done = 0
         if progress:
             progress(0, total)
 
@@ -567,6 +582,8 @@ class Repository:
             done += n
             progress(done, total)
         self.chunks.read(requests, txn, step if progress else None)
+        for tensor, obj, what in scattered:  # one shard at a time: a shard's worth of memory on top
+            self._read_scattered(txn, tensor, obj, what, step if progress else None)
         return out
 
     def read_chunk(self, chunk_id: bytes, what: str = "") -> bytes:
@@ -977,3 +994,155 @@ class Repository:
     def repair(self):
         """Refetch damaged or missing local chunks and objects from remotes; see ``mvc.remote.check.repair``."""
         return _remote("check").repair(self)
+
+    # -- sharded saves ---------------------------------------------------------
+    # Every rank writes its own shards, one coordinator commits (mvc/sharded.py
+    # gives the vocabulary and the call order; hooks/dcp.py is the DCP plugin).
+
+    def begin_sharded(self, branch: Optional[str] = None, author: Optional[str] = None) -> dict:
+        """Where a sharded save will commit, as plain data for ``commit_shards``:
+        {"ref": the branch ref (None when HEAD is detached), "parent": its tip}.
+
+        Raises ProtectedRef / LockHeld now, before any rank writes a chunk.
+        """
+        me = locking.this_process(author or default_author())
+        with self.index.read() as txn:
+            ref = self._target_ref(txn, branch)
+            parent = self.refs.tip(txn, ref)
+            self.refs.check_commit(txn, ref, me)
+        return {"ref": ref, "parent": parent}
+
+    def write_shards(self, tensors: list, progress: Optional[Callable[[int, int], None]] = None) -> dict:
+        """A rank's part of a sharded save: hash ``tensors`` (CPU or device
+        tensors, each one piece) and write the chunks the repository lacks to
+        this process's own new pack, sealed. Never takes the index write lock.
+
+        Returns plain data for the coordinator: {"chunk_size", "tensors":
+        [{"dtype", "shape", "chunks"}, ...] in the order given, "locations":
+        {chunk id: [pack name, offset, length]} of the chunks written,
+        "chunks_new", "bytes_new"}. Raises BadInput for a tensor mvc cannot store.
+        """
+        state = _state_module()
+        slots = [state.TensorSlot((i,), state._check_tensor(t, (i,)), tuple(t.shape), t)
+                 for i, t in enumerate(tensors)]
+        with self.gc_lock.shared():
+            batch, stats = self._write_chunks(slots, progress)
+        return {"chunk_size": self.chunk_size,
+                "tensors": [{"dtype": s.dtype, "shape": list(s.shape), "chunks": list(s.chunks)} for s in slots],
+                "locations": {cid: [loc.pack, loc.offset, loc.length] for cid, loc in batch.locations.items()},
+                "chunks_new": stats.chunks_new, "bytes_new": stats.bytes_new}
+
+    def commit_shards(self, start: dict, leaves: dict, locations: dict, dcp: Optional[dict] = None,
+                      message: str = "", *, step: Optional[int] = None, epoch: Optional[int] = None,
+                      metrics: Optional[dict] = None, context: Optional[dict] = None,
+                      author: Optional[str] = None, stats: Optional[CommitStats] = None) -> Commit:
+        """The coordinator's part of a sharded save: one commit of every rank's shards.
+
+        ``start`` is what ``begin_sharded`` returned; ``leaves`` maps key
+        paths to ``mvc.ShardedTensor`` or plain values; ``locations`` merges
+        the ranks' locations; ``dcp`` is the DCP metadata (see
+        ``mvc.sharded.check_dcp``). Checks every named pack is sealed and
+        lists each chunk where claimed, then in one index write transaction
+        indexes them, checks every chunk of every tensor is indexed with its
+        length, stores the objects and moves the branch by compare-and-swap
+        against ``start["parent"]`` (RefConflict if it moved). BadInput
+        (nothing committed) for anything that does not add up.
+        """
+        if type(start) is not dict or set(start) != {"ref", "parent"}:
+            raise BadInput("start must be what begin_sharded returned")
+        record = _record(message, step, epoch, metrics, context, author or default_author())
+        me = locking.this_process(record.author)
+        if dcp is not None:
+            _sharded.check_dcp(dcp)
+        objs, tree_leaves = {}, {}
+        for path, leaf in leaves.items():
+            if isinstance(leaf, _sharded.ShardedTensor):
+                obj = _sharded.tensor_object(leaf, self.chunk_size, f"tensor {format_path(path)!r}")
+                data = obj.encode()
+                objs[object_id(data)] = (obj, data)
+                tree_leaves[path] = TensorLeaf(object_id(data))
+            else:  # plain values as they are (tuples stay tuples); encoding refuses anything else
+                tree_leaves[path] = leaf
+        tree_data = TreeObject(_sharded.nest(tree_leaves), dcp).encode()
+        with self.gc_lock.shared():
+            located = _sharded.check_locations(self.dir / "packs", locations)
+            self._require_extension(_sharded.EXTENSION)
+
+            def publish(txn):
+                for cid, loc in located.items():
+                    txn.put_chunk(cid, loc)  # an id already indexed keeps its first copy
+                for obj, _ in objs.values():
+                    for cid, _, n in obj.chunk_spans():
+                        loc = txn.chunk(cid)
+                        if loc is None or loc.size != n:  # size: decoded (a repacked record may be encoded)
+                            raise BadInput(f"chunk {cid.hex()[:12]} of a sharded save is neither written by a "
+                                           "rank nor in the repository (gc ran meanwhile?); nothing was "
+                                           "committed, save again")
+            with self.index.write() as txn:
+                oid, obj = self._land(txn, start["ref"], start["parent"], False, me, record, publish,
+                                      {tid: data for tid, (_, data) in objs.items()}, tree_data)
+        ref = start["ref"]
+        return replace(self._to_commit(oid, obj, stats), branch=refs.short_name(ref) if ref else None)
+
+    def _require_extension(self, name: str) -> None:
+        """Name ``name`` in FORMAT, so an mvc that lacks it refuses this
+        repository instead of misreading it."""
+        _, extensions = read_format(self.dir)
+        if name not in extensions:
+            write_format(self.dir, extensions | {name})
+
+    def sharded_view(self, rev: str = refs.HEAD) -> dict:
+        """What a sharded load plans with, read once: {"commit": full hex id,
+        "dcp": the DCP metadata (None for a commit of ``commit``), "tensors":
+        {key path: TensorObject}, "values": {key path: plain leaf}, "root":
+        the tree (tensors as TensorLeaf), to find values that are containers}."""
+        with self.index.read() as txn:
+            oid = self.refs.resolve(txn, rev)
+            tree = self.objects.commit_tree(txn, oid)
+            tensors, values = {}, {}
+            for path, leaf in walk(tree.root):
+                if isinstance(leaf, TensorLeaf):
+                    tensors[path] = self.objects.tensor(txn, leaf.id)
+                else:
+                    values[path] = leaf
+        return {"commit": oid.hex(), "dcp": tree.dcp, "tensors": tensors, "values": values, "root": tree.root}
+
+    def read_pieces(self, ranges: list, what: str = "") -> list:
+        """Verified bytes of pieces: for each (TensorObject, piece index, start,
+        stop) the bytes [start, stop) of that piece's C-order stream, as a
+        uint8 numpy array. Only the chunks holding them are read."""
+        import numpy as np
+        requests, out = [], []
+        for obj, piece, lo, hi in ranges:
+            _, base, spans = _sharded.chunk_window(obj, piece, lo, hi)
+            buffer = np.empty(sum(n for _, _, n in spans), dtype=np.uint8)
+            requests += [Request(cid, buffer[off:off + n], what) for cid, off, n in spans]
+            out.append(buffer[lo - base:hi - base])
+        with self.gc_lock.shared(), self.index.read() as txn:
+            self.chunks.read(requests, txn)
+        return out
+
+    def _read_scattered(self, txn, tensor, obj: TensorObject, what: str, progress) -> None:
+        """Read a sharded tensor whose shards are not runs of rows: each shard
+        into a buffer of its own, then copied into its box."""
+        import numpy as np
+        for i, (offsets, sizes, _, nbytes, _) in enumerate(obj.pieces()):
+            _, _, spans = _sharded.chunk_window(obj, i, 0, nbytes)
+            buffer = np.empty(nbytes, dtype=np.uint8)
+            self.chunks.read([Request(cid, buffer[off:off + n], what) for cid, off, n in spans], txn, progress)
+            _sharded.scatter(tensor, offsets, sizes, buffer)
+
+    def load_keys(self, rev: str, keys) -> dict:
+        """{key: repo.load(rev)[key]} for top-level ``keys`` of a commit whose
+        state is a dict, reading only their tensors (a resume reads the small
+        parts this way and the sharded model through DCP). Keys the commit
+        lacks are left out."""
+        with self.gc_lock.shared(), self.index.read() as txn:
+            oid = self.refs.resolve(txn, rev)
+            root = self.objects.commit_tree(txn, oid).root
+            if type(root) is not dict:
+                raise BadInput(f"commit {oid.hex()[:12]} holds a {type(root).__name__}, not a dict of keys")
+            part = {k: root[k] for k in keys if k in root}
+            leaves = [(p, leaf) for p, leaf in walk(part) if isinstance(leaf, TensorLeaf)]
+            tensors = self.read_tensors(txn, leaves, oid)
+        return _state_module().materialize(part, tensors)

@@ -1,0 +1,472 @@
+"""torch.distributed.checkpoint storage backed by an mvc repository.
+
+``MvcStorageWriter`` and ``MvcStorageReader`` implement DCP's
+``StorageWriter`` and ``StorageReader``, so ``dcp.save``, ``dcp.async_save``
+and ``dcp.load`` read and write mvc commits::
+
+    writer = MvcStorageWriter("ckpts", branch="run-7", message="step 100", step=100)
+    dcp.save(state, storage_writer=writer)      # writer.last_commit on rank 0
+    dcp.load(state, storage_reader=MvcStorageReader("ckpts", rev="run-7"))
+
+Call order and roles (DCP's, see ``torch/distributed/checkpoint/storage.py``):
+every rank opens the repository in ``set_up_storage_writer`` (the
+coordinator also checks the branch may move and reads its tip, the parent
+the commit compares and swaps against); in ``write_data`` every rank hashes
+its own write items and writes the chunks the repository lacks to its own
+pack (``Repository.write_shards``); DCP gathers each rank's plain
+``WriteResult.storage_data`` to the coordinator, whose ``finish`` commits
+everything in one transaction (``Repository.commit_shards``). "Finished"
+means that transaction committed: a crash of any rank before it leaves the
+branch where it was. Every rank needs the repository's filesystem.
+
+No pickle is stored: tensors are raw chunks, DCP's metadata is kept as
+plain values in the tree, and ``BYTE_IO`` items (DCP's ``torch.save`` of
+non-tensor values) must load with ``torch.load(weights_only=True)`` or the
+save is refused. Values that are plain (numbers, text, lists, tuples,
+dicts) are stored as such; others (holding tensors, ``torch.Size`` ...) are
+kept as their bytes and loaded again with ``weights_only=True`` only.
+"""
+
+import dataclasses
+import io
+import re
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                   MetadataIndex, StorageMeta, TensorProperties,
+                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, SavePlan, WriteItemType
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+import mvc
+
+DCP_VERSION = "1.0.0"  # the metadata version of DCP's own FileSystemWriter in torch 2.13
+READ_BATCH = 64 << 20  # bytes of chunks one read_data batch holds besides the target tensors
+_PLAIN = (type(None), bool, int, float, str, bytes)
+
+
+def open_repository(path, chunk_size: Optional[int] = None) -> mvc.Repository:
+    """The repository at ``path`` (or above it), created at ``path`` if there is none.
+
+    Every rank may call it at once: init is atomic, the losers open the winner's.
+    """
+    try:
+        return mvc.Repository.open(path)
+    except mvc.NotARepository:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        try:
+            if chunk_size is None:
+                return mvc.Repository.init(path)
+            return mvc.Repository.init(path, chunk_size=chunk_size)
+        except mvc.RepositoryExists:
+            return mvc.Repository.open(path)
+
+
+def _exactly_plain(value, depth: int = 0) -> bool:
+    """Whether ``value`` is made only of types an mvc tree keeps exactly
+    (no subclasses: an OrderedDict or an enum would come back as its base)."""
+    if depth > mvc.traverse.MAX_DEPTH:
+        return False
+    t = type(value)
+    if t in _PLAIN:
+        return t is not int or -(2**63) <= value < 2**64
+    if t in (list, tuple):
+        return all(_exactly_plain(v, depth + 1) for v in value)
+    if t is dict:
+        return all(type(k) in (str, int) and _exactly_plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _weights_only(raw: bytes, what: str):
+    """``torch.load(weights_only=True)`` of ``raw``; BadInput if it refuses."""
+    try:
+        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as exc:  # hostile or damaged bytes can make the unpickler raise anything
+        found = re.search(r"(?i)unsupported global:? (?:GLOBAL )?([\w.]+)", str(exc))
+        holds = f" ({found.group(1)})" if found else ""
+        raise mvc.BadInput(f"{what} holds an object that weights-only loading refuses{holds}; mvc never "
+                           "unpickles arbitrary objects: store plain values or tensors there") from None
+
+
+def _fresh_bytes(value) -> io.BytesIO:
+    """torch.save bytes of a value that is known safe, for a planner that unpickles."""
+    out = io.BytesIO()
+    torch.save(value, out)
+    out.seek(0)
+    return out
+
+
+def _done(value=None) -> Future:
+    fut: Future = Future()
+    fut.set_result(value)
+    return fut
+
+
+class MvcStorageWriter(StorageWriter):
+    """Saves a DCP checkpoint as one mvc commit on ``branch`` (None: HEAD's branch).
+
+    ``message``, ``step``, ``epoch``, ``metrics`` and ``context`` make the
+    commit's record. The repository at ``path`` is created if missing.
+    After a save, ``last_commit`` on the coordinator is the ``mvc.Commit``.
+    """
+
+    def __init__(self, path, branch: Optional[str] = "main", message: str = "", step: Optional[int] = None,
+                 metrics: Optional[dict] = None, *, epoch: Optional[int] = None,
+                 context: Optional[dict] = None, chunk_size: Optional[int] = None):
+        super().__init__()
+        self.path = Path(path)
+        self.branch, self.message, self.step, self.epoch = branch, message, step, epoch
+        self.metrics, self.context, self.chunk_size = metrics, context, chunk_size
+        self.repo: Optional[mvc.Repository] = None
+        self.is_coordinator = False
+        self.last_commit: Optional[mvc.Commit] = None
+        self.save_id = uuid.uuid4().hex
+        self._start: Optional[dict] = None
+        self._hold = ExitStack()
+
+    # -- DCP's calls, in order ---------------------------------------------------
+
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id:
+            self.path = Path(checkpoint_id)
+        self._release()
+        self.save_id = uuid.uuid4().hex
+
+    def storage_meta(self) -> StorageMeta:
+        return StorageMeta(checkpoint_id=str(self.path), save_id=self.save_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._release()
+        self.is_coordinator = is_coordinator
+        self.repo = open_repository(self.path, self.chunk_size)
+        if is_coordinator:
+            # Held until finish: gc cannot run meanwhile, so neither the ranks'
+            # unindexed packs nor chunks they found in the repository go away.
+            self._hold.enter_context(self.repo.gc_lock.shared())
+            self._start = self.repo.begin_sharded(self.branch)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list) -> list:
+        return plans
+
+    def write_data(self, plan: SavePlan, planner) -> Future:
+        """Hash this rank's items and write the chunks the repository lacks to its own pack."""
+        tensors, written, results = [], [], []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                raw = data.getvalue()
+                value = _weights_only(raw, f"DCP item {item.index.fqn!r}")
+                if _exactly_plain(value):
+                    results.append(WriteResult(item.index, len(raw), {"kind": "value", "value": value}))
+                    continue
+                tensors.append(torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw
+                               else torch.empty(0, dtype=torch.uint8))
+                written.append((item, "torch-save", len(raw)))
+            else:
+                sizes = tuple(item.tensor_data.chunk.sizes)
+                if tuple(data.shape) != sizes:
+                    raise mvc.BadInput(f"DCP item {item.index.fqn!r} resolved to shape {tuple(data.shape)}, "
+                                       f"its plan says {sizes}")
+                tensors.append(data.detach())
+                written.append((item, "tensor", data.numel() * data.element_size()))
+        desc = self.repo.write_shards(tensors) if tensors else {"tensors": [], "locations": {}}
+        for i, ((item, kind, nbytes), t) in enumerate(zip(written, desc["tensors"])):
+            data = {"kind": kind, **t}
+            if i == 0:  # the rank's batch travels once, with its first item
+                data.update(locations=desc["locations"], chunks_new=desc["chunks_new"],
+                            bytes_new=desc["bytes_new"])
+            results.append(WriteResult(item.index, nbytes, data))
+        return _done(results)
+
+    def finish(self, metadata: Metadata, results: list) -> None:
+        """Commit every rank's items, the DCP metadata and the record in one transaction."""
+        try:
+            leaves, locations, items, stats = _assemble(metadata, results)
+            dcp = {"items": items, "planner_data": _plain_planner_data(metadata.planner_data),
+                   "storage_meta": {"checkpoint_id": str(self.path), "save_id": self.save_id,
+                                    "modules": list(getattr(metadata.storage_meta, "modules", None) or [])},
+                   "version": metadata.version or DCP_VERSION}
+            self.last_commit = self.repo.commit_shards(
+                self._start, leaves, locations, dcp, self.message, step=self.step, epoch=self.epoch,
+                metrics=self.metrics, context=self.context, stats=stats)
+        finally:
+            self._release()
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return _is_repository(checkpoint_id)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self.path)
+
+    def _release(self) -> None:
+        self._hold.close()
+        self._start = None
+
+    def close(self) -> None:
+        """Release the repository (and, after a save that failed before ``finish``, the gc lock)."""
+        self._release()
+        if self.repo is not None:
+            self.repo.close()
+            self.repo = None
+
+    def __del__(self):
+        self._hold.close()  # a save that failed mid-way must not keep gc out for the process's life
+
+
+def _is_repository(path) -> bool:
+    try:
+        mvc.Repository.open(path).close()
+        return True
+    except (mvc.MvcError, OSError, TypeError):
+        return False
+
+
+def _plain_planner_data(data):
+    """The planner's data as plain values (DefaultSavePlanner's: {fqn: key path})."""
+    if data is None or _exactly_plain(data):
+        return data
+    raise mvc.BadInput(f"the save planner's data is a {type(data).__name__} that is not plain values; "
+                       "mvc stores no pickle: use a planner whose planner_data is plain")
+
+
+def _assemble(metadata: Metadata, results: list) -> tuple:
+    """(leaves {key path: ShardedTensor or value}, locations, dcp items, CommitStats) from DCP's global
+    metadata and every rank's WriteResults."""
+    by_index, locations, chunks_new, bytes_new = {}, {}, 0, 0
+    for rank_results in results:
+        for r in rank_results:
+            by_index[r.index] = r.storage_data
+            locations.update(r.storage_data.get("locations", {}))
+            chunks_new += r.storage_data.get("chunks_new", 0)
+            bytes_new += r.storage_data.get("bytes_new", 0)
+    mapping = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
+    leaves, items, n_chunks, n_bytes = {}, {}, 0, 0
+    for fqn, md in metadata.state_dict_metadata.items():
+        path = tuple(mapping.get(fqn, (fqn,)))
+        if isinstance(md, TensorStorageMetadata):
+            pieces, dtype = [], None
+            for chunk in md.chunks:
+                data = _result(by_index, MetadataIndex(fqn, chunk.offsets), fqn)
+                dtype = data["dtype"]
+                pieces.append((list(chunk.offsets), list(chunk.sizes), data["chunks"]))
+                n_chunks += len(data["chunks"])
+            dtype = dtype or mvc.dtypes.name_of(md.properties.dtype, fqn)
+            leaves[path] = mvc.ShardedTensor(dtype, tuple(md.size), pieces)
+            n_bytes += md.size.numel() * md.properties.dtype.itemsize
+            kind = "tensor"
+        else:
+            data = _result(by_index, MetadataIndex(fqn), fqn)
+            kind = data["kind"]
+            if kind == "value":
+                leaves[path] = data["value"]
+            else:
+                n = data["shape"][0]
+                leaves[path] = mvc.ShardedTensor("U8", (n,), [([0], [n], data["chunks"])])
+                n_chunks, n_bytes = n_chunks + len(data["chunks"]), n_bytes + n
+        items[fqn] = {"path": list(path), "kind": kind}
+    stats = mvc.CommitStats(len(leaves), n_chunks, chunks_new, n_bytes, bytes_new)
+    return leaves, locations, items, stats
+
+
+def _result(by_index: dict, index: MetadataIndex, fqn: str) -> dict:
+    data = by_index.get(index)
+    if not isinstance(data, dict):
+        raise mvc.BadInput(f"no rank wrote DCP item {fqn!r} at offsets {list(index.offset or [])}; "
+                           "nothing was committed")
+    return data
+
+
+class MvcStorageReader(StorageReader):
+    """Loads the commit ``rev`` names (default HEAD) through DCP, resharding to this world.
+
+    Any commit loads: one made by ``MvcStorageWriter`` at any world size,
+    or a plain ``Repository.commit`` (its keys joined with dots are the FQNs).
+    Every rank reads only the chunks its own shards need, verified.
+    """
+
+    def __init__(self, path, rev: str = "HEAD"):
+        super().__init__()
+        self.path = Path(path)
+        self.rev = rev
+        self.repo: Optional[mvc.Repository] = None
+        self.view: Optional[dict] = None
+        self.load_id = uuid.uuid4().hex
+        self._where: dict = {}
+
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id:
+            self.path = Path(checkpoint_id)
+        self.view, self._where = None, {}
+        self.load_id = uuid.uuid4().hex
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if self.repo is None:
+            self.repo = mvc.Repository.open(self.path)
+        self.view = self.repo.sharded_view(self.rev)
+        md, storage, self._where = _metadata(self.view)
+        meta = self.view["dcp"] or {}
+        saved = meta.get("storage_meta") or {}
+        storage_meta = StorageMeta(checkpoint_id=saved.get("checkpoint_id", str(self.path)),
+                                   save_id=saved.get("save_id"), load_id=self.load_id,
+                                   modules=list(saved.get("modules") or []))
+        return Metadata(md, _planner_data(meta, self._where), storage, storage_meta,
+                        meta.get("version", DCP_VERSION))
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return dataclasses.replace(plan, storage_data=self.view["commit"])
+
+    def prepare_global_plan(self, plans: list) -> list:
+        commits = {p.storage_data for p in plans}
+        if len(commits) > 1:  # the ref moved while the ranks resolved it: they would load different states
+            raise mvc.RefConflict(f"{self.rev!r} moved while the ranks resolved it ({len(commits)} different "
+                                  "commits); load again, or load a commit id")
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner) -> Future:
+        tensors = [r for r in plan.items if r.type != LoadItemType.BYTE_IO]
+        for r in plan.items:
+            if r.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(r, self._bytes_item(r))
+        for batch in _batches(tensors, self._slab_bytes):
+            ranges = [self._slab(r) for r in batch]
+            datas = self.repo.read_pieces([rng[:4] for rng in ranges], f"commit {self.view['commit'][:12]}")
+            for r, rng, data in zip(batch, ranges, datas):
+                self._copy(r, rng, data, planner)
+        return _done()
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _bytes_item(self, r) -> io.BytesIO:
+        path, kind = self._where[r.storage_index.fqn]
+        if kind == "value":
+            node = self.view["root"]
+            for key in path:  # a value may be a container: the tree keeps it whole under its path
+                node = node[key]
+            return _fresh_bytes(node)
+        obj = self.view["tensors"][path]
+        raw = self.repo.read_pieces([(obj, 0, 0, obj.nbytes)], f"DCP item {r.storage_index.fqn!r}")[0]
+        # fresh bytes of what weights-only loading accepted: the planner's own torch.load unpickles only those
+        return _fresh_bytes(_weights_only(raw.tobytes(), f"DCP item {r.storage_index.fqn!r}"))
+
+    def _slab(self, r) -> tuple:
+        """(TensorObject, piece index, byte start, byte stop, rows, piece sizes) of the rows of a
+        stored piece that read item ``r`` needs."""
+        path, piece = self._where[(r.storage_index.fqn, tuple(r.storage_index.offset))]
+        obj = self.view["tensors"][path]
+        sizes = obj.pieces()[piece][1]
+        item = mvc.dtypes.itemsize(obj.dtype)
+        if not sizes:  # a 0-dim tensor: one element
+            return obj, piece, 0, obj.nbytes, 1, sizes
+        row = item * _prod(sizes[1:])
+        first, rows = r.storage_offsets[0], r.lengths[0]
+        return obj, piece, first * row, (first + rows) * row, rows, sizes
+
+    def _slab_bytes(self, r) -> int:
+        obj, piece, lo, hi, _, _ = self._slab(r)
+        return hi - lo
+
+    def _copy(self, r, rng: tuple, data, planner) -> None:
+        obj, _, _, _, rows, sizes = rng
+        target = planner.resolve_tensor(r).detach()
+        if data.size:
+            src = torch.frombuffer(data, dtype=torch.uint8).view(mvc.dtypes.torch_dtype(obj.dtype))
+            src = src.reshape((rows,) + tuple(sizes[1:])) if sizes else src.reshape(())
+            for dim in range(1, len(sizes)):
+                src = src.narrow(dim, r.storage_offsets[dim], r.lengths[dim])
+            if tuple(src.shape) != tuple(target.shape):
+                raise mvc.CorruptObject(f"DCP item {r.storage_index.fqn!r}: stored {tuple(src.shape)}, "
+                                        f"planned {tuple(target.shape)}")
+            target.copy_(src)
+        planner.commit_tensor(r, target)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return _is_repository(checkpoint_id)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self.path)
+
+    def close(self) -> None:
+        if self.repo is not None:
+            self.repo.close()
+            self.repo = None
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _batches(items: list, size_of, limit: int = READ_BATCH) -> list:
+    out, current, total = [], [], 0
+    for item in items:
+        current.append(item)
+        total += size_of(item)
+        if total >= limit:
+            out.append(current)
+            current, total = [], 0
+    if current:
+        out.append(current)
+    return out
+
+
+def _metadata(view: dict) -> tuple:
+    """(state_dict_metadata, storage_data, where) of a commit: where maps
+    (fqn, offsets) of each stored piece to (key path, piece index) and an
+    fqn of a bytes item to (key path, kind)."""
+    md, storage, where = {}, {}, {}
+    meta = view["dcp"]
+    if meta is None:  # a commit of Repository.commit: its leaves, keys joined with dots
+        items = {mvc.traverse.format_path(p): {"path": p, "kind": "tensor"} for p in view["tensors"]}
+        items.update({mvc.traverse.format_path(p): {"path": p, "kind": "value"} for p in view["values"]})
+    else:
+        items = meta["items"]
+    for fqn, item in items.items():
+        path = tuple(item["path"])
+        if item["kind"] != "tensor":
+            md[fqn] = BytesStorageMetadata()
+            storage[MetadataIndex(fqn)] = fqn
+            where[fqn] = (path, item["kind"])
+            continue
+        obj = view["tensors"].get(path)
+        if obj is None:
+            raise mvc.CorruptObject(f"DCP item {fqn!r} names key {mvc.traverse.format_path(path)!r}, which holds no "
+                                    "tensor in the commit")
+        chunks = []
+        for i, (offsets, sizes, _, _, _) in enumerate(obj.pieces()):
+            chunks.append(ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes)))
+            storage[MetadataIndex(fqn, offsets)] = fqn
+            where[(fqn, tuple(offsets))] = (path, i)
+        md[fqn] = TensorStorageMetadata(TensorProperties(dtype=mvc.dtypes.torch_dtype(obj.dtype)),
+                                        torch.Size(obj.shape), chunks)
+    return md, storage, where
+
+
+def _planner_data(meta: dict, where: dict):
+    """The planner data saved, key paths as tuples again (plain encoding keeps them as arrays)."""
+    data = meta.get("planner_data") if meta else None
+    if data is None:
+        fqns = {k if isinstance(k, str) else k[0] for k in where}
+        paths = {}
+        for key, (path, _) in where.items():
+            paths[key if isinstance(key, str) else key[0]] = path
+        return {fqn: tuple(paths[fqn]) for fqn in fqns}
+    if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
+        return {k: tuple(v) for k, v in data.items()}
+    return data

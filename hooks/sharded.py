@@ -1,0 +1,87 @@
+"""The Checkpointer's path for sharded models (FSDP2 ``fully_shard``, tensor parallel).
+
+A model is **sharded** when any of its parameters is a DTensor. Its
+checkpoint has the same layout as any other (``checkpointer.py``), but the
+model and optimizer entries are DCP state dicts (``get_state_dict``: keys
+are parameter FQNs, values DTensors) that every rank saves and loads itself
+through ``MvcStorageWriter`` / ``MvcStorageReader``: nothing is gathered
+on rank 0, and a resume reshards to any world size. The small parts
+(scheduler, scaler, RNG and sampler of every rank, progress, extra) are
+rank 0's, gathered and broadcast as for unsharded models. Saves are
+synchronous, and every rank needs the repository's filesystem.
+"""
+
+from typing import Optional
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
+
+import mvc
+
+from .dcp import MvcStorageReader, MvcStorageWriter
+from .state import members, unwrap
+
+SHARDED = ("model", "optimizer")  # the groups DCP saves and loads on every rank
+
+
+def is_sharded(components) -> bool:
+    """Whether the run's model holds DTensor parameters; BadInput if so and
+    it is not one model with at most one optimizer."""
+    models = [m for _, m in components.each("model")]
+    if not any(isinstance(p, DTensor) for m in models for p in unwrap(m).parameters()):
+        return False
+    optimizers = [o for _, o in components.each("optimizer")]
+    if len(models) != 1 or len(optimizers) > 1 or any(k is not None for k, _ in members(
+            components.get("model"))) or (optimizers and next(components.each("optimizer"))[0] is not None):
+        raise mvc.BadInput("a sharded (DTensor) model is checkpointed as one model= and at most one optimizer=")
+    return True
+
+
+def _parts(components) -> tuple:
+    model = unwrap(next(components.each("model"))[1])
+    opt = next((o for _, o in components.each("optimizer")), None)
+    return model, opt
+
+
+def dcp_state(components) -> dict:
+    """This rank's shards of the model and optimizer state (DTensors, FQN keys)."""
+    model, opt = _parts(components)
+    msd, osd = get_state_dict(model, [opt] if opt is not None else [])
+    return {"model": msd, "optimizer": osd} if opt is not None else {"model": msd}
+
+
+def save(path, components, small: Optional[dict], branch: str, record: Optional[dict]) -> Optional[mvc.Commit]:
+    """Save on every rank (a collective): rank 0 passes ``small`` (the rest of
+    the checkpoint) and ``record``; the commit, on rank 0."""
+    state = dcp_state(components)
+    if small is not None:
+        state.update({k: v for k, v in small.items() if k not in SHARDED})
+    record = record or {}
+    writer = MvcStorageWriter(path, branch=branch, message=record.get("message", ""), step=record.get("step"),
+                              metrics=record.get("metrics"), epoch=record.get("epoch"), context=record.get("context"))
+    try:
+        dcp.save(state, storage_writer=writer)
+    finally:
+        writer.close()
+    return writer.last_commit
+
+
+def load(path, components, commit: str) -> None:
+    """Load the model and optimizer shards of ``commit`` on every rank (a collective), resharding."""
+    model, opt = _parts(components)
+    state = dcp_state(components)
+    reader = MvcStorageReader(path, rev=commit)
+    try:
+        dcp.load(state, storage_reader=reader)
+    finally:
+        reader.close()
+    if opt is None:
+        set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={})
+    else:
+        set_state_dict(model, [opt], model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def others(components):
+    """The components without the sharded groups, for checks and loads of rank 0's state."""
+    return type(components)(**{g: v for g, v in components.groups.items() if g not in SHARDED})

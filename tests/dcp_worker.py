@@ -1,0 +1,147 @@
+"""One rank of a real sharded job (gloo on CPU, FSDP2), started as its own process by tests/test_dcp_fsdp.py.
+
+    python dcp_worker.py SCENARIO RANK WORLD ROOT [REV]
+
+Scenarios:
+- ``save``: train one step of an FSDP2 model with AdamW, save model and
+  optimizer state (DTensors), a plain tensor and plain values through
+  MvcStorageWriter; rank 0 writes the full (gathered) state to ROOT/ref-N.pt
+  and the commit's stats to ROOT/commit-N.json.
+- ``load``: build the model on this world size, load REV through
+  MvcStorageReader and set_state_dict; rank 0 writes ROOT/loaded-WORLD.pt
+  with the full state it gathered.
+- ``kill``: like ``save``, but rank 1 SIGKILLs itself once a pack is being written.
+- ``ckpt``: a Checkpointer commits step 0 of the FSDP2 model (branch REV);
+  rank 0 writes ROOT/ckpt-ref.pt (full state, this rank's RNG state).
+- ``resume``: a new run resumes branch REV (reshard=True when WORLD differs
+  from 2); rank 0 writes ROOT/resumed-WORLD.pt.
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from mvc_hooks import Checkpointer
+from mvc_hooks.dcp import MvcStorageReader, MvcStorageWriter
+
+warnings.simplefilter("ignore")
+
+
+def build(world: int, seed: int):
+    torch.manual_seed(seed)
+    # 13 and 5 rows split unevenly over 2 and 4 ranks; the last layer is frozen
+    model = torch.nn.Sequential(torch.nn.Linear(6, 13), torch.nn.ReLU(), torch.nn.Linear(13, 5),
+                                torch.nn.Linear(5, 3))
+    for p in model[3].parameters():
+        p.requires_grad_(False)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model[0], model[2], model[3]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    return model, opt
+
+
+def train_step(model, opt, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    loss = model(torch.randn(4, 6, generator=g)).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def state_of(model, opt) -> dict:
+    msd, osd = get_state_dict(model, opt)
+    return {"model": msd, "optim": osd, "plain": torch.arange(10, dtype=torch.int16),
+            "meta": {"epoch": 2, "tag": "fsdp", "pair": (1, 2.5)}}
+
+
+def full_state(model, opt) -> dict:
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {"model": msd, "optim": osd}
+
+
+def kill_when_writing(root: Path) -> None:
+    packs = root / "repo" / ".mvc" / "packs"
+
+    def watch():
+        while not any(p.name.endswith(".tmp") for p in packs.iterdir()):
+            time.sleep(0.0005)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main(scenario: str, rank: int, world: int, root: Path, rev: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{root / f'rendezvous-{scenario}-{world}'}",
+                            rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    repo = root / "repo"
+    if scenario in ("save", "kill"):
+        model, opt = build(world, seed=0)
+        train_step(model, opt, seed=1)
+        state = state_of(model, opt)
+        if scenario == "kill" and rank == 1:
+            kill_when_writing(root)
+        for n in (1, 2):  # the second save of the unchanged state must write nothing new
+            writer = MvcStorageWriter(repo, branch=rev, message=f"save {n}", step=n, metrics={"loss": 0.5})
+            dcp.save(state, storage_writer=writer)
+            full = full_state(model, opt)
+            if rank == 0:
+                torch.save(full, root / f"ref-{n}.pt")
+                s = writer.last_commit.stats
+                (root / f"commit-{n}.json").write_text(json.dumps(
+                    {"id": writer.last_commit.id, "chunks_new": s.chunks_new, "bytes_new": s.bytes_new,
+                     "tensors": s.tensors}))
+            writer.close()
+    elif scenario == "load":
+        model, opt = build(world, seed=7)  # other weights: the load must replace every one
+        train_step(model, opt, seed=3)  # the optimizer must have state to load into
+        state = state_of(model, opt)
+        state["plain"] = torch.zeros(10, dtype=torch.int16)
+        state["meta"] = {"epoch": 0, "tag": "", "pair": None}
+        dcp.load(state, storage_reader=MvcStorageReader(repo, rev=rev))
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        full = full_state(model, opt)
+        if rank == 0:
+            full["plain"], full["meta"] = state["plain"], state["meta"]
+            torch.save(full, root / f"loaded-{world}.pt")
+    elif scenario == "ckpt":
+        model, opt = build(world, seed=0)
+        train_step(model, opt, seed=1)
+        torch.manual_seed(50 + rank)
+        with Checkpointer(repo, model=model, optimizer=opt, branch=rev, every_n_steps=1) as ckpt:
+            assert ckpt.sharded
+            ckpt.step(0, loss=1.0)
+            full = full_state(model, opt)  # a collective: every rank takes part
+            if rank == 0:
+                full["rng"] = torch.get_rng_state()
+                full["commit"] = ckpt.last_commit.id
+                torch.save(full, root / "ckpt-ref.pt")
+    elif scenario == "resume":
+        model, opt = build(world, seed=9)
+        train_step(model, opt, seed=4)
+        with Checkpointer(repo, model=model, optimizer=opt, branch=rev, every_n_steps=1) as ckpt:
+            assert ckpt.resume(reshard=world != 2) == 1
+            full = full_state(model, opt)
+            if rank == 0:
+                full["rng"] = torch.get_rng_state()
+                torch.save(full, root / f"resumed-{world}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else "main")

@@ -1,0 +1,269 @@
+"""Sharded saves in one process: the DCP plugin (no_dist) and the core calls it uses.
+
+The multi-rank FSDP2 jobs are in test_dcp_fsdp.py; here the core calls
+(``write_shards`` / ``commit_shards``) build sharded tensors by hand,
+including column shards that need scattering, so every path of load, diff,
+export, fsck and gc meets them in milliseconds.
+"""
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
+
+import mvc
+from mvc_hooks.dcp import MvcStorageReader, MvcStorageWriter
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+
+def model_state():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
+    opt = torch.optim.AdamW(m.parameters(), lr=0.1)
+    m(torch.randn(2, 5)).sum().backward()
+    opt.step()
+    return {"model": m.state_dict(), "optim": opt.state_dict(),
+            "extra": {"epoch": 3, "pair": (1, 2.5, "x"), "blob": b"\x00\x01", "none": None}}
+
+
+def save(repo, state, **kw):
+    writer = MvcStorageWriter(repo.root, **kw)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    writer.close()
+    return writer.last_commit
+
+
+def test_save_then_load_and_dcp_load_round_trip(repo):
+    state = model_state()
+    c = save(repo, state, message="one", step=4, metrics={"loss": 1.5})
+    assert repo.log().__next__().id == c.id and c.step == 4 and c.metrics == {"loss": 1.5}
+    loaded = repo.load(c.id)  # full tensors, in the shape the state had (DCP makes dict keys str)
+    for k, v in state["model"].items():
+        assert torch.equal(loaded["model"][k], v)
+    assert torch.equal(loaded["optim"]["state"]["0"]["exp_avg"], state["optim"]["state"][0]["exp_avg"])
+    assert loaded["extra"] == state["extra"]
+    target = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()},
+              "extra": {"epoch": 0, "pair": None, "blob": None, "none": 1}}
+    dcp.load(target, storage_reader=MvcStorageReader(repo.root, rev=c.id), no_dist=True)
+    for k, v in state["model"].items():
+        assert torch.equal(target["model"][k], v)
+    assert target["extra"] == state["extra"] and type(target["extra"]["pair"]) is tuple
+    assert "sharded" in (repo.dir / "FORMAT").read_text()
+
+
+def test_unchanged_save_writes_nothing_and_fsck_is_clean(repo):
+    state = model_state()
+    first = save(repo, state)
+    second = save(repo, state)
+    assert first.stats.chunks_new > 0 and second.stats.chunks_new == 0 and second.stats.bytes_new == 0
+    assert second.parents == (first.id,)
+    assert repo.fsck().ok
+
+
+def test_a_plain_commit_loads_through_the_reader(repo):
+    repo.commit({"w": torch.arange(12.0).reshape(3, 4), "n": 7}, "plain")
+    target = {"w": torch.zeros(3, 4), "n": 0}
+    dcp.load(target, storage_reader=MvcStorageReader(repo.root), no_dist=True)
+    assert torch.equal(target["w"], torch.arange(12.0).reshape(3, 4)) and target["n"] == 7
+
+
+class Custom:
+    """An object only full unpickling could rebuild."""
+
+
+def test_values_weights_only_loading_refuses_are_refused_and_nothing_is_committed(repo):
+    before = repo.commit({"x": torch.ones(2)}, "before")
+    with pytest.raises(BaseException, match="weights-only loading refuses"):  # DCP wraps it: CheckpointException
+        save(repo, {"w": torch.ones(3), "bad": Custom()})
+    assert repo.resolve("main") == before.id
+
+
+def test_values_that_are_not_plain_are_kept_as_bytes_and_load_weights_only(repo):
+    save(repo, {"w": torch.ones(3), "size": torch.Size([2, 3])})  # a tuple subclass: plain would lose it
+    target = {"w": torch.zeros(3), "size": None}
+    dcp.load(target, storage_reader=MvcStorageReader(repo.root), no_dist=True)
+    assert target["size"] == torch.Size([2, 3]) and type(target["size"]) is torch.Size
+    raw = repo.load()["size"]  # repo.load gives the stored bytes, as a uint8 tensor
+    assert torch.load(io.BytesIO(raw.numpy().tobytes()), weights_only=True) == torch.Size([2, 3])
+
+
+# -- the core calls, with hand-made shards -----------------------------------------
+
+def shard_commit(repo, full: torch.Tensor, boxes: list, message="sharded", locations_hook=None):
+    """Commit ``full`` as pieces ``boxes`` [(offsets, sizes)], each written as its own rank would."""
+    start = repo.begin_sharded("main")
+    pieces, locations = [], {}
+    for offsets, sizes in boxes:
+        box = full
+        for d, (o, z) in enumerate(zip(offsets, sizes)):
+            box = box.narrow(d, o, z)
+        desc = repo.write_shards([box])  # a strided view: the rank copies it contiguous
+        pieces.append((offsets, sizes, desc["tensors"][0]["chunks"]))
+        locations.update(desc["locations"])
+    if locations_hook:
+        locations_hook(locations)
+    leaf = mvc.ShardedTensor(mvc.dtypes.name_of(full.dtype), tuple(full.shape), pieces)
+    return repo.commit_shards(start, {("w",): leaf, ("step",): 3}, locations, None, message)
+
+
+ROWS = [((0, 0), (3, 8)), ((3, 0), (5, 8))]
+COLUMNS = [((0, 0), (8, 3)), ((0, 3), (8, 5))]
+GRID = [((0, 0), (4, 3)), ((0, 3), (4, 5)), ((4, 0), (4, 3)), ((4, 3), (4, 5))]
+
+
+@pytest.mark.parametrize("boxes", [ROWS, COLUMNS, GRID], ids=["rows", "columns", "grid"])
+def test_shards_load_export_and_check_as_one_tensor(repo, tmp_path, boxes):
+    full = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    c = shard_commit(repo, full, boxes)
+    state = repo.load(c.id)
+    assert torch.equal(state["w"], full) and state["step"] == 3
+    [entry] = [e for e in repo.entries(c.id) if e.kind == "tensor"]
+    assert entry.key == "w" and entry.shape == (8, 8)
+    obj = repo.tensor_object(entry.tensor_id)
+    assert len(obj.shards) == len(boxes) and obj.in_c_order == (boxes is ROWS)
+    repo.export(c.id, tmp_path / "w.safetensors")
+    assert torch.equal(load_file(str(tmp_path / "w.safetensors"))["w"], full)
+    assert repo.fsck().ok
+
+
+def test_diff_of_sharded_commits_counts_what_changed(repo):
+    full = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    a = shard_commit(repo, full, COLUMNS)
+    changed = full.clone()
+    changed[2, 6] = -1.0
+    for boxes in (COLUMNS, ROWS, GRID):  # the same cut, and other cuts
+        b = shard_commit(repo, changed, boxes)
+        [t] = repo.diff(a.id, b.id).tensors
+        assert t.key == "w" and t.status == "changed" and t.elements_changed == 1, boxes
+        assert t.max_abs_diff == 23.0
+    same = shard_commit(repo, full, GRID)
+    [t] = repo.diff(a.id, same.id).tensors
+    assert t.status == "unchanged"
+
+
+def test_one_whole_piece_is_a_plain_tensor_object_shared_with_commit(repo):
+    full = torch.arange(10.0)
+    plain = repo.commit({"w": full, "step": 3}, "plain")
+    c = shard_commit(repo, full, [((0,), (10,))])
+    assert repo.diff(plain.id, c.id).tensors[0].status == "unchanged"
+    assert repo.entries(plain.id)[1].tensor_id == repo.entries(c.id)[1].tensor_id
+
+
+def test_pieces_that_do_not_tile_the_tensor_are_refused(repo):
+    full = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    with pytest.raises(mvc.BadInput, match="do not make a tensor"):
+        shard_commit(repo, full, [((0, 0), (5, 8)), ((4, 0), (4, 8))])  # overlap, and 72 elements
+    with pytest.raises(mvc.BadInput, match="do not make a tensor"):
+        shard_commit(repo, full, [((0, 0), (3, 8))])  # rows 3..8 missing
+    assert repo.head().id is None
+
+
+def test_a_location_no_pack_lists_is_refused(repo):
+    full = torch.arange(64, dtype=torch.float32)
+
+    def lie(locations):
+        cid = next(iter(locations))
+        pack, offset, length = locations[cid]
+        locations[cid] = [pack, offset + 1, length]
+    with pytest.raises(mvc.BadInput, match="does not hold chunk"):
+        shard_commit(repo, full, [((0,), (64,))], locations_hook=lie)
+    assert repo.head().id is None
+
+
+def test_a_pack_that_is_gone_is_refused_and_nothing_is_committed(repo):
+    full = torch.arange(64, dtype=torch.float32)
+
+    def remove(locations):
+        for name in {loc[0] for loc in locations.values()}:
+            os.unlink(repo.dir / "packs" / f"pack-{name.hex()}.pack")
+    with pytest.raises(mvc.BadInput, match="is not in"):
+        shard_commit(repo, full, [((0,), (32,)), ((32,), (32,))], locations_hook=remove)
+    assert repo.head().id is None and repo.fsck().ok
+
+
+def test_gc_leaves_a_young_unindexed_pack_alone(repo):
+    full = torch.arange(64, dtype=torch.float32)
+    repo.commit({"x": torch.ones(1)}, "base")
+    start = repo.begin_sharded("main")
+    desc = repo.write_shards([full])
+    repo.gc()  # the pack is younger than gc's grace period: kept
+    leaf = mvc.ShardedTensor("F32", (64,), [((0,), (64,), desc["tensors"][0]["chunks"])])
+    c = repo.commit_shards(start, {("w",): leaf}, desc["locations"])
+    assert torch.equal(repo.load(c.id)["w"], full) and repo.fsck().ok
+
+
+def test_a_branch_that_moved_meanwhile_is_a_ref_conflict(repo):
+    start = repo.begin_sharded("main")
+    desc = repo.write_shards([torch.ones(4)])
+    repo.commit({"other": torch.zeros(1)}, "landed meanwhile")
+    leaf = mvc.ShardedTensor("F32", (4,), [((0,), (4,), desc["tensors"][0]["chunks"])])
+    with pytest.raises(mvc.RefConflict):
+        repo.commit_shards(start, {("w",): leaf}, desc["locations"])
+    assert [c.message for c in repo.log()] == ["landed meanwhile"]
+
+
+def test_sharded_objects_decode_only_when_they_tile():
+    from mvc.objects import TensorObject
+    cid = bytes(32)
+    ok = TensorObject("F32", (4, 2), 8, (cid,) * 4, (((0, 0), (2, 2)), ((2, 0), (2, 2))))  # 2 chunks a shard
+    assert TensorObject.decode(ok.encode()) == ok
+    for shards in ((((0, 0), (2, 2)), ((1, 0), (2, 2))),  # overlap
+                   (((2, 0), (2, 2)), ((0, 0), (2, 2)))):  # not sorted
+        with pytest.raises(mvc.CorruptObject):
+            TensorObject.decode(TensorObject("F32", (4, 2), 8, (cid,) * 4, shards).encode())
+
+
+# -- async_save and a crash ----------------------------------------------------------
+
+CRASH = textwrap.dedent("""
+    import os, signal, sys, threading, time, warnings
+    warnings.simplefilter("ignore")
+    import torch, torch.distributed.checkpoint as dcp
+    from mvc_hooks.dcp import MvcStorageWriter
+    root = sys.argv[1]
+    packs = os.path.join(root, ".mvc", "packs")
+    def watch():  # die the moment a pack is being written: mid-save, before any commit
+        while not any(n.endswith(".tmp") for n in os.listdir(packs)):
+            time.sleep(0.0002)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True).start()
+    state = {"w%d" % i: torch.randn(256, 1024) for i in range(16)}
+    fut = dcp.async_save(state, storage_writer=MvcStorageWriter(root, message="async"), no_dist=True)
+    fut.result()
+    print("the save finished before the kill", flush=True)
+""")
+
+
+def test_async_save_killed_before_the_commit_leaves_the_previous_commit(tmp_path):
+    with mvc.Repository.init(tmp_path, chunk_size=64 << 10) as repo:
+        before = repo.commit({"x": torch.ones(3)}, "before")
+    proc = subprocess.run([sys.executable, "-c", CRASH, str(tmp_path)], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    with mvc.Repository.open(tmp_path) as repo:
+        assert repo.resolve("main") == before.id
+        assert repo.fsck().ok
+        c = save(repo, {"w": torch.arange(4.0)}, message="after")
+        assert c.parents == (before.id,)
+
+
+@pytest.mark.parametrize("boxes", [ROWS, COLUMNS], ids=["rows", "columns"])
+def test_load_into_a_live_tensor_from_a_sharded_commit(repo, boxes):
+    full = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    a = shard_commit(repo, full, boxes)
+    changed = full.clone()
+    changed[5, 6] = -7.0
+    b = shard_commit(repo, changed, boxes)
+    live = {"w": torch.zeros(8, 8)}
+    repo.load_into(live, a.id)
+    assert torch.equal(live["w"], full)
+    repo.load_into(live, b.id)
+    assert torch.equal(live["w"], changed)

@@ -51,7 +51,11 @@ from .store.packs import PACK_NAME, RECORD_HEAD, TMP_NAME, read_trailer
 # is rewritten once: its live records land in a new pack that is all live, so a
 # frozen backbone saved with the first checkpoint is copied once, not every gc.
 REWRITE_BELOW = 0.75
-GRACE_S = 60.0  # leave packs no index entry ever named, and .tmp files, alone while younger
+GRACE_S = 60.0
+# With repack, all-live packs under this size are merged: a run that commits
+# every few steps leaves one small pack per commit, and each costs a
+# descriptor and a seek on every load that spans them.
+SMALL_PACK = 32 << 20  # leave packs no index entry ever named, and .tmp files, alone while younger
 
 
 @dataclass(frozen=True)
@@ -374,7 +378,7 @@ def _mostly_live(path: Path, garbage: int, total: int) -> LeftAlone:
 
 
 def _plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float, repack: bool = False) -> _PackPlan:
-    plan = _PackPlan(directory)
+    plan, small = _PackPlan(directory), []
     live_by_pack = defaultdict(list)
     for cid, loc in live_locs.items():
         live_by_pack[loc.pack].append((cid, loc))
@@ -412,6 +416,10 @@ def _plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float, re
             plan.rewrite.append((path, sorted(live, key=lambda item: item[1].offset)))
         elif live_bytes < total:
             plan.left.append(_mostly_live(path, total - live_bytes, total))
+        elif repack and total < SMALL_PACK:
+            small.append((path, sorted(live, key=lambda item: item[1].offset)))
+    if len(small) > 1:  # many small all-live packs (one per commit): merged into one
+        plan.rewrite += small
     return plan
 
 

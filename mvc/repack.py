@@ -306,7 +306,7 @@ def _publish(repo, batch, old: dict):
                 txn.put_chunk(cid, loc, overwrite=True)
         live = reach.walk(txn, repo.objects, reach.RAISE)
         live_locs = {cid: loc for cid, loc in txn.chunks() if cid in live.chunk_length}
-    plan = _gc._plan_packs(repo.dir / "packs", live_locs, before, _gc.GRACE_S)
+    plan = _gc._plan_packs(repo.dir / "packs", live_locs, before, _gc.GRACE_S, repack=True)
     _gc._rewrite(repo, plan)
     _gc._delete(repo, plan)
     return plan

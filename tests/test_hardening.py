@@ -429,3 +429,18 @@ def test_a_forged_pt_whose_views_expand_far_beyond_the_file_is_refused(repo, tmp
     assert result.stderr.count("\n") == 1 and repo.head().id is None
     torch.save({"w": torch.randn(64, 64), "t": torch.randn(64, 64).t()}, tmp_path / "fine.pt")
     assert run_cli(repo, "commit", str(tmp_path / "fine.pt"), "-m", "ok").exit_code == 0
+
+
+def test_gc_repack_merges_hundreds_of_small_live_packs_into_one(repo):
+    state = {}
+    for i in range(120):
+        state[f"t{i}"] = torch.full((4,), float(i))
+        repo.commit(state, f"c{i}")
+    packs = lambda: sorted((repo.dir / "packs").glob("pack-*.pack"))  # noqa: E731
+    assert len(packs()) == 120
+    assert len(repo.gc(grace=0).left) >= 0 and len(packs()) == 120  # plain gc leaves all-live packs alone
+    repo.gc(grace=0, repack=True)
+    assert len(packs()) == 1
+    assert repo.fsck().ok
+    back = repo.load()
+    assert all(torch.equal(back[k], v) for k, v in state.items())

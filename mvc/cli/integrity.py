@@ -219,7 +219,8 @@ def _show_gc(r) -> None:
 @click.option("--dry-run", is_flag=True, help="Report what would be removed; change nothing.")
 @click.option("--force", is_flag=True, help="Also prune the history of protected branches.")
 @click.option("--repack", is_flag=True,
-              help="Rewrite every pack that holds garbage, not only those over a quarter garbage.")
+              help="Rewrite every pack that holds garbage, not only those over a quarter garbage, "
+                   "and merge small packs (under 32 MiB, one per commit) into one.")
 @click.option("--grace", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Leave .tmp files and packs no index entry names alone while younger than this "
                    "(default 60: a running commit may still be writing them). 0 when no writer runs.")

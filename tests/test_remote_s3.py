@@ -170,17 +170,23 @@ def test_flipped_byte_on_s3_is_named_and_refused(pushed, tmp_path, s3_server):
     fresh.close()
 
 
+# Loads v0, v1, v2 in turn: at least argv[3] loads, then on until the parent
+# writes argv[2]/stop (it has seen evictions land between loads), at most
+# argv[4] loads so a broken eviction ends in a failed assertion, not a hang.
 LOADER = """
-import sys, mvc, torch
+import os, sys, mvc, torch
 repo = mvc.Repository.open(sys.argv[1])
 want = {rev: open(f"{sys.argv[2]}/{rev}.sum").read() for rev in ("v0", "v1", "v2")}
-for i in range(int(sys.argv[3])):
+least, most = int(sys.argv[3]), int(sys.argv[4])
+for i in range(most):
     rev = ("v0", "v1", "v2")[i % 3]
     s = repo.load(rev)
     got = repr(float(s["w"].double().sum())) + repr(s["b"].tolist()[:3])
     assert got == want[rev], (rev, got, want[rev])
+    if i + 1 >= least and os.path.exists(f"{sys.argv[2]}/stop"):
+        break
 repo.close()
-print("ok")
+print("ok", i + 1)
 """
 
 
@@ -200,15 +206,19 @@ def test_tiny_cache_budget_evicting_while_a_load_runs(pushed, tmp_path, s3_serve
     lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3_server.endpoint)
     lazy.config("cache.max-bytes", "1")
     lazy.checkout("v0")  # HEAD's version stays; the others come and go
-    proc = subprocess.Popen([sys.executable, "-c", LOADER, str(tmp_path / "lz"), str(tmp_path), "12"],
+    # The loader runs until this side has evicted between its loads a few
+    # times: on a loaded machine it could otherwise finish before any eviction.
+    proc = subprocess.Popen([sys.executable, "-c", LOADER, str(tmp_path / "lz"), str(tmp_path), "12", "300"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     evictions = 0
     while proc.poll() is None:
         evictions += lazy.evict().chunks_evicted > 0
+        if evictions >= 3:
+            (tmp_path / "stop").touch()
         time.sleep(0.05)
     out, err = proc.communicate()
-    assert proc.returncode == 0 and out.strip() == "ok", err
-    assert evictions > 0
+    assert proc.returncode == 0 and out.startswith("ok "), err
+    assert evictions >= 3, (evictions, out)  # all while the loader ran: it stops only once told
     assert lazy.fsck().ok
     for i in range(3):
         assert _sum(lazy.load(f"v{i}")) == _sum(state(i))

@@ -29,6 +29,7 @@ kept as their bytes and loaded again with ``weights_only=True`` only.
 
 import dataclasses
 import io
+import math
 import re
 import uuid
 from contextlib import ExitStack
@@ -107,7 +108,19 @@ def _done(value=None) -> Future:
     return fut
 
 
-class MvcStorageWriter(StorageWriter):
+class _InRepository:
+    """What DCP asks both plugins about their checkpoint id: the repository's path."""
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return _is_repository(checkpoint_id)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self.path)
+
+
+class MvcStorageWriter(_InRepository, StorageWriter):
     """Saves a DCP checkpoint as one mvc commit on ``branch`` (None: HEAD's branch).
 
     ``message``, ``step``, ``epoch``, ``metrics`` and ``context`` make the
@@ -200,14 +213,6 @@ class MvcStorageWriter(StorageWriter):
         finally:
             self._release()
 
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return _is_repository(checkpoint_id)
-
-    @property
-    def checkpoint_id(self) -> str:
-        return str(self.path)
-
     def _release(self) -> None:
         self._hold.close()
         self._start = None
@@ -286,7 +291,7 @@ def _result(by_index: dict, index: MetadataIndex, fqn: str) -> dict:
     return data
 
 
-class MvcStorageReader(StorageReader):
+class MvcStorageReader(_InRepository, StorageReader):
     """Loads the commit ``rev`` names (default HEAD) through DCP, resharding to this world.
 
     Any commit loads: one made by ``MvcStorageWriter`` at any world size,
@@ -340,7 +345,7 @@ class MvcStorageReader(StorageReader):
         for r in plan.items:
             if r.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(r, self._bytes_item(r))
-        for batch in _batches(tensors, self._slab_bytes):
+        for batch in mvc.batches(tensors, self._slab_bytes, READ_BATCH):
             ranges = [self._slab(r) for r in batch]
             datas = self.repo.read_pieces([rng[:4] for rng in ranges], f"commit {self.view['commit'][:12]}")
             for r, rng, data in zip(batch, ranges, datas):
@@ -370,7 +375,7 @@ class MvcStorageReader(StorageReader):
         item = mvc.dtypes.itemsize(obj.dtype)
         if not sizes:  # a 0-dim tensor: one element
             return obj, piece, 0, obj.nbytes, 1, sizes
-        row = item * _prod(sizes[1:])
+        row = item * math.prod(sizes[1:])
         first, rows = r.storage_offsets[0], r.lengths[0]
         return obj, piece, first * row, (first + rows) * row, rows, sizes
 
@@ -392,38 +397,10 @@ class MvcStorageReader(StorageReader):
             target.copy_(src)
         planner.commit_tensor(r, target)
 
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return _is_repository(checkpoint_id)
-
-    @property
-    def checkpoint_id(self) -> str:
-        return str(self.path)
-
     def close(self) -> None:
         if self.repo is not None:
             self.repo.close()
             self.repo = None
-
-
-def _prod(values) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
-
-
-def _batches(items: list, size_of, limit: int = READ_BATCH) -> list:
-    out, current, total = [], [], 0
-    for item in items:
-        current.append(item)
-        total += size_of(item)
-        if total >= limit:
-            out.append(current)
-            current, total = [], 0
-    if current:
-        out.append(current)
-    return out
 
 
 def _metadata(view: dict) -> tuple:

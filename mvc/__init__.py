@@ -11,13 +11,14 @@ from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CommitPruned
 from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
 from .repository import Repository
 from .sharded import ShardedTensor
+from .store.chunks import batches  # cutting read work into bounded pieces, as loads do (used by mvc_hooks.dcp)
 from .store.locks import BranchLock
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Repository", "ShardedTensor", "BranchLock", "dtypes", "Commit", "CommitStats", "Entry", "Export", "Head", "Ref", "Status",
-    "traverse", "MvcError", "AmbiguousRevision", "BadInput", "ChecksumMismatch", "CommitPruned", "CorruptObject",
+    "batches", "traverse", "MvcError", "AmbiguousRevision", "BadInput", "ChecksumMismatch", "CommitPruned", "CorruptObject",
     "InvalidRefName", "LockHeld", "NotARepository", "ObjectNotFound", "ProtectedRef",
     "RefConflict", "RepositoryExists", "UnknownRevision", "UnsupportedFormat", "__version__",
 ]

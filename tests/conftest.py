@@ -22,3 +22,20 @@ def run_cli(repo, *args):
 
 
 from s3server import s3_bucket, s3_server, s3_url  # noqa: E402,F401  (the session's SeaweedFS, for tests/test_remote*.py)
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    """``mvc ARGS`` run in a fresh repository (64-byte chunks) in tmp_path;
+    asserts the exit code (``code=``, default 0) and returns click's result."""
+    from click.testing import CliRunner
+    from mvc.cli import main
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+
+    def run(*args, code=0):
+        result = runner.invoke(main, [str(a) for a in args], catch_exceptions=False)
+        assert result.exit_code == code, (args, result.output, result.stderr)
+        return result
+    assert "Initialized" in run("init", "--chunk-size", str(SMALL_CHUNK)).output
+    return run

@@ -12,19 +12,6 @@ import mvc
 from mvc.cli import main
 
 
-@pytest.fixture
-def cli(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    runner = CliRunner()
-
-    def run(*args, code=0):
-        result = runner.invoke(main, [str(a) for a in args], catch_exceptions=False)
-        assert result.exit_code == code, (args, result.output, result.stderr)
-        return result
-    assert "Initialized" in run("init", "--chunk-size", "64").output
-    return run
-
-
 def _state(seed=0):
     torch.manual_seed(seed)
     return {"model": {"w": torch.randn(8, 8), "b": torch.randn(8)}, "step": 3, "cfg": ("a", 1.5)}

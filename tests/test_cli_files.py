@@ -8,26 +8,11 @@ import sys
 
 import pytest
 import torch
-from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import mvc
-from mvc.cli import main
 from mvc.cli.base import Progress
-
-
-@pytest.fixture
-def cli(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    runner = CliRunner()
-
-    def run(*args, code=0):
-        result = runner.invoke(main, [str(a) for a in args], catch_exceptions=False)
-        assert result.exit_code == code, (args, result.output, result.stderr)
-        return result
-    run("init", "--chunk-size", "64")
-    return run
 
 
 def _state(seed=0):

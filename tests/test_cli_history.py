@@ -4,25 +4,16 @@ import json
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 import mvc
-from mvc.cli import main
 
 
 @pytest.fixture
-def cli(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    runner = CliRunner()
-
-    def run(*args, code=0):
-        result = runner.invoke(main, [str(a) for a in args], catch_exceptions=False)
-        assert result.exit_code == code, (args, result.output, result.stderr)
-        return result
-    run("init", "--chunk-size", "64")
+def cli(cli, tmp_path):
+    """The shared cli fixture, with five small checkpoint files to commit."""
     for i in range(5):
         torch.save({"w": torch.full((4,), float(i))}, tmp_path / f"s{i}.pt")
-    return run
+    return cli
 
 
 def messages(cli, *args):

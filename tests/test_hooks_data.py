@@ -59,13 +59,15 @@ def build(kind, workers, size=BATCHES * BATCH):
     return {"model": model, "opt": opt, "sampler": sampler, "loader": loader}
 
 
-def train(parts, style, start, stop, ckpt=None, skip=0):
-    """Train steps start..stop-1 as the loop ``style`` does; {step: loss}."""
+def train(parts, style, start, stop, ckpt=None, batches=BATCHES, epochs=EPOCHS):
+    """Train steps start..stop-1 as the loop ``style`` does; {step: loss}.
+
+    ``batches`` per epoch (of this rank's shard), ``epochs`` in all."""
     model, opt, sampler, loader = parts["model"], parts["opt"], parts["sampler"], parts["loader"]
     losses = {}
-    first = 0 if style == "skip-all" else start // BATCHES
-    step = first * BATCHES if style != "positioned" else start
-    for epoch in range(first, EPOCHS):
+    first = 0 if style == "skip-all" else start // batches
+    step = first * batches if style != "positioned" else start
+    for epoch in range(first, epochs):
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
         for x, y in loader:

@@ -19,6 +19,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from mvc_hooks import Checkpointer
 from test_hooks_data import BATCH, Noisy
+from test_hooks_data import train as train_loop
 
 WORLD, EPOCHS = 2, 4
 SHARD_BATCHES = 4  # 64 samples over 2 ranks in batches of 8
@@ -41,26 +42,8 @@ def build(rank, workers):
 
 def train(parts, style, start, stop, ckpt=None):
     ddp, opt, sampler, loader = parts
-    losses = {}
-    first = 0 if style == "skip-all" else start // SHARD_BATCHES
-    step = start if style == "positioned" else first * SHARD_BATCHES
-    for epoch in range(first, EPOCHS):
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            if step < start:
-                step += 1
-                continue
-            loss = torch.nn.functional.mse_loss(ddp(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses[step] = loss.item()
-            if ckpt is not None:
-                ckpt.step(step, loss=loss.item(), epoch=epoch)
-            step += 1
-            if step >= stop:
-                return losses
-    return losses
+    return train_loop({"model": ddp, "opt": opt, "sampler": sampler, "loader": loader}, style, start, stop,
+                      ckpt, batches=SHARD_BATCHES, epochs=EPOCHS)
 
 
 def worker(rank, root: Path):

@@ -43,8 +43,8 @@ from typing import Optional
 
 from . import reach, refs
 from .errors import BadInput, CorruptObject, MvcError, ProtectedRef, UnknownRevision
-from .objects import ID_SIZE
 from .store.fs import entries, fsync_dir
+from .store.index import reflog_entry
 from .store.packs import PACK_NAME, RECORD_HEAD, TMP_NAME, read_trailer
 
 # Rewrite a pack when less than this share of its record bytes is live. A pack
@@ -283,8 +283,8 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
     sweep = _Sweep(prune, skipped)
     expired = []  # entries whose new commit is (being) pruned: they would keep its data alive
     for ref, seq, raw in txn.reflog_raw():
-        ids = reach.reflog_ids(raw, ref)
-        new = _reflog_new(raw) if ids else None
+        entry = reflog_entry(raw)
+        new = entry.get("new") if entry is not None else None
         if new is not None and (new in prune or txn.pruned(new) is not None):
             expired.append((ref, seq))
     sweep.reflog_expired = len(expired)
@@ -322,12 +322,6 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
         for oid in [oid for oid in txn.ids("pruned") if oid not in live.commits]:
             txn.delete_pruned(oid)
     return sweep
-
-
-def _reflog_new(raw: bytes):
-    from . import encoding  # the entry decoded already once (reflog_ids): it is a dict
-    new = encoding.unpack(raw, "reflog entry").get("new")
-    return new if type(new) is bytes and len(new) == ID_SIZE else None
 
 
 # -- steps 2-4: packs -----------------------------------------------------------

@@ -30,9 +30,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from . import encoding
 from .errors import CorruptObject
-from .objects import ID_SIZE, TensorLeaf
+from .objects import TensorLeaf
+from .store.index import reflog_entry
 from .store.objectstore import CORRUPT, MISSING
 from .traverse import format_path, walk as walk_tree
 
@@ -216,16 +216,8 @@ class _Walker:
 
 def reflog_ids(raw: bytes, name: str) -> Optional[list]:
     """The commit ids a raw reflog entry names (old, new; None left out), or None if it is damaged."""
-    try:
-        entry = encoding.unpack(raw, f"reflog entry of {name}")
-    except CorruptObject:
-        return None
-    if type(entry) is not dict:
-        return None
-    ids = [entry.get(k) for k in ("old", "new")]
-    if not all(i is None or (type(i) is bytes and len(i) == ID_SIZE) for i in ids):
-        return None
-    return [i for i in ids if i is not None]
+    entry = reflog_entry(raw)
+    return None if entry is None else [entry[k] for k in ("old", "new") if entry.get(k) is not None]
 
 
 def walk(txn, objects, policy: str = COLLECT, prune: Iterable[bytes] = (), skip_reflog: Iterable = ()) -> Reach:

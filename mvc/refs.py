@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from .errors import AmbiguousRevision, CorruptObject, InvalidRefName, ProtectedRef, RefConflict, UnknownRevision
 from .store import locks
-from .store.index import RefValue
+from .store.index import RefValue, reflog_entry
 
 HEAD = "HEAD"
 BRANCHES = "heads/"
@@ -379,23 +379,17 @@ class Refs:
         """Delete reflog entries (of ``ref``, or of every ref) older than ``before_us``
         (microseconds since the epoch; None: all), or with ``damaged`` only the
         entries that do not decode. Returns how many were deleted."""
-        from .reach import reflog_ids  # the walk's own notion of a readable entry
         doomed = []
         for name, seq, raw in txn.reflog_raw(ref):
-            ids = reflog_ids(raw, name)
+            entry = reflog_entry(raw)
             if damaged:
-                if ids is None:
+                if entry is None:
                     doomed.append((name, seq))
                 continue
-            if before_us is None or ids is None or _entry_time(raw) < before_us:
+            when = entry.get("time") if entry is not None else None
+            if before_us is None or type(when) is not int or when < before_us:
                 doomed.append((name, seq))
         for name, seq in doomed:
             txn.delete_reflog(name, seq)
         return len(doomed)
 
-
-def _entry_time(raw: bytes) -> int:
-    from . import encoding
-    value = encoding.unpack(raw, "reflog entry")
-    when = value.get("time") if isinstance(value, dict) else None
-    return when if type(when) is int else 0

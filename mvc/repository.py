@@ -489,11 +489,13 @@ class Repository:
                 work = batches(spans, lambda s: s[2], HASH_BYTES)
                 for piece, digests in zip(work, _ahead(pool, hash_batch, work, 2 * THREADS)):
                     for (slot, off, n), (cid, fp, reused) in zip(piece, digests):
-                        if reused and not self.chunks.has(cid, txn):  # gc took it: the bytes must be written
+                        present = self.chunks.has(cid, txn)
+                        if reused and not present:  # gc took it: the bytes must be written, under their own id
                             cid = hashing.digest(slot.bytes()[off:off + n])
+                            present = self.chunks.has(cid, txn)
                         slot.chunks.append(cid)
                         prints[id(slot)].append(fp)
-                        if not self.chunks.has(cid, txn) and batch.add(cid, slot.bytes()[off:off + n]):
+                        if not present and batch.add(cid, slot.bytes()[off:off + n]):
                             bytes_new += n
                         if off + n == slot.nbytes:
                             slot.release()  # its last chunk: drop a contiguous copy now, not at the end
@@ -543,7 +545,7 @@ class Repository:
             self._live = _live_module().LiveRecords()
         return self._live
 
-    def load_into(self, targets: dict, rev: str = refs.HEAD) -> "Switch":
+    def load_into(self, targets: dict, rev: str = refs.HEAD):
         """Update live tensors in place to commit ``rev``, reading only what differs.
 
         ``targets`` is shaped like part of the committed state: its leaves

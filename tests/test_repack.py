@@ -154,7 +154,7 @@ def test_a_flipped_bit_in_an_encoded_record_is_caught_on_read_and_by_fsck(big, k
 
 
 def test_a_broken_delta_base_is_named_by_tensor_and_commit(big):
-    history = _history(big)
+    _history(big)
     big.repack()
     cid, loc = _record_of(big, codec.DELTA)
     base = _kinds(big)[loc.base]
@@ -182,7 +182,7 @@ def test_gc_keeps_delta_bases_of_kept_commits_alive(big):
 
 
 def test_gc_rewrite_moves_encoded_records_as_they_are(big):
-    history = _history(big, steps=3)
+    _history(big, steps=3)
     big.commit({"junk": torch.randn(200000)}, "junk")  # raw, in the repacked pack: garbage once pruned
     big.repack()
     report = big.gc(keep_last=1, grace=0, branch="main")

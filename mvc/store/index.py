@@ -78,6 +78,20 @@ def unseal(db: str, key: bytes, raw: bytes, what: str) -> bytes:
     return inner
 
 
+def reflog_entry(raw: bytes) -> Optional[dict]:
+    """A raw reflog entry decoded, if it is well formed: a map whose ``old`` and
+    ``new`` are commit ids or nil (``time`` defaults to 0); None if it is damaged."""
+    try:
+        entry = encoding.unpack(raw, "reflog entry")
+    except CorruptObject:
+        return None
+    if type(entry) is not dict:
+        return None
+    if not all(entry.get(k) is None or (type(entry.get(k)) is bytes and len(entry[k]) == 32) for k in ("old", "new")):
+        return None
+    return entry
+
+
 def _encode_ref(value: RefValue) -> bytes:
     if value.target is not None:
         return bytes([SYMBOLIC]) + value.target.encode()

@@ -438,7 +438,8 @@ def test_gc_repack_merges_hundreds_of_small_live_packs_into_one(repo):
         repo.commit(state, f"c{i}")
     packs = lambda: sorted((repo.dir / "packs").glob("pack-*.pack"))  # noqa: E731
     assert len(packs()) == 120
-    assert len(repo.gc(grace=0).left) >= 0 and len(packs()) == 120  # plain gc leaves all-live packs alone
+    repo.gc(grace=0)
+    assert len(packs()) == 120  # a plain gc leaves all-live packs alone
     repo.gc(grace=0, repack=True)
     assert len(packs()) == 1
     assert repo.fsck().ok

@@ -35,6 +35,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from mvc_hooks import Checkpointer
+from ranks import rank_process
 from mvc_hooks.dcp import MvcStorageReader, MvcStorageWriter
 
 warnings.simplefilter("ignore")
@@ -88,72 +89,59 @@ def main(scenario: str, rank: int, world: int, root: Path, rev: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{root / f'rendezvous-{scenario}-{world}'}",
                             rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    repo = root / "repo"
-    if scenario in ("save", "kill"):
-        model, opt = build(world, seed=0)
-        train_step(model, opt, seed=1)
-        state = state_of(model, opt)
-        if scenario == "kill" and rank == 1:
-            kill_when_writing(root)
-        for n in (1, 2):  # the second save of the unchanged state must write nothing new
-            writer = MvcStorageWriter(repo, branch=rev, message=f"save {n}", step=n, metrics={"loss": 0.5})
-            dcp.save(state, storage_writer=writer)
+    with rank_process():  # ends the process, its objects still alive: see tests/ranks.py
+        repo = root / "repo"
+        if scenario in ("save", "kill"):
+            model, opt = build(world, seed=0)
+            train_step(model, opt, seed=1)
+            state = state_of(model, opt)
+            if scenario == "kill" and rank == 1:
+                kill_when_writing(root)
+            for n in (1, 2):  # the second save of the unchanged state must write nothing new
+                writer = MvcStorageWriter(repo, branch=rev, message=f"save {n}", step=n, metrics={"loss": 0.5})
+                dcp.save(state, storage_writer=writer)
+                full = full_state(model, opt)
+                if rank == 0:
+                    torch.save(full, root / f"ref-{n}.pt")
+                    s = writer.last_commit.stats
+                    (root / f"commit-{n}.json").write_text(json.dumps(
+                        {"id": writer.last_commit.id, "chunks_new": s.chunks_new, "bytes_new": s.bytes_new,
+                         "tensors": s.tensors}))
+                writer.close()
+        elif scenario == "load":
+            model, opt = build(world, seed=7)  # other weights: the load must replace every one
+            train_step(model, opt, seed=3)  # the optimizer must have state to load into
+            state = state_of(model, opt)
+            state["plain"] = torch.zeros(10, dtype=torch.int16)
+            state["meta"] = {"epoch": 0, "tag": "", "pair": None}
+            dcp.load(state, storage_reader=MvcStorageReader(repo, rev=rev))
+            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
             full = full_state(model, opt)
             if rank == 0:
-                torch.save(full, root / f"ref-{n}.pt")
-                s = writer.last_commit.stats
-                (root / f"commit-{n}.json").write_text(json.dumps(
-                    {"id": writer.last_commit.id, "chunks_new": s.chunks_new, "bytes_new": s.bytes_new,
-                     "tensors": s.tensors}))
-            writer.close()
-    elif scenario == "load":
-        model, opt = build(world, seed=7)  # other weights: the load must replace every one
-        train_step(model, opt, seed=3)  # the optimizer must have state to load into
-        state = state_of(model, opt)
-        state["plain"] = torch.zeros(10, dtype=torch.int16)
-        state["meta"] = {"epoch": 0, "tag": "", "pair": None}
-        dcp.load(state, storage_reader=MvcStorageReader(repo, rev=rev))
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        full = full_state(model, opt)
-        if rank == 0:
-            full["plain"], full["meta"] = state["plain"], state["meta"]
-            torch.save(full, root / f"loaded-{world}.pt")
-    elif scenario == "ckpt":
-        model, opt = build(world, seed=0)
-        train_step(model, opt, seed=1)
-        torch.manual_seed(50 + rank)
-        with Checkpointer(repo, model=model, optimizer=opt, branch=rev, every_n_steps=1) as ckpt:
-            assert ckpt.sharded
-            ckpt.step(0, loss=1.0)
-            full = full_state(model, opt)  # a collective: every rank takes part
-            if rank == 0:
-                full["rng"] = torch.get_rng_state()
-                full["commit"] = ckpt.last_commit.id
-                torch.save(full, root / "ckpt-ref.pt")
-    elif scenario == "resume":
-        model, opt = build(world, seed=9)
-        train_step(model, opt, seed=4)
-        with Checkpointer(repo, model=model, optimizer=opt, branch=rev, every_n_steps=1) as ckpt:
-            assert ckpt.resume(reshard=world != 2) == 1
-            full = full_state(model, opt)
-            if rank == 0:
-                full["rng"] = torch.get_rng_state()
-                torch.save(full, root / f"resumed-{world}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
-    exit_now()
-
-
-def exit_now() -> None:
-    """Leave without interpreter finalization: every result is on disk by now.
-
-    Under load, gloo's teardown at interpreter exit can abort a rank that has
-    finished its work ("terminate called without an active exception", SIGABRT);
-    the exit code must say whether the scenario worked, not how gloo tore down.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+                full["plain"], full["meta"] = state["plain"], state["meta"]
+                torch.save(full, root / f"loaded-{world}.pt")
+        elif scenario == "ckpt":
+            model, opt = build(world, seed=0)
+            train_step(model, opt, seed=1)
+            torch.manual_seed(50 + rank)
+            with Checkpointer(repo, model=model, optimizer=opt, branch=rev, every_n_steps=1) as ckpt:
+                assert ckpt.sharded
+                ckpt.step(0, loss=1.0)
+                full = full_state(model, opt)  # a collective: every rank takes part
+                if rank == 0:
+                    full["rng"] = torch.get_rng_state()
+                    full["commit"] = ckpt.last_commit.id
+                    torch.save(full, root / "ckpt-ref.pt")
+        elif scenario == "resume":
+            model, opt = build(world, seed=9)
+            train_step(model, opt, seed=4)
+            with Checkpointer(repo, model=model, optimizer=opt, branch=rev, every_n_steps=1) as ckpt:
+                assert ckpt.resume(reshard=world != 2) == 1
+                full = full_state(model, opt)
+                if rank == 0:
+                    full["rng"] = torch.get_rng_state()
+                    torch.save(full, root / f"resumed-{world}.pt")
+        dist.barrier()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from ranks import rank_process
 from mvc_hooks import Checkpointer
 from test_hooks_data import BATCH, Noisy
 from test_hooks_data import train as train_loop
@@ -49,7 +50,7 @@ def train(parts, style, start, stop, ckpt=None):
 def worker(rank, root: Path):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{root / 'rendezvous'}", rank=rank, world_size=WORLD)
-    try:
+    with rank_process():  # ends the process: see tests/ranks.py
         for style, workers in (("positioned", 0), ("skip-epoch", 0), ("skip-all", 2)):
             straight = build(rank, workers)
             want = train(straight, style, 0, TOTAL)
@@ -66,8 +67,6 @@ def worker(rank, root: Path):
             assert losses == want, (style, workers, rank)
             for a, b in zip(second[0].parameters(), straight[0].parameters()):
                 assert torch.equal(a, b), (style, workers, rank)
-    finally:
-        dist.destroy_process_group()
 
 
 def test_ddp_with_a_distributed_sampler_and_no_generator_resumes_bit_for_bit(tmp_path):

@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 import mvc
+from ranks import rank_process
 from mvc_hooks import Checkpointer, ResumableSampler
 
 WORLD, N = 2, 6  # 2N steps in all; each rank's shard is 4 batches, so epochs roll over
@@ -67,7 +68,7 @@ def checkpointer(parts, path):
 def worker(rank, root):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{root / 'rendezvous'}", rank=rank, world_size=WORLD)
-    try:
+    with rank_process():  # ends the process: see tests/ranks.py
         straight_parts = build(rank)
         straight = run(straight_parts, None, 0, 2 * N)
 
@@ -91,8 +92,6 @@ def worker(rank, root):
                            straight_parts[1].state_dict()["state"][0]["exp_avg"])
         if rank != 0:
             assert not path.exists()
-    finally:
-        dist.destroy_process_group()
 
 
 def test_two_rank_ddp_run_resumes_with_the_same_losses(tmp_path):
@@ -132,7 +131,7 @@ def failing_worker(rank, root):
     # a lost rank fails its collective after a minute instead of hanging the test for half an hour
     dist.init_process_group("gloo", init_method=f"file://{root / 'rendezvous'}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=60))
-    try:
+    with rank_process():  # ends the process: see tests/ranks.py
         path = root / "repo" if rank == 0 else root / f"not-shared-{rank}"
         model = torch.nn.Linear(2, 2)
         patch = pytest.MonkeyPatch()
@@ -170,8 +169,6 @@ def failing_worker(rank, root):
             assert all(torch.equal(a, b) for a, b in zip(model.parameters(), weights))
             assert ckpt.resumed_from is None
         dist.barrier()  # every rank is still in step
-    finally:
-        dist.destroy_process_group()
 
 
 def test_an_error_on_one_rank_is_raised_on_every_rank(tmp_path):

@@ -40,9 +40,11 @@ import mvc
 
 from . import context as contexts
 from . import data, distributed, policy as policies, rng, sharded
+from .pusher import Pusher
 from .state import Components, Snapshot
 
 LAYOUT = 1
+PUSH_CLOSE_S = 600.0  # close() waits at most this long for the last background push
 
 # Branches this process's Checkpointers are using: the branch lock belongs to
 # the process, so it does not stop a second Checkpointer in the same one.
@@ -123,6 +125,12 @@ class Checkpointer:
     (with ``chunk_size`` when given). ``branch`` defaults to HEAD's branch.
     ``on_commit(commit)`` is called after each commit, in the thread that
     made it. Raises LockHeld if another run holds the branch.
+
+    ``remote`` names a remote of the repository (``mvc remote add``): each
+    commit is then pushed to it in the background (pusher.py), never
+    blocking ``step()``; a failed push warns once, is retried and sets
+    ``push_error``, and training goes on. ``close()`` waits for the last
+    push (at most PUSH_CLOSE_S seconds).
     """
 
     def __init__(self, path=".", *, model=None, optimizer=None, scheduler=None, scaler=None,
@@ -131,7 +139,7 @@ class Checkpointer:
                  every_n_steps=None, every_n_seconds=None, on_best=None, adaptive=None,
                  overhead_budget=None, policy=None, async_save: bool = True,
                  context: Optional[dict] = None, chunk_size: Optional[int] = None,
-                 on_commit: Optional[Callable] = None):
+                 on_commit: Optional[Callable] = None, remote: Optional[str] = None):
         self.components = Components(model=model, optimizer=optimizer, scheduler=scheduler,
                                      scaler=scaler, stateful=stateful)
         data.watch()
@@ -164,6 +172,7 @@ class Checkpointer:
         self._locked = False
         self._closed = False
         self._pending: Optional[_Save] = None
+        self._pusher: Optional[Pusher] = None
         self._snapshot = Snapshot()
         self._step_hooks: dict = {}  # id(optimizer) -> hook handle: steps wait for the snapshot copy
         if async_save:
@@ -177,7 +186,7 @@ class Checkpointer:
         error = None
         if self.root:
             try:
-                self._open(path, branch, chunk_size)
+                self._open(path, branch, chunk_size, remote)
             except Exception as exc:  # any error, not only mvc's: the other ranks wait to hear of it
                 error = exc
                 try:
@@ -201,7 +210,7 @@ class Checkpointer:
 
     # -- lifecycle ---------------------------------------------------------
 
-    def _open(self, path, branch: Optional[str], chunk_size: Optional[int]) -> None:
+    def _open(self, path, branch: Optional[str], chunk_size: Optional[int], remote: Optional[str]) -> None:
         self.repo = _open_or_init(path, chunk_size)
         if branch is None:
             branch = self.repo.head().branch
@@ -217,6 +226,11 @@ class Checkpointer:
         self.branch = branch
         self.repo.lock_branch(branch)
         self._locked = True
+        if remote is not None:
+            if remote not in {r.name for r in self.repo.remotes()}:
+                raise mvc.BadInput(f"no remote {remote!r} in {self.repo.root}: add it with "
+                                   f"'mvc remote add {remote} URL'")
+            self._pusher = Pusher(self.repo.root, remote, branch)
 
     def _release(self) -> None:
         try:
@@ -244,6 +258,8 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            if self._pusher is not None:
+                self._pusher.close(PUSH_CLOSE_S)
             for handle in self._step_hooks.values():
                 handle.remove()
             self._step_hooks.clear()
@@ -266,7 +282,12 @@ class Checkpointer:
         return 0 if self.loader is None else self.loader.batches_seen
 
     def wait(self) -> Optional[mvc.Commit]:
-        """Wait for the save in flight; raise its error. The last commit, or None."""
+        """Wait for the save in flight; raise its error. The last commit, or None.
+
+        Also collects a finished background push (``push_error``) without waiting for it.
+        """
+        if self._pusher is not None:
+            self._pusher.poll()
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.thread.join()
@@ -282,6 +303,8 @@ class Checkpointer:
         """
         self._check_open()
         self._snapshot.filled()  # the loop may change anything from here on
+        if self._pusher is not None:
+            self._pusher.poll()
         if self._pending is not None and self._pending.done():
             self.wait()
         if self.loader is not None:
@@ -371,9 +394,7 @@ class Checkpointer:
                       "metrics": metrics, "context": self._context(progress, obs)}
         commit = sharded.save(self.repo.root if self.root else self._path, self.components, small, self.branch, record)
         if self.root:
-            self.last_commit = commit
-            if self.on_commit is not None:
-                self.on_commit(commit)
+            self._landed(commit)
 
     def _state(self, progress: dict, ranks: list) -> dict:
         state = self.components.state()
@@ -389,10 +410,20 @@ class Checkpointer:
 
     def _commit(self, state: dict, record: dict) -> mvc.Commit:
         commit = self.repo.commit(state, branch=self.branch, rebase=False, **record)
+        self._landed(commit)
+        return commit
+
+    def _landed(self, commit: mvc.Commit) -> None:
         self.last_commit = commit
+        if self._pusher is not None:
+            self._pusher.request()
         if self.on_commit is not None:
             self.on_commit(commit)
-        return commit
+
+    @property
+    def push_error(self) -> Optional[str]:
+        """Why the last background push to ``remote`` failed; None when it succeeded (or none ran)."""
+        return None if self._pusher is None else self._pusher.error
 
     # -- resume ------------------------------------------------------------
 

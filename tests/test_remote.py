@@ -313,3 +313,31 @@ def test_cli_remote_commands(tmp_path):
     assert run("config", "cache.max-bytes").strip() == str(1 << 30)
     run("remote", "remove", "origin")
     assert run("branch", "-r").strip() == ""
+
+
+def test_a_tag_kept_local_survives_eviction_and_loads_with_the_remote_gone(origin, tmp_path):
+    runner = CliRunner()
+
+    def run(*args, code=0):
+        result = runner.invoke(main, ["-C", str(tmp_path / "lz"), *args])
+        assert result.exit_code == code, result.output
+        return result.output
+    mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True).close()
+    assert "Keeping tag v1's chunks" in run("tag", "v1", "main~1", "--keep-local")
+    run("checkout", "v1", "-o", str(tmp_path / "v1.pt"))  # reads v1's chunks into the cache
+    run("checkout", "main", "-o", str(tmp_path / "main.pt"))
+    run("checkout", "v1")  # HEAD's chunks are never evicted: HEAD leaves main
+    run("config", "cache.max-bytes", "0")
+    run("cache", "evict")
+    (tmp_path / "remote").rename(tmp_path / "gone")
+    with mvc.Repository.open(tmp_path / "lz") as lazy:
+        assert same(lazy.load("v1"), origin.load("main~1"))  # every chunk still here
+        with pytest.raises(mvc.MvcError):
+            lazy.load("main")  # its changed chunk was evicted and the remote is gone
+    (tmp_path / "gone").rename(tmp_path / "remote")
+    assert "No longer keeping" in run("tag", "v1", "--no-keep-local")
+    run("checkout", "main")
+    run("cache", "evict")
+    with mvc.Repository.open(tmp_path / "lz") as lazy:
+        assert lazy.status().chunks < len({c for e in lazy.entries("v1") for c in e.chunks})
+    assert "--keep-local takes a tag NAME" in run("tag", "--keep-local", code=2)

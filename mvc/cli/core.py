@@ -443,8 +443,21 @@ def branch(name, rev, delete, move, force, protect, as_json, remotes=False):
 @click.option("-f", "--force", is_flag=True, help="Move or delete even a protected tag.")
 @click.option("--protect/--unprotect", default=None, help="Protect the tag from moves and deletion.")
 @click.option("--json", "as_json", is_flag=True, help="List tags as JSON.")
-def tag(name, rev, delete, force, protect, as_json):
-    _ref_command("tag", name, rev, delete, force, protect, as_json)
+@click.option("--keep-local/--no-keep-local", "keep_local", default=None,
+              help="Keep the tag's chunks on this disk whatever the cache budget (as 'mvc cache pin').")
+def tag(name, rev, delete, force, protect, as_json, keep_local=None):
+    if keep_local is not None and (name is None or delete):
+        raise click.UsageError("--keep-local takes a tag NAME: mvc tag NAME [REV] --keep-local")
+    if keep_local is None or rev is not None or protect is not None:
+        _ref_command("tag", name, rev, delete, force, protect, as_json)
+    if keep_local is not None:
+        with open_repo() as repo:
+            if rev is None and protect is None and name not in {t.name for t in repo.tags()}:
+                ref = repo.create_tag(name, "HEAD")
+                click.echo(f"Tag {ref.name} at {ref.id[:12]}")
+            repo.pin(name, keep_local)
+        click.echo(f"{'Keeping' if keep_local else 'No longer keeping'} tag {name}'s chunks on this disk "
+                   f"{'whatever' if keep_local else 'beyond'} the cache budget")
 
 
 @main.command()

@@ -302,6 +302,8 @@ class PackReader:
             fd = open_file(path)
         except FileNotFoundError:
             raise CorruptObject(f"pack {path.name} is missing; run 'mvc fsck'") from None
+        if hasattr(os, "posix_fadvise"):  # loads read runs in order: a larger readahead window
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         with self._lock:
             entry = self._fds.get(name)
             if entry is None:

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import Optional
 
 RETRY_S = 60.0
@@ -86,7 +87,7 @@ class Pusher:
         self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         cmd = [sys.executable, "-m", "mvc", "-C", self.root, "push", self.remote, self.branch, "--json"]
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
-                                      env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                                      env=_child_env())
 
     def _reap(self) -> None:
         if self._proc is None or self._proc.poll() is None:
@@ -104,6 +105,16 @@ class Pusher:
             warnings.warn(f"mvc: pushing branch {self.branch!r} to remote {self.remote!r} failed "
                           f"({self.error}); training goes on and the push is retried", RuntimeWarning,
                           stacklevel=2)
+
+
+def _child_env() -> dict:
+    """This environment, with the folder this process imports mvc from first
+    on the child's path: the child runs the same mvc even when the training
+    script put it on ``sys.path`` itself."""
+    import mvc
+    here = str(Path(mvc.__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONWARNINGS": "ignore"}
 
 
 def _read(f) -> str:

@@ -1067,12 +1067,11 @@ class Repository:
                 tree_leaves[path] = leaf
         tree_data = TreeObject(_sharded.nest(tree_leaves), dcp).encode()
         with self.gc_lock.shared():
-            located = _sharded.check_locations(self.dir / "packs", locations)
+            batch = self.chunks.adopt(locations)
             self._require_extension(_sharded.EXTENSION)
 
             def publish(txn):
-                for cid, loc in located.items():
-                    txn.put_chunk(cid, loc)  # an id already indexed keeps its first copy
+                batch.publish(txn)
                 for obj, _ in objs.values():
                     for cid, _, n in obj.chunk_spans():
                         loc = txn.chunk(cid)

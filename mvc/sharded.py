@@ -43,8 +43,6 @@ from typing import Any
 from . import dtypes
 from .errors import BadInput, CorruptObject
 from .objects import ID_SIZE, TensorObject
-from .store.fs import entries
-from .store.packs import PACK_NAME, Location, pack_filename, read_trailer
 
 EXTENSION = "sharded"  # the FORMAT extension a repository with sharded commits names
 KINDS = ("tensor", "value", "torch-save")  # what a dcp item is: see docs/format.md 7.2.1
@@ -158,36 +156,6 @@ def _lists(node):
     if any(type(k) is int for k in keys):
         raise _Clash
     return {k: _lists(v) for k, v in node.items()}
-
-
-def check_locations(packs_dir, locations: dict) -> dict:
-    """{chunk id: Location} for locations the ranks reported, each checked
-    against its pack's trailer: the pack is there, sealed, and lists that
-    record. BadInput names the first that is not (nothing is committed)."""
-    by_pack: dict = {}
-    for cid, where in locations.items():
-        if not (_is_id(cid) and type(where) in (list, tuple) and len(where) == 3
-                and type(where[0]) is bytes and len(where[0]) == 16
-                and all(type(x) is int and x >= 0 for x in where[1:])):
-            raise BadInput(f"a rank reported a malformed chunk location for {cid!r:.40}")
-        by_pack.setdefault(where[0], {})[cid] = Location(*where)
-    present = {name for name, regular in entries(packs_dir) if regular and PACK_NAME.fullmatch(name)}
-    out = {}
-    for name, locs in by_pack.items():
-        fname = pack_filename(name)
-        if fname not in present:
-            raise BadInput(f"pack {fname} that a rank wrote is not in {packs_dir} (not sealed, or gc removed it "
-                           "while the save ran longer than gc's grace period); nothing was committed, save again")
-        try:
-            listed = {(cid, off, n) for cid, off, n in read_trailer(packs_dir / fname)}
-        except (CorruptObject, OSError) as exc:
-            raise BadInput(f"pack {fname} that a rank wrote cannot be read: {exc}; nothing was committed") from None
-        for cid, loc in locs.items():
-            if (cid, loc.offset, loc.length) not in listed:
-                raise BadInput(f"pack {fname} does not hold chunk {cid.hex()[:12]} where its rank said; "
-                               "nothing was committed")
-            out[cid] = loc
-    return out
 
 
 def check_dcp(meta) -> dict:

@@ -111,6 +111,9 @@ class CacheStore(ChunkStore):
                 pass
         return set(self.conn.catalogue.chunks(absent)) if absent else set()
 
+    def adopt(self, locations: dict):  # ranks write local packs: they become local chunks
+        return self.local.adopt(locations)
+
     def writer(self):
         return self.local.writer()
 

@@ -43,9 +43,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from .. import hashing
-from ..errors import ChecksumMismatch, CorruptObject, ObjectNotFound
+from ..errors import BadInput, ChecksumMismatch, CorruptObject, ObjectNotFound
 from . import codec
-from .packs import RECORD_HEAD, Location, PackReader, PackWriter, pack_filename
+from .fs import entries
+from .packs import NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, PackReader, PackWriter, pack_filename, read_trailer
 
 THREADS = max(1, min(8, os.cpu_count() or 1))
 # Bytes read with one call and then hashed: small enough to still be in the
@@ -138,6 +139,13 @@ class ChunkStore:
         """A new batch of chunks to add (see the module's call order)."""
         raise NotImplementedError
 
+    def adopt(self, locations: dict) -> "ChunkWriter":
+        """A sealed batch that another writer (a rank's process) wrote and
+        reported as {chunk id: (pack name, offset, length)}: each checked to
+        be where it says, then published like any batch. BadInput names the
+        first that is not (publish nothing then)."""
+        raise NotImplementedError
+
     def read(self, requests: list, txn, progress: Optional[Callable[[int], None]] = None) -> None:
         """Fill every request's buffer with its verified bytes.
 
@@ -208,6 +216,34 @@ class PackStore(ChunkStore):
         return PackBatch(self.directory, self.pack_version)
 
     # -- reading -------------------------------------------------------------
+
+    def adopt(self, locations: dict) -> "ChunkWriter":
+        by_pack: dict = {}
+        for cid, where in locations.items():
+            if not (type(cid) is bytes and len(cid) == 32 and type(where) in (list, tuple) and len(where) == 3
+                    and type(where[0]) is bytes and len(where[0]) == NAME_BYTES
+                    and all(type(x) is int and x >= 0 for x in where[1:])):
+                raise BadInput(f"a rank reported a malformed chunk location for {cid!r:.40}")
+            by_pack.setdefault(where[0], {})[cid] = Location(*where)
+        present = {name for name, regular in entries(self.directory) if regular and PACK_NAME.fullmatch(name)}
+        out = {}
+        for name, locs in by_pack.items():
+            fname = pack_filename(name)
+            if fname not in present:
+                raise BadInput(f"pack {fname} that a rank wrote is not in {self.directory} (not sealed, or gc "
+                               "removed it while the save ran longer than gc's grace period); nothing was "
+                               "committed, save again")
+            try:
+                listed = {(cid, off, n) for cid, off, n in read_trailer(self.directory / fname)}
+            except (CorruptObject, OSError) as exc:
+                raise BadInput(f"pack {fname} that a rank wrote cannot be read: {exc}; nothing was committed") \
+                    from None
+            for cid, loc in locs.items():
+                if (cid, loc.offset, loc.length) not in listed:
+                    raise BadInput(f"pack {fname} does not hold chunk {cid.hex()[:12]} where its rank said; "
+                                   "nothing was committed")
+                out[cid] = loc
+        return _Adopted(out)
 
     def locate(self, cid: bytes, txn, what: str = "") -> Location:
         loc = txn.chunk(cid)
@@ -456,3 +492,27 @@ class PackBatch(ChunkWriter):
     @property
     def locations(self) -> dict:
         return dict(self._locs)
+
+
+class _Adopted(ChunkWriter):
+    """Chunks another process wrote into sealed packs, checked by ``PackStore.adopt``."""
+
+    def __init__(self, located: dict):
+        self._located = located
+
+    def add(self, cid: bytes, data) -> bool:
+        raise TypeError("an adopted batch is sealed: it takes no chunks")
+
+    def seal(self) -> None:
+        pass
+
+    def publish(self, txn) -> None:
+        for cid, loc in self._located.items():
+            txn.put_chunk(cid, loc)  # an id already indexed keeps its first copy
+
+    def abort(self) -> None:
+        pass  # the packs are the ranks'; unreferenced, gc reclaims them
+
+    @property
+    def count(self) -> int:
+        return len(self._located)

@@ -33,7 +33,6 @@ class Pusher:
     def __init__(self, root, remote: str, branch: str, retry_s: float = RETRY_S):
         self.root, self.remote, self.branch, self.retry_s = str(root), remote, branch, retry_s
         self.error: Optional[str] = None  # why the last push failed; None once one succeeds
-        self.pushed = 0  # pushes that succeeded
         self._lock = threading.Lock()
         self._proc: Optional[subprocess.Popen] = None
         self._out = self._err = None
@@ -96,7 +95,6 @@ class Pusher:
         out, err = (_read(f) for f in (self._out, self._err))
         if code == 0 and _report(out):
             self.error, self._warned = None, False
-            self.pushed += 1
             return
         lines = [line for line in err.splitlines() if line.strip()]
         self.error = lines[-1] if lines else f"mvc push exited with code {code}"

@@ -13,11 +13,9 @@ and take the repository; the methods here are their one public surface.
 """
 
 import errno
-import getpass
 import os
 import secrets
 import shutil
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +38,7 @@ from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
 from .store import fs, locks as locking
 from .store.chunks import THREADS, PackStore, Request, batches
 from .store.index import Index, RefValue
-from .store.locks import BranchLock, GcLock
+from .store.locks import BranchLock, GcLock, default_author
 from .store.objectstore import ObjectStore
 from .store.packs import PACK_NAME
 from .traverse import format_path, walk
@@ -120,17 +118,6 @@ def add_extension(mvc_dir: Path, name: str) -> None:
 
 def _now_us() -> int:
     return time.time_ns() // 1000
-
-
-def default_author() -> str:
-    author = os.environ.get("MVC_AUTHOR")
-    if author:
-        return author
-    try:
-        user = getpass.getuser()
-    except Exception:  # no user database entry (containers)
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 def _tiers():
@@ -434,12 +421,11 @@ class Repository:
                 self.refs.check_commit(txn, ref, me)  # before writing chunks, and again below
             root, slots = _state_module().flatten(state)
             batch, stats = self._write_chunks(slots, progress)
-            if True:  # a failure from here on leaves a sealed, unpublished pack: garbage gc reclaims
-                tensors = _encode_tensors(slots, self.chunk_size)
-                tree_data = TreeObject(_state_module().tree_root(root)).encode()
-                with self.index.write() as txn:
-                    oid, obj = self._land(txn, ref, parent, rebase, me, record, batch.publish, tensors, tree_data,
-                                          fork)
+            # a failure from here on leaves a sealed, unpublished pack: garbage gc reclaims
+            tensors = _encode_tensors(slots, self.chunk_size)
+            tree_data = TreeObject(_state_module().tree_root(root)).encode()
+            with self.index.write() as txn:
+                oid, obj = self._land(txn, ref, parent, rebase, me, record, batch.publish, tensors, tree_data, fork)
         return replace(self._to_commit(oid, obj, stats), branch=refs.short_name(ref) if ref else None)
 
     def _land(self, txn, ref, parent, rebase: bool, me, record: CommitObject, publish: Callable,

@@ -448,13 +448,14 @@ def branch(name, rev, delete, move, force, protect, as_json, remotes=False):
 def tag(name, rev, delete, force, protect, as_json, keep_local=None):
     if keep_local is not None and (name is None or delete):
         raise click.UsageError("--keep-local takes a tag NAME: mvc tag NAME [REV] --keep-local")
-    if keep_local is None or rev is not None or protect is not None:
+    pin_only = False  # --keep-local alone on an existing tag only pins it
+    if keep_local is not None and rev is None and protect is None:
+        with open_repo() as repo:
+            pin_only = name in {t.name for t in repo.tags()}
+    if not pin_only:
         _ref_command("tag", name, rev, delete, force, protect, as_json)
     if keep_local is not None:
         with open_repo() as repo:
-            if rev is None and protect is None and name not in {t.name for t in repo.tags()}:
-                ref = repo.create_tag(name, "HEAD")
-                click.echo(f"Tag {ref.name} at {ref.id[:12]}")
             repo.pin(name, keep_local)
         click.echo(f"{'Keeping' if keep_local else 'No longer keeping'} tag {name}'s chunks on this disk "
                    f"{'whatever' if keep_local else 'beyond'} the cache budget")

@@ -30,6 +30,7 @@ from .. import refs as refnames
 from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict
 from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
 from ..store.index import RefValue
+from ..store import locks as locking
 from ..traverse import walk as walk_tree
 from . import config, layout, transfer
 from .bucket import NotFound, PreconditionFailed, RemoteError, open_bucket
@@ -259,7 +260,7 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
 def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
     updates, rejected = [], []
     current = conn.remote_refs()
-    me = repo_author()
+    me = locking.default_author()
     for ref, (tip, protected) in sorted(targets.items()):
         key = layout.ref_key(ref)
         old, old_protected, etag = current.get(ref, (None, False, None))
@@ -301,11 +302,6 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
     return updates
 
 
-def repo_author() -> str:
-    from ..repository import default_author
-    return default_author()
-
-
 def _check_remote_lock(conn: Connection, ref: str, me: str) -> None:
     if not ref.startswith(refnames.BRANCHES):
         return
@@ -341,7 +337,7 @@ def lock(repo, name: Optional[str], branch: str, owner: Optional[str] = None) ->
     conn = Connection(repo, name)
     try:
         conn.ensure_conditional()
-        me = owner or repo_author()
+        me = owner or locking.default_author()
         key = layout.LOCKS + refnames.check_name(branch, "branch")
         current = conn.bucket.get_versioned(key)
         if current is not None:
@@ -367,7 +363,7 @@ def unlock(repo, name: Optional[str], branch: str, force: bool = False, owner: O
         if current is None:
             return False
         holder = layout.decode_lock(current[0], key) if not force else {"owner": None}
-        if not force and holder["owner"] != (owner or repo_author()):
+        if not force and holder["owner"] != (owner or locking.default_author()):
             raise LockHeld(f"branch {branch!r} is locked on remote {conn.name!r} by {holder['owner']}; "
                            "pass --force to remove the lock anyway")
         conn.bucket.delete(key)
@@ -578,7 +574,6 @@ def pull(repo, name: Optional[str] = None, branch: Optional[str] = None, progres
     checkpoints), ProtectedRef / LockHeld as a commit would.
     """
     report = fetch(repo, name, progress)
-    from ..store import locks as locking
     with repo.index.write() as txn:
         if branch is None:
             head = repo.refs.head(txn)[0]
@@ -599,7 +594,7 @@ def pull(repo, name: Optional[str] = None, branch: Optional[str] = None, progres
             raise RefConflict(f"branch {branch!r} and {report.remote}/{branch} have diverged; mvc does not merge "
                               f"checkpoints: keep yours on a new branch (mvc branch NAME {branch}), then "
                               f"'mvc branch --force {branch} {report.remote}/{branch}'")
-        repo.refs.check_commit(txn, ref, locking.this_process(repo_author()))
+        repo.refs.check_commit(txn, ref, locking.this_process(locking.default_author()))
         repo.refs.set_if_equals(txn, ref, mine, new, f"pull: {report.remote}/{branch}")
     return PullReport(report, branch, _hex(mine), new.hex(), "new" if mine is None else "fast-forward")
 

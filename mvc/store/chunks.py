@@ -220,7 +220,7 @@ class PackStore(ChunkStore):
     def adopt(self, locations: dict) -> "ChunkWriter":
         by_pack: dict = {}
         for cid, where in locations.items():
-            if not (type(cid) is bytes and len(cid) == 32 and type(where) in (list, tuple) and len(where) == 3
+            if not (type(cid) is bytes and len(cid) == hashing.DIGEST_SIZE and type(where) in (list, tuple) and len(where) == 3
                     and type(where[0]) is bytes and len(where[0]) == NAME_BYTES
                     and all(type(x) is int and x >= 0 for x in where[1:])):
                 raise BadInput(f"a rank reported a malformed chunk location for {cid!r:.40}")

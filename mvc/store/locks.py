@@ -25,6 +25,7 @@
 import errno
 import fcntl
 import functools
+import getpass
 import os
 import socket
 import time
@@ -70,6 +71,18 @@ class Holder:
     pid: int
     started: Optional[str]
     owner: str
+
+
+def default_author() -> str:
+    """Who acts: $MVC_AUTHOR, else user@host (commit authors and lock owners)."""
+    author = os.environ.get("MVC_AUTHOR")
+    if author:
+        return author
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user database entry (containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
 
 
 def this_process(owner: str) -> Holder:

@@ -152,6 +152,28 @@ def test_lazy_clone_reads_on_demand_verified_and_keeps_them(origin, tmp_path):
         lazy.close()
 
 
+def test_a_cache_write_that_fails_fails_the_read_and_keeps_nothing(origin, tmp_path, monkeypatch):
+    from mvc.store.chunks import PackBatch
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        real, calls = PackBatch.add, []
+
+        def full_disk(self, cid, data):  # the cache writer's second chunk meets a full disk
+            calls.append(cid)
+            if len(calls) == 2:
+                raise OSError(28, "No space left on device (injected)")
+            return real(self, cid, data)
+        monkeypatch.setattr(PackBatch, "add", full_disk)
+        with pytest.raises(OSError, match="No space left"):
+            lazy.load("main")
+        assert lazy.status().chunks == 0 and lazy.fsck().ok
+        assert not list((tmp_path / "lz" / ".mvc" / "packs").glob("*.tmp"))
+        monkeypatch.setattr(PackBatch, "add", real)
+        assert same(lazy.load("main"), origin.load("main")) and lazy.status().chunks > 0
+    finally:
+        lazy.close()
+
+
 def test_lazy_clone_commits_and_pushes(origin, tmp_path):
     lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
     s = origin.load()

@@ -22,6 +22,7 @@ so a crash in between leaves only unreferenced packs that gc reclaims.
 """
 
 import os
+import queue
 import threading
 from dataclasses import dataclass
 from typing import Optional
@@ -153,22 +154,26 @@ class CacheStore(ChunkStore):
             if any(memoryview(r.buffer).nbytes != loc.length for r in reqs):
                 raise CorruptObject(f"chunk {cid.hex()[:12]} of {reqs[0].what} has another length on remote "
                                     f"{self.name!r}; run 'mvc fsck --remote {self.name}'", id=cid)
-        batch, guard = self.local.writer(), threading.Lock()
+        batch = self.local.writer()
+        keep = None if self.repo.index.readonly else _Keeper(batch)
 
         def deliver(cid, data):
             for req in by_id[cid]:
                 memoryview(req.buffer).cast("B")[:] = data
-            with guard:
-                batch.add(cid, data)
+            if keep is not None:
+                keep.put(cid, by_id[cid][0].buffer)
         try:
             transfer.fetch_chunks(self.conn.bucket, located, deliver, lambda cid: f" of {by_id[cid][0].what}",
                                   progress)
             self.fetched += sum(loc.length for loc in located.values())
-            if self.repo.index.readonly:
+            if keep is None:
                 batch.abort()
                 return
+            keep.finish()
             batch.seal()
         except BaseException:
+            if keep is not None:
+                keep.stop()
             batch.abort()
             raise
         with self.repo.index.write() as txn:  # kept: the next read of these finds them here
@@ -221,6 +226,47 @@ def local_packs(repo) -> dict:
             except FileNotFoundError:
                 pass
     return out
+
+
+class _Keeper:
+    """Writes fetched chunks into the cache's pack in a thread of its own.
+
+    The fetching threads hand over each verified chunk and go on reading
+    the network; one writer appends to the pack, so writes (paced by the
+    disk once the page cache fills) never hold up the reads. It writes from
+    the caller's buffers, which hold the verified bytes until the read
+    returns: no copy is kept here.
+    """
+
+    def __init__(self, batch):
+        self.batch, self.error = batch, None
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="mvc-cache-write", daemon=True)
+        self.thread.start()
+
+    def put(self, cid: bytes, buffer) -> None:
+        self.queue.put((cid, buffer))
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if self.error is None:
+                try:
+                    self.batch.add(*item)
+                except BaseException as exc:  # a full disk, say: raised by finish()
+                    self.error = exc
+
+    def finish(self) -> None:
+        """Wait until every chunk handed over is written; raise the writer's error."""
+        self.stop()
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
 
 
 def local_bytes(repo) -> int:

@@ -227,10 +227,7 @@ class Checkpointer:
         self.repo.lock_branch(branch)
         self._locked = True
         if remote is not None:
-            if remote not in {r.name for r in self.repo.remotes()}:
-                raise mvc.BadInput(f"no remote {remote!r} in {self.repo.root}: add it with "
-                                   f"'mvc remote add {remote} URL'")
-            self._pusher = Pusher(self.repo.root, remote, branch)
+            self._pusher = Pusher.of(self.repo, remote, branch)
 
     def _release(self) -> None:
         try:

@@ -18,6 +18,12 @@ id or ``REV~N``) or with a path the callback handed out
 RNG state of every rank (Lightning saves none), put back when training
 starts, so a run resumed from an epoch-end checkpoint continues bit for
 bit (Lightning restarts the data of an epoch it was stopped in).
+
+``remote="origin"`` pushes the branch to that remote of the repository
+after each commit, in the background as ``Checkpointer(remote=...)`` does
+(``pusher.py``): training never waits for the network, a failed push warns
+once (``push_error`` says why) and is retried, and ``teardown`` waits for
+the last push. Only the branch is pushed; the tags stay local.
 """
 
 import os
@@ -30,7 +36,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import mvc
 
 from . import distributed, rng
-from .checkpointer import _open_or_init
+from .checkpointer import PUSH_CLOSE_S, _open_or_init
+from .pusher import Pusher
 
 PREFIX = "mvc:"
 
@@ -73,12 +80,13 @@ class MvcCheckpoint(ModelCheckpoint):
     ``branch`` (default "lightning") is where the run commits; rank 0 holds
     its write lock while fitting. ``keep_last`` is how many of the newest
     commits retention keeps besides the tagged ones (default 1: the tip,
-    as ModelCheckpoint keeps only the files it lists). Every other keyword
-    is ModelCheckpoint's.
+    as ModelCheckpoint keeps only the files it lists). ``remote`` names a
+    remote of the repository to push the branch to after each commit (in
+    the background). Every other keyword is ModelCheckpoint's.
     """
 
     def __init__(self, repo=".", branch: str = "lightning", keep_last: int = 1,
-                 chunk_size: Optional[int] = None, **kwargs):
+                 chunk_size: Optional[int] = None, remote: Optional[str] = None, **kwargs):
         kwargs.setdefault("dirpath", os.fspath(repo))  # checkpoint paths name tags, no file is written
         super().__init__(**kwargs)
         if not isinstance(keep_last, int) or keep_last < 1:
@@ -87,8 +95,10 @@ class MvcCheckpoint(ModelCheckpoint):
         self.branch = branch
         self.keep_last = keep_last
         self.chunk_size = chunk_size
+        self.remote = remote
         self.repo: Optional[mvc.Repository] = None
         self.last_commit: Optional[mvc.Commit] = None
+        self._pusher: Optional[Pusher] = None
         self._metrics: dict = {}
         self._resume_rng: Optional[dict] = None
         self._fit_started = False
@@ -102,17 +112,37 @@ class MvcCheckpoint(ModelCheckpoint):
             trainer.strategy.checkpoint_io = _MvcCheckpointIO(self, io)
         if trainer.is_global_zero and stage == "fit" and self.repo is None:
             self.repo = _open_or_init(self.repo_path, self.chunk_size)
-            self.repo.lock_branch(self.branch)
+            try:
+                self._pusher = None if self.remote is None else Pusher.of(self.repo, self.remote, self.branch)
+                self.repo.lock_branch(self.branch)
+            except BaseException:
+                self.repo.close()
+                self.repo = None
+                raise
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
         self._fit_started = False
         if self.repo is not None:
             try:
-                self.repo.unlock_branch(self.branch)
+                if self._pusher is not None:
+                    self._pusher.close(PUSH_CLOSE_S)
             finally:
-                self.repo.close()
-                self.repo = None
+                try:
+                    self.repo.unlock_branch(self.branch)
+                finally:
+                    self.repo.close()
+                    self.repo = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self._pusher is not None:
+            self._pusher.poll()  # collects a finished push, retries a failed one; never waits
+
+    @property
+    def push_error(self) -> Optional[str]:
+        """Why the last background push to ``remote`` failed; None when it succeeded (or none ran)."""
+        return None if self._pusher is None else self._pusher.error
 
     def on_fit_start(self, trainer, pl_module) -> None:
         super().on_fit_start(trainer, pl_module)
@@ -193,6 +223,8 @@ class MvcCheckpoint(ModelCheckpoint):
         self.last_commit = commit
         if moved:
             self._retain()
+        if self._pusher is not None:
+            self._pusher.request()
 
     def _retain(self) -> None:
         self.repo.gc(keep_last=self.keep_last, branch=self.branch)

@@ -30,6 +30,14 @@ RETRY_S = 60.0
 class Pusher:
     """Pushes ``branch`` of the repository at ``root`` to ``remote`` in the background."""
 
+    @classmethod
+    def of(cls, repo, remote: str, branch: str) -> "Pusher":
+        """A Pusher for ``repo``; BadInput if it has no remote named ``remote``."""
+        import mvc
+        if remote not in {r.name for r in repo.remotes()}:
+            raise mvc.BadInput(f"no remote {remote!r} in {repo.root}: add it with 'mvc remote add {remote} URL'")
+        return cls(repo.root, remote, branch)
+
     def __init__(self, root, remote: str, branch: str, retry_s: float = RETRY_S):
         self.root, self.remote, self.branch, self.retry_s = str(root), remote, branch, retry_s
         self.error: Optional[str] = None  # why the last push failed; None once one succeeds

@@ -16,6 +16,12 @@ directory in the Trainer's own layout (``model.safetensors``,
 ``trainer.train(resume_from_checkpoint=...)``, so the Trainer's own
 resume logic runs: it skips the batches already seen and restores the
 RNG, and the run continues bit for bit where the Trainer supports that.
+
+``remote="origin"`` pushes the branch to that remote of the repository
+after each commit, in the background as ``Checkpointer(remote=...)`` does
+(``pusher.py``): training never waits for the network, a failed push warns
+once (``push_error`` says why) and is retried, and the end of training
+waits for the last push.
 """
 
 import dataclasses
@@ -31,7 +37,8 @@ from transformers import TrainerCallback
 import mvc
 
 from . import distributed, rng
-from .checkpointer import _open_or_init
+from .checkpointer import PUSH_CLOSE_S, _open_or_init
+from .pusher import Pusher
 from .state import unwrap
 
 LAYOUT = 1
@@ -52,28 +59,52 @@ class MvcCallback(TrainerCallback):
 
     The repository is opened at ``repo`` or above it, or created there.
     The main process holds the branch's write lock while training.
+    ``remote`` names a remote of the repository to push the branch to after
+    each commit (in the background).
     """
 
-    def __init__(self, repo=".", branch: str = "hf", keep_files: bool = False, chunk_size: Optional[int] = None):
+    def __init__(self, repo=".", branch: str = "hf", keep_files: bool = False, chunk_size: Optional[int] = None,
+                 remote: Optional[str] = None):
         self.repo_path = repo
         self.branch = branch
         self.keep_files = keep_files
         self.chunk_size = chunk_size
+        self.remote = remote
         self.repo: Optional[mvc.Repository] = None
         self.last_commit: Optional[mvc.Commit] = None
+        self._pusher: Optional[Pusher] = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero and self.repo is None:
             self.repo = _open_or_init(self.repo_path, self.chunk_size)
-            self.repo.lock_branch(self.branch)
+            try:
+                self._pusher = None if self.remote is None else Pusher.of(self.repo, self.remote, self.branch)
+                self.repo.lock_branch(self.branch)
+            except BaseException:
+                self.repo.close()
+                self.repo = None
+                raise
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.repo is not None:
             try:
-                self.repo.unlock_branch(self.branch)
+                if self._pusher is not None:
+                    self._pusher.close(PUSH_CLOSE_S)
             finally:
-                self.repo.close()
-                self.repo = None
+                try:
+                    self.repo.unlock_branch(self.branch)
+                finally:
+                    self.repo.close()
+                    self.repo = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._pusher is not None:
+            self._pusher.poll()  # collects a finished push, retries a failed one; never waits
+
+    @property
+    def push_error(self) -> Optional[str]:
+        """Why the last background push to ``remote`` failed; None when it succeeded (or none ran)."""
+        return None if self._pusher is None else self._pusher.error
 
     def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         # The RNG is as the Trainer saved it: nothing drew since. Every process calls this.
@@ -93,6 +124,8 @@ class MvcCallback(TrainerCallback):
                                       "train_batch_size": state.train_batch_size,
                                       "learning_rate": args.learning_rate, "seed": args.seed,
                                       "world_size": args.world_size}})
+        if self._pusher is not None:
+            self._pusher.request()
         if not self.keep_files:
             written = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             if os.path.isdir(written):

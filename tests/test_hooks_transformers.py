@@ -104,3 +104,28 @@ def test_checkout_of_another_commit_is_refused(tmp_path):
         repo.commit({"w": torch.zeros(2)}, message="not a trainer", branch="hf")
     with pytest.raises(mvc.BadInput, match="was not made by mvc_hooks.transformers.MvcCallback"):
         MvcCallback(tmp_path / "repo").checkout()
+
+
+def test_remote_gets_each_commit_pushed_and_a_clone_resumes_from_it(tmp_path):
+    with mvc.Repository.init(tmp_path / "repo", chunk_size=64) as repo:
+        repo.remote_add("origin", str(tmp_path / "remote"))
+    callback = MvcCallback(tmp_path / "repo", remote="origin")
+    trainer(tmp_path, "run", callback, max_steps=SAVE * 2).train()
+    assert callback.push_error is None
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        tip = repo.resolve("hf")
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "eval") as clone:
+        assert clone.resolve("origin/hf") == tip
+        assert [c.step for c in clone.log("origin/hf")] == [10, 5]
+        assert clone.fsck().ok
+    # The clone's copy is a checkpoint the Trainer resumes from.
+    remote_side = MvcCallback(tmp_path / "eval", branch="hf")
+    path = remote_side.checkout("origin/hf")
+    assert os.path.exists(os.path.join(path, "trainer_state.json"))
+
+
+def test_a_remote_the_repository_lacks_is_refused_before_training(tmp_path):
+    with pytest.raises(mvc.BadInput, match="no remote 'origin'"):
+        trainer(tmp_path, "run", MvcCallback(tmp_path / "repo", remote="origin")).train()
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        assert repo.locks() == []

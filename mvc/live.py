@@ -232,8 +232,7 @@ def load_into(repo, targets, rev: str) -> Switch:
             plan.append(target)
         new_values = _values(tree.root, values, commit)
         saved = _owner_states(tree.root, owners, commit, txn, repo)
-        for target in plan:
-            _plan_reads(repo.live, target)
+        _plan_reads(repo.live, plan)
         scratch = _read(repo, txn, plan, commit)
     return _apply(repo.live, plan, scratch, new_values, saved, targets, owners, commit, len(tensors))
 
@@ -285,21 +284,34 @@ def _collect_paths(node, path: tuple, out: set) -> None:
         out.add(path)
 
 
-def _plan_reads(records: LiveRecords, target: _Target) -> None:
-    """Which chunks of the target must be read: all but those known to hold the commit's ids."""
-    spans = list(target.obj.chunk_spans())
-    target.bytes = states.tensor_bytes(target.live)
-    record = records.get(target.live)
-    target.need = [(i, cid, off, n) for i, (cid, off, n) in enumerate(spans)]
-    if not target.obj.in_c_order:  # shards cut by columns: the stream is not the tensor's byte order, read it all
-        return
-    if record is None or record.chunk_size != target.obj.chunk_size or len(record.chunks) != len(spans):
-        return
-    want = [i for i, (cid, _, _) in enumerate(spans) if record.chunks[i] == cid]
-    now = fingerprint.fingerprints(target.bytes, [spans[i][1:] for i in want], THREADS)
-    known = {i for i, fp in zip(want, now) if fp == record.fingerprints[i]}
-    target.record = record
-    target.need = [item for item in target.need if item[0] not in known]
+def _plan_reads(records: LiveRecords, plan: list) -> None:
+    """Which chunks of each target must be read: all but those known to hold the commit's ids.
+
+    A chunk is known when the id last loaded into it is the commit's and its
+    bytes still fingerprint as they did then (the caller may have written to
+    the tensor since, by any means). One fingerprint pass covers all targets."""
+    checks = []  # (target, chunk index, the live bytes)
+    for target in plan:
+        spans = list(target.obj.chunk_spans())
+        target.bytes = states.tensor_bytes(target.live)
+        target.need = [(i, cid, off, n) for i, (cid, off, n) in enumerate(spans)]
+        record = records.get(target.live)
+        if not target.obj.in_c_order:  # shards cut by columns: the stream is not the tensor's byte order, read it all
+            continue
+        if record is None or record.chunk_size != target.obj.chunk_size or len(record.chunks) != len(spans):
+            continue
+        target.record = record
+        view = memoryview(target.bytes).cast("B")
+        checks += [(target, i, view[off:off + n]) for i, (cid, off, n) in enumerate(spans) if record.chunks[i] == cid]
+    now = fingerprint.many([piece for _, _, piece in checks], THREADS)
+    known: dict = {}
+    for (target, i, _), fp in zip(checks, now):
+        if fp == target.record.fingerprints[i]:
+            known.setdefault(id(target), set()).add(i)
+    for target in plan:
+        skip = known.get(id(target))
+        if skip:
+            target.need = [item for item in target.need if item[0] not in skip]
 
 
 def _read(repo, txn, plan: list, commit: str) -> dict:

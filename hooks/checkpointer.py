@@ -16,8 +16,9 @@ the loss and the metrics given to ``step()``.
 Rank 0 (the root) owns the repository and holds the branch's write lock
 for the life of the run. Every rank calls the same methods; collectives
 keep them in step. With ``async_save`` the state is copied to CPU memory at
-the step and a background thread commits it while training goes on: at
-most one save is in flight, the next one waits for it, and its error is
+the step and a background thread commits it while training goes on (for
+sharded models through ``dcp.async_save``, sharded.py): at most one save
+is in flight, the next one waits for it, and its error is
 raised by the next ``step()``, ``save()``, ``wait()`` or ``close()``.
 
 Commits use ``rebase=False``: the run holds the branch's lock, so the tip
@@ -174,6 +175,8 @@ class Checkpointer:
         self._pending: Optional[_Save] = None
         self._pusher: Optional[Pusher] = None
         self._snapshot = Snapshot()
+        # Background sharded saves run DCP's collectives on a group of their own.
+        self._save_group = sharded.save_group() if self.sharded and async_save else None
         self._step_hooks: dict = {}  # id(optimizer) -> hook handle: steps wait for the snapshot copy
         if async_save:
             for _, opt in self.components.each("optimizer"):
@@ -197,6 +200,7 @@ class Checkpointer:
         try:
             _raise_together(error)
         except BaseException:
+            self._drop_save_group()
             for handle in self._step_hooks.values():
                 handle.remove()
             if self.loader is not None:
@@ -255,6 +259,7 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            self._drop_save_group()
             if self._pusher is not None:
                 self._pusher.close(PUSH_CLOSE_S)
             for handle in self._step_hooks.values():
@@ -382,16 +387,28 @@ class Checkpointer:
         self._snapshot.filled()
 
     def _save_sharded(self, step: int, obs, metrics: dict, message: str, ranks) -> None:
-        """Every rank saves its shards; rank 0 adds the rest and commits (synchronously)."""
+        """Every rank saves its shards; rank 0 adds the rest and commits (in the background with async_save)."""
         small = record = None
         if self.root:
             progress = {"step": step, "epoch": self.epoch, "batch": self.batch}
             small = self._state(progress, ranks)
             record = {"message": message or f"step {step}", "step": step, "epoch": self.epoch,
                       "metrics": metrics, "context": self._context(progress, obs)}
-        commit = sharded.save(self.repo.root if self.root else self._path, self.components, small, self.branch, record)
+        path = self.repo.root if self.root else self._path
+        if self._save_group is None:
+            self._sharded_landed(sharded.save(path, self.components, small, self.branch, record))
+            return
+        finish = sharded.start_save(path, self.components, small, self.branch, record, self._save_group)
+        self._pending = _Save(lambda: self._sharded_landed(finish()), lambda: None)
+
+    def _sharded_landed(self, commit: Optional[mvc.Commit]) -> None:
         if self.root:
             self._landed(commit)
+
+    def _drop_save_group(self) -> None:
+        group, self._save_group = self._save_group, None
+        if group is not None and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group(group)
 
     def _state(self, progress: dict, ranks: list) -> dict:
         state = self.components.state()

@@ -7,11 +7,21 @@ are parameter FQNs, values DTensors) that every rank saves and loads itself
 through ``MvcStorageWriter`` / ``MvcStorageReader``: nothing is gathered
 on rank 0, and a resume reshards to any world size. The small parts
 (scheduler, scaler, RNG and sampler of every rank, progress, extra) are
-rank 0's, gathered and broadcast as for unsharded models. Saves are
-synchronous, and every rank needs the repository's filesystem.
+rank 0's, gathered and broadcast as for unsharded models. Every rank needs
+the repository's filesystem.
+
+With ``async_save`` a save is ``dcp.async_save``: DCP copies this rank's
+shards to CPU memory at the step (its default stager), rank 0's small parts
+are deep-copied, and a thread writes the chunks and commits while training
+goes on. The thread's collectives run on a process group of their own
+(``save_group``), so they never interleave with the training loop's on the
+default group.
 """
 
-from typing import Optional
+import copy
+from typing import Callable, Optional
+
+import torch.distributed as dist
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -54,17 +64,52 @@ def dcp_state(components) -> dict:
 def save(path, components, small: Optional[dict], branch: str, record: Optional[dict]) -> Optional[mvc.Commit]:
     """Save on every rank (a collective): rank 0 passes ``small`` (the rest of
     the checkpoint) and ``record``; the commit, on rank 0."""
+    state, writer = _prepare(path, components, small, branch, record)
+    try:
+        dcp.save(state, storage_writer=writer)
+    finally:
+        writer.close()
+    return writer.last_commit
+
+
+def start_save(path, components, small: Optional[dict], branch: str, record: Optional[dict],
+               group) -> Callable[[], Optional[mvc.Commit]]:
+    """``save`` in the background (a collective on every rank, over ``group``).
+
+    Returns once this rank's shards are copied; the function it returns
+    waits for the save and gives the commit (on rank 0) or raises its error.
+    """
+    if small is not None:  # the training loop goes on changing these
+        small = copy.deepcopy({k: v for k, v in small.items() if k not in SHARDED})
+    state, writer = _prepare(path, components, small, branch, record)
+    try:
+        future = dcp.async_save(state, storage_writer=writer, process_group=group)
+    except BaseException:
+        writer.close()
+        raise
+
+    def finish() -> Optional[mvc.Commit]:
+        try:
+            future.result()
+        finally:
+            writer.close()
+        return writer.last_commit
+    return finish
+
+
+def save_group():
+    """A gloo process group for background saves (a collective: every rank creates it)."""
+    return dist.new_group(backend="gloo")
+
+
+def _prepare(path, components, small: Optional[dict], branch: str, record: Optional[dict]) -> tuple:
     state = dcp_state(components)
     if small is not None:
         state.update({k: v for k, v in small.items() if k not in SHARDED})
     record = record or {}
     writer = MvcStorageWriter(path, branch=branch, message=record.get("message", ""), step=record.get("step"),
                               metrics=record.get("metrics"), epoch=record.get("epoch"), context=record.get("context"))
-    try:
-        dcp.save(state, storage_writer=writer)
-    finally:
-        writer.close()
-    return writer.last_commit
+    return state, writer
 
 
 def load(path, components, commit: str) -> None:

@@ -11,12 +11,14 @@ Scenarios:
   MvcStorageReader and set_state_dict; rank 0 writes ROOT/loaded-WORLD.pt
   with the full state it gathered.
 - ``kill``: like ``save``, but rank 1 SIGKILLs itself once a pack is being written.
-- ``ckpt``: a Checkpointer commits step 0 of the FSDP2 model (branch REV);
-  rank 0 writes ROOT/ckpt-ref.pt (full state, this rank's RNG state).
+- ``ckpt``: a Checkpointer commits step 0 of the FSDP2 model (branch REV) in
+  the background while the next step trains; rank 0 writes ROOT/ckpt-ref.pt
+  (the full state and this rank's RNG state at step 0).
 - ``resume``: a new run resumes branch REV (reshard=True when WORLD differs
   from 2); rank 0 writes ROOT/resumed-WORLD.pt.
 """
 
+import copy
 import json
 import os
 import signal
@@ -125,12 +127,18 @@ def main(scenario: str, rank: int, world: int, root: Path, rev: str) -> None:
             train_step(model, opt, seed=1)
             torch.manual_seed(50 + rank)
             with Checkpointer(repo, model=model, optimizer=opt, branch=rev, every_n_steps=1) as ckpt:
-                assert ckpt.sharded
-                ckpt.step(0, loss=1.0)
-                full = full_state(model, opt)  # a collective: every rank takes part
+                assert ckpt.sharded and ckpt.async_save
+                # A collective: every rank takes part. Copied: a full state dict may
+                # share tensors with the optimizer (its "step"), which trains on.
+                full = copy.deepcopy(full_state(model, opt))
+                full["rng"] = torch.get_rng_state()
+                ckpt.step(0, loss=1.0)  # returns once the shards are copied; the commit lands later
+                # Training goes on while the save runs (its collectives on a group of
+                # their own) and moves every trainable weight: the commit must not see it.
+                train_step(model, opt, seed=2)
+                commit = ckpt.wait()
                 if rank == 0:
-                    full["rng"] = torch.get_rng_state()
-                    full["commit"] = ckpt.last_commit.id
+                    full["commit"] = commit.id
                     torch.save(full, root / "ckpt-ref.pt")
         elif scenario == "resume":
             model, opt = build(world, seed=9)

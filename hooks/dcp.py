@@ -17,7 +17,19 @@ pack (``Repository.write_shards``); DCP gathers each rank's plain
 ``WriteResult.storage_data`` to the coordinator, whose ``finish`` commits
 everything in one transaction (``Repository.commit_shards``). "Finished"
 means that transaction committed: a crash of any rank before it leaves the
-branch where it was. Every rank needs the repository's filesystem.
+branch where it was. Every rank needs the repository's filesystem, unless
+the save goes through a remote.
+
+**Across hosts** (``remote="origin"``): each rank's ``path`` is a repository
+on its own host that caches that remote (a clone of it). Every rank lists
+the remote's packs first, so it writes only chunks neither it nor the
+remote holds; after writing them to its own pack it indexes them locally
+and uploads those the remote lacks (``Repository.upload_shards``), so its
+chunks are durable on the remote before DCP reports its items to the
+coordinator. The coordinator lists the remote again, commits the tree in
+its own repository (every chunk must be local or on the remote) and pushes
+the branch, which moves the remote branch by conditional write as every
+push does.
 
 No pickle is stored: tensors are raw chunks, DCP's metadata is kept as
 plain values in the tree, and ``BYTE_IO`` items (DCP's ``torch.save`` of
@@ -125,14 +137,17 @@ class MvcStorageWriter(_InRepository, StorageWriter):
 
     ``message``, ``step``, ``epoch``, ``metrics`` and ``context`` make the
     commit's record. The repository at ``path`` is created if missing.
+    ``remote``: ranks on hosts without a shared filesystem, each with a
+    repository at ``path`` that caches this remote (see the module doc).
     After a save, ``last_commit`` on the coordinator is the ``mvc.Commit``.
     """
 
     def __init__(self, path, branch: Optional[str] = "main", message: str = "", step: Optional[int] = None,
                  metrics: Optional[dict] = None, *, epoch: Optional[int] = None,
-                 context: Optional[dict] = None, chunk_size: Optional[int] = None):
+                 context: Optional[dict] = None, chunk_size: Optional[int] = None, remote: Optional[str] = None):
         super().__init__()
         self.path = Path(path)
+        self.remote = remote
         self.branch, self.message, self.step, self.epoch = branch, message, step, epoch
         self.metrics, self.context, self.chunk_size = metrics, context, chunk_size
         self.repo: Optional[mvc.Repository] = None
@@ -157,6 +172,11 @@ class MvcStorageWriter(_InRepository, StorageWriter):
         self._release()
         self.is_coordinator = is_coordinator
         self.repo = open_repository(self.path, self.chunk_size)
+        if self.remote is not None:
+            if self.repo.caches() != self.remote:
+                raise mvc.BadInput(f"the repository at {self.repo.root} does not cache remote {self.remote!r}: "
+                                   f"clone it from the remote on every host ('mvc clone --lazy URL DIR')")
+            self.repo.refresh_remote(self.remote)  # chunks other ranks already sent are not written again
         if is_coordinator:
             # Held until finish: gc cannot run meanwhile, so neither the ranks'
             # unindexed packs nor chunks they found in the repository go away.
@@ -191,6 +211,11 @@ class MvcStorageWriter(_InRepository, StorageWriter):
                 tensors.append(data.detach())
                 written.append((item, "tensor", data.numel() * data.element_size()))
         desc = self.repo.write_shards(tensors) if tensors else {"tensors": [], "locations": {}}
+        if self.remote is not None and desc["locations"]:
+            # Durable on the remote before the coordinator hears of them; indexed
+            # here, so the coordinator has nothing of this host's disk to adopt.
+            self.repo.upload_shards(self.remote, desc["locations"])
+            desc["locations"] = {}
         for i, ((item, kind, nbytes), t) in enumerate(zip(written, desc["tensors"])):
             data = {"kind": kind, **t}
             if i == 0:  # the rank's batch travels once, with its first item
@@ -207,9 +232,13 @@ class MvcStorageWriter(_InRepository, StorageWriter):
                    "storage_meta": {"checkpoint_id": str(self.path), "save_id": self.save_id,
                                     "modules": list(getattr(metadata.storage_meta, "modules", None) or [])},
                    "version": metadata.version or DCP_VERSION}
+            if self.remote is not None:
+                self.repo.refresh_remote(self.remote)  # the packs the other ranks uploaded
             self.last_commit = self.repo.commit_shards(
                 self._start, leaves, locations, dcp, self.message, step=self.step, epoch=self.epoch,
                 metrics=self.metrics, context=self.context, stats=stats)
+            if self.remote is not None and self.last_commit.branch:
+                self.repo.push(self.remote, (self.last_commit.branch,))
         finally:
             self._release()
 

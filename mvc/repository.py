@@ -975,6 +975,20 @@ class Repository:
         """Local vs remote bytes (CacheStatus)."""
         return _tiers().status(self)
 
+    def refresh_remote(self, remote: str) -> int:
+        """Learn the packs remote ``remote`` gained since it was last listed; how many were new."""
+        return _remote("sync").refresh(self, remote)
+
+    def upload_shards(self, remote: str, locations: dict) -> tuple:
+        """A rank's part of a sharded save across hosts: index the chunks ``write_shards``
+        just wrote and upload those ``remote`` lacks; see ``mvc.remote.sync.upload_shards``."""
+        return _remote("sync").upload_shards(self, remote, locations)
+
+    def caches(self) -> Optional[str]:
+        """The remote this repository caches (``cache.remote``), or None."""
+        with self.index.read() as txn:
+            return _remote("config").cache_remote(txn)
+
     def fsck_remote(self, remote: Optional[str] = None):
         """Verify every pack and ref of a remote; see ``mvc.remote.check.fsck_remote``."""
         return _remote("check").fsck_remote(self, remote)
@@ -1061,7 +1075,11 @@ class Repository:
                 for obj, _ in objs.values():
                     for cid, _, n in obj.chunk_spans():
                         loc = txn.chunk(cid)
-                        if loc is None or loc.size != n:  # size: decoded (a repacked record may be encoded)
+                        if loc is not None:
+                            size = loc.size  # decoded (a repacked record may be encoded)
+                        else:  # written by a rank on another host: it must be on the cached remote
+                            size = self.chunks.length(cid, txn) if self.chunks.has(cid, txn) else None
+                        if size != n:
                             raise BadInput(f"chunk {cid.hex()[:12]} of a sharded save is neither written by a "
                                            "rank nor in the repository (gc ran meanwhile?); nothing was "
                                            "committed, save again")

@@ -11,6 +11,9 @@ Scenarios:
   MvcStorageReader and set_state_dict; rank 0 writes ROOT/loaded-WORLD.pt
   with the full state it gathered.
 - ``kill``: like ``save``, but rank 1 SIGKILLs itself once a pack is being written.
+- ``remote``: like ``save``, but no rank shares a repository: rank N saves
+  through its own clone ROOT/hostN of remote "origin" (``remote="origin"``);
+  rank 0 writes ROOT/remote-ref-N.pt and ROOT/remote-N.json.
 - ``ckpt``: a Checkpointer commits step 0 of the FSDP2 model (branch REV) in
   the background while the next step trains; rank 0 writes ROOT/ckpt-ref.pt
   (the full state and this rank's RNG state at step 0).
@@ -109,6 +112,21 @@ def main(scenario: str, rank: int, world: int, root: Path, rev: str) -> None:
                     (root / f"commit-{n}.json").write_text(json.dumps(
                         {"id": writer.last_commit.id, "chunks_new": s.chunks_new, "bytes_new": s.bytes_new,
                          "tensors": s.tensors}))
+                writer.close()
+        elif scenario == "remote":
+            model, opt = build(world, seed=0)
+            train_step(model, opt, seed=1)
+            state = state_of(model, opt)
+            for n in (1, 2):  # the second save of the unchanged state must send nothing new
+                writer = MvcStorageWriter(root / f"host{rank}", branch=rev, message=f"remote {n}", step=n,
+                                          remote="origin")
+                dcp.save(state, storage_writer=writer)
+                full = full_state(model, opt)
+                if rank == 0:
+                    torch.save(full, root / f"remote-ref-{n}.pt")
+                    s = writer.last_commit.stats
+                    (root / f"remote-{n}.json").write_text(json.dumps(
+                        {"id": writer.last_commit.id, "chunks_new": s.chunks_new, "tensors": s.tensors}))
                 writer.close()
         elif scenario == "load":
             model, opt = build(world, seed=7)  # other weights: the load must replace every one

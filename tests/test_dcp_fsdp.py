@@ -4,7 +4,8 @@ A state saved by 2 ranks (DTensor model and AdamW state, a plain tensor,
 plain values) loads bit for bit at world 1, 2 and 4; a state saved by 4
 loads at 2. A second save of the unchanged state writes no chunk. Rank 1
 killed with SIGKILL while packs are being written leaves the branch where it
-was and fsck clean, and the next save works.
+was and fsck clean, and the next save works. Ranks that share no
+filesystem save through a real SeaweedFS remote, each from its own clone.
 """
 
 import json
@@ -150,3 +151,36 @@ def test_checkpointer_saves_sharded_and_resumes_at_2_and_at_1(tmp_path):
         same(want["optim"], got["optim"], "optim")
         if world == 2:  # the same world: rank 0 has its own RNG back
             assert torch.equal(want["rng"], got["rng"])
+
+
+def test_ranks_without_a_shared_repository_save_through_the_remote(tmp_path, s3_server, s3_url):
+    url = s3_url("shards")
+    with mvc.Repository.init(tmp_path / "seed", chunk_size=64) as seed:
+        seed.remote_add("origin", url, s3_server.endpoint)
+        seed.commit({"w": torch.zeros(3)}, "seed", branch="main")
+        seed.push("origin", ("main",))
+    for rank in (0, 1):  # one host each: a lazy clone holds no chunk of its own
+        mvc.Repository.clone(url, tmp_path / f"host{rank}", lazy=True, endpoint_url=s3_server.endpoint).close()
+    assert launch("remote", 2, tmp_path, rev="run") == [0, 0]
+    first, second = (json.loads((tmp_path / f"remote-{n}.json").read_text()) for n in (1, 2))
+    assert first["chunks_new"] > 0 and second["chunks_new"] == 0
+    with mvc.Repository.open(tmp_path / "host1") as host1:  # rank 1 committed nothing of its own
+        assert "run" not in {b.name for b in host1.branches()}
+    with mvc.Repository.clone(url, tmp_path / "eval", endpoint_url=s3_server.endpoint) as clone:
+        assert clone.resolve("origin/run") == second["id"]
+        assert [c.message for c in clone.log("origin/run")][:2] == ["remote 2", "remote 1"]
+        assert clone.fsck().ok and clone.fsck_remote("origin").ok
+        got = clone.load("origin/run")
+    want = torch.load(tmp_path / "remote-ref-2.pt", weights_only=True)
+    same(want["model"], got["model"], "model")
+    same(want["optim"]["state"], got["optim"]["state"], "optim.state")
+
+
+def test_a_repository_that_does_not_cache_the_remote_is_refused(tmp_path):
+    from mvc_hooks.dcp import MvcStorageWriter
+    with mvc.Repository.init(tmp_path / "repo") as repo:
+        repo.remote_add("origin", str(tmp_path / "remote"))
+    writer = MvcStorageWriter(tmp_path / "repo", remote="origin")
+    with pytest.raises(mvc.BadInput, match="does not cache remote 'origin'"):
+        writer.set_up_storage_writer(True)
+    writer.close()

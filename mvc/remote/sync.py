@@ -257,6 +257,39 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
         conn.close()
 
 
+def refresh(repo, name: str) -> int:
+    """Learn the packs remote ``name`` gained since it was last listed (their
+    trailers); how many were new. RemoteError if it cannot be read."""
+    conn = Connection(repo, name)
+    try:
+        return conn.catalogue.refresh(conn.bucket)
+    finally:
+        conn.close()
+
+
+def upload_shards(repo, name: str, locations: dict) -> tuple:
+    """A rank's part of a sharded save across hosts (``MvcStorageWriter(remote=...)``).
+
+    ``locations`` are the chunks this rank just wrote to its own sealed pack
+    ({id: [pack, offset, length]}, as ``write_shards`` returns them): they
+    are indexed here, then the ones remote ``name`` lacks are uploaded in
+    packs, verified as every push reads them. Returns (packs, bytes) sent.
+    Once this returns they are durable on the remote, so the coordinator
+    may commit a tree that names them.
+    """
+    conn = Connection(repo, name)
+    try:
+        with repo.gc_lock.shared():
+            batch = repo.chunks.adopt(locations)
+            with repo.index.write() as txn:
+                batch.publish(txn)
+            lacking = [(cid, where[2]) for cid, where in sorted(locations.items())
+                       if not conn.catalogue.has_chunk(cid)]
+            return transfer.upload_chunks(repo, conn.bucket, conn.catalogue, lacking)
+    finally:
+        conn.close()
+
+
 def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
     updates, rejected = [], []
     current = conn.remote_refs()

@@ -211,10 +211,12 @@ class MvcStorageWriter(_InRepository, StorageWriter):
                 tensors.append(data.detach())
                 written.append((item, "tensor", data.numel() * data.element_size()))
         desc = self.repo.write_shards(tensors) if tensors else {"tensors": [], "locations": {}}
-        if self.remote is not None and desc["locations"]:
-            # Durable on the remote before the coordinator hears of them; indexed
-            # here, so the coordinator has nothing of this host's disk to adopt.
-            self.repo.upload_shards(self.remote, desc["locations"])
+        if self.remote is not None:
+            # Every chunk of this rank durable on the remote before the coordinator
+            # hears of it (also those a failed save left only here); indexed here,
+            # so the coordinator has nothing of this host's disk to adopt.
+            ids = [cid for t in desc["tensors"] for cid in t["chunks"]]
+            self.repo.upload_shards(self.remote, desc["locations"], ids)
             desc["locations"] = {}
         for i, ((item, kind, nbytes), t) in enumerate(zip(written, desc["tensors"])):
             data = {"kind": kind, **t}

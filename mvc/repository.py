@@ -979,10 +979,10 @@ class Repository:
         """Learn the packs remote ``remote`` gained since it was last listed; how many were new."""
         return _remote("sync").refresh(self, remote)
 
-    def upload_shards(self, remote: str, locations: dict) -> tuple:
+    def upload_shards(self, remote: str, locations: dict, ids) -> tuple:
         """A rank's part of a sharded save across hosts: index the chunks ``write_shards``
-        just wrote and upload those ``remote`` lacks; see ``mvc.remote.sync.upload_shards``."""
-        return _remote("sync").upload_shards(self, remote, locations)
+        just wrote, and upload those of ``ids`` that ``remote`` lacks; see ``mvc.remote.sync.upload_shards``."""
+        return _remote("sync").upload_shards(self, remote, locations, ids)
 
     def caches(self) -> Optional[str]:
         """The remote this repository caches (``cache.remote``), or None."""

@@ -14,6 +14,8 @@ Scenarios:
 - ``remote``: like ``save``, but no rank shares a repository: rank N saves
   through its own clone ROOT/hostN of remote "origin" (``remote="origin"``);
   rank 0 writes ROOT/remote-ref-N.pt and ROOT/remote-N.json.
+- ``remote-kill``: like ``remote``, but rank 1 SIGKILLs itself as it starts
+  uploading its pack.
 - ``ckpt``: a Checkpointer commits step 0 of the FSDP2 model (branch REV) in
   the background while the next step trains; rank 0 writes ROOT/ckpt-ref.pt
   (the full state and this rank's RNG state at step 0).
@@ -113,10 +115,13 @@ def main(scenario: str, rank: int, world: int, root: Path, rev: str) -> None:
                         {"id": writer.last_commit.id, "chunks_new": s.chunks_new, "bytes_new": s.bytes_new,
                          "tensors": s.tensors}))
                 writer.close()
-        elif scenario == "remote":
+        elif scenario in ("remote", "remote-kill"):
             model, opt = build(world, seed=0)
             train_step(model, opt, seed=1)
             state = state_of(model, opt)
+            if scenario == "remote-kill" and rank == 1:
+                from mvc.remote import transfer
+                transfer.Uploader._send = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
             for n in (1, 2):  # the second save of the unchanged state must send nothing new
                 writer = MvcStorageWriter(root / f"host{rank}", branch=rev, message=f"remote {n}", step=n,
                                           remote="origin")

@@ -153,14 +153,19 @@ def test_checkpointer_saves_sharded_and_resumes_at_2_and_at_1(tmp_path):
             assert torch.equal(want["rng"], got["rng"])
 
 
-def test_ranks_without_a_shared_repository_save_through_the_remote(tmp_path, s3_server, s3_url):
-    url = s3_url("shards")
+def _hosts(tmp_path, s3_server, url: str) -> None:
+    """A remote with one commit, and one lazy clone of it per rank (one host each: no chunk of their own)."""
     with mvc.Repository.init(tmp_path / "seed", chunk_size=64) as seed:
         seed.remote_add("origin", url, s3_server.endpoint)
         seed.commit({"w": torch.zeros(3)}, "seed", branch="main")
         seed.push("origin", ("main",))
-    for rank in (0, 1):  # one host each: a lazy clone holds no chunk of its own
+    for rank in (0, 1):
         mvc.Repository.clone(url, tmp_path / f"host{rank}", lazy=True, endpoint_url=s3_server.endpoint).close()
+
+
+def test_ranks_without_a_shared_repository_save_through_the_remote(tmp_path, s3_server, s3_url):
+    url = s3_url("shards")
+    _hosts(tmp_path, s3_server, url)
     assert launch("remote", 2, tmp_path, rev="run") == [0, 0]
     first, second = (json.loads((tmp_path / f"remote-{n}.json").read_text()) for n in (1, 2))
     assert first["chunks_new"] > 0 and second["chunks_new"] == 0
@@ -174,6 +179,26 @@ def test_ranks_without_a_shared_repository_save_through_the_remote(tmp_path, s3_
     want = torch.load(tmp_path / "remote-ref-2.pt", weights_only=True)
     same(want["model"], got["model"], "model")
     same(want["optim"]["state"], got["optim"]["state"], "optim.state")
+
+
+@pytest.mark.slow
+def test_sigkill_of_rank_1_mid_upload_moves_no_branch_and_the_next_save_works(tmp_path, s3_server, s3_url):
+    url = s3_url("shards-kill")
+    _hosts(tmp_path, s3_server, url)
+    codes = launch("remote-kill", 2, tmp_path, rev="run", timeout=180)
+    assert codes[1] == -9 and codes[0] != 0  # rank 0 learns that its peer died and fails
+    for rank in (0, 1):
+        with mvc.Repository.open(tmp_path / f"host{rank}") as host:
+            assert "run" not in {b.name for b in host.branches()}
+            report = host.fsck()
+            assert report.ok, report.damage
+    with mvc.Repository.clone(url, tmp_path / "look", lazy=True, endpoint_url=s3_server.endpoint) as look:
+        assert "origin/run" not in {b.name for b in look.remote_branches()}
+        assert look.fsck_remote("origin").ok
+    assert launch("remote", 2, tmp_path, rev="run") == [0, 0]  # the next save works
+    with mvc.Repository.clone(url, tmp_path / "eval", endpoint_url=s3_server.endpoint) as clone:
+        got = clone.load("origin/run")
+    same(torch.load(tmp_path / "remote-ref-2.pt", weights_only=True)["model"], got["model"], "model")
 
 
 def test_a_repository_that_does_not_cache_the_remote_is_refused(tmp_path):

@@ -267,24 +267,27 @@ def refresh(repo, name: str) -> int:
         conn.close()
 
 
-def upload_shards(repo, name: str, locations: dict) -> tuple:
+def upload_shards(repo, name: str, locations: dict, ids) -> tuple:
     """A rank's part of a sharded save across hosts (``MvcStorageWriter(remote=...)``).
 
     ``locations`` are the chunks this rank just wrote to its own sealed pack
     ({id: [pack, offset, length]}, as ``write_shards`` returns them): they
-    are indexed here, then the ones remote ``name`` lacks are uploaded in
-    packs, verified as every push reads them. Returns (packs, bytes) sent.
-    Once this returns they are durable on the remote, so the coordinator
-    may commit a tree that names them.
+    are indexed here. Then every chunk of ``ids`` (all the rank's chunks,
+    also those an earlier, failed save left here) that remote ``name``
+    lacks is uploaded in packs, read back verified as every push reads.
+    Returns (packs, bytes) sent. Once this returns they are durable on the
+    remote, so the coordinator may commit a tree that names them.
     """
     conn = Connection(repo, name)
     try:
         with repo.gc_lock.shared():
-            batch = repo.chunks.adopt(locations)
-            with repo.index.write() as txn:
-                batch.publish(txn)
-            lacking = [(cid, where[2]) for cid, where in sorted(locations.items())
-                       if not conn.catalogue.has_chunk(cid)]
+            if locations:
+                batch = repo.chunks.adopt(locations)
+                with repo.index.write() as txn:
+                    batch.publish(txn)
+            with repo.index.read() as txn:
+                lacking = [(cid, repo.chunks.length(cid, txn, "a chunk of this rank's shards"))
+                           for cid in sorted(set(ids)) if not conn.catalogue.has_chunk(cid)]
             return transfer.upload_chunks(repo, conn.bucket, conn.catalogue, lacking)
     finally:
         conn.close()

@@ -123,7 +123,7 @@ class CacheStore(ChunkStore):
         if loc is None:
             raise ObjectNotFound(f"chunk {cid.hex()[:12]}{' of ' + what if what else ''} is neither here nor on "
                                  f"remote {self.name!r}; run 'mvc fsck'", id=cid)
-        return loc.length
+        return loc.size  # decoded: a local record may be encoded (repack); remote records are raw
 
     def read(self, requests: list, txn, progress=None, threads: int = THREADS) -> None:
         here, away = [], []

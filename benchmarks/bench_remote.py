@@ -14,7 +14,9 @@ same load on a shared machine):
 - push of the next checkpoint, ~10% of its bytes changed, vs uploading its
   ``.pt`` (<= 0.15);
 - ``checkout -o`` (``Repository.export``) of one version from a ``--lazy``
-  clone vs ``boto3 download_file`` + ``torch.load`` of its ``.pt`` (<= 1.0);
+  clone vs ``boto3 download_file`` + ``torch.load`` of its ``.pt`` (<= 1.0),
+  to a ``.pt`` file (loaded whole, then written) and to a ``.safetensors``
+  file (written group by group as the chunks arrive);
 - switching back (``load``) to a version the clone has cached vs that
   download + load (<= 0.1);
 - remote storage after 10 fine-tuning checkpoints (the last two blocks and
@@ -124,6 +126,7 @@ def run_main(args, server: Server, scratch: Path) -> None:
     row("push_10pct", f"push, 10% changed ({sent[1] / MiB:.0f} MiB sent) vs upload_file", best["push2"],
         best["upload2"])
     row("lazy_checkout", "checkout -o from a --lazy clone vs download_file + torch.load", best["checkout"], best["dl"])
+    row("lazy_checkout", "checkout -o .safetensors from a --lazy clone vs the same", best["checkout_st"], best["dl"])
     row("cached_switch", "switch back to a cached version (load) vs download + load", best["switch"], best["dl"])
     row("lazy_checkout", "(info) load from a fresh --lazy clone vs download + load", best["lazy_load"], best["dl"])
     del state2
@@ -161,6 +164,10 @@ def one_round(args, server: Server, root: Path, state, state2, pt1: Path, pt2: P
     lazy.load(v2)  # v2 is now cached too
     keep("switch", timed(lazy.load, v1)[0])
     lazy.close()
+    # the same checkout as safetensors, which is written as it is fetched (a fresh lazy clone)
+    st = mvc.Repository.clone(url, root / "eval3", lazy=True, endpoint_url=server.endpoint)
+    keep("checkout_st", timed(st.export, v1, root / "out.safetensors", force=True)[0])
+    st.close()
     # for reference: the same version into memory (no .pt written) from a fresh lazy clone
     fresh = mvc.Repository.clone(url, root / "eval2", lazy=True, endpoint_url=server.endpoint)
     keep("lazy_load", timed(fresh.load, v1)[0])

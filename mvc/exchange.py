@@ -10,12 +10,21 @@ written back by a safetensors export.
 """
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from . import dtypes
 from . import files as _files
 from . import folders as _folders
 from .errors import BadInput
+from .objects import TensorLeaf
 from .records import Export
+from .store.chunks import batches
+
+# A safetensors export reads this many tensor bytes at a time, one group
+# ahead of the writer: reading (from packs, or fetching from a remote) and
+# writing overlap, and memory stays near three groups, not the whole model.
+STREAM_BYTES = 128 << 20
 
 SAFETENSORS_CONTEXT = "safetensors"  # context key of a committed .safetensors file's metadata
 
@@ -62,7 +71,8 @@ def export(repo, rev: str, path, fmt=None, progress=None, *, force: bool = False
                  and strip_prefix is None)
     if not folder_out and not undecided:  # refuse a bad target before loading anything
         _files.output_target(path, force)
-        _files.formats_for(path, fmt)
+        if _files.formats_for(path, fmt) == "safetensors":
+            return _export_safetensors(repo, commit, path, force, only, strip_prefix, progress, write_progress)
     state = repo.load(commit, progress=progress)
     is_folder = _folders.is_folder_state(state)
     if folder_out or (undecided and is_folder):
@@ -78,6 +88,50 @@ def export(repo, rev: str, path, fmt=None, progress=None, *, force: bool = False
     metadata = safetensors_metadata(repo.get_commit(commit)) if fmt == "safetensors" else None
     written = _files.write_checkpoint(state, path, fmt, force=force, metadata=metadata, progress=write_progress)
     return Export(commit, written, fmt, left_out, folder_files)
+
+
+def _export_safetensors(repo, commit: str, path, force: bool, only, strip_prefix, progress,
+                        write_progress) -> Export:
+    """A commit (or its ``only`` subtree) as one safetensors file, streamed:
+    the header comes from the tensor objects, then the tensors are read in
+    groups of about STREAM_BYTES, each verified, while the previous group is
+    written."""
+    view = repo.sharded_view(commit)  # the tree and its tensor objects, read once
+    root, folder_files = view["root"], 0
+    if _folders.is_folder_state(root):
+        folder_files = _folders.folder_summary(root)[1]
+        root = {k: v for k, v in root.items() if k != _folders.FOLDER_KEY}
+    flat = _files.flat_paths(root)
+    if only is not None or strip_prefix is not None:
+        flat = _files.select_flat(flat, only, strip_prefix)
+    tensors = {key: (p, leaf) for key, (p, leaf) in flat.items() if isinstance(leaf, TensorLeaf)}
+    objs = {key: view["tensors"][p] for key, (p, _) in tensors.items()}
+    specs = {key: (o.dtype, tuple(o.shape), dtypes.itemsize(o.dtype), o.nbytes) for key, o in objs.items()}
+    order, header = _files.safetensors_header(specs, safetensors_metadata(repo.get_commit(commit)))
+    total = sum(o.nbytes for o in objs.values())
+    groups = batches(order, lambda key: objs[key].nbytes, STREAM_BYTES)
+    done = [0]
+    if progress:
+        progress(0, total)
+
+    def read(group: list) -> list:
+        got = repo.read_leaves(commit, [tensors[key] for key in group])
+        done[0] += sum(objs[key].nbytes for key in group)
+        if progress:
+            progress(done[0], total)
+        return [got[tensors[key][1].id] for key in group]
+
+    def stream():
+        with ThreadPoolExecutor(1) as pool:  # one reader, one group ahead of the writer
+            ahead = None
+            for group in groups:
+                current, ahead = ahead, pool.submit(read, group)
+                if current is not None:
+                    yield from current.result()
+            if ahead is not None:
+                yield from ahead.result()
+    written = _files.write_safetensors(path, force, header, stream(), total, write_progress)
+    return Export(commit, written, "safetensors", len(flat) - len(tensors), folder_files)
 
 
 def _export_folder(commit, state, path, fmt, force, only, strip_prefix, write_progress) -> Export:

@@ -31,7 +31,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from .errors import BadInput
 from .traverse import format_path, walk
@@ -212,12 +212,17 @@ def tensors_by_key(state) -> dict:
 
 def flat_leaves(state) -> dict:
     """{dotted key path: leaf} for every tensor and plain value; BadInput if two keys collide."""
+    return {key: leaf for key, (_, leaf) in flat_paths(state).items()}
+
+
+def flat_paths(state) -> dict:
+    """{dotted key path: (key path, leaf)} for every leaf of a state or a tree; BadInput if two keys collide."""
     out = {}
     for path, leaf in walk(state):
         key = format_path(path)
         if key in out:
             raise BadInput(f"two entries flatten to the same key {key!r}; export as pt without --only")
-        out[key] = leaf
+        out[key] = (path, leaf)
     return out
 
 
@@ -228,7 +233,11 @@ def select(state, only: Optional[str] = None, strip_prefix: Optional[str] = None
     BadInput if nothing matches, a selected key lacks the prefix, or a key would
     become empty.
     """
-    flat = flat_leaves(state)
+    return select_flat(flat_leaves(state), only, strip_prefix)
+
+
+def select_flat(flat: dict, only: Optional[str] = None, strip_prefix: Optional[str] = None) -> dict:
+    """``select`` on a flat {dotted key: anything} dict."""
     picked = {k: v for k, v in flat.items() if only is None or fnmatch.fnmatchcase(k, only)}
     if not picked:
         raise BadInput(f"no key matches --only {only!r} (keys look like {_examples(flat)})")
@@ -283,7 +292,7 @@ def write_checkpoint(state, path, fmt: str = "pt", force: bool = True, metadata:
     if fmt == "safetensors":
         flat, header = _safetensors_layout(tensors_by_key(state), metadata)
         total = sum(t.nbytes for t in flat.values())
-        write = lambda f: _save_safetensors(f, flat, header, total, progress)  # noqa: E731
+        write = lambda f: _save_safetensors(f, flat.values(), header, total, progress)  # noqa: E731
     else:
         write = lambda f: _save_torch(f, state, progress)  # noqa: E731
     return _atomic_write(path, force, write)
@@ -397,29 +406,42 @@ def _save_torch(f, state, progress) -> None:
 
 
 def _safetensors_layout(flat: dict, metadata: Optional[dict]) -> tuple:
-    """(tensors in file order, header bytes): widest elements first, then by key,
-    so every tensor starts aligned to its element size, as safetensors does."""
+    """(tensors in file order, header bytes) for {key: tensor}; see ``safetensors_header``."""
     from . import dtypes
-    names = {}
-    for key, t in flat.items():
-        name = dtypes.name_of(t.dtype, key)
+    specs = {key: (dtypes.name_of(t.dtype, key), tuple(t.shape), t.element_size(), t.nbytes) for key, t in flat.items()}
+    order, header = safetensors_header(specs, metadata)
+    return {k: flat[k] for k in order}, header
+
+
+def safetensors_header(specs: dict, metadata: Optional[dict]) -> tuple:
+    """(keys in file order, header bytes) for {key: (mvc dtype name, shape, itemsize, nbytes)}:
+    widest elements first, then by key, so every tensor starts aligned to its
+    element size, as safetensors does. BadInput for a dtype safetensors cannot hold."""
+    for key, (name, _, _, _) in specs.items():
         if name not in SAFETENSORS_DTYPES:
-            raise BadInput(f"tensor {key!r} is {t.dtype}, which safetensors cannot hold; export as pt")
-        names[key] = name
+            raise BadInput(f"tensor {key!r} is {name}, which safetensors cannot hold; export as pt")
     meta = {"format": "pt"} if metadata is None else metadata
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise BadInput("safetensors metadata must map text to text")
-    order = sorted(flat, key=lambda k: (-flat[k].element_size(), k))
+    order = sorted(specs, key=lambda k: (-specs[k][2], k))
     header, offset = {}, 0
     for key in order:
-        n = flat[key].nbytes
-        header[key] = {"dtype": names[key], "shape": list(flat[key].shape), "data_offsets": [offset, offset + n]}
+        name, shape, _, n = specs[key]
+        header[key] = {"dtype": name, "shape": list(shape), "data_offsets": [offset, offset + n]}
         offset += n
     if meta:
         header["__metadata__"] = meta
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-    return {k: flat[k] for k in order}, struct.pack("<Q", len(raw)) + raw
+    return order, struct.pack("<Q", len(raw)) + raw
+
+
+def write_safetensors(path, force: bool, header: bytes, tensors: Iterable, total: int,
+                      progress: Optional[Callable[[int, int], None]] = None) -> Path:
+    """Write a safetensors file from its header and its tensors in file order,
+    as ``tensors`` yields them (so they need not all be in memory at once);
+    atomically, as ``write_checkpoint``."""
+    return _atomic_write(path, force, lambda f: _save_safetensors(f, tensors, header, total, progress))
 
 
 def write_bytes(f, data) -> None:
@@ -429,13 +451,13 @@ def write_bytes(f, data) -> None:
         written += f.write(view[written:])
 
 
-def _save_safetensors(f, flat: dict, header: bytes, total: int, progress) -> None:
+def _save_safetensors(f, tensors: Iterable, header: bytes, total: int, progress) -> None:
     import torch
     if progress:
         progress(0, total)
     write_bytes(f, header)
     done = 0
-    for t in flat.values():
+    for t in tensors:
         view = memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
         for start in range(0, len(view), PIECE):
             write_bytes(f, view[start:start + PIECE])

@@ -155,7 +155,7 @@ def write_folder(state, out, force: bool = False,
                 done[0] = base + n
                 if progress:
                     progress(done[0], total)
-            _write_one(where / name, replace, lambda f: _save_safetensors(f, flat, header, total, step))
+            _write_one(where / name, replace, lambda f: _save_safetensors(f, flat.values(), header, total, step))
         for name, data in files.items():
             _write_one(where / name, replace, lambda f, data=data: write_bytes(f, data))
 

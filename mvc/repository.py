@@ -544,6 +544,12 @@ class Repository:
         """
         return _live_module().load_into(self, targets, rev)
 
+    def read_leaves(self, rev: str, leaves: list, progress=None) -> dict:
+        """{tensor id: CPU tensor} for (key path, TensorLeaf) pairs of commit
+        ``rev``, read and verified in a transaction of their own."""
+        with self.gc_lock.shared(), self.index.read() as txn:
+            return self.read_tensors(txn, leaves, self.refs.resolve(txn, rev), progress)
+
     def read_tensors(self, txn, leaves: list, commit_id: bytes, progress=None) -> dict:
         """{tensor id: CPU tensor} for (key path, TensorLeaf) pairs, read in threads and verified.
 

@@ -81,6 +81,27 @@ def test_push_sends_only_what_the_remote_lacks(origin, tmp_path):
     assert origin.resolve("origin/main") == origin.resolve("main")
 
 
+def test_push_keeps_each_tensors_chunks_together_in_the_remote_packs(origin, tmp_path):
+    """Chunks go up in the order they lie in local packs, so reading a few
+    tensors from the remote takes a few long ranged reads, not one per chunk."""
+    from mvc.remote.catalogue import Catalogue
+    catalogue = Catalogue(origin.dir, "origin")
+    try:
+        tensors = {e.path: e.chunks for e in origin.entries("main~1") if e.kind == "tensor" and len(e.chunks) > 1}
+        assert len(tensors) >= 2
+        places = {}
+        for key, chunks in tensors.items():
+            locs = [catalogue.chunk(bytes.fromhex(c) if isinstance(c, str) else c) for c in dict.fromkeys(chunks)]
+            assert len({loc.pack for loc in locs}) == 1, key
+            offsets = [loc.offset for loc in locs]
+            assert offsets == sorted(offsets), key  # in the tensor's order
+            places[key] = (locs[0].pack, offsets[0], offsets[-1])
+        for key, (pack, lo, hi) in places.items():  # and no other tensor's chunk in between
+            assert not any(p == pack and lo < o < hi for k, (p, o, _) in places.items() if k != key), key
+    finally:
+        catalogue.close()
+
+
 def test_fetch_moves_only_missing_and_tracking_refs(origin, tmp_path):
     clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
     s = origin.load()

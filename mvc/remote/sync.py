@@ -185,8 +185,10 @@ def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has,
     seen.add(tree_id)
     tree = objects.tree(txn, tree_id)
     out.records.append((tree_id, txn.get("trees", tree_id)))
-    leaves = {leaf.id for _, leaf in walk_tree(tree.root) if isinstance(leaf, TensorLeaf)} - seen
-    for tid in leaves - has(leaves):
+    leaves = [tid for tid in dict.fromkeys(leaf.id for _, leaf in walk_tree(tree.root) if isinstance(leaf, TensorLeaf))
+              if tid not in seen]
+    present = has(leaves)
+    for tid in (t for t in leaves if t not in present):  # in tree order, so chunks keep their neighbours
         seen.add(tid)
         tensor = objects.tensor(txn, tid)
         out.records.append((tid, txn.get("tensors", tid)))
@@ -247,7 +249,7 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
             with repo.index.read() as txn:
                 targets = _targets(repo, txn, tuple(names))
                 out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn)
-            chunks = sorted(out.chunks.items())
+            chunks = _in_pack_order(repo, out.chunks)
             packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress)
             opacks, osent = transfer.upload_objects(conn.bucket, conn.catalogue, out.records)
             updates = _move_refs(repo, conn, targets, force)
@@ -255,6 +257,20 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
                           sum(out.chunks.values()), packs + opacks, sent + osent)
     finally:
         conn.close()
+
+
+def _in_pack_order(repo, chunks: dict) -> list:
+    """(id, length) of ``chunks`` in the order their records lie in local packs.
+
+    A commit writes a tensor's chunks one after the other, so this keeps
+    them together in the remote's packs too: a later read of some tensors
+    (a lazy load of a few keys, a streamed export) then takes a few long
+    ranged reads instead of one per chunk."""
+    with repo.index.read() as txn:
+        def where(item):
+            loc = txn.chunk(item[0])
+            return (loc.pack, loc.offset) if loc is not None else (b"", 0)
+        return sorted(chunks.items(), key=where)
 
 
 def refresh(repo, name: str) -> int:
@@ -287,7 +303,7 @@ def upload_shards(repo, name: str, locations: dict, ids) -> tuple:
                     batch.publish(txn)
             with repo.index.read() as txn:
                 lacking = [(cid, repo.chunks.length(cid, txn, "a chunk of this rank's shards"))
-                           for cid in sorted(set(ids)) if not conn.catalogue.has_chunk(cid)]
+                           for cid in dict.fromkeys(ids) if not conn.catalogue.has_chunk(cid)]  # in tensor order
             return transfer.upload_chunks(repo, conn.bucket, conn.catalogue, lacking)
     finally:
         conn.close()

@@ -211,10 +211,30 @@ def measure(name: str, build, scale: float, ckpts: int, work: Path) -> dict:
     # What compressing at commit time would cost: encode every chunk of the last checkpoint.
     tensors = _tensors(states[-1], [])
     encode_s = _encode_time(tensors)
+    entropy = _plane_entropy(tensors)
     return dict(name=name, torch=torch_bytes, raw=raw_packs, dense=dense_packs, bound=bound,
                 commit=sum(commit_s[1:]) / sum(save_s[1:]), first_commit=commit_s[0] / save_s[0],
                 encode_at_commit=(commit_s[-1] + encode_s) / save_s[-1], repack_s=repack_s,
-                load=load_mvc / load_torch, load_raw=load_raw / load_torch0, switch=switch / load_torch, deltas=report.deltas, grouped=report.grouped)
+                load=load_mvc / load_torch, load_raw=load_raw / load_torch0, switch=switch / load_torch, deltas=report.deltas, grouped=report.grouped,
+                entropy=entropy)
+
+
+def _plane_entropy(tensors: list) -> float:
+    """The order-0 entropy of the byte planes of ``tensors`` (each dtype split by its width),
+    as a share of their size: what byte-grouped coding without deltas can reach at best."""
+    import numpy as np
+    from mvc.store.codec import _entropy
+    bits = size = 0
+    for t in tensors:
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        w = t.element_size()
+        if len(raw) < w:
+            continue
+        planes = raw[:len(raw) // w * w].reshape(-1, w)
+        for j in range(w):
+            bits += _entropy(np.ascontiguousarray(planes[:, j])) * len(planes)
+        size += len(raw)
+    return bits / 8 / size if size else 1.0
 
 
 def _encode_time(tensors: list, chunk: int = 256 << 10) -> float:
@@ -279,7 +299,8 @@ def main():
           f"{'pack/bnd':>8} {'pack/raw':>8} | {'commit':>6} {'1st':>5} {'enc@c':>6} {'load0':>6} {'load':>5} {'switch':>6}")
     for r in rows:
         print(f"{r['name']} records after repack: {r['grouped']} byte-grouped, {r['deltas']} deltas; "
-              f"repack took {r['repack_s']:.1f} s")
+              f"repack took {r['repack_s']:.1f} s; byte-plane entropy of its last checkpoint "
+              f"{r['entropy']:.3f}x raw (the floor of grouping without deltas)")
     for r in rows:
         print(f"{r['name']:8} {r['torch'] / MiB:9.1f}Mi {r['raw'] / MiB:7.1f}Mi {r['dense'] / MiB:7.1f}Mi "
               f"{r['bound'] / MiB:7.1f}Mi | {r['raw'] / r['bound']:8.2f}x {r['dense'] / r['bound']:7.2f}x "

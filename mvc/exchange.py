@@ -73,6 +73,8 @@ def export(repo, rev: str, path, fmt=None, progress=None, *, force: bool = False
         _files.output_target(path, force)
         if _files.formats_for(path, fmt) == "safetensors":
             return _export_safetensors(repo, commit, path, force, only, strip_prefix, progress, write_progress)
+        if _files.can_stream_torch():
+            return _export_pt(repo, commit, path, force, only, strip_prefix, progress, write_progress)
     state = repo.load(commit, progress=progress)
     is_folder = _folders.is_folder_state(state)
     if folder_out or (undecided and is_folder):
@@ -97,10 +99,7 @@ def _export_safetensors(repo, commit: str, path, force: bool, only, strip_prefix
     groups of about STREAM_BYTES, each verified, while the previous group is
     written."""
     view = repo.sharded_view(commit)  # the tree and its tensor objects, read once
-    root, folder_files = view["root"], 0
-    if _folders.is_folder_state(root):
-        folder_files = _folders.folder_summary(root)[1]
-        root = {k: v for k, v in root.items() if k != _folders.FOLDER_KEY}
+    root, folder_files = _file_part(view["root"])
     flat = _files.flat_paths(root)
     if only is not None or strip_prefix is not None:
         flat = _files.select_flat(flat, only, strip_prefix)
@@ -132,6 +131,93 @@ def _export_safetensors(repo, commit: str, path, force: bool, only, strip_prefix
                 yield from ahead.result()
     written = _files.write_safetensors(path, force, header, stream(), total, write_progress)
     return Export(commit, written, "safetensors", len(flat) - len(tensors), folder_files)
+
+
+def _file_part(root) -> tuple:
+    """(the tree a file export writes, how many files of a model folder it leaves out)."""
+    if not _folders.is_folder_state(root):
+        return root, 0
+    return {k: v for k, v in root.items() if k != _folders.FOLDER_KEY}, _folders.folder_summary(root)[1]
+
+
+def _export_pt(repo, commit: str, path, force: bool, only, strip_prefix, progress, write_progress) -> Export:
+    """A commit (or its ``only`` subtree) as a ``torch.save`` file, streamed:
+    the state is built of empty tensors, a reader fills them group by group
+    (each verified), and torch.save writes each storage as soon as it is
+    filled, so reading and writing overlap (``files.write_torch_streamed``)."""
+    import threading
+
+    import torch
+
+    from . import state as _state
+    from .traverse import walk
+    view = repo.sharded_view(commit)
+    root, folder_files = _file_part(view["root"])
+    objs, path_of = {}, {}
+    for p, leaf in walk(root):
+        if isinstance(leaf, TensorLeaf) and leaf.id not in objs:
+            objs[leaf.id], path_of[leaf.id] = view["tensors"][p], p
+    firsts = {tid: _state.empty_tensor(o.shape, o.dtype)[0] for tid, o in objs.items()}  # no memory touched yet
+    copies: dict = {}  # id(first tensor) -> the tensors that repeat it (leaves sharing an id, not a group)
+
+    def copy(t):
+        c = torch.empty_like(t)
+        copies.setdefault(id(t), []).append(c)
+        return c
+    state = _state.materialize(root, firsts, copy=copy)
+    if only is not None or strip_prefix is not None:
+        state = _files.select(state, only, strip_prefix)
+    written = {id(t): t for _, t in walk(state) if isinstance(t, torch.Tensor)}
+    source = {id(t): tid for tid, t in firsts.items()}
+    source.update({id(c): tid for tid, t in firsts.items() for c in copies.get(id(t), ())})
+    order = list(dict.fromkeys(source[k] for k in written))  # the tensors to read, as torch.save meets them
+    storages = {t.untyped_storage().data_ptr() for t in written.values() if t.nbytes}
+    filled, ready, failed, stop = set(), {ptr: threading.Event() for ptr in storages}, [], threading.Event()
+    total, done = sum(objs[tid].nbytes for tid in order), [0]
+
+    def fill():
+        try:
+            for group in batches(order, lambda tid: objs[tid].nbytes, STREAM_BYTES):
+                if stop.is_set():  # the writer failed: reading on is wasted
+                    return
+                repo.read_leaves(commit, [(path_of[tid], TensorLeaf(tid)) for tid in group],
+                                 into={tid: firsts[tid] for tid in group})
+                for tid in group:
+                    for c in copies.get(id(firsts[tid]), ()):
+                        c.copy_(firsts[tid])
+                    for t in (firsts[tid], *copies.get(id(firsts[tid]), ())):
+                        ptr = t.untyped_storage().data_ptr()
+                        filled.add(ptr)
+                        if ptr in ready:
+                            ready[ptr].set()
+                done[0] += sum(objs[tid].nbytes for tid in group)
+                if progress:
+                    progress(done[0], total)
+        except BaseException as exc:  # the writer raises it
+            failed.append(exc)
+        finally:
+            for event in ready.values():
+                event.set()
+
+    def wait(storage) -> None:
+        ptr = storage.data_ptr()
+        ready[ptr].wait()
+        if failed:
+            raise failed[0]
+        if ptr not in filled:  # never write bytes that were not read
+            raise BadInput("a streamed pt export met a tensor it did not read; export as safetensors")
+    if progress:
+        progress(0, total)
+    reader = threading.Thread(target=fill, name="mvc-export-read", daemon=True)
+    reader.start()
+    try:
+        out = _files.write_torch_streamed(path, force, state, wait, len(storages), write_progress)
+    finally:
+        stop.set()
+        reader.join()
+    if failed:
+        raise failed[0]
+    return Export(commit, out, "pt", 0, folder_files)
 
 
 def _export_folder(commit, state, path, fmt, force, only, strip_prefix, write_progress) -> Export:

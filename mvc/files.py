@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from .errors import BadInput
+from .errors import BadInput, MvcError
 from .traverse import format_path, walk
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -403,6 +403,72 @@ def _save_torch(f, state, progress) -> None:
         if isinstance(exc.__context__, OSError):
             raise exc.__context__ from None
         raise
+
+
+def _torch_internals():
+    """(open the zip writer, write the records) of torch.save, or None where
+    this torch's are not the ones ``write_torch_streamed`` was written for."""
+    import inspect
+    import torch.serialization as ts
+    save, opener = getattr(ts, "_save", None), getattr(ts, "_open_zipfile_writer", None)
+    try:
+        names = tuple(inspect.signature(save).parameters) if save is not None else ()
+    except (TypeError, ValueError):
+        return None
+    if opener is None or names != ("obj", "zip_file", "pickle_module", "pickle_protocol", "_disable_byteorder_record"):
+        return None
+    return opener, save
+
+
+def can_stream_torch() -> bool:
+    return _torch_internals() is not None
+
+
+class _ReadFirst:
+    """torch's zip writer, holding back each storage's record until ``wait(storage)``
+    says its bytes are in. Knows only ``write_record``: torch.save calling
+    anything else fails the export instead of writing bytes unread."""
+
+    def __init__(self, writer, wait: Callable):
+        self._writer, self._wait, self.storages = writer, wait, 0
+
+    def write_record(self, name, data, size):
+        import torch
+        if isinstance(data, (torch.UntypedStorage, torch.storage.TypedStorage)) and size:
+            self._wait(data)
+            self.storages += 1
+        return self._writer.write_record(name, data, size)
+
+    def __getattr__(self, name):
+        raise AttributeError(f"a streamed pt export does not know torch's zip writer call {name!r}")
+
+
+def write_torch_streamed(path, force: bool, state, wait: Callable, storages: int,
+                         progress: Optional[Callable[[int, int], None]] = None) -> Path:
+    """``torch.save`` of ``state`` while its tensors are still being read:
+    each storage's bytes are written once ``wait(storage)`` returns, in the
+    order torch.save writes them, so reading and writing overlap. The file
+    is byte for byte what torch.save makes of the filled state. ``storages``
+    is how many non-empty storages the state holds; a torch that writes
+    another number fails the export (nothing is written). Atomically, as
+    ``write_checkpoint``."""
+    import torch
+    import torch.serialization as ts
+    opener, save = _torch_internals()
+    total = sum(t.nbytes for _, t in walk(state) if isinstance(t, torch.Tensor))
+
+    def write(f):
+        if progress:
+            progress(0, total)
+        out = io.BufferedWriter(_CountingWriter(f, total, progress), PIECE)
+        with opener(out) as zip_file:
+            proxy = _ReadFirst(zip_file, wait)
+            save(state, proxy, pickle, ts.DEFAULT_PROTOCOL, False)  # torch.save's defaults
+        out.flush()
+        if proxy.storages != storages:
+            raise MvcError(f"torch wrote {proxy.storages} storages where the state has {storages}; "
+                           "export as safetensors, or with another torch")
+    return _atomic_write(path, force, write)
 
 
 def _safetensors_layout(flat: dict, metadata: Optional[dict]) -> tuple:

@@ -544,23 +544,29 @@ class Repository:
         """
         return _live_module().load_into(self, targets, rev)
 
-    def read_leaves(self, rev: str, leaves: list, progress=None) -> dict:
+    def read_leaves(self, rev: str, leaves: list, progress=None, into: Optional[dict] = None) -> dict:
         """{tensor id: CPU tensor} for (key path, TensorLeaf) pairs of commit
-        ``rev``, read and verified in a transaction of their own."""
+        ``rev``, read and verified in a transaction of their own; see ``read_tensors``."""
         with self.gc_lock.shared(), self.index.read() as txn:
-            return self.read_tensors(txn, leaves, self.refs.resolve(txn, rev), progress)
+            return self.read_tensors(txn, leaves, self.refs.resolve(txn, rev), progress, into)
 
-    def read_tensors(self, txn, leaves: list, commit_id: bytes, progress=None) -> dict:
+    def read_tensors(self, txn, leaves: list, commit_id: bytes, progress=None, into: Optional[dict] = None) -> dict:
         """{tensor id: CPU tensor} for (key path, TensorLeaf) pairs, read in threads and verified.
 
-        The caller holds ``gc_lock.shared()`` and the index transaction ``txn``.
+        ``into`` {tensor id: contiguous CPU tensor of the object's dtype and
+        shape} receives those tensors' bytes instead of new tensors. The
+        caller holds ``gc_lock.shared()`` and the index transaction ``txn``.
         """
         requests, out, scattered = [], {}, []
         for path, leaf in leaves:
             if leaf.id in out:
                 continue
             obj = self.objects.tensor(txn, leaf.id)
-            out[leaf.id], buffer = _state_module().empty_tensor(obj.shape, obj.dtype)
+            given = (into or {}).get(leaf.id)
+            if given is not None:
+                out[leaf.id], buffer = given, _state_module().buffer_of(given, obj.dtype, obj.shape, format_path(path))
+            else:
+                out[leaf.id], buffer = _state_module().empty_tensor(obj.shape, obj.dtype)
             what = f"tensor {format_path(path)!r} in commit {commit_id.hex()[:12]}"
             if obj.in_c_order:  # whole, or shards that are runs of rows: read straight into place
                 requests += [Request(cid, buffer[off:off + n], what) for cid, off, n in obj.chunk_spans()]

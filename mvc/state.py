@@ -101,6 +101,15 @@ def _copy_out(t: torch.Tensor) -> np.ndarray:
     return flat.numpy()
 
 
+def buffer_of(t: torch.Tensor, dtype_name: str, shape, where: str):
+    """The bytes of ``t`` as a writable 1-D uint8 array, to read a tensor of
+    ``dtype_name`` and ``shape`` into; BadInput if ``t`` cannot hold it."""
+    if (dtypes.name_of(t.dtype, where), tuple(t.shape)) != (dtype_name, tuple(shape)) or not t.is_contiguous() \
+            or t.device.type != "cpu":
+        raise BadInput(f"the tensor given for {where!r} is not a contiguous CPU {dtype_name} {list(shape)}")
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
 def empty_tensor(shape: tuple, dtype_name: str) -> tuple:
     """(tensor, its bytes as a writable 1-D uint8 array): a CPU tensor to load into.
 
@@ -246,16 +255,16 @@ def rebuild(node, leaf_fn: Callable, leaf_type=TensorLeaf) -> Any:
     return traverse.rebuild(node, leaf_fn, leaf_type)
 
 
-def materialize(root, tensors: dict, map_location=None):
+def materialize(root, tensors: dict, map_location=None, copy: Callable = torch.clone):
     """The state from its tree and {tensor id: tensor}.
 
     Leaves of one shared group get one tensor; other leaves with the same id
-    get their own copy, so changing one never changes another.
+    get their own ``copy`` of it, so changing one never changes another.
     """
     used, groups = set(), {}
 
     def take(tid):
-        tensor = tensors[tid].clone() if tid in used else tensors[tid]
+        tensor = copy(tensors[tid]) if tid in used else tensors[tid]
         used.add(tid)
         return tensor if map_location is None else tensor.to(map_location)
 

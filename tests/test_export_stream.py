@@ -1,10 +1,14 @@
-"""Safetensors exports stream: read in groups of STREAM_BYTES, one group ahead of the writer.
+"""Exports stream: tensors are read in groups of STREAM_BYTES while the file is written.
 
-With a tiny group size every path crosses many groups: the file must equal
-what safetensors' own writer makes of the loaded state, a damaged chunk in
-a later group fails the export and leaves no file, and a lazy clone's
-export fetches (and keeps) only what it writes.
+With a tiny group size every path crosses many groups. A safetensors file
+must hold what the loaded state holds; a pt file must be byte for byte what
+torch.save makes of the loaded state (tied tensors, repeated tensors, empty
+ones, plain values). A damaged chunk in a later group fails the export and
+leaves no file, and a lazy clone's export fetches (and keeps) only what it
+writes.
 """
+
+import io
 
 import pytest
 import torch
@@ -42,19 +46,50 @@ def test_a_streamed_export_holds_every_tensor_bit_for_bit(tmp_path, small_groups
         assert set(load_file(str(tmp_path / "m.safetensors"))) == {"l1.w", "l1.b", "l2.w", "l2.b"}
 
 
-def test_a_damaged_chunk_in_a_later_group_fails_and_writes_nothing(tmp_path, small_groups):
+def _torch_bytes(state) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def test_a_streamed_pt_export_is_what_torch_save_writes(tmp_path, small_groups):
+    shared = torch.randn(5, 7)
+    state = {**_state(), "tied": {"a": shared, "b": shared}, "empty": torch.empty(0, 3),
+             "again": [torch.ones(30), torch.ones(30)], "note": ("text", 2.5, None)}
+    with mvc.Repository.init(tmp_path / "r", chunk_size=64) as repo:
+        c = repo.commit(state, "s")
+        repo.export(c.id, tmp_path / "all.pt")
+        assert (tmp_path / "all.pt").read_bytes() == _torch_bytes(repo.load(c.id))
+        got = torch.load(tmp_path / "all.pt", weights_only=True)
+        assert got["tied"]["a"] is got["tied"]["b"] and got["again"][0] is not got["again"][1]
+        repo.export(c.id, tmp_path / "m.pt", only="model.l[12].*", strip_prefix="model.")
+        assert (tmp_path / "m.pt").read_bytes() == _torch_bytes(
+            mvc.files.select(repo.load(c.id), "model.l[12].*", "model."))
+
+
+def test_without_the_torch_internals_it_knows_a_pt_export_loads_then_saves(tmp_path, small_groups, monkeypatch):
+    monkeypatch.setattr(mvc.files, "_torch_internals", lambda: None)
+    with mvc.Repository.init(tmp_path / "r", chunk_size=64) as repo:
+        c = repo.commit(_state(), "s")
+        repo.export(c.id, tmp_path / "all.pt")
+        assert (tmp_path / "all.pt").read_bytes() == _torch_bytes(repo.load(c.id))
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_a_damaged_chunk_in_a_later_group_fails_and_writes_nothing(tmp_path, small_groups, suffix):
     with mvc.Repository.init(tmp_path / "r", chunk_size=64) as repo:
         c = repo.commit(_state(), "s")
         pack = next((repo.dir / "packs").glob("pack-*.pack"))
         last = max(read_trailer(pack), key=lambda entry: entry[1])  # the record written last
         flip_bit(pack, last[1] + last[2] - 1)
         with pytest.raises(mvc.ChecksumMismatch):
-            repo.export(c.id, tmp_path / "x.safetensors")
-    assert not (tmp_path / "x.safetensors").exists()
+            repo.export(c.id, tmp_path / f"x{suffix}")
+    assert not (tmp_path / f"x{suffix}").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".x")] == []
 
 
-def test_a_lazy_clone_exports_by_fetching_and_keeps_what_it_fetched(tmp_path, small_groups):
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_a_lazy_clone_exports_by_fetching_and_keeps_what_it_fetched(tmp_path, small_groups, suffix):
     with mvc.Repository.init(tmp_path / "r", chunk_size=64) as repo:
         repo.remote_add("origin", str(tmp_path / "remote"))
         c = repo.commit(_state(), "s", branch="main")
@@ -63,9 +98,10 @@ def test_a_lazy_clone_exports_by_fetching_and_keeps_what_it_fetched(tmp_path, sm
         everything = repo.status().chunks
     with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
         assert lazy.status().chunks == 0
-        lazy.export(c.id, tmp_path / "m.safetensors", only="model.*")
+        lazy.export(c.id, tmp_path / f"m{suffix}", only="model.*")
         kept = lazy.status().chunks
         assert 0 < kept < everything and lazy.fsck().ok  # the model's chunks, not the others
-    got = load_file(str(tmp_path / "m.safetensors"))
+    got = load_file(str(tmp_path / "m.safetensors")) if suffix == ".safetensors" else \
+        torch.load(tmp_path / "m.pt", weights_only=True)
     assert got.keys() == {k for k in want if k.startswith("model.")}
     assert all(torch.equal(got[k], want[k]) for k in got)

@@ -131,7 +131,11 @@ class Checkpointer:
     commit is then pushed to it in the background (pusher.py), never
     blocking ``step()``; a failed push warns once, is retried and sets
     ``push_error``, and training goes on. ``close()`` waits for the last
-    push (at most PUSH_CLOSE_S seconds).
+    push (at most PUSH_CLOSE_S seconds). A sharded (FSDP2) run whose
+    repository caches ``remote`` (a clone of it) saves through the remote
+    instead: every rank's ``path`` is its own host's clone, each rank
+    uploads its shards and rank 0 commits and pushes (sharded.py), so the
+    hosts share no filesystem.
     """
 
     def __init__(self, path=".", *, model=None, optimizer=None, scheduler=None, scaler=None,
@@ -207,6 +211,8 @@ class Checkpointer:
                 self.loader.close()  # the loader goes back as it was
             raise
         self.branch = distributed.share(self.branch)
+        # Sharded saves across hosts go through the remote the repository caches (rank 0 decides).
+        self._via = distributed.share(self._via_remote(remote) if self.root else None)
         self._static = {**contexts.machine(), **contexts.code()} if self.root else {}
         self._started = time.time()
         self.tracker = policies.Tracker(time.monotonic())
@@ -230,8 +236,12 @@ class Checkpointer:
         self.branch = branch
         self.repo.lock_branch(branch)
         self._locked = True
-        if remote is not None:
+        if remote is not None and not self._via_remote(remote):
             self._pusher = Pusher.of(self.repo, remote, branch)
+
+    def _via_remote(self, remote: Optional[str]) -> Optional[str]:
+        """``remote`` when this sharded run saves through it (its repository caches it), else None."""
+        return remote if self.sharded and remote is not None and self.repo.caches() == remote else None
 
     def _release(self) -> None:
         try:
@@ -396,9 +406,10 @@ class Checkpointer:
                       "metrics": metrics, "context": self._context(progress, obs)}
         path = self.repo.root if self.root else self._path
         if self._save_group is None:
-            self._sharded_landed(sharded.save(path, self.components, small, self.branch, record))
+            self._sharded_landed(sharded.save(path, self.components, small, self.branch, record, self._via))
             return
-        finish = sharded.start_save(path, self.components, small, self.branch, record, self._save_group)
+        finish = sharded.start_save(path, self.components, small, self.branch, record, self._save_group,
+                                    self._via)
         self._pending = _Save(lambda: self._sharded_landed(finish()), lambda: None)
 
     def _sharded_landed(self, commit: Optional[mvc.Commit]) -> None:
@@ -550,7 +561,7 @@ class Checkpointer:
     def _restore(self, state: dict, commit_id: str) -> None:
         """Load everything but the per-rank components (loaded already)."""
         if self.sharded:  # a collective: every rank reads its own shards, resharding
-            sharded.load(self.repo.root if self.root else self._path, self.components, commit_id)
+            sharded.load(self.repo.root if self.root else self._path, self.components, commit_id, self._via)
             sharded.others(self.components).load(state)
         else:
             self.components.load(state)

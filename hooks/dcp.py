@@ -328,12 +328,16 @@ class MvcStorageReader(_InRepository, StorageReader):
     Any commit loads: one made by ``MvcStorageWriter`` at any world size,
     or a plain ``Repository.commit`` (its keys joined with dots are the FQNs).
     Every rank reads only the chunks its own shards need, verified.
+    ``remote``: each rank fetches from this remote first (ranks on hosts
+    without a shared filesystem, each with a clone at ``path``), so ``rev``
+    may be a commit another host made; chunks come from the remote as needed.
     """
 
-    def __init__(self, path, rev: str = "HEAD"):
+    def __init__(self, path, rev: str = "HEAD", remote: Optional[str] = None):
         super().__init__()
         self.path = Path(path)
         self.rev = rev
+        self.remote = remote
         self.repo: Optional[mvc.Repository] = None
         self.view: Optional[dict] = None
         self.load_id = uuid.uuid4().hex
@@ -348,6 +352,8 @@ class MvcStorageReader(_InRepository, StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if self.repo is None:
             self.repo = mvc.Repository.open(self.path)
+        if self.remote is not None:
+            self.repo.fetch(self.remote)
         self.view = self.repo.sharded_view(self.rev)
         md, storage, self._where = _metadata(self.view)
         meta = self.view["dcp"] or {}

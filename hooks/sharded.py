@@ -8,7 +8,8 @@ through ``MvcStorageWriter`` / ``MvcStorageReader``: nothing is gathered
 on rank 0, and a resume reshards to any world size. The small parts
 (scheduler, scaler, RNG and sampler of every rank, progress, extra) are
 rank 0's, gathered and broadcast as for unsharded models. Every rank needs
-the repository's filesystem.
+the repository's filesystem, unless the run saves through a remote its
+repository caches: then every rank's path is its own host's clone.
 
 With ``async_save`` a save is ``dcp.async_save``: DCP copies this rank's
 shards to CPU memory at the step (its default stager), rank 0's small parts
@@ -61,10 +62,12 @@ def dcp_state(components) -> dict:
     return {"model": msd, "optimizer": osd} if opt is not None else {"model": msd}
 
 
-def save(path, components, small: Optional[dict], branch: str, record: Optional[dict]) -> Optional[mvc.Commit]:
+def save(path, components, small: Optional[dict], branch: str, record: Optional[dict],
+         remote: Optional[str] = None) -> Optional[mvc.Commit]:
     """Save on every rank (a collective): rank 0 passes ``small`` (the rest of
-    the checkpoint) and ``record``; the commit, on rank 0."""
-    state, writer = _prepare(path, components, small, branch, record)
+    the checkpoint) and ``record``; the commit, on rank 0. ``remote``: save
+    through it, each rank from its own clone at ``path`` (MvcStorageWriter)."""
+    state, writer = _prepare(path, components, small, branch, record, remote)
     try:
         dcp.save(state, storage_writer=writer)
     finally:
@@ -73,7 +76,7 @@ def save(path, components, small: Optional[dict], branch: str, record: Optional[
 
 
 def start_save(path, components, small: Optional[dict], branch: str, record: Optional[dict],
-               group) -> Callable[[], Optional[mvc.Commit]]:
+               group, remote: Optional[str] = None) -> Callable[[], Optional[mvc.Commit]]:
     """``save`` in the background (a collective on every rank, over ``group``).
 
     Returns once this rank's shards are copied; the function it returns
@@ -81,7 +84,7 @@ def start_save(path, components, small: Optional[dict], branch: str, record: Opt
     """
     if small is not None:  # the training loop goes on changing these
         small = copy.deepcopy({k: v for k, v in small.items() if k not in SHARDED})
-    state, writer = _prepare(path, components, small, branch, record)
+    state, writer = _prepare(path, components, small, branch, record, remote)
     try:
         future = dcp.async_save(state, storage_writer=writer, process_group=group)
     except BaseException:
@@ -102,21 +105,24 @@ def save_group():
     return dist.new_group(backend="gloo")
 
 
-def _prepare(path, components, small: Optional[dict], branch: str, record: Optional[dict]) -> tuple:
+def _prepare(path, components, small: Optional[dict], branch: str, record: Optional[dict],
+             remote: Optional[str]) -> tuple:
     state = dcp_state(components)
     if small is not None:
         state.update({k: v for k, v in small.items() if k not in SHARDED})
     record = record or {}
     writer = MvcStorageWriter(path, branch=branch, message=record.get("message", ""), step=record.get("step"),
-                              metrics=record.get("metrics"), epoch=record.get("epoch"), context=record.get("context"))
+                              metrics=record.get("metrics"), epoch=record.get("epoch"), context=record.get("context"),
+                              remote=remote)
     return state, writer
 
 
-def load(path, components, commit: str) -> None:
-    """Load the model and optimizer shards of ``commit`` on every rank (a collective), resharding."""
+def load(path, components, commit: str, remote: Optional[str] = None) -> None:
+    """Load the model and optimizer shards of ``commit`` on every rank (a collective), resharding;
+    with ``remote``, each rank fetches first (MvcStorageReader)."""
     model, opt = _parts(components)
     state = dcp_state(components)
-    reader = MvcStorageReader(path, rev=commit)
+    reader = MvcStorageReader(path, rev=commit, remote=remote)
     try:
         dcp.load(state, storage_reader=reader)
     finally:

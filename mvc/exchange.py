@@ -16,10 +16,11 @@ from pathlib import Path
 from . import dtypes
 from . import files as _files
 from . import folders as _folders
-from .errors import BadInput
+from .errors import BadInput, MvcError
 from .objects import TensorLeaf
 from .records import Export
 from .store.chunks import batches
+from .traverse import walk
 
 # A safetensors export reads this many tensor bytes at a time, one group
 # ahead of the writer: reading (from packs, or fetching from a remote) and
@@ -145,12 +146,9 @@ def _export_pt(repo, commit: str, path, force: bool, only, strip_prefix, progres
     the state is built of empty tensors, a reader fills them group by group
     (each verified), and torch.save writes each storage as soon as it is
     filled, so reading and writing overlap (``files.write_torch_streamed``)."""
-    import threading
-
     import torch
 
     from . import state as _state
-    from .traverse import walk
     view = repo.sharded_view(commit)
     root, folder_files = _file_part(view["root"])
     objs, path_of = {}, {}
@@ -158,66 +156,90 @@ def _export_pt(repo, commit: str, path, force: bool, only, strip_prefix, progres
         if isinstance(leaf, TensorLeaf) and leaf.id not in objs:
             objs[leaf.id], path_of[leaf.id] = view["tensors"][p], p
     firsts = {tid: _state.empty_tensor(o.shape, o.dtype)[0] for tid, o in objs.items()}  # no memory touched yet
-    copies: dict = {}  # id(first tensor) -> the tensors that repeat it (leaves sharing an id, not a group)
+    source = {id(t): tid for tid, t in firsts.items()}  # id(tensor) -> the tensor id its bytes are
+    copies: dict = {}  # tensor id -> the tensors of leaves that repeat it (not one group)
 
     def copy(t):
         c = torch.empty_like(t)
-        copies.setdefault(id(t), []).append(c)
+        copies.setdefault(source[id(t)], []).append(c)
+        source[id(c)] = source[id(t)]
         return c
     state = _state.materialize(root, firsts, copy=copy)
     if only is not None or strip_prefix is not None:
         state = _files.select(state, only, strip_prefix)
-    written = {id(t): t for _, t in walk(state) if isinstance(t, torch.Tensor)}
-    source = {id(t): tid for tid, t in firsts.items()}
-    source.update({id(c): tid for tid, t in firsts.items() for c in copies.get(id(t), ())})
-    order = list(dict.fromkeys(source[k] for k in written))  # the tensors to read, as torch.save meets them
-    storages = {t.untyped_storage().data_ptr() for t in written.values() if t.nbytes}
-    filled, ready, failed, stop = set(), {ptr: threading.Event() for ptr in storages}, [], threading.Event()
-    total, done = sum(objs[tid].nbytes for tid in order), [0]
+    written = [t for _, t in walk(state) if isinstance(t, torch.Tensor)]
+    order = list(dict.fromkeys(source[id(t)] for t in written))  # what to read, as torch.save meets it
+    storages = {t.untyped_storage().data_ptr() for t in written if t.nbytes}
+    filler = _Filler(repo, commit, [(tid, path_of[tid], objs[tid].nbytes) for tid in order], firsts, copies,
+                     storages, progress)
+    filler.start()
+    try:
+        out = _files.write_torch_streamed(path, force, state, filler.wait, len(storages), write_progress)
+    finally:
+        filler.stop()
+    return Export(commit, out, "pt", 0, folder_files)
 
-    def fill():
+
+class _Filler:
+    """Reads tensors into the empty ones of a streamed pt export, group by
+    group, in a thread of its own; ``wait(storage)`` returns once that
+    storage holds its verified bytes, and raises the reader's error."""
+
+    def __init__(self, repo, commit: str, todo: list, firsts: dict, copies: dict, storages: set, progress):
+        import threading
+        self.repo, self.commit, self.todo, self.firsts, self.copies = repo, commit, todo, firsts, copies
+        self.progress, self.total = progress, sum(n for _, _, n in todo)
+        self.ready = {ptr: threading.Event() for ptr in storages}
+        self.filled, self.failed, self.stopped = set(), [], threading.Event()
+        self.thread = threading.Thread(target=self._run, name="mvc-export-read", daemon=True)
+
+    def start(self) -> None:
+        if self.progress:
+            self.progress(0, self.total)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop after the group being read (the writer is done or failed), and wait for it."""
+        self.stopped.set()
+        self.thread.join()
+
+    def wait(self, storage) -> None:
+        ptr = storage.data_ptr()
+        event = self.ready.get(ptr)
+        if event is not None:
+            event.wait()
+        if self.failed:
+            raise self.failed[0]
+        if ptr not in self.filled:  # never write bytes that were not read
+            raise MvcError("a streamed pt export met a storage it did not read (a bug; please report it)")
+
+    def _run(self) -> None:
+        done = 0
         try:
-            for group in batches(order, lambda tid: objs[tid].nbytes, STREAM_BYTES):
-                if stop.is_set():  # the writer failed: reading on is wasted
+            for group in batches(self.todo, lambda item: item[2], STREAM_BYTES):
+                if self.stopped.is_set():
                     return
-                repo.read_leaves(commit, [(path_of[tid], TensorLeaf(tid)) for tid in group],
-                                 into={tid: firsts[tid] for tid in group})
-                for tid in group:
-                    for c in copies.get(id(firsts[tid]), ()):
-                        c.copy_(firsts[tid])
-                    for t in (firsts[tid], *copies.get(id(firsts[tid]), ())):
-                        ptr = t.untyped_storage().data_ptr()
-                        filled.add(ptr)
-                        if ptr in ready:
-                            ready[ptr].set()
-                done[0] += sum(objs[tid].nbytes for tid in group)
-                if progress:
-                    progress(done[0], total)
-        except BaseException as exc:  # the writer raises it
-            failed.append(exc)
+                tids = [tid for tid, _, _ in group]
+                self.repo.read_leaves(self.commit, [(p, TensorLeaf(tid)) for tid, p, _ in group],
+                                      into={tid: self.firsts[tid] for tid in tids})
+                for tid in tids:
+                    for c in self.copies.get(tid, ()):
+                        c.copy_(self.firsts[tid])
+                    for t in (self.firsts[tid], *self.copies.get(tid, ())):
+                        self._done(t.untyped_storage().data_ptr())
+                done += sum(n for _, _, n in group)
+                if self.progress:
+                    self.progress(done, self.total)
+        except BaseException as exc:  # handed to the writer by wait()
+            self.failed.append(exc)
         finally:
-            for event in ready.values():
+            for event in self.ready.values():
                 event.set()
 
-    def wait(storage) -> None:
-        ptr = storage.data_ptr()
-        ready[ptr].wait()
-        if failed:
-            raise failed[0]
-        if ptr not in filled:  # never write bytes that were not read
-            raise BadInput("a streamed pt export met a tensor it did not read; export as safetensors")
-    if progress:
-        progress(0, total)
-    reader = threading.Thread(target=fill, name="mvc-export-read", daemon=True)
-    reader.start()
-    try:
-        out = _files.write_torch_streamed(path, force, state, wait, len(storages), write_progress)
-    finally:
-        stop.set()
-        reader.join()
-    if failed:
-        raise failed[0]
-    return Export(commit, out, "pt", 0, folder_files)
+    def _done(self, ptr: int) -> None:
+        self.filled.add(ptr)
+        if ptr in self.ready:
+            self.ready[ptr].set()
 
 
 def _export_folder(commit, state, path, fmt, force, only, strip_prefix, write_progress) -> Export:

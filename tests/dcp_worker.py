@@ -13,12 +13,18 @@ Scenarios:
 - ``kill``: like ``save``, but rank 1 SIGKILLs itself once a pack is being written.
 - ``remote``: like ``save``, but no rank shares a repository: rank N saves
   through its own clone ROOT/hostN of remote "origin" (``remote="origin"``);
-  rank 0 writes ROOT/remote-ref-N.pt and ROOT/remote-N.json.
+  rank 0 writes ROOT/remote-ref-N.pt and ROOT/remote-N.json; then every rank
+  loads ``origin/REV`` into another model through its own clone
+  (``MvcStorageReader(remote="origin")``), rank 0 writes ROOT/remote-loaded.pt.
 - ``remote-kill``: like ``remote``, but rank 1 SIGKILLs itself as it starts
   uploading its pack.
 - ``ckpt``: a Checkpointer commits step 0 of the FSDP2 model (branch REV) in
   the background while the next step trains; rank 0 writes ROOT/ckpt-ref.pt
   (the full state and this rank's RNG state at step 0).
+- ``ckpt-remote``: like ``ckpt`` with no shared repository: rank N's
+  Checkpointer path is its own clone ROOT/hostN of remote "origin"; then a
+  new run resumes it on the same hosts. Rank 0 writes
+  ROOT/ckpt-remote-ref.pt and ROOT/ckpt-remote-resumed.pt.
 - ``resume``: a new run resumes branch REV (reshard=True when WORLD differs
   from 2); rank 0 writes ROOT/resumed-WORLD.pt.
 """
@@ -133,6 +139,16 @@ def main(scenario: str, rank: int, world: int, root: Path, rev: str) -> None:
                     (root / f"remote-{n}.json").write_text(json.dumps(
                         {"id": writer.last_commit.id, "chunks_new": s.chunks_new, "tensors": s.tensors}))
                 writer.close()
+            # Every host loads what rank 0 committed and pushed, fetching it first.
+            other, other_opt = build(world, seed=7)
+            train_step(other, other_opt, seed=3)
+            loaded = state_of(other, other_opt)
+            dcp.load(loaded, storage_reader=MvcStorageReader(root / f"host{rank}", rev="origin/" + rev,
+                                                             remote="origin"))
+            set_state_dict(other, other_opt, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+            back = full_state(other, other_opt)
+            if rank == 0:
+                torch.save(back, root / "remote-loaded.pt")
         elif scenario == "load":
             model, opt = build(world, seed=7)  # other weights: the load must replace every one
             train_step(model, opt, seed=3)  # the optimizer must have state to load into
@@ -163,6 +179,26 @@ def main(scenario: str, rank: int, world: int, root: Path, rev: str) -> None:
                 if rank == 0:
                     full["commit"] = commit.id
                     torch.save(full, root / "ckpt-ref.pt")
+        elif scenario == "ckpt-remote":  # no shared repository: each rank's Checkpointer path is its own clone
+            host = root / f"host{rank}"
+            model, opt = build(world, seed=0)
+            train_step(model, opt, seed=1)
+            with Checkpointer(host, model=model, optimizer=opt, branch=rev, every_n_steps=1,
+                              remote="origin") as ckpt:
+                full = copy.deepcopy(full_state(model, opt))
+                ckpt.step(0, loss=1.0)
+                commit = ckpt.wait()
+                if rank == 0:
+                    full["commit"] = commit.id
+                    torch.save(full, root / "ckpt-remote-ref.pt")
+            model, opt = build(world, seed=9)  # a new run on the same hosts resumes it
+            train_step(model, opt, seed=4)
+            with Checkpointer(host, model=model, optimizer=opt, branch=rev, every_n_steps=1,
+                              remote="origin") as ckpt:
+                assert ckpt.resume() == 1
+                full = full_state(model, opt)
+                if rank == 0:
+                    torch.save(full, root / "ckpt-remote-resumed.pt")
         elif scenario == "resume":
             model, opt = build(world, seed=9)
             train_step(model, opt, seed=4)

@@ -179,6 +179,23 @@ def test_ranks_without_a_shared_repository_save_through_the_remote(tmp_path, s3_
     want = torch.load(tmp_path / "remote-ref-2.pt", weights_only=True)
     same(want["model"], got["model"], "model")
     same(want["optim"]["state"], got["optim"]["state"], "optim.state")
+    back = torch.load(tmp_path / "remote-loaded.pt", weights_only=True)  # loaded on both hosts through DCP
+    same(want["model"], back["model"], "model")
+    same(want["optim"], back["optim"], "optim")
+
+
+def test_a_checkpointer_on_hosts_sharing_no_repository_saves_and_resumes_through_the_remote(tmp_path, s3_server,
+                                                                                          s3_url):
+    url = s3_url("ckpt")
+    _hosts(tmp_path, s3_server, url)
+    assert launch("ckpt-remote", 2, tmp_path, rev="run") == [0, 0]
+    want = torch.load(tmp_path / "ckpt-remote-ref.pt", weights_only=True)
+    got = torch.load(tmp_path / "ckpt-remote-resumed.pt", weights_only=True)
+    same(want["model"], got["model"], "model")
+    same(want["optim"], got["optim"], "optim")
+    with mvc.Repository.clone(url, tmp_path / "eval", lazy=True, endpoint_url=s3_server.endpoint) as clone:
+        assert clone.resolve("origin/run") == want["commit"]
+        assert clone.fsck().ok
 
 
 @pytest.mark.slow

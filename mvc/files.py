@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from .errors import BadInput, MvcError
+from .store.fs import WRITEBACK_BYTES, start_writeback
 from .traverse import format_path, walk
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -341,7 +342,7 @@ def atomic_file(target: Path, force: bool):
                 os.fchmod(fd, mode)  # the umask may have cleared bits the old file had
             with os.fdopen(fd, "wb", buffering=0) as f:
                 fd = None
-                yield f
+                yield _EarlyWriteback(f)
                 os.fsync(f.fileno())
         finally:
             if fd is not None:
@@ -355,6 +356,26 @@ def atomic_file(target: Path, force: bool):
             os.unlink(tmp)
         except OSError:  # never made (a read-only folder), or already renamed
             pass
+
+
+class _EarlyWriteback:
+    """An unbuffered file whose bytes start going to disk every WRITEBACK_BYTES
+    as they are written (``store.fs.start_writeback``), so the fsync at the
+    end finds little left to write."""
+
+    def __init__(self, f):
+        self.f, self.offset, self.started = f, 0, 0
+
+    def write(self, data) -> int:
+        n = self.f.write(data)
+        self.offset += n
+        if self.offset - self.started >= WRITEBACK_BYTES:
+            start_writeback(self.f.fileno(), self.started, self.offset - self.started)
+            self.started = self.offset
+        return n
+
+    def __getattr__(self, name):  # flush, fileno, ...: the file's own
+        return getattr(self.f, name)
 
 
 def _publish(tmp: Path, target: Path, force: bool) -> None:

@@ -33,7 +33,7 @@ from typing import Iterator, Optional
 
 from .. import hashing
 from ..errors import CorruptObject
-from .fs import fsync_dir, open_file
+from .fs import WRITEBACK_BYTES, fsync_dir, open_file, start_writeback
 
 HEADER = b"MVCPACK1"
 HEADER_V2 = b"MVCPACK2"
@@ -117,7 +117,7 @@ class PackWriter:
         self.name = secrets.token_bytes(NAME_BYTES)
         self.tmp_path = self.directory / (pack_filename(self.name) + ".tmp")
         self.fd = open_file(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        self.offset = 0
+        self.offset = self._written_back = 0
         self.entries: list = []
         try:
             self._write([HEADER_V2 if version == 2 else HEADER])
@@ -132,6 +132,9 @@ class PackWriter:
             rest = b"".join(bytes(b) for b in buffers)[written:]
             written += os.write(self.fd, rest)
         self.offset += total
+        if self.offset - self._written_back >= WRITEBACK_BYTES:
+            start_writeback(self.fd, self._written_back, self.offset - self._written_back)
+            self._written_back = self.offset
 
     def add(self, chunk_id: bytes, data, kind: int = 0, size: int = -1, depth: int = 0,
             base: Optional[bytes] = None) -> Location:

@@ -215,8 +215,8 @@ def measure(name: str, build, scale: float, ckpts: int, work: Path) -> dict:
     return dict(name=name, torch=torch_bytes, raw=raw_packs, dense=dense_packs, bound=bound,
                 commit=sum(commit_s[1:]) / sum(save_s[1:]), first_commit=commit_s[0] / save_s[0],
                 encode_at_commit=(commit_s[-1] + encode_s) / save_s[-1], repack_s=repack_s,
-                load=load_mvc / load_torch, load_raw=load_raw / load_torch0, switch=switch / load_torch, deltas=report.deltas, grouped=report.grouped,
-                entropy=entropy)
+                load=load_mvc / load_torch, load_raw=load_raw / load_torch0, switch=switch / load_torch,
+                deltas=report.deltas, grouped=report.grouped, entropy=entropy)
 
 
 def _plane_entropy(tensors: list) -> float:

@@ -63,6 +63,32 @@ def _open_or_init(path, chunk_size: Optional[int]) -> mvc.Repository:
         return mvc.Repository.init(path, chunk_size=chunk_size)
 
 
+def open_run(path, chunk_size: Optional[int], branch: str, remote: Optional[str]) -> tuple:
+    """(repository, Pusher or None) for a training callback's run: the
+    repository opened or created, ``remote`` checked, ``branch`` locked.
+    Nothing stays open if any of it fails."""
+    repo = _open_or_init(path, chunk_size)
+    try:
+        pusher = None if remote is None else Pusher.of(repo, remote, branch)
+        repo.lock_branch(branch)
+    except BaseException:
+        repo.close()
+        raise
+    return repo, pusher
+
+
+def close_run(repo: mvc.Repository, branch: str, pusher: Optional[Pusher]) -> None:
+    """Wait for the last push (at most PUSH_CLOSE_S), unlock ``branch`` and close ``repo``."""
+    try:
+        if pusher is not None:
+            pusher.close(PUSH_CLOSE_S)
+    finally:
+        try:
+            repo.unlock_branch(branch)
+        finally:
+            repo.close()
+
+
 def _raise_together(error: Optional[BaseException]) -> None:
     """Raise an error of any rank on every rank (collective), so none waits forever.
 

@@ -36,7 +36,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import mvc
 
 from . import distributed, rng
-from .checkpointer import PUSH_CLOSE_S, _open_or_init
+from .checkpointer import close_run, open_run
 from .pusher import Pusher
 
 PREFIX = "mvc:"
@@ -111,28 +111,14 @@ class MvcCheckpoint(ModelCheckpoint):
         if not isinstance(io, _MvcCheckpointIO):
             trainer.strategy.checkpoint_io = _MvcCheckpointIO(self, io)
         if trainer.is_global_zero and stage == "fit" and self.repo is None:
-            self.repo = _open_or_init(self.repo_path, self.chunk_size)
-            try:
-                self._pusher = None if self.remote is None else Pusher.of(self.repo, self.remote, self.branch)
-                self.repo.lock_branch(self.branch)
-            except BaseException:
-                self.repo.close()
-                self.repo = None
-                raise
+            self.repo, self._pusher = open_run(self.repo_path, self.chunk_size, self.branch, self.remote)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
         self._fit_started = False
         if self.repo is not None:
-            try:
-                if self._pusher is not None:
-                    self._pusher.close(PUSH_CLOSE_S)
-            finally:
-                try:
-                    self.repo.unlock_branch(self.branch)
-                finally:
-                    self.repo.close()
-                    self.repo = None
+            repo, self.repo = self.repo, None
+            close_run(repo, self.branch, self._pusher)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)

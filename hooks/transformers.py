@@ -37,7 +37,7 @@ from transformers import TrainerCallback
 import mvc
 
 from . import distributed, rng
-from .checkpointer import PUSH_CLOSE_S, _open_or_init
+from .checkpointer import close_run, open_run
 from .pusher import Pusher
 from .state import unwrap
 
@@ -76,26 +76,12 @@ class MvcCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero and self.repo is None:
-            self.repo = _open_or_init(self.repo_path, self.chunk_size)
-            try:
-                self._pusher = None if self.remote is None else Pusher.of(self.repo, self.remote, self.branch)
-                self.repo.lock_branch(self.branch)
-            except BaseException:
-                self.repo.close()
-                self.repo = None
-                raise
+            self.repo, self._pusher = open_run(self.repo_path, self.chunk_size, self.branch, self.remote)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.repo is not None:
-            try:
-                if self._pusher is not None:
-                    self._pusher.close(PUSH_CLOSE_S)
-            finally:
-                try:
-                    self.repo.unlock_branch(self.branch)
-                finally:
-                    self.repo.close()
-                    self.repo = None
+            repo, self.repo = self.repo, None
+            close_run(repo, self.branch, self._pusher)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._pusher is not None:

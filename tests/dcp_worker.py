@@ -98,6 +98,40 @@ def kill_when_writing(root: Path) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def checkpoint_and_train_on(path, world: int, rank: int, rev: str, out: Path, **kwargs) -> None:
+    """A Checkpointer commits step 0 in the background while the next step trains; rank 0
+    writes ``out``: the full state and its RNG state at step 0, and the commit's id."""
+    model, opt = build(world, seed=0)
+    train_step(model, opt, seed=1)
+    torch.manual_seed(50 + rank)
+    with Checkpointer(path, model=model, optimizer=opt, branch=rev, every_n_steps=1, **kwargs) as ckpt:
+        assert ckpt.sharded and ckpt.async_save
+        # A collective: every rank takes part. Copied: a full state dict may
+        # share tensors with the optimizer (its "step"), which trains on.
+        full = copy.deepcopy(full_state(model, opt))
+        full["rng"] = torch.get_rng_state()
+        ckpt.step(0, loss=1.0)  # returns once the shards are copied; the commit lands later
+        # Training goes on while the save runs (its collectives on a group of
+        # their own) and moves every trainable weight: the commit must not see it.
+        train_step(model, opt, seed=2)
+        commit = ckpt.wait()
+        if rank == 0:
+            full["commit"] = commit.id
+            torch.save(full, out)
+
+
+def resume(path, world: int, rank: int, rev: str, out: Path, reshard: bool, **kwargs) -> None:
+    """A new run (other weights) resumes branch ``rev``; rank 0 writes ``out``: its full state and RNG state."""
+    model, opt = build(world, seed=9)
+    train_step(model, opt, seed=4)
+    with Checkpointer(path, model=model, optimizer=opt, branch=rev, every_n_steps=1, **kwargs) as ckpt:
+        assert ckpt.resume(reshard=reshard) == 1
+        full = full_state(model, opt)
+        if rank == 0:
+            full["rng"] = torch.get_rng_state()
+            torch.save(full, out)
+
+
 def main(scenario: str, rank: int, world: int, root: Path, rev: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{root / f'rendezvous-{scenario}-{world}'}",
@@ -162,52 +196,13 @@ def main(scenario: str, rank: int, world: int, root: Path, rev: str) -> None:
                 full["plain"], full["meta"] = state["plain"], state["meta"]
                 torch.save(full, root / f"loaded-{world}.pt")
         elif scenario == "ckpt":
-            model, opt = build(world, seed=0)
-            train_step(model, opt, seed=1)
-            torch.manual_seed(50 + rank)
-            with Checkpointer(repo, model=model, optimizer=opt, branch=rev, every_n_steps=1) as ckpt:
-                assert ckpt.sharded and ckpt.async_save
-                # A collective: every rank takes part. Copied: a full state dict may
-                # share tensors with the optimizer (its "step"), which trains on.
-                full = copy.deepcopy(full_state(model, opt))
-                full["rng"] = torch.get_rng_state()
-                ckpt.step(0, loss=1.0)  # returns once the shards are copied; the commit lands later
-                # Training goes on while the save runs (its collectives on a group of
-                # their own) and moves every trainable weight: the commit must not see it.
-                train_step(model, opt, seed=2)
-                commit = ckpt.wait()
-                if rank == 0:
-                    full["commit"] = commit.id
-                    torch.save(full, root / "ckpt-ref.pt")
+            checkpoint_and_train_on(repo, world, rank, rev, root / "ckpt-ref.pt")
         elif scenario == "ckpt-remote":  # no shared repository: each rank's Checkpointer path is its own clone
             host = root / f"host{rank}"
-            model, opt = build(world, seed=0)
-            train_step(model, opt, seed=1)
-            with Checkpointer(host, model=model, optimizer=opt, branch=rev, every_n_steps=1,
-                              remote="origin") as ckpt:
-                full = copy.deepcopy(full_state(model, opt))
-                ckpt.step(0, loss=1.0)
-                commit = ckpt.wait()
-                if rank == 0:
-                    full["commit"] = commit.id
-                    torch.save(full, root / "ckpt-remote-ref.pt")
-            model, opt = build(world, seed=9)  # a new run on the same hosts resumes it
-            train_step(model, opt, seed=4)
-            with Checkpointer(host, model=model, optimizer=opt, branch=rev, every_n_steps=1,
-                              remote="origin") as ckpt:
-                assert ckpt.resume() == 1
-                full = full_state(model, opt)
-                if rank == 0:
-                    torch.save(full, root / "ckpt-remote-resumed.pt")
+            checkpoint_and_train_on(host, world, rank, rev, root / "ckpt-remote-ref.pt", remote="origin")
+            resume(host, world, rank, rev, root / "ckpt-remote-resumed.pt", reshard=False, remote="origin")
         elif scenario == "resume":
-            model, opt = build(world, seed=9)
-            train_step(model, opt, seed=4)
-            with Checkpointer(repo, model=model, optimizer=opt, branch=rev, every_n_steps=1) as ckpt:
-                assert ckpt.resume(reshard=world != 2) == 1
-                full = full_state(model, opt)
-                if rank == 0:
-                    full["rng"] = torch.get_rng_state()
-                    torch.save(full, root / f"resumed-{world}.pt")
+            resume(repo, world, rank, rev, root / f"resumed-{world}.pt", reshard=world != 2)
         dist.barrier()
 
 

@@ -16,6 +16,15 @@ Vocabulary:
   store and verified. A write of any kind since the last load (autograd,
   ``.data``, a numpy view, DLPack, another thread) changes the bytes and so
   the fingerprint: ``_version`` counters are never trusted.
+- **the caller's promise** (``check_live=False``): the caller states that no
+  write bypassed torch's version counter since mvc last loaded the tensor
+  (no ``.data`` writes, numpy views or DLPack; an evaluation loop that only
+  reads the weights). Then a chunk is known on its record's id alone when
+  the tensor's ``_version`` is the one recorded after that load, and no live
+  byte is read. A tensor whose counter moved (any ordinary in-place op, an
+  optimizer step), one last seen by a commit rather than a load, and an
+  inference tensor (no counter) are checked by fingerprint as above. The
+  promise is the caller's: mvc cannot see the writes it excludes.
 
 Every check (keys, dtypes, shapes) runs before the first byte is written,
 and every chunk is read and verified before any live tensor changes, so a
@@ -54,6 +63,15 @@ class _Record:
     chunk_size: int
     chunks: tuple  # chunk ids the tensor's chunks last received
     fingerprints: tuple  # fingerprints of those chunks' verified bytes
+    version: int = -1  # the tensor's _version then (-1: unknown); trusted only on the caller's promise
+
+
+def version_of(t: torch.Tensor) -> int:
+    """``t._version``, or -1 for a tensor without a version counter (made under inference mode)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
 
 
 class LiveRecords:
@@ -106,6 +124,7 @@ def remember(records: "LiveRecords", slots: list, prints: dict, chunk_size: int)
     for slot in slots:
         fps = prints.get(id(slot))
         if fps is not None and len(fps) == len(slot.chunks):
+            # no version: the bytes were fingerprinted before now, and a write in between would be missed
             records.put(slot.tensor, _Record(chunk_size, tuple(slot.chunks), tuple(fps)))
 
 
@@ -201,8 +220,9 @@ def _at(root, path: tuple, commit: str):
     return node
 
 
-def load_into(repo, targets, rev: str) -> Switch:
-    """Update the live tensors in ``targets`` in place to commit ``rev``; see the module doc.
+def load_into(repo, targets, rev: str, check_live: bool = True) -> Switch:
+    """Update the live tensors in ``targets`` in place to commit ``rev``; see the
+    module doc (``check_live=False`` is the caller's promise).
 
     Raises BadInput (a key the commit lacks, a dtype or shape mismatch, a
     tensor where the commit has a value or the other way round) and
@@ -232,7 +252,7 @@ def load_into(repo, targets, rev: str) -> Switch:
             plan.append(target)
         new_values = _values(tree.root, values, commit)
         saved = _owner_states(tree.root, owners, commit, txn, repo)
-        _plan_reads(repo.live, plan)
+        _plan_reads(repo.live, plan, check_live)
         scratch = _read(repo, txn, plan, commit)
     return _apply(repo.live, plan, scratch, new_values, saved, targets, owners, commit, len(tensors))
 
@@ -284,16 +304,18 @@ def _collect_paths(node, path: tuple, out: set) -> None:
         out.add(path)
 
 
-def _plan_reads(records: LiveRecords, plan: list) -> None:
+def _plan_reads(records: LiveRecords, plan: list, check_live: bool = True) -> None:
     """Which chunks of each target must be read: all but those known to hold the commit's ids.
 
     A chunk is known when the id last loaded into it is the commit's and its
     bytes still fingerprint as they did then (the caller may have written to
-    the tensor since, by any means). One fingerprint pass covers all targets."""
+    the tensor since, by any means), or, on the caller's promise
+    (``check_live=False``), when the tensor's version counter has not moved
+    since. One fingerprint pass covers all targets."""
     checks = []  # (target, chunk index, the live bytes)
+    promised: dict = {}  # id(target) -> chunk indexes known on the caller's promise
     for target in plan:
         spans = list(target.obj.chunk_spans())
-        target.bytes = states.tensor_bytes(target.live)
         target.need = [(i, cid, off, n) for i, (cid, off, n) in enumerate(spans)]
         record = records.get(target.live)
         if not target.obj.in_c_order:  # shards cut by columns: the stream is not the tensor's byte order, read it all
@@ -301,10 +323,17 @@ def _plan_reads(records: LiveRecords, plan: list) -> None:
         if record is None or record.chunk_size != target.obj.chunk_size or len(record.chunks) != len(spans):
             continue
         target.record = record
+        same = [i for i, (cid, _, _) in enumerate(spans) if record.chunks[i] == cid]
+        if not check_live and record.version == version_of(target.live) >= 0:
+            promised[id(target)] = set(same)
+            continue
+        target.bytes = states.tensor_bytes(target.live)  # a copy unless contiguous on the CPU
         view = memoryview(target.bytes).cast("B")
-        checks += [(target, i, view[off:off + n]) for i, (cid, off, n) in enumerate(spans) if record.chunks[i] == cid]
+        for i in same:
+            _, off, n = spans[i]
+            checks.append((target, i, view[off:off + n]))
     now = fingerprint.many([piece for _, _, piece in checks], THREADS)
-    known: dict = {}
+    known: dict = promised
     for (target, i, _), fp in zip(checks, now):
         if fp == target.record.fingerprints[i]:
             known.setdefault(id(target), set()).add(i)
@@ -341,6 +370,8 @@ def _apply(records: LiveRecords, plan: list, scratch: dict, new_values: list, sa
         prints = list(target.record.fingerprints) if target.record else [b""] * len(target.obj.chunks)
         if got is not None:
             data, items = got
+            if target.bytes is None:
+                target.bytes = states.tensor_bytes(target.live)
             raw = target.bytes  # a view of the live tensor when it is contiguous on the CPU, else a copy
             if not target.obj.in_c_order:  # the whole stream was read, in order: copy each shard into its box
                 whole = torch.from_numpy(raw).view(target.live.dtype).reshape(target.live.shape)
@@ -359,7 +390,8 @@ def _apply(records: LiveRecords, plan: list, scratch: dict, new_values: list, sa
             chunks_read += len(items)
             bytes_read += sum(n for _, _, _, n, _ in items)
         skipped += target.obj.nbytes - (sum(n for _, _, _, n, _ in got[1]) if got else 0)
-        records.put(target.live, _Record(target.obj.chunk_size, target.obj.chunks, tuple(prints)))
+        record = _Record(target.obj.chunk_size, target.obj.chunks, tuple(prints), version_of(target.live))
+        records.put(target.live, record)
     return Switch(commit, given, updated, chunks_read, bytes_read, skipped,
                   _set_values(new_values, saved, targets, owners))
 

@@ -531,18 +531,22 @@ class Repository:
             self._live = _live_module().LiveRecords()
         return self._live
 
-    def load_into(self, targets: dict, rev: str = refs.HEAD):
+    def load_into(self, targets: dict, rev: str = refs.HEAD, *, check_live: bool = True):
         """Update live tensors in place to commit ``rev``, reading only what differs.
 
         ``targets`` is shaped like part of the committed state: its leaves
         are live tensors, or objects with state_dict/load_state_dict (a
         module, an optimizer). Only the keys given are touched; a chunk is
         skipped only when its bytes provably still hold what the commit
-        needs (``mvc.live``). Raises BadInput on a missing key, dtype or
-        shape mismatch, ChecksumMismatch on a corrupt chunk: before any
-        live tensor changes. Returns a ``mvc.live.Switch``.
+        needs (``mvc.live``). ``check_live=False`` is the caller's promise
+        that no write bypassed torch's version counter (``.data``, numpy,
+        DLPack) since mvc last loaded these tensors: then their
+        unchanged chunks are skipped without reading a live byte.
+        Raises BadInput on a missing key, dtype or shape mismatch,
+        ChecksumMismatch on a corrupt chunk: before any live tensor
+        changes. Returns a ``mvc.live.Switch``.
         """
-        return _live_module().load_into(self, targets, rev)
+        return _live_module().load_into(self, targets, rev, check_live)
 
     def read_leaves(self, rev: str, leaves: list, progress=None, into: Optional[dict] = None) -> dict:
         """{tensor id: CPU tensor} for (key path, TensorLeaf) pairs of commit

@@ -200,3 +200,70 @@ def test_a_chunk_the_store_lost_is_written_again(repo):
     c = repo.commit({"t": t}, "again")
     assert c.stats.chunks_new == 1
     assert torch.equal(repo.load(c.id)["t"], t)
+
+
+def _fingerprinted(monkeypatch) -> list:
+    """Bytes fingerprinted per call, as the calls come: a load's first call is
+    its check of the live bytes, later ones take prints of bytes just read."""
+    from mvc import fingerprint
+    seen, real = [], fingerprint.many
+
+    def many(pieces, threads=2):
+        seen.append(sum(memoryview(p).nbytes for p in pieces))
+        return real(pieces, threads)
+    monkeypatch.setattr(fingerprint, "many", many)
+    return seen
+
+
+def test_on_the_callers_promise_a_switch_reads_no_live_byte(repo, monkeypatch):
+    a, b = _commit_two(repo)
+    live = _live()
+    repo.load_into({"model": live}, a)
+    seen = _fingerprinted(monkeypatch)
+    switch = repo.load_into({"model": live}, b, check_live=False)
+    assert seen[0] == 0 and switch.bytes_read == 4 * 8 * 4  # no live byte checked; the head alone read
+    assert _equal(live, repo.load(b)["model"])
+    seen.clear()
+    back = repo.load_into({"model": live}, a, check_live=False)
+    assert seen[0] == 0 and back.bytes_read == 4 * 8 * 4 and _equal(live, repo.load(a)["model"])
+    seen.clear()
+    repo.load_into({"model": live}, b)  # the default still fingerprints every chunk it skips
+    assert seen[0] == 8 * 16 * 4 + 5 * 8 and _equal(live, repo.load(b)["model"])
+
+
+@pytest.mark.parametrize("how", ["inplace", "optimizer"])
+def test_on_the_promise_a_counted_write_is_still_caught(repo, how):
+    a, _ = _commit_two(repo)
+    live = _live()
+    repo.load_into({"model": live}, a)
+    w = live["backbone.weight"]
+    if how == "inplace":
+        with torch.no_grad():
+            w.add_(1.0)
+    else:
+        p = torch.nn.Parameter(w)  # shares w's memory and version counter
+        p.grad = torch.ones_like(p)
+        torch.optim.SGD([p], lr=0.5).step()
+    switch = repo.load_into({"model": live}, a, check_live=False)
+    assert switch.tensors_updated == 1 and switch.bytes_read == 8 * 16 * 4
+    assert _equal(live, repo.load(a)["model"])
+
+
+def test_the_promise_does_not_cover_what_a_commit_last_saw(repo, monkeypatch):
+    live = _live()
+    a = repo.commit({"model": live, "step": 0}, "a").id
+    live["backbone.weight"].numpy()[0, 0] = 5.0  # after the commit, past the version counter
+    seen = _fingerprinted(monkeypatch)
+    switch = repo.load_into({"model": live}, a, check_live=False)
+    assert seen and seen[0] > 0  # checked by fingerprint: the commit's record carries no version
+    assert switch.tensors_updated == 1 and _equal(live, repo.load(a)["model"])
+
+
+def test_inference_tensors_have_no_counter_and_are_checked(repo):
+    a, _ = _commit_two(repo)
+    with torch.inference_mode():
+        live = _live()
+    repo.load_into({"model": live}, a)
+    live["backbone.weight"].numpy()[1, 1] = 3.0
+    switch = repo.load_into({"model": live}, a, check_live=False)
+    assert switch.tensors_updated == 1 and _equal(live, repo.load(a)["model"])

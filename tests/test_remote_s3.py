@@ -223,3 +223,29 @@ def test_tiny_cache_budget_evicting_while_a_load_runs(pushed, tmp_path, s3_serve
     for i in range(3):
         assert _sum(lazy.load(f"v{i}")) == _sum(state(i))
     lazy.close()
+
+
+def test_a_large_object_goes_up_in_parts_and_a_pack_in_one_put(s3_server, s3_url, monkeypatch):
+    """Objects over SINGLE_PUT_BYTES take the multipart path (parts of PART_BYTES,
+    in threads); a pack-sized object is one PUT. Both read back byte for byte."""
+    from mvc.remote import s3
+    from mvc.remote.bucket import open_bucket
+    monkeypatch.setattr(s3, "PART_BYTES", 5 << 20)  # S3's smallest part
+    monkeypatch.setattr(s3, "SINGLE_PUT_BYTES", 6 << 20)
+    bucket = open_bucket(s3_url("parts"), s3_server.endpoint)
+    calls = []
+    real = bucket.client.upload_part
+
+    def upload_part(**kwargs):
+        calls.append(kwargs["PartNumber"])
+        return real(**kwargs)
+    monkeypatch.setattr(bucket.client, "upload_part", upload_part)
+    big = os.urandom((5 << 20) * 3 + 12345)  # four parts, the last one short
+    bucket.put("big.bin", big)
+    assert sorted(calls) == [1, 2, 3, 4]
+    assert bucket.get("big.bin") == big
+    assert bucket.get_range("big.bin", (5 << 20) - 7, (5 << 20) + 9) == big[(5 << 20) - 7:(5 << 20) + 9]
+    calls.clear()
+    small = os.urandom(6 << 20)  # at the limit: one PUT
+    bucket.put("small.bin", small)
+    assert calls == [] and bucket.get("small.bin") == small

@@ -313,7 +313,7 @@ def _plan_reads(records: LiveRecords, plan: list, check_live: bool = True) -> No
     (``check_live=False``), when the tensor's version counter has not moved
     since. One fingerprint pass covers all targets."""
     checks = []  # (target, chunk index, the live bytes)
-    promised: dict = {}  # id(target) -> chunk indexes known on the caller's promise
+    known: dict = {}  # id(target) -> indexes of the chunks known to hold the commit's ids
     for target in plan:
         spans = list(target.obj.chunk_spans())
         target.need = [(i, cid, off, n) for i, (cid, off, n) in enumerate(spans)]
@@ -325,7 +325,7 @@ def _plan_reads(records: LiveRecords, plan: list, check_live: bool = True) -> No
         target.record = record
         same = [i for i, (cid, _, _) in enumerate(spans) if record.chunks[i] == cid]
         if not check_live and record.version == version_of(target.live) >= 0:
-            promised[id(target)] = set(same)
+            known[id(target)] = set(same)
             continue
         target.bytes = states.tensor_bytes(target.live)  # a copy unless contiguous on the CPU
         view = memoryview(target.bytes).cast("B")
@@ -333,7 +333,6 @@ def _plan_reads(records: LiveRecords, plan: list, check_live: bool = True) -> No
             _, off, n = spans[i]
             checks.append((target, i, view[off:off + n]))
     now = fingerprint.many([piece for _, _, piece in checks], THREADS)
-    known: dict = promised
     for (target, i, _), fp in zip(checks, now):
         if fp == target.record.fingerprints[i]:
             known.setdefault(id(target), set()).add(i)

@@ -49,8 +49,8 @@ def test_load_into_updates_in_place_and_reads_only_what_differs(repo):
     assert again.bytes_read == 0 and again.tensors_updated == 0
 
 
-@pytest.mark.parametrize("how", ["data", "numpy", "inplace", "dlpack"])
-def test_a_write_of_any_kind_is_never_skipped(repo, how):
+def _loaded_then_written(repo, how: str) -> tuple:
+    """(commit a, live tensors): a loaded into them, then the backbone written to ``how``."""
     a, _ = _commit_two(repo)
     live = _live()
     repo.load_into({"model": live}, a)
@@ -61,8 +61,18 @@ def test_a_write_of_any_kind_is_never_skipped(repo, how):
         w.numpy()[3, 4] = 7.0
     elif how == "inplace":
         w.mul_(2.0)
+    elif how == "optimizer":
+        p = torch.nn.Parameter(w)  # shares w's memory and version counter
+        p.grad = torch.ones_like(p)
+        torch.optim.SGD([p], lr=0.5).step()
     else:
         torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(w))[0, 0] = -1.0
+    return a, live
+
+
+@pytest.mark.parametrize("how", ["data", "numpy", "inplace", "optimizer", "dlpack"])
+def test_a_write_of_any_kind_is_never_skipped(repo, how):
+    a, live = _loaded_then_written(repo, how)
     switch = repo.load_into({"model": live}, a)
     assert switch.tensors_updated == 1 and switch.bytes_read > 0
     assert _equal(live, repo.load(a)["model"])
@@ -233,17 +243,7 @@ def test_on_the_callers_promise_a_switch_reads_no_live_byte(repo, monkeypatch):
 
 @pytest.mark.parametrize("how", ["inplace", "optimizer"])
 def test_on_the_promise_a_counted_write_is_still_caught(repo, how):
-    a, _ = _commit_two(repo)
-    live = _live()
-    repo.load_into({"model": live}, a)
-    w = live["backbone.weight"]
-    if how == "inplace":
-        with torch.no_grad():
-            w.add_(1.0)
-    else:
-        p = torch.nn.Parameter(w)  # shares w's memory and version counter
-        p.grad = torch.ones_like(p)
-        torch.optim.SGD([p], lr=0.5).step()
+    a, live = _loaded_then_written(repo, how)
     switch = repo.load_into({"model": live}, a, check_live=False)
     assert switch.tensors_updated == 1 and switch.bytes_read == 8 * 16 * 4
     assert _equal(live, repo.load(a)["model"])

@@ -26,6 +26,7 @@ from .traverse import walk
 # ahead of the writer: reading (from packs, or fetching from a remote) and
 # writing overlap, and memory stays near three groups, not the whole model.
 STREAM_BYTES = 128 << 20
+AHEAD_BYTES = 2 * STREAM_BYTES  # a streamed pt export's filled storages not yet written, at most
 
 SAFETENSORS_CONTEXT = "safetensors"  # context key of a committed .safetensors file's metadata
 
@@ -174,7 +175,8 @@ def _export_pt(repo, commit: str, path, force: bool, only, strip_prefix, progres
                      storages, progress)
     filler.start()
     try:
-        out = _files.write_torch_streamed(path, force, state, filler.wait, len(storages), write_progress)
+        out = _files.write_torch_streamed(path, force, state, filler.wait, len(storages), write_progress,
+                                             filler.written)
     finally:
         filler.stop()
     return Export(commit, out, "pt", 0, folder_files)
@@ -183,14 +185,19 @@ def _export_pt(repo, commit: str, path, force: bool, only, strip_prefix, progres
 class _Filler:
     """Reads tensors into the empty ones of a streamed pt export, group by
     group, in a thread of its own; ``wait(storage)`` returns once that
-    storage holds its verified bytes, and raises the reader's error."""
+    storage holds its verified bytes, and raises the reader's error.
+    ``written(storage)`` hands a written storage's memory back, and the
+    reader stays at most ``AHEAD_BYTES`` of filled storages ahead of the
+    writer, so a pt export holds a few groups in memory, not the model."""
 
     def __init__(self, repo, commit: str, todo: list, firsts: dict, copies: dict, storages: set, progress):
         import threading
         self.repo, self.commit, self.todo, self.firsts, self.copies = repo, commit, todo, firsts, copies
         self.progress, self.total = progress, sum(n for _, _, n in todo)
         self.ready = {ptr: threading.Event() for ptr in storages}
-        self.filled, self.failed, self.stopped = set(), [], threading.Event()
+        self.filled, self.failed = set(), []
+        self.pace = threading.Condition()
+        self.unwritten, self.writer_waits, self.stopped = 0, False, False  # guarded by pace
         self.thread = threading.Thread(target=self._run, name="mvc-export-read", daemon=True)
 
     def start(self) -> None:
@@ -200,24 +207,48 @@ class _Filler:
 
     def stop(self) -> None:
         """Stop after the group being read (the writer is done or failed), and wait for it."""
-        self.stopped.set()
+        with self.pace:
+            self.stopped = True
+            self.pace.notify_all()
         self.thread.join()
 
     def wait(self, storage) -> None:
         ptr = storage.data_ptr()
         event = self.ready.get(ptr)
-        if event is not None:
+        if event is not None and not event.is_set():
+            # the writer waits for a storage not yet read: the reader must go
+            # on whatever is unwritten (a repeated tensor, filled with its first
+            # but written later, must never stall the export)
+            self._writer_waits(True)
             event.wait()
+            self._writer_waits(False)
         if self.failed:
             raise self.failed[0]
         if ptr not in self.filled:  # never write bytes that were not read
             raise MvcError("a streamed pt export met a storage it did not read (a bug; please report it)")
 
+    def written(self, storage) -> None:
+        from . import state as _state
+        _state.release_pages(storage)  # torch.save is done with these bytes
+        with self.pace:
+            self.unwritten -= storage.nbytes()
+            self.pace.notify_all()
+
+    def _writer_waits(self, flag: bool) -> None:
+        with self.pace:
+            self.writer_waits = flag
+            self.pace.notify_all()
+
+    def _may_read(self) -> bool:
+        with self.pace:
+            self.pace.wait_for(lambda: self.stopped or self.writer_waits or self.unwritten <= AHEAD_BYTES)
+            return not self.stopped
+
     def _run(self) -> None:
         done = 0
         try:
             for group in batches(self.todo, lambda item: item[2], STREAM_BYTES):
-                if self.stopped.is_set():
+                if not self._may_read():
                     return
                 tids = [tid for tid, _, _ in group]
                 self.repo.read_leaves(self.commit, [(p, TensorLeaf(tid)) for tid, p, _ in group],
@@ -226,7 +257,7 @@ class _Filler:
                     for c in self.copies.get(tid, ()):
                         c.copy_(self.firsts[tid])
                     for t in (self.firsts[tid], *self.copies.get(tid, ())):
-                        self._done(t.untyped_storage().data_ptr())
+                        self._done(t.untyped_storage())
                 done += sum(n for _, _, n in group)
                 if self.progress:
                     self.progress(done, self.total)
@@ -236,9 +267,12 @@ class _Filler:
             for event in self.ready.values():
                 event.set()
 
-    def _done(self, ptr: int) -> None:
+    def _done(self, storage) -> None:
+        ptr = storage.data_ptr()
         self.filled.add(ptr)
         if ptr in self.ready:
+            with self.pace:
+                self.unwritten += storage.nbytes()
             self.ready[ptr].set()
 
 

@@ -447,28 +447,35 @@ def can_stream_torch() -> bool:
 
 class _ReadFirst:
     """torch's zip writer, holding back each storage's record until ``wait(storage)``
-    says its bytes are in. Knows only ``write_record``: torch.save calling
-    anything else fails the export instead of writing bytes unread."""
+    says its bytes are in, and calling ``written(storage)`` once they are out.
+    Knows only ``write_record``: torch.save calling anything else fails the
+    export instead of writing bytes unread."""
 
-    def __init__(self, writer, wait: Callable):
-        self._writer, self._wait, self.storages = writer, wait, 0
+    def __init__(self, writer, wait: Callable, written: Optional[Callable]):
+        self._writer, self._wait, self._written, self.storages = writer, wait, written, 0
 
     def write_record(self, name, data, size):
         import torch
-        if isinstance(data, (torch.UntypedStorage, torch.storage.TypedStorage)) and size:
-            self._wait(data)
-            self.storages += 1
-        return self._writer.write_record(name, data, size)
+        if not (isinstance(data, (torch.UntypedStorage, torch.storage.TypedStorage)) and size):
+            return self._writer.write_record(name, data, size)
+        self._wait(data)
+        self.storages += 1
+        out = self._writer.write_record(name, data, size)
+        if self._written is not None:
+            self._written(data)
+        return out
 
     def __getattr__(self, name):
         raise AttributeError(f"a streamed pt export does not know torch's zip writer call {name!r}")
 
 
 def write_torch_streamed(path, force: bool, state, wait: Callable, storages: int,
-                         progress: Optional[Callable[[int, int], None]] = None) -> Path:
+                         progress: Optional[Callable[[int, int], None]] = None,
+                         written: Optional[Callable] = None) -> Path:
     """``torch.save`` of ``state`` while its tensors are still being read:
     each storage's bytes are written once ``wait(storage)`` returns, in the
-    order torch.save writes them, so reading and writing overlap. The file
+    order torch.save writes them, so reading and writing overlap; then
+    ``written(storage)`` is called (torch.save reads it no more). The file
     is byte for byte what torch.save makes of the filled state. ``storages``
     is how many non-empty storages the state holds; a torch that writes
     another number fails the export (nothing is written). Atomically, as
@@ -483,7 +490,7 @@ def write_torch_streamed(path, force: bool, state, wait: Callable, storages: int
             progress(0, total)
         out = io.BufferedWriter(_CountingWriter(f, total, progress), PIECE)
         with opener(out) as zip_file:
-            proxy = _ReadFirst(zip_file, wait)
+            proxy = _ReadFirst(zip_file, wait, written)
             save(state, proxy, pickle, ts.DEFAULT_PROTOCOL, False)  # torch.save's defaults
         out.flush()
         if proxy.storages != storages:

@@ -127,6 +127,21 @@ def empty_tensor(shape: tuple, dtype_name: str) -> tuple:
     return t, t.reshape(-1).view(torch.uint8).numpy()
 
 
+def release_pages(storage) -> None:
+    """Hand the memory of ``storage`` back to the kernel now, keeping the
+    mapping: the bytes read as zeros afterwards. For a storage whose bytes
+    are written out and never read again (a streamed pt export's), so the
+    next tensors' page faults reuse these pages and memory stays bounded.
+    Only whole pages inside the storage are released, never a neighbour's;
+    a no-op where madvise is missing."""
+    nbytes = storage.nbytes()
+    if _madvise is None or nbytes < 2 * mmap.PAGESIZE:
+        return
+    start = storage.data_ptr()
+    lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    _madvise(lo, hi - lo, mmap.MADV_DONTNEED)
+
+
 def _find_madvise():
     if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
         return None

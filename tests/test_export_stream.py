@@ -31,6 +31,9 @@ def _state():
 @pytest.fixture
 def small_groups(monkeypatch):
     monkeypatch.setattr(exchange, "STREAM_BYTES", 700)  # a few tensors per group
+    # a pt export's reader waits for the writer before each group; a repeated
+    # tensor is filled with its first and written later, and must not stall it
+    monkeypatch.setattr(exchange, "AHEAD_BYTES", 0)
 
 
 def test_a_streamed_export_holds_every_tensor_bit_for_bit(tmp_path, small_groups):
@@ -105,6 +108,36 @@ def test_a_lazy_clone_exports_by_fetching_and_keeps_what_it_fetched(tmp_path, sm
         torch.load(tmp_path / "m.pt", weights_only=True)
     assert got.keys() == {k for k in want if k.startswith("model.")}
     assert all(torch.equal(got[k], want[k]) for k in got)
+
+
+def test_a_pt_export_holds_a_few_groups_in_memory_not_the_model(tmp_path):
+    """192 MiB exported in 8 MiB groups: written storages are handed back
+    and the reader waits for the writer, so the peak RSS grows by a few
+    groups (the whole state would be 192 MiB)."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent(f"""
+        import torch, mvc
+        from mvc import exchange
+        exchange.STREAM_BYTES, exchange.AHEAD_BYTES = 8 << 20, 16 << 20
+        repo = mvc.Repository.init({str(tmp_path / "r")!r})
+        state = {{f"t{{i}}": torch.randn(2 << 20) for i in range(24)}}  # 24 x 8 MiB
+        c = repo.commit(state, "m")
+        del state
+        def kib(field):
+            return int(next(l for l in open("/proc/self/status") if l.startswith(field)).split()[1])
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # the peak RSS starts again from here
+        before = kib("VmRSS")
+        repo.export(c.id, {str(tmp_path / "m.pt")!r})
+        print((kib("VmHWM") - before) // 1024)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) < 96  # MiB
+    got = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert len(got) == 24 and all(t.shape == (2 << 20,) for t in got.values())
 
 
 def test_files_larger_than_the_writeback_step_round_trip(tmp_path):

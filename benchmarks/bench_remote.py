@@ -7,7 +7,7 @@ variables and ``--bucket``), builds the transformer-like state of
 ``bench_core.py`` and prints, side by side (each figure the best of
 ``--repeat`` rounds; every round makes a fresh repository, remote and
 clones and runs each mvc step next to its boto3 baseline, so both see the
-same load on a shared machine):
+same load on a shared machine; each timed step starts after ``os.sync()``):
 
 - first push of the state vs ``boto3 upload_file`` of its ``torch.save``
   file (target ratio <= 1.0);
@@ -84,6 +84,11 @@ class Server:
 
 
 def timed(fn, *args, **kwargs):
+    # Each timed step starts with nothing dirty waiting for the disk: without
+    # this, a step pays for the writeback of what the step before it wrote
+    # (the server's volume files after a 1 GiB upload, say), and which side
+    # runs right after an upload decides the ratio.
+    os.sync()
     start = time.perf_counter()
     out = fn(*args, **kwargs)
     return time.perf_counter() - start, out

@@ -121,9 +121,7 @@ def empty_tensor(shape: tuple, dtype_name: str) -> tuple:
     t = torch.empty(shape, dtype=dtypes.torch_dtype(dtype_name))
     nbytes = t.numel() * t.element_size()
     if _madvise is not None and nbytes >= 2 * _HUGE_PAGE:
-        start = t.data_ptr()
-        lo, hi = -(-start // _HUGE_PAGE) * _HUGE_PAGE, (start + nbytes) // _HUGE_PAGE * _HUGE_PAGE
-        _madvise(lo, hi - lo, mmap.MADV_HUGEPAGE)  # advice only: the result does not matter
+        _madvise(*_whole_pages(t.data_ptr(), nbytes, _HUGE_PAGE), mmap.MADV_HUGEPAGE)  # advice: result unused
     return t, t.reshape(-1).view(torch.uint8).numpy()
 
 
@@ -137,9 +135,13 @@ def release_pages(storage) -> None:
     nbytes = storage.nbytes()
     if _madvise is None or nbytes < 2 * mmap.PAGESIZE:
         return
-    start = storage.data_ptr()
-    lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-    _madvise(lo, hi - lo, mmap.MADV_DONTNEED)
+    _madvise(*_whole_pages(storage.data_ptr(), nbytes, mmap.PAGESIZE), mmap.MADV_DONTNEED)
+
+
+def _whole_pages(start: int, nbytes: int, page: int) -> tuple:
+    """(address, length) of the whole ``page``-sized pages inside ``nbytes`` at ``start``."""
+    lo, hi = -(-start // page) * page, (start + nbytes) // page * page
+    return lo, hi - lo
 
 
 def _find_madvise():

@@ -70,6 +70,21 @@ def test_a_streamed_pt_export_is_what_torch_save_writes(tmp_path, small_groups):
             mvc.files.select(repo.load(c.id), "model.l[12].*", "model."))
 
 
+def test_a_tensor_repeated_groups_later_does_not_stall_a_pt_export(tmp_path, small_groups):
+    """The repeat of the first tensor is filled with it but written groups
+    later: the reader, waiting for the writer to catch up, must go on when
+    the writer waits for a storage not yet read."""
+    import threading
+    state = {"a_first": torch.ones(30), **_state(), "z_last": torch.ones(30)}  # far apart, sorted or not
+    with mvc.Repository.init(tmp_path / "r", chunk_size=64) as repo:
+        c = repo.commit(state, "s")
+        export = threading.Thread(target=repo.export, args=(c.id, tmp_path / "all.pt"), daemon=True)
+        export.start()
+        export.join(60)
+        assert not export.is_alive(), "the pt export stalled"
+        assert (tmp_path / "all.pt").read_bytes() == _torch_bytes(repo.load(c.id))
+
+
 def test_without_the_torch_internals_it_knows_a_pt_export_loads_then_saves(tmp_path, small_groups, monkeypatch):
     monkeypatch.setattr(mvc.files, "_torch_internals", lambda: None)
     with mvc.Repository.init(tmp_path / "r", chunk_size=64) as repo:

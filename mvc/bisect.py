@@ -437,7 +437,7 @@ def _check_runnable(program: str) -> None:
 def _exit_code(repo, commit: Commit, cmd_args, fmt: str, tmp: str) -> int:
     """The exit code of the evaluation command run on ``commit``'s checkpoint."""
     path = os.path.join(tmp, f"{commit.short_id}.{fmt}")
-    write_checkpoint(repo.load(commit.id), path, fmt)
+    write_checkpoint(repo.load(commit.id), path, fmt, scratch=True)  # the repository's own tmp
     args = [a.replace("{}", path) for a in cmd_args]
     env = dict(os.environ, MVC_CHECKPOINT=path, MVC_COMMIT=commit.id)
     try:

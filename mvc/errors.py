@@ -72,3 +72,51 @@ class UnsupportedFormat(MvcError):
 
 class BadInput(MvcError):
     """A state or an input file cannot be stored (unsupported object, bad file)."""
+
+
+# -- hardening (issue 21): targets, links, names, limits ------------------------
+
+class InsideRepository(BadInput):
+    """A write would land in a repository's ``.mvc`` (or replace a folder holding one).
+
+    ``path`` is the target asked for, ``repository`` the ``.mvc`` folder it would hit.
+    """
+
+    def __init__(self, message: str = "", *, path=None, repository=None):
+        super().__init__(message)
+        self.path, self.repository = str(path), str(repository)
+
+
+class FolderLink(BadInput):
+    """A model folder holds a symbolic link mvc will not follow (to a folder, or into a ``.mvc``).
+
+    ``path`` is the link (relative to the folder), ``target`` what it points at.
+    """
+
+    def __init__(self, message: str = "", *, path=None, target=None):
+        super().__init__(message)
+        self.path, self.target = path, target
+
+
+class TooLarge(BadInput):
+    """A tensor's shape is beyond what a reader accepts (``key`` names it), so it is not stored."""
+
+    def __init__(self, message: str = "", *, key=None, shape=None):
+        super().__init__(message)
+        self.key, self.shape = key, shape
+
+
+class RevisionTooLong(UnknownRevision):
+    """A revision is longer than any that names a commit (``length`` characters)."""
+
+    def __init__(self, message: str = "", *, length=0):
+        super().__init__(message)
+        self.length = length
+
+
+class DiskFull(MvcError):
+    """The disk filled up; ``path`` is where more room is needed. Nothing was changed."""
+
+    def __init__(self, message: str = "", *, path=None):
+        super().__init__(message)
+        self.path = str(path) if path is not None else None

@@ -10,6 +10,7 @@ written back by a safetensors export.
 """
 
 import os
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,18 +32,20 @@ AHEAD_BYTES = 2 * STREAM_BYTES  # a streamed pt export's filled storages not yet
 SAFETENSORS_CONTEXT = "safetensors"  # context key of a committed .safetensors file's metadata
 
 
-def read_input(path, progress=None) -> tuple:
+def read_input(path, progress=None, skipped=None) -> tuple:
     """(state, context, what) for a checkpoint file or model folder at ``path``:
     a safetensors file's metadata goes into the context under ``safetensors``,
-    ``what`` says what was read ("model.pt", "model folder hf/ (...)").
+    ``what`` says what was read ("model.pt", "model folder hf/ (...)"); what a
+    folder leaves out (``.mvc/``, ...) is appended to ``skipped``.
 
     Raises BadInput if it cannot be read.
     """
     path = Path(path)
     if path.is_dir():
-        state = _folders.read_folder(path, progress)
+        state = _folders.read_folder(path, progress, skipped)
         shards, files = _folders.folder_summary(state)
-        return state, {}, f"model folder {path.name}/ ({shards} safetensors, {files} other files)"
+        name = Path(os.path.abspath(path)).name
+        return state, {}, f"model folder {name}/ ({shards} safetensors, {files} other files)"
     imported = _files.import_checkpoint(path, progress)
     context = {SAFETENSORS_CONTEXT: {"metadata": imported.metadata}} if imported.metadata else {}
     return imported.state, context, path.name
@@ -56,16 +59,20 @@ def commit_file(repo, path, message=None, *, context=None, read_progress=None, *
     other keywords are ``Repository.commit``'s. Raises BadInput for an
     unreadable input, and what ``commit`` raises.
     """
-    state, found, what = read_input(path, read_progress)
+    skipped: list = []
+    state, found, what = read_input(path, read_progress, skipped)
     if message is None:
         n = _files.count_tensors(state)
         message = f"Import {what}: {n} tensor{'' if n == 1 else 's'}"
-    return repo.commit(state, message, context={**found, **(context or {})}, **kwargs)
+    commit = repo.commit(state, message, context={**found, **(context or {})}, **kwargs)
+    return replace(commit, left_out=tuple(skipped)) if skipped else commit
 
 
 def export(repo, rev: str, path, fmt=None, progress=None, *, force: bool = False, only=None,
            strip_prefix=None, write_progress=None) -> Export:
-    """Write the checkpoint at ``rev`` to ``path``; see ``Repository.export``."""
+    """Write the checkpoint at ``rev`` to ``path``; see ``Repository.export``.
+    InsideRepository, before anything is read, for a path inside any ``.mvc``."""
+    _files.check_not_in_repository(path, repo.dir)
     commit = repo.resolve(rev)
     folder_out = str(path).endswith(("/", os.sep)) or Path(path).is_dir()
     # no suffix and nothing that asks for a file: a folder if the commit is one

@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from .errors import BadInput, MvcError
+from .errors import BadInput, InsideRepository, MvcError
 from .store.fs import WRITEBACK_BYTES, start_writeback
 from .traverse import format_path, walk
 
+REPOSITORY_DIR = ".mvc"  # what a repository's folder is called (mvc.repository.MVC_DIR)
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 FORMATS = ("pt", "safetensors")
 PIECE = 8 << 20  # bytes written (and reported to progress) at a time
@@ -278,15 +279,17 @@ def formats_for(path, fmt: Optional[str]) -> str:
 
 
 def write_checkpoint(state, path, fmt: str = "pt", force: bool = True, metadata: Optional[dict] = None,
-                     progress: Optional[Callable[[int, int], None]] = None) -> Path:
+                     progress: Optional[Callable[[int, int], None]] = None, *, scratch: bool = False) -> Path:
     """Write ``state`` to ``path`` as ``pt`` (torch.save) or ``safetensors``; returns the path written.
 
     ``metadata`` (text pairs) goes into a safetensors header (default
     ``{"format": "pt"}``, what Hugging Face loaders expect).
     ``progress(done, total)`` is called with the bytes written. Raises
     BadInput if the target exists and not ``force``, is not a regular file,
-    its folder is missing, or the state does not fit the format; OSError
-    (a full disk, a read-only folder) saying the target is unchanged.
+    its folder is missing, or the state does not fit the format;
+    InsideRepository if it is inside a ``.mvc`` (unless ``scratch``: a
+    repository's own temporary file, as bisect writes); OSError (a full
+    disk, a read-only folder) saying the target is unchanged.
     """
     if fmt not in FORMATS:
         raise BadInput(f"unknown format {fmt!r}; use pt or safetensors")
@@ -296,12 +299,84 @@ def write_checkpoint(state, path, fmt: str = "pt", force: bool = True, metadata:
         write = lambda f: _save_safetensors(f, flat.values(), header, total, progress)  # noqa: E731
     else:
         write = lambda f: _save_torch(f, state, progress)  # noqa: E731
-    return _atomic_write(path, force, write)
+    return _atomic_write(path, force, write, scratch)
 
 
-def output_target(path, force: bool) -> Path:
-    """The file an export to ``path`` replaces (a link's target); BadInput if it may not be written."""
+def repository_around(path) -> Optional[Path]:
+    """The ``.mvc`` folder that ``path`` is or lies inside, as written or with
+    its links resolved, or None: no export may write there."""
+    for form in (os.path.abspath(path), os.path.realpath(path)):
+        form = Path(form)
+        for p in (form, *form.parents):
+            if p.name == REPOSITORY_DIR:
+                return p
+    return None
+
+
+def check_not_in_repository(path, repo_dir=None) -> None:
+    """InsideRepository if writing ``path`` would write inside a ``.mvc``
+    (any, or ``repo_dir`` wherever its links lead)."""
+    around = repository_around(path)
+    if around is None and repo_dir is not None:
+        real, mine = Path(os.path.realpath(path)), Path(os.path.realpath(repo_dir))
+        if real == mine or mine in real.parents:
+            around = Path(repo_dir)
+    if around is not None:
+        raise InsideRepository(f"cannot write {path}: it is inside the repository {around}, which mvc never "
+                               "writes into; give a path outside it", path=path, repository=around)
+
+
+_LEFTOVER = re.compile(r"\.(.+)\.tmp(\d+)")
+
+
+def remove_leftovers(target: Path, remove: Optional[Callable] = None) -> list:
+    """Remove the temporary ``.NAME.tmpPID`` files and folders that writes to
+    ``target`` killed before they finished left beside it (their process is
+    gone); returns their paths. A live process's are left alone."""
+    removed = []
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return removed
+    for name in names:
+        found = _LEFTOVER.fullmatch(name)
+        if found is None or found.group(1) != target.name or not _dead(int(found.group(2))):
+            continue
+        path = target.parent / name
+        try:
+            (remove or _remove_path)(path)
+            removed.append(path)
+        except FileNotFoundError:  # another export cleaned it meanwhile
+            pass
+    return removed
+
+
+def _dead(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError, ValueError):
+        return pid <= 0 or pid > 2**22  # another user's process, or no pid at all
+    return False
+
+
+def _remove_path(path: Path) -> None:
+    import shutil
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)  # never follows a link inside
+    else:
+        os.unlink(path)
+
+
+def output_target(path, force: bool, scratch: bool = False) -> Path:
+    """The file an export to ``path`` replaces (a link's target); BadInput if it
+    may not be written, InsideRepository if it is inside a ``.mvc`` (and not ``scratch``)."""
     path = Path(path)
+    if not scratch:
+        check_not_in_repository(path)
     if path.is_symlink():
         if not force:
             raise BadInput(f"{path} is a symbolic link to {os.readlink(path)}; pass --force to overwrite "
@@ -316,8 +391,8 @@ def output_target(path, force: bool) -> Path:
     return path
 
 
-def _atomic_write(path, force: bool, write: Callable) -> Path:
-    target = output_target(path, force)
+def _atomic_write(path, force: bool, write: Callable, scratch: bool = False) -> Path:
+    target = output_target(path, force, scratch)
     with atomic_file(target, force) as f:
         write(f)
     return target
@@ -334,6 +409,7 @@ def atomic_file(target: Path, force: bool):
     """
     existed = target.exists()
     mode = target.stat().st_mode & 0o7777 if existed else 0o666
+    remove_leftovers(target)
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)

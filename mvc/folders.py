@@ -13,21 +13,35 @@ subfolders. Committed, it becomes one state:
   the other files byte for byte and which tensors each safetensors file
   held, so an export writes the same folder back, sharded the same way.
 
-``.git`` and ``.cache`` (huggingface_hub's download bookkeeping) are not
-part of a model and are left out; symbolic links (a hub cache snapshot is
-made of them) are followed.
+Left out, and listed in what ``read_folder`` reports as ``skipped``: any
+``.mvc`` folder (a repository never stores itself), ``.git`` and ``.cache``
+(huggingface_hub's download bookkeeping), at any depth. Symbolic links: a
+link to a regular file is read (a hub cache snapshot is made of them, and
+reading a file cannot loop); a link to a folder is refused (``FolderLink``),
+since it may loop (``again -> .``) or lead out of the folder, as is a link
+into a ``.mvc``. Nothing else (FIFOs, sockets, devices) is read.
+
+An **export** of a folder is atomic as a whole: the new folder is built
+beside the target (``.NAME.tmpPID``), fsynced, and swapped in by one rename;
+the old folder is removed only after the swap. So the folder is either all
+the old commit's or all the new one's, files the new commit lacks are gone,
+and nothing is ever written through a link inside the old folder. Staging
+folders a killed export left are removed by the next export to that target.
 """
 
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import Callable, Optional
 
-from .errors import BadInput
-from .files import (atomic_file, read_safetensors, tensors_by_key, write_bytes, _safetensors_layout,
-                    _save_safetensors)
+from .errors import BadInput, FolderLink, InsideRepository
+from .files import (REPOSITORY_DIR, read_safetensors, remove_leftovers, repository_around, tensors_by_key,
+                    write_bytes, _safetensors_layout, _save_safetensors)
+from .store.fs import fsync_dir
 
 FOLDER_KEY = "__folder__"
-SKIPPED_DIRS = frozenset({".git", ".cache"})
+SKIPPED_DIRS = frozenset({REPOSITORY_DIR, ".git", ".cache"})
 MAX_FILE = 64 << 20  # a bigger non-safetensors file is weights in another format, not a config
 
 
@@ -35,22 +49,47 @@ def is_folder_state(state) -> bool:
     return isinstance(state, dict) and isinstance(state.get(FOLDER_KEY), dict)
 
 
-def _files(root: Path) -> list:
-    """Relative paths (with /) of the folder's files, sorted; links followed."""
+def _files(root: Path, skipped: Optional[list] = None) -> list:
+    """Relative paths (with /) of the folder's files, sorted (see the module doc);
+    what is left out is appended to ``skipped``. FolderLink for a link to a folder."""
     out = []
-    for here, dirs, names in os.walk(root, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
+    for here, dirs, names in os.walk(root):  # never into a linked folder: they are checked below
+        rel = Path(here).relative_to(root)
+        for name in sorted(dirs):
+            if name in SKIPPED_DIRS:
+                dirs.remove(name)
+                if skipped is not None:
+                    skipped.append((rel / name).as_posix() + "/")
+            elif os.path.islink(os.path.join(here, name)):
+                dirs.remove(name)
+                _refuse_link(root, rel / name, "a folder")
+        dirs.sort()
         for name in names:
             path = Path(here) / name
+            if path.is_symlink():
+                if repository_around(path) is not None:
+                    _refuse_link(root, rel / name, "a file inside a repository's .mvc")
             if path.is_file():
-                out.append(path.relative_to(root).as_posix())
+                out.append((rel / name).as_posix())
+            elif skipped is not None:  # a FIFO, socket, device or dangling link: never read
+                skipped.append((rel / name).as_posix())
     return sorted(out)
 
 
-def read_folder(root, progress: Optional[Callable[[int, int], None]] = None) -> dict:
-    """The state of a model folder (see the module doc); BadInput if it is not one."""
+def _refuse_link(root: Path, rel: Path, what: str) -> None:
+    target = os.readlink(root / rel)
+    raise FolderLink(f"{root / rel} is a symbolic link to {what} ({target}); mvc does not follow links to "
+                     "folders or into a repository (a loop, or files outside the model folder): replace it "
+                     "with the files themselves, or move it out of the folder", path=rel.as_posix(), target=target)
+
+
+def read_folder(root, progress: Optional[Callable[[int, int], None]] = None,
+                skipped: Optional[list] = None) -> dict:
+    """The state of a model folder (see the module doc); BadInput if it is not
+    one, FolderLink for a link it does not follow. What it leaves out
+    (``.mvc/``, ``.git/``, ``.cache/``, FIFOs...) is appended to ``skipped``."""
     root = Path(root)
-    names = _files(root)
+    names = _files(root, skipped)
     shards = [n for n in names if n.endswith(".safetensors")]
     if not shards:
         raise BadInput(f"{root} holds no .safetensors file; mvc commits a model folder's safetensors "
@@ -120,11 +159,14 @@ def write_folder(state, out, force: bool = False,
                  progress: Optional[Callable[[int, int], None]] = None) -> Path:
     """Write a folder state back as the folder it was committed from; returns the folder.
 
-    A new (or empty) folder is built under a temporary name and renamed into
-    place, so an interrupted export leaves nothing half-written. A folder
-    with files in it is refused unless ``force``, which replaces (each
-    atomically) the files the commit holds and leaves the others. BadInput
-    for a state that is not a folder or tensors no safetensors file holds.
+    The folder is built beside the target and swapped in as a whole (see
+    the module doc). A folder with files in it is refused unless ``force``,
+    which replaces it whole: files the commit does not hold are removed.
+    A link as the target is followed with ``force`` (the folder it names is
+    replaced, the link stays). BadInput for a state that is not a folder or
+    tensors no safetensors file holds; InsideRepository for a target inside
+    a ``.mvc`` or holding one; OSError (a full disk) saying the folder is
+    unchanged.
     """
     files, shards = _layout(state)
     tensors = tensors_by_key({k: v for k, v in state.items() if k != FOLDER_KEY})
@@ -134,18 +176,11 @@ def write_folder(state, out, force: bool = False,
     if missing or stray:
         what = f"lacks tensor {missing[0]!r}" if missing else f"has tensor {stray[0]!r} that no file holds"
         raise BadInput(f"this model folder {what}; export it to a single .safetensors file instead")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"cannot write the model folder to {out}: it is a file")
-    if not out.parent.is_dir():
-        raise BadInput(f"cannot write {out}: folder {out.parent} does not exist")
-    busy = out.is_dir() and any(out.iterdir())
-    if busy and not force:
-        raise BadInput(f"{out} already holds files; pass --force to overwrite those the commit holds")
+    out = _folder_target(Path(out), force)
     total = sum(t.nbytes for t in tensors.values())
     done = [0]
 
-    def write_all(where: Path, replace: bool) -> None:
+    def write_all(where: Path) -> None:
         for name, (keys, metadata) in shards.items():
             prefix = name.rsplit("/", 1)[0] + "/" if "/" in name else ""
             flat, header = _safetensors_layout({k[len(prefix):]: tensors[k] for k in keys}, metadata)
@@ -155,34 +190,153 @@ def write_folder(state, out, force: bool = False,
                 done[0] = base + n
                 if progress:
                     progress(done[0], total)
-            _write_one(where / name, replace, lambda f: _save_safetensors(f, flat.values(), header, total, step))
+            _write_new(where, name, lambda f: _save_safetensors(f, flat.values(), header, total, step))
         for name, data in files.items():
-            _write_one(where / name, replace, lambda f, data=data: write_bytes(f, data))
+            _write_new(where, name, lambda f, data=data: write_bytes(f, data))
 
-    if busy:
-        write_all(out, True)
-        return out
+    remove_leftovers(out, _remove_tree)
     staging = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    staging.mkdir()
+    existed = out.is_dir()
     try:
-        write_all(staging, False)
-        os.rename(staging, out)  # onto a missing or empty folder
-    except BaseException:
+        os.mkdir(staging, 0o700)
+        write_all(staging)
+        os.chmod(staging, stat.S_IMODE(os.stat(out).st_mode) if existed else 0o777 & ~_umask())
+        _sync_tree(staging)
+    except BaseException as exc:
         _remove_tree(staging)
+        if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+            raise OSError(exc.errno, f"{exc.strerror or exc} while writing the model folder {out}; "
+                                     f"{'the folder is unchanged' if existed else 'nothing was written'}"
+                                     f"{_room(exc)}") from None
         raise
+    _swap(staging, out, existed)
     return out
 
 
-def _write_one(path: Path, replace: bool, write: Callable) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path, replace) as f:
+def _umask() -> int:
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
+def _room(exc: OSError) -> str:
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return ""
+    return " (a folder export needs room for the new folder beside the old one: free that much, or remove the old folder first)"
+
+
+def _folder_target(out: Path, force: bool) -> Path:
+    """The folder an export to ``out`` replaces; BadInput if it may not be written."""
+    out = Path(os.path.abspath(out))
+    if out.is_symlink():
+        if not force:
+            raise BadInput(f"{out} is a symbolic link to {os.readlink(out)}; pass --force to replace the "
+                           "folder it points at (the link stays)")
+        out = Path(os.path.realpath(out))
+    around = repository_around(out)
+    if around is not None:
+        raise InsideRepository(f"cannot write the model folder to {out}: it is inside the repository "
+                               f"{around}, which mvc never writes into", path=out, repository=around)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"cannot write the model folder to {out}: it is a file")
+    if not out.parent.is_dir():
+        raise BadInput(f"cannot write {out}: folder {out.parent} does not exist")
+    busy = out.is_dir() and any(out.iterdir())
+    if busy and not force:
+        raise BadInput(f"{out} already holds files; pass --force to replace the folder with the commit's "
+                       "(files the commit does not hold are removed)")
+    if busy:
+        held = _repository_inside(out)
+        if held is not None:
+            raise InsideRepository(f"cannot replace the folder {out}: it holds the repository {held}, which "
+                                   "the export would remove; export to another folder", path=out, repository=held)
+    return out
+
+
+def _repository_inside(root: Path) -> Optional[Path]:
+    """A ``.mvc`` folder anywhere under ``root`` (links not followed), or None."""
+    for here, dirs, _ in os.walk(root):
+        if REPOSITORY_DIR in dirs or os.path.lexists(os.path.join(here, REPOSITORY_DIR)):
+            return Path(here) / REPOSITORY_DIR
+    return None
+
+
+def _write_new(root: Path, name: str, write: Callable) -> None:
+    """Create file ``name`` under the fresh folder ``root`` (never through a link) and write it."""
+    path = root / name
+    for parent in reversed(path.relative_to(root).parents[:-1]):
+        try:
+            os.mkdir(root / parent, 0o777)
+        except FileExistsError:
+            pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                 0o666)
+    with os.fdopen(fd, "wb", buffering=0) as f:
         write(f)
+        os.fsync(f.fileno())
+
+
+def _sync_tree(root: Path) -> None:
+    for here, _, _ in os.walk(root, topdown=False):
+        fsync_dir(here)
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange():
+    """renameat2(..., RENAME_EXCHANGE) where the C library has it (Linux), else None."""
+    try:
+        import ctypes
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _exchange()
+_AT_FDCWD = -100
+
+
+def _swap(staging: Path, out: Path, existed: bool) -> None:
+    """Put the folder ``staging`` in the place of ``out`` with one rename; remove the old folder after."""
+    if not existed:
+        os.rename(staging, out)  # onto nothing (or an empty folder that appeared: rename replaces it)
+    elif _RENAMEAT2 is not None and _RENAMEAT2(_AT_FDCWD, os.fsencode(staging), _AT_FDCWD, os.fsencode(out),
+                                               _RENAME_EXCHANGE) == 0:
+        pass  # staging now holds the old folder
+    else:  # no atomic exchange here: the old folder steps aside, then the new one takes its name
+        import ctypes
+        if _RENAMEAT2 is not None and ctypes.get_errno() not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            err = ctypes.get_errno()
+            _remove_tree(staging)
+            raise OSError(err, f"{os.strerror(err)} while replacing the model folder {out}; it is unchanged")
+        aside = out.with_name(f".{out.name}.old{os.getpid()}")
+        os.rename(out, aside)
+        try:
+            os.rename(staging, out)
+        except BaseException:
+            os.rename(aside, out)
+            _remove_tree(staging)
+            raise
+        os.rename(aside, staging)
+    fsync_dir(out.parent)
+    _remove_tree(staging)
 
 
 def _remove_tree(root: Path) -> None:
+    """Remove a folder mvc made (links inside are removed, never followed); nothing if it is gone."""
+    if not os.path.lexists(root):
+        return
+    if os.path.islink(root) or not os.path.isdir(root):
+        os.unlink(root)
+        return
     for here, dirs, names in os.walk(root, topdown=False):
         for name in names:
             os.unlink(os.path.join(here, name))
         for name in dirs:
-            os.rmdir(os.path.join(here, name))
+            path = os.path.join(here, name)
+            os.unlink(path) if os.path.islink(path) else os.rmdir(path)
     os.rmdir(root)

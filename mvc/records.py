@@ -40,6 +40,7 @@ class Commit:
     stats: Optional[CommitStats] = None  # what a new commit wrote (None when read back)
     pruned: bool = False  # retention deleted its tensors; its record stays in history
     branch: Optional[str] = None  # the branch a new commit moved (None when detached or read back)
+    left_out: tuple = ()  # what a new commit of a model folder did not store (".mvc/", ".git/", a FIFO)
 
     @property
     def short_id(self) -> str:

@@ -98,6 +98,9 @@ def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json
     click.echo(f" {s.tensors} tensor{'' if s.tensors == 1 else 's'}, {human_bytes(s.bytes_total)}: {human_bytes(s.bytes_new)} new, "
                f"{human_bytes(s.bytes_reused)} shared with the repository "
                f"({s.chunks_new} of {s.chunks} chunks written)")
+    if c.left_out:  # a folder's .mvc/, .git/, .cache/, FIFOs: said, not silently dropped
+        shown = ", ".join(c.left_out[:5]) + (f" and {len(c.left_out) - 5} more" if len(c.left_out) > 5 else "")
+        click.echo(f"note: left out of the model folder: {shown}", err=True)
 
 
 @main.command()
@@ -281,7 +284,8 @@ _output_options = [
     click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
                  help="File format (default: from the suffix of --output, else pt)."),
     click.option("-f", "--force", is_flag=True,
-                 help="Overwrite an existing output (through a symbolic link: the file it points at)."),
+                 help="Overwrite an existing output (through a symbolic link: the file it points at); "
+                      "a model folder is replaced whole, files the commit lacks removed."),
     click.option("--only", metavar="GLOB", default=None,
                  help="Write only the keys matching GLOB (e.g. 'model.*') as a flat state dict."),
     click.option("--strip-prefix", metavar="PREFIX", default=None,

@@ -1,0 +1,219 @@
+"""The findings of a hostile probe (issue 21), one section each: a repository
+never stores or overwrites itself, what is written is readable, folder
+exports are atomic as a whole and never write through links, no traceback,
+linear revision parsing, leftovers cleaned, ref names without surprises.
+
+Kills are real SIGKILLs of real child processes; a full disk is a write that
+fails with ENOSPC (tests/faults.py), as in tests/test_enospc.py.
+"""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+
+import mvc
+from mvc import files as files_mod
+from mvc.cli import main
+
+from conftest import SMALL_CHUNK
+from faults import failing
+
+PY = sys.executable
+
+
+def cli(root, *args):
+    return CliRunner().invoke(main, ["-C", str(root), *[str(a) for a in args]])
+
+
+def model_folder(path, seed: int = 0, shards: int = 1, extra: dict = None):
+    """A small Hugging Face-style folder: weights in ``shards`` files plus config.json."""
+    path.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {f"layer{i}.w": torch.randn(8, 4, generator=g) for i in range(4)}
+    if shards == 1:
+        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    else:
+        keys = sorted(tensors)
+        for n in range(shards):
+            part = {k: tensors[k] for k in keys[n::shards]}
+            save_file(part, path / f"model-{n + 1:05d}-of-{shards:05d}.safetensors", metadata={"format": "pt"})
+        (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
+    (path / "config.json").write_text(json.dumps({"seed": seed}))
+    for name, text in (extra or {}).items():
+        (path / name).write_text(text)
+    return tensors
+
+
+def listing(root) -> dict:
+    """{relative path: bytes} of every file under root (links not followed)."""
+    out = {}
+    for here, dirs, names in os.walk(root):
+        for name in names:
+            p = os.path.join(here, name)
+            out[os.path.relpath(p, root)] = open(p, "rb").read()
+    return out
+
+
+def same_folder(a, b) -> bool:
+    """Same file names, other files byte for byte, safetensors files tensor for tensor."""
+    la, lb = listing(a), listing(b)
+    if la.keys() != lb.keys():
+        return False
+    for name in la:
+        if name.endswith(".safetensors"):
+            ta, tb = load_file(os.path.join(a, name)), load_file(os.path.join(b, name))
+            if ta.keys() != tb.keys() or not all(torch.equal(ta[k], tb[k]) for k in ta):
+                return False
+        elif la[name] != lb[name]:
+            return False
+    return True
+
+
+# -- 1. a repository never stores or overwrites itself --------------------------
+
+def test_a_folder_commit_leaves_out_any_mvc_and_says_so(tmp_path):
+    model_folder(tmp_path)
+    mvc.Repository.init(tmp_path, chunk_size=SMALL_CHUNK).close()
+    (tmp_path / "sub").mkdir()
+    mvc.Repository.init(tmp_path / "sub", chunk_size=SMALL_CHUNK).close()  # a nested one too
+    out = cli(tmp_path, "commit", tmp_path, "-m", "the folder holding its own repository")
+    assert out.exit_code == 0, out.output
+    assert "left out of the model folder: .mvc/, sub/.mvc/" in out.stderr
+    repo = mvc.Repository.open(tmp_path)
+    files = repo.load("main")["__folder__"]["files"]
+    assert sorted(files) == ["config.json"]  # nothing under any .mvc
+    c = repo.commit_file(tmp_path)
+    assert c.left_out == (".mvc/", "sub/.mvc/")
+    repo.close()
+
+
+def test_no_export_writes_into_the_repository(tmp_path):
+    model_folder(tmp_path / "hf")
+    repo = mvc.Repository.init(tmp_path, chunk_size=SMALL_CHUNK)
+    first = repo.commit_file(tmp_path / "hf")
+    index = repo.dir / "index" / "data.mdb"
+    before = index.read_bytes()
+    (tmp_path / "link.pt").symlink_to(repo.dir / "tmp" / "x.pt")
+    for target in (index, repo.dir / "tmp" / "x.safetensors", repo.dir, tmp_path / "link.pt",
+                   tmp_path / "nested" / ".mvc" / "w.pt"):
+        with pytest.raises(mvc.errors.InsideRepository) as exc:
+            repo.export("main", target, force=True)
+        assert exc.value.repository.endswith(".mvc")
+    # the folder that holds the repository: a folder export would replace it whole
+    with pytest.raises(mvc.errors.InsideRepository) as exc:
+        repo.export("main", tmp_path, force=True)
+    assert exc.value.repository == str(repo.dir)
+    out = cli(tmp_path, "export", "main", "-o", ".", "--force")
+    assert out.exit_code == 1 and "holds the repository" in out.stderr and "Traceback" not in out.output
+    assert index.read_bytes() == before and [c.id for c in repo.log()] == [first.id]
+    assert not (repo.dir / "tmp" / "x.pt").exists()
+    repo.close()
+
+
+# -- 3. a folder export is atomic as a whole --------------------------------------
+
+@pytest.fixture
+def two_folders(tmp_path):
+    """A repository with a single-file folder commit (old) and a sharded one (new)."""
+    old_t = model_folder(tmp_path / "old", seed=1, extra={"tokenizer.json": "old"})
+    new_t = model_folder(tmp_path / "new", seed=2, shards=2)
+    repo = mvc.Repository.init(tmp_path / "repo", chunk_size=SMALL_CHUNK)
+    old = repo.commit_file(tmp_path / "old")
+    new = repo.commit_file(tmp_path / "new")
+    yield repo, old, new, old_t, new_t
+    repo.close()
+
+
+def test_a_sharded_export_over_a_single_file_one_removes_the_old_weights(two_folders, tmp_path):
+    repo, old, new, _, _ = two_folders
+    out = tmp_path / "out"
+    repo.export(old.id, out)
+    repo.export(new.id, out, force=True)
+    assert same_folder(out, tmp_path / "new")  # no stale model.safetensors, no tokenizer.json
+    assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
+
+
+def test_a_full_disk_mid_export_leaves_the_whole_old_folder(two_folders, tmp_path):
+    repo, old, new, _, _ = two_folders
+    out = tmp_path / "out"
+    repo.export(old.id, out)
+    before = listing(out)
+    with failing(files_mod, "write_bytes", after=3), pytest.raises(OSError) as exc:
+        repo.export(new.id, out, force=True)  # the second shard's write fails
+    assert exc.value.errno == errno.ENOSPC and "the folder is unchanged" in str(exc.value)
+    assert "room for the new folder" in str(exc.value)
+    assert listing(out) == before
+    assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
+
+
+KILLED_EXPORT = r"""
+import os, signal, sys, mvc
+repo = mvc.Repository.open(sys.argv[1])
+def progress(done, total):
+    if done and done < total:  # the first shard is written, the second not: die now
+        os.kill(os.getpid(), signal.SIGKILL)
+repo.export(sys.argv[2], sys.argv[3], force=True, write_progress=progress)
+"""
+
+
+def test_a_folder_export_killed_halfway_leaves_the_old_folder_and_the_next_cleans_up(two_folders, tmp_path):
+    repo, old, new, _, _ = two_folders
+    out = tmp_path / "out"
+    repo.export(old.id, out)
+    before = listing(out)
+    child = subprocess.run([PY, "-c", KILLED_EXPORT, str(repo.root), new.id, str(out)], capture_output=True)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert listing(out) == before
+    left = [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+    assert len(left) == 1 and left[0].name.startswith(".out.tmp")
+    repo.export(new.id, out, force=True)  # the next export to the same target removes the leftover
+    assert same_folder(out, tmp_path / "new")
+    assert [p for p in tmp_path.iterdir() if ".tmp" in p.name] == []
+
+
+# -- 4. nothing is written through a link; links are not followed into loops -------
+
+def test_a_link_inside_the_target_is_never_written_through(two_folders, tmp_path):
+    repo, old, new, _, _ = two_folders
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "mine.txt").write_text("keep")
+    out = tmp_path / "out"
+    repo.export(old.id, out)
+    (out / "sub").symlink_to(elsewhere)
+    folder = repo.load(new.id)
+    folder["__folder__"]["files"]["sub/tokenizer.json"] = b"{}"
+    crafted = repo.commit(folder, "a folder with a file in sub/")
+    repo.export(crafted.id, out, force=True)
+    assert listing(elsewhere) == {"mine.txt": b"keep"}
+    assert not (out / "sub").is_symlink() and (out / "sub" / "tokenizer.json").read_bytes() == b"{}"
+
+
+def test_a_folder_commit_refuses_a_link_to_a_folder_and_reads_a_link_to_a_file(tmp_path):
+    model_folder(tmp_path / "hf")
+    (tmp_path / "hf" / "again").symlink_to(".")
+    repo = mvc.Repository.init(tmp_path / "repo", chunk_size=SMALL_CHUNK)
+    with pytest.raises(mvc.errors.FolderLink) as exc:
+        repo.commit_file(tmp_path / "hf")
+    assert exc.value.path == "again" and exc.value.target == "."
+    out = cli(repo.root, "commit", tmp_path / "hf")
+    assert out.exit_code == 1 and out.stderr.count("\n") == 1 and "symbolic link to a folder" in out.stderr
+    assert list(repo.log()) == []
+    (tmp_path / "hf" / "again").unlink()
+    (tmp_path / "vocab.txt").write_text("outside")  # a hub snapshot links its files to blobs elsewhere
+    (tmp_path / "hf" / "vocab.txt").symlink_to(tmp_path / "vocab.txt")
+    c = repo.commit_file(tmp_path / "hf")
+    assert repo.load(c.id)["__folder__"]["files"]["vocab.txt"] == b"outside"
+    (tmp_path / "hf" / "index.json").symlink_to(repo.dir / "FORMAT")  # into a repository: refused
+    with pytest.raises(mvc.errors.FolderLink):
+        repo.commit_file(tmp_path / "hf")
+    repo.close()

@@ -18,7 +18,10 @@
 
 Each object encodes itself as a canonical msgpack map with a ``type`` field
 (see ``docs/format.md``); its id is the BLAKE3 digest of those bytes. Each
-``decode`` checks what it reads and raises only ``CorruptObject``.
+``decode`` checks what it reads and raises only ``CorruptObject``; each
+``encode`` runs its own ``decode`` on what it made, so an object no read
+accepts is a ``BadInput`` before it is written, never a commit that cannot
+be read.
 """
 
 import math
@@ -28,7 +31,7 @@ from typing import Any, Iterator
 
 from . import dtypes, encoding, hashing
 from .encoding import Ext
-from .errors import CorruptObject
+from .errors import BadInput, CorruptObject
 from .traverse import format_path, walk  # noqa: F401  (re-exported: trees are walked with these)
 
 ID_SIZE = hashing.DIGEST_SIZE
@@ -42,6 +45,26 @@ MAX_EXTENT = 2**63 - 1  # torch sizes and strides tensors with int64
 
 def object_id(data: bytes) -> bytes:
     return hashing.digest(data)
+
+
+def shape_problem(dtype: str, shape) -> str:
+    """Why a tensor of ``dtype`` and ``shape`` cannot be read back ("" if it can):
+    the limits ``TensorObject.decode`` applies, checked before anything is written."""
+    if len(shape) > MAX_DIMS:
+        return f"it has {len(shape)} dimensions, more than {MAX_DIMS}"
+    # counting empty dimensions as 1 bounds the strides too, which torch computes even for no elements
+    if math.prod(max(d, 1) for d in shape) * dtypes.itemsize(dtype) > MAX_EXTENT:
+        return "its shape is too large for int64 sizes and strides"
+    return ""
+
+
+def _readable(data: bytes, decode, kind: str) -> bytes:
+    """``data`` if ``decode`` accepts it: what no read could decode is never written."""
+    try:
+        decode(data)
+    except CorruptObject as exc:
+        raise BadInput(f"this {kind} could not be read back once stored ({exc}); nothing was written") from None
+    return data
 
 
 def _check(cond: bool, what: str) -> None:
@@ -112,7 +135,7 @@ class TensorObject:
                   "chunk_size": self.chunk_size, "chunks": list(self.chunks)}
         if self.shards:  # absent for a whole tensor: its bytes stay what format 1 wrote
             fields["shards"] = [[list(o), list(z)] for o, z in self.shards]
-        return encoding.pack(fields)
+        return _readable(encoding.pack(fields), TensorObject.decode, "tensor")
 
     @classmethod
     def decode(cls, data: bytes) -> "TensorObject":
@@ -124,9 +147,8 @@ class TensorObject:
         _check(type(shape) is list and len(shape) <= MAX_DIMS, "tensor shape is not a list of dims")
         _check(all(type(d) is int and d >= 0 for d in shape), "tensor shape has a bad dimension")
         _check(type(size) is int and 0 < size <= MAX_READ_CHUNK, "tensor chunk_size is not between 1 and 2**32-1")
-        # counting empty dimensions as 1 bounds the strides too, which torch computes even for no elements
-        _check(math.prod(max(d, 1) for d in shape) * dtypes.itemsize(dtype) <= MAX_EXTENT,
-               "tensor shape is too large for int64 sizes and strides")
+        problem = shape_problem(dtype, shape)
+        _check(not problem, f"tensor shape is not readable: {problem}")
         _check(type(chunks) is list and all(_is_id(c) for c in chunks), "tensor chunks are not ids")
         shards = _decode_shards(v["shards"], tuple(shape)) if "shards" in v else ()
         obj = cls(dtype, tuple(shape), size, tuple(chunks), shards)
@@ -237,7 +259,7 @@ class TreeObject:
         fields = {"type": "tree", "root": _encode_node(self.root)}
         if self.dcp is not None:
             fields["dcp"] = self.dcp
-        return encoding.pack(fields)
+        return _readable(encoding.pack(fields), TreeObject.decode, "tree")
 
     @classmethod
     def decode(cls, data: bytes) -> "TreeObject":
@@ -267,12 +289,12 @@ class CommitObject:
     context: dict = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        return encoding.pack({
+        return _readable(encoding.pack({
             "type": "commit", "tree": self.tree, "parents": list(self.parents),
             "message": self.message, "author": self.author, "time": self.time,
             "step": self.step, "epoch": self.epoch, "metrics": self.metrics,
             "context": self.context,
-        })
+        }), CommitObject.decode, "commit")
 
     @classmethod
     def decode(cls, data: bytes) -> "CommitObject":

@@ -97,10 +97,11 @@ class _Walker:
         self.prune, self.skip_reflog = prune, skip_reflog
         self.reach = Reach()
 
-    def damage(self, kind: str, what: str, detail: str, **where) -> None:
+    def damage(self, kind: str, what: str, detail: str, oid=None, **where) -> None:
         if self.policy == RAISE:
             raise CorruptObject(f"gc stopped, nothing was deleted: {what}: {detail}; run 'mvc fsck'"
-                                + (" and 'mvc reflog expire --damaged'" if kind == CORRUPT_REFLOG else ""))
+                                + (" and 'mvc reflog expire --damaged'" if kind == CORRUPT_REFLOG else
+                                   " (its --prune-lost lets gc run again without the lost commits)"), id=oid)
         self.reach.find(kind, what, detail, **where)
 
     def get(self, kind: str, oid: bytes, **where):
@@ -111,7 +112,7 @@ class _Walker:
         detail = f"the {noun} object is missing from the index" if verdict == MISSING else value
         if verdict == CORRUPT and value == "its bytes do not hash to its id":
             detail = f"the {noun} object's bytes do not hash to its id"
-        self.damage(_KINDS[kind, verdict], f"{noun} {oid.hex()[:12]}", detail, **where)
+        self.damage(_KINDS[kind, verdict], f"{noun} {oid.hex()[:12]}", detail, oid=oid, **where)
         return None
 
     # -- roots -----------------------------------------------------------------

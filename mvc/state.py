@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from . import dtypes, encoding, traverse
-from .errors import BadInput
-from .objects import TensorLeaf
+from .errors import BadInput, TooLarge
+from .objects import TensorLeaf, shape_problem
 from .traverse import format_path, storage_key
 
 _PLAIN = (type(None), bool, str, bytes, float)
@@ -172,7 +172,12 @@ def _check_tensor(t: torch.Tensor, path: tuple) -> str:
         raise BadInput(f"tensor at {where!r} has layout {t.layout}; only dense tensors can be stored")
     if t.device.type == "meta":
         raise BadInput(f"tensor at {where!r} is on the meta device and holds no data")
-    return dtypes.name_of(t.dtype, where)
+    name = dtypes.name_of(t.dtype, where)
+    problem = shape_problem(name, tuple(t.shape))
+    if problem:  # what a read would refuse is refused before any chunk is written
+        raise TooLarge(f"tensor at {where!r} (shape {list(t.shape)}) cannot be stored: {problem}",
+                       key=where, shape=tuple(t.shape))
+    return name
 
 
 def _items(node, path=()) -> list:

@@ -217,3 +217,47 @@ def test_a_folder_commit_refuses_a_link_to_a_folder_and_reads_a_link_to_a_file(t
     with pytest.raises(mvc.errors.FolderLink):
         repo.commit_file(tmp_path / "hf")
     repo.close()
+
+
+# -- 2. what is written is readable ------------------------------------------------
+
+def test_a_tensor_no_read_accepts_is_refused_before_anything_is_written(repo, tmp_path):
+    import struct
+    first = repo.commit({"w": torch.ones(3)}, "m")
+    packs = sorted((repo.dir / "packs").iterdir())
+    with pytest.raises(mvc.errors.TooLarge) as exc:
+        repo.commit({"a": torch.empty(0, 2**62), "w": torch.ones(4)}, "never readable")
+    assert exc.value.key == "a" and exc.value.shape == (0, 2**62)
+    header = json.dumps({"a": {"dtype": "F32", "shape": [0, 2**62], "data_offsets": [0, 0]}}).encode()
+    (tmp_path / "x.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    with pytest.raises(mvc.errors.TooLarge):
+        repo.commit_file(tmp_path / "x.safetensors")
+    assert [c.id for c in repo.log()] == [first.id] and sorted((repo.dir / "packs").iterdir()) == packs
+    # the class, not the instance: every object is checked by its own decoder before it is written
+    from mvc.objects import TensorObject
+    with pytest.raises(mvc.BadInput, match="could not be read back"):
+        TensorObject("F32", (2, 3), 64, ()).encode()  # chunks that do not cover it
+    assert repo.fsck().ok
+
+
+def test_an_unreadable_object_an_older_mvc_wrote_blocks_gc_until_fsck_prune_lost(repo):
+    from mvc import encoding
+    kept = repo.commit({"w": torch.ones(3)}, "good")
+    made = repo.commit({"w": torch.ones(3) * 2}, "to be forged")
+    w = bytes.fromhex(repo.entries(made.id)[0].tensor_id)
+    bad = encoding.pack({"type": "tensor", "dtype": "F32", "shape": [0, 2**62], "chunk_size": 64, "chunks": []})
+    with repo.index.write() as txn:  # what an mvc without the write-time check stored
+        oid = repo.objects.put(txn, "tensors", bad)
+        tree = repo.objects.put(txn, "trees", encoding.pack(
+            {"type": "tree", "root": {"a": encoding.Ext(2, oid), "w": encoding.Ext(2, w)}}))
+        record = repo.objects.commit(txn, bytes.fromhex(made.id))
+        forged = repo.objects.put(txn, "commits", encoding.pack(
+            {"type": "commit", "tree": tree, "parents": [bytes.fromhex(kept.id)], "message": "old", "author": "x",
+             "time": record.time, "step": None, "epoch": None, "metrics": {}, "context": {}}))
+        repo.refs.set_if_equals(txn, "heads/main", bytes.fromhex(made.id), forged, "forged")
+    with pytest.raises(mvc.CorruptObject) as exc:
+        repo.gc(grace=0)
+    assert exc.value.id == oid.hex()
+    assert repo.prune_lost() == (forged.hex(),)
+    repo.gc(grace=0)  # runs again, and keeps the rest
+    assert torch.equal(repo.load(kept.id)["w"], torch.ones(3)) and repo.fsck().ok

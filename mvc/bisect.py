@@ -38,7 +38,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from . import encoding
+from . import encoding, scratch
 from .diff import Diff, diff
 from .errors import BadInput, CommitPruned, CorruptObject, MvcError
 from .files import FORMATS, write_checkpoint
@@ -364,8 +364,13 @@ def _evaluation_output():
 
 
 def run(repo, cmd_args, fmt: str = "pt", progress: Optional[Callable] = None,
-        check_ends: bool = True) -> BisectStatus:
+        check_ends: bool = True, timeout: Optional[float] = None, timeout_verdict: str = "skip") -> BisectStatus:
     """Judge each candidate by running ``cmd_args`` on its checkpoint.
+
+    With ``timeout`` (seconds), an evaluation still running then is killed
+    (with every process it started: it runs in a session of its own) and
+    judged ``timeout_verdict`` ("skip", or "bad" where a hang is the
+    regression).
 
     The checkpoint is written to a temporary file (``fmt`` "pt": torch.save of
     the state; "safetensors": its tensors under dotted keys) whose path is in
@@ -383,15 +388,22 @@ def run(repo, cmd_args, fmt: str = "pt", progress: Optional[Callable] = None,
         raise BadInput(f"checkpoint format {fmt!r} is not one of {', '.join(FORMATS)}")
     if not cmd_args:
         raise BadInput("give the evaluation command to run")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
+        raise BadInput(f"the evaluation timeout must be a positive number of seconds, not {timeout!r}")
+    if timeout_verdict not in ("skip", "bad"):
+        raise BadInput(f"a timed-out evaluation is judged 'skip' or 'bad', not {timeout_verdict!r}")
     state = _read_state(repo)
     _check_runnable(cmd_args[0])
-    with tempfile.TemporaryDirectory(prefix="bisect-", dir=repo.dir / "tmp") as tmp:
+    scratch.remove_leftovers(repo.dir)  # what killed runs left
+    judge = _Judge(repo, cmd_args, fmt, timeout, timeout_verdict)
+    with tempfile.TemporaryDirectory(prefix=f"bisect-{os.getpid()}-", dir=repo.dir / "tmp") as tmp:
+        judge.tmp = tmp
         if check_ends:
-            _check_ends(repo, state, lambda c: _exit_code(repo, c, cmd_args, fmt, tmp), progress)
-        return _drive(repo, state, lambda c: _evaluate(repo, c, cmd_args, fmt, tmp), True, progress)
+            _check_ends(repo, state, judge.code, progress, timeout_verdict)
+        return _drive(repo, state, judge.verdict, True, progress)
 
 
-def _check_ends(repo, state: dict, run_on: Callable, progress) -> None:
+def _check_ends(repo, state: dict, run_on: Callable, progress, timeout_verdict: str = "skip") -> None:
     """Run the command on the newest good and the oldest bad commit first.
 
     A command that calls the good end bad (an ImportError, a wrong path)
@@ -407,15 +419,18 @@ def _check_ends(repo, state: dict, run_on: Callable, progress) -> None:
         if commit.pruned:
             continue
         code = run_on(commit)
-        verdict = verdict_of(code)
+        verdict = timeout_verdict if code is None else verdict_of(code)
         if progress:
             progress(commit, f"{verdict or 'stop'} (the {expected} end, checked first)")
         if verdict != expected:
             raise MvcError(_end_problem(commit, expected, code, verdict))
 
 
-def _end_problem(commit: Commit, expected: str, code: int, verdict: Optional[str]) -> str:
-    got = f"{_how(code)}" if verdict is None else f"exited with {code} ({verdict})"
+def _end_problem(commit: Commit, expected: str, code: Optional[int], verdict: Optional[str]) -> str:
+    if code is None:
+        got = f"timed out ({verdict})"
+    else:
+        got = f"{_how(code)}" if verdict is None else f"exited with {code} ({verdict})"
     why = ("so it would call every commit bad and name a wrong first bad commit (check that the command "
            "runs: its output is above)" if expected == "good" else
            "so it cannot tell this regression from a good commit: check what it tests")
@@ -434,28 +449,59 @@ def _check_runnable(program: str) -> None:
         raise BadInput(f"evaluation command {program!r} was not found on PATH")
 
 
-def _exit_code(repo, commit: Commit, cmd_args, fmt: str, tmp: str) -> int:
-    """The exit code of the evaluation command run on ``commit``'s checkpoint."""
-    path = os.path.join(tmp, f"{commit.short_id}.{fmt}")
-    write_checkpoint(repo.load(commit.id), path, fmt, scratch=True)  # the repository's own tmp
-    args = [a.replace("{}", path) for a in cmd_args]
-    env = dict(os.environ, MVC_CHECKPOINT=path, MVC_COMMIT=commit.id)
+class _Judge:
+    """Runs the evaluation command on one commit's checkpoint at a time."""
+
+    def __init__(self, repo, cmd_args, fmt: str, timeout: Optional[float], timeout_verdict: str):
+        self.repo, self.cmd_args, self.fmt = repo, cmd_args, fmt
+        self.timeout, self.timeout_verdict, self.tmp = timeout, timeout_verdict, None
+
+    def code(self, commit: Commit) -> Optional[int]:
+        """The command's exit code on ``commit``'s checkpoint; None if it timed out (and was killed)."""
+        path = os.path.join(self.tmp, f"{commit.short_id}.{self.fmt}")
+        write_checkpoint(self.repo.load(commit.id), path, self.fmt, scratch=True)  # the repository's own tmp
+        args = [a.replace("{}", path) for a in self.cmd_args]
+        env = dict(os.environ, MVC_CHECKPOINT=path, MVC_COMMIT=commit.id)
+        try:
+            try:
+                child = subprocess.Popen(args, env=env, stdout=_evaluation_output(),
+                                         start_new_session=self.timeout is not None)
+            except OSError as exc:
+                raise BadInput(f"evaluation command {self.cmd_args[0]!r} cannot be run: "
+                               f"{exc.strerror or exc}") from None
+            try:
+                return child.wait(self.timeout)
+            except subprocess.TimeoutExpired:
+                _kill(child)
+                return None
+            except BaseException:  # interrupted: the evaluation must not outlive the bisect
+                _kill(child)
+                raise
+        finally:
+            os.unlink(path)
+
+    def verdict(self, commit: Commit) -> str:
+        code = self.code(commit)
+        if code is None:
+            return self.timeout_verdict
+        verdict = verdict_of(code)
+        if verdict is None:
+            raise MvcError(f"evaluation of {commit.short_id} (step {commit.step}) {_how(code)}; bisect stopped "
+                           "with every earlier verdict kept: judge this commit with 'mvc bisect good|bad|skip' "
+                           "or fix the command and run 'mvc bisect run' again")
+        return verdict
+
+
+def _kill(child) -> None:
+    """SIGKILL ``child`` and, when it leads a session of its own, everything it started; reap it."""
     try:
-        return subprocess.run(args, env=env, stdout=_evaluation_output()).returncode
-    except OSError as exc:
-        raise BadInput(f"evaluation command {cmd_args[0]!r} cannot be run: {exc.strerror or exc}") from None
-    finally:
-        os.unlink(path)
-
-
-def _evaluate(repo, commit: Commit, cmd_args, fmt: str, tmp: str) -> str:
-    code = _exit_code(repo, commit, cmd_args, fmt, tmp)
-    verdict = verdict_of(code)
-    if verdict is None:
-        raise MvcError(f"evaluation of {commit.short_id} (step {commit.step}) {_how(code)}; bisect stopped "
-                       "with every earlier verdict kept: judge this commit with 'mvc bisect good|bad|skip' "
-                       "or fix the command and run 'mvc bisect run' again")
-    return verdict
+        if os.getsid(child.pid) == child.pid:
+            os.killpg(child.pid, signal.SIGKILL)
+        else:
+            child.kill()
+    except (ProcessLookupError, PermissionError):
+        pass
+    child.wait()
 
 
 def _how(code: int) -> str:

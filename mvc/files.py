@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from .errors import BadInput, InsideRepository, MvcError
+from .scratch import gone
 from .store.fs import WRITEBACK_BYTES, start_writeback
 from .traverse import format_path, walk
 
@@ -340,7 +341,7 @@ def remove_leftovers(target: Path, remove: Optional[Callable] = None) -> list:
         return removed
     for name in names:
         found = _LEFTOVER.fullmatch(name)
-        if found is None or found.group(1) != target.name or not _dead(int(found.group(2))):
+        if found is None or found.group(1) != target.name or not gone(int(found.group(2))):
             continue
         path = target.parent / name
         try:
@@ -349,18 +350,6 @@ def remove_leftovers(target: Path, remove: Optional[Callable] = None) -> list:
         except FileNotFoundError:  # another export cleaned it meanwhile
             pass
     return removed
-
-
-def _dead(pid: int) -> bool:
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, OverflowError, ValueError):
-        return pid <= 0 or pid > 2**22  # another user's process, or no pid at all
-    return False
 
 
 def _remove_path(path: Path) -> None:

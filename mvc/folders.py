@@ -152,6 +152,12 @@ def _layout(state) -> tuple:
         parts = name.split("/")
         if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
             raise BadInput(f"the model folder names a file {name!r} outside itself; refusing to write it")
+        if any(ord(c) < 0x20 or c == "\x7f" for c in name):
+            raise BadInput(f"the model folder names a file {name!r} with a control character (a NUL byte, a "
+                           "newline); refusing to write it")
+        if any(p in SKIPPED_DIRS for p in parts):
+            raise BadInput(f"the model folder names a file {name!r} inside {REPOSITORY_DIR}, .git or .cache, "
+                           "which a folder commit never holds; refusing to write it")
     return files, {k: (v["keys"], v.get("metadata", {})) for k, v in shards.items()}
 
 

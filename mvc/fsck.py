@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import reach
+from . import reach, scratch
 from .errors import CorruptObject
 from .reach import (CORRUPT_COMMIT, CORRUPT_REF, CORRUPT_REFLOG, CORRUPT_TENSOR, CORRUPT_TREE,  # noqa: F401
                     MISSING_COMMIT, MISSING_TENSOR, MISSING_TREE, REFLOG, Finding)
@@ -83,6 +83,7 @@ class FsckReport:
     seconds: float
     damage: tuple = ()
     unreferenced: tuple = ()
+    leftovers: tuple = ()  # scratch files of killed commands under .mvc/tmp (harmless; gc removes them)
 
     @property
     def ok(self) -> bool:
@@ -298,7 +299,8 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
     r = checker.reach
     return FsckReport(quick, len(r.parents), r.trees, r.tensors, len(r.chunk_length),
                       len(packs), verified, time.perf_counter() - start, checker.damage(),
-                      tuple(checker.unreferenced(packs, tmps, indexed)))
+                      tuple(checker.unreferenced(packs, tmps, indexed)),
+                      tuple(p.relative_to(repo.dir).as_posix() for p in scratch.leftovers(repo.dir)))
 
 
 def _indexed_packs(txn, packs: dict, locations: dict) -> set:

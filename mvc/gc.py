@@ -37,11 +37,11 @@ import math
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
-from . import reach, refs
+from . import reach, refs, scratch
 from .errors import BadInput, CorruptObject, MvcError, ProtectedRef, UnknownRevision
 from .store.fs import entries, fsync_dir
 from .store.index import reflog_entry
@@ -130,6 +130,7 @@ class GcReport:
     tmp_removed: int = 0
     notes: tuple = field(default=())  # packs left alone and why
     left: tuple = field(default=())  # LeftAlone: garbage this gc kept on purpose, and what reclaims it
+    scratch_removed: tuple = ()  # scratch entries of killed commands under .mvc/tmp (mvc.scratch)
 
     @property
     def bytes_reclaimed(self) -> int:
@@ -163,8 +164,9 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
             return sweep.report(True, before, before - saved, packs_before, packs_before - saved, plan)
         moved = _rewrite(repo, plan)
         _delete(repo, plan)
-        return sweep.report(False, before, disk_usage(repo.dir), packs_before,
-                            disk_usage(repo.dir / "packs"), plan, moved)
+        gone = tuple(p.relative_to(repo.dir).as_posix() for p in scratch.remove_leftovers(repo.dir))
+        return replace(sweep.report(False, before, disk_usage(repo.dir), packs_before,
+                                    disk_usage(repo.dir / "packs"), plan, moved), scratch_removed=gone)
 
 
 def disk_usage(path: Path) -> int:

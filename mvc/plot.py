@@ -116,8 +116,24 @@ def plot_diff(diff, path, max_rows: int = MAX_ROWS) -> Path:
                  f"{100 * s.parameters_changed:.2g}% of parameters", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     _legend(ax, {status for _, _, status in rows})
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     return Path(path)
+
+
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
+
+
+def check_image_path(path) -> None:
+    """BadInput unless ``path`` names an image format the plots can be written in."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in IMAGE_SUFFIXES:
+        raise BadInput(f"cannot draw into {path}: {suffix or 'no suffix'} is not an image format; "
+                       "name it .png, .svg or .pdf")
+
+
+def _save(fig, path) -> None:
+    check_image_path(path)
+    fig.savefig(path, dpi=110)
 
 
 def _draw_row(ax, y: int, value, status: str, floor: float, top: float, log: bool) -> None:
@@ -162,5 +178,5 @@ def plot_metric(commits, metric: str, path, title: str = "") -> Path:
     ax.set_ylabel(metric)
     ax.set_title(title or f"{metric} over {len(points)} commits", fontsize=10)
     ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     return Path(path)

@@ -15,7 +15,8 @@ commit or checkout.
 import re
 from typing import Callable, Optional
 
-from .errors import AmbiguousRevision, CorruptObject, InvalidRefName, ProtectedRef, RefConflict, UnknownRevision
+from .errors import (AmbiguousRevision, CorruptObject, InvalidRefName, ProtectedRef, RefConflict, RevisionTooLong,
+                     UnknownRevision)
 from .store import locks
 from .store.index import RefValue, reflog_entry
 
@@ -27,7 +28,10 @@ MIN_PREFIX = 4
 MAX_NAME = 400  # bytes: with its prefix a ref name stays under the index's key limit
 
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
-_SUFFIX = re.compile(r"(~\d*|\^\d*)")
+_SUFFIX = re.compile(r"[~^][0-9]*")
+_SUFFIX_CHARS = frozenset("~^0123456789")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+MAX_REVISION = 1024  # characters: a longest name, @{N}, and more ~N / ^N steps than any history needs
 _AT = re.compile(r"^(.*)@\{(\d+)\}$")
 
 
@@ -68,11 +72,23 @@ def _name_problem(name: str) -> str:
 
 
 def split_revision(rev: str) -> tuple:
-    """(base, [(op, n), ...]) where op is '~' or '^'; UnknownRevision if malformed."""
+    """(base, [(op, n), ...]) where op is '~' or '^', in one pass over ``rev``;
+    UnknownRevision if malformed (empty, a control character, no base),
+    RevisionTooLong past MAX_REVISION characters."""
     if not isinstance(rev, str) or not rev:
         raise UnknownRevision("empty revision")
-    match = re.match(r"^(.*?)((?:~\d*|\^\d*)*)$", rev)
-    base, suffix = match.group(1), match.group(2)
+    if len(rev) > MAX_REVISION:
+        raise RevisionTooLong(f"revision {rev[:40]!r}... is {len(rev)} characters long; a revision is at most "
+                              f"{MAX_REVISION} (a name of at most {MAX_NAME} bytes and its ~N / ^N steps)",
+                              length=len(rev))
+    if _CONTROL.search(rev):
+        raise UnknownRevision(f"revision {rev!r} holds a control character; no name or id does")
+    start = len(rev)  # the suffix is the longest tail of ~, ^ and digits that starts with ~ or ^
+    while start > 0 and rev[start - 1] in _SUFFIX_CHARS:
+        start -= 1
+    while start < len(rev) and rev[start].isdigit():
+        start += 1
+    base, suffix = rev[:start], rev[start:]
     if not base:
         raise UnknownRevision(f"revision {rev!r} has no base")
     ops = []

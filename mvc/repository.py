@@ -844,10 +844,11 @@ class Repository:
         return _bisect.reset(self)
 
     def bisect_run(self, cmd_args, fmt: str = "pt", progress=None,
-                   check_ends: bool = True) -> "_bisect.BisectStatus":
+                   check_ends: bool = True, timeout=None, timeout_verdict: str = "skip") -> "_bisect.BisectStatus":
         """Judge candidates by running a command on each (Git's exit-code rules),
-        after checking that the good and the bad end come out so (``check_ends``)."""
-        return _bisect.run(self, cmd_args, fmt, progress, check_ends)
+        after checking that the good and the bad end come out so (``check_ends``);
+        an evaluation past ``timeout`` seconds is killed and judged ``timeout_verdict``."""
+        return _bisect.run(self, cmd_args, fmt, progress, check_ends, timeout, timeout_verdict)
 
     def bisect_run_metric(self, metric: str, threshold: float, higher_is_worse: bool = False,
                           progress=None) -> "_bisect.BisectStatus":

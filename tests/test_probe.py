@@ -261,3 +261,164 @@ def test_an_unreadable_object_an_older_mvc_wrote_blocks_gc_until_fsck_prune_lost
     assert repo.prune_lost() == (forged.hex(),)
     repo.gc(grace=0)  # runs again, and keeps the rest
     assert torch.equal(repo.load(kept.id)["w"], torch.ones(3)) and repo.fsck().ok
+
+
+# -- 5. no traceback ------------------------------------------------------------------
+
+@pytest.fixture
+def optimizer_added(repo):
+    """A model-only commit, then one that adds Adam's 0-dim ``step``."""
+    a = repo.commit({"w": torch.ones(3)}, "model only", metrics={"loss": 1.0})
+    b = repo.commit({"w": torch.ones(3), "opt": {"step": torch.tensor(5.0)}}, "with optimizer",
+                    metrics={"loss": 2.0})
+    return repo, a, b
+
+
+def test_diff_and_bisect_show_an_added_zero_dim_tensor(optimizer_added):
+    repo, a, b = optimizer_added
+    for args in (("diff", a.id, b.id), ("diff", b.id, a.id)):
+        out = cli(repo.root, *args)
+        assert out.exit_code == 0 and "Traceback" not in out.output, out.output
+    assert "opt.step  F32 scalar" in cli(repo.root, "diff", a.id, b.id).output
+    assert cli(repo.root, "bisect", "start", b.id, a.id).exit_code == 0
+    out = cli(repo.root, "bisect", "run", "--metric", "loss", "--threshold", "1.5")
+    assert out.exit_code == 0 and "opt.step  F32 scalar" in out.output, out.output
+
+
+def test_bad_revisions_plot_names_and_folder_names_are_one_line_errors(optimizer_added, tmp_path):
+    repo, a, b = optimizer_added
+    for args in (("log", "main\nx"), ("log", "a" * 40_000), ("show", "main~1\x00"), ("log", "main\u0085"),
+                 ("diff", a.id, b.id, "--plot", tmp_path / "x.txt"),
+                 ("log", "--plot", "loss", tmp_path / "x.txt")):
+        out = cli(repo.root, *args)
+        assert out.exit_code == 1 and out.stderr.count("\n") == 1, (args, out.output)
+        assert out.stderr.startswith("mvc: error:") and "Traceback" not in out.output
+    with pytest.raises(mvc.errors.RevisionTooLong) as exc:
+        repo.resolve("main" + "~" * 40_000)
+    assert exc.value.length == 40_004
+    assert repo.resolve("main" + "^" * 1 + "~0" * 500) == a.id  # long but within the limit: parsed in one pass
+    folder = {"w": torch.ones(2), "__folder__": {"files": {"a\x00b": b"x", ".mvc/FORMAT": b"x"},
+                                                  "safetensors": {"model.safetensors": {"keys": ["w"]}}}}
+    for name in ("a\x00b", ".mvc/FORMAT"):
+        crafted = {**folder, "__folder__": {**folder["__folder__"], "files": {name: b"x"}}}
+        c = repo.commit(crafted, "crafted")
+        with pytest.raises(mvc.BadInput, match="refusing to write it"):
+            repo.export(c.id, tmp_path / "out")
+        out = cli(repo.root, "export", c.id, "-o", tmp_path / "out")
+        assert out.exit_code == 1 and "Traceback" not in out.output
+    assert not (tmp_path / "out").exists()
+
+
+# -- 7. bisect run --timeout ------------------------------------------------------------
+
+HANGS_AT_2 = r"""
+import json, os, subprocess, sys, time
+step = json.load(open(sys.argv[2]))[os.environ["MVC_COMMIT"]]  # no torch import: the timeout is short
+if step == 2:  # hangs, and so does a process it started
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(sys.argv[1], "w").write(str(child.pid))
+    time.sleep(600)
+sys.exit(1 if step >= 3 else 0)
+"""
+
+
+@pytest.fixture
+def five(repo):
+    ids = [repo.commit({"w": torch.full((4,), float(i)), "step": i}, f"#{i}", step=i).id for i in range(5)]
+    return repo, ids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie nobody reaped yet is gone too
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("flag", [None, "--timeout-bad"])
+def test_bisect_run_kills_a_hanging_evaluation_and_everything_it_started(five, tmp_path, flag):
+    repo, ids = five
+    script, pidfile = tmp_path / "evaluate.py", tmp_path / "grandchild.pid"
+    script.write_text(HANGS_AT_2)
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps({cid: i for i, cid in enumerate(ids)}))
+    assert cli(repo.root, "bisect", "start", ids[4], ids[0]).exit_code == 0
+    args = ["bisect", "run", "--timeout", "3", *([flag] if flag else []), "--json", PY, script, pidfile, steps]
+    out = cli(repo.root, *args)
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    if flag:  # the hang is the regression
+        assert result["first_bad"]["id"] == ids[2]
+    else:  # skipped: the first bad is #2 or #3, and Git's rule says so
+        assert (result["first_bad"] or {}).get("id") != ids[2] and ids[2] in result["suspects"] + [ids[3]]
+    assert not _alive(int(pidfile.read_text()))
+
+
+def test_bisect_run_timeout_is_checked(five):
+    repo, ids = five
+    cli(repo.root, "bisect", "start", ids[4], ids[0])
+    for args in (("--timeout", "0", "true"), ("--timeout", "nan", "true"), ("--timeout-bad", "true")):
+        out = cli(repo.root, "bisect", "run", *args)
+        assert out.exit_code in (1, 2) and out.stderr.count("\n") == 1, (args, out.output)
+        assert "Traceback" not in out.output
+    with pytest.raises(mvc.BadInput):
+        repo.bisect_run(["true"], timeout=-1)
+
+
+# -- 8. what killed commands leave is cleaned up and listed ---------------------------------
+
+KILLS_ITS_PARENT = r"""
+import os, signal
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+
+KILLED_FILE_EXPORT = r"""
+import os, signal, sys, mvc
+repo = mvc.Repository.open(sys.argv[1])
+def progress(done, total):
+    if done:
+        os.kill(os.getpid(), signal.SIGKILL)
+repo.export("main", sys.argv[2], force=True, write_progress=progress)
+"""
+
+
+def test_a_killed_bisect_run_leaves_scratch_that_fsck_lists_and_gc_or_the_next_run_removes(five, tmp_path):
+    repo, ids = five
+    script = tmp_path / "evaluate.py"
+    script.write_text(KILLS_ITS_PARENT)
+    code = f"import mvc, sys; r = mvc.Repository.open(sys.argv[1]); r.bisect_start({ids[4]!r}, {ids[0]!r}); " \
+           f"r.bisect_run([sys.executable, sys.argv[2]])"
+    for cleaner in ("gc", "next run"):
+        child = subprocess.run([PY, "-c", code, str(repo.root), str(script)], capture_output=True, text=True)
+        assert child.returncode == -signal.SIGKILL, child.stderr
+        left = sorted(p.name for p in (repo.dir / "tmp").iterdir() if p.name.startswith("bisect-"))
+        assert len(left) == 1 and list((repo.dir / "tmp" / left[0]).iterdir())  # a whole checkpoint
+        assert repo.fsck().leftovers == (f"tmp/{left[0]}",)
+        out = cli(repo.root, "fsck")
+        assert out.exit_code == 0 and f"tmp/{left[0]}" in out.output
+        if cleaner == "gc":
+            assert repo.gc(grace=0).scratch_removed == (f"tmp/{left[0]}",)
+        else:
+            repo.bisect_reset()
+            repo.bisect_start(ids[4], ids[0])
+            script.write_text("import sys; sys.exit(0)\n")
+            with pytest.raises(mvc.MvcError):  # the bad end comes out good: stops, after cleaning up
+                repo.bisect_run([PY, str(script)])
+        assert not [p for p in (repo.dir / "tmp").iterdir() if p.name.startswith("bisect-")]
+        assert repo.fsck().leftovers == ()
+        repo.bisect_reset()
+        script.write_text(KILLS_ITS_PARENT)
+
+
+def test_a_killed_file_export_leaves_a_temporary_file_the_next_export_removes(five, tmp_path):
+    repo, ids = five
+    target = tmp_path / "model.pt"
+    child = subprocess.run([PY, "-c", KILLED_FILE_EXPORT, str(repo.root), str(target)], capture_output=True)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".model.pt.tmp")]
+    assert len(left) == 1 and not target.exists()
+    repo.export("main", target)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".model.pt")] == []
+    assert torch.load(target, weights_only=True)["step"] == 4

@@ -70,7 +70,8 @@ def _tensor_line(t, width: int) -> str:
     if t.status == "reshaped":
         return f"{head}  {_shape(t.dtype_a, t.shape_a)} -> {_shape(t.dtype_b, t.shape_b)}"
     if t.status in ("added", "removed"):
-        return f"{head}  {_shape(t.dtype_b or t.dtype_a, t.shape_b or t.shape_a)}"
+        shape = t.shape_b if t.shape_b is not None else t.shape_a  # () is a 0-dim tensor's shape, not absent
+        return f"{head}  {_shape(t.dtype_b or t.dtype_a, shape)}"
     return (f"{head}  {_shape(t.dtype_b, t.shape_b):<14} chunks {t.chunks_changed}/{t.chunks} "
             f"({100 * t.chunk_fraction:.3g}%)  rel {_num(t.relative_change)}  "
             f"max {_num(t.max_abs_diff)}  cos {_num(t.cosine)}")
@@ -144,6 +145,7 @@ def diff(a, b, stat, only, plot_file, show_context, as_json):
         a, b = span
     if plot_file:
         plot.require_matplotlib()  # fail before the work, not after it
+        plot.check_image_path(plot_file)
     with open_repo() as repo:
         d = repo.diff(a, b, only=only)
     if plot_file:
@@ -289,9 +291,13 @@ def _progress(commit, verdict) -> None:
               help="With --metric: above the threshold is bad (a loss); default: below it is bad.")
 @click.option("--no-check-ends", "no_check_ends", is_flag=True,
               help="Do not first run CMD on the good and the bad end (which must come out good and bad).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Kill an evaluation still running after SECONDS (with what it started) and judge it skip.")
+@click.option("--timeout-bad", is_flag=True, help="With --timeout: judge a timed-out evaluation bad (a hang "
+              "is the regression), not skip.")
 @_json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def bisect_run(fmt, metric, threshold, higher_is_worse, no_check_ends, as_json, command):
+def bisect_run(fmt, metric, threshold, higher_is_worse, no_check_ends, timeout, timeout_bad, as_json, command):
     """Judge every commit offered until the first bad one is found.
 
     Either run CMD ARGS... on each candidate's checkpoint (its path is in
@@ -307,14 +313,18 @@ def bisect_run(fmt, metric, threshold, higher_is_worse, no_check_ends, as_json, 
             raise click.UsageError("--threshold and --higher-is-worse go with --metric")
         if not command:
             raise click.UsageError("give an evaluation command, or --metric NAME --threshold X")
-    elif command or fmt or no_check_ends:
-        raise click.UsageError("--metric judges by recorded metrics: give no command, --format or --no-check-ends")
+    elif command or fmt or no_check_ends or timeout is not None:
+        raise click.UsageError("--metric judges by recorded metrics: give no command, --format, --timeout "
+                               "or --no-check-ends")
     elif threshold is None:
         raise click.UsageError("--metric needs --threshold X")
+    if timeout_bad and timeout is None:
+        raise click.UsageError("--timeout-bad goes with --timeout SECONDS")
     with open_repo() as repo:
         if metric is None:
             status = repo.bisect_run(list(command), fmt or "pt", progress=_progress,
-                                     check_ends=not no_check_ends)
+                                     check_ends=not no_check_ends, timeout=timeout,
+                                     timeout_verdict="bad" if timeout_bad else "skip")
         else:
             status = repo.bisect_run_metric(metric, threshold, higher_is_worse, progress=_progress)
     if not as_json:

@@ -124,6 +124,7 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to):
     from .. import refs
     if plot_to:
         plot.require_matplotlib()  # fail before the work, not after it
+        plot.check_image_path(plot_to[1])
     include, exclude = [], []
     for rev in revs:
         span = refs.split_range(rev)

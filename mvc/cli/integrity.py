@@ -51,6 +51,8 @@ def _show_report(rep, fates) -> None:
             click.echo(f"  {u.kind}: {u.pack} ({human_bytes(u.bytes)}{records}): {fate}")
         for hint in _hints(kept):
             click.echo(f"  {hint}")
+    if rep.leftovers:
+        click.echo(f"left by killed commands (harmless; 'mvc gc' removes them): {', '.join(rep.leftovers)}")
     click.echo("ok: no damage found" if rep.ok else
                "fsck found damage: the commits and refs listed above cannot be loaded intact")
 
@@ -197,6 +199,8 @@ def _show_gc(r) -> None:
     click.echo(f"packs: {did('deleted', 'delete')} {r.packs_deleted}, {did('rewrote', 'rewrite')} "
                f"{r.packs_rewritten} ({r.records_moved} live records moved), {did('removed', 'remove')} "
                f"{r.tmp_removed} stale .tmp files")
+    if r.scratch_removed:
+        click.echo(f"removed what killed commands left in .mvc: {', '.join(r.scratch_removed)}")
     for note in r.notes:
         click.echo(f"  {note}")
     for left in r.left:

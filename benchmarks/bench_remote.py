@@ -122,11 +122,16 @@ def run_main(args, server: Server, scratch: Path) -> None:
     save_pt(state, pt1)
     save_pt(state2, pt2)
     best: dict = {}
+    rounds: list = []
 
     def keep(name: str, seconds: float) -> None:
         best[name] = min(seconds, best.get(name, seconds))
+        rounds[-1][name] = seconds
     for i in range(args.repeat):  # each round: a fresh repository, remote and clones; mvc and boto3 side by side
+        rounds.append({})
         sent = one_round(args, server, scratch / f"round{i}", state, state2, pt1, pt2, i, keep)
+        print_round(i, rounds[-1])
+    steady(rounds)
     row("push_full", f"first push ({sent[0] / MiB:.0f} MiB sent) vs upload_file", best["push"], best["upload"])
     row("push_10pct", f"push, 10% changed ({sent[1] / MiB:.0f} MiB sent) vs upload_file", best["push2"],
         best["upload2"])
@@ -136,6 +141,25 @@ def run_main(args, server: Server, scratch: Path) -> None:
     row("lazy_checkout", "(info) load from a fresh --lazy clone vs download + load", best["lazy_load"], best["dl"])
     del state2
     storage(args, server, scratch, state)
+
+
+# (target name, mvc step, baseline step) of the ratios each round prints
+ROUND_RATIOS = (("push_full", "push", "upload"), ("push_10pct", "push2", "upload2"),
+                ("lazy_checkout", "checkout", "dl"), ("lazy_checkout", "checkout_st", "dl"),
+                ("cached_switch", "switch", "dl"))
+
+
+def print_round(i: int, got: dict) -> None:
+    print(f"round {i + 1}: " + "  ".join(f"{m} {got[m] / got[b]:.2f}x" for _, m, b in ROUND_RATIOS), flush=True)
+
+
+def steady(rounds: list) -> None:
+    """How many rounds kept each ratio within its target (the steady targets: 4 of 5)."""
+    for name, m, b in ROUND_RATIOS:
+        ratios = [r[m] / r[b] for r in rounds]
+        within = sum(x <= TARGETS[name] for x in ratios)
+        print(f"{m:12} within target (<= {TARGETS[name]}) in {within} of {len(rounds)} rounds: "
+              + " ".join(f"{x:.2f}" for x in ratios), flush=True)
 
 
 def one_round(args, server: Server, root: Path, state, state2, pt1: Path, pt2: Path, i: int, keep) -> tuple:

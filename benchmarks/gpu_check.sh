@@ -5,7 +5,9 @@
 #   3. per-device CUDA RNG capture/restore (every visible device)
 #   4. bit-exact resume of a small CUDA AMP run (autocast fp16, GradScaler("cuda"), dropout,
 #      DataLoader(shuffle=True) with no generator): straight vs stopped-and-resumed
-#   5. the blocked-time benchmark on the GPU (benchmarks/bench_hooks.py --device cuda)
+#   5. dense (repacked) records of CUDA tensors: byte-grouped and delta records decoded in
+#      parallel runs straight into the tensors, then map_location to the GPU, bit for bit
+#   6. the blocked-time benchmark on the GPU (benchmarks/bench_hooks.py --device cuda)
 # Prints one summary line last: "gpu_check: PASS ..." or "gpu_check: FAIL ...".
 #
 #   bash benchmarks/gpu_check.sh            # after: pip install -e '.[test]' (torch with CUDA)
@@ -62,6 +64,27 @@ def _():
         assert back[key].device.type == torch.device(device).type, key
         assert back[key].dtype == tensor.dtype and torch.equal(back[key], tensor), key
         assert cpu[key].device.type == "cpu" and torch.equal(cpu[key], tensor.cpu()), key
+
+
+@check("repacked_map_location")
+def _():
+    g = torch.Generator().manual_seed(3)
+    first = {"f32": torch.randn(300_001, generator=g) * 0.02, "bf16": (torch.randn(70_003, generator=g) * 0.1).bfloat16(),
+             "f64": torch.randn(9_999, generator=g, dtype=torch.float64), "i32": torch.randint(0, 9, (5_001,), generator=g,
+                                                                                          dtype=torch.int32)}
+    second = {k: v.clone() for k, v in first.items()}
+    second["f32"][1000:1064] += 1.0  # a few rows: a delta record against the first commit's chunk
+    with mvc.Repository.init(work / "dense", chunk_size=1 << 16) as repo:
+        ids = [repo.commit({k: v.to(device) for k, v in s.items()}, message=m).id
+               for s, m in ((first, "first"), (second, "second"))]
+        report = repo.repack()
+        assert report.grouped and report.deltas, report
+        for cid, state in zip(ids, (first, second)):
+            back = repo.load(cid, map_location=device)
+            for key, tensor in state.items():
+                assert back[key].device.type == torch.device(device).type, key
+                assert back[key].dtype == tensor.dtype and torch.equal(back[key].cpu(), tensor), key
+        assert repo.fsck().ok
 
 
 @check("pinned_snapshot")

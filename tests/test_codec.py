@@ -159,3 +159,119 @@ def test_golden_index_value_and_trailer_entry(tmp_path):
         (44, 10, codec.GROUPED, 64, 0, None)
     entry = body[54 + 4:54 + 4 + 82]
     assert entry.hex() == "03" * 32 + "2c00000000000000" + "0a000000" + "01" + "40000000" + "00" + "00" * 32
+
+
+# -- the decoder's un-grouping (interleave) and the chunk store's parallel reads of encoded runs -----
+
+
+def _strided(planes: list, width: int) -> bytes:
+    out = np.empty(len(planes[0]) * width, np.uint8)
+    for j, plane in enumerate(planes):
+        out[j::width] = plane
+    return out.tobytes()
+
+
+@pytest.mark.parametrize("width", range(1, 17))
+@pytest.mark.parametrize("n", [1, 3, 63, 64, 1001])
+@pytest.mark.parametrize("offset", [0, 1, 6])
+def test_interleave_is_the_inverse_of_grouping(width, n, offset):
+    rng = np.random.default_rng(width * 1000 + n)
+    planes = [rng.integers(0, 256, n, dtype=np.uint8) for _ in range(width)]
+    room = np.zeros(n * width + offset + 1, np.uint8)  # an unaligned window takes the strided copy
+    out = room[offset:offset + n * width]
+    codec.interleave(planes, out)
+    assert out.tobytes() == _strided(planes, width)
+    assert room[:offset].sum() == 0 and room[-1] == 0  # nothing written outside the window
+
+
+def _dtype_bytes(name: str, n: int) -> bytes:
+    import torch
+    from mvc import dtypes
+    dtype = dtypes.TO_TORCH[name]
+    g = torch.Generator().manual_seed(n)
+    data = (torch.randn(n, generator=g) * 0.02).view(torch.uint8) if dtype.itemsize <= 4 else \
+        (torch.randn(n, generator=g, dtype=torch.float64) * 0.02).view(torch.uint8)
+    need = n * dtype.itemsize
+    return (data.numpy().tobytes() * 4)[:need]
+
+
+@pytest.mark.parametrize("name", sorted(__import__("mvc.dtypes", fromlist=["x"]).VOCABULARY))
+@pytest.mark.parametrize("extra", [0, 1, 3])
+def test_every_dtype_round_trips_bit_for_bit_aligned_or_not(name, extra):
+    from mvc import dtypes
+    if name not in dtypes.TO_TORCH:
+        pytest.skip(f"this torch has no {name}")
+    width = dtypes.VOCABULARY[name][1]
+    data = np.frombuffer(_dtype_bytes(name, 4099) + b"\x5a" * extra, np.uint8)  # odd count, odd tail
+    for base in (None, data ^ np.uint8(1)):
+        kind, payload = codec.encode(data, width, base, b"\x09" * 32 if base is not None else None)
+        if kind == codec.RAW:
+            continue
+        for offset in (0, 1):
+            room = np.zeros(len(data) + offset, np.uint8)
+            codec.decode(kind, payload, len(data), room[offset:], base)
+            assert room[offset:].tobytes() == data.tobytes()
+
+
+def test_every_flipped_byte_is_refused_or_decodes_to_other_bytes():
+    from mvc import hashing
+    data = _smooth(1 << 14, 4)
+    kind, payload = codec.encode(data, 4)
+    assert kind == codec.GROUPED
+    modes = [codec.PLANE_HEAD.unpack_from(payload, codec.GROUP_HEAD.size + j * codec.PLANE_HEAD.size)[0]
+             for j in range(4)]
+    assert codec.PLANE_ZSTD in modes and codec.PLANE_RAW in modes  # both kinds of plane are hit below
+    want = hashing.digest(data)
+    for at in range(0, len(payload), 7):
+        bad = bytearray(payload)
+        bad[at] ^= 0x10
+        out = bytearray(len(data))
+        try:
+            codec.decode(kind, bytes(bad), len(data), out)
+        except CorruptObject:
+            continue
+        assert hashing.digest(out) != want, at  # what the chunk store then refuses
+
+
+@pytest.fixture
+def coded(tmp_path, monkeypatch):
+    """A repacked repository whose load reads many runs of encoded records in several threads."""
+    import torch
+
+    import mvc
+    from mvc.store import chunks
+    monkeypatch.setattr(chunks, "CODED_TASK_BYTES", 16 << 10)  # many small tasks over the pool
+    monkeypatch.setattr(chunks, "RUN_BYTES", 20 << 10)  # and several runs per task
+    repo = mvc.Repository.init(tmp_path / "r", chunk_size=4096)
+    g = torch.Generator().manual_seed(5)
+    state = {"w": torch.randn(40_003, generator=g) * 0.02, "h": (torch.randn(9_001, generator=g) * 0.1).bfloat16(),
+             "d": torch.randn(3_001, generator=g, dtype=torch.float64)}
+    cid = repo.commit(state).id
+    repo.repack()
+    yield repo, cid, state
+    repo.close()
+
+
+def test_runs_of_encoded_records_load_bit_for_bit_in_parallel(coded):
+    import torch
+    repo, cid, state = coded
+    with repo.index.read() as txn:
+        kinds = [loc.kind for _, loc in txn.chunks()]
+    assert kinds.count(codec.GROUPED) > 20
+    got = repo.load(cid)
+    assert all(torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)) for k, v in state.items())
+
+
+def test_a_flipped_byte_in_a_run_of_encoded_records_names_its_chunk(coded):
+    import mvc
+    from damage import flipped
+    repo, cid, _ = coded
+    with repo.index.read() as txn:
+        records = sorted((loc.offset, key, loc) for key, loc in txn.chunks() if loc.kind == codec.GROUPED)
+    for _, key, loc in records[len(records) // 2:len(records) // 2 + 3]:  # in the middle of a run
+        path = repo.dir / "packs" / f"pack-{loc.pack.hex()}.pack"
+        for at in (loc.offset + 1, loc.offset + loc.length - 2):  # the plane table, the last plane
+            with flipped(path, at, 4):
+                with pytest.raises((mvc.ChecksumMismatch, mvc.CorruptObject)) as info:
+                    repo.load(cid)
+                assert info.value.id == key.hex()  # the error names the damaged chunk

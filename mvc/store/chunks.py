@@ -55,6 +55,7 @@ THREADS = max(1, min(8, os.cpu_count() or 1))
 RUN_BYTES = 1 << 20
 MAX_RUN = 500  # chunks in one read: each takes two of the kernel's 1024 iovec slots
 TASK_BYTES = 16 << 20  # work handed to one thread at a time: amortises the pool's per-task cost
+CODED_TASK_BYTES = 4 << 20  # the same for encoded records, counted in decoded bytes
 
 # Kinds of problem ``verify`` reports.
 BAD_RECORD, CHECKSUM, SHORT_PACK, UNREADABLE = "bad-record-header", "checksum-mismatch", "damaged-pack", "missing-pack"
@@ -255,29 +256,36 @@ class PackStore(ChunkStore):
         return self.locate(cid, txn, what).size  # decoded: what the caller's buffer must hold
 
     def read(self, requests: list, txn, progress=None, threads: int = THREADS) -> None:
-        jobs, coded = [], []
+        jobs, dense, coded = [], [], []
         for req in requests:
             loc = self.locate(req.id, txn, req.what)
             if loc.size != memoryview(req.buffer).nbytes:
                 raise CorruptObject(f"{_named(req.id, req.what)} has the wrong length in the index; "
                                     "run 'mvc fsck'", id=req.id)
-            if loc.coded:  # each alone, with its chain of bases looked up here, in the transaction's thread
+            if loc.base is not None:  # each alone, with its chain of bases looked up here, in the transaction's thread
                 coded.append([(loc, req, self.chain(req.id, loc, txn, req.what))])
+            elif loc.coded:
+                dense.append((loc, req))
             else:
                 jobs.append((loc, req))
-        pieces = runs(jobs)
+        pieces, packed = runs(jobs), runs(dense)
         # Cold packs: start the kernel reading every run now, so the reads
         # below find it in the cache instead of waiting for the disk in turn.
-        self.packs.prefetch([[job[0] for job in run] for run in pieces])
+        self.packs.prefetch([[job[0] for job in run] for run in pieces + packed])
 
         def work(task):
             for run in task:
                 if len(run[0]) == 3:
                     self._read_coded(*run[0])
+                elif run[0][0].coded:
+                    self._read_packed(run)
                 else:
                     self._read_run(run)
             return sum(job[0].size for run in task for job in run)
-        tasks = batches(pieces + coded, lambda run: sum(job[0].size for job in run))
+        # Decoding costs several times the CPU per byte of hashing: smaller
+        # tasks, so that every thread has work until the end of a read.
+        tasks = batches(pieces, lambda run: sum(job[0].size for job in run)) + \
+            batches(packed + coded, lambda run: sum(job[0].size for job in run), CODED_TASK_BYTES)
         if len(tasks) <= 1 or threads <= 1:
             for task in tasks:
                 n = work(task)
@@ -335,6 +343,16 @@ class PackStore(ChunkStore):
 
     def _read_coded(self, loc: Location, req: Request, chain: list) -> None:
         self.decode(req.id, loc, chain, req.buffer, req.what)
+
+    def _read_packed(self, run: list) -> None:
+        # Encoded records that decode alone, back to back in one pack: one
+        # read into this thread's scratch buffer, then each record decoded
+        # straight into its request's buffer (the caller's tensor) and hashed
+        # there while still in the CPU cache.
+        payloads = self._buffers(run)
+        self.packs.read_run([loc for loc, _ in run], payloads)
+        for (loc, req), payload in zip(run, payloads):
+            self.decode(req.id, loc, [], req.buffer, req.what, payload)
 
     def read_stored(self, cid: bytes, txn, what: str = "") -> tuple:
         """(Location, the record's stored bytes) of chunk ``cid``, proven to decode to it."""

@@ -1,0 +1,250 @@
+"""Cost at scale: how metadata work grows with chunks, commits and tensors, fitted and projected.
+
+Run ``python benchmarks/bench_scale.py [--chunks 1e5,1e6] [--commits 1e3,1e4] [--tensors 1e4,1e5]``.
+It builds real repositories with a tiny chunk size (64 bytes), so that millions of chunk
+entries take megabytes of tensor data and minutes, not terabytes and days:
+
+- **chunk series**: N chunk entries over 10 commits of 10 tensors each (random bytes: every
+  chunk distinct). Measured: index bytes per chunk (``data.mdb`` over N; and the pages of the
+  chunk table and of the tensor objects, which list every chunk id), ``fsck --quick`` (the
+  metadata part: the reachability walk, every chunk located in the index, the packs listed),
+  ``gc`` planning (``--dry-run``: the live set, the sweep, the pack plan), push planning
+  against a folder remote (what the remote lacks: everything, then one new commit), a lazy
+  clone (metadata only) and opening it.
+- **commit series**: C commits of a small state (one 256-byte tensor that changes, metrics).
+  Measured: ``log`` of all, ``fsck --quick``, ``gc`` planning, push planning of all.
+- **tensor series**: one state of T tensors of 16 floats. Measured: its first commit, the same
+  state again (every chunk known), and its load.
+
+Each measurement is fitted to ``t = a * n^b`` over the sizes run; ``b`` near 1 is linear, and
+anything above 1.15 is printed as SUPERLINEAR. The last table projects every measurement to a
+1 TB model with 100 checkpoints (4e6 chunks of 256 KiB per checkpoint; 4e8 chunk entries when
+every chunk changes each time, as in dense pre-training; 1e4 tensors per checkpoint).
+``docs/scale.md`` holds a run's output and what it means.
+
+Times are best of ``--repeat`` on a shared machine; the fit uses the best.
+"""
+
+import argparse
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import mvc
+from mvc.remote import sync
+
+CHUNK = 64
+PER_COMMIT_TENSORS = 10
+
+
+def _best(fn, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _plan_push(repo, remote: str) -> int:
+    """What a push of HEAD's branch would send (objects and chunks the remote lacks), without sending."""
+    conn = sync.Connection(repo, remote, create=True)
+    try:
+        conn.catalogue.refresh(conn.bucket)
+        with repo.index.read() as txn:
+            targets = sync._targets(repo, txn, ())
+            out = sync._outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn)
+        return len(out.records) + len(out.chunks)
+    finally:
+        conn.close()
+
+
+def _index_bytes(repo) -> int:
+    return (repo.dir / "index" / "data.mdb").stat().st_size
+
+
+def _db_bytes(index_dir: Path, name: str) -> int:
+    """Bytes of the pages LMDB database ``name`` uses (the file also holds free pages)."""
+    import lmdb
+    env = lmdb.open(str(index_dir), readonly=True, lock=False, max_dbs=32)
+    try:
+        with env.begin() as txn:
+            st = txn.stat(env.open_db(name.encode(), txn=txn, create=False))
+        return (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"]
+    finally:
+        env.close()
+
+
+def chunk_series(n: int, work: Path, repeat: int) -> dict:
+    """Measurements of a repository with ``n`` chunk entries in 10 commits."""
+    repo = mvc.Repository.init(work / f"chunks-{n}", chunk_size=CHUNK)
+    g = torch.Generator().manual_seed(n)
+    per_tensor = n // 10 // PER_COMMIT_TENSORS * CHUNK
+    start = time.perf_counter()
+    for i in range(10):
+        state = {f"t{k}": torch.randint(0, 256, (per_tensor,), dtype=torch.uint8, generator=g)
+                 for k in range(PER_COMMIT_TENSORS)}
+        repo.commit(state, f"c{i}")
+    build = time.perf_counter() - start
+    chunks = repo.status().chunks
+    out = dict(n=n, build=build, index_bytes_per_chunk=_index_bytes(repo) / n)
+    out["fsck_quick"] = _best(lambda: repo.fsck(quick=True), repeat)
+    out["gc_plan"] = _best(lambda: repo.gc(dry_run=True), repeat)
+    remote = work / f"remote-{n}"
+    repo.remote_add("origin", str(remote))
+    out["push_plan_all"] = _best(lambda: _plan_push(repo, "origin"), repeat)
+    start = time.perf_counter()
+    repo.push("origin")
+    out["push_s"] = time.perf_counter() - start
+    repo.commit({"new": torch.randint(0, 256, (CHUNK * 10,), dtype=torch.uint8, generator=g)}, "one more")
+    out["push_plan_one"] = _best(lambda: _plan_push(repo, "origin"), repeat)
+    repo.push("origin")
+    clone = work / f"clone-{n}"
+    start = time.perf_counter()
+    cloned = mvc.Repository.clone(str(remote), clone, lazy=True)
+    out["lazy_clone"] = time.perf_counter() - start
+    cloned.close()
+
+    def open_clone():
+        r = mvc.Repository.open(clone)
+        r.resolve("HEAD")
+        r.close()
+    out["lazy_open"] = _best(open_clone, repeat)
+    repo.close()
+    out["chunk_db_per_chunk"] = _db_bytes(repo.dir / "index", "chunks") / n
+    out["tensor_db_per_chunk"] = _db_bytes(repo.dir / "index", "tensors") / n
+    assert chunks >= n * 0.99
+    shutil.rmtree(work / f"chunks-{n}", ignore_errors=True)
+    shutil.rmtree(remote, ignore_errors=True)
+    shutil.rmtree(clone, ignore_errors=True)
+    return out
+
+
+def commit_series(c: int, work: Path, repeat: int) -> dict:
+    """Measurements of a repository with ``c`` commits of a small changing state."""
+    repo = mvc.Repository.init(work / f"commits-{c}", chunk_size=CHUNK)
+    w = torch.zeros(64)
+    start = time.perf_counter()
+    for i in range(c):
+        w[i % 64] += 1.0
+        repo.commit({"w": w, "step": i}, f"step {i}", step=i, metrics={"loss": 1.0 / (i + 1)})
+    out = dict(n=c, build=time.perf_counter() - start)
+    out["log_all"] = _best(lambda: sum(1 for _ in repo.log()), repeat)
+    out["fsck_quick"] = _best(lambda: repo.fsck(quick=True), repeat)
+    out["gc_plan"] = _best(lambda: repo.gc(dry_run=True), repeat)
+    repo.remote_add("origin", str(work / f"remote-c{c}"))
+    out["push_plan_all"] = _best(lambda: _plan_push(repo, "origin"), repeat)
+    repo.close()
+    shutil.rmtree(work / f"commits-{c}", ignore_errors=True)
+    shutil.rmtree(work / f"remote-c{c}", ignore_errors=True)
+    return out
+
+
+def tensor_series(t: int, work: Path, repeat: int) -> dict:
+    """A state of ``t`` small tensors: commit, commit again unchanged, load."""
+    repo = mvc.Repository.init(work / f"tensors-{t}", chunk_size=CHUNK)
+    g = torch.Generator().manual_seed(t)
+    state = {f"layer{i // 100}.w{i % 100}": torch.randn(16, generator=g) for i in range(t)}
+    start = time.perf_counter()
+    cid = repo.commit(state, "first").id
+    out = dict(n=t, commit=time.perf_counter() - start)
+    out["commit_again"] = _best(lambda: repo.commit(state, "again"), repeat)
+    out["load"] = _best(lambda: repo.load(cid), repeat)
+    repo.close()
+    shutil.rmtree(work / f"tensors-{t}", ignore_errors=True)
+    return out
+
+
+def fit(rows: list, key: str) -> tuple:
+    """(a, b) of t = a * n^b, least squares in log-log over the rows (b = 1.0 for one row)."""
+    pts = [(math.log(r["n"]), math.log(max(r[key], 1e-6))) for r in rows]
+    if len(pts) < 2:
+        return math.exp(pts[0][1]) / rows[0]["n"], 1.0
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    b = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    return math.exp(my - b * mx), b
+
+
+def _sizes(text: str) -> list:
+    return [int(float(x)) for x in text.split(",") if x]
+
+
+def _human(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds / 3600:.3g} h"
+
+
+def table(title: str, rows: list, keys: list) -> list:
+    lines = [title, f"{'n':>10} " + " ".join(f"{k:>14}" for k in keys)]
+    for r in rows:
+        lines.append(f"{r['n']:>10.0e} " + " ".join(f"{r[k]:>14.4g}" for k in keys))
+    fits = [fit(rows, k) for k in keys]
+    lines.append(f"{'growth b':>10} " + " ".join(f"{b:>14.2f}" for _, b in fits))
+    flagged = [k for k, (_, b) in zip(keys, fits) if b > 1.15 and len(rows) > 1]
+    if flagged:
+        lines.append("SUPERLINEAR: " + ", ".join(flagged))
+    return lines
+
+
+# 1 TB model, 100 checkpoints of 4e6 chunks at 256 KiB
+PROJECT = dict(chunks=100 * 4_000_000, commits=100, tensors=10_000)
+
+
+def projection(chunks: list, commits: list, tensors: list) -> list:
+    lines = [f"projection: 1 TB model, {PROJECT['commits']} checkpoints, {PROJECT['chunks']:.0e} chunk entries "
+             f"(every chunk new each checkpoint), {PROJECT['tensors']:.0e} tensors per checkpoint "
+             "(fit t = a*n^b from the runs above; the chunk series' fits carry the chunk count)"]
+    for name, rows, n, keys in (("chunks", chunks, PROJECT["chunks"],
+                                 ["index_bytes_per_chunk", "fsck_quick", "gc_plan", "push_plan_all",
+                                  "push_plan_one", "lazy_clone", "lazy_open"]),
+                                ("commits", commits, PROJECT["commits"], ["log_all", "fsck_quick", "gc_plan"]),
+                                ("tensors", tensors, PROJECT["tensors"], ["commit", "commit_again", "load"])):
+        if not rows:
+            continue
+        for key in keys:
+            a, b = fit(rows, key)
+            value = a * n ** b
+            shown = f"{value:.0f} B per chunk, {value * n / 1e9:.0f} GB of index" \
+                if key == "index_bytes_per_chunk" else _human(value)
+            lines.append(f"  {name:8} {key:22} b={b:5.2f}  -> {shown}")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chunks", default="1e5,3e5,1e6", help="chunk entries of the chunk series (comma separated)")
+    ap.add_argument("--commits", default="1e3,3e3,1e4", help="commits of the commit series")
+    ap.add_argument("--tensors", default="1e4,3e4,1e5", help="tensors of the tensor series")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="scratch folder (default: a temporary one)")
+    args = ap.parse_args()
+    work = Path(args.dir or tempfile.mkdtemp(prefix="mvc-bench-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        chunks = [chunk_series(n, work, args.repeat) for n in _sizes(args.chunks)]
+        commits = [commit_series(c, work, args.repeat) for c in _sizes(args.commits)]
+        tensors = [tensor_series(t, work, args.repeat) for t in _sizes(args.tensors)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    lines = table("chunk series (seconds; index bytes per chunk; build = 10 commits writing them)", chunks,
+                  ["build", "index_bytes_per_chunk", "chunk_db_per_chunk", "tensor_db_per_chunk", "fsck_quick", "gc_plan", "push_plan_all", "push_s",
+                   "push_plan_one", "lazy_clone", "lazy_open"]) if chunks else []
+    lines += table("commit series (seconds)", commits, ["build", "log_all", "fsck_quick", "gc_plan",
+                                                        "push_plan_all"]) if commits else []
+    lines += table("tensor series (seconds)", tensors, ["commit", "commit_again", "load"]) if tensors else []
+    lines += projection(chunks, commits, tensors)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MVC_AUTHOR", "bench")
+    main()

@@ -90,7 +90,7 @@ def page(title: str, body: str, where: str, active: str = "") -> str:
 
 
 STYLE = """
-body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#fff}
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#fff;min-width:max-content}
 header{background:#1d2330;color:#fff;padding:8px 16px;display:flex;gap:16px;align-items:center}
 header a{color:#c9d3e6;text-decoration:none}header a.on{color:#fff;font-weight:600}
 header .where{margin-left:auto;color:#8a96ad;font-size:12px}
@@ -101,14 +101,16 @@ th{background:#f5f7fa;font-weight:600}td.n,th.n{text-align:right;font-variant-nu
 table.log td{padding:0 8px;height:26px;vertical-align:middle;border:0;white-space:nowrap}
 table.log td.g{padding:0;line-height:0}table.log tr:hover{background:#f3f7ff}
 .deco{display:inline-block;font-size:11px;border-radius:3px;padding:0 4px;margin-right:3px;background:#e3ecfb;color:#1f4e9a}
-.deco.tag{background:#fbf0d9;color:#7a5300}.deco.head{background:#dff3e4;color:#1d6b35}
+.deco.tag{background:#fbf0d9;color:#7a5300}.deco.remote{background:#f0e6fb;color:#5b2a8a}.deco.head{background:#dff3e4;color:#1d6b35}
 .muted{color:#77809a}.bar{display:inline-block;height:8px;background:#e06c3c;vertical-align:middle}
 .bar.bg{background:#eceff4;width:60px;position:relative}.bar.bg .bar{position:absolute;left:0;top:0}
 form.filters{display:flex;gap:8px;flex-wrap:wrap;align-items:end;margin:6px 0}
 form.filters label{display:flex;flex-direction:column;font-size:12px;color:#55607a}
+form.filters label.inline{display:inline-flex;flex-direction:row;gap:4px;margin-right:10px;font-size:13px;color:#1d2330}
+fieldset{border:1px solid #d5dae3;padding:2px 8px;max-width:900px}fieldset legend{font-size:12px;color:#55607a}
 .cols{display:flex;gap:24px;align-items:flex-start;flex-wrap:wrap}.cols>div{min-width:280px}
 .pager{margin:8px 0}.pager a,.pager span{margin-right:12px}
-details{margin:4px 0}summary{cursor:pointer;font-weight:600}
+details{margin:4px 0;break-inside:avoid}#record{columns:3 380px;column-gap:24px}#record input{column-span:all}summary{cursor:pointer;font-weight:600}
 .box{border:1px solid #e1e5ec;border-radius:6px;padding:8px 12px;margin:8px 0;background:#fbfcfe}
 .status-added{color:#1d6b35}.status-removed{color:#a3262b}.status-changed{color:#a35a00}.status-reshaped{color:#6a2ca3}
 .status-unchanged{color:#77809a}.err{color:#a3262b}.busy{display:none;color:#a35a00}.busy.on{display:inline}

@@ -38,15 +38,15 @@ class View:
         self.lock = threading.Lock()  # one request reads the repository at a time
         self._walks: OrderedDict = OrderedDict()
         if warm:  # the history page's walk, before the first request asks for it
-            self.walk((), (), True)
+            self.everything()
 
     def where(self) -> str:
         return str(self.repo.root)
 
     def refs_now(self) -> tuple:
         head = self.repo.head()
-        return (tuple((r.name, r.id) for r in self.repo.branches()),
-                tuple((r.name, r.id) for r in self.repo.tags()), (head.branch, head.id))
+        return (tuple((r.name, r.id) for r in self.repo.branches()), tuple((r.name, r.id) for r in self.repo.tags()),
+                tuple((r.name, r.id) for r in self.repo.remote_branches()), (head.branch, head.id))
 
     def walk(self, include: tuple, exclude: tuple, all_refs: bool) -> tuple:
         """(commits in topological order, their lane Rows), kept while the refs stay where they are."""
@@ -59,6 +59,10 @@ class View:
         self._walks.move_to_end(key)
         return self._walks[key]
 
+    def everything(self) -> tuple:
+        """The walk from every branch, tag, HEAD and remote-tracking branch (as ``git log --all``)."""
+        return self.walk(tuple(r.name for r in self.repo.remote_branches()), (), True)
+
     def decorations(self) -> dict:
         """{commit id: [(label, css class)]}, as log's decorations."""
         head = self.repo.head()
@@ -70,6 +74,8 @@ class View:
             out.setdefault(ref.id, []).append((label, "head" if ref.name == head.branch else ""))
         for ref in self.repo.tags():
             out.setdefault(ref.id, []).append((f"tag: {ref.name}", "tag"))
+        for ref in self.repo.remote_branches():
+            out.setdefault(ref.id, []).append((ref.name, "remote"))
         return out
 
 
@@ -146,7 +152,7 @@ def history(view: View, query: dict) -> str:
     ref, span, where = one(query, "ref", ""), one(query, "range", "").strip(), one(query, "where", "").strip()
     per = _int(query, "per", PER_PAGE, 1, MAX_PER_PAGE)
     start = _int(query, "start", 0, 0, 1 << 40)
-    include, exclude, all_refs = (), (), False
+    include, exclude = (), ()
     if span:
         pair = _refs.split_range(span)
         if not pair:
@@ -154,9 +160,7 @@ def history(view: View, query: dict) -> str:
         exclude, include = (pair[0],), (pair[1],)
     elif ref:
         include = (ref,)
-    else:
-        all_refs = True
-    commits, rows = view.walk(include, exclude, all_refs)
+    commits, rows = view.walk(include, exclude, False) if include else view.everything()
     shown_metric = None
     if where:
         shown_metric, keep = parse_condition(where)
@@ -213,6 +217,9 @@ def _history_filters(view, ref, span, where) -> str:
     for r in view.repo.branches():
         options.append(f'<option value="{esc(r.name)}"{" selected" if r.name == ref else ""}>'
                        f'branch {esc(r.name)}</option>')
+    for r in view.repo.remote_branches():
+        options.append(f'<option value="{esc(r.name)}"{" selected" if r.name == ref else ""}>'
+                       f'remote-tracking {esc(r.name)}</option>')
     for r in view.repo.tags():
         options.append(f'<option value="{esc(r.name)}"{" selected" if r.name == ref else ""}>'
                        f'tag {esc(r.name)}</option>')
@@ -276,6 +283,8 @@ def _record(c) -> str:
 
 
 def _brief(value, limit: int = 300) -> str:
+    if isinstance(value, float):
+        return number(value)
     text = repr(value) if not isinstance(value, str) else value
     return text if len(text) <= limit else text[:limit] + "…"
 
@@ -479,10 +488,14 @@ def _diff_controls(base, sort, show, q, numbers) -> str:
 
 def curves(view: View, query: dict) -> str:
     repo = view.repo
-    tips = {r.name: r.id for r in repo.branches()}
+    local = {r.name: r.id for r in repo.branches()}
+    tracking = {r.name: r.id for r in repo.remote_branches()}
+    tips = {**local, **tracking}
     branches = list(tips)
-    chosen = [b for b in query.get("branch", []) if b in tips] or branches
-    by_id = {c.id: c for c in view.walk((), (), True)[0]}
+    # by default every branch, and the remote-tracking ones that add a line of their own
+    default = list(local) + [b for b, cid in tracking.items() if cid not in local.values()]
+    chosen = [b for b in query.get("branch", []) if b in tips] or default
+    by_id = {c.id: c for c in view.everything()[0]}
     lines = {b: _first_parents(by_id, tips[b]) for b in chosen}
     names = number_names([c for cs in lines.values() for c in cs])
     metric = one(query, "metric") or next(iter(names), "step")

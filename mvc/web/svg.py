@@ -50,7 +50,7 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list:
     return [first + i * step for i in range(int((hi - first) / step) + 1)]
 
 
-def curves(series: list, x_label: str, y_label: str, width: int = 880, height: int = 380,
+def curves(series: list, x_label: str, y_label: str, width: int = 1040, height: int = 380,
            max_points: int = 400) -> str:
     """A line chart of ``series``: [(name, [(x, y, commit id, tooltip)])]; each
     point a link to its commit. Long series draw every point in the line but
@@ -58,7 +58,8 @@ def curves(series: list, x_label: str, y_label: str, width: int = 880, height: i
     points = [p for _, pts in series for p in pts]
     if not points:
         return '<p class=muted>No commit on these branches records this number.</p>'
-    left, right, top, bottom = 64, 16, 12, 40
+    legend = 170  # the series' names, right of the plot
+    left, right, top, bottom = 64, 16 + legend, 12, 40
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
     if x1 == x0:
@@ -100,8 +101,9 @@ def curves(series: list, x_label: str, y_label: str, width: int = 880, height: i
         out.append("</g>")
     for i, (name, _) in enumerate(series):
         y = top + 14 + 16 * i
-        out.append(f'<rect x="{width - right - 150}" y="{y - 9}" width="10" height="10" '
-                   f'fill="{PALETTE[i % len(PALETTE)]}"/><text x="{width - right - 136}" y="{y}">{esc(name)}</text>')
+        shown = name if len(name) <= 24 else name[:23] + "…"
+        out.append(f'<rect x="{width - legend}" y="{y - 9}" width="10" height="10" '
+                   f'fill="{PALETTE[i % len(PALETTE)]}"/><text x="{width - legend + 14}" y="{y}">{esc(shown)}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -111,6 +113,17 @@ def _round(t: float):
 
 
 # -- heat strip -----------------------------------------------------------------
+
+def _common_prefix(names: list) -> str:
+    """The dotted prefix every name shares (``model.``), to label cells by what differs."""
+    if len(names) < 2:
+        return ""
+    first, last = min(names), max(names)
+    n = 0
+    while n < min(len(first), len(last)) and first[n] == last[n]:
+        n += 1
+    return first[:first.rfind(".", 0, n) + 1] if n else ""
+
 
 def heat(value: float) -> str:
     """White (0) to deep orange-red (1)."""
@@ -124,11 +137,15 @@ def heat_strip(cells: list, width: int = 880, height: int = 28) -> str:
     if not cells:
         return ""
     w = width / len(cells)
+    common = _common_prefix([name for name, _, _, _ in cells])
     out = [f'<svg class="heat" width="{width}" height="{height + 14}" viewBox="0 0 {width} {height + 14}">']
     for i, (name, share, tip, href) in enumerate(cells):
+        label = name[len(common):] or name
+        text = (f'<text x="{i * w + w / 2:.2f}" y="{height / 2 + 4}" text-anchor="middle" '
+                f'fill="{"#fff" if share > 0.6 else "#1d2330"}">{esc(label)}</text>') if w >= 7 * len(label) + 8 else ""
         out.append(f'<a href="{esc(href)}"><rect x="{i * w:.2f}" y="0" width="{max(w - 1, 0.5):.2f}" '
                    f'height="{height}" fill="{heat(share)}" stroke="#d5dae3" stroke-width="0.5" '
-                   f'data-layer="{esc(name)}"><title>{esc(tip)}</title></rect></a>')
+                   f'data-layer="{esc(name)}"><title>{esc(tip)}</title></rect>{text}</a>')
     out.append(f'<text x="0" y="{height + 12}">{esc(cells[0][0])}</text>'
                f'<text x="{width}" y="{height + 12}" text-anchor="end">{esc(cells[-1][0])}</text></svg>')
     return "".join(out)

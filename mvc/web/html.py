@@ -110,7 +110,8 @@ form.filters label.inline{display:inline-flex;flex-direction:row;gap:4px;margin-
 fieldset{border:1px solid #d5dae3;padding:2px 8px;max-width:900px}fieldset legend{font-size:12px;color:#55607a}
 .cols{display:flex;gap:24px;align-items:flex-start;flex-wrap:wrap}.cols>div{min-width:280px}
 .pager{margin:8px 0}.pager a,.pager span{margin-right:12px}
-details{margin:4px 0;break-inside:avoid}#record{columns:3 380px;column-gap:24px}#record input{column-span:all}summary{cursor:pointer;font-weight:600}
+details{margin:4px 0;break-inside:avoid}#record{columns:3 380px;column-gap:24px}#record td{max-width:30em;overflow-wrap:anywhere}
+table.log td.msg{max-width:36em;overflow:hidden;text-overflow:ellipsis}#record-diff td{max-width:28em;overflow-wrap:anywhere}#record input{column-span:all}summary{cursor:pointer;font-weight:600}
 .box{border:1px solid #e1e5ec;border-radius:6px;padding:8px 12px;margin:8px 0;background:#fbfcfe}
 .status-added{color:#1d6b35}.status-removed{color:#a3262b}.status-changed{color:#a35a00}.status-reshaped{color:#6a2ca3}
 .status-unchanged{color:#77809a}.err{color:#a3262b}.busy{display:none;color:#a35a00}.busy.on{display:inline}

@@ -183,8 +183,10 @@ def history(view: View, query: dict) -> str:
                   esc(number(c.step)), esc(title_of(c)) + (' <span class=muted>[pruned]</span>' if c.pruned else ""),
                   metrics, f'<span class=muted>{esc(when(c.time))}</span>']
         row_cls = ' class="g"' if graph else ""
+        message_at = 5 if graph else 4
         body_rows.append(f'<tr data-commit="{esc(c.id)}">' + "".join(
-            (f"<td{row_cls}>{cell}</td>" if k == 0 and graph else f"<td>{cell}</td>") for k, cell in enumerate(cells))
+            f"<td{row_cls}>{cell}</td>" if k == 0 and graph else
+            f"<td class=msg>{cell}</td>" if k == message_at else f"<td>{cell}</td>" for k, cell in enumerate(cells))
             + "</tr>")
     heads = (["graph"] if graph else []) + ["A", "B", "commit", "step", "message", "metrics", "date"]
     table_html = ('<table class="log" id="log"><thead><tr>' + "".join(f"<th>{h}</th>" for h in heads)
@@ -555,7 +557,8 @@ def bisect(view: View, query: dict) -> str:
     else:
         c = s.candidate
         facts.append(("candidate", f'<span id=candidate>{a(url("/commit", rev=c.id), c.short_id, "id")}</span> '
-                      f'{esc(title_of(c))} <span class=muted>step {esc(number(c.step))}</span>'))
+                      f'{esc(title_of(c))}' + (f' <span class=muted>step {esc(number(c.step))}</span>'
+                                                if f"step {c.step}" not in title_of(c) else "")))
         facts.append(("left", f"{s.remaining} commits to judge, about {s.steps} steps"))
         facts.append(("judge it", f"<code>mvc export {esc(c.short_id)} -o candidate.pt</code>, then "
                       "<code>mvc bisect good</code> or <code>mvc bisect bad</code>"))
@@ -620,7 +623,11 @@ def _remotes(repo) -> str:
         cs = repo.cache_status()
     except MvcError as exc:
         return "".join(out) + f'<p class=err>{esc(exc)}</p>'
-    facts = [("caches remote", cs.remote or "-"), ("budget", human_bytes(cs.budget) if cs.budget else "none"),
+    cached = repo.caches()
+    facts = [("figures against remote", cs.remote or "-"),
+             ("local cache of a remote", f"yes, of {cached} (chunks come back from it on demand)" if cached
+              else "no: every chunk is kept here"),
+             ("cache budget", human_bytes(cs.budget) if cs.budget else "none"),
              ("local packs", human_bytes(cs.local_bytes)), ("local chunks", cs.local_chunks),
              ("remote holds", f"{cs.remote_chunks} chunks, {human_bytes(cs.remote_bytes)} (as last listed)"),
              ("reachable chunks only on the remote", cs.only_remote),

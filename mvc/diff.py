@@ -60,7 +60,7 @@ class TensorDiff:
     chunks_changed: int
     chunk_fraction: float
     bytes_changed: int  # bytes of B's chunks that differ (all of B when added/reshaped)
-    elements_changed: int
+    elements_changed: Optional[int]  # None when answered from chunk ids (read_data=False)
     norm_a: Optional[float] = None
     norm_b: Optional[float] = None
     norm_diff: Optional[float] = None  # ‖B−A‖
@@ -120,11 +120,15 @@ class Diff:
         return [t for t in self.tensors if t.status != UNCHANGED]
 
 
-def diff(repo, a: str, b: Optional[str] = None, only: Optional[str] = None) -> Diff:
+def diff(repo, a: str, b: Optional[str] = None, only: Optional[str] = None, read_data: bool = True) -> Diff:
     """Compare commit ``a`` with ``b`` (default HEAD, the working branch tip).
 
     ``only`` is a glob (fnmatch, case-sensitive) on dotted keys such as
     ``'model.layers.*'``; it limits tensors and plain values, not the record.
+    ``read_data=False`` answers from chunk ids alone wherever they decide
+    (a changed tensor gets its chunk figures, and None for the element
+    counts and numbers, as does the summary); tensors whose two sides are
+    chunked differently are still read.
     Raises BadInput when ``only`` matches no key of either commit,
     UnknownRevision / AmbiguousRevision for bad revisions, and
     ObjectNotFound / ChecksumMismatch when stored data is missing or corrupt.
@@ -141,7 +145,7 @@ def diff(repo, a: str, b: Optional[str] = None, only: Optional[str] = None) -> D
                            f"(keys look like {examples}); the glob matches whole dotted keys, e.g. 'model.*'")
         tensors_a = {e.path: e for e in entries_a if e.kind == "tensor"}
         tensors_b = {e.path: e for e in entries_b if e.kind == "tensor"}
-        tensors = _tensor_diffs(repo, tensors_a, tensors_b)
+        tensors = _tensor_diffs(repo, tensors_a, tensors_b, read_data)
     values = _value_diffs({e.path: e for e in entries_a if e.kind == "value"},
                           {e.path: e for e in entries_b if e.kind == "value"})
     fields = record_changes(commit_a, commit_b)
@@ -170,12 +174,28 @@ def natural_key(key: str) -> tuple:
 
 # -- tensors ---------------------------------------------------------------
 
-def _tensor_diffs(repo, side_a: dict, side_b: dict) -> list:
+def _tensor_diffs(repo, side_a: dict, side_b: dict, read_data: bool = True) -> list:
     paths = sorted(side_a.keys() | side_b.keys(), key=lambda p: (natural_key(_key(p)), _path_order(p)))
     streamed = [p for p in paths if p in side_a and p in side_b and _comparable(side_a[p], side_b[p])]
+    found = {}
+    if not read_data:
+        found = {p: d for p in streamed if (d := _from_ids(repo, side_a[p], side_b[p])) is not None}
+        streamed = [p for p in streamed if p not in found]
     with ThreadPoolExecutor(THREADS) as pool:
-        found = dict(zip(streamed, pool.map(lambda p: _stream(repo, side_a[p], side_b[p]), streamed)))
+        found.update(zip(streamed, pool.map(lambda p: _stream(repo, side_a[p], side_b[p]), streamed)))
     return [found[p] if p in found else _unstreamed(side_a.get(p), side_b.get(p)) for p in paths]
+
+
+def _from_ids(repo, ea: Entry, eb: Entry) -> Optional[TensorDiff]:
+    """A changed tensor's chunk figures from its ids alone, or None when the
+    two sides are chunked differently (then only the bytes can tell)."""
+    obj_a, obj_b = repo.tensor_object(ea.tensor_id), repo.tensor_object(eb.tensor_id)
+    if obj_a.chunk_size != obj_b.chunk_size or obj_a.shards != obj_b.shards:
+        return None
+    chunks = _changed_chunks(obj_a, obj_b)  # ids differ, layouts agree: some chunk differs
+    return TensorDiff(eb.key, eb.path, CHANGED, ea.dtype, eb.dtype, tuple(ea.shape), tuple(eb.shape),
+                      math.prod(eb.shape), eb.nbytes, len(eb.chunks), len(chunks), len(chunks) / len(eb.chunks),
+                      sum(n for _, n in chunks), None)
 
 
 def _comparable(ea: Entry, eb: Entry) -> bool:
@@ -448,7 +468,8 @@ def _children(flat: dict) -> dict:
 def _summary(tensors: list, values: list) -> DiffSummary:
     in_b = [t for t in tensors if t.status != REMOVED]
     elements_total = sum(t.numel for t in in_b)
-    elements_changed = sum(t.elements_changed for t in in_b)
+    counted = all(t.elements_changed is not None for t in in_b)  # not when answered from chunk ids
+    elements_changed = sum(t.elements_changed for t in in_b) if counted else None
     removed = sum(t.nbytes for t in tensors if t.status == REMOVED)
     return DiffSummary(
         tensors=len(tensors),
@@ -460,6 +481,7 @@ def _summary(tensors: list, values: list) -> DiffSummary:
         bytes_removed=removed,
         elements_total=elements_total,
         elements_changed=elements_changed,
-        parameters_changed=elements_changed / elements_total if elements_total else 0.0,
+        parameters_changed=(None if elements_changed is None else
+                            elements_changed / elements_total if elements_total else 0.0),
         values_changed=len(values),
     )

@@ -154,7 +154,9 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
     """
     policy = Retention(keep_last, branch, keep_best, mode, top)
     policy.check()
-    with repo.gc_lock.exclusive():
+    # a dry run changes nothing: the shared lock keeps packs in place while it looks, and
+    # it neither waits for running commits nor writes the exclusive lock's holder note
+    with (repo.gc_lock.shared() if dry_run else repo.gc_lock.exclusive()):
         before, packs_before = disk_usage(repo.dir), disk_usage(repo.dir / "packs")
         with (repo.index.read() if dry_run else repo.index.write()) as txn:
             sweep = _sweep(txn, repo.objects, policy, force, dry_run, repo.chunks)

@@ -813,9 +813,9 @@ class Repository:
         return _gc.gc(self, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
                       force=force, dry_run=dry_run, grace=grace, repack=repack)
 
-    def diff(self, a: str, b=None, only=None) -> "_diff.Diff":
+    def diff(self, a: str, b=None, only=None, read_data: bool = True) -> "_diff.Diff":
         """Compare commit ``a`` with ``b`` (default HEAD); see ``mvc.diff.diff``."""
-        return _diff.diff(self, a, b, only)
+        return _diff.diff(self, a, b, only, read_data)
 
     def bisect(self, good: str, bad: str, is_good, branch=None, progress=None) -> "_bisect.BisectStatus":
         """Find the first commit after ``good`` for which ``is_good(state)`` is

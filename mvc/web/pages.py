@@ -1,0 +1,636 @@
+"""The pages of ``mvc serve``: each takes the View and the query, returns HTML.
+
+Vocabulary:
+
+- the **view** holds the open repository and what is worth keeping
+  between requests: the history walk and its lanes, keyed by the refs it
+  started from, so paging through 10,000 commits walks them once.
+- a **query** is the request's parameters: {name: [values]}.
+- a **record number** of a commit is a number it records: a metric by its
+  name, ``step``, ``epoch``, or a context field as ``context.DOTTED.KEY``.
+
+Every page reads through the library's public verbs (log, history, entries,
+diff, bisect_log, status, gc dry run, cache_status) and only renders what
+they return; nothing here writes to the repository.
+"""
+
+import math
+import operator
+import re
+import threading
+from collections import OrderedDict
+
+from .. import refs as _refs
+from ..diff import ADDED, CHANGED, REMOVED, RESHAPED, UNCHANGED, flatten_record, natural_key
+from ..errors import BadInput, CommitPruned, MvcError
+from .. import usage
+from . import lanes, svg
+from .html import a, esc, human_bytes, number, page, table, title_of, url, when
+
+PER_PAGE, MAX_PER_PAGE = 100, 1000
+
+
+class View:
+    """The open repository and the walks worth keeping between requests."""
+
+    def __init__(self, repo, warm: bool = True):
+        self.repo = repo
+        self.lock = threading.Lock()  # one request reads the repository at a time
+        self._walks: OrderedDict = OrderedDict()
+        if warm:  # the history page's walk, before the first request asks for it
+            self.everything()
+
+    def where(self) -> str:
+        return str(self.repo.root)
+
+    def refs_now(self) -> tuple:
+        head = self.repo.head()
+        return (tuple((r.name, r.id) for r in self.repo.branches()), tuple((r.name, r.id) for r in self.repo.tags()),
+                tuple((r.name, r.id) for r in self.repo.remote_branches()), (head.branch, head.id))
+
+    def walk(self, include: tuple, exclude: tuple, all_refs: bool) -> tuple:
+        """(commits in topological order, their lane Rows), kept while the refs stay where they are."""
+        key = (self.refs_now(), include, exclude, all_refs)
+        if key not in self._walks:
+            commits = self.repo.history(list(include), list(exclude), all_refs) if include or all_refs else []
+            self._walks[key] = (commits, lanes.layout(commits))
+            while len(self._walks) > 8:
+                self._walks.popitem(last=False)
+        self._walks.move_to_end(key)
+        return self._walks[key]
+
+    def everything(self) -> tuple:
+        """The walk from every branch, tag, HEAD and remote-tracking branch (as ``git log --all``)."""
+        return self.walk(tuple(r.name for r in self.repo.remote_branches()), (), True)
+
+    def decorations(self) -> dict:
+        """{commit id: [(label, css class)]}, as log's decorations."""
+        head = self.repo.head()
+        out: dict = {}
+        if head.branch is None and head.id:
+            out.setdefault(head.id, []).append(("HEAD", "head"))
+        for ref in self.repo.branches():
+            label = f"HEAD → {ref.name}" if ref.name == head.branch else ref.name
+            out.setdefault(ref.id, []).append((label, "head" if ref.name == head.branch else ""))
+        for ref in self.repo.tags():
+            out.setdefault(ref.id, []).append((f"tag: {ref.name}", "tag"))
+        for ref in self.repo.remote_branches():
+            out.setdefault(ref.id, []).append((ref.name, "remote"))
+        return out
+
+
+def one(query: dict, name: str, default=None):
+    values = query.get(name)
+    return values[0] if values else default
+
+
+def _int(query, name, default, lo, hi) -> int:
+    try:
+        return max(lo, min(hi, int(one(query, name, default))))
+    except (TypeError, ValueError):
+        return default
+
+
+def _deco_html(labels) -> str:
+    return "".join(f'<span class="deco {cls}">{esc(label)}</span>' for label, cls in labels)
+
+
+def _short(cid: str) -> str:
+    return cid[:12]
+
+
+# -- record numbers ------------------------------------------------------------
+
+def record_number(c, name: str):
+    """The number ``c`` records under ``name`` (see module doc), or None."""
+    if name in ("step", "epoch"):
+        value = getattr(c, name)
+    elif name.startswith("context."):
+        value = flatten_record(c.context, "context").get(name) if c.context else None
+    else:
+        value = c.metrics.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def number_names(commits) -> list:
+    """Metric names first, then step and epoch, then numeric context fields, each sorted."""
+    metrics, context = set(), set()
+    for c in commits:
+        metrics.update(k for k in c.metrics if record_number(c, k) is not None)
+        if c.context:
+            context.update(k for k, v in flatten_record(c.context, "context").items()
+                           if isinstance(v, (int, float)) and not isinstance(v, bool))
+    return sorted(metrics) + ["step", "epoch"] + sorted(context)
+
+
+_CONDITION = re.compile(r"\s*([^<>=!\s]+)\s*(<=|>=|==|!=|<|>|=)?\s*([^\s]*)\s*")
+_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+        "=": operator.eq, "==": operator.eq, "!=": operator.ne}
+
+
+def parse_condition(text: str):
+    """``NAME`` (records it) or ``NAME OP NUMBER``; a predicate on commits. BadInput if malformed."""
+    m = _CONDITION.fullmatch(text)
+    if not m or bool(m.group(2)) != bool(m.group(3)):
+        raise BadInput(f"filter {text!r}: write a record number's name, or NAME<VALUE (also <=, >, >=, =, !=)")
+    name, op, raw = m.groups()
+    if not op:
+        return name, lambda c: record_number(c, name) is not None
+    try:
+        bound = float(raw)
+    except ValueError:
+        raise BadInput(f"filter {text!r}: {raw!r} is not a number") from None
+    return name, lambda c: (v := record_number(c, name)) is not None and _OPS[op](v, bound)
+
+
+# -- history ---------------------------------------------------------------------
+
+def history(view: View, query: dict) -> str:
+    repo = view.repo
+    ref, span, where = one(query, "ref", ""), one(query, "range", "").strip(), one(query, "where", "").strip()
+    per = _int(query, "per", PER_PAGE, 1, MAX_PER_PAGE)
+    start = _int(query, "start", 0, 0, 1 << 40)
+    include, exclude = (), ()
+    if span:
+        pair = _refs.split_range(span)
+        if not pair:
+            raise BadInput(f"range {span!r}: write it as A..B (the commits B reaches and A does not)")
+        exclude, include = (pair[0],), (pair[1],)
+    elif ref:
+        include = (ref,)
+    commits, rows = view.walk(include, exclude, False) if include else view.everything()
+    shown_metric = None
+    if where:
+        shown_metric, keep = parse_condition(where)
+        picked = [i for i, c in enumerate(commits) if keep(c)]
+    else:
+        picked = range(len(commits))
+    total = len(picked)
+    window = list(picked[start:start + per])
+    deco = view.decorations()
+    graph = not where
+    width = max((rows[i].width for i in window), default=1) if graph else 0
+    body_rows = []
+    for i in window:
+        c = commits[i]
+        cells = [svg.graph_row(rows[i], width, c.pruned)] if graph else []
+        metrics = _headline(c, shown_metric)
+        cells += [f'<input type=radio name=a value="{esc(c.id)}" aria-label="compare from {esc(c.short_id)}">',
+                  f'<input type=radio name=b value="{esc(c.id)}" aria-label="compare to {esc(c.short_id)}">',
+                  a(url("/commit", rev=c.id), c.short_id, "id") + " " + _deco_html(deco.get(c.id, ())),
+                  esc(number(c.step)), esc(title_of(c)) + (' <span class=muted>[pruned]</span>' if c.pruned else ""),
+                  metrics, f'<span class=muted>{esc(when(c.time))}</span>']
+        row_cls = ' class="g"' if graph else ""
+        message_at = 5 if graph else 4
+        body_rows.append(f'<tr data-commit="{esc(c.id)}">' + "".join(
+            f"<td{row_cls}>{cell}</td>" if k == 0 and graph else
+            f"<td class=msg>{cell}</td>" if k == message_at else f"<td>{cell}</td>" for k, cell in enumerate(cells))
+            + "</tr>")
+    heads = (["graph"] if graph else []) + ["A", "B", "commit", "step", "message", "metrics", "date"]
+    table_html = ('<table class="log" id="log"><thead><tr>' + "".join(f"<th>{h}</th>" for h in heads)
+                  + "</tr></thead><tbody>" + "".join(body_rows) + "</tbody></table>")
+    params = dict(ref=ref, range=span, where=where, per=per if per != PER_PAGE else None)
+    pager = _pager(total, start, per, params)
+    body = (_history_filters(view, ref, span, where)
+            + f'<form method=get action="/diff">{pager}'
+            + '<p><button type=submit>Compare A → B</button> <span class=muted>pick A and B in the table '
+            '(the diff page shows what changed from A to B)</span></p>'
+            + table_html + "</form>" + pager)
+    return page("History", body, view.where(), "/")
+
+
+def _headline(c, shown: str = None) -> str:
+    names = sorted(c.metrics)
+    if shown:
+        names = [shown] + [n for n in names if n != shown]
+    parts = []
+    for name in names[:3]:
+        value = record_number(c, name) if name not in c.metrics else c.metrics[name]
+        if value is not None:
+            parts.append(f'{esc(name)}=<b>{esc(number(value))}</b>')
+    more = len(c.metrics) - sum(1 for n in names[:3] if n in c.metrics)
+    return " ".join(parts) + (f' <span class=muted>+{more}</span>' if more > 0 else "")
+
+
+def _history_filters(view, ref, span, where) -> str:
+    options = ['<option value="">all branches and tags</option>']
+    for r in view.repo.branches():
+        options.append(f'<option value="{esc(r.name)}"{" selected" if r.name == ref else ""}>'
+                       f'branch {esc(r.name)}</option>')
+    for r in view.repo.remote_branches():
+        options.append(f'<option value="{esc(r.name)}"{" selected" if r.name == ref else ""}>'
+                       f'remote-tracking {esc(r.name)}</option>')
+    for r in view.repo.tags():
+        options.append(f'<option value="{esc(r.name)}"{" selected" if r.name == ref else ""}>'
+                       f'tag {esc(r.name)}</option>')
+    return ('<form class=filters method=get action="/">'
+            f'<label>branch or tag<select name=ref>{"".join(options)}</select></label>'
+            f'<label>range A..B<input name=range value="{esc(span)}" placeholder="main~10..main"></label>'
+            f'<label>record filter<input name=where value="{esc(where)}" placeholder="loss&lt;2.5"></label>'
+            '<button type=submit>Show</button></form>')
+
+
+def _pager(total: int, start: int, per: int, params: dict) -> str:
+    end = min(total, start + per)
+    parts = [f"<span>commits {start + 1 if total else 0}–{end} of {total}</span>"]
+    if start > 0:
+        parts.append(a(url("/", **params, start=max(0, start - per) or None), "← newer", "newer"))
+    if end < total:
+        parts.append(a(url("/", **params, start=end), "older →", "older"))
+    return f'<div class=pager>{"".join(parts)}</div>'
+
+
+# -- one commit -------------------------------------------------------------------
+
+def commit(view: View, query: dict) -> str:
+    repo = view.repo
+    c = repo.get_commit(one(query, "rev", "HEAD"))
+    deco = view.decorations().get(c.id, ())
+    head = [f'<p><span class=id>{esc(c.id)}</span> {_deco_html(deco)}</p>']
+    facts = [("author", esc(c.author)), ("date", esc(when(c.time)))]
+    if c.parents:
+        facts.append(("parents", " ".join(a(url("/commit", rev=p), _short(p), "id parent") for p in c.parents)))
+    for name in ("step", "epoch"):
+        if getattr(c, name) is not None:
+            facts.append((name, esc(getattr(c, name))))
+    head.append(table(["", ""], [[f"<b>{esc(k)}</b>", v] for k, v in facts], "facts"))
+    head.append(f'<pre class=message>{esc(c.message or "(no message)")}</pre>')
+    if c.parents:
+        head.append("<p>" + a(url("/diff", a=c.parents[0], b=c.id), "diff with its parent") + " · "
+                    + a(url("/", ref=c.id), "history from here") + "</p>")
+    body = "".join(head) + _record(c) + _tree(view, c) + _export(c)
+    return page(f"Commit {c.short_id}", body, view.where())
+
+
+def _record(c) -> str:
+    """Metrics, then context fields grouped by their first key, as ``mvc show`` lists them."""
+    out = ['<h2>Record</h2><input type=search data-filter="#record tbody tr" placeholder="search the record" '
+           'aria-label="search the record">', '<div id=record>']
+    if c.metrics:
+        rows = [[esc(k), f'<span class=n>{esc(number(v))}</span>'] for k, v in sorted(c.metrics.items())]
+        out.append('<details open data-group><summary>metrics</summary>' + table(["metric", "value"], rows) + "</details>")
+    groups: dict = {}
+    for key, value in flatten_record(c.context, "context").items() if c.context else ():
+        dotted = key[len("context."):]
+        groups.setdefault(dotted.split(".")[0], []).append((dotted, value))
+    for group, fields in groups.items():
+        rows = [[esc(k), esc(_brief(v))] for k, v in fields]
+        out.append(f'<details open data-group><summary>{esc(group)} <span class=muted>({len(fields)})</span>'
+                   f'</summary>{table(["field", "value"], rows)}</details>')
+    if not c.metrics and not groups:
+        out.append("<p class=muted>This commit records no metrics and no context.</p>")
+    return "".join(out) + "</div>"
+
+
+def _brief(value, limit: int = 300) -> str:
+    if isinstance(value, float):
+        return number(value)
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _tree(view: View, c) -> str:
+    repo = view.repo
+    if c.pruned:
+        return "<h2>Tensors</h2><p class=muted>gc retention pruned this commit: its record stays, its tensors are gone.</p>"
+    try:
+        entries = repo.entries(c.id)
+        parent_chunks = set()
+        if c.parents:
+            parent_chunks = {cid for e in repo.entries(c.parents[0]) if e.kind == "tensor" for cid in e.chunks}
+    except CommitPruned:
+        parent_chunks = set()
+    tensors = [e for e in entries if e.kind == "tensor"]
+    values = [e for e in entries if e.kind == "value"]
+    rows, new_ids, total_new, total_bytes = [], {}, 0, 0
+    for e in tensors:
+        spans = list(repo.tensor_object(e.tensor_id).chunk_spans())
+        fresh = [(cid, n) for cid, _, n in spans if cid not in parent_chunks]
+        new_bytes = sum(n for _, n in fresh)
+        new_ids.update(fresh)
+        total_new += new_bytes
+        total_bytes += e.nbytes
+        shape = "×".join(map(str, e.shape)) or "scalar"
+        share = new_bytes / e.nbytes if e.nbytes else 0.0
+        rows.append(f'<tr data-key="{esc(e.key)}"><td>{esc(e.key)}</td><td>{esc(e.dtype)}</td><td>{esc(shape)}</td>'
+                    f'<td class=n>{esc(human_bytes(e.nbytes))}</td><td class=n>{len(spans)}</td>'
+                    f'<td class=n>{len(fresh)}</td><td class=n>{len(spans) - len(fresh)}</td>'
+                    f'<td>{_svg_bar(share)}</td></tr>')
+    sizes = usage.chunk_sizes(repo, new_ids)
+    stored = sum(s for s, _ in sizes.values())
+    raw_local = sum(r for _, r in sizes.values())
+    compared = f"its parent {_short(c.parents[0])}" if c.parents else "nothing (a root commit)"
+    figures = [
+        ("tensors", f"{len(tensors)}, {human_bytes(total_bytes)} in {sum(len(e.chunks) for e in tensors)} chunks"),
+        ("new against " + compared, f"{human_bytes(total_new)} in {len(new_ids)} distinct chunks"),
+        ("shared with the parent (deduplicated)", human_bytes(total_bytes - total_new)),
+        ("new chunks held here", f"{len(sizes)} of {len(new_ids)}"
+         + ("" if len(sizes) == len(new_ids) else " (the rest are on the remote: a lazy clone or evicted)")),
+        ("stored size of those", f"{human_bytes(stored)} for {human_bytes(raw_local)} raw"
+         + (f" ({stored / raw_local:.3f}×)" if raw_local else "")),
+    ]
+    out = ["<h2>Storage</h2>", table(["", ""], [[esc(k), esc(v)] for k, v in figures], "figures")]
+    out.append(f'<h2>Tensors <span class=muted>({len(tensors)})</span></h2>'
+               '<input type=search data-filter="#tensors tbody tr" placeholder="filter keys" aria-label="filter tensors">')
+    head = "".join(f"<th{' class=n' if i in (3, 4, 5, 6) else ''}>{h}</th>" for i, h in enumerate(
+        ["key", "dtype", "shape", "bytes", "chunks", "new", "shared", "new share"]))
+    out.append(f'<table id=tensors><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    if values:
+        vrows = [[esc(e.key), f"<code>{esc(_brief(e.value, 200))}</code>"] for e in values]
+        out.append(f'<details><summary>Plain values ({len(values)})</summary>{table(["key", "value"], vrows)}</details>')
+    return "".join(out)
+
+
+def _svg_bar(share: float, width: int = 60) -> str:
+    w = max(0.0, min(1.0, share)) * width
+    return (f'<svg width="{width}" height="8" data-share="{share:.4f}"><rect width="{width}" height="8" fill="#eceff4"/>'
+            f'<rect width="{w:.1f}" height="8" fill="#e06c3c"/></svg> <span class=muted>{share:.0%}</span>')
+
+
+def _export(c) -> str:
+    cid = c.short_id
+    lines = [f"mvc export {cid} -o model.safetensors",
+             f"mvc export {cid} -o checkpoint.pt",
+             f"mvc export {cid} -o model_dir/            # a Hugging Face model folder, when committed from one",
+             f"mvc checkout {cid}                       # move HEAD here",
+             f"python -c \"import mvc; state = mvc.Repository.open('.').load('{cid}')\""]
+    return ('<h2>Export</h2><p class=muted>This view never writes; run one of these in the repository:</p>'
+            f'<pre id=export>{esc(chr(10).join(lines))}</pre>')
+
+
+# -- diff -----------------------------------------------------------------------------
+
+SORTS = {"model": None, "changed": lambda t: -(t.chunk_fraction or 0), "bytes": lambda t: -(t.bytes_changed or 0),
+         "relative": lambda t: -(t.relative_change if t.relative_change is not None else -1),
+         "key": lambda t: t.key}
+
+
+def layer_of(key: str) -> str:
+    """The layer a tensor key belongs to: up to its first numeric part
+    (``model.layers.3``), else its parent (``model.embed``)."""
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[:i + 1])
+    return ".".join(parts[:-1]) or key
+
+
+def diff(view: View, query: dict) -> str:
+    repo = view.repo
+    rev_a, rev_b = one(query, "a", ""), one(query, "b", "")
+    if not rev_a or not rev_b:
+        raise BadInput("pick two commits to compare: A and B in the history view")
+    numbers = one(query, "numbers") == "1"
+    sort, show, q = one(query, "sort", "model"), one(query, "show", "changed"), one(query, "q", "")
+    d = repo.diff(rev_a, rev_b, read_data=numbers)
+    base = dict(a=rev_a, b=rev_b, numbers="1" if numbers else None)
+    tensors = list(d.tensors)
+    strip = _strip(tensors, numbers, base)
+    if show != "all":
+        tensors = [t for t in tensors if t.status != UNCHANGED]
+    if q:
+        tensors = [t for t in tensors if q in t.key]
+    if SORTS.get(sort):
+        tensors.sort(key=SORTS[sort])
+    s = d.summary
+    summary = (f"{s.tensors_changed} of {s.tensors} tensors differ ({s.tensors_added} added, {s.tensors_removed} removed); "
+               f"{human_bytes(s.bytes_changed)} of {human_bytes(s.bytes_total)} in changed chunks")
+    if s.elements_changed is not None:
+        summary += f"; {s.parameters_changed:.2%} of parameters changed"
+    head = (f'<p>{a(url("/commit", rev=d.a.id), d.a.short_id, "id")} → {a(url("/commit", rev=d.b.id), d.b.short_id, "id")}'
+            f' · {esc(title_of(d.a))} → {esc(title_of(d.b))}</p><p id=summary>{esc(summary)}</p>')
+    if numbers:
+        head += f'<p>{a(url("/diff", **dict(base, numbers=None)), "chunk ids only")}</p>'
+    else:
+        read = sum(t.nbytes * 2 for t in d.tensors if t.status == CHANGED)
+        head += (f'<p class=muted>Answered from chunk ids: no tensor bytes were read. '
+                 f'<a href="{esc(url("/diff", **dict(base, numbers="1", sort=sort, show=show, q=q)))}" '
+                 f'data-busy=busy id=numbers>Compute the norms of the changes</a> (reads up to '
+                 f'{esc(human_bytes(read))} of changed tensors; a lazy clone fetches what it lacks) '
+                 '<span id=busy class=busy>reading tensors… the page follows when done</span></p>')
+    controls = _diff_controls(base, sort, show, q, numbers)
+    cols = ["key", "status", "dtype", "shape", "bytes", "chunks changed", "changed share", "bytes changed"]
+    if numbers:
+        cols += ["‖B−A‖/‖A‖", "max |B−A|", "cosine"]
+    rows = []
+    for t in tensors:
+        dtype = t.dtype_b or t.dtype_a if t.dtype_a == t.dtype_b or None in (t.dtype_a, t.dtype_b) \
+            else f"{t.dtype_a} → {t.dtype_b}"
+        shape = _shape_change(t.shape_a, t.shape_b)
+        cells = [esc(t.key), f'<span class="status-{esc(t.status)}">{esc(t.status)}</span>', esc(dtype), esc(shape),
+                 esc(human_bytes(t.nbytes)), f"{t.chunks_changed} / {t.chunks}", _svg_bar(t.chunk_fraction),
+                 esc(human_bytes(t.bytes_changed))]
+        if numbers:
+            cells += [esc(number(t.relative_change)), esc(number(t.max_abs_diff)), esc(number(t.cosine))]
+        rows.append(f'<tr data-key="{esc(t.key)}" data-status="{esc(t.status)}">'
+                    + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    tensor_table = (f'<table id=tensors><thead><tr>{"".join(f"<th>{esc(c)}</th>" for c in cols)}</tr></thead>'
+                    f'<tbody>{"".join(rows)}</tbody></table>')
+    if not rows:
+        tensor_table += "<p class=muted>No tensor matches.</p>"
+    record = table(["field", "A", "B"], [[esc(f.name), esc(_brief(f.a, 120)), esc(_brief(f.b, 120))] for f in d.commit],
+                   attrs=" id=record-diff") if d.commit else "<p class=muted>The records are the same.</p>"
+    values = ""
+    if d.values:
+        values = "<h2>Plain values</h2>" + table(["key", "status", "A", "B"], [
+            [esc(v.key), esc(v.status), esc(_brief(v.a, 120)), esc(_brief(v.b, 120))] for v in d.values])
+    body = (head + "<h2>Layers</h2>" + strip + controls
+            + f'<div class=cols><div><h2>Tensors</h2>{tensor_table}{values}</div>'
+            f'<div><h2>Record</h2>{record}</div></div>')
+    return page(f"Diff {d.a.short_id} → {d.b.short_id}", body, view.where())
+
+
+def _shape_change(a_shape, b_shape) -> str:
+    def fmt(s):
+        return "-" if s is None else ("×".join(map(str, s)) or "scalar")
+    return fmt(b_shape or a_shape) if a_shape == b_shape or None in (a_shape, b_shape) else f"{fmt(a_shape)} → {fmt(b_shape)}"
+
+
+def _strip(tensors: list, numbers: bool, base: dict) -> str:
+    """The heat strip: one cell per layer, in model order; its heat is the share of the
+    layer's bytes in changed chunks, or with numbers its largest relative change against the
+    largest of any layer."""
+    layers: "OrderedDict[str, list]" = OrderedDict()
+    for t in sorted(tensors, key=lambda t: natural_key(t.key)):
+        layers.setdefault(layer_of(t.key), []).append(t)
+    top = max((t.relative_change for t in tensors if t.relative_change is not None and math.isfinite(t.relative_change)),
+              default=0.0)
+    cells = []
+    for name, ts in layers.items():
+        total = sum(t.nbytes for t in ts)
+        changed = sum(t.bytes_changed for t in ts)
+        moved = sum(t.status != UNCHANGED for t in ts)
+        share = changed / total if total else float(moved > 0)
+        tip = f"{name}: {moved} of {len(ts)} tensors differ, {share:.0%} of bytes in changed chunks"
+        if numbers:
+            rels = [t.relative_change for t in ts if t.relative_change is not None]
+            rel = max(rels, default=0.0)
+            share = 1.0 if not math.isfinite(rel) else (rel / top if top else 0.0)
+            tip += f", largest ‖B−A‖/‖A‖ {number(rel)}"
+        cells.append((name, share, tip, url("/diff", **base, q=name + ".", show="all")))
+    legend = ("heat: share of each layer's bytes in changed chunks" if not numbers
+              else "heat: each layer's largest relative change, against the largest of all")
+    return svg.heat_strip(cells) + f'<p class=muted>{esc(legend)}; click a layer to list its tensors</p>'
+
+
+def _diff_controls(base, sort, show, q, numbers) -> str:
+    sorts = [s for s in SORTS if numbers or s != "relative"]
+    options = "".join(f'<option value="{s}"{" selected" if s == sort else ""}>{s}</option>' for s in sorts)
+    hidden = "".join(f'<input type=hidden name="{esc(k)}" value="{esc(v)}">' for k, v in base.items() if v)
+    return ('<form class=filters method=get action="/diff">' + hidden
+            + f'<label>sort by<select name=sort>{options}</select></label>'
+            f'<label>tensors<select name=show><option value=changed{" selected" if show != "all" else ""}>'
+            f'that differ</option><option value=all{" selected" if show == "all" else ""}>all</option></select></label>'
+            f'<label>key contains<input name=q value="{esc(q)}"></label><button type=submit>Apply</button></form>')
+
+
+# -- curves ------------------------------------------------------------------------------
+
+def curves(view: View, query: dict) -> str:
+    repo = view.repo
+    local = {r.name: r.id for r in repo.branches()}
+    tracking = {r.name: r.id for r in repo.remote_branches()}
+    tips = {**local, **tracking}
+    branches = list(tips)
+    # by default every branch, and the remote-tracking ones that add a line of their own
+    default = list(local) + [b for b, cid in tracking.items() if cid not in local.values()]
+    chosen = [b for b in query.get("branch", []) if b in tips] or default
+    by_id = {c.id: c for c in view.everything()[0]}
+    lines = {b: _first_parents(by_id, tips[b]) for b in chosen}
+    names = number_names([c for cs in lines.values() for c in cs])
+    metric = one(query, "metric") or next(iter(names), "step")
+    x_name = one(query, "x", "step")
+    series = []
+    for b, commits in lines.items():
+        pts = []
+        for i, c in enumerate(reversed(commits)):
+            y = record_number(c, metric)
+            x = c.step if x_name == "step" and c.step is not None else (c.time if x_name == "time" else i)
+            if y is not None:
+                pts.append((x, y, c.id, f"{b} {c.short_id} step {number(c.step)}: {metric} = {number(y)}\n{title_of(c)}"))
+        series.append((b, pts))
+    options = "".join(f'<option{" selected" if n == metric else ""}>{esc(n)}</option>' for n in names)
+    boxes = "".join(f'<label class=inline><input type=checkbox name=branch value="{esc(b)}"'
+                    f'{" checked" if b in chosen else ""}> {esc(b)}</label>' for b in branches)
+    xs = "".join(f'<option value={x}{" selected" if x == x_name else ""}>{x}</option>' for x in ("step", "index", "time"))
+    form = (f'<form class=filters method=get action="/curves"><label>number<select name=metric>{options}</select></label>'
+            f'<label>against<select name=x>{xs}</select></label><fieldset><legend>branches</legend>{boxes}</fieldset>'
+            '<button type=submit>Draw</button></form>')
+    counts = ", ".join(f"{esc(b)}: {len(p)} points" for b, p in series)
+    chart = svg.curves(series, x_name if x_name != "index" else "commit along the branch", metric)
+    body = form + chart + f'<p class=muted>{counts}. Each point is a commit: click it to open it.</p>'
+    return page("Curves", body, view.where(), "/curves")
+
+
+def _first_parents(by_id: dict, tip: str) -> list:
+    """The commits of ``log(tip)`` (first parents, newest first), from the view's walk."""
+    out, cid = [], tip
+    while cid in by_id:
+        out.append(by_id[cid])
+        cid = by_id[cid].parents[0] if by_id[cid].parents else None
+    return out
+
+
+# -- bisect -----------------------------------------------------------------------------
+
+def bisect(view: View, query: dict) -> str:
+    repo = view.repo
+    if not repo.bisect_in_progress():
+        body = ("<p>No bisect is in progress.</p><p class=muted>Start one at the terminal: "
+                "<code>mvc bisect start BAD GOOD</code>; this page then shows its range, verdicts and candidate.</p>")
+        return page("Bisect", body, view.where(), "/bisect")
+    log = repo.bisect_log()
+    s = log.status
+    facts = [("branch", esc(s.branch or "-")),
+             ("good (newest)", a(url("/commit", rev=s.good), _short(s.good), "id")),
+             ("bad (oldest)", a(url("/commit", rev=s.bad), _short(s.bad), "id")),
+             ("range", a(url("/", range=f"{s.good}..{s.bad}"), "the commits between them")
+              + " · " + a(url("/diff", a=s.good, b=s.bad), "diff good → bad"))]
+    if s.first_bad is not None:
+        c = s.first_bad
+        facts.append(("first bad commit", a(url("/commit", rev=c.id), c.short_id, "id") + " " + esc(title_of(c))
+                      + (" · " + a(url("/diff", a=c.parents[0], b=c.id), "what it changed") if c.parents else "")))
+    elif s.suspects:
+        facts.append(("suspects", " ".join(a(url("/commit", rev=x), _short(x), "id") for x in s.suspects)))
+    else:
+        c = s.candidate
+        facts.append(("candidate", f'<span id=candidate>{a(url("/commit", rev=c.id), c.short_id, "id")}</span> '
+                      f'{esc(title_of(c))}' + (f' <span class=muted>step {esc(number(c.step))}</span>'
+                                                if f"step {c.step}" not in title_of(c) else "")))
+        facts.append(("left", f"{s.remaining} commits to judge, about {s.steps} steps"))
+        facts.append(("judge it", f"<code>mvc export {esc(c.short_id)} -o candidate.pt</code>, then "
+                      "<code>mvc bisect good</code> or <code>mvc bisect bad</code>"))
+    if s.skipped:
+        facts.append(("skipped", " ".join(a(url("/commit", rev=x), _short(x), "id") for x in s.skipped)))
+    rows = [[f'<span class="verdict {esc(e.verdict)}">{esc(e.verdict)}</span>',
+             a(url("/commit", rev=e.commit), _short(e.commit), "id"), esc(number(e.step)),
+             esc((e.message or "").splitlines()[0] if e.message else ""), esc(e.note)] for e in log.entries]
+    body = (table(["", ""], [[f"<b>{esc(k)}</b>", v] for k, v in facts], "facts")
+            + "<h2>Verdicts</h2>" + table(["verdict", "commit", "step", "message", "note"], rows, "verdicts"))
+    return page("Bisect", body, view.where(), "/bisect")
+
+
+# -- storage ------------------------------------------------------------------------------
+
+def storage(view: View, query: dict) -> str:
+    repo = view.repo
+    st = repo.status()
+    packs = usage.pack_usage(repo)
+    stored, raw = sum(p.stored_bytes for p in packs), sum(p.raw_bytes for p in packs)
+    facts = [("commits", st.commits), ("branches", st.branches), ("tags", st.tags),
+             ("chunks held here", st.chunks), ("chunk size", human_bytes(st.chunk_size)),
+             ("packs", f"{st.packs}, {human_bytes(st.pack_bytes)} on disk"),
+             ("chunk records", f"{human_bytes(stored)} stored for {human_bytes(raw)} raw"
+              + (f" ({stored / raw:.3f}×)" if raw else ""))]
+    out = [table(["", ""], [[f"<b>{esc(k)}</b>", esc(v)] for k, v in facts], "facts")]
+    out.append("<h2>What gc would free</h2>" + _gc_estimate(repo))
+    out.append("<h2>Remotes and cache</h2>" + _remotes(repo))
+    rows = [[f"<code>{esc(p.name)}</code>", f'<span class=n>{esc(human_bytes(p.file_bytes))}</span>', esc(p.chunks),
+             esc(human_bytes(p.stored_bytes)), esc(human_bytes(p.raw_bytes)),
+             esc(f"{p.stored_bytes / p.raw_bytes:.3f}×" if p.raw_bytes else "-")] for p in packs]
+    out.append(f"<h2>Packs <span class=muted>({len(packs)})</span></h2>"
+               + table(["pack", "file", "chunks", "stored", "raw", "stored/raw"], rows, attrs=" id=packs"))
+    return page("Storage", "".join(out), view.where(), "/storage")
+
+
+def _gc_estimate(repo) -> str:
+    try:
+        r = repo.gc(dry_run=True)
+    except MvcError as exc:  # e.g. a gc running elsewhere: say so, the rest of the page stands
+        return f'<p class=err>{esc(exc)}</p>'
+    facts = [("bytes", human_bytes(r.bytes_reclaimed)), ("chunks", r.chunks_removed),
+             ("commits / trees / tensors", f"{r.commits_removed} / {r.trees_removed} / {r.tensors_removed}"),
+             ("packs deleted / rewritten", f"{r.packs_deleted} / {r.packs_rewritten}")]
+    notes = "".join(f"<li>{esc(left.pack)}: {esc(human_bytes(left.bytes))} kept ({esc(left.why)})</li>" for left in r.left)
+    return (table(["", ""], [[esc(k), esc(v)] for k, v in facts], "facts", " id=gc")
+            + (f"<ul>{notes}</ul>" if notes else "") + "<p class=muted>An estimate (gc --dry-run); "
+            "<code>mvc gc</code> at the terminal frees it.</p>")
+
+
+def _remotes(repo) -> str:
+    remotes = repo.remotes()
+    if not remotes:
+        return "<p class=muted>No remote: every chunk is held here.</p>"
+    rows = [[esc(r.name), f"<code>{esc(r.url)}</code>", esc(r.endpoint_url or "")] for r in remotes]
+    out = [table(["remote", "url", "endpoint"], rows)]
+    tracking = repo.remote_branches()
+    if tracking:
+        out.append(table(["tracking ref", "commit"], [[esc(r.name), a(url("/commit", rev=r.id), _short(r.id), "id")]
+                                                      for r in tracking]))
+    try:
+        cs = repo.cache_status()
+    except MvcError as exc:
+        return "".join(out) + f'<p class=err>{esc(exc)}</p>'
+    cached = repo.caches()
+    facts = [("figures against remote", cs.remote or "-"),
+             ("local cache of a remote", f"yes, of {cached} (chunks come back from it on demand)" if cached
+              else "no: every chunk is kept here"),
+             ("cache budget", human_bytes(cs.budget) if cs.budget else "none"),
+             ("local packs", human_bytes(cs.local_bytes)), ("local chunks", cs.local_chunks),
+             ("remote holds", f"{cs.remote_chunks} chunks, {human_bytes(cs.remote_bytes)} (as last listed)"),
+             ("reachable chunks only on the remote", cs.only_remote),
+             ("reachable chunks not yet on the remote", cs.only_local)]
+    out.append(table(["", ""], [[esc(k), esc(v)] for k, v in facts], "facts", " id=cache"))
+    return "".join(out)

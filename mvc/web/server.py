@@ -1,0 +1,171 @@
+"""The HTTP server of ``mvc serve``: routes, the token, and what every answer carries.
+
+Vocabulary:
+
+- a **route** is a fixed path (``/``, ``/commit``, ``/diff``, ...) mapped to a
+  page function; parameters travel in the query string. Request paths are
+  looked up in that table only, so no request names a file: the style
+  sheet and script are Python strings.
+- the **token** guards a server bound to anything but the loopback: every
+  request must carry it (``?token=``, an ``Authorization: Bearer`` header,
+  or the cookie the first tokened request sets), as Jupyter does.
+- the server is **read-only**: GET only (every other method is refused
+  with 405), and the pages call only reading verbs.
+
+Why the standard library's ThreadingHTTPServer: pages are rendered whole
+on the server from data the library returns, so the server's own cost is
+tiny next to the page's (see benchmarks/bench_web.py), and it adds no
+dependency for users of an offline training box.
+"""
+
+import hmac
+import secrets
+import sys
+from http import HTTPStatus
+from http.cookies import SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from ipaddress import ip_address
+from urllib.parse import parse_qs, urlsplit
+
+from ..errors import (AmbiguousRevision, BadInput, CommitPruned, MvcError, ObjectNotFound, UnknownRevision)
+from . import pages
+from .html import SCRIPT, STYLE, esc, page
+
+ROUTES = {"/": pages.history, "/commit": pages.commit, "/diff": pages.diff, "/curves": pages.curves,
+          "/bisect": pages.bisect, "/storage": pages.storage}
+STATIC = {"/static/style.css": ("text/css; charset=utf-8", STYLE.encode()),
+          "/static/app.js": ("text/javascript; charset=utf-8", SCRIPT.encode())}
+# no inline script or style, nothing from elsewhere, no framing, forms only to this server
+POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+          "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+COOKIE = "mvc_token"
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+NOT_FOUND = (UnknownRevision, AmbiguousRevision, ObjectNotFound, CommitPruned)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "mvc-serve"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+
+    # -- every other method is refused ------------------------------------------
+    def _refuse(self):
+        self._send(HTTPStatus.METHOD_NOT_ALLOWED, "text/plain; charset=utf-8",
+                   b"mvc serve is read-only: only GET is answered\n", {"Allow": "GET"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = _refuse
+
+    def do_GET(self):
+        parts = urlsplit(self.path)
+        query = parse_qs(parts.query, keep_blank_values=True)
+        if not self._host_ok():
+            return self._send(HTTPStatus.FORBIDDEN, "text/plain; charset=utf-8",
+                              b"unexpected Host header: open the address mvc serve printed\n")
+        cookie = self._authorised(query)
+        if cookie is False:
+            return self._send(HTTPStatus.FORBIDDEN, "text/html; charset=utf-8", page(
+                "Token needed", "<p>This server needs its token: open the address <code>mvc serve</code> printed "
+                "(it ends in <code>?token=…</code>).</p>", "").encode())
+        extra = {"Set-Cookie": cookie} if cookie else {}
+        if parts.path in STATIC:
+            kind, data = STATIC[parts.path]
+            return self._send(HTTPStatus.OK, kind, data, dict(extra, **{"Cache-Control": "max-age=3600"}))
+        route = ROUTES.get(parts.path)
+        if route is None:
+            return self._error(HTTPStatus.NOT_FOUND, f"no page at {parts.path}", extra)
+        view = self.server.view
+        try:
+            with view.lock:
+                html = route(view, query)
+        except NOT_FOUND as exc:
+            return self._error(HTTPStatus.NOT_FOUND, str(exc), extra)
+        except (BadInput, MvcError) as exc:
+            return self._error(HTTPStatus.BAD_REQUEST, str(exc), extra)
+        except Exception as exc:  # a bug: say so on the page, details on the server's terminal
+            self.log_error("error in %s: %r", parts.path, exc)
+            return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error: see the terminal running mvc serve",
+                               extra)
+        self._send(HTTPStatus.OK, "text/html; charset=utf-8", html.encode(), extra)
+
+    # -- checks ------------------------------------------------------------------------
+    def _host_ok(self) -> bool:
+        """On the loopback, only loopback Host names: a page elsewhere cannot reach
+        this server through DNS rebinding. Elsewhere the token decides."""
+        if self.server.token:
+            return True
+        host = self.headers.get("Host", "")
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        return name.lower() in LOOPBACK_NAMES
+
+    def _authorised(self, query: dict):
+        """None when no token is needed or the cookie holds it; a Set-Cookie value when
+        the query or header brings it; False when it is missing or wrong."""
+        token = self.server.token
+        if not token:
+            return None
+        given = (query.get("token") or [""])[0]
+        header = self.headers.get("Authorization", "")
+        if header.startswith("Bearer "):
+            given = given or header[len("Bearer "):]
+        if given:
+            if hmac.compare_digest(given.encode(), token.encode()):
+                return f"{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/"
+            return False
+        jar = SimpleCookie()
+        try:
+            jar.load(self.headers.get("Cookie", ""))
+        except Exception:  # a malformed cookie header is no token
+            return False
+        held = jar.get(COOKIE)
+        return None if held is not None and hmac.compare_digest(held.value.encode(), token.encode()) else False
+
+    # -- answers -------------------------------------------------------------------------
+    def _error(self, status, message: str, extra: dict):
+        body = page(f"{status.value} {status.phrase}", f'<p class=err>{esc(message)}</p><p><a href="/">history</a></p>',
+                    self.server.view.where())
+        self._send(status, "text/html; charset=utf-8", body.encode(), extra)
+
+    def _send(self, status, kind: str, data: bytes, extra: dict = None):
+        self.send_response(status)
+        headers = {"Content-Type": kind, "Content-Length": str(len(data)), "Content-Security-Policy": POLICY,
+                   "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                   "X-Frame-Options": "DENY", "Cache-Control": "no-store"}
+        headers.update(extra or {})
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def log_message(self, fmt, *args):
+        if self.server.quiet:
+            return
+        line = fmt % args
+        if self.server.token:
+            line = line.replace(self.server.token, "…")
+        sys.stderr.write(f"{self.address_string()} {line}\n")
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, view, host: str = "127.0.0.1", port: int = 0, token=None, quiet: bool = False):
+        """Serve ``view`` on ``host``:``port`` (0: a free port). ``token``: None makes one
+        when ``host`` is not the loopback (and one is always made there)."""
+        if token is None or (not token and not is_loopback(host)):  # elsewhere a token is not optional
+            token = "" if is_loopback(host) else secrets.token_urlsafe(24)
+        self.view, self.token, self.quiet = view, token, quiet
+        super().__init__((host, port), Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}/" + (f"?token={self.token}" if self.token else "")

@@ -1,0 +1,240 @@
+"""mvc serve over HTTP: routes, read-only, the token, escaping, no filesystem paths,
+the graph lanes, and the library data it reads (diff from chunk ids, storage figures).
+The pages in a real browser are in test_web_browser.py."""
+
+import hashlib
+import os
+import re
+
+import pytest
+import torch
+
+import mvc
+from mvc.cli.graph import layout as text_layout
+from mvc.web import lanes
+from mvc.web.pages import layer_of, parse_condition
+from web_fixtures import HOSTILE, HOSTILE_BRANCH, HOSTILE_KEY, fetch, served, training_repo
+from conftest import run_cli
+
+METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "PROPFIND")
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    return training_repo(tmp_path_factory.mktemp("web"))
+
+
+def snapshot(root) -> dict:
+    """{relative path: sha256} of every file under ``root``/.mvc but LMDB's reader
+    lock tables (lock.mdb: each process that opens the index takes a reader slot there)."""
+    out = {}
+    for folder, dirs, files in os.walk(root / ".mvc"):
+        for name in files:
+            if name == "lock.mdb":
+                continue
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def routes(repo_path) -> list:
+    with mvc.Repository.open(repo_path) as repo:
+        head, first = repo.resolve("main"), repo.resolve("main~3")
+    return ["/", "/?start=2&per=2", f"/?ref={HOSTILE_BRANCH}", "/?range=main~3..main", "/?where=loss<5",
+            f"/commit?rev={head}", "/commit?rev=exp", f"/diff?a={first}&b={head}",
+            f"/diff?a={first}&b={head}&numbers=1&sort=relative&show=all", "/curves?metric=loss&x=index",
+            "/curves?metric=context.run.lr", "/bisect", "/storage", "/static/app.js", "/static/style.css",
+            "/commit?rev=nosuch", "/diff?a=main", "/nosuch", "/static/../../etc/passwd"]
+
+
+def test_every_route_with_every_method_leaves_the_repository_byte_identical(made):
+    path, _ = made
+    before = snapshot(path)
+    with served(path) as server:
+        base = server.url.rstrip("/")
+        for route in routes(path):
+            for method in METHODS:
+                status, headers, body = fetch(base + route, method)
+                if method == "GET":
+                    assert status in (200, 400, 404), (route, status)
+                else:
+                    assert status in (405, 501), (route, method, status)  # 501: a method http.server does not know
+    assert snapshot(path) == before
+
+
+def test_pages_answer_with_the_repository_s_data(made):
+    path, _ = made
+    with mvc.Repository.open(path) as repo:
+        commits = repo.history(all_refs=True)
+        bisecting = repo.bisect_status()
+    with served(path) as server:
+        base = server.url.rstrip("/")
+        status, headers, body = fetch(base + "/")
+        page = body.decode()
+        assert status == 200 and "default-src 'none'" in headers["Content-Security-Policy"]
+        assert page.count('class="node"') == len(commits) and all(c.short_id in page for c in commits)
+        assert page.count("<script") == 1  # the one script tag, /static/app.js: every other is escaped
+        status, _, body = fetch(base + "/bisect")
+        assert bisecting.candidate.short_id in body.decode()
+        status, _, body = fetch(base + "/commit?rev=nosuch")
+        assert status == 404 and "nosuch" in body.decode()
+        status, _, body = fetch(base + "/?where=loss<<2")
+        assert status == 400
+
+
+def test_repository_strings_are_escaped_in_every_page(made):
+    path, _ = made
+    with served(path) as server:
+        base = server.url.rstrip("/")
+        for route in ["/", f"/commit?rev={HOSTILE_BRANCH}", f"/diff?a=main&b={HOSTILE_BRANCH}&show=all",
+                      "/curves?metric=loss", "/storage", "/bisect"]:
+            status, _, body = fetch(base + route.replace("<", "%3C").replace(">", "%3E").replace('"', "%22")
+                                    .replace("'", "%27"))
+            page = body.decode()
+            assert status == 200, route
+            assert "<script>window" not in page and "<img" not in page and "<b>evil" not in page, route
+        status, _, body = fetch(base + f"/commit?rev={HOSTILE_BRANCH}".replace("<", "%3C").replace(">", "%3E")
+                                .replace('"', "%22").replace("'", "%27"))
+        assert "&lt;script&gt;window.__xss=1&lt;/script&gt;&quot;&#x27;../x" in body.decode()
+        assert "../../&lt;b&gt;evil&lt;/b&gt;" in body.decode()
+
+
+def test_no_request_path_reaches_the_filesystem(made, tmp_path):
+    path, _ = made
+    secret = path / "secret.txt"
+    secret.write_text("do not serve")
+    with served(path) as server:
+        base = server.url.rstrip("/")
+        for route in ["/secret.txt", "/../secret.txt", "/%2e%2e/secret.txt", "/static/../secret.txt",
+                      "/static/%2e%2e%2fsecret.txt", "/.mvc/FORMAT", "//etc/passwd", "/static/"]:
+            status, _, body = fetch(base + route)
+            assert status == 404 and b"do not serve" not in body and b"root:" not in body, route
+
+
+def test_loopback_needs_a_loopback_host_header(made):
+    path, _ = made
+    with served(path) as server:
+        assert server.token == ""
+        base = server.url.rstrip("/")
+        assert fetch(base + "/")[0] == 200
+        assert fetch(base + "/", headers={"Host": "evil.example:80"})[0] == 403  # DNS rebinding
+
+
+def test_any_other_address_needs_the_token_on_every_request(made):
+    path, _ = made
+    with served(path, host="0.0.0.0") as server:
+        token = server.token
+        assert len(token) >= 24 and server.url.endswith(f"?token={token}")
+        port = server.server_address[1]
+        base = f"http://127.0.0.1:{port}"
+        assert fetch(base + "/")[0] == 403
+        assert fetch(base + "/static/app.js")[0] == 403
+        assert fetch(base + "/?token=wrong")[0] == 403
+        assert fetch(base + "/", headers={"Cookie": "mvc_token=wrong"})[0] == 403
+        status, headers, _ = fetch(base + f"/?token={token}")
+        assert status == 200 and "HttpOnly" in headers["Set-Cookie"]
+        assert fetch(base + "/storage", headers={"Cookie": f"mvc_token={token}"})[0] == 200
+        assert fetch(base + "/bisect", headers={"Authorization": f"Bearer {token}"})[0] == 200
+        assert fetch(base + f"/?token={token}", "POST")[0] == 405
+
+
+def test_a_lazy_clone_is_served_without_fetching_chunks(made):
+    _, lazy = made
+    with mvc.Repository.open(lazy) as repo:
+        assert repo.cache_status().local_chunks == 0
+        head, first = repo.resolve("origin/main"), repo.resolve("origin/main~3")
+    with served(lazy) as server:
+        base = server.url.rstrip("/")
+        for route in ["/", f"/commit?rev={head}", f"/diff?a={first}&b={head}", "/curves", "/storage"]:
+            status, _, body = fetch(base + route)
+            assert status == 200, (route, body[-300:])
+        with mvc.Repository.open(lazy) as repo:
+            assert repo.cache_status().local_chunks == 0  # nothing fetched so far
+        status, _, body = fetch(base + f"/diff?a={first}&b={head}&numbers=1")
+        assert status == 200 and "‖B−A‖/‖A‖" in body.decode()
+    with mvc.Repository.open(lazy) as repo:
+        assert repo.cache_status().local_chunks > 0  # the norms needed tensor bytes: fetched then
+
+
+def test_serve_command_refuses_a_port_in_use(made):
+    import socket
+    path, _ = made
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with mvc.Repository.open(path) as repo:
+            result = run_cli(repo, "serve", "--port", str(s.getsockname()[1]))
+    assert result.exit_code == 1 and "cannot listen" in result.stderr
+
+
+# -- the graph's lanes --------------------------------------------------------------
+
+def test_lanes_place_nodes_where_log_graph_draws_the_star(made):
+    path, _ = made
+    with mvc.Repository.open(path) as repo:
+        commits = repo.history(all_refs=True)
+    rows = lanes.layout(commits)
+    for (head, _, _), row in zip(text_layout(commits), rows):
+        assert head.split(" ").index("*") == row.lane
+    bottoms = [{b for _, _, b, end in r.segments if end == "bottom"} for r in rows]
+    for above, row in zip(bottoms, rows[1:]):  # every lane that enters a row left the row above
+        assert {a for a, end, _, _ in row.segments if end == "top"} <= above
+
+
+def test_lanes_end_at_parents_outside_the_list(made):
+    path, _ = made
+    with mvc.Repository.open(path) as repo:
+        commits = repo.history(["main"], ["main~3"])
+    rows = lanes.layout(commits)
+    assert rows[-1].segments == ((0, "top", 0, "mid"),)  # the oldest listed: its parent is not drawn
+
+
+# -- library data --------------------------------------------------------------------
+
+def test_diff_from_chunk_ids_agrees_with_the_full_diff_and_reads_no_chunk(repo, monkeypatch):
+    a = {"w": torch.zeros(64), "same": torch.ones(32), "gone": torch.ones(4)}
+    first = repo.commit(a)
+    b = {"w": torch.zeros(64), "same": torch.ones(32), "new": torch.ones(4), "gone": torch.ones(2)}
+    b["w"][40] = 1.0
+    second = repo.commit(b)
+    full = repo.diff(first.id, second.id)
+    reads = []
+    real = type(repo.chunks).read
+    monkeypatch.setattr(type(repo.chunks), "read", lambda self, *args, **kw: reads.append(1) or real(self, *args, **kw))
+    quick = repo.diff(first.id, second.id, read_data=False)
+    assert reads == []
+    for f, q in zip(full.tensors, quick.tensors):
+        assert (f.key, f.status, f.chunks, f.chunks_changed, f.bytes_changed) == \
+            (q.key, q.status, q.chunks, q.chunks_changed, q.bytes_changed)
+    w = next(t for t in quick.tensors if t.key == "w")
+    assert w.status == "changed" and w.elements_changed is None and w.relative_change is None
+    assert quick.summary.elements_changed is None and quick.summary.bytes_changed == full.summary.bytes_changed
+
+
+def test_storage_figures_come_from_the_index(repo):
+    from mvc import usage
+    repo.commit({"w": torch.arange(100, dtype=torch.float32)})
+    packs = usage.pack_usage(repo)
+    assert len(packs) == 1 and packs[0].raw_bytes == 400 and packs[0].stored_bytes == 400
+    assert packs[0].file_bytes > 400 and packs[0].chunks == 7  # 64-byte chunks
+    entry = repo.entries()[0]
+    assert set(usage.chunk_sizes(repo, entry.chunks).values()) == {(64, 64), (16, 16)}
+
+
+def test_gc_dry_run_writes_nothing(repo):
+    repo.commit({"w": torch.ones(8)})
+    before = snapshot(repo.root)
+    assert repo.gc(dry_run=True).dry_run
+    assert snapshot(repo.root) == before
+
+
+def test_record_filters_and_layers():
+    name, keep = parse_condition("loss<0.5")
+    assert name == "loss"
+    c = mvc.Commit("0" * 64, "0" * 64, (), "", "", 0.0, 3, None, {"loss": 0.25}, {"run": {"lr": 0.1}})
+    assert keep(c) and parse_condition("context.run.lr>=0.1")[1](c) and not parse_condition("acc")[1](c)
+    with pytest.raises(mvc.BadInput):
+        parse_condition("loss<")
+    assert layer_of("model.layers.12.attn.weight") == "model.layers.12" and layer_of("embed.weight") == "embed"
+    assert re.fullmatch(r"\.\./.*", HOSTILE_KEY) and HOSTILE.startswith("<script>")

@@ -42,6 +42,7 @@ kept as their bytes and loaded again with ``weights_only=True`` only.
 import dataclasses
 import io
 import math
+import os
 import re
 import uuid
 from contextlib import ExitStack
@@ -52,6 +53,7 @@ import torch
 from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
                                                    MetadataIndex, StorageMeta, TensorProperties,
                                                    TensorStorageMetadata)
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, SavePlan, WriteItemType
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
@@ -61,6 +63,7 @@ import mvc
 DCP_VERSION = "1.0.0"  # the metadata version of DCP's own FileSystemWriter in torch 2.13
 READ_BATCH = 64 << 20  # bytes of chunks one read_data batch holds besides the target tensors
 _PLAIN = (type(None), bool, int, float, str, bytes)
+ID_TAGS = "dcp/"  # a checkpoint id inside a repository is the tag dcp/<its path from the root>
 
 
 def open_repository(path, chunk_size: Optional[int] = None) -> mvc.Repository:
@@ -96,9 +99,14 @@ def _exactly_plain(value, depth: int = 0) -> bool:
 
 
 def _weights_only(raw: bytes, what: str):
-    """``torch.load(weights_only=True)`` of ``raw``; BadInput if it refuses."""
+    """``torch.load(weights_only=True)`` of ``raw``; BadInput if it refuses.
+
+    An ``io.BytesIO`` is allowed too: rebuilding one only sets its buffer
+    (DCP's planner torch.saves a BytesIO value as the object itself).
+    """
     try:
-        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals([io.BytesIO]):
+            return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as exc:  # hostile or damaged bytes can make the unpickler raise anything
         found = re.search(r"(?i)unsupported global:? (?:GLOBAL )?([\w.]+)", str(exc))
         holds = f" ({found.group(1)})" if found else ""
@@ -120,23 +128,43 @@ def _done(value=None) -> Future:
     return fut
 
 
-class _InRepository:
-    """What DCP asks both plugins about their checkpoint id: the repository's path."""
+def _locate(checkpoint_id) -> tuple:
+    """(repository, tag) of a DCP checkpoint id: the open repository holding
+    it, and None when the id is the repository's root, else the tag
+    ``dcp/`` + the id's path relative to the root. NotARepository if no
+    repository holds it; InvalidRefName if the path makes no tag name."""
+    path = Path(checkpoint_id).resolve()
+    repo = mvc.Repository.open(path)
+    if path == repo.root:
+        return repo, None
+    tag = ID_TAGS + "/".join(path.relative_to(repo.root).parts)
+    try:
+        mvc.refs.check_name(tag, "tag")
+    except BaseException:
+        repo.close()
+        raise
+    return repo, tag
 
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return _is_repository(checkpoint_id)
 
-    @property
-    def checkpoint_id(self) -> str:
-        return str(self.path)
+def _an_id(checkpoint_id) -> bool:
+    """Whether DCP's ``checkpoint_id`` is a local path (not a URL, not None)."""
+    return isinstance(checkpoint_id, (str, os.PathLike)) and bool(os.fspath(checkpoint_id)) \
+        and "://" not in os.fspath(checkpoint_id)
 
 
-class MvcStorageWriter(_InRepository, StorageWriter):
+def _tag_of(repo: mvc.Repository, name: str) -> Optional[mvc.Ref]:
+    return next((t for t in repo.tags() if t.name == name), None)
+
+
+class MvcStorageWriter(StorageWriter):
     """Saves a DCP checkpoint as one mvc commit on ``branch`` (None: HEAD's branch).
 
     ``message``, ``step``, ``epoch``, ``metrics`` and ``context`` make the
-    commit's record. The repository at ``path`` is created if missing.
+    commit's record. ``path`` is the repository (at ``path`` or above it),
+    created at ``path`` if there is none. A DCP ``checkpoint_id`` inside a
+    repository (``dcp.save(..., checkpoint_id="ckpts/step_100")``) names one
+    checkpoint: the commit also gets the tag ``dcp/step_100`` (see the
+    module doc); one that is a repository's root is that repository.
     ``remote``: ranks on hosts without a shared filesystem, each with a
     repository at ``path`` that caches this remote (see the module doc).
     After a save, ``last_commit`` on the coordinator is the ``mvc.Commit``.
@@ -154,24 +182,55 @@ class MvcStorageWriter(_InRepository, StorageWriter):
         self.is_coordinator = False
         self.last_commit: Optional[mvc.Commit] = None
         self.save_id = uuid.uuid4().hex
+        self.id: Optional[Path] = None  # DCP's checkpoint_id, once given
+        self.tag: Optional[str] = None  # the tag that id maps to, once set up
         self._start: Optional[dict] = None
         self._hold = ExitStack()
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        """Whether a save to ``checkpoint_id`` can work: a path inside (or the root
+        of) a repository that maps to a valid tag, or a folder where one can be created."""
+        if not _an_id(checkpoint_id):
+            return False
+        try:
+            _locate(checkpoint_id)[0].close()
+            return True
+        except mvc.NotARepository:
+            path = Path(checkpoint_id).resolve()
+            existing = next(p for p in (path, *path.parents) if p.exists())
+            return existing.is_dir() and os.access(existing, os.W_OK)
+        except (mvc.MvcError, OSError):
+            return False
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self.id or self.path)
 
     # -- DCP's calls, in order ---------------------------------------------------
 
     def reset(self, checkpoint_id=None) -> None:
-        if checkpoint_id:
-            self.path = Path(checkpoint_id)
+        if checkpoint_id is not None:
+            if not _an_id(checkpoint_id):
+                raise mvc.BadInput(f"checkpoint_id {checkpoint_id!r} is not a local path; MvcStorageWriter "
+                                   "saves to a folder (a repository, or a path inside one)")
+            self.id = Path(checkpoint_id)
         self._release()
         self.save_id = uuid.uuid4().hex
 
     def storage_meta(self) -> StorageMeta:
-        return StorageMeta(checkpoint_id=str(self.path), save_id=self.save_id)
+        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._release()
         self.is_coordinator = is_coordinator
-        self.repo = open_repository(self.path, self.chunk_size)
+        if self.repo is not None:
+            self.repo.close()
+        self.repo, self.tag = self._open()
+        if self.tag is not None and self.remote is not None:
+            raise mvc.BadInput(f"checkpoint_id {self.checkpoint_id} names the tag {self.tag!r}, which a remote "
+                               "does not carry; with remote=, save to the repository's root and load by commit or "
+                               "branch")
         if self.remote is not None:
             if self.repo.caches() != self.remote:
                 raise mvc.BadInput(f"the repository at {self.repo.root} does not cache remote {self.remote!r}: "
@@ -180,8 +239,25 @@ class MvcStorageWriter(_InRepository, StorageWriter):
         if is_coordinator:
             # Held until finish: gc cannot run meanwhile, so neither the ranks'
             # unindexed packs nor chunks they found in the repository go away.
+            found = _tag_of(self.repo, self.tag) if self.tag else None
+            if found is not None and found.protected:  # refused before any rank writes a chunk
+                raise mvc.ProtectedRef(f"tag {self.tag!r} of checkpoint_id {self.checkpoint_id} is protected; "
+                                       "save to another checkpoint_id")
             self._hold.enter_context(self.repo.gc_lock.shared())
             self._start = self.repo.begin_sharded(self.branch)
+
+    def _open(self) -> tuple:
+        """(repository, tag or None) this save goes to: the repository holding
+        the checkpoint id, else one created at ``path`` when the id is inside
+        ``path`` (so per-step ids share one repository), else at the id."""
+        if self.id is None:
+            return open_repository(self.path, self.chunk_size), None
+        try:
+            return _locate(self.id)
+        except mvc.NotARepository:
+            target, base = self.id.resolve(), self.path.resolve()
+            open_repository(base if base in target.parents else target, self.chunk_size).close()
+            return _locate(self.id)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
@@ -193,6 +269,12 @@ class MvcStorageWriter(_InRepository, StorageWriter):
         """Hash this rank's items and write the chunks the repository lacks to its own pack."""
         tensors, written, results = [], [], []
         for item in plan.items:
+            if item.type == WriteItemType.BYTE_IO and _bytes_io(planner, item) is not None:
+                raw = _bytes_io(planner, item).getvalue()  # its bytes, with no pickle made or read
+                tensors.append(torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw
+                               else torch.empty(0, dtype=torch.uint8))
+                written.append((item, "bytes-io", len(raw)))
+                continue
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
                 raw = data.getvalue()
@@ -200,9 +282,12 @@ class MvcStorageWriter(_InRepository, StorageWriter):
                 if _exactly_plain(value):
                     results.append(WriteResult(item.index, len(raw), {"kind": "value", "value": value}))
                     continue
+                kind = "torch-save"
+                if type(value) is io.BytesIO:  # kept as the bytes it holds: loaded with no unpickling
+                    raw, kind = value.getvalue(), "bytes-io"
                 tensors.append(torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw
                                else torch.empty(0, dtype=torch.uint8))
-                written.append((item, "torch-save", len(raw)))
+                written.append((item, kind, len(raw)))
             else:
                 sizes = tuple(item.tensor_data.chunk.sizes)
                 if tuple(data.shape) != sizes:
@@ -231,7 +316,7 @@ class MvcStorageWriter(_InRepository, StorageWriter):
         try:
             leaves, locations, items, stats = _assemble(metadata, results)
             dcp = {"items": items, "planner_data": _plain_planner_data(metadata.planner_data),
-                   "storage_meta": {"checkpoint_id": str(self.path), "save_id": self.save_id,
+                   "storage_meta": {"checkpoint_id": self.checkpoint_id, "save_id": self.save_id,
                                     "modules": list(getattr(metadata.storage_meta, "modules", None) or [])},
                    "version": metadata.version or DCP_VERSION}
             if self.remote is not None:
@@ -241,6 +326,17 @@ class MvcStorageWriter(_InRepository, StorageWriter):
                 metrics=self.metrics, context=self.context, stats=stats)
             if self.remote is not None and self.last_commit.branch:
                 self.repo.push(self.remote, (self.last_commit.branch,))
+            if self.tag is not None:  # the id now names this commit, as a folder would hold this save
+                found = _tag_of(self.repo, self.tag)
+                if found is not None and found.protected:
+                    raise mvc.ProtectedRef(f"tag {self.tag!r} of checkpoint_id {self.checkpoint_id} was protected "
+                                           f"during the save; commit {self.last_commit.short_id} is on the branch")
+                self.repo.create_tag(self.tag, self.last_commit.id, force=True)
+            head = self.repo.head()
+            if head.id is None and self.last_commit.branch and head.branch != self.last_commit.branch:
+                # HEAD's branch has no commits: put HEAD on this one, as Git's first commit
+                # would, so a reader with its default rev loads what was saved here.
+                self.repo.checkout(self.last_commit.branch)
         finally:
             self._release()
 
@@ -265,6 +361,15 @@ def _is_repository(path) -> bool:
         return True
     except (mvc.MvcError, OSError, TypeError):
         return False
+
+
+def _bytes_io(planner, item) -> Optional[io.BytesIO]:
+    """The io.BytesIO value of a BYTE_IO item, when the planner saves the value
+    as it is (DefaultSavePlanner's transform: torch.save of the object)."""
+    if type(planner).transform_object is not DefaultSavePlanner.transform_object:
+        return None
+    value = planner.lookup_object(item.index)
+    return value if type(value) is io.BytesIO else None
 
 
 def _plain_planner_data(data):
@@ -322,8 +427,14 @@ def _result(by_index: dict, index: MetadataIndex, fqn: str) -> dict:
     return data
 
 
-class MvcStorageReader(_InRepository, StorageReader):
+class MvcStorageReader(StorageReader):
     """Loads the commit ``rev`` names (default HEAD) through DCP, resharding to this world.
+
+    ``path`` is the repository (at ``path`` or above it). A DCP
+    ``checkpoint_id`` inside a repository loads the commit its tag
+    ``dcp/...`` names (``rev`` must then be left out); an id never saved is
+    ``mvc.errors.CheckpointNotFound`` (a FileNotFoundError), which DCP
+    raises inside its CheckpointException as it does for FileSystemReader.
 
     Any commit loads: one made by ``MvcStorageWriter`` at any world size,
     or a plain ``Repository.commit`` (its keys joined with dots are the FQNs).
@@ -333,32 +444,70 @@ class MvcStorageReader(_InRepository, StorageReader):
     may be a commit another host made; chunks come from the remote as needed.
     """
 
-    def __init__(self, path, rev: str = "HEAD", remote: Optional[str] = None):
+    def __init__(self, path, rev: Optional[str] = None, remote: Optional[str] = None):
         super().__init__()
         self.path = Path(path)
         self.rev = rev
         self.remote = remote
+        self.id: Optional[Path] = None  # DCP's checkpoint_id, once given
         self.repo: Optional[mvc.Repository] = None
         self.view: Optional[dict] = None
         self.load_id = uuid.uuid4().hex
         self._where: dict = {}
 
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        """Whether ``checkpoint_id`` names a checkpoint this reader can load: a
+        repository root with commits, or a path inside one whose tag exists."""
+        if not _an_id(checkpoint_id):
+            return False
+        try:
+            repo, tag = _locate(checkpoint_id)
+        except (mvc.MvcError, OSError):
+            return False
+        try:
+            _resolve(repo, tag, None, checkpoint_id)
+            return True
+        except mvc.MvcError:
+            return False
+        finally:
+            repo.close()
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self.id or self.path)
+
     def reset(self, checkpoint_id=None) -> None:
-        if checkpoint_id:
-            self.path = Path(checkpoint_id)
+        if checkpoint_id is not None:
+            if not _an_id(checkpoint_id):
+                raise mvc.BadInput(f"checkpoint_id {checkpoint_id!r} is not a local path; MvcStorageReader "
+                                   "loads from a folder (a repository, or a path inside one)")
+            self.id = Path(checkpoint_id)
+            self.close()  # the id may be in another repository
         self.view, self._where = None, {}
         self.load_id = uuid.uuid4().hex
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if self.repo is None:
-            self.repo = mvc.Repository.open(self.path)
+        # DCP calls this again (with rank=) after a failure: every call resolves the same id afresh.
+        self.close()
+        if self.id is None:
+            self.repo, tag = mvc.Repository.open(self.path), None
+        else:
+            try:
+                self.repo, tag = _locate(self.id)
+            except mvc.NotARepository:
+                raise mvc.errors.CheckpointNotFound(f"no checkpoint at {self.id}: no mvc repository holds it",
+                                                    checkpoint_id=str(self.id)) from None
+            if tag is not None and self.remote is not None:
+                raise mvc.BadInput(f"checkpoint_id {self.id} names the tag {tag!r}, which a remote does not "
+                                   "carry; load by commit or branch (rev=)")
         if self.remote is not None:
             self.repo.fetch(self.remote)
-        self.view = self.repo.sharded_view(self.rev)
+        self.view = self.repo.sharded_view(_resolve(self.repo, tag, self.rev, self.checkpoint_id))
         md, storage, self._where = _metadata(self.view)
         meta = self.view["dcp"] or {}
         saved = meta.get("storage_meta") or {}
-        storage_meta = StorageMeta(checkpoint_id=saved.get("checkpoint_id", str(self.path)),
+        storage_meta = StorageMeta(checkpoint_id=saved.get("checkpoint_id", self.checkpoint_id),
                                    save_id=saved.get("save_id"), load_id=self.load_id,
                                    modules=list(saved.get("modules") or []))
         return Metadata(md, _planner_data(meta, self._where), storage, storage_meta,
@@ -400,6 +549,8 @@ class MvcStorageReader(_InRepository, StorageReader):
             return _fresh_bytes(node)
         obj = self.view["tensors"][path]
         raw = self.repo.read_pieces([(obj, 0, 0, obj.nbytes)], f"DCP item {r.storage_index.fqn!r}")[0]
+        if kind == "bytes-io":  # at position 0 (a saved one may have been read to its end)
+            return _fresh_bytes(io.BytesIO(raw.tobytes()))
         # fresh bytes of what weights-only loading accepted: the planner's own torch.load unpickles only those
         return _fresh_bytes(_weights_only(raw.tobytes(), f"DCP item {r.storage_index.fqn!r}"))
 
@@ -438,6 +589,32 @@ class MvcStorageReader(_InRepository, StorageReader):
         if self.repo is not None:
             self.repo.close()
             self.repo = None
+
+
+def _resolve(repo: mvc.Repository, tag: Optional[str], rev: Optional[str], checkpoint_id) -> str:
+    """The commit id a reader loads: the tag of a checkpoint id inside the
+    repository, else ``rev``, else HEAD. CheckpointNotFound if nothing was saved there."""
+    if tag is not None:
+        if rev is not None:
+            raise mvc.BadInput(f"checkpoint_id {checkpoint_id} names the tag {tag!r}; rev={rev!r} says otherwise: "
+                               "pass one of them")
+        found = _tag_of(repo, tag)
+        if found is None:
+            raise mvc.errors.CheckpointNotFound(f"no checkpoint was saved at {checkpoint_id} (no tag {tag!r} in "
+                                                f"{repo.root})", checkpoint_id=str(checkpoint_id), ref=tag)
+        return found.id
+    if rev is not None:
+        return repo.resolve(rev)
+    head = repo.head()
+    if head.id is None:
+        branches = sorted(b.name for b in repo.branches())
+        if branches:
+            raise mvc.errors.CheckpointNotFound(
+                f"HEAD's branch {head.branch!r} of {repo.root} has no commits; pass rev= one of: "
+                f"{', '.join(branches)}", checkpoint_id=str(checkpoint_id), ref=head.branch)
+        raise mvc.errors.CheckpointNotFound(f"no checkpoint was saved in {repo.root} yet",
+                                            checkpoint_id=str(checkpoint_id), ref=head.branch)
+    return head.id
 
 
 def _metadata(view: dict) -> tuple:

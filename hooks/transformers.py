@@ -5,17 +5,24 @@ Trainer (``save_strategy``, ``save_steps``) it commits the model, the
 optimizer, the LR scheduler, the RNG state of every process and the
 trainer state (``TrainerState``: step, epoch, log history, best metric) to
 a branch of an mvc repository, with the step, the epoch and the last
-logged metrics as the commit's record. With ``keep_files=False`` (the
-default) the ``checkpoint-N`` directory the Trainer wrote is removed once
-its commit is durable, so the repository is the only copy.
+logged metrics as the commit's record, and the model's config. With
+``keep_files=False`` (the default) the ``checkpoint-N`` directories the
+Trainer wrote are removed once their commits are durable, except the
+newest and the best one (``state.best_global_step``), as the Trainer's
+own ``save_total_limit=1`` keeps them: so ``resume_from_checkpoint=True``,
+``load_best_model_at_end=True`` and ``from_pretrained("…/checkpoint-N")``
+work as without the callback, while the repository holds every save.
 
-To resume, ``checkout(rev)`` writes the commit back as a checkpoint
-directory in the Trainer's own layout (``model.safetensors``,
-``optimizer.pt``, ``scheduler.pt``, ``rng_state*.pth``,
-``trainer_state.json``) and returns its path for
-``trainer.train(resume_from_checkpoint=...)``, so the Trainer's own
-resume logic runs: it skips the batches already seen and restores the
-RNG, and the run continues bit for bit where the Trainer supports that.
+To resume from any commit, ``checkout(rev)`` writes it back as a
+checkpoint directory in the Trainer's own layout (``model.safetensors``
+with each tied tensor once, as ``save_pretrained`` writes it,
+``config.json``, ``optimizer.pt``, ``scheduler.pt``, ``rng_state*.pth``,
+``trainer_state.json``) at ``OUTPUT_DIR/checkpoint-N`` (the Trainer's
+``output_dir`` this callback was added to; or ``directory``), whole or not
+at all, and returns its path for ``trainer.train(resume_from_checkpoint=...)``,
+so the Trainer's own resume logic runs: it skips the batches already seen
+and restores the RNG, and the run continues bit for bit where the Trainer
+supports that.
 
 ``remote="origin"`` pushes the branch to that remote of the repository
 after each commit, in the background as ``Checkpointer(remote=...)`` does
@@ -72,9 +79,15 @@ class MvcCallback(TrainerCallback):
         self.remote = remote
         self.repo: Optional[mvc.Repository] = None
         self.last_commit: Optional[mvc.Commit] = None
+        self.output_dir: Optional[str] = None  # the Trainer's, once it told us (checkout's default parent)
         self._pusher: Optional[Pusher] = None
+        self._committed: set = set()  # steps whose checkpoint-N folder this callback committed
+
+    def on_init_end(self, args, state, control, **kwargs):
+        self.output_dir = args.output_dir
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.output_dir = args.output_dir
         if state.is_world_process_zero and self.repo is None:
             self.repo, self._pusher = open_run(self.repo_path, self.chunk_size, self.branch, self.remote)
 
@@ -99,6 +112,9 @@ class MvcCallback(TrainerCallback):
             return
         checkpoint = {"mvc_hf": LAYOUT, "model": unwrap(model).state_dict(), "rng": ranks,
                       "trainer_state": json.loads(json.dumps(dataclasses.asdict(state)))}  # as its json
+        config = getattr(unwrap(model), "config", None)
+        if hasattr(config, "to_json_string"):  # for config.json: from_pretrained on a checkout
+            checkpoint["config"] = json.loads(config.to_json_string(use_diff=False))
         if optimizer is not None:
             checkpoint["optimizer"] = optimizer.state_dict()
         if lr_scheduler is not None:
@@ -112,16 +128,26 @@ class MvcCallback(TrainerCallback):
                                       "world_size": args.world_size}})
         if self._pusher is not None:
             self._pusher.request()
+        self._committed.add(state.global_step)
         if not self.keep_files:
-            written = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            if os.path.isdir(written):
-                shutil.rmtree(written)
+            self._remove_folders(args.output_dir, {state.global_step, state.best_global_step})
+
+    def _remove_folders(self, output_dir, keep: set) -> None:
+        """Remove the checkpoint-N folders this callback committed, but those of the steps in ``keep``."""
+        for step in sorted(self._committed - keep):
+            folder = os.path.join(output_dir, f"checkpoint-{step}")
+            if os.path.isdir(folder) and not os.path.islink(folder):
+                shutil.rmtree(folder)
+            self._committed.discard(step)
 
     def checkout(self, rev: Optional[str] = None, directory=None) -> str:
         """Write commit ``rev`` (default: the branch's tip) as a Trainer checkpoint directory; its path.
 
-        ``directory`` defaults to a new temporary one. Raises
-        mvc.BadInput if the commit was not made by this callback.
+        ``directory`` defaults to ``checkpoint-STEP`` in the output_dir of
+        the Trainer this callback was added to. The directory is written
+        beside and swapped in whole (one that was there is replaced).
+        Raises mvc.BadInput if the commit was not made by this callback, or
+        if there is no ``directory`` and no Trainer told its output_dir.
         """
         repo = self.repo or mvc.Repository.open(self.repo_path)
         try:
@@ -133,16 +159,44 @@ class MvcCallback(TrainerCallback):
                 repo.close()
         if not isinstance(state, dict) or state.get("mvc_hf") != LAYOUT:
             raise mvc.BadInput(f"commit {commit.short_id} was not made by mvc_hooks.transformers.MvcCallback")
-        out = directory or tempfile.mkdtemp(prefix=f"mvc-checkpoint-{commit.step}-")
-        os.makedirs(out, exist_ok=True)
-        _write_checkpoint(state, out)
-        return os.fspath(out)
+        if directory is None:
+            if self.output_dir is None:
+                raise mvc.BadInput("checkout needs directory= when the callback was not added to a Trainer "
+                                   "(whose output_dir it would use)")
+            directory = os.path.join(self.output_dir, f"checkpoint-{commit.step}")
+        out = os.path.abspath(os.fspath(directory))
+        parent = os.path.dirname(out)
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.mvc-", dir=parent)
+        try:
+            _write_checkpoint(state, staging)
+            _swap_in(staging, out)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return out
+
+
+def _swap_in(staging: str, out: str) -> None:
+    """Put folder ``staging`` at ``out``; a folder already there is removed only once the new one is in place."""
+    old = None
+    if os.path.lexists(out):
+        if not os.path.isdir(out) or os.path.islink(out):
+            raise mvc.BadInput(f"{out} exists and is not a folder; checkout writes a checkpoint folder there")
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
+        os.rename(out, os.path.join(old, "previous"))
+    os.rename(staging, out)
+    if old is not None:
+        shutil.rmtree(old)
 
 
 def _write_checkpoint(state: dict, out) -> None:
     """The Trainer's checkpoint layout (the names its resume looks for)."""
     from safetensors.torch import save_file
-    save_file(state["model"], os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    save_file(_untied(state["model"]), os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    if "config" in state:
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(state["config"], f, indent=2, sort_keys=True)
     if "optimizer" in state:
         torch.save(state["optimizer"], os.path.join(out, "optimizer.pt"))
     if "scheduler" in state:
@@ -153,6 +207,18 @@ def _write_checkpoint(state: dict, out) -> None:
         torch.save(_trainer_rng(saved, None if len(ranks) == 1 else index), os.path.join(out, name))
     with open(os.path.join(out, "trainer_state.json"), "w") as f:
         json.dump(state["trainer_state"], f, indent=2, sort_keys=True)
+
+
+def _untied(model: dict) -> dict:
+    """The model state with each tied tensor (loaded as one object for several
+    keys, as GPT-2's lm_head and wte) under one key only, as save_pretrained
+    writes it; loading it ties the others again (load_state_dict, from_pretrained)."""
+    seen, out = set(), {}
+    for key, tensor in model.items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out[key] = tensor
+    return out
 
 
 def _trainer_rng(saved: dict, process: Optional[int]) -> dict:

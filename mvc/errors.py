@@ -120,3 +120,14 @@ class DiskFull(MvcError):
     def __init__(self, message: str = "", *, path=None):
         super().__init__(message)
         self.path = str(path) if path is not None else None
+# -- DCP checkpoint ids (hooks/dcp.py) -------------------------------------------------
+
+class CheckpointNotFound(UnknownRevision, FileNotFoundError):
+    """A DCP checkpoint id names no checkpoint that was saved: ``checkpoint_id``
+    is the id, ``ref`` the tag or branch it maps to (None when no repository
+    holds the id). A FileNotFoundError too, as for DCP's FileSystemReader."""
+
+    def __init__(self, message: str = "", *, checkpoint_id=None, ref=None):
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+        self.ref = ref

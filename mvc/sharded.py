@@ -45,7 +45,7 @@ from .errors import BadInput, CorruptObject
 from .objects import ID_SIZE, TensorObject
 
 EXTENSION = "sharded"  # the FORMAT extension a repository with sharded commits names
-KINDS = ("tensor", "value", "torch-save")  # what a dcp item is: see docs/format.md 7.2.1
+KINDS = ("tensor", "value", "torch-save", "bytes-io")  # what a dcp item is: see docs/format.md 7.2.1
 
 
 @dataclass(frozen=True)

@@ -267,3 +267,227 @@ def test_load_into_a_live_tensor_from_a_sharded_commit(repo, boxes):
     assert torch.equal(live["w"], full)
     repo.load_into(live, b.id)
     assert torch.equal(live["w"], changed)
+
+
+# -- DCP's own scenarios, run against FileSystemWriter and mvc alike --------------------
+# Each runs once with DCP's FileSystemWriter/Reader (folders) and once with
+# MvcStorageWriter/Reader over one repository; both runs must give the same results.
+
+from torch.distributed.checkpoint import CheckpointException  # noqa: E402
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner  # noqa: E402
+from torch.distributed.checkpoint.stateful import Stateful  # noqa: E402
+
+
+class Backend:
+    """The storage a scenario saves through: DCP's folders ("fs") or one mvc repository ("mvc")."""
+
+    def __init__(self, kind: str, root):
+        self.kind, self.root = kind, root
+
+    def writer(self):
+        return None if self.kind == "fs" else MvcStorageWriter(self.root)
+
+    def reader(self):
+        return None if self.kind == "fs" else MvcStorageReader(self.root)
+
+    def save(self, state, checkpoint_id, **kw):
+        writer = self.writer()
+        dcp.save(state, checkpoint_id=checkpoint_id, storage_writer=writer, no_dist=True, **kw)
+        if writer is not None:
+            writer.close()
+
+    def load(self, state, checkpoint_id, **kw):
+        reader = self.reader()
+        try:
+            dcp.load(state, checkpoint_id=checkpoint_id, storage_reader=reader, no_dist=True, **kw)
+        finally:
+            if reader is not None:
+                reader.close()
+        return state
+
+
+@pytest.fixture(params=["fs", "mvc"])
+def backend(request, tmp_path):
+    return Backend(request.param, tmp_path / "ckpts")
+
+
+def step_state(step: int) -> dict:
+    torch.manual_seed(step)
+    return {"model": {"w": torch.randn(6, 4), "b": torch.randn(4)}, "step": step,
+            "frozen": torch.arange(32.0)}  # the same at every step: mvc stores it once
+
+
+def blank() -> dict:
+    return {"model": {"w": torch.zeros(6, 4), "b": torch.zeros(4)}, "step": -1, "frozen": torch.zeros(32)}
+
+
+def same(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return a == b and type(a) is type(b)
+
+
+def per_step_run(backend) -> dict:
+    """The per-step checkpoint_id pattern (torchtitan's): one id per step under one folder."""
+    if backend.kind == "mvc":  # the issue's case: the folder is already a repository (an earlier save made it one)
+        writer = MvcStorageWriter(backend.root, message="before")
+        dcp.save({"model": {"w": torch.ones(6, 4)}}, storage_writer=writer, no_dist=True)
+        writer.close()
+    for step in (100, 200, 300):
+        backend.save(step_state(step), backend.root / f"step_{step}")
+    got = {step: backend.load(blank(), backend.root / f"step_{step}") for step in (200, 100, 300)}
+    with pytest.raises(CheckpointException):
+        backend.load(blank(), backend.root / "step_999")  # never saved
+    return got
+
+
+def test_per_step_checkpoint_ids_give_what_filesystem_writer_gives(tmp_path):
+    runs = {kind: per_step_run(Backend(kind, tmp_path / kind)) for kind in ("fs", "mvc")}
+    assert same(runs["fs"], runs["mvc"])
+    for step, loaded in runs["mvc"].items():  # each id its own checkpoint, an older one too
+        assert same(loaded, step_state(step)), step
+    with mvc.Repository.open(tmp_path / "mvc") as repo:
+        tags = {t.name: t.id for t in repo.tags()}
+        assert set(tags) == {"dcp/step_100", "dcp/step_200", "dcp/step_300"}
+        log = list(repo.log("main"))  # one branch, one commit a save: history, diff and bisect work
+        assert [c.id for c in log[:3]] == [tags["dcp/step_300"], tags["dcp/step_200"], tags["dcp/step_100"]]
+        frozen = [e.tensor_id for c in log[:3] for e in repo.entries(c.id) if e.key == "frozen"]
+        assert len(set(frozen)) == 1  # the unchanged tensor is one stored object
+
+
+def test_an_id_saved_again_names_the_newest_save_and_the_old_one_stays_in_history(backend):
+    backend.save(step_state(1), backend.root / "latest")
+    backend.save(step_state(2), backend.root / "latest")
+    assert same(backend.load(blank(), backend.root / "latest"), step_state(2))
+    if backend.kind == "mvc":
+        with mvc.Repository.open(backend.root) as repo:
+            older = repo.load("dcp/latest~1")
+            assert torch.equal(older["model"]["w"], step_state(1)["model"]["w"])
+
+
+def test_checkpoint_ids_are_validated_for_what_the_plugin_can_do(tmp_path):
+    root = tmp_path / "ckpts"
+    assert MvcStorageWriter.validate_checkpoint_id(root / "step_1")  # a folder it can create a repository in
+    assert not MvcStorageReader.validate_checkpoint_id(root / "step_1")  # nothing to load there
+    assert not MvcStorageWriter.validate_checkpoint_id("s3://bucket/step_1")
+    writer = MvcStorageWriter(root)
+    dcp.save(step_state(1), checkpoint_id=root / "step_1", storage_writer=writer, no_dist=True)
+    writer.close()
+    assert (root / ".mvc").is_dir() and not (root / "step_1").exists()  # per-step ids share the repository
+    assert MvcStorageReader.validate_checkpoint_id(root / "step_1")
+    assert MvcStorageReader.validate_checkpoint_id(root)  # HEAD is on main, which has the commit
+    assert not MvcStorageReader.validate_checkpoint_id(root / "step_2")
+    assert MvcStorageWriter.validate_checkpoint_id(root / "step_2")
+    assert not MvcStorageWriter.validate_checkpoint_id(root / "bad id")  # no tag can be named so
+    reader = MvcStorageReader(root)
+    reader.reset(root / "step_2")
+    with pytest.raises(mvc.errors.CheckpointNotFound) as caught:
+        reader.read_metadata()
+    assert caught.value.checkpoint_id == str(root / "step_2") and caught.value.ref == "dcp/step_2"
+    assert isinstance(caught.value, FileNotFoundError)
+    reader.close()
+    with pytest.raises(CheckpointException):  # an id and a rev that disagree: refused, not guessed
+        dcp.load(blank(), checkpoint_id=root / "step_1", storage_reader=MvcStorageReader(root, rev="main"),
+                 no_dist=True)
+
+
+def test_a_protected_id_is_refused_before_anything_is_written(tmp_path):
+    root = tmp_path / "ckpts"
+    writer = MvcStorageWriter(root)
+    dcp.save(step_state(1), checkpoint_id=root / "release", storage_writer=writer, no_dist=True)
+    with mvc.Repository.open(root) as repo:
+        repo.set_protected("dcp/release", kind="tag")
+        tip = repo.resolve("main")
+    with pytest.raises(CheckpointException):
+        dcp.save(step_state(2), checkpoint_id=root / "release", storage_writer=writer, no_dist=True)
+    writer.close()
+    with mvc.Repository.open(root) as repo:
+        assert repo.resolve("main") == tip == repo.resolve("dcp/release")
+
+
+def test_a_reader_with_its_default_rev_loads_what_a_writer_on_another_branch_saved(tmp_path):
+    writer = MvcStorageWriter(tmp_path / "ckpts", branch="run-7")
+    dcp.save(step_state(7), storage_writer=writer, no_dist=True)
+    writer.close()
+    got = blank()
+    dcp.load(got, storage_reader=MvcStorageReader(tmp_path / "ckpts"), no_dist=True)
+    assert same(got, step_state(7))
+    with mvc.Repository.open(tmp_path / "ckpts") as repo:
+        assert repo.head().branch == "run-7"  # the first save put HEAD on its branch, as Git's first commit
+
+
+def test_a_reader_refuses_to_guess_among_branches(tmp_path):
+    with mvc.Repository.init(tmp_path) as repo:
+        repo.commit({"w": torch.ones(2)}, "a", branch="run-1")
+        repo.commit({"w": torch.ones(2)}, "b", branch="run-2")
+        assert repo.head() == mvc.Head("main", None)
+    reader = MvcStorageReader(tmp_path)
+    with pytest.raises(mvc.errors.CheckpointNotFound, match="run-1, run-2"):
+        reader.read_metadata()
+    reader.close()
+
+
+class TrainState(Stateful):
+    """torchtitan's TrainState: its loss history kept as torch.save bytes in a BytesIO."""
+
+    def __init__(self, step=0, losses=()):
+        self.step, self.losses = step, list(losses)
+
+    def state_dict(self):
+        buffer = io.BytesIO()
+        torch.save(self.losses, buffer)  # left at its end, as torchtitan leaves it
+        return {"step": torch.tensor(self.step, dtype=torch.int32), "losses": buffer, "raw": b"\x00\xffbytes"}
+
+    def load_state_dict(self, state_dict):
+        self.step = int(state_dict["step"])
+        state_dict["losses"].seek(0)
+        self.losses = torch.load(state_dict["losses"], weights_only=True)
+        self.raw = state_dict["raw"]
+
+
+def test_a_bytesio_train_state_round_trips_as_bytes(backend):
+    saved = TrainState(12, [2.5, 2.25, 2.0])
+    backend.save({"train_state": saved, "model": {"w": torch.arange(6.0)}}, backend.root / "step_12")
+    loaded = TrainState()
+    state = backend.load({"train_state": loaded, "model": {"w": torch.zeros(6)}}, backend.root / "step_12")
+    assert loaded.step == 12 and loaded.losses == [2.5, 2.25, 2.0] and loaded.raw == b"\x00\xffbytes"
+    assert torch.equal(state["model"]["w"], torch.arange(6.0))
+    if backend.kind == "mvc":  # stored as the bytes it holds, not as a pickle
+        with mvc.Repository.open(backend.root) as repo:
+            view = repo.sharded_view("dcp/step_12")
+            assert view["dcp"]["items"]["train_state.losses"]["kind"] == "bytes-io"
+            stored = repo.load("dcp/step_12")["train_state"]["losses"]
+            assert stored.numpy().tobytes() == saved.state_dict()["losses"].getvalue()
+
+
+def test_a_bytesio_value_loads_as_a_bytesio(backend):
+    backend.save({"blob": io.BytesIO(b"\x01\x02\x03"), "empty": io.BytesIO()}, backend.root / "b")
+    got = backend.load({"blob": io.BytesIO(), "empty": io.BytesIO(b"x")}, backend.root / "b")
+    assert type(got["blob"]) is io.BytesIO and got["blob"].getvalue() == b"\x01\x02\x03"
+    assert got["empty"].getvalue() == b""
+
+
+def test_partial_loads_match(backend):
+    backend.save(step_state(5), backend.root / "s")
+    only = {"model": {"w": torch.zeros(6, 4)}}  # a subset of the saved keys
+    backend.load(only, backend.root / "s")
+    assert torch.equal(only["model"]["w"], step_state(5)["model"]["w"])
+    extra = {**blank(), "new": torch.zeros(2)}  # a key the checkpoint lacks: refused ...
+    with pytest.raises(CheckpointException):
+        backend.load(extra, backend.root / "s")
+    extra = {**blank(), "new": torch.zeros(2)}  # ... unless the planner allows partial loads
+    backend.load(extra, backend.root / "s", planner=DefaultLoadPlanner(allow_partial_load=True))
+    assert same({k: v for k, v in extra.items() if k != "new"}, step_state(5))
+    assert torch.equal(extra["new"], torch.zeros(2))
+
+
+def test_async_save_with_a_checkpoint_id_matches(backend):
+    state = step_state(8)
+    writer = backend.writer()
+    future = dcp.async_save(state, checkpoint_id=backend.root / "step_8", storage_writer=writer, no_dist=True)
+    future.result()
+    if writer is not None:
+        writer.close()
+    assert same(backend.load(blank(), backend.root / "step_8"), state)

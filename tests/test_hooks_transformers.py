@@ -4,7 +4,10 @@
 stopped after step 7, so its last commit is step 5), then a new Trainer
 resumed from the mvc commit through ``checkout``, bit for bit: the loss
 of every step and the final weights. The Trainer's own checkpoint
-directories are removed once committed.
+directories are removed once committed, but the newest and the best.
+A tiny GPT-2 (tied lm_head and wte) checks out, loads with
+from_pretrained and resumes; resume_from_checkpoint=True and
+load_best_model_at_end=True work on the folders the callback leaves.
 """
 
 import os
@@ -20,6 +23,17 @@ import mvc  # noqa: E402
 from mvc_hooks.transformers import MvcCallback  # noqa: E402
 
 STEPS, SAVE = 12, 5
+
+
+@pytest.fixture(autouse=True)
+def no_temp_copies(tmp_path, monkeypatch):
+    """Every test runs with its own temp folder, which must hold nothing of mvc's afterwards."""
+    temp = tmp_path / "system-temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    yield
+    assert not [n for n in os.listdir(temp) if "mvc" in n]
 
 
 class Data(torch.utils.data.Dataset):
@@ -79,7 +93,7 @@ def test_a_trainer_resumed_from_a_commit_is_bit_exact(tmp_path):
     first = trainer(tmp_path, "run", callback)
     first.add_callback(StopAfter(7))
     first.train()
-    assert not any(n.startswith("checkpoint-") for n in os.listdir(tmp_path / "run"))
+    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-5"]  # only the newest folder stays
     with mvc.Repository.open(tmp_path / "repo") as repo:
         commits = list(repo.log("hf"))
         assert [c.step for c in commits] == [5]
@@ -120,8 +134,11 @@ def test_remote_gets_each_commit_pushed_and_a_clone_resumes_from_it(tmp_path):
         assert clone.fsck().ok
     # The clone's copy is a checkpoint the Trainer resumes from.
     remote_side = MvcCallback(tmp_path / "eval", branch="hf")
-    path = remote_side.checkout("origin/hf")
+    with pytest.raises(mvc.BadInput, match="directory="):  # no Trainer told it an output_dir: no temp folder
+        remote_side.checkout("origin/hf")
+    path = remote_side.checkout("origin/hf", directory=tmp_path / "resume" / "checkpoint-10")
     assert os.path.exists(os.path.join(path, "trainer_state.json"))
+    assert sorted(os.listdir(tmp_path / "resume")) == ["checkpoint-10"]  # nothing left beside it
 
 
 def test_a_remote_the_repository_lacks_is_refused_before_training(tmp_path):
@@ -129,3 +146,85 @@ def test_a_remote_the_repository_lacks_is_refused_before_training(tmp_path):
         trainer(tmp_path, "run", MvcCallback(tmp_path / "repo", remote="origin")).train()
     with mvc.Repository.open(tmp_path / "repo") as repo:
         assert repo.locks() == []
+
+
+# -- GPT-2 (tied lm_head / wte) and the Trainer's own idioms on what the callback leaves ----
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n=40, seed=1):
+        self.ids = torch.randint(0, 50, (n, 8), generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def gpt2_trainer(tmp_path, callback, max_steps, **kw):
+    config = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                                     bos_token_id=0, eos_token_id=0)
+    transformers.set_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=max_steps, per_device_train_batch_size=4,
+        learning_rate=1e-2, save_strategy="steps", save_steps=SAVE, logging_steps=1, report_to=[],
+        use_cpu=True, seed=0, disable_tqdm=True, **kw)
+    t = RecordingTrainer(model=model, args=args, train_dataset=Tokens(), eval_dataset=Tokens(8, seed=2),
+                         callbacks=[callback])
+    t.losses = {}
+    return t
+
+
+def test_tied_weights_check_out_resume_and_load_with_from_pretrained(tmp_path):
+    straight = gpt2_trainer(tmp_path / "straight", MvcCallback(tmp_path / "straight-repo"), STEPS)
+    straight.train()
+    first = gpt2_trainer(tmp_path, MvcCallback(tmp_path / "repo", chunk_size=64), STEPS)
+    first.add_callback(StopAfter(7))
+    first.train()
+
+    callback = MvcCallback(tmp_path / "repo", chunk_size=64)
+    second = gpt2_trainer(tmp_path, callback, STEPS)
+    path = callback.checkout("hf~0")
+    assert path == str(tmp_path / "out" / "checkpoint-5") and os.path.exists(os.path.join(path, "config.json"))
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(path)
+    assert loaded.lm_head.weight is loaded.transformer.wte.weight
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        saved = repo.load("hf")["model"]
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, saved[name]), name
+    second.train(resume_from_checkpoint=path)
+    losses = {**{s: v for s, v in first.losses.items() if s < 5}, **second.losses}
+    assert losses == straight.losses
+    for (name, a), (_, b) in zip(second.model.named_parameters(), straight.model.named_parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_resume_true_and_load_best_model_at_end_work_on_what_the_callback_leaves(tmp_path, caplog):
+    # at this learning rate the eval loss rises after step 5: the best is not the newest (15)
+    kw = dict(eval_strategy="steps", eval_steps=SAVE, load_best_model_at_end=True,
+              metric_for_best_model="eval_loss", greater_is_better=False)
+    callback = MvcCallback(tmp_path / "repo", chunk_size=64)
+    first = gpt2_trainer(tmp_path, callback, 15, **kw)
+    with caplog.at_level("WARNING"):
+        first.train()
+    assert "Could not locate the best model" not in caplog.text
+    best_step = first.state.best_global_step
+    assert best_step in (5, 10)
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(["checkpoint-15", f"checkpoint-{best_step}"])
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        commits = list(repo.log("hf"))
+        assert [c.step for c in commits] == [15, 10, 5]  # the repository keeps every save
+        best = repo.load(next(c.id for c in commits if c.step == best_step))["model"]
+        last = repo.load("hf")["model"]
+    assert not all(torch.equal(best[k], last[k]) for k in best)
+    for name, tensor in first.model.state_dict().items():  # the run ended on the best weights
+        assert torch.equal(tensor, best[name]), name
+    assert transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out" / "checkpoint-15") is not None
+
+    more = gpt2_trainer(tmp_path, MvcCallback(tmp_path / "repo", chunk_size=64), 20, **kw)
+    more.train(resume_from_checkpoint=True)
+    assert min(more.losses) == 15  # went on from the newest checkpoint
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        assert [c.step for c in repo.log("hf")][:2] == [20, 15]

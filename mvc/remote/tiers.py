@@ -93,6 +93,17 @@ class CacheStore(ChunkStore):
     def packs(self):  # callers that reach for PackStore's reader (gc's delete step)
         return self.local.packs
 
+    @property
+    def pack_version(self) -> int:
+        return self.local.pack_version
+
+    @pack_version.setter
+    def pack_version(self, version: int) -> None:  # new packs (the cache's too) follow the local store's version
+        self.local.pack_version = version
+
+    def read_stored(self, cid: bytes, txn, what: str = "") -> tuple:
+        return self.local.read_stored(cid, txn, what)  # a record to copy is a local one
+
     # -- the seam ------------------------------------------------------------------
 
     def has(self, cid: bytes, txn) -> bool:
@@ -372,15 +383,15 @@ def _evict(repo, catalogue: Catalogue, budget: int) -> EvictReport:
 
 
 def _rewrite(repo, keep: list) -> dict:
-    """Copy chunks (verified) to a new local pack; {id: new Location}."""
+    """Copy records as they are (an encoded one stays encoded, proven to decode to its id)
+    to a new local pack; {id: new Location}."""
     store = getattr(repo.chunks, "local", repo.chunks)
     batch = store.writer()
     try:
         with repo.index.read() as txn:
-            for cid, loc in keep:
-                buffer = bytearray(loc.length)
-                store.read([Request(cid, buffer)], txn)
-                batch.add(cid, buffer)
+            for cid, _ in keep:
+                loc, payload = store.read_stored(cid, txn)
+                batch.add_record(cid, payload, loc.kind, loc.size, loc.depth, loc.base)
         batch.seal()
     except BaseException:
         batch.abort()

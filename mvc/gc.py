@@ -43,7 +43,7 @@ from typing import Optional
 
 from . import reach, refs, scratch
 from .errors import BadInput, CorruptObject, MvcError, ProtectedRef, UnknownRevision
-from .store.fs import entries, fsync_dir
+from .store.fs import entries
 from .store.index import reflog_entry
 from .store.packs import PACK_NAME, RECORD_HEAD, TMP_NAME, read_trailer
 
@@ -160,12 +160,11 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
         before, packs_before = disk_usage(repo.dir), disk_usage(repo.dir / "packs")
         with (repo.index.read() if dry_run else repo.index.write()) as txn:
             sweep = _sweep(txn, repo.objects, policy, force, dry_run, repo.chunks)
-        plan = _plan_packs(repo.dir / "packs", sweep.live_locs, sweep.indexed_packs, grace, repack)
+        plan = plan_packs(repo.dir / "packs", sweep.live_locs, sweep.indexed_packs, grace, repack)
         if dry_run:
             saved = plan.reclaimable()
             return sweep.report(True, before, before - saved, packs_before, packs_before - saved, plan)
-        moved = _rewrite(repo, plan)
-        _delete(repo, plan)
+        moved = compact(repo, plan)
         gone = tuple(p.relative_to(repo.dir).as_posix() for p in scratch.remove_leftovers(repo.dir))
         return replace(sweep.report(False, before, disk_usage(repo.dir), packs_before,
                                     disk_usage(repo.dir / "packs"), plan, moved), scratch_removed=gone)
@@ -375,7 +374,7 @@ def _mostly_live(path: Path, garbage: int, total: int) -> LeftAlone:
                      f"{100 * (1 - REWRITE_BELOW):.0f}%, so that live data is not copied on every run")
 
 
-def _plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float, repack: bool = False) -> _PackPlan:
+def plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float, repack: bool = False) -> _PackPlan:
     plan, small = _PackPlan(directory), []
     live_by_pack = defaultdict(list)
     for cid, loc in live_locs.items():
@@ -441,54 +440,15 @@ def unreferenced_fate(directory: Path, kind: str, pack: str, records: int, garba
     return None if should_rewrite(total - data, total) else _mostly_live(path, data, total)
 
 
-def _rewrite(repo, plan: _PackPlan) -> int:
-    """Copy the live records of the packs to rewrite into one new pack and index them there.
-
-    Every record is read back verified through the chunk store; a pack with
-    a corrupt live record is left as it is (noted in the plan). Returns the
-    number of records moved.
-    """
-    if not plan.rewrite:
-        return 0
-    batch, moves, done = repo.chunks.writer(), [], []
-    try:
-        with repo.index.read() as txn:
-            for path, live in plan.rewrite:
-                pack_moves = _copy_records(repo, txn, batch, path, live, plan.notes)
-                if pack_moves is not None:
-                    moves += pack_moves
-                    done.append((path, live))
-        batch.seal()
-    except BaseException:
-        batch.abort()
-        raise
-    new = batch.locations
-    with repo.index.write() as txn:
-        for cid, old in moves:
-            if txn.chunk(cid) == old:
-                txn.put_chunk(cid, new[cid], overwrite=True)
-    plan.rewrite = done
-    return len(moves)
-
-
-def _copy_records(repo, txn, batch, path: Path, live: list, notes: list):
-    moves = []
-    for cid, loc in live:
-        try:  # an encoded record (compressed, delta) moves as it is, proven to decode to its id
-            loc, payload = repo.chunks.read_stored(cid, txn)
-        except MvcError as exc:  # records already copied become garbage in the new pack
-            notes.append(f"{path.name} not rewritten: {exc}")
-            return None
-        batch.add_record(cid, payload, loc.kind, loc.size, loc.depth, loc.base)
-        moves.append((cid, loc))
-    return moves
-
-
-def _delete(repo, plan: _PackPlan) -> None:
-    repo.chunks.close()  # drop open descriptors, so deleted packs free their space now
-    for path in plan.delete + [path for path, _ in plan.rewrite] + plan.tmp:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    fsync_dir(plan.directory)
+def compact(repo, plan: _PackPlan) -> int:
+    """Steps 2-4 through the chunk store's one compaction (``mvc/store/compact.py``): the
+    live records of the packs to rewrite move, as they are, to a new pack and are indexed
+    there; then those packs, packs holding nothing live and stale ``.tmp`` files are
+    deleted. A pack with a live record that cannot be read verified is left whole (noted).
+    Returns the number of records moved."""
+    names = {bytes.fromhex(PACK_NAME.fullmatch(path.name).group(1)): (path, live) for path, live in plan.rewrite}
+    done = repo.chunks.compact(repo.index, [(name, live) for name, (_, live) in names.items()],
+                               remove=[path.name for path in plan.delete + plan.tmp])
+    plan.notes += list(done.notes)
+    plan.rewrite = [names[name] for name in done.rewritten]
+    return done.moved

@@ -115,7 +115,7 @@ def repack(repo, depth: Optional[int] = None, dry_run: bool = False, progress=No
         if not dry_run:
             repo.enable_encoded_records()
         with repo.index.read() as txn:
-            items = _plan(txn, repo.objects)
+            items = _plan(txn, repo.objects, repo.chunks)
             total, done = sum(len(chunks) for chunks in items), 0
             decided, locs = _Decided(txn, depth), {}
             batch = None if dry_run else repo.chunks.writer()
@@ -152,8 +152,9 @@ def repack(repo, depth: Optional[int] = None, dry_run: bool = False, progress=No
                             seconds=time.perf_counter() - start)
 
 
-def _plan(txn, objects) -> list:
-    """Per live commit, oldest first: the _Items of its raw chunks not seen in an older one."""
+def _plan(txn, objects, chunks) -> list:
+    """Per live commit, oldest first: the _Items of its local raw chunks not seen in an older one
+    (a chunk read from a remote, ``chunks.remote_only``, has no local record to re-encode)."""
     live = reach.walk(txn, objects, reach.RAISE)
     order, seen = [], set()
     for root in sorted(live.commits, key=lambda oid: live.commits[oid].time):
@@ -187,13 +188,16 @@ def _plan(txn, objects) -> list:
                     continue
                 taken.add(cid)
                 loc = txn.chunk(cid)
+                if loc is None and chunks.remote_only([cid], txn):
+                    continue
                 if loc is None:
                     raise CorruptObject(f"repack stopped, nothing was changed: chunk {cid.hex()[:12]} of {what} "
-                                        "is missing from the chunk index; run 'mvc fsck'")
+                                        "is missing from the chunk index; run 'mvc fsck'", id=cid)
                 if loc.coded:  # encoded by an earlier repack: kept as it is
                     continue
                 base = None
-                if same and i < len(old.chunks) and old.chunks[i] != cid and _length(old, i) == n:
+                if same and i < len(old.chunks) and old.chunks[i] != cid and _length(old, i) == n \
+                        and txn.chunk(old.chunks[i]) is not None:  # a base must be local: it is read with the delta
                     base = old.chunks[i]
                 items.append(_Item(cid, n, width, what, base))
         out.append(items)
@@ -300,14 +304,13 @@ def _publish(repo, batch, old: dict):
     """Point the chunks at their new records, then let gc's pack step reclaim the old packs."""
     new = batch.locations
     with repo.index.write() as txn:
-        before = {loc.pack for _, loc in txn.chunks()}
+        before = {loc.pack for _, loc in repo.chunks.records(txn)}
         for cid, loc in new.items():
             if txn.chunk(cid) == old[cid]:
                 txn.put_chunk(cid, loc, overwrite=True)
         live = reach.walk(txn, repo.objects, reach.RAISE)
-        live_locs = {cid: loc for cid, loc in txn.chunks() if cid in live.chunk_length}
-    plan = _gc._plan_packs(repo.dir / "packs", live_locs, before, _gc.GRACE_S, repack=True)
-    _gc._rewrite(repo, plan)
-    _gc._delete(repo, plan)
+        live_locs = {cid: loc for cid, loc in repo.chunks.records(txn) if cid in live.chunk_length}
+    plan = _gc.plan_packs(repo.dir / "packs", live_locs, before, _gc.GRACE_S, repack=True)
+    _gc.compact(repo, plan)
     return plan
 

@@ -780,7 +780,7 @@ class Repository:
         """Turn on the encoded-records extension: FORMAT lists it, and new packs
         are version 2 packs, which may hold compressed and delta records."""
         add_extension(self.dir, ENCODED_RECORDS)
-        self.chunks.pack_version = 2
+        self.chunks.accept_encoded()
 
     def repack(self, depth: Optional[int] = None, dry_run: bool = False, progress=None) -> "_repack.RepackReport":
         """Re-encode live raw chunks as byte-grouped zstd or deltas where it pays;
@@ -809,7 +809,7 @@ class Repository:
         if expire_reflog is not None and not dry_run:
             self.expire_reflog(older_than=expire_reflog)
         if ENCODED_RECORDS in read_format(self.dir)[1]:  # a repack elsewhere may have turned it on since open
-            self.chunks.pack_version = 2
+            self.chunks.accept_encoded()
         return _gc.gc(self, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
                       force=force, dry_run=dry_run, grace=grace, repack=repack)
 

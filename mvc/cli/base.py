@@ -2,8 +2,10 @@
 
 Commands parse options, call one API function, and render its result. Only
 this package prints. Expected errors (``MvcError``, OS errors such as a full
-disk) become one line on stderr and exit 1; usage errors exit 2; no Python
-traceback reaches the user for them.
+disk) become one line on stderr and exit 1; usage errors exit 2. Anything
+else is a bug in mvc: one line naming the exception, a request to report
+it, and exit 70 (``EX_SOFTWARE``). No Python traceback ever reaches the
+user; ``MVC_TRACEBACK=1`` in the environment shows it for a bug report.
 """
 
 import dataclasses
@@ -35,6 +37,16 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("mvc: interrupted", err=True)
             sys.exit(130)
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise  # click's own ways to stop (--help, a declined prompt)
+        except Exception as exc:  # a bug: say what, never a traceback
+            if os.environ.get("MVC_TRACEBACK"):
+                raise
+            fail(f"internal error: {type(exc).__name__}: {str(exc)[:300] or 'no message'} (a bug in mvc; "
+                 "please report it with the command you ran, and MVC_TRACEBACK=1 shows the traceback)", BUG)
+
+
+BUG = 70  # exit code of an unexpected exception (sysexits' EX_SOFTWARE)
 
 
 def fail(message: str, code: int = 1):

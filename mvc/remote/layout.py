@@ -17,12 +17,12 @@ Vocabulary:
 
 import os
 import secrets
-import struct
 from typing import Optional
 
 from .. import encoding, hashing, refs as refnames
 from ..errors import CorruptObject, InvalidRefName
-from ..store.packs import ENTRY, FOOTER, HEADER, RECORD_HEAD, SEAL
+from ..store import packformat
+from ..store.packformat import FOOTER, HEADER, RECORD_HEAD  # noqa: F401 (FOOTER: callers size a pack's tail with it)
 from .bucket import _KEY
 
 LAYOUT_VERSION = 1
@@ -80,19 +80,14 @@ class PackImage:
 
     def __init__(self, items: list):
         self.items = items
-        size = len(HEADER) + sum(RECORD_HEAD.size + n for _, n in items)
-        trailer = struct.pack("<I", len(items))
-        self.offsets, at = [], len(HEADER)
-        for cid, n in items:
-            self.offsets.append(at + RECORD_HEAD.size)
-            at += RECORD_HEAD.size + n
-        trailer += b"".join(ENTRY.pack(cid, off, n) for (cid, n), off in zip(items, self.offsets))
-        self.data = bytearray(size + len(trailer) + FOOTER.size)
+        located, size = packformat.layout(items)
+        self.offsets = [loc.offset for _, loc in located]
+        tail = packformat.trailer(located, size, 1)
+        self.data = bytearray(size + len(tail))
         self.data[:len(HEADER)] = HEADER
-        for (cid, n), off in zip(items, self.offsets):
-            self.data[off - RECORD_HEAD.size:off] = RECORD_HEAD.pack(cid, n)
-        self.data[size:size + len(trailer)] = trailer
-        self.data[size + len(trailer):] = FOOTER.pack(hashing.digest(trailer), size, SEAL)
+        for cid, loc in located:
+            self.data[loc.offset - RECORD_HEAD.size:loc.offset] = RECORD_HEAD.pack(cid, loc.length)
+        self.data[size:] = tail
         self._view = memoryview(self.data)
 
     def slot(self, i: int) -> memoryview:
@@ -101,27 +96,13 @@ class PackImage:
 
 def trailer_span(tail: bytes, size: int, key: str) -> tuple:
     """(start, stop) of a pack object's trailer, from its last bytes; CorruptObject if not sealed."""
-    if size < len(HEADER) + 4 + FOOTER.size or len(tail) < FOOTER.size:
-        raise CorruptObject(f"remote pack {key} is too short to be a pack")
-    _, trailer_offset, seal = FOOTER.unpack(tail[-FOOTER.size:])
-    if seal != SEAL or not len(HEADER) <= trailer_offset <= size - FOOTER.size - 4:
-        raise CorruptObject(f"remote pack {key} is not sealed (truncated or damaged trailer)")
-    return trailer_offset, size - FOOTER.size
+    return packformat.trailer_span(tail, size, f"remote pack {key}")
 
 
 def parse_trailer(body: bytes, footer: bytes, size: int, key: str) -> list:
-    """The (id, data offset, length) records a pack's trailer lists, checked as for local packs."""
-    digest, trailer_offset, _ = FOOTER.unpack(footer)
-    if hashing.digest(body) != digest:
-        raise CorruptObject(f"remote pack {key} has a damaged trailer (checksum mismatch)")
-    (count,) = struct.unpack_from("<I", body)
-    if len(body) != 4 + count * ENTRY.size:
-        raise CorruptObject(f"remote pack {key} trailer length does not match its count")
-    entries = [ENTRY.unpack_from(body, 4 + i * ENTRY.size) for i in range(count)]
-    for _, offset, length in entries:
-        if offset < len(HEADER) + RECORD_HEAD.size or offset + length > trailer_offset:
-            raise CorruptObject(f"remote pack {key} lists a record outside its data")
-    return entries
+    """The (id, data offset, length) records a pack's trailer lists, checked as for local packs
+    (``store/packformat.py``; a version 2 pack's encoded records are listed with their stored length)."""
+    return [(cid, loc.offset, loc.length) for cid, loc in packformat.parse_trailer(body, footer, f"remote pack {key}")]
 
 
 # -- refs -----------------------------------------------------------------------

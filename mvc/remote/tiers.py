@@ -25,13 +25,13 @@ import os
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from .. import refs as refnames
 from ..errors import CorruptObject, LockHeld, ObjectNotFound
 from ..objects import TensorLeaf
 from ..store import fs
-from ..store.chunks import THREADS, ChunkStore, PackStore, Request
+from ..store.chunks import THREADS, ChunkStore, Forwarding
 from ..store.packs import PACK_NAME
 from ..traverse import walk as walk_tree
 from . import config, transfer
@@ -49,6 +49,7 @@ class EvictReport:
     chunks_evicted: int = 0
     kept_pinned: int = 0  # chunks kept because a pinned commit uses them
     kept_local: int = 0  # chunks kept because the remote does not hold them
+    kept_base: int = 0  # chunks kept because a local delta record that stays decodes through them
 
 
 @dataclass(frozen=True)
@@ -64,19 +65,29 @@ class CacheStatus:
 
 
 def chunk_store(repo) -> ChunkStore:
-    """The chunk store for ``repo``: a CacheStore when it caches a remote, else its PackStore."""
+    """The chunk store for ``repo``: a CacheStore over its PackStore when it caches a remote, else the PackStore."""
     with repo.index.read() as txn:
         name = config.cache_remote(txn)
     if name is None:
         return repo.chunks
-    return CacheStore(repo, repo.chunks, name)
+    return CacheStore(repo.chunks, repo.index, name, lambda: Connection(repo, name),
+                      on_close=lambda: _evict_quietly(repo))
 
 
-class CacheStore(ChunkStore):
-    """Local packs (``local``, a PackStore) in front of remote ``name``'s packs."""
+class CacheStore(Forwarding):
+    """A chunk store (``inner``, the local packs) in front of remote ``name``'s packs.
 
-    def __init__(self, repo, local: PackStore, name: str):
-        self.repo, self.local, self.name = repo, local, name
+    What ``inner`` lacks is read from the remote (``connect()`` makes the
+    connection on first use), verified on arrival, and kept in a new batch
+    of ``inner``, published in ``index`` (unless it is read-only). Every
+    other call is ``inner``'s. ``on_close`` runs at close when chunks came
+    in (the repository keeps its cache budget there).
+    """
+
+    def __init__(self, inner: ChunkStore, index, name: str, connect: Callable[[], Connection],
+                 on_close: Optional[Callable[[], None]] = None):
+        super().__init__(inner)
+        self.index, self.name, self._connect, self._on_close = index, name, connect, on_close
         self._conn: Optional[Connection] = None
         self._lock = threading.Lock()
         self._used: set = set()
@@ -86,54 +97,47 @@ class CacheStore(ChunkStore):
     def conn(self) -> Connection:
         with self._lock:
             if self._conn is None:
-                self._conn = Connection(self.repo, self.name)
+                self._conn = self._connect()
             return self._conn
-
-    @property
-    def packs(self):  # callers that reach for PackStore's reader (gc's delete step)
-        return self.local.packs
 
     # -- the seam ------------------------------------------------------------------
 
     def has(self, cid: bytes, txn) -> bool:
-        return txn.chunk(cid) is not None or self.conn.catalogue.has_chunk(cid)
+        return self.inner.has(cid, txn) or self.conn.catalogue.has_chunk(cid)
 
     def missing(self, ids, txn) -> set:
-        absent = {cid for cid in ids if txn.chunk(cid) is None}
+        absent = self.inner.missing(ids, txn)
         return absent - set(self.conn.catalogue.chunks(absent)) if absent else set()
 
     def remote_only(self, ids, txn) -> set:
         absent = set()
         for cid in ids:
             try:
-                if txn.chunk(cid) is None:
+                if not self.inner.has(cid, txn):
                     absent.add(cid)
             except CorruptObject:  # a damaged entry: the checker reports it
                 pass
         return set(self.conn.catalogue.chunks(absent)) if absent else set()
 
-    def adopt(self, locations: dict):  # ranks write local packs: they become local chunks
-        return self.local.adopt(locations)
-
-    def writer(self):
-        return self.local.writer()
-
-    def length(self, cid: bytes, txn, what: str = "") -> int:
-        loc = txn.chunk(cid) or self.conn.catalogue.chunk(cid)
+    def locate(self, cid: bytes, txn, what: str = ""):
+        if self.inner.has(cid, txn):
+            return self.inner.locate(cid, txn, what)
+        loc = self.conn.catalogue.chunk(cid)  # remote records are raw: stored and decoded lengths agree
         if loc is None:
             raise ObjectNotFound(f"chunk {cid.hex()[:12]}{' of ' + what if what else ''} is neither here nor on "
                                  f"remote {self.name!r}; run 'mvc fsck'", id=cid)
-        return loc.size  # decoded: a local record may be encoded (repack); remote records are raw
+        return loc
 
     def read(self, requests: list, txn, progress=None, threads: int = THREADS) -> None:
         here, away = [], []
         for req in requests:
-            loc = txn.chunk(req.id)
-            (here if loc is not None else away).append(req)
-            if loc is not None:
-                self._used.add(loc.pack)
+            if self.inner.has(req.id, txn):
+                here.append(req)
+                self._used.add(self.inner.locate(req.id, txn).pack)
+            else:
+                away.append(req)
         if here:
-            self.local.read(here, txn, progress, threads=threads)
+            self.inner.read(here, txn, progress, threads)
         if away:
             self._fetch(away, progress)
 
@@ -154,8 +158,8 @@ class CacheStore(ChunkStore):
             if any(memoryview(r.buffer).nbytes != loc.length for r in reqs):
                 raise CorruptObject(f"chunk {cid.hex()[:12]} of {reqs[0].what} has another length on remote "
                                     f"{self.name!r}; run 'mvc fsck --remote {self.name}'", id=cid)
-        batch = self.local.writer()
-        keep = None if self.repo.index.readonly else _Keeper(batch)
+        batch = self.inner.writer()
+        keep = None if self.index.readonly else _Keeper(batch)
 
         def deliver(cid, data):
             for req in by_id[cid]:
@@ -176,40 +180,38 @@ class CacheStore(ChunkStore):
                 keep.stop()
             batch.abort()
             raise
-        with self.repo.index.write() as txn:  # kept: the next read of these finds them here
+        with self.index.write() as txn:  # kept: the next read of these finds them here
             batch.publish(txn)
         self._used.update(loc.pack for loc in batch.locations.values())
-
-    def verify(self, locations: dict, txn=None, threads: int = THREADS, progress=None) -> list:
-        return self.local.verify(locations, txn, threads, progress)
 
     def close(self) -> None:
         try:
             if self._conn is not None:
-                if self._used and not self.repo.index.readonly:
+                if self._used and not self.index.readonly:
                     self._conn.catalogue.touch(self._used)
-                if self.fetched:
-                    self._evict_quietly()
+                if self.fetched and self._on_close is not None:
+                    self._on_close()
         finally:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
-            self.local.close()
+            self.inner.close()
 
-    def _evict_quietly(self) -> None:
-        """Keep to the budget after reads brought chunks in; skipped while gc or a load holds the lock."""
-        with self.repo.index.read() as txn:
-            budget = config.cache_max(txn)
-        if budget is None or local_bytes(self.repo) <= budget:
-            return
-        old = self.repo.gc_lock.timeout
-        self.repo.gc_lock.timeout = 0.5
-        try:
-            evict(self.repo, budget)
-        except LockHeld:
-            pass
-        finally:
-            self.repo.gc_lock.timeout = old
+
+def _evict_quietly(repo) -> None:
+    """Keep to the budget after reads brought chunks in; skipped while gc or a load holds the lock."""
+    with repo.index.read() as txn:
+        budget = config.cache_max(txn)
+    if budget is None or local_bytes(repo) <= budget:
+        return
+    old = repo.gc_lock.timeout
+    repo.gc_lock.timeout = 0.5
+    try:
+        evict(repo, budget)
+    except LockHeld:
+        pass
+    finally:
+        repo.gc_lock.timeout = old
 
 
 # -- eviction ---------------------------------------------------------------------
@@ -332,14 +334,20 @@ def evict(repo, budget: Optional[int] = None) -> EvictReport:
 def _evict(repo, catalogue: Catalogue, budget: int) -> EvictReport:
     packs = local_packs(repo)
     before = total = sum(size for _, size in packs.values())
-    report = dict(packs_evicted=0, packs_rewritten=0, chunks_evicted=0, kept_pinned=0, kept_local=0)
+    report = dict(packs_evicted=0, packs_rewritten=0, chunks_evicted=0, kept_pinned=0, kept_local=0, kept_base=0)
     if total <= budget:
         return EvictReport(budget, before, total)
     with repo.index.read() as txn:
         by_pack: dict = {}
-        for cid, loc in txn.chunks():
+        for cid, loc in repo.chunks.records(txn):
             by_pack.setdefault(loc.pack, []).append((cid, loc))
         pinned = commit_chunks(repo, txn, pinned_commits(repo, txn))
+    users: dict = {}  # delta base -> the local records that decode through it
+    for items in by_pack.values():
+        for cid, loc in items:
+            if loc.base is not None:
+                users.setdefault(loc.base, set()).add(cid)
+    gone: set = set()  # evicted so far
     order = sorted((n for n in packs if n in by_pack),
                    key=lambda n: catalogue.used(n) or os.lstat(packs[n][0]).st_mtime)
     for name in order:
@@ -347,45 +355,32 @@ def _evict(repo, catalogue: Catalogue, budget: int) -> EvictReport:
             break
         items = by_pack[name]
         remote = catalogue.chunks([cid for cid, _ in items])
-        drop = [(cid, loc) for cid, loc in items if cid in remote and cid not in pinned]
-        dropped = {cid for cid, _ in drop}
+        dropped = _bases_kept({cid for cid, _ in items if cid in remote and cid not in pinned}, users, gone)
+        drop = [(cid, loc) for cid, loc in items if cid in dropped]
         keep = [(cid, loc) for cid, loc in items if cid not in dropped]
         report["kept_pinned"] += sum(1 for cid, _ in keep if cid in pinned)
         report["kept_local"] += sum(1 for cid, _ in keep if cid not in remote)
+        report["kept_base"] += sum(1 for cid, _ in keep if cid in remote and cid not in pinned)
+        gone |= dropped
         if not drop:
             continue
-        moved = _rewrite(repo, keep) if keep else {}
-        with repo.index.write() as txn:
-            for cid, loc in drop:
-                if txn.chunk(cid) == loc:
-                    txn.delete_chunk(cid)
-            for cid, loc in keep:
-                if txn.chunk(cid) == loc:
-                    txn.put_chunk(cid, moved[cid], overwrite=True)
-        repo.chunks.packs.close()  # no descriptor may keep the deleted pack's space
-        os.unlink(packs[name][0])
+        # the kept records move as they are (a repacked one stays encoded); the dropped
+        # entries go in the same transaction; then the pack is deleted
+        repo.chunks.compact(repo.index, [(name, keep)], drop=drop)
         report["chunks_evicted"] += len(drop)
         report["packs_rewritten" if keep else "packs_evicted"] += 1
         total = local_bytes(repo)
-    fs.fsync_dir(repo.dir / "packs")
     return EvictReport(budget, before, total, **report)
 
 
-def _rewrite(repo, keep: list) -> dict:
-    """Copy chunks (verified) to a new local pack; {id: new Location}."""
-    store = getattr(repo.chunks, "local", repo.chunks)
-    batch = store.writer()
-    try:
-        with repo.index.read() as txn:
-            for cid, loc in keep:
-                buffer = bytearray(loc.length)
-                store.read([Request(cid, buffer)], txn)
-                batch.add(cid, buffer)
-        batch.seal()
-    except BaseException:
-        batch.abort()
-        raise
-    return batch.locations
+def _bases_kept(drop: set, users: dict, gone: set) -> set:
+    """``drop`` less every chunk a local record that stays decodes through (a delta's base, at any depth):
+    a chunk goes only once every record using it as a base is gone or goes with it."""
+    while True:
+        stay = {cid for cid in drop if not users.get(cid, set()) <= gone | drop}
+        if not stay:
+            return drop
+        drop = drop - stay
 
 
 def status(repo) -> CacheStatus:

@@ -37,14 +37,16 @@ hashed, so an encoding can never hand back other bytes than its id names.
 
 import os
 import threading
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 from .. import hashing
 from ..errors import BadInput, ChecksumMismatch, CorruptObject, ObjectNotFound
 from . import codec
+from .compact import Compacted, compact
 from .fs import entries
 from .packs import NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, PackReader, PackWriter, pack_filename, read_trailer
 
@@ -114,20 +116,25 @@ def runs(jobs: list, limit: int = RUN_BYTES) -> list:
     return out
 
 
-class ChunkStore:
-    """Where chunk bytes live. Subclasses implement every method below.
+class ChunkStore(ABC):
+    """Where chunk bytes live: the interface every store implements.
 
     ``txn`` arguments are index transactions of the repository; a store
-    that keeps its own catalogue may ignore them.
+    that keeps its own catalogue may ignore them. ``index`` is the
+    repository's index, for the calls that write it themselves. A store
+    that adds one concern to another (a cache, fault injection in the
+    tests) subclasses ``Forwarding``.
     """
+
+    # -- what it holds
+
+    @abstractmethod
+    def has(self, cid: bytes, txn) -> bool:
+        """Whether this store can read chunk ``cid``."""
 
     def missing(self, ids: Iterable[bytes], txn) -> set:
         """The ids among ``ids`` this store cannot read."""
         return {cid for cid in ids if not self.has(cid, txn)}
-
-    def has(self, cid: bytes, txn) -> bool:
-        """Whether this store can read chunk ``cid``."""
-        raise NotImplementedError
 
     def remote_only(self, ids: Iterable[bytes], txn) -> set:
         """The ids among ``ids`` this store reads from elsewhere (a remote), not from local packs.
@@ -136,61 +143,168 @@ class ChunkStore:
         """
         return set()
 
+    @abstractmethod
+    def locate(self, cid: bytes, txn, what: str = "") -> Location:
+        """Where chunk ``cid``'s record lies: its stored length (``length``) and
+        decoded size (``size``) differ for an encoded record. ObjectNotFound
+        naming ``what`` if this store cannot read it."""
+
+    def length(self, cid: bytes, txn, what: str = "") -> int:
+        """The chunk's decoded length: what a read's buffer must hold."""
+        return self.locate(cid, txn, what).size
+
+    @abstractmethod
+    def records(self, txn) -> Iterator[tuple]:
+        """(id, Location) of every record this store holds locally (what compaction may rewrite)."""
+
+    # -- writing
+
+    @abstractmethod
     def writer(self) -> "ChunkWriter":
         """A new batch of chunks to add (see the module's call order)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def adopt(self, locations: dict) -> "ChunkWriter":
         """A sealed batch that another writer (a rank's process) wrote and
         reported as {chunk id: (pack name, offset, length)}: each checked to
         be where it says, then published like any batch. BadInput names the
         first that is not (publish nothing then)."""
-        raise NotImplementedError
 
-    def read(self, requests: list, txn, progress: Optional[Callable[[int], None]] = None) -> None:
-        """Fill every request's buffer with its verified bytes.
+    @abstractmethod
+    def accept_encoded(self) -> None:
+        """From now on new batches may hold encoded records (the repository's
+        FORMAT lists the encoded-records extension)."""
+
+    # -- reading
+
+    @abstractmethod
+    def read(self, requests: list, txn, progress: Optional[Callable[[int], None]] = None,
+             threads: int = THREADS) -> None:
+        """Fill every request's buffer with its verified bytes, using up to ``threads`` threads.
 
         ``progress(n)`` is called with the bytes of each finished piece.
         Raises ObjectNotFound (not here), ChecksumMismatch / CorruptObject.
         """
-        raise NotImplementedError
 
-    def verify(self, locations: dict, txn=None, threads: int = THREADS, progress=None) -> list:
-        """Re-read and re-hash chunks {id: where the index says they are}; the
-        Problems found (never raises on damage)."""
-        raise NotImplementedError
+    @abstractmethod
+    def read_stored(self, cid: bytes, txn, what: str = "") -> tuple:
+        """(Location, the record's stored bytes) of a local record, proven to decode to ``cid``."""
 
     def read_one(self, cid: bytes, txn, what: str = "") -> bytes:
         buffer = bytearray(self.length(cid, txn, what))
         self.read([Request(cid, buffer, what)], txn)
         return bytes(buffer)
 
-    def length(self, cid: bytes, txn, what: str = "") -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def verify(self, locations: dict, txn=None, threads: int = THREADS, progress=None) -> list:
+        """Re-read and re-hash chunks {id: where the index says they are}; the
+        Problems found (never raises on damage)."""
+
+    # -- reclaiming space
+
+    @abstractmethod
+    def compact(self, index, rewrite: list, drop: Iterable = (), remove: Iterable = (), via=None) -> "Compacted":
+        """Rewrite packs without their garbage (``store/compact.py`` says how).
+
+        ``rewrite``: (pack name, [(id, Location) to keep]) per pack; ``drop``:
+        (id, Location) entries to delete from the index; ``remove``: names of
+        other files of the store to delete (packs holding nothing live,
+        stale ``.tmp`` files). ``via``: the outermost store, through which
+        the kept records are read and written (a decorator passes itself,
+        so its concern applies to compaction too). Needs the exclusive gc lock.
+        """
 
     def close(self) -> None:
         pass
 
 
-class ChunkWriter:
+class Forwarding(ChunkStore):
+    """A store that adds one concern to ``inner``: every call goes to ``inner``
+    unless the subclass overrides it (a cache, a fault injector)."""
+
+    def __init__(self, inner: ChunkStore):
+        self.inner = inner
+
+    def has(self, cid, txn):
+        return self.inner.has(cid, txn)
+
+    def missing(self, ids, txn):
+        return self.inner.missing(ids, txn)
+
+    def remote_only(self, ids, txn):
+        return self.inner.remote_only(ids, txn)
+
+    def locate(self, cid, txn, what=""):
+        return self.inner.locate(cid, txn, what)
+
+    def length(self, cid, txn, what=""):
+        return self.inner.length(cid, txn, what)
+
+    def records(self, txn):
+        return self.inner.records(txn)
+
+    def writer(self):
+        return self.inner.writer()
+
+    def adopt(self, locations):
+        return self.inner.adopt(locations)
+
+    def accept_encoded(self):
+        self.inner.accept_encoded()
+
+    def read(self, requests, txn, progress=None, threads=THREADS):
+        self.inner.read(requests, txn, progress, threads)
+
+    def read_stored(self, cid, txn, what=""):
+        return self.inner.read_stored(cid, txn, what)
+
+    def verify(self, locations, txn=None, threads=THREADS, progress=None):
+        return self.inner.verify(locations, txn, threads, progress)
+
+    def compact(self, index, rewrite, drop=(), remove=(), via=None):
+        return self.inner.compact(index, rewrite, drop, remove, via or self)
+
+    def close(self):
+        self.inner.close()
+
+
+class ChunkWriter(ABC):
     """A batch of new chunks: ``add`` …, ``seal``, ``publish(txn)``; or ``abort``."""
 
+    @abstractmethod
     def add(self, cid: bytes, data) -> bool:
         """Add a chunk; False if this batch already holds it."""
-        raise NotImplementedError
 
+    def add_record(self, cid: bytes, payload, kind: int = codec.RAW, size: int = -1, depth: int = 0,
+                   base: Optional[bytes] = None) -> bool:
+        """Add a record whose stored bytes are ``payload``: the chunk itself
+        (RAW) or an encoding of it (``codec``) that decodes to ``size``
+        bytes, which the caller has proven. False if the batch holds it."""
+        if kind != codec.RAW:
+            raise TypeError(f"{type(self).__name__} takes only raw records")
+        return self.add(cid, payload)
+
+    @abstractmethod
     def seal(self) -> None:
-        raise NotImplementedError
+        """Make the batch durable (still invisible to readers)."""
 
+    @abstractmethod
     def publish(self, txn) -> None:
-        raise NotImplementedError
+        """Index the batch in ``txn``: visible when it commits."""
 
+    @abstractmethod
     def abort(self) -> None:
-        raise NotImplementedError
+        """Drop everything written (before ``publish``)."""
 
     @property
+    @abstractmethod
     def count(self) -> int:
-        raise NotImplementedError
+        """Chunks in the batch."""
+
+    @property
+    def locations(self) -> dict:
+        """{id: Location} of the batch's chunks, once sealed."""
+        return {}
 
 
 def _named(cid: bytes, what: str) -> str:
@@ -213,8 +327,17 @@ class PackStore(ChunkStore):
     def has(self, cid: bytes, txn) -> bool:
         return txn.chunk(cid) is not None
 
+    def records(self, txn) -> Iterator[tuple]:
+        return txn.chunks()
+
     def writer(self) -> "PackBatch":
         return PackBatch(self.directory, self.pack_version)
+
+    def accept_encoded(self) -> None:
+        self.pack_version = 2
+
+    def compact(self, index, rewrite: list, drop: Iterable = (), remove: Iterable = (), via=None) -> Compacted:
+        return compact(self, index, rewrite, drop, remove, via or self)
 
     # -- reading -------------------------------------------------------------
 

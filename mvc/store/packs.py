@@ -18,6 +18,9 @@ chunk rather than its bytes.
 A pack is written as ``pack-<name>.pack.tmp`` and renamed to
 ``pack-<name>.pack`` only once sealed and fsynced: a ``.pack`` file is always
 complete, a ``.tmp`` file is a crash leftover that nothing references.
+
+The bytes themselves are parsed and built in ``packformat`` (no I/O there);
+this module reads and writes files with them.
 """
 
 import os
@@ -27,51 +30,21 @@ import struct
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
 from .. import hashing
 from ..errors import CorruptObject
+from . import packformat
 from .fs import WRITEBACK_BYTES, fsync_dir, open_file, start_writeback
+from .packformat import (ENTRY, ENTRY_V2, FOOTER, HEADER, HEADER_V2, NAME_BYTES, NO_BASE, RECORD_HEAD, SEAL,  # noqa: F401
+                         Location, coded_location)
 
-HEADER = b"MVCPACK1"
-HEADER_V2 = b"MVCPACK2"
-SEAL = b"MVCSEAL1"
-RECORD_HEAD = struct.Struct("<32sI")
-ENTRY = struct.Struct("<32sQI")
-ENTRY_V2 = struct.Struct("<32sQIBIB32s")  # id, offset, length, kind, size, depth, base id (zeros: none)
 INDEX_RAW = struct.Struct("<16sQI")  # a chunk index value: raw record
 INDEX_CODED = struct.Struct("<16sQIBIB32s")  # and an encoded one
-NO_BASE = bytes(32)
-FOOTER = struct.Struct("<32sQ8s")
-NAME_BYTES = 16
 PREFETCH_BYTES = 1 << 30  # asked ahead of a load at most: more could evict itself before use
 PACK_NAME = re.compile(r"pack-([0-9a-f]{32})\.pack")  # group 1: the pack's name in hex
 TMP_NAME = re.compile(r"pack-[0-9a-f]{32}\.pack\.tmp")
-
-
-@dataclass(frozen=True)
-class Location:
-    """Where a chunk's record lies: pack name (16 bytes), data offset, stored
-    length; and how to decode it: kind (``codec.RAW``, ``GROUPED``, ``DELTA``),
-    decoded size, delta depth and base id (None unless a delta)."""
-
-    pack: bytes
-    offset: int
-    length: int
-    kind: int = 0
-    size: int = -1  # -1: the stored length (a raw record)
-    depth: int = 0
-    base: Optional[bytes] = None
-
-    def __post_init__(self):
-        if self.size < 0:
-            object.__setattr__(self, "size", self.length)
-
-    @property
-    def coded(self) -> bool:
-        return self.kind != 0
 
 
 def encode_location(loc: Location) -> bytes:
@@ -86,17 +59,8 @@ def decode_location(raw: bytes) -> Location:
     if len(raw) == INDEX_RAW.size:
         return Location(*INDEX_RAW.unpack(raw))
     if len(raw) == INDEX_CODED.size:
-        return _coded(*INDEX_CODED.unpack(raw), what="a chunk location in the index")
+        return coded_location(*INDEX_CODED.unpack(raw), what="a chunk location in the index")
     raise CorruptObject("a chunk location in the index is damaged")
-
-
-def _coded(pack, offset, length, kind, size, depth, base, what: str) -> Location:
-    from . import codec
-    delta = kind == codec.DELTA
-    if kind not in codec.KINDS or (base != NO_BASE) != delta or (depth > 0) != delta or \
-            (kind == codec.RAW and size != length) or depth > codec.MAX_DEPTH:
-        raise CorruptObject(f"{what} is damaged (record kind {kind}, depth {depth})")
-    return Location(pack, offset, length, kind, size, depth, base if delta else None)
 
 
 def pack_filename(name: bytes) -> str:
@@ -120,7 +84,7 @@ class PackWriter:
         self.offset = self._written_back = 0
         self.entries: list = []
         try:
-            self._write([HEADER_V2 if version == 2 else HEADER])
+            self._write([packformat.HEADERS[version]])
         except BaseException:  # a full disk already: leave no .tmp behind
             self.abort()
             raise
@@ -148,16 +112,9 @@ class PackWriter:
         self.entries.append((chunk_id, loc))
         return loc
 
-    def _entry(self, chunk_id: bytes, loc: Location) -> bytes:
-        if self.version < 2:
-            return ENTRY.pack(chunk_id, loc.offset, loc.length)
-        return ENTRY_V2.pack(chunk_id, loc.offset, loc.length, loc.kind, loc.size, loc.depth, loc.base or NO_BASE)
-
     def seal(self) -> Path:
         """Write the trailer, fsync, and rename into place; returns the path."""
-        body = struct.pack("<I", len(self.entries)) + b"".join(self._entry(*e) for e in self.entries)
-        trailer_offset = self.offset
-        self._write([body, FOOTER.pack(hashing.digest(body), trailer_offset, SEAL)])
+        self._write([packformat.trailer(self.entries, self.offset, self.version)])
         os.fsync(self.fd)
         os.close(self.fd)
         self.fd = None
@@ -182,43 +139,24 @@ def read_trailer(path: Path) -> list:
     return [(cid, loc.offset, loc.length) for cid, loc in read_locations(path)]
 
 
-def pack_version(header: bytes) -> int:
-    """1 or 2 for a pack's first 8 bytes; 0 if they are no pack header."""
-    return {HEADER: 1, HEADER_V2: 2}.get(bytes(header), 0)
+pack_version = packformat.version
 
 
 def read_locations(path: Path, name: bytes = NO_BASE[:NAME_BYTES]) -> list:
     """(id, Location in pack ``name``) for each record a sealed pack lists, in
     order; CorruptObject if the pack is damaged."""
+    what = f"pack {path.name}"
     with os.fdopen(open_file(path), "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        version = pack_version(f.read(len(HEADER))) if size >= len(HEADER) + 4 + FOOTER.size else 0
+        version = pack_version(f.read(len(HEADER))) if size >= packformat.SMALLEST else 0
         if not version:
-            raise CorruptObject(f"pack {path.name} has no valid header or is truncated")
+            raise CorruptObject(f"{what} has no valid header or is truncated")
         f.seek(size - FOOTER.size)
-        digest, trailer_offset, seal = FOOTER.unpack(f.read(FOOTER.size))
-        body_len = size - FOOTER.size - trailer_offset
-        if seal != SEAL or not len(HEADER) <= trailer_offset or body_len < 4:
-            raise CorruptObject(f"pack {path.name} is not sealed (truncated or damaged trailer)")
-        f.seek(trailer_offset)
-        body = f.read(body_len)
-    if hashing.digest(body) != digest:
-        raise CorruptObject(f"pack {path.name} has a damaged trailer (checksum mismatch)")
-    (count,) = struct.unpack_from("<I", body)
-    entry = ENTRY_V2 if version == 2 else ENTRY
-    if body_len != 4 + count * entry.size:
-        raise CorruptObject(f"pack {path.name} trailer length does not match its count")
-    out = []
-    for i in range(count):
-        fields = entry.unpack_from(body, 4 + i * entry.size)
-        cid, offset, length = fields[:3]
-        if offset < len(HEADER) + RECORD_HEAD.size or offset + length > trailer_offset:
-            raise CorruptObject(f"pack {path.name} lists a record outside its data")
-        if version == 2:
-            out.append((cid, _coded(name, *fields[1:], what=f"an entry of pack {path.name}")))
-        else:
-            out.append((cid, Location(name, offset, length)))
-    return out
+        footer = f.read(FOOTER.size)
+        start, stop = packformat.trailer_span(footer, size, what)
+        f.seek(start)
+        body = f.read(stop - start)
+    return packformat.parse_trailer(body, footer, what, name, version)
 
 
 def salvage_records(path: Path, limit: int = 1 << 32) -> Iterator[tuple]:

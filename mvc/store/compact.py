@@ -1,0 +1,91 @@
+"""Compaction: the one place packs are rewritten without their garbage (gc, repack, eviction).
+
+Vocabulary:
+
+- **kept record**: a record of a pack being rewritten that is still wanted;
+  it is copied as it is (raw, or encoded: grouped or a delta, never
+  re-encoded), proven to decode to its id before it is written.
+- **dropped entry**: an index entry to delete in the same transaction (an
+  evicted chunk, whose copy lives on the remote).
+
+Order, each step harmless to interrupt:
+
+1. the kept records go to one new pack, sealed and fsynced;
+2. one index write transaction points every kept chunk whose entry still
+   names the record it named at its copy, and deletes the dropped entries
+   that still name the record they named (a concurrent change wins);
+3. the rewritten packs and the other files to remove are deleted, the
+   folder fsynced.
+
+A crash between steps leaves only unreferenced packs that the next gc
+deletes. A pack with a kept record that cannot be read verified is left
+whole (its garbage stays, and so does the last copy of that record); the
+report notes it. The caller holds the exclusive gc lock.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..errors import MvcError
+from .fs import fsync_dir
+from .packs import pack_filename
+
+
+@dataclass(frozen=True)
+class Compacted:
+    moved: int = 0  # records copied into the new pack
+    rewritten: tuple = ()  # names of the packs rewritten (and deleted)
+    removed: int = 0  # other files deleted
+    notes: tuple = ()  # packs left whole, and why
+
+
+def compact(store, index, rewrite: list, drop: Iterable = (), remove: Iterable = (), via=None) -> Compacted:
+    """Rewrite ``rewrite`` [(pack name, [(id, Location) kept])] of PackStore ``store``; see the
+    module doc. Kept records are read and written through ``via`` (default ``store``)."""
+    drop, remove, via = list(drop), list(remove), via or store
+    batch, moves, done, notes = via.writer(), [], [], []
+    try:
+        with index.read() as txn:
+            for name, keep in rewrite:
+                copied = _copy(via, txn, batch, name, keep, notes)
+                if copied is not None:
+                    moves += copied
+                    done.append(name)
+        batch.seal()
+    except BaseException:
+        batch.abort()
+        raise
+    new = batch.locations
+    if moves or drop:
+        with index.write() as txn:
+            for cid, old in moves:
+                if txn.chunk(cid) == old:
+                    txn.put_chunk(cid, new[cid], overwrite=True)
+            for cid, old in drop:
+                if txn.chunk(cid) == old:
+                    txn.delete_chunk(cid)
+    store.packs.close()  # no descriptor may keep a deleted pack's space
+    removed = 0
+    for fname in [pack_filename(name) for name in done] + remove:
+        try:
+            os.unlink(store.directory / fname)
+            removed += fname in remove
+        except FileNotFoundError:
+            pass
+    fsync_dir(store.directory)
+    return Compacted(len(moves), tuple(done), removed, tuple(notes))
+
+
+def _copy(store, txn, batch, name: bytes, keep: list, notes: list):
+    """[(id, old Location)] of ``keep`` copied into ``batch``; None (a note said why) if one cannot be read."""
+    moves = []
+    for cid, _ in keep:
+        try:
+            loc, payload = store.read_stored(cid, txn)
+        except MvcError as exc:  # records already copied become garbage in the new pack
+            notes.append(f"{pack_filename(name)} not rewritten: {exc}")
+            return None
+        batch.add_record(cid, payload, loc.kind, loc.size, loc.depth, loc.base)
+        moves.append((cid, loc))
+    return moves

@@ -1,0 +1,81 @@
+"""Every ``mvc`` subcommand, found by walking click's command tree, given odd and missing input.
+
+Whatever it is given, a command never prints a Python traceback and never
+ends in an unexpected exception (exit 70); input that cannot be right
+(an unknown option, a missing argument) exits non-zero.
+"""
+
+import click
+import pytest
+import torch
+from click.testing import CliRunner
+
+import mvc
+from mvc.cli import main
+from mvc.cli.base import BUG
+
+ODD = ["", "-1", "no-such-rev", "..", "x" * 300, "é\x01", "HEAD~999", "0"]
+NEVER = {("serve",)}  # commands that run until stopped
+
+
+def commands(group=main, path=()):
+    for name, cmd in sorted(group.commands.items()):
+        if isinstance(cmd, click.Group):
+            yield from commands(cmd, path + (name,))
+        elif path + (name,) not in NEVER:
+            yield path + (name,), cmd
+
+
+def invocations(cmd) -> list:
+    """Argument lists: none; an unknown option; every argument odd; each option given an odd value."""
+    args = [p for p in cmd.params if isinstance(p, click.Argument)]
+    options = [p for p in cmd.params if isinstance(p, click.Option) and not p.is_flag and p.nargs == 1
+               and not p.count]
+    out = [([], False), (["--no-such-option"], True)]
+    for odd in ODD:
+        out.append(([odd] * max(1, len(args)), False))
+    for opt in options:
+        for odd in ("", "-1", "x" * 300):
+            out.append(([opt.opts[-1], odd], False))
+        out.append(([opt.opts[-1]], True))  # an option that wants a value, given none
+    return out
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A repository with two commits, inside two folders of its own (so '..' stays in tmp)."""
+    root = tmp_path_factory.mktemp("every") / "w" / "r"
+    repo = mvc.Repository.init(root, chunk_size=64)
+    repo.commit({"w": torch.arange(100.0)}, "one")
+    repo.commit({"w": torch.arange(100.0) * 2}, "two")
+    repo.close()
+    return root
+
+
+@pytest.mark.parametrize("path,cmd", list(commands()), ids=lambda x: " ".join(x) if isinstance(x, tuple) else "")
+def test_no_traceback_whatever_the_input(path, cmd, workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    monkeypatch.delenv("MVC_TRACEBACK", raising=False)
+    runner = CliRunner()
+    for extra, bad in invocations(cmd):
+        result = runner.invoke(main, [*path, *extra], input="")
+        where = (path, extra, result.exit_code, result.output[-400:])
+        assert "Traceback" not in result.output, where
+        assert result.exception is None or isinstance(result.exception, SystemExit), (where, repr(result.exception))
+        assert result.exit_code != BUG, where
+        if bad:
+            assert result.exit_code != 0, where
+
+
+def test_an_unexpected_exception_is_one_line_and_exit_70(workdir, monkeypatch):
+    """A bug (here: an exception mvc never raises on purpose) is named in one line, exit 70."""
+    monkeypatch.chdir(workdir)
+    monkeypatch.delenv("MVC_TRACEBACK", raising=False)
+
+    def broken(self, *args, **kwargs):
+        raise ZeroDivisionError("injected")
+    monkeypatch.setattr(mvc.Repository, "status", broken)
+    result = CliRunner().invoke(main, ["status"])
+    assert result.exit_code == BUG and result.exception is not None and type(result.exception) is SystemExit
+    assert "Traceback" not in result.output and result.stderr.count("\n") == 1
+    assert "ZeroDivisionError" in result.stderr and "report" in result.stderr

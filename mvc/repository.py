@@ -1009,6 +1009,11 @@ class Repository:
         """Verify every pack and ref of a remote; see ``mvc.remote.check.fsck_remote``."""
         return _remote("check").fsck_remote(self, remote)
 
+    def fsck_fetch(self, report):
+        """Complete a fsck report by reading back the chunks only the cached remote holds;
+        see ``mvc.remote.check.fsck_fetch``."""
+        return _remote("check").fsck_fetch(self, report)
+
     def repair(self):
         """Refetch damaged or missing local chunks and objects from remotes; see ``mvc.remote.check.repair``."""
         return _remote("check").repair(self)

@@ -51,8 +51,18 @@ def _show_report(rep, fates) -> None:
             click.echo(f"  {u.kind}: {u.pack} ({human_bytes(u.bytes)}{records}): {fate}")
         for hint in _hints(kept):
             click.echo(f"  {hint}")
-    click.echo("ok: no damage found" if rep.ok else
-               "fsck found damage: the commits and refs listed above cannot be loaded intact")
+    if rep.unverified:
+        where = f"remote {rep.unverified_remote}" if rep.unverified_remote else "a remote"
+        name = f" {rep.unverified_remote}" if rep.unverified_remote else ""
+        click.echo(f"not verified here: {rep.unverified} reachable chunk{'' if rep.unverified == 1 else 's'} "
+                   f"({human_bytes(rep.unverified_bytes)}) held only by {where}; 'mvc fsck --remote{name}' "
+                   "verifies that remote, 'mvc fsck --fetch' reads them back and checks them")
+    if not rep.ok:
+        click.echo("fsck found damage: the commits and refs listed above cannot be loaded intact")
+    elif rep.unverified:
+        click.echo("no damage found in what was checked, but not everything reachable was verified")
+    else:
+        click.echo("ok: no damage found")
 
 
 @main.command()
@@ -63,13 +73,17 @@ def _show_report(rep, fates) -> None:
 @click.option("--remote", "remote_name", metavar="NAME", default=None,
               help="Verify remote NAME's packs and refs instead (reads every pack).")
 @click.option("--repair", is_flag=True, help="Refetch damaged or missing chunks and objects from remotes.")
+@click.option("--fetch", "fetch_remote", is_flag=True,
+              help="Also read back and re-hash the reachable chunks held only by the cached remote.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
-def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, as_json):
+def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remote, as_json):
     """Verify every commit, tree, tensor and chunk reachable from refs and the reflog.
 
-    Exits 1 when anything reachable is damaged or missing. Unreferenced pack
-    bytes are reported separately: they are harmless. Damage that cannot be
+    Exits 1 when anything reachable is damaged or missing, or was not
+    verified: chunks held only by a remote (a lazy clone, an evicted cache)
+    are listed as "not verified here" unless --fetch reads them back.
+    Unreferenced pack bytes are reported separately: they are harmless. Damage that cannot be
     repaired (no backup, no remote) blocks gc; --prune-lost marks the commits
     whose tensors are lost as pruned, as retention would, so the rest of
     the repository can be collected again.
@@ -86,10 +100,13 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, as_json):
                            + (f": {', '.join(c[:12] for c in lost)}" if lost else ""))
         with Progress("verifying") as progress:
             report = repo.fsck(quick=quick, progress=progress)
+        if fetch_remote and report.unverified:
+            report = repo.fsck_fetch(report)
         fates = repo.unreferenced_fate(report)
     if as_json:
         out = to_jsonable(report)
-        out["ok"] = report.ok
+        out["ok"] = report.verified  # nothing damaged, and every reachable chunk verified
+        out["damaged"] = not report.ok
         out["unreferenced_bytes"] = report.unreferenced_bytes
         out["gc_keeps"] = [to_jsonable(left) for _, left in fates if left is not None]
         if rebuilt is not None:
@@ -99,7 +116,7 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, as_json):
         if rebuilt is not None:
             _show_rebuild(rebuilt)
         _show_report(report, fates)
-    if not report.ok:
+    if not report.verified:
         ctx.exit(1)
 
 

@@ -238,6 +238,11 @@ def cache_evict(max_bytes, as_json):
                f"{human_bytes(r.bytes_before)} -> {human_bytes(r.bytes_after)} (budget {human_bytes(r.budget)})")
     if r.kept_pinned or r.kept_local:
         click.echo(f"kept {r.kept_pinned} chunks of pinned commits and {r.kept_local} not yet on the remote")
+    if r.kept_unverified:
+        click.echo(f"kept {r.kept_unverified} chunks whose remote copy is not intact (the local copy is the last "
+                   "good one): 'mvc remote repair' uploads them again")
+        for cid, key, why in r.unverified[:5]:
+            click.echo(f"  chunk {cid[:12]} in {key}: {why}")
 
 
 @cache.command("pin")
@@ -269,7 +274,7 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool) -> int:
             r = repo.fsck_remote(name)
     if as_json:
         out = to_jsonable(r)
-        out["ok"] = r.after.ok if repair else r.ok
+        out["ok"] = r.after.verified if repair else r.ok
         echo_json(out)
         return 0 if out["ok"] else 1
     if repair:
@@ -277,9 +282,14 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool) -> int:
                    + (f" from {', '.join(r.remotes)}" if r.remotes else ""))
         if r.unrepaired:
             click.echo(f"no remote holds {len(r.unrepaired)} of them: {', '.join(i[:12] for i in r.unrepaired[:5])}")
-        click.echo("ok: no damage found" if r.after.ok else
-                   f"damage remains: {len(r.after.damage)} problems (run 'mvc fsck' for details)")
-        return 0 if r.after.ok else 1
+        if not r.after.ok:
+            click.echo(f"damage remains: {len(r.after.damage)} problems (run 'mvc fsck' for details)")
+        elif r.after.unverified:
+            click.echo(f"no damage found here; {r.after.unverified} reachable chunks held only by remote "
+                       f"{r.after.unverified_remote} were not verified ('mvc fsck --fetch' checks them)")
+        else:
+            click.echo("ok: no damage found")
+        return 0 if r.after.verified else 1
     click.echo(f"checked remote {r.remote} ({r.url}): {r.packs} packs, {r.chunks} chunks, {r.objects} objects, "
                f"{r.refs} refs; re-hashed {human_bytes(r.bytes_verified)}")
     for p in r.problems:

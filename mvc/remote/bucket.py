@@ -27,14 +27,10 @@ from typing import Iterator, Optional
 from urllib.parse import urlparse
 
 from .. import hashing
-from ..errors import BadInput, MvcError
+from ..errors import BadInput, RemoteError, RemoteUnreachable, UntrustedAnswer  # noqa: F401  (re-exported)
 from ..store import fs
 
 _KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
-
-
-class RemoteError(MvcError):
-    """The remote failed, or cannot be used as it is (one line saying what to do)."""
 
 
 class NotFound(RemoteError):

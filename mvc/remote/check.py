@@ -191,6 +191,32 @@ def _merge(problems: list) -> list:
     return list(out.values())
 
 
+def fsck_fetch(repo, report):
+    """``report`` (a local FsckReport) completed: the reachable chunks held only by the cached
+    remote are read back and re-hashed; intact ones count as verified, the others become damage
+    ("missing-chunk" / "checksum-mismatch" naming the remote pack). Raises RemoteError if the
+    remote cannot be read (then nothing more was verified)."""
+    import dataclasses
+    from .. import fsck as local
+    conn = Connection(repo, report.unverified_remote)
+    try:
+        conn.catalogue.refresh(conn.bucket)
+        with repo.gc_lock.shared(), repo.index.read() as txn:
+            ids = repo.chunks.remote_only(reach.walk(txn, repo.objects).chunk_length, txn)
+        located = conn.catalogue.chunks(ids)
+        bad = transfer.verify_chunks(conn.bucket, located)
+    finally:
+        conn.close()
+    damage = [local.Damage(local.MISSING_CHUNK, f"chunk {cid.hex()[:12]}",
+                           f"no listed pack of remote {conn.name!r} holds it", (cid.hex(),))
+              for cid in sorted(ids - located.keys())]
+    damage += [local.Damage(local.CHECKSUM, f"chunk {cid.hex()[:12]}", f"remote {conn.name!r}: {key}: {why}",
+                            (cid.hex(),)) for cid, (key, why) in sorted(bad.items())]
+    checked = sum(loc.length for cid, loc in located.items() if cid not in bad)
+    return dataclasses.replace(report, damage=report.damage + tuple(damage), unverified=0, unverified_bytes=0,
+                               unverified_remote=None, bytes_verified=report.bytes_verified + checked)
+
+
 # -- repair ------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -1009,6 +1009,10 @@ class Repository:
         """Verify every pack and ref of a remote; see ``mvc.remote.check.fsck_remote``."""
         return _remote("check").fsck_remote(self, remote)
 
+    def remote_repair(self, remote: Optional[str] = None):
+        """Heal a damaged remote from this repository's intact copies; see ``mvc.remote.check.repair_remote``."""
+        return _remote("check").repair_remote(self, remote)
+
     def fsck_fetch(self, report):
         """Complete a fsck report by reading back the chunks only the cached remote holds;
         see ``mvc.remote.check.fsck_fetch``."""

@@ -118,3 +118,62 @@ def test_fsck_of_a_lazy_clone_says_what_it_did_not_verify(pushed, tmp_path, s3):
     s3.flip(url, chunk_packs(s3, url)[0], len(b"MVCPACK\x01") + 36 + 5)
     result = cli(tmp_path / "lz", "fsck", "--fetch")
     assert result.exit_code == 1 and "checksum-mismatch" in result.output
+
+
+# -- 2. a damaged remote can be healed -------------------------------------------------
+
+def test_repair_heals_a_deleted_and_a_zero_byte_pack(pushed, tmp_path, s3):
+    repo, url = pushed
+    biggest = max(s3.keys(url, layout.CHUNK_PACKS), key=lambda k: k[1])[0]
+    s3.delete(url, biggest)
+    zero = layout.pack_key(layout.CHUNK_PACKS, layout.new_name())
+    s3.put(url, zero, b"")
+    assert not repo.fsck_remote().ok
+    fresh = mvc.Repository.init(tmp_path / "f", chunk_size=CHUNK)
+    fresh.remote_add("origin", url, s3.endpoint)
+    with pytest.raises(mvc.CorruptObject):
+        fresh.fetch()
+    assert repo.push().chunks == 0  # a push alone does not see the damage
+    result = cli(tmp_path / "a", "remote", "repair", "origin")
+    assert result.exit_code == 0, result.output
+    assert zero in result.output and "ok:" in result.output
+    assert zero not in [k for k, _ in s3.keys(url, layout.CHUNK_PACKS)]
+    report = repo.fsck_remote()
+    assert report.ok, report.problems
+    fresh.fetch()
+    assert same(fresh.load("origin/main"), state(1)) and fresh.fsck().verified
+    fresh.close()
+    again = repo.remote_repair()
+    assert again.chunks_uploaded == 0 and again.packs_removed == () and again.ok
+
+
+def test_repair_moves_intact_records_out_of_a_damaged_pack(pushed, tmp_path, s3):
+    repo, url = pushed
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
+    cid = only_in(repo, "main", "main~1")[0]
+    key = flip_chunk(s3, url, cid)
+    report = lazy.remote_repair()  # holds no chunk: moves the intact records, cannot heal the flipped one
+    assert report.unrepaired == (cid.hex(),) and report.packs_removed == () and not report.ok
+    report = repo.remote_repair()
+    assert report.ok and report.packs_removed == (key,) and report.chunks_uploaded >= 1
+    assert repo.fsck_remote().ok
+    lazy.fetch()  # learns that the damaged pack is gone and where its records went
+    assert same(lazy.load("main"), state(1))
+    lazy.close()
+
+
+def test_fetch_in_a_lazy_clone_notices_a_deleted_remote_pack(pushed, tmp_path, s3):
+    repo, url = pushed
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
+    lazy.close()
+    for key, _ in s3.keys(url, layout.CHUNK_PACKS):
+        s3.delete(url, key)
+    result = cli(tmp_path / "lz", "fetch")
+    assert result.exit_code == 1 and "missing on remote 'origin'" in result.output
+    assert "mvc remote repair origin" in result.output
+    with mvc.Repository.open(tmp_path / "lz") as lazy:
+        with pytest.raises(mvc.errors.RemoteDamaged) as caught:
+            lazy.fetch()
+        assert caught.value.remote == "origin" and len(caught.value.ids) == len(_chunks(repo, "main") | _chunks(repo, "main~1"))
+    repo.remote_repair()
+    assert cli(tmp_path / "lz", "fetch").exit_code == 0

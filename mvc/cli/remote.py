@@ -2,8 +2,21 @@
 
 import click
 
+from contextlib import contextmanager
+
 from .. import Repository
-from .base import echo_json, human_bytes, main, open_repo, to_jsonable
+from ..errors import RemoteDamaged
+from .base import echo_json, fail, human_bytes, main, open_repo, to_jsonable
+
+
+@contextmanager
+def _advice():
+    """A damaged remote's error, with the commands that check and heal it."""
+    try:
+        yield
+    except RemoteDamaged as exc:
+        fail(f"{exc}: 'mvc fsck --remote {exc.remote}' names what is lost; 'mvc remote repair {exc.remote}' "
+             "in a repository that holds it uploads it again")
 
 
 def _short(hex_id) -> str:
@@ -93,6 +106,39 @@ def remote_unlock(name, branch, force, owner):
     click.echo(f"unlocked branch {branch!r} on {name}" if had else f"branch {branch!r} was not locked on {name}")
 
 
+@remote.command("repair")
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def remote_repair(name, as_json):
+    """Heal remote NAME (default: origin) from this repository.
+
+    Reads every pack of the remote; uploads again what its refs need that no
+    intact pack holds and this repository holds intact, moves the intact
+    records out of damaged packs, then removes the damaged and unreadable
+    packs (a zero-byte one, say). Exits 1 if something stays unrepaired.
+    """
+    with open_repo() as repo:
+        r = repo.remote_repair(name)
+    if as_json:
+        out = to_jsonable(r)
+        out["ok"] = r.ok
+        echo_json(out)
+    else:
+        click.echo(f"checked {r.packs_checked} packs of remote {r.remote}: {r.problems_before} problems; uploaded "
+                   f"{r.chunks_uploaded} chunks and {r.objects_uploaded} objects in {r.packs_uploaded} packs, "
+                   f"removed {len(r.packs_removed)} damaged packs")
+        for key in r.packs_removed:
+            click.echo(f"  removed {key}")
+        if r.unrepaired:
+            click.echo(f"no intact copy here of {len(r.unrepaired)} things the remote's refs need: "
+                       f"{', '.join(i[:12] for i in r.unrepaired[:5])}{' ...' if len(r.unrepaired) > 5 else ''}; "
+                       "repair from a repository that has them")
+        else:
+            click.echo("ok: the remote holds everything its refs need")
+    if not r.ok:
+        raise click.exceptions.Exit(1)
+
+
 # -- push, fetch, pull, clone ---------------------------------------------------------
 
 @main.command()
@@ -130,7 +176,7 @@ def _show_fetch(report) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def fetch(name, as_json):
     """Bring REMOTE's branches (as REMOTE/BRANCH) and what they need that is missing here."""
-    with open_repo() as repo:
+    with _advice(), open_repo() as repo:
         report = repo.fetch(name)
     if as_json:
         echo_json(report)
@@ -144,7 +190,7 @@ def fetch(name, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def pull(name, branch, as_json):
     """fetch REMOTE, then fast-forward BRANCH (default: the current one) to REMOTE/BRANCH."""
-    with open_repo() as repo:
+    with _advice(), open_repo() as repo:
         report = repo.pull(name, branch)
     if as_json:
         echo_json(report)
@@ -164,7 +210,7 @@ def pull(name, branch, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def clone(url, directory, lazy, endpoint_url, as_json):
     """Make DIRECTORY a new repository with the history of the remote at URL (as remote origin)."""
-    with Repository.clone(url, directory, lazy=lazy, endpoint_url=endpoint_url) as repo:
+    with _advice(), Repository.clone(url, directory, lazy=lazy, endpoint_url=endpoint_url) as repo:
         head = repo.head()
         report = repo.cloned
     if as_json:

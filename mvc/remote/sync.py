@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import refs as refnames
-from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict
+from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict, RemoteDamaged
 from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
 from ..store.index import RefValue
 from ..store import locks as locking
@@ -533,22 +533,66 @@ def fetch(repo, name: Optional[str] = None, progress=None) -> FetchReport:
         remote = conn.remote_refs()
         lazy = lazy_for(repo, conn.name)
         with repo.gc_lock.shared():
-            fetched = _incoming_objects(repo, conn)
-            with repo.index.read() as txn:
-                inc = _closure(repo, txn, [oid for oid, _, _ in remote.values()], fetched)
-            received = 0
-            if lazy:
-                absent = [cid for cid in inc.chunks if not conn.catalogue.has_chunk(cid)]
-                if absent:
-                    raise CorruptObject(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on "
-                                        f"remote {conn.name!r}; it is damaged: run 'mvc fsck --remote {conn.name}'")
-            else:
-                received = download(repo, conn, inc.chunks, progress)
+            inc = _plan_fetch(repo, conn, [oid for oid, _, _ in remote.values()], lazy)
+            received = 0 if lazy else download(repo, conn, inc.chunks, progress)
             updates = _store_fetch(repo, conn, inc, remote)
         return FetchReport(conn.name, tuple(updates), len(inc.objects), 0 if lazy else len(inc.chunks),
                            received, lazy)
     finally:
         conn.close()
+
+
+def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> _Incoming:
+    """What to fetch for ``tips``, once the remote is seen to hold all of it: the refs were listed
+    after the packs, so a push that landed in between names packs not listed yet. Only what is
+    still missing after the remote is listed again makes it damaged (RemoteDamaged)."""
+    for attempt in (1, 2):
+        try:
+            fetched = _incoming_objects(repo, conn)
+            with repo.index.read() as txn:
+                inc = _closure(repo, txn, tips, fetched)
+                absent = _absent_chunks(repo, txn, conn, tips, inc, fetched) if lazy else \
+                    [cid for cid in inc.chunks if not conn.catalogue.has_chunk(cid)]
+            if absent:
+                raise RemoteDamaged(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on "
+                                    f"remote {conn.name!r}; it is damaged", remote=conn.name, ids=absent)
+            return inc
+        except CorruptObject:
+            if attempt == 2:
+                raise
+            conn.catalogue.refresh(conn.bucket)
+
+
+def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetched: dict) -> list:
+    """Chunks the closures of ``tips`` need that are neither here nor listed on the remote: a lazy
+    clone reads them from there, so a pack deleted there is noticed at the next fetch."""
+    decoded = {oid: _classify(data, oid) for _, oid, data in inc.objects}
+    pruned = set(inc.pruned)
+    seen, out, todo = set(), [], list(tips)
+
+    def get(kind: str, oid: bytes):
+        if oid in decoded and decoded[oid][0] == kind:
+            return decoded[oid][1]
+        return getattr(repo.objects, kind[:-1])(txn, oid)
+    while todo:
+        oid = todo.pop()
+        if oid in seen:
+            continue
+        seen.add(oid)
+        commit = get("commits", oid)
+        todo += commit.parents
+        if oid in pruned or repo.objects.pruned(txn, oid) is not None or commit.tree in seen:
+            continue
+        seen.add(commit.tree)
+        for _, leaf in walk_tree(get("trees", commit.tree).root):
+            if isinstance(leaf, TensorLeaf) and leaf.id not in seen:
+                seen.add(leaf.id)
+                for cid in get("tensors", leaf.id).chunks:
+                    if cid not in seen:
+                        seen.add(cid)
+                        out.append(cid)
+    known = conn.catalogue.chunks(cid for cid in out if txn.chunk(cid) is None)
+    return [cid for cid in out if txn.chunk(cid) is None and cid not in known]
 
 
 def _store_fetch(repo, conn: Connection, inc: _Incoming, remote: dict) -> list:
@@ -580,8 +624,8 @@ def download(repo, conn: Connection, chunks: dict, progress=None) -> int:
     located = conn.catalogue.chunks(chunks)
     absent = [cid for cid in chunks if cid not in located]
     if absent:
-        raise CorruptObject(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on remote "
-                            f"{conn.name!r}; it is damaged: run 'mvc fsck --remote {conn.name}'")
+        raise RemoteDamaged(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on remote "
+                            f"{conn.name!r}; it is damaged", remote=conn.name, ids=absent)
     return sum(_download_group(repo, conn, group, progress) for group in _location_groups(located))
 
 

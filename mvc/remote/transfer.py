@@ -194,6 +194,11 @@ def upload_chunks(repo, bucket, catalogue, chunks: list, progress=None) -> tuple
 
 def upload_objects(bucket, catalogue, records: list) -> tuple:
     """Upload (id, bytes) object records as object packs; (packs, bytes) sent."""
+    return upload_records(bucket, catalogue, layout.OBJECT_PACKS, records)
+
+
+def upload_records(bucket, catalogue, folder: str, records: list) -> tuple:
+    """Upload (id, bytes) records, each already verified, as packs under ``folder``; (packs, bytes) sent."""
     uploader, data = Uploader(bucket, catalogue), dict(records)
     try:
         for group in pack_groups([(oid, len(raw)) for oid, raw in records]):
@@ -201,7 +206,7 @@ def upload_objects(bucket, catalogue, records: list) -> tuple:
             image = layout.PackImage(group)
             for i, (oid, _) in enumerate(group):
                 image.slot(i)[:] = data[oid]
-            uploader.submit(layout.OBJECT_PACKS, image)
+            uploader.submit(folder, image)
     finally:
         uploader.finish()
     return uploader.packs, uploader.bytes

@@ -243,8 +243,11 @@ def _show_gc(r) -> None:
                    "(default 60: a running commit may still be writing them). 0 when no writer runs.")
 @click.option("--expire-reflog", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="First delete reflog entries older than SECONDS (0: all), as 'mvc reflog expire' does.")
+@click.option("--remote", "remote_name", metavar="NAME", default=None,
+              help="Collect remote NAME instead: the same retention on its refs, then delete its packs "
+                   "nothing there needs once older than --grace (default there 3600). Safe while others push.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, expire_reflog, as_json):
+def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, expire_reflog, remote_name, as_json):
     """Delete what no ref or reflog entry reaches, and reclaim its space on disk.
 
     Packs that hold nothing live are deleted; packs over a quarter garbage
@@ -263,6 +266,8 @@ def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, e
     history of protected branches. Reflog entries pointing at pruned
     commits are expired. Pruning cannot be undone.
     """
+    if remote_name is not None:
+        return _gc_remote(remote_name, keep_last, branch, keep_best, mode, top, force, grace, dry_run, as_json)
     with open_repo() as repo:
         extra = {} if grace is None else {"grace": grace}
         report = repo.gc(keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
@@ -273,3 +278,26 @@ def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, e
         echo_json(out)
     else:
         _show_gc(report)
+
+
+def _gc_remote(name, keep_last, branch, keep_best, mode, top, force, grace, dry_run, as_json) -> None:
+    with open_repo() as repo:
+        r = repo.gc_remote(name, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
+                           force=force, grace=grace, dry_run=dry_run)
+    if as_json:
+        echo_json(r)
+        return
+    would = "would " if r.dry_run else ""
+    if r.pruned:
+        click.echo(f"{would}prune {len(r.pruned)} commits on remote {r.remote}: {_some(list(r.pruned), short=True)}"
+                   if r.dry_run else f"pruned {len(r.pruned)} commits on remote {r.remote}: "
+                   f"{_some(list(r.pruned), short=True)}")
+    click.echo(f"remote {r.remote}: {would}{'delete' if r.dry_run else 'deleted'} {len(r.packs_deleted)} packs "
+               f"nothing needs ({human_bytes(r.bytes_reclaimed)})")
+    if r.young:
+        click.echo(f"  kept {len(r.young)} such packs ({human_bytes(r.young_bytes)}) younger than the grace period: "
+                   "a push may still be about to name them (--grace)")
+    if r.mixed:
+        click.echo(f"  kept {r.mixed} packs whole that also hold records something needs")
+    if r.unreadable:
+        click.echo(f"  left {len(r.unreadable)} packs whose trailer cannot be read: 'mvc remote repair {r.remote}'")

@@ -19,6 +19,9 @@ def _advice():
              "in a repository that holds it uploads it again")
 
 
+SHOWN = 5
+
+
 def _short(hex_id) -> str:
     return hex_id[:12] if hex_id else "(none)"
 
@@ -26,7 +29,9 @@ def _short(hex_id) -> str:
 def _ref_lines(updates) -> None:
     for u in updates:
         name = u.ref.split("/", 1)[1] if u.ref.startswith(("heads/", "tags/")) else u.ref
-        if u.status == "up to date":
+        if u.status in ("deleted", "pruned"):
+            click.echo(f"  - {name:<24} {_short(u.old)} ({u.status})")
+        elif u.status == "up to date":
             click.echo(f"  = {name:<24} {_short(u.new)} (up to date)")
         elif u.status == "new":
             click.echo(f"  * {name:<24} {_short(u.new)} (new)")
@@ -145,16 +150,25 @@ def remote_repair(name, as_json):
 @click.argument("name", required=False, metavar="[REMOTE]")
 @click.argument("refs", nargs=-1, metavar="[REF]...")
 @click.option("-f", "--force", is_flag=True, help="Move remote refs even if that drops their commits.")
+@click.option("-d", "--delete", is_flag=True, help="Delete the remote branches or tags REF... instead "
+              "(also written ':REF').")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def push(name, refs, force, as_json):
+def push(name, refs, force, delete, as_json):
     """Send REFs (default: the current branch) to REMOTE (default: origin).
 
     Only the chunks and objects the remote lacks are sent, in packs; the
     remote's refs move last, by conditional writes: if someone else pushed
     meanwhile, the push is rejected and nothing they pushed is lost.
+    'mvc push origin --delete exp' (or 'mvc push origin :exp') deletes
+    branch exp on the remote and its tracking ref origin/exp here; the data
+    goes at the next 'mvc gc --remote origin'.
     """
+    if delete and not refs:
+        raise click.UsageError("--delete needs the names of the remote branches or tags to delete")
+    if name is not None and name.startswith(":"):
+        name, refs = None, (name,) + tuple(refs)
     with open_repo() as repo:
-        report = repo.push(name, refs, force=force)
+        report = repo.push(name, () if delete else refs, force=force, delete=refs if delete else ())
     if as_json:
         echo_json(report)
         return
@@ -169,15 +183,19 @@ def _show_fetch(report) -> None:
         f"{report.chunks} chunks, {human_bytes(report.bytes_received)}"
     click.echo(f"from {report.remote}: {report.objects} objects; {where}")
     _ref_lines(report.refs)
+    for ref in report.damaged_refs:
+        click.echo(f"  ! {ref.split('/', 1)[1]:<24} left out: its object on the remote does not decode "
+                   "('mvc push --force' replaces it)")
 
 
 @main.command()
 @click.argument("name", required=False, metavar="[REMOTE]")
+@click.option("-p", "--prune", is_flag=True, help="Also remove REMOTE/BRANCH refs of branches REMOTE no longer has.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def fetch(name, as_json):
+def fetch(name, prune, as_json):
     """Bring REMOTE's branches (as REMOTE/BRANCH) and what they need that is missing here."""
     with _advice(), open_repo() as repo:
-        report = repo.fetch(name)
+        report = repo.fetch(name, prune=prune)
     if as_json:
         echo_json(report)
     else:
@@ -340,5 +358,11 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool) -> int:
                f"{r.refs} refs; re-hashed {human_bytes(r.bytes_verified)}")
     for p in r.problems:
         click.echo(f"  {p.kind}: {p.object}: {p.detail}" + (f" (needed by {', '.join(p.refs)})" if p.refs else ""))
+    if r.unreferenced:
+        click.echo(f"unreferenced packs (harmless: a killed or rejected push, a deleted branch): {len(r.unreferenced)}, "
+                   f"{human_bytes(sum(n for _, n in r.unreferenced))}; 'mvc gc --remote {r.remote}' reclaims them "
+                   "once older than its grace period")
+        for key, n in r.unreferenced[:SHOWN]:
+            click.echo(f"  {key} ({human_bytes(n)})")
     click.echo("ok: no damage found" if r.ok else f"DAMAGE: {len(r.problems)} problems on remote {r.remote}")
     return 0 if r.ok else 1

@@ -83,6 +83,10 @@ class Bucket:
         """Remove the object (a no-op if absent)."""
         raise NotImplementedError
 
+    def list_times(self, prefix: str) -> list:
+        """[(key, size, when it was last written, seconds since the epoch by the store's clock)]."""
+        raise NotImplementedError
+
     def check_conditional(self) -> None:
         """RemoteError unless the store honours If-None-Match: * and If-Match.
 
@@ -221,6 +225,15 @@ class FolderBucket(Bucket):
             os.unlink(self._path(key))
         except FileNotFoundError:
             pass
+
+    def list_times(self, prefix: str) -> list:
+        out = []
+        for key, size in self.list(prefix):
+            try:
+                out.append((key, size, os.lstat(self._path(key)).st_mtime))
+            except FileNotFoundError:
+                pass
+        return out
 
 
 def parse_url(url: str) -> tuple:

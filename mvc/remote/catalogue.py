@@ -82,6 +82,12 @@ class Catalogue:
                 out[key.decode()[5:]] = encoding.unpack(txn.meta(key.decode()), "catalogue entry")
             return out
 
+    def pack_ids(self) -> dict:
+        """{pack key: [ids its trailer lists]} of every catalogued pack."""
+        with self.index.read() as txn:
+            return {key.decode()[5:]: encoding.unpack(txn.meta(key.decode()), "catalogue entry")
+                    for key in txn.ids("meta", b"pack:")}
+
     def pack_keys(self) -> set:
         with self.index.read() as txn:
             return {key.decode()[5:] for key in txn.ids("meta", b"pack:")}

@@ -51,6 +51,7 @@ class RemoteFsckReport:
     refs: int
     bytes_verified: int
     problems: tuple = ()
+    unreferenced: tuple = ()  # (pack key, bytes) of intact packs no ref needs: harmless, 'gc --remote' reclaims them
 
     @property
     def ok(self) -> bool:
@@ -66,6 +67,8 @@ class _Seen:
     packs: int = 0
     broken: dict = field(default_factory=dict)  # key of a pack with any problem -> {id: bytes} of its intact records
     listed: dict = field(default_factory=dict)  # key of such a pack -> the ids its trailer lists (None: unreadable)
+    contents: dict = field(default_factory=dict)  # key of every readable pack -> (size, ids its trailer lists)
+    needed: set = field(default_factory=set)  # ids the refs' closures use
 
 
 def _salvage(data: bytes):
@@ -122,6 +125,8 @@ def _check_pack(bucket, key: str, seen: _Seen, lock) -> None:
             seen.broken[key] = {cid: bytes(piece) for cid, piece in intact.items()}
             seen.listed[key] = {cid for cid, _, _ in entries} if entries else None
         seen.problems += problems
+        if entries:
+            seen.contents[key] = (size, {cid for cid, _, _ in entries})
         seen.bytes += size
         seen.packs += 1
         for cid, raw in good:
@@ -159,10 +164,21 @@ def fsck_remote(repo, name: Optional[str] = None) -> RemoteFsckReport:
         for key, tip in sorted(refs.items()):
             _walk_ref(key, tip, seen)
         decoded_chunks = len(seen.chunks)
+        seen.needed |= {oid for oid, raw in seen.objects.items()  # a needed commit's pruned note
+                        if _is_note(raw, oid) and _classify(raw, oid)[1]["commit"] in seen.needed}
+        unreferenced = tuple((key, size) for key, (size, ids) in sorted(seen.contents.items())
+                             if key not in seen.broken and not ids & seen.needed)
         return RemoteFsckReport(conn.name, bucket.url, seen.packs, decoded_chunks, len(seen.objects), len(refs),
-                                seen.bytes, tuple(_merge(seen.problems)))
+                                seen.bytes, tuple(_merge(seen.problems)), unreferenced)
     finally:
         conn.close()
+
+
+def _is_note(raw: bytes, oid: bytes) -> bool:
+    try:
+        return _classify(raw, oid)[0] == "pruned"
+    except CorruptObject:
+        return False
 
 
 def _walk_ref(key: str, tip: bytes, seen: _Seen) -> None:
@@ -179,6 +195,7 @@ def _walk_ref(key: str, tip: bytes, seen: _Seen) -> None:
             decoded[oid] = (kind, obj)
 
     def need(kind: str, oid: bytes):
+        seen.needed.add(oid)
         entry = decoded.get(oid)
         if entry is None or entry[0] != kind:
             seen.problems.append(RemoteProblem(MISSING_OBJECT, f"{kind[:-1]} {oid.hex()[:12]}",
@@ -205,6 +222,7 @@ def _walk_ref(key: str, tip: bytes, seen: _Seen) -> None:
             if isinstance(leaf, TensorLeaf) and leaf.id not in visited:
                 visited.add(leaf.id)
                 tensor = need("tensors", leaf.id)
+                seen.needed.update(tensor.chunks if tensor else ())
                 for cid in (tensor.chunks if tensor else ()):
                     if cid not in seen.chunks and cid not in visited:
                         visited.add(cid)

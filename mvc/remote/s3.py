@@ -171,6 +171,9 @@ class S3Bucket(Bucket):
             raise
 
     def list(self, prefix: str) -> list:
+        return [(key, size) for key, size, _ in self.list_times(prefix)]
+
+    def list_times(self, prefix: str) -> list:
         out, token = [], None
         full = _join(self.prefix, prefix)
         skip = len(self.prefix) + 1 if self.prefix else 0
@@ -179,7 +182,8 @@ class S3Bucket(Bucket):
             if token:
                 kwargs["ContinuationToken"] = token
             answer = self._call(prefix, self.client.list_objects_v2, **kwargs)
-            out += [(item["Key"][skip:], item["Size"]) for item in answer.get("Contents", [])]
+            out += [(item["Key"][skip:], item["Size"], item["LastModified"].timestamp())
+                    for item in answer.get("Contents", [])]
             token = answer.get("NextContinuationToken")
             if not answer.get("IsTruncated") or not token:
                 return sorted(out)

@@ -131,3 +131,42 @@ class CheckpointNotFound(UnknownRevision, FileNotFoundError):
         super().__init__(message)
         self.checkpoint_id = checkpoint_id
         self.ref = ref
+# -- remotes (issue 23: lifecycle, repair, trust) ---------------------------------------
+# RemoteError lives here so these can extend it; mvc.remote.bucket re-exports it.
+
+class RemoteError(MvcError):
+    """The remote failed, or cannot be used as it is (one line saying what to do)."""
+
+
+class RemoteUnreachable(RemoteError):
+    """The server did not answer (refused, reset, timed out) after every retry; ``url``, ``attempts``."""
+
+    def __init__(self, message: str = "", url: str = "", attempts: int = 0):
+        super().__init__(message)
+        self.url, self.attempts = url, attempts
+
+
+class UntrustedAnswer(RemoteError):
+    """The server answered a request with something else than was asked (a wrong byte range, a
+    conditional write it did not honour); ``url``, ``key``."""
+
+    def __init__(self, message: str = "", url: str = "", key: str = ""):
+        super().__init__(message)
+        self.url, self.key = url, key
+
+
+class RemoteDamaged(CorruptObject):
+    """Remote ``remote`` lacks (or holds damaged) what its refs need; ``ids``: the chunk or object ids."""
+
+    def __init__(self, message: str = "", remote: str = "", ids: tuple = ()):
+        super().__init__(message)
+        self.remote, self.ids = remote, tuple(ids)
+
+
+class RemoteBusy(LockHeld):
+    """Another process holds a conflicting lease on the remote (a gc, or a push while gc would run);
+    ``remote``, ``holder`` (its owner and host), ``kind`` ("gc" or "push")."""
+
+    def __init__(self, message: str = "", remote: str = "", holder: str = "", kind: str = ""):
+        super().__init__(message)
+        self.remote, self.holder, self.kind = remote, holder, kind

@@ -84,11 +84,21 @@ class FsckReport:
     damage: tuple = ()
     unreferenced: tuple = ()
     leftovers: tuple = ()  # scratch files of killed commands under .mvc/tmp (harmless; gc removes them)
+    # reachable chunks held only by a remote (a lazy clone, an evicted cache):
+    # taken on the remote's listing, not read here ("not verified here")
+    unverified: int = 0
+    unverified_bytes: int = 0
+    unverified_remote: Optional[str] = None
 
     @property
     def ok(self) -> bool:
-        """True when nothing reachable is damaged (unreferenced bytes are fine)."""
+        """True when nothing that was checked is damaged (unreferenced bytes are fine)."""
         return not self.damage
+
+    @property
+    def verified(self) -> bool:
+        """True when every reachable chunk was checked here and nothing is damaged."""
+        return self.ok and not self.unverified
 
     @property
     def unreferenced_bytes(self) -> int:
@@ -277,7 +287,9 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
     start = time.perf_counter()
     with repo.index.read() as txn:
         checker = _Checker(reach.walk(txn, repo.objects, reach.COLLECT))
-        checker.locate_chunks(txn, repo.chunks.remote_only(checker.reach.chunk_length, txn))
+        elsewhere = repo.chunks.remote_only(checker.reach.chunk_length, txn)
+        checker.locate_chunks(txn, elsewhere)
+        unverified = {cid for cid in elsewhere if cid not in checker.locations}
         # Scanned after the snapshot was taken: every pack it names was sealed before.
         packs, tmps, odd = scan_packs(repo.dir / "packs")
         indexed = _indexed_packs(txn, packs, checker.locations)
@@ -299,8 +311,10 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
     r = checker.reach
     return FsckReport(quick, len(r.parents), r.trees, r.tensors, len(r.chunk_length),
                       len(packs), verified, time.perf_counter() - start, checker.damage(),
-                      tuple(checker.unreferenced(packs, tmps, indexed)),
-                      tuple(p.relative_to(repo.dir).as_posix() for p in scratch.leftovers(repo.dir)))
+                      tuple(checker.unreferenced(packs, tmps, indexed)), len(unverified),
+                      sum(r.chunk_length[cid] for cid in unverified),
+                      getattr(repo.chunks, "name", None) if unverified else None,
+                      leftovers=tuple(p.relative_to(repo.dir).as_posix() for p in scratch.leftovers(repo.dir)))
 
 
 def _indexed_packs(txn, packs: dict, locations: dict) -> set:

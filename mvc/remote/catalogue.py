@@ -28,9 +28,11 @@ from ..store import fs
 from ..store.index import Index
 from ..store.packs import Location
 from . import layout
+from .bucket import NotFound
 
 TAIL_BYTES = 64 << 10  # read from a pack's end first: footer and (usually) the whole trailer
 THREADS = 8
+MIN_PACK_BYTES = len(layout.HEADER) + 4 + layout.FOOTER.size  # header, an empty trailer, the footer
 _LOC = struct.Struct("<16sQI")
 OBJECTS_DB = "tensors"  # this environment's object table: id -> location in an object pack
 
@@ -79,6 +81,12 @@ class Catalogue:
             for key in txn.ids("meta", b"pack:" + layout.OBJECT_PACKS.encode()):
                 out[key.decode()[5:]] = encoding.unpack(txn.meta(key.decode()), "catalogue entry")
             return out
+
+    def pack_ids(self) -> dict:
+        """{pack key: [ids its trailer lists]} of every catalogued pack."""
+        with self.index.read() as txn:
+            return {key.decode()[5:]: encoding.unpack(txn.meta(key.decode()), "catalogue entry")
+                    for key in txn.ids("meta", b"pack:")}
 
     def pack_keys(self) -> set:
         with self.index.read() as txn:
@@ -139,9 +147,11 @@ class Catalogue:
         new = [key for key in listed if key not in known]
 
         def read(key):
+            if listed[key] < MIN_PACK_BYTES:  # a zero-byte object, say: no reader can parse it
+                return key, None
             try:
                 return key, read_trailer(bucket, key, listed[key])
-            except CorruptObject:
+            except (CorruptObject, NotFound):  # damaged, or deleted since the listing
                 return key, None
         with ThreadPoolExecutor(THREADS) as pool:
             for key, entries in pool.map(read, new):

@@ -17,13 +17,16 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .. import hashing, reach
-from ..errors import CorruptObject
+from ..errors import CorruptObject, MvcError
+from ..objects import object_id
+from ..store.chunks import Request
 from ..objects import TensorLeaf
 from ..store.packs import HEADER, RECORD_HEAD
 from ..traverse import walk as walk_tree
 from . import config, layout, transfer
 from .bucket import NotFound
 from .catalogue import read_trailer
+from . import lease
 from .sync import Connection, _classify
 
 MISSING_PACK, DAMAGED_PACK, BAD_RECORD, CHECKSUM = "missing-pack", "damaged-pack", "bad-record-header", "checksum-mismatch"
@@ -48,6 +51,7 @@ class RemoteFsckReport:
     refs: int
     bytes_verified: int
     problems: tuple = ()
+    unreferenced: tuple = ()  # (pack key, bytes) of intact packs no ref needs: harmless, 'gc --remote' reclaims them
 
     @property
     def ok(self) -> bool:
@@ -61,6 +65,26 @@ class _Seen:
     problems: list = field(default_factory=list)
     bytes: int = 0
     packs: int = 0
+    broken: dict = field(default_factory=dict)  # key of a pack with any problem -> {id: bytes} of its intact records
+    listed: dict = field(default_factory=dict)  # key of such a pack -> the ids its trailer lists (None: unreadable)
+    contents: dict = field(default_factory=dict)  # key of every readable pack -> (size, ids its trailer lists)
+    needed: set = field(default_factory=set)  # ids the refs' closures use
+
+
+def _salvage(data: bytes):
+    """(id, bytes) of the records of a pack with a damaged trailer that hash to their id, read in
+    order from the header until one is cut short."""
+    view, at = memoryview(data), len(HEADER)
+    if bytes(view[:at]) != HEADER:
+        return
+    while at + RECORD_HEAD.size <= len(view):
+        cid, length = RECORD_HEAD.unpack(view[at:at + RECORD_HEAD.size])
+        at += RECORD_HEAD.size
+        if at + length > len(view):
+            return
+        if hashing.digest(view[at:at + length]) == cid:
+            yield cid, view[at:at + length]
+        at += length
 
 
 def _check_pack(bucket, key: str, seen: _Seen, lock) -> None:
@@ -71,7 +95,7 @@ def _check_pack(bucket, key: str, seen: _Seen, lock) -> None:
             seen.problems.append(RemoteProblem(MISSING_PACK, key, "it was listed but cannot be read"))
         return
     size = len(data)
-    problems, good = [], []
+    problems, good, intact = [], [], {}
     try:
         if data[:len(HEADER)] != HEADER:
             raise CorruptObject(f"remote pack {key} has no valid header")
@@ -80,6 +104,8 @@ def _check_pack(bucket, key: str, seen: _Seen, lock) -> None:
     except CorruptObject as exc:
         problems.append(RemoteProblem(DAMAGED_PACK, key, str(exc)))
         entries = []
+        for cid, piece in _salvage(data):  # records that prove themselves, for a repair to move
+            intact[cid] = piece
     view = memoryview(data)
     for cid, offset, length in entries:
         head = bytes(view[offset - RECORD_HEAD.size:offset])
@@ -93,8 +119,14 @@ def _check_pack(bucket, key: str, seen: _Seen, lock) -> None:
                                           "(BLAKE3 mismatch)"))
         else:
             good.append((cid, bytes(piece) if key.startswith(layout.OBJECT_PACKS) else None))
+            intact[cid] = piece
     with lock:
+        if problems:
+            seen.broken[key] = {cid: bytes(piece) for cid, piece in intact.items()}
+            seen.listed[key] = {cid for cid, _, _ in entries} if entries else None
         seen.problems += problems
+        if entries:
+            seen.contents[key] = (size, {cid for cid, _, _ in entries})
         seen.bytes += size
         seen.packs += 1
         for cid, raw in good:
@@ -104,32 +136,49 @@ def _check_pack(bucket, key: str, seen: _Seen, lock) -> None:
                 seen.objects[cid] = raw
 
 
+def _scan(bucket) -> tuple:
+    """(_Seen, {ref key: tip}) of every pack and ref of the remote, each pack read whole and verified."""
+    from concurrent.futures import ThreadPoolExecutor
+    keys = [key for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS)
+            for key, _ in bucket.list(folder) if layout.pack_name(key) is not None]
+    seen, lock = _Seen(), threading.Lock()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda key: _check_pack(bucket, key, seen, lock), keys))
+    refs = {}
+    for key, _ in bucket.list(layout.REFS):
+        raw = bucket.get_versioned(key)
+        try:
+            if raw is not None and not layout.is_tombstone(raw[0]):
+                refs[key] = layout.decode_ref(raw[0], key)[0]
+        except CorruptObject as exc:
+            seen.problems.append(RemoteProblem(BAD_REF, key, str(exc), (key,)))
+    return seen, refs
+
+
 def fsck_remote(repo, name: Optional[str] = None) -> RemoteFsckReport:
     """Verify every pack and ref of a remote; never changes it. Raises RemoteError if it cannot be read."""
-    from concurrent.futures import ThreadPoolExecutor
     conn = Connection(repo, name)
     try:
         bucket = conn.bucket
-        keys = [key for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS)
-                for key, _ in bucket.list(folder) if layout.pack_name(key) is not None]
-        seen, lock = _Seen(), threading.Lock()
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(lambda key: _check_pack(bucket, key, seen, lock), keys))
-        refs = {}
-        for key, _ in bucket.list(layout.REFS):
-            raw = bucket.get_versioned(key)
-            try:
-                if raw is not None:
-                    refs[key] = layout.decode_ref(raw[0], key)[0]
-            except CorruptObject as exc:
-                seen.problems.append(RemoteProblem(BAD_REF, key, str(exc), (key,)))
+        seen, refs = _scan(bucket)
         for key, tip in sorted(refs.items()):
             _walk_ref(key, tip, seen)
         decoded_chunks = len(seen.chunks)
+        seen.needed |= {oid for oid, raw in seen.objects.items()  # a needed commit's pruned note
+                        if _is_note(raw, oid) and _classify(raw, oid)[1]["commit"] in seen.needed}
+        unreferenced = tuple((key, size) for key, (size, ids) in sorted(seen.contents.items())
+                             if key not in seen.broken and not ids & seen.needed)
         return RemoteFsckReport(conn.name, bucket.url, seen.packs, decoded_chunks, len(seen.objects), len(refs),
-                                seen.bytes, tuple(_merge(seen.problems)))
+                                seen.bytes, tuple(_merge(seen.problems)), unreferenced)
     finally:
         conn.close()
+
+
+def _is_note(raw: bytes, oid: bytes) -> bool:
+    try:
+        return _classify(raw, oid)[0] == "pruned"
+    except CorruptObject:
+        return False
 
 
 def _walk_ref(key: str, tip: bytes, seen: _Seen) -> None:
@@ -146,6 +195,7 @@ def _walk_ref(key: str, tip: bytes, seen: _Seen) -> None:
             decoded[oid] = (kind, obj)
 
     def need(kind: str, oid: bytes):
+        seen.needed.add(oid)
         entry = decoded.get(oid)
         if entry is None or entry[0] != kind:
             seen.problems.append(RemoteProblem(MISSING_OBJECT, f"{kind[:-1]} {oid.hex()[:12]}",
@@ -172,6 +222,7 @@ def _walk_ref(key: str, tip: bytes, seen: _Seen) -> None:
             if isinstance(leaf, TensorLeaf) and leaf.id not in visited:
                 visited.add(leaf.id)
                 tensor = need("tensors", leaf.id)
+                seen.needed.update(tensor.chunks if tensor else ())
                 for cid in (tensor.chunks if tensor else ()):
                     if cid not in seen.chunks and cid not in visited:
                         visited.add(cid)
@@ -189,6 +240,32 @@ def _merge(problems: list) -> list:
         else:
             out[p.object] = p
     return list(out.values())
+
+
+def fsck_fetch(repo, report):
+    """``report`` (a local FsckReport) completed: the reachable chunks held only by the cached
+    remote are read back and re-hashed; intact ones count as verified, the others become damage
+    ("missing-chunk" / "checksum-mismatch" naming the remote pack). Raises RemoteError if the
+    remote cannot be read (then nothing more was verified)."""
+    import dataclasses
+    from .. import fsck as local
+    conn = Connection(repo, report.unverified_remote)
+    try:
+        conn.catalogue.refresh(conn.bucket)
+        with repo.gc_lock.shared(), repo.index.read() as txn:
+            ids = repo.chunks.remote_only(reach.walk(txn, repo.objects).chunk_length, txn)
+        located = conn.catalogue.chunks(ids)
+        bad = transfer.verify_chunks(conn.bucket, located)
+    finally:
+        conn.close()
+    damage = [local.Damage(local.MISSING_CHUNK, f"chunk {cid.hex()[:12]}",
+                           f"no listed pack of remote {conn.name!r} holds it", (cid.hex(),))
+              for cid in sorted(ids - located.keys())]
+    damage += [local.Damage(local.CHECKSUM, f"chunk {cid.hex()[:12]}", f"remote {conn.name!r}: {key}: {why}",
+                            (cid.hex(),)) for cid, (key, why) in sorted(bad.items())]
+    checked = sum(loc.length for cid, loc in located.items() if cid not in bad)
+    return dataclasses.replace(report, damage=report.damage + tuple(damage), unverified=0, unverified_bytes=0,
+                               unverified_remote=None, bytes_verified=report.bytes_verified + checked)
 
 
 # -- repair ------------------------------------------------------------------------
@@ -274,3 +351,148 @@ def _repair_objects(repo, conn: Connection, wanted: dict) -> set:
             txn.delete(wanted[oid], oid)
             txn.put(wanted[oid], oid, data)
     return set(found)
+
+
+# -- remote repair -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RemoteRepairReport:
+    remote: str
+    packs_checked: int
+    chunks_uploaded: int  # from this repository's intact copies, or moved out of a damaged pack
+    objects_uploaded: int
+    packs_uploaded: int
+    packs_removed: tuple  # keys of damaged or unreadable packs removed once their intact records were moved
+    unrepaired: tuple  # hex ids the remote's refs need that neither side holds intact
+    problems_before: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.unrepaired
+
+
+def _needs(repo, txn, tips: list, remote_objects: dict) -> tuple:
+    """({object id: kind}, {chunk id: length}, [ids found nowhere]) of the closures of ``tips``,
+    reading each object from the remote's intact copy or, failing that, this repository's."""
+    decoded, pruned = {}, set()
+    for oid, raw in remote_objects.items():
+        try:
+            kind, obj = _classify(raw, oid)
+        except CorruptObject:
+            continue
+        if kind == "pruned":
+            pruned.add(obj["commit"])
+        else:
+            decoded[oid] = (kind, obj)
+    objects, chunks, lost = {}, {}, []
+
+    def get(kind: str, oid: bytes):
+        objects[oid] = kind
+        if oid in decoded and decoded[oid][0] == kind:
+            return decoded[oid][1]
+        try:
+            return getattr(repo.objects, kind[:-1])(txn, oid)
+        except MvcError:
+            lost.append(oid)
+            return None
+    todo, seen = list(tips), set()
+    while todo:
+        oid = todo.pop()
+        if oid in seen:
+            continue
+        seen.add(oid)
+        commit = get("commits", oid)
+        if commit is None:
+            continue
+        todo += commit.parents
+        if oid in pruned or repo.objects.pruned(txn, oid) is not None or commit.tree in seen:
+            continue
+        seen.add(commit.tree)
+        tree = get("trees", commit.tree)
+        for _, leaf in (walk_tree(tree.root) if tree else ()):
+            if isinstance(leaf, TensorLeaf) and leaf.id not in seen:
+                seen.add(leaf.id)
+                tensor = get("tensors", leaf.id)
+                for cid, _, n in (tensor.chunk_spans() if tensor else ()):
+                    chunks[cid] = n
+    return objects, chunks, lost
+
+
+def _local_chunks(repo, wanted: dict) -> dict:
+    """{id: bytes} of the chunks among ``wanted`` {id: length} this repository holds intact."""
+    store = getattr(repo.chunks, "local", repo.chunks)
+    out = {}
+    with repo.index.read() as txn:
+        for cid, n in wanted.items():
+            if txn.chunk(cid) is None:
+                continue
+            buffer = bytearray(n)
+            try:
+                store.read([Request(cid, buffer, "a chunk to repair the remote with")], txn)
+            except MvcError:  # damaged here too: not a copy to heal with
+                continue
+            out[cid] = bytes(buffer)
+    return out
+
+
+def repair_remote(repo, name: Optional[str] = None) -> RemoteRepairReport:
+    """Heal remote ``name`` from this repository: read every remote pack; upload again (in new packs)
+    every chunk and object its refs need that no intact pack holds and this repository holds
+    intact, and the intact records of every damaged pack; then remove the damaged and unreadable
+    packs (a zero-byte ``packs/….pack``). New packs are durable before anything is removed.
+
+    Holds the remote's gc lease (``RemoteBusy`` while a gc or push holds one). Raises RemoteError.
+    """
+    conn = Connection(repo, name)
+    try:
+        with lease.held(conn, lease.GC) as lease_:
+            seen, refs = _scan(conn.bucket)
+            with repo.gc_lock.shared():
+                with repo.index.read() as txn:
+                    rescued = {oid: raw for key, records in seen.broken.items()
+                               if key.startswith(layout.OBJECT_PACKS) for oid, raw in records.items()}
+                    objects, chunks, lost = _needs(repo, txn, list(refs.values()), {**seen.objects, **rescued})
+                    for oid, kind in objects.items():
+                        if oid not in seen.objects and oid not in rescued and txn.get(kind, oid) is not None \
+                                and object_id(txn.get(kind, oid)) == oid:
+                            rescued[oid] = bytes(txn.get(kind, oid))
+                moved = {cid: raw for key, records in seen.broken.items()
+                         if key.startswith(layout.CHUNK_PACKS) for cid, raw in records.items()}
+                lacking = {cid: n for cid, n in chunks.items() if cid not in seen.chunks and cid not in moved}
+                supplied = _local_chunks(repo, lacking)
+                upload = {**moved, **supplied}
+                packs = 0
+                if upload:
+                    packs += transfer.upload_records(conn.bucket, conn.catalogue, layout.CHUNK_PACKS,
+                                                     list(upload.items()))[0]
+                if rescued:
+                    packs += transfer.upload_records(conn.bucket, conn.catalogue, layout.OBJECT_PACKS,
+                                                     list(rescued.items()))[0]
+            removed = _remove_broken(conn, seen, {*upload, *rescued}, lease_)
+            conn.catalogue.refresh(conn.bucket)
+        left = [cid.hex() for cid in lacking if cid not in supplied]
+        left += [oid.hex() for oid, kind in objects.items() if oid not in seen.objects and oid not in rescued]
+        left += [oid.hex() for oid in lost if oid.hex() not in left]
+        return RemoteRepairReport(conn.name, seen.packs, len(upload), len(rescued), packs, tuple(removed),
+                                  tuple(sorted(set(left))), len(seen.problems))
+    finally:
+        conn.close()
+
+
+def _remove_broken(conn, seen: _Seen, rehomed: set, lease_) -> list:
+    """Delete the damaged packs whose every listed record is now intact in a new pack (or that no
+    reader can parse at all), after a second read shows the same damage (a bad read in transit
+    must not cost a pack); the keys removed."""
+    removed = []
+    for key in sorted(seen.broken):
+        listed = seen.listed.get(key)
+        if listed is not None and not listed <= rehomed:
+            continue  # a record of it has no intact copy anywhere: keep what is left of it
+        again = _Seen()
+        _check_pack(conn.bucket, key, again, threading.Lock())
+        if key not in again.broken:
+            continue
+        lease_.check()
+        conn.bucket.delete(key)
+        removed.append(key)
+    return removed

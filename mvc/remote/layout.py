@@ -129,6 +129,20 @@ def decode_ref(data: bytes, key: str) -> tuple:
     return value["id"], value["protected"]
 
 
+def encode_tombstone(when: float) -> bytes:
+    """A deleted ref: its object stays, so a later create still goes by If-Match on this one's etag
+    and a racing writer's conditional put fails instead of being undone by a plain delete."""
+    return encoding.pack({"deleted": True, "time": float(when)})
+
+
+def is_tombstone(data: bytes) -> bool:
+    try:
+        value = encoding.unpack(data, "remote ref")
+    except CorruptObject:
+        return False
+    return type(value) is dict and value.get("deleted") is True
+
+
 def encode_head(target: str) -> bytes:
     return encoding.pack({"target": target})
 

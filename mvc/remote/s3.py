@@ -22,7 +22,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from .bucket import Bucket, NotFound, PreconditionFailed, RemoteError
+from .bucket import Bucket, NotFound, PreconditionFailed, RemoteError, RemoteUnreachable
 
 PART_BYTES = 16 << 20  # multipart part size
 # Objects up to this size go up in one PUT, so a pack (``layout.PACK_BYTES``
@@ -80,8 +80,9 @@ class S3Bucket(Bucket):
             raise RemoteError(f"no AWS credentials for {self.url}: set AWS_ACCESS_KEY_ID and "
                               "AWS_SECRET_ACCESS_KEY, or a profile (AWS_PROFILE, ~/.aws/credentials)") from None
         except BotoCoreError as exc:  # connection refused or reset, timeouts: after every retry
-            raise RemoteError(f"cannot reach {self.endpoint or 'S3'} for {self.url} ({exc}); nothing "
-                              "that was not finished counts: run the command again when it is back") from None
+            raise RemoteUnreachable(f"cannot reach {self.endpoint or 'S3'} for {self.url} ({exc}); nothing "
+                                    "that was not finished counts: run the command again when it is back",
+                                    url=self.url, attempts=ATTEMPTS) from None
 
     def _error(self, key: str, exc: ClientError) -> RemoteError:
         code = str(exc.response.get("Error", {}).get("Code", ""))
@@ -170,6 +171,9 @@ class S3Bucket(Bucket):
             raise
 
     def list(self, prefix: str) -> list:
+        return [(key, size) for key, size, _ in self.list_times(prefix)]
+
+    def list_times(self, prefix: str) -> list:
         out, token = [], None
         full = _join(self.prefix, prefix)
         skip = len(self.prefix) + 1 if self.prefix else 0
@@ -178,7 +182,8 @@ class S3Bucket(Bucket):
             if token:
                 kwargs["ContinuationToken"] = token
             answer = self._call(prefix, self.client.list_objects_v2, **kwargs)
-            out += [(item["Key"][skip:], item["Size"]) for item in answer.get("Contents", [])]
+            out += [(item["Key"][skip:], item["Size"], item["LastModified"].timestamp())
+                    for item in answer.get("Contents", [])]
             token = answer.get("NextContinuationToken")
             if not answer.get("IsTruncated") or not token:
                 return sorted(out)

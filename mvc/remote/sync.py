@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Optional
 
 from .. import refs as refnames
-from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict
+from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict, RemoteDamaged
 from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
 from ..store.index import RefValue
 from ..store import locks as locking
 from ..traverse import walk as walk_tree
-from . import config, layout, transfer
+from . import config, layout, lease, transfer
 from .bucket import NotFound, PreconditionFailed, RemoteError, open_bucket
 from .catalogue import Catalogue, read_trailer
 
@@ -72,6 +72,7 @@ class FetchReport:
     chunks: int = 0
     bytes_received: int = 0
     lazy: bool = False  # chunks were left on the remote (a cache / --lazy clone)
+    damaged_refs: tuple = ()  # remote refs whose object does not decode (left out)
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,15 @@ class Connection:
         return layout.parse_marker(current[0], self.bucket.url)
 
     def remote_refs(self) -> dict:
-        """{heads/X or tags/X: (commit id, protected, etag)} as the remote holds them now."""
-        out = {}
+        """{heads/X or tags/X: (commit id, protected, etag)} as the remote holds them now.
+
+        Deleted refs (tombstones) are left out, their etags kept in
+        ``self.deleted`` (a new ref of that name replaces the tombstone by
+        If-Match); refs whose object does not decode are left out too, named
+        in ``self.damaged`` {ref: etag}: one bad object must not stop every
+        fetch of the others.
+        """
+        out, self.deleted, self.damaged = {}, {}, {}
         for key, _ in self.bucket.list(layout.REFS):
             ref = key[len(layout.REFS):]
             if not (ref.startswith((refnames.BRANCHES, refnames.TAGS))
@@ -133,7 +141,14 @@ class Connection:
             current = self.bucket.get_versioned(key)
             if current is None:  # deleted since the listing
                 continue
-            oid, protected = layout.decode_ref(current[0], key)
+            if layout.is_tombstone(current[0]):
+                self.deleted[ref] = current[1]
+                continue
+            try:
+                oid, protected = layout.decode_ref(current[0], key)
+            except CorruptObject:
+                self.damaged[ref] = current[1]
+                continue
             out[ref] = (oid, protected, current[1])
         return out
 
@@ -231,32 +246,88 @@ def _is_ancestor(txn, objects, old: bytes, new: bytes) -> bool:
     return False
 
 
-def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = False, progress=None) -> PushReport:
-    """Send the closures of the named refs that the remote lacks, then move its refs.
+def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = False, progress=None,
+         delete: tuple = ()) -> PushReport:
+    """Send the closures of the named refs that the remote lacks, then move its refs; delete the
+    remote branches or tags named in ``delete`` (or as ``:NAME`` in ``names``).
 
-    Raises RefRejected ('rejected: remote has commits you lack; fetch
-    first') when a remote branch moved to commits this repository lacks or
-    that its tip does not descend from (unless ``force``), ProtectedRef /
-    LockHeld when the remote ref is protected or locked by someone else,
-    RemoteError for the store's failures.
+    Holds a push lease on the remote from before it decides what the remote
+    has until its refs moved (``lease``), so a remote gc never deletes a
+    pack this push counts on. Raises RefRejected ('rejected: remote has
+    commits you lack; fetch first') when a remote branch moved to commits
+    this repository lacks or that its tip does not descend from (unless
+    ``force``), ProtectedRef / LockHeld when the remote ref is protected or
+    locked by someone else, RemoteBusy while a remote gc runs, BadInput
+    for a ``delete`` the remote has no ref by, RemoteError for the store's failures.
     """
-    conn = Connection(repo, name, create=True)
+    delete = tuple(delete) + tuple(n[1:] for n in names if n.startswith(":"))
+    names = tuple(n for n in names if not n.startswith(":"))
+    conn = Connection(repo, name, create=not delete or bool(names))
     try:
-        conn.marker(create=True)
+        conn.marker(create=not delete or bool(names))
         conn.ensure_conditional()
-        conn.catalogue.refresh(conn.bucket)
-        with repo.gc_lock.shared():
-            with repo.index.read() as txn:
-                targets = _targets(repo, txn, tuple(names))
-                out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn)
-            chunks = _in_pack_order(repo, out.chunks)
-            packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress)
-            opacks, osent = transfer.upload_objects(conn.bucket, conn.catalogue, out.records)
-            updates = _move_refs(repo, conn, targets, force)
+        with lease.held(conn, lease.PUSH) as held:
+            if delete and not names:
+                return PushReport(conn.name, tuple(_delete_refs(repo, conn, delete, force, held)))
+            conn.catalogue.refresh(conn.bucket)  # under the lease: no gc deletes what this listing shows
+            with repo.gc_lock.shared():
+                with repo.index.read() as txn:
+                    targets = _targets(repo, txn, names)
+                    out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn)
+                chunks = _in_pack_order(repo, out.chunks)
+                packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress)
+                opacks, osent = transfer.upload_objects(conn.bucket, conn.catalogue, out.records)
+                held.check()
+                updates = _move_refs(repo, conn, targets, force)
+            if delete:
+                updates += _delete_refs(repo, conn, delete, force, held)
         return PushReport(conn.name, tuple(updates), out.commits, len(out.records), len(chunks),
                           sum(out.chunks.values()), packs + opacks, sent + osent)
     finally:
         conn.close()
+
+
+def _delete_refs(repo, conn: Connection, names: tuple, force: bool, held) -> list:
+    """Delete remote refs by name: each becomes a tombstone, by If-Match on the etag it was read with."""
+    current = conn.remote_refs()
+    me = locking.default_author()
+    updates = []
+    for name in names:
+        refnames.check_name(name.removeprefix(refnames.BRANCHES).removeprefix(refnames.TAGS), "branch or tag")
+        ref = next((r for r in (name, refnames.BRANCHES + name, refnames.TAGS + name) if r in current), None)
+        if ref is None:
+            raise BadInput(f"remote {conn.name!r} has no branch or tag {name!r} to delete")
+        old, protected, etag = current[ref]
+        if protected and not force:
+            raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was deleted "
+                               "(pass --force to delete it)")
+        _check_remote_lock(conn, ref, me)
+        held.check()
+        try:
+            conn.bucket.put(layout.ref_key(ref), layout.encode_tombstone(time.time()), if_match=etag)
+        except (PreconditionFailed, NotFound):
+            raise RefRejected(f"{REJECTED}: {refnames.short_name(ref)} moved on {conn.name!r} meanwhile; "
+                              "nothing was deleted") from None
+        _untrack(repo, conn.name, ref)
+        updates.append(RefUpdate(ref, _hex(old), None, "deleted"))
+    return updates
+
+
+def _untrack(repo, remote: str, ref: str) -> None:
+    """Remove the tracking ref of remote ``remote``'s branch ``ref`` and its reflog (a deleted
+    remote branch keeps nothing alive here). A remote tag fetched here stays a local tag, as in git."""
+    if ref.startswith(refnames.BRANCHES):
+        with repo.index.write() as txn:
+            _drop_tracking(txn, REMOTES + remote + "/" + refnames.short_name(ref))
+
+
+def _drop_tracking(txn, name: str) -> bool:
+    if txn.ref(name) is None:
+        return False
+    txn.delete_ref(name)
+    for _, seq, _ in list(txn.reflog_raw(name)):
+        txn.delete_reflog(name, seq)
+    return True
 
 
 def _in_pack_order(repo, chunks: dict) -> list:
@@ -296,7 +367,8 @@ def upload_shards(repo, name: str, locations: dict, ids) -> tuple:
     """
     conn = Connection(repo, name)
     try:
-        with repo.gc_lock.shared():
+        with lease.held(conn, lease.PUSH), repo.gc_lock.shared():
+            conn.catalogue.refresh(conn.bucket)
             if locations:
                 batch = repo.chunks.adopt(locations)
                 with repo.index.write() as txn:
@@ -315,7 +387,12 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
     me = locking.default_author()
     for ref, (tip, protected) in sorted(targets.items()):
         key = layout.ref_key(ref)
-        old, old_protected, etag = current.get(ref, (None, False, None))
+        old, old_protected, etag = current.get(ref, (None, False, conn.deleted.get(ref)))
+        if ref in conn.damaged:
+            if not force:
+                rejected.append(ref)
+                continue
+            etag = conn.damaged[ref]  # --force replaces an object that does not decode
         if old == tip:
             updates.append(RefUpdate(ref, _hex(old), _hex(tip), "up to date"))
             continue
@@ -335,7 +412,7 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
                 conn.bucket.put(key, body, if_absent=True)
             else:
                 conn.bucket.put(key, body, if_match=etag)
-        except PreconditionFailed:
+        except (PreconditionFailed, NotFound):  # NotFound: If-Match on an object deleted meanwhile
             rejected.append(ref)
             continue
         updates.append(RefUpdate(ref, _hex(old), _hex(tip), "new" if old is None else ("forced" if force else "updated")))
@@ -518,12 +595,15 @@ def _closure(repo, txn, tips: list, fetched: dict) -> _Incoming:
     return inc
 
 
-def fetch(repo, name: Optional[str] = None, progress=None) -> FetchReport:
+def fetch(repo, name: Optional[str] = None, progress=None, prune: bool = False) -> FetchReport:
     """Bring the remote's refs as tracking refs, with the objects (and, unless the repository caches this
     remote, the chunks) they need that are missing here, every byte verified first.
 
-    Raises ChecksumMismatch / CorruptObject for damaged remote data (nothing
-    is indexed then), RemoteError for the store's failures.
+    ``prune``: also remove the tracking refs (and their reflogs) of branches
+    the remote no longer has, so they keep nothing alive here.
+
+    Raises ChecksumMismatch / CorruptObject (RemoteDamaged) for damaged
+    remote data (nothing is indexed then), RemoteError for the store's failures.
     """
     conn = Connection(repo, name)
     try:
@@ -533,27 +613,78 @@ def fetch(repo, name: Optional[str] = None, progress=None) -> FetchReport:
         remote = conn.remote_refs()
         lazy = lazy_for(repo, conn.name)
         with repo.gc_lock.shared():
-            fetched = _incoming_objects(repo, conn)
-            with repo.index.read() as txn:
-                inc = _closure(repo, txn, [oid for oid, _, _ in remote.values()], fetched)
-            received = 0
-            if lazy:
-                absent = [cid for cid in inc.chunks if not conn.catalogue.has_chunk(cid)]
-                if absent:
-                    raise CorruptObject(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on "
-                                        f"remote {conn.name!r}; it is damaged: run 'mvc fsck --remote {conn.name}'")
-            else:
-                received = download(repo, conn, inc.chunks, progress)
-            updates = _store_fetch(repo, conn, inc, remote)
+            inc = _plan_fetch(repo, conn, [oid for oid, _, _ in remote.values()], lazy)
+            received = 0 if lazy else download(repo, conn, inc.chunks, progress)
+            updates = _store_fetch(repo, conn, inc, remote, prune)
         return FetchReport(conn.name, tuple(updates), len(inc.objects), 0 if lazy else len(inc.chunks),
-                           received, lazy)
+                           received, lazy, tuple(sorted(conn.damaged)))
     finally:
         conn.close()
 
 
-def _store_fetch(repo, conn: Connection, inc: _Incoming, remote: dict) -> list:
+def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> _Incoming:
+    """What to fetch for ``tips``, once the remote is seen to hold all of it: the refs were listed
+    after the packs, so a push that landed in between names packs not listed yet. Only what is
+    still missing after the remote is listed again makes it damaged (RemoteDamaged)."""
+    for attempt in (1, 2):
+        try:
+            fetched = _incoming_objects(repo, conn)
+            with repo.index.read() as txn:
+                inc = _closure(repo, txn, tips, fetched)
+                absent = _absent_chunks(repo, txn, conn, tips, inc, fetched) if lazy else \
+                    [cid for cid in inc.chunks if not conn.catalogue.has_chunk(cid)]
+            if absent:
+                raise RemoteDamaged(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on "
+                                    f"remote {conn.name!r}; it is damaged", remote=conn.name, ids=absent)
+            return inc
+        except CorruptObject:
+            if attempt == 2:
+                raise
+            conn.catalogue.refresh(conn.bucket)
+
+
+def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetched: dict) -> list:
+    """Chunks the closures of ``tips`` need that are neither here nor listed on the remote: a lazy
+    clone reads them from there, so a pack deleted there is noticed at the next fetch."""
+    decoded = {oid: _classify(data, oid) for _, oid, data in inc.objects}
+    pruned = set(inc.pruned)
+    seen, out, todo = set(), [], list(tips)
+
+    def get(kind: str, oid: bytes):
+        if oid in decoded and decoded[oid][0] == kind:
+            return decoded[oid][1]
+        return getattr(repo.objects, kind[:-1])(txn, oid)
+    while todo:
+        oid = todo.pop()
+        if oid in seen:
+            continue
+        seen.add(oid)
+        commit = get("commits", oid)
+        todo += commit.parents
+        if oid in pruned or repo.objects.pruned(txn, oid) is not None or commit.tree in seen:
+            continue
+        seen.add(commit.tree)
+        for _, leaf in walk_tree(get("trees", commit.tree).root):
+            if isinstance(leaf, TensorLeaf) and leaf.id not in seen:
+                seen.add(leaf.id)
+                for cid in get("tensors", leaf.id).chunks:
+                    if cid not in seen:
+                        seen.add(cid)
+                        out.append(cid)
+    known = conn.catalogue.chunks(cid for cid in out if txn.chunk(cid) is None)
+    return [cid for cid in out if txn.chunk(cid) is None and cid not in known]
+
+
+def _store_fetch(repo, conn: Connection, inc: _Incoming, remote: dict, prune: bool = False) -> list:
     updates = []
     with repo.index.write() as txn:
+        if prune:
+            prefix = REMOTES + conn.name + "/"
+            for name, value in list(txn.refs(prefix)):
+                branch = refnames.BRANCHES + name[len(prefix):]
+                if branch not in remote and branch not in conn.damaged:
+                    _drop_tracking(txn, name)
+                    updates.append(RefUpdate(name, _hex(value.id), None, "pruned"))
         for kind, oid, data in inc.objects:
             repo.objects.put(txn, kind, data)
         for oid, note in inc.pruned.items():
@@ -580,8 +711,8 @@ def download(repo, conn: Connection, chunks: dict, progress=None) -> int:
     located = conn.catalogue.chunks(chunks)
     absent = [cid for cid in chunks if cid not in located]
     if absent:
-        raise CorruptObject(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on remote "
-                            f"{conn.name!r}; it is damaged: run 'mvc fsck --remote {conn.name}'")
+        raise RemoteDamaged(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on remote "
+                            f"{conn.name!r}; it is damaged", remote=conn.name, ids=absent)
     return sum(_download_group(repo, conn, group, progress) for group in _location_groups(located))
 
 

@@ -7,8 +7,9 @@ Vocabulary:
   first, then ranged reads of the remote's packs for what is not here,
   verified on arrival and kept in a new local pack.
 - **evictable chunk**: one the catalogue shows in a pack on the cached
-  remote (after a fresh listing), that no pinned commit uses. Chunks only
-  here (not yet pushed) are never evicted.
+  remote (after a fresh listing), whose bytes there read back and hash to
+  its id at eviction time, that no pinned commit uses. Chunks only here
+  (not yet pushed), or whose remote copy is damaged, are never evicted.
 - **pinned commits**: what HEAD names, the tips of branches with a live
   write lock (a run is training there), and refs pinned with ``mvc cache
   pin REF`` (``keep-local``).
@@ -50,6 +51,8 @@ class EvictReport:
     kept_pinned: int = 0  # chunks kept because a pinned commit uses them
     kept_local: int = 0  # chunks kept because the remote does not hold them
     kept_base: int = 0  # chunks kept because a local delta record that stays decodes through them
+    kept_unverified: int = 0  # chunks kept because their remote copy did not read back intact
+    unverified: tuple = ()  # (chunk hex, remote pack key, why) of those, the first few
 
 
 @dataclass(frozen=True)
@@ -326,15 +329,18 @@ def evict(repo, budget: Optional[int] = None) -> EvictReport:
     try:
         conn.catalogue.refresh(conn.bucket)
         with repo.gc_lock.exclusive():
-            return _evict(repo, conn.catalogue, budget)
+            return _evict(repo, conn, budget)
     finally:
         conn.close()
 
 
-def _evict(repo, catalogue: Catalogue, budget: int) -> EvictReport:
+def _evict(repo, conn: Connection, budget: int) -> EvictReport:
+    catalogue = conn.catalogue
     packs = local_packs(repo)
     before = total = sum(size for _, size in packs.values())
-    report = dict(packs_evicted=0, packs_rewritten=0, chunks_evicted=0, kept_pinned=0, kept_local=0, kept_base=0)
+    report = dict(packs_evicted=0, packs_rewritten=0, chunks_evicted=0, kept_pinned=0, kept_local=0, kept_base=0,
+                  kept_unverified=0)
+    unverified = []
     if total <= budget:
         return EvictReport(budget, before, total)
     with repo.index.read() as txn:
@@ -355,12 +361,17 @@ def _evict(repo, catalogue: Catalogue, budget: int) -> EvictReport:
             break
         items = by_pack[name]
         remote = catalogue.chunks([cid for cid, _ in items])
-        dropped = _bases_kept({cid for cid, _ in items if cid in remote and cid not in pinned}, users, gone)
+        drop = {cid for cid, _ in items if cid in remote and cid not in pinned}
+        # the last good copy is sacred: drop only what the remote's bytes prove it holds
+        bad = transfer.verify_chunks(conn.bucket, {cid: remote[cid] for cid in drop})
+        report["kept_unverified"] += len(bad)
+        unverified += [(cid.hex(), key, why) for cid, (key, why) in bad.items()][:max(0, 20 - len(unverified))]
+        dropped = _bases_kept(drop - set(bad), users, gone)
         drop = [(cid, loc) for cid, loc in items if cid in dropped]
         keep = [(cid, loc) for cid, loc in items if cid not in dropped]
         report["kept_pinned"] += sum(1 for cid, _ in keep if cid in pinned)
         report["kept_local"] += sum(1 for cid, _ in keep if cid not in remote)
-        report["kept_base"] += sum(1 for cid, _ in keep if cid in remote and cid not in pinned)
+        report["kept_base"] += sum(1 for cid, _ in keep if cid in remote and cid not in pinned and cid not in bad)
         gone |= dropped
         if not drop:
             continue
@@ -370,7 +381,7 @@ def _evict(repo, catalogue: Catalogue, budget: int) -> EvictReport:
         report["chunks_evicted"] += len(drop)
         report["packs_rewritten" if keep else "packs_evicted"] += 1
         total = local_bytes(repo)
-    return EvictReport(budget, before, total, **report)
+    return EvictReport(budget, before, total, unverified=tuple(unverified), **report)
 
 
 def _bases_kept(drop: set, users: dict, gone: set) -> set:

@@ -18,6 +18,7 @@ from .. import hashing
 from ..errors import ChecksumMismatch, ObjectNotFound
 from ..store.chunks import Request
 from . import layout
+from .bucket import NotFound, RemoteError, RemoteUnreachable
 
 GAP = 256 << 10
 SPAN_BYTES = 16 << 20
@@ -72,6 +73,41 @@ def fetch_chunks(bucket, locations: dict, deliver: Callable, what: Callable = la
         return sum(one(span) for span in work)
     with ThreadPoolExecutor(min(threads, len(work))) as pool:
         return sum(pool.map(one, work))
+
+
+def verify_chunks(bucket, locations: dict, threads: int = THREADS) -> dict:
+    """Read back every chunk {id: remote Location} and re-hash it; {id: (pack key, why)} of those whose
+    remote copy is not intact (the pack is gone or short, or the bytes do not hash to the id).
+
+    Eviction and ``fsck --fetch`` use it: a catalogue entry only says a
+    trailer listed the record; only the bytes say the copy is good.
+    """
+    bad, guard = {}, threading.Lock()
+
+    def one(span):
+        name, start, stop, items = span
+        key = layout.pack_key(layout.CHUNK_PACKS, name)
+        try:
+            data = memoryview(bucket.get_range(key, start, stop))
+        except NotFound:
+            why = {cid: (key, "the remote pack is gone") for cid, _ in items}
+        except RemoteError as exc:
+            if isinstance(exc, RemoteUnreachable):
+                raise  # a server that does not answer says nothing about its bytes
+            why = {cid: (key, f"the remote pack cannot be read: {exc}") for cid, _ in items}
+        else:
+            why = {cid: (key, "its bytes on the remote do not hash to its id (BLAKE3 mismatch)")
+                   for cid, loc in items if hashing.digest(data[loc.offset - start:loc.offset - start + loc.length]) != cid}
+        with guard:
+            bad.update(why)
+    work = spans(locations)
+    if len(work) <= 1 or threads <= 1:
+        for span in work:
+            one(span)
+    else:
+        with ThreadPoolExecutor(min(threads, len(work))) as pool:
+            list(pool.map(one, work))
+    return bad
 
 
 def pack_groups(items: list, limit: Optional[int] = None) -> list:
@@ -158,6 +194,11 @@ def upload_chunks(repo, bucket, catalogue, chunks: list, progress=None) -> tuple
 
 def upload_objects(bucket, catalogue, records: list) -> tuple:
     """Upload (id, bytes) object records as object packs; (packs, bytes) sent."""
+    return upload_records(bucket, catalogue, layout.OBJECT_PACKS, records)
+
+
+def upload_records(bucket, catalogue, folder: str, records: list) -> tuple:
+    """Upload (id, bytes) records, each already verified, as packs under ``folder``; (packs, bytes) sent."""
     uploader, data = Uploader(bucket, catalogue), dict(records)
     try:
         for group in pack_groups([(oid, len(raw)) for oid, raw in records]):
@@ -165,7 +206,7 @@ def upload_objects(bucket, catalogue, records: list) -> tuple:
             image = layout.PackImage(group)
             for i, (oid, _) in enumerate(group):
                 image.slot(i)[:] = data[oid]
-            uploader.submit(layout.OBJECT_PACKS, image)
+            uploader.submit(folder, image)
     finally:
         uploader.finish()
     return uploader.packs, uploader.bytes

@@ -1,0 +1,189 @@
+"""Remote gc (``mvc gc --remote NAME``): retention and reclaiming space on a remote, safe against
+concurrent pushes.
+
+Vocabulary:
+
+- **needed**: what the remote's refs reach: every commit record of their
+  histories, and the tree, tensors and chunks of each commit retention has
+  not pruned (a pruned commit keeps its record and a ``pruned`` note).
+- **garbage pack**: a pack none of whose records is needed: left by a
+  killed or rejected push, by a deleted branch, or by retention.
+- **grace**: a garbage pack younger than this (by the store's clock, the
+  pack's last-modified time against the gc's own lease's) is left alone.
+
+The protocol (``docs/format.md`` 11.6): take the gc lease (no push lease
+may be live; none can start while it is); list refs, read every object
+pack whole (verified), walk the refs; prune by retention, uploading the
+``pruned`` notes before anything is deleted; then delete garbage packs
+older than the grace, checking the lease before each. Any damage seen
+(a ref or object pack that does not decode, an object the refs need that
+no pack holds) stops the gc before it deletes anything. Packs whose
+records are partly needed are kept whole (no rewrite: a lazy clone's
+catalogue may point into them).
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .. import gc as local_gc
+from ..errors import ObjectNotFound, RemoteDamaged
+from ..objects import TensorLeaf, object_id
+from ..store.index import RefValue
+from ..traverse import walk as walk_tree
+from . import layout, lease, transfer
+from .catalogue import read_trailer
+from .sync import Connection, _classify
+
+GRACE_S = 3600.0  # a push has this long between uploading a pack and naming it in a ref
+
+
+@dataclass(frozen=True)
+class RemoteGcReport:
+    remote: str
+    dry_run: bool
+    pruned: tuple = ()  # hex ids of commits retention pruned now
+    packs_deleted: tuple = ()  # keys
+    bytes_reclaimed: int = 0
+    young: tuple = ()  # keys of garbage packs left alone: younger than the grace
+    young_bytes: int = 0
+    mixed: int = 0  # packs kept whole that also hold records nothing needs
+    unreadable: tuple = ()  # packs whose trailer cannot be read: left for 'remote repair'
+
+
+class _View:
+    """The remote's refs and objects as mvc.gc's retention reads a repository."""
+
+    def __init__(self, refs: dict, commits: dict, pruned: set):
+        self._refs, self._commits, self._pruned = refs, commits, pruned
+
+    def refs(self, prefix: str = ""):
+        for ref, (oid, protected, _) in sorted(self._refs.items()):
+            if ref.startswith(prefix):
+                yield ref, RefValue(id=oid, protected=protected)
+
+    def pruned(self, oid: bytes):
+        return {"policy": "retention"} if oid in self._pruned else None
+
+    def commit(self, txn, oid: bytes):
+        obj = self._commits.get(oid)
+        if obj is None:
+            raise ObjectNotFound(f"commit {oid.hex()[:12]} is not on the remote", id=oid)
+        return obj
+
+
+def _read_objects(conn) -> tuple:
+    """({id: (kind, object)}, {commit id: note id}) of every record of every object pack, verified."""
+    objects, notes = {}, {}
+    for key in sorted(conn.catalogue.object_packs()):
+        for oid, data in transfer.read_pack_records(conn.bucket, key, read_trailer(conn.bucket, key)).items():
+            kind, obj = _classify(data, oid)
+            if kind == "pruned":
+                notes[obj["commit"]] = oid
+            else:
+                objects[oid] = (kind, obj)
+    return objects, notes
+
+
+def _needed(remote: str, tips: list, objects: dict, pruned: set) -> tuple:
+    """(object ids, chunk ids) the histories of ``tips`` need; RemoteDamaged if one is on no pack."""
+    need_objects, need_chunks, lost = set(), set(), []
+
+    def get(kind: str, oid: bytes):
+        entry = objects.get(oid)
+        if entry is None or entry[0] != kind:
+            lost.append(oid)
+            return None
+        need_objects.add(oid)
+        return entry[1]
+    todo = list(tips)
+    while todo:
+        oid = todo.pop()
+        if oid in need_objects:
+            continue
+        commit = get("commits", oid)
+        if commit is None:
+            continue
+        todo += commit.parents
+        if oid in pruned or commit.tree in need_objects:
+            continue
+        tree = get("trees", commit.tree)
+        for _, leaf in (walk_tree(tree.root) if tree else ()):
+            if isinstance(leaf, TensorLeaf) and leaf.id not in need_objects:
+                tensor = get("tensors", leaf.id)
+                need_chunks.update(tensor.chunks if tensor else ())
+    if lost:
+        raise RemoteDamaged(f"{len(lost)} objects the remote's refs need are on no intact pack (commit, tree or "
+                            f"tensor {lost[0].hex()[:12]} ...); remote gc deleted nothing", remote=remote, ids=lost)
+    return need_objects, need_chunks
+
+
+def gc_remote(repo, name: Optional[str] = None, keep_last: Optional[int] = None, branch: Optional[str] = None,
+              keep_best: Optional[str] = None, mode: str = "min", top: int = 1, force: bool = False,
+              grace: float = GRACE_S, dry_run: bool = False) -> RemoteGcReport:
+    """Prune the remote's history by retention (local gc's rules, on the remote's refs) and delete its
+    garbage packs older than ``grace`` seconds.
+
+    Raises RemoteBusy while a push or another gc holds a lease, RemoteDamaged
+    (deleting nothing) when the remote's refs need something no intact pack
+    holds, BadInput / ProtectedRef / UnknownRevision for a retention policy
+    local gc would refuse, RemoteError for the store's failures.
+    """
+    policy = local_gc.Retention(keep_last, branch, keep_best, mode, top)
+    policy.check()
+    conn = Connection(repo, name)
+    try:
+        with lease.held(conn, lease.GC) as held:
+            now = dict((k, t) for k, _, t in conn.bucket.list_times(held.key)).get(held.key)
+            conn.catalogue.refresh(conn.bucket)
+            refs = conn.remote_refs()
+            if conn.damaged:
+                raise RemoteDamaged(f"remote ref {sorted(conn.damaged)[0]} does not decode; remote gc deleted "
+                                    "nothing", remote=conn.name)
+            objects, notes = _read_objects(conn)
+            pruned = set(notes)
+            prune = set()
+            if policy.active:
+                view = _View(refs, {oid: obj for oid, (kind, obj) in objects.items() if kind == "commits"}, pruned)
+                prune, _ = local_gc._retention(view, view, policy, force)
+            if prune and not dry_run:  # the notes are durable before any data goes
+                records = [(object_id(data), data) for data in
+                           (layout.encode_pruned(oid, {"policy": policy.describe()}) for oid in sorted(prune))]
+                transfer.upload_objects(conn.bucket, conn.catalogue, records)
+                notes.update({oid: rid for oid, (rid, _) in zip(sorted(prune), records)})
+            need_objects, need_chunks = _needed(conn.name, [oid for oid, _, _ in refs.values()], objects, pruned | prune)
+            need_objects |= {notes[oid] for oid in need_objects if oid in notes}
+            return _sweep(conn, held, need_objects, need_chunks, now, grace, dry_run,
+                          tuple(sorted(oid.hex() for oid in prune)))
+    finally:
+        conn.close()
+
+
+def _sweep(conn, held, need_objects: set, need_chunks: set, now: Optional[float], grace: float, dry_run: bool,
+           pruned: tuple) -> RemoteGcReport:
+    listed = {key: ids for key, ids in conn.catalogue.pack_ids().items()}
+    deleted, young, unreadable, mixed, reclaimed, young_bytes = [], [], [], 0, 0, 0
+    for folder, needed in ((layout.CHUNK_PACKS, need_chunks), (layout.OBJECT_PACKS, need_objects)):
+        for key, size, when in conn.bucket.list_times(folder):
+            if layout.pack_name(key) is None:
+                continue
+            ids = listed.get(key)
+            if ids is None:
+                unreadable.append(key)  # damaged or written after the listing: never deleted here
+                continue
+            live = sum(1 for cid in ids if cid in needed)
+            if live:
+                mixed += live < len(ids)
+                continue
+            if now is None or now - when < grace:
+                young.append(key)
+                young_bytes += size
+                continue
+            if not dry_run:
+                held.check()  # a gc that stalled past its lease deletes nothing more
+                conn.bucket.delete(key)
+            deleted.append(key)
+            reclaimed += size
+    if deleted and not dry_run:
+        conn.catalogue.refresh(conn.bucket)
+    return RemoteGcReport(conn.name, dry_run, pruned, tuple(deleted), reclaimed, tuple(young), young_bytes, mixed,
+                          tuple(unreadable))

@@ -1,0 +1,167 @@
+"""Leases: who is changing a remote right now, so a gc never deletes what a running push needs.
+
+Vocabulary:
+
+- **lease**: an object ``leases/<kind>-<random>`` a process writes before
+  it changes the remote and deletes when it is done. It names its owner,
+  host and process and an expiry time (``TTL`` seconds ahead, renewed by a
+  thread every ``TTL / 3`` while the work runs). A lease past its expiry is
+  **expired**: its writer died or stalled, and nobody has to wait for it.
+- **kinds**: ``push`` (a push, an upload of shards) and ``gc`` (a remote
+  gc or repair: anything that deletes packs). Any number of push leases may
+  live together; a gc lease excludes every other live lease.
+
+Taking a lease (restic's lock protocol): write your own, then list
+``leases/``; if a live lease conflicts, delete your own and fail
+(``RemoteBusy``). Of two writers that race, the one that lists second sees
+the other's lease, so at least one of them backs off: a gc and a push never
+both proceed. This needs only a store whose listings show an object once
+its put returned (S3 since 2020, SeaweedFS, MinIO, moto).
+
+A holder checks its lease (``check``) right before the step that depends
+on it: a gc before each deletion, a push before it moves refs. A lease that
+was lost (expired, or deleted by someone who found it expired) fails that
+step, so a stalled process never acts on a world it no longer owns.
+``docs/format.md`` (section 11.6) gives the whole protocol and why it is safe.
+"""
+
+import os
+import secrets
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+from .. import encoding
+from ..errors import CorruptObject, RemoteBusy
+from ..store import locks as locking
+from .bucket import NotFound, PreconditionFailed
+
+FOLDER = "leases/"
+PUSH, GC = "push", "gc"
+
+
+def ttl() -> float:
+    """Seconds a lease lives unless renewed (``MVC_REMOTE_LEASE_S``, default 300)."""
+    try:
+        value = float(os.environ.get("MVC_REMOTE_LEASE_S", "300"))
+    except ValueError:
+        value = 300.0
+    return value if value > 0 else 300.0
+
+
+def encode(kind: str, owner: str, expires: float) -> bytes:
+    return encoding.pack({"kind": kind, "owner": owner, "host": socket.gethostname(), "pid": os.getpid(),
+                          "since": time.time(), "expires": float(expires)})
+
+
+def decode(data: bytes, key: str) -> Optional[dict]:
+    """The lease's fields, or None if the object is not a lease mvc wrote."""
+    try:
+        value = encoding.unpack(data, f"remote lease {key}")
+    except CorruptObject:
+        return None
+    if type(value) is not dict or value.get("kind") not in (PUSH, GC) or type(value.get("expires")) is not float:
+        return None
+    return value
+
+
+class Lease:
+    """One held lease: renewed in a thread; ``check()`` raises RemoteBusy once it is lost."""
+
+    def __init__(self, conn, kind: str):
+        self.conn, self.kind = conn, kind
+        self.key = f"{FOLDER}{kind}-{secrets.token_hex(8)}"
+        self.owner = locking.default_author()
+        self.etag: Optional[str] = None
+        self.expires = 0.0
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._guard = threading.Lock()
+
+    def take(self) -> None:
+        """Write the lease, then back off (RemoteBusy) if a live lease conflicts with it."""
+        bucket = self.conn.bucket
+        self.expires = time.time() + ttl()
+        self.etag = bucket.put(self.key, encode(self.kind, self.owner, self.expires), if_absent=True)
+        now = time.time()
+        for key, _ in bucket.list(FOLDER):
+            if key == self.key:
+                continue
+            current = bucket.get_versioned(key)
+            other = decode(current[0], key) if current else None
+            if other is None:
+                continue
+            if other["expires"] < now:
+                if self.kind == GC:  # its writer died or stalled: it checks its lease before acting
+                    _delete_if_unchanged(bucket, key, current[1])
+                continue
+            if self.kind == GC or other["kind"] == GC:
+                self._drop()
+                what = "a remote gc" if other["kind"] == GC else "a push"
+                raise RemoteBusy(f"{what} by {other.get('owner')} on {other.get('host')} is changing remote "
+                                 f"{self.conn.name!r} (lease {key}, until "
+                                 f"{time.strftime('%H:%M:%S', time.localtime(other['expires']))}); try again "
+                                 "when it is done", remote=self.conn.name,
+                                 holder=f"{other.get('owner')}@{other.get('host')}", kind=other["kind"])
+        self._thread = threading.Thread(target=self._renew, name="mvc-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(ttl() / 3):
+            expires = time.time() + ttl()
+            try:
+                with self._guard:
+                    self.etag = self.conn.bucket.put(self.key, encode(self.kind, self.owner, expires),
+                                                     if_match=self.etag)
+                    self.expires = expires
+            except (PreconditionFailed, NotFound):
+                self.lost = True
+                return
+            except Exception:  # the server is away: check() fails once the lease runs out
+                continue
+
+    def check(self) -> None:
+        """RemoteBusy unless this lease is still ours and live, with a margin for the step ahead."""
+        margin = min(30.0, ttl() / 10)
+        with self._guard:
+            live = not self.lost and time.time() + margin < self.expires
+            if live:
+                current = self.conn.bucket.get_versioned(self.key)
+                live = current is not None and current[1] == self.etag
+        if not live:
+            self.lost = True
+            raise RemoteBusy(f"this process's lease on remote {self.conn.name!r} ran out (it stalled, or the "
+                             "server was away); nothing more was changed: run the command again",
+                             remote=self.conn.name, holder=self.owner, kind=self.kind)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._drop()
+
+    def _drop(self) -> None:
+        try:
+            self.conn.bucket.delete(self.key)
+        except Exception:  # best effort: it expires on its own
+            pass
+
+
+def _delete_if_unchanged(bucket, key: str, etag: str) -> None:
+    current = bucket.get_versioned(key)
+    if current is not None and current[1] == etag:
+        bucket.delete(key)
+
+
+@contextmanager
+def held(conn, kind: str) -> Iterator[Lease]:
+    """Hold a ``kind`` lease on ``conn``'s remote for the block (RemoteBusy if one conflicts)."""
+    lease = Lease(conn, kind)
+    lease.take()
+    try:
+        yield lease
+    finally:
+        lease.release()

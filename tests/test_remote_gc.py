@@ -1,0 +1,177 @@
+"""A remote's lifecycle: delete a remote branch or tag, prune tracking refs, gc on the remote
+(retention, orphans of killed pushes), and a real concurrent push racing a remote gc.
+
+Runs on a real S3 server (``s3`` fixture, tests/s3server.py).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import mvc
+from mvc.cli import main
+from mvc.errors import RemoteBusy
+from mvc.remote import layout, transfer
+from mvc.remote.bucket import open_bucket
+from mvc.remote.catalogue import Catalogue
+
+CHUNK = 1024
+
+
+def state(seed: int, n: int = 8 * 1024) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(n, generator=g), "step": seed}
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+                                        for k in a)
+
+
+def cli(repo_dir, *args):
+    return CliRunner().invoke(main, ["-C", str(repo_dir), *map(str, args)])
+
+
+@pytest.fixture
+def pushed(tmp_path, s3):
+    url = s3.url()
+    repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
+    repo.commit(state(0), "first")
+    repo.remote_add("origin", url, s3.endpoint)
+    repo.push()
+    yield repo, url
+    repo.close()
+
+
+def test_delete_a_remote_branch_and_prune_its_tracking_ref(pushed, tmp_path, s3):
+    repo, url = pushed
+    repo.commit(state(1), "exp work", branch="exp")
+    repo.create_tag("v1", "exp")
+    repo.push(refs=("exp", "v1"))
+    other = mvc.Repository.clone(url, tmp_path / "b", endpoint_url=s3.endpoint)
+    assert {r.name for r in other.remote_branches()} >= {"origin/exp"}
+    result = cli(tmp_path / "a", "push", "origin", ":exp")
+    assert result.exit_code == 0 and "deleted" in result.output, result.output
+    assert "origin/exp" not in {r.name for r in repo.remote_branches()}
+    result = cli(tmp_path / "a", "push", "origin", "--delete", "v1")
+    assert result.exit_code == 0, result.output
+    result = cli(tmp_path / "a", "push", "origin", "--delete", "nope")
+    assert result.exit_code == 1 and "no branch or tag 'nope'" in result.output
+    other.fetch()
+    assert "origin/exp" in {r.name for r in other.remote_branches()}  # kept until --prune, as git does
+    report = other.fetch(prune=True)
+    assert [u.status for u in report.refs if u.ref == "remotes/origin/exp"] == ["pruned"]
+    assert "origin/exp" not in {r.name for r in other.remote_branches()}
+    gc = other.gc(grace=0)
+    assert gc.chunks_removed > 0  # the deleted branch's tracking ref (and its reflog) kept them alive before
+    repo.commit(state(2), "exp again", branch="exp")
+    assert repo.push(refs=("exp",)).refs[0].status == "new"  # the tombstone gives way to a new branch
+    other.close()
+
+
+def test_remote_gc_retention_and_orphans_of_a_killed_push(pushed, tmp_path, s3):
+    repo, url = pushed
+    for i in (1, 2, 3):
+        repo.commit(state(i), f"v{i}")
+        repo.push()
+    orphan = _orphan_pack(url, s3)  # what a push killed before it moved a ref leaves behind
+    report = repo.fsck_remote()
+    assert report.ok and orphan in [k for k, _ in report.unreferenced]
+    young = repo.gc_remote()  # default grace: an hour
+    assert young.packs_deleted == () and orphan in young.young
+    result = cli(tmp_path / "a", "gc", "--remote", "origin", "--keep-last", "2", "--grace", "0")
+    assert result.exit_code == 0 and "pruned 2 commits" in result.output, result.output
+    keys = [k for k, _ in s3.keys(url, layout.CHUNK_PACKS)]
+    assert orphan not in keys
+    report = repo.fsck_remote()
+    assert report.ok and report.unreferenced == (), report
+    clone = mvc.Repository.clone(url, tmp_path / "c", endpoint_url=s3.endpoint)
+    assert same(clone.load("main"), state(3)) and same(clone.load("main~1"), state(2))
+    with pytest.raises(mvc.CommitPruned):
+        clone.load("main~3")
+    assert [c.message for c in clone.log("main")] == ["v3", "v2", "v1", "first"]
+    clone.close()
+
+
+def _orphan_pack(url, s3) -> str:
+    bucket = open_bucket(url, s3.endpoint)
+    data = os.urandom(3000)
+    from mvc import hashing
+    image = layout.PackImage([(hashing.digest(data), len(data))])
+    image.slot(0)[:] = data
+    key = layout.pack_key(layout.CHUNK_PACKS, layout.new_name())
+    bucket.put(key, image.data)
+    bucket.close()
+    return key
+
+
+def test_a_push_and_a_remote_gc_exclude_each_other(pushed, tmp_path, s3):
+    repo, url = pushed
+    from mvc.remote import lease
+    from mvc.remote.sync import Connection
+    conn = Connection(repo, "origin")
+    try:
+        with lease.held(conn, lease.GC):
+            repo.commit(state(5), "while gc runs")
+            with pytest.raises(RemoteBusy) as caught:
+                repo.push()
+            assert caught.value.kind == "gc" and caught.value.remote == "origin"
+        with lease.held(conn, lease.PUSH):
+            with pytest.raises(RemoteBusy) as caught:
+                repo.gc_remote(grace=0)
+            assert caught.value.kind == "push"
+    finally:
+        conn.close()
+    repo.push()
+    assert repo.gc_remote(grace=0).packs_deleted == ()
+
+
+PUSHER = textwrap.dedent("""
+    import sys, time, torch, mvc
+    from mvc.errors import RemoteBusy
+    repo = mvc.Repository.open(sys.argv[1])
+    pushed = busy = 0
+    for i in range(int(sys.argv[2])):
+        g = torch.Generator().manual_seed(100 + i)
+        repo.commit({"w": torch.randn(8 * 1024, generator=g), "step": 100 + i}, f"c{i}")
+        while True:
+            try:
+                repo.push()
+                pushed += 1
+                break
+            except RemoteBusy:
+                busy += 1
+                time.sleep(0.05)
+    repo.close()
+    print(pushed, busy)
+""")
+
+
+def test_a_real_concurrent_push_racing_remote_gcs_loses_nothing(pushed, tmp_path, s3):
+    repo, url = pushed
+    proc = subprocess.Popen([sys.executable, "-c", PUSHER, str(tmp_path / "a"), "6"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    gcs = busy = deleted = 0
+    while proc.poll() is None:
+        _orphan_pack(url, s3)
+        try:
+            deleted += len(repo.gc_remote(grace=0, keep_last=3).packs_deleted)
+            gcs += 1
+        except RemoteBusy:
+            busy += 1
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err
+    pushed_n, push_busy = map(int, out.split())
+    assert pushed_n == 6 and gcs >= 1 and deleted >= 1, (out, gcs, busy, deleted)
+    report = repo.fsck_remote()  # every ref's closure is intact: no needed pack was deleted
+    assert report.ok, report.problems
+    clone = mvc.Repository.clone(url, tmp_path / "c", endpoint_url=s3.endpoint)
+    g = torch.Generator().manual_seed(105)
+    assert torch.equal(clone.load("main")["w"], torch.randn(8 * 1024, generator=g))
+    assert clone.fsck().verified
+    clone.close()

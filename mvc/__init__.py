@@ -8,6 +8,7 @@ from . import dtypes, traverse
 from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CommitPruned, CorruptObject,
                      InvalidRefName, LockHeld, MvcError, NotARepository, ObjectNotFound, ProtectedRef,
                      RefConflict, RepositoryExists, UnknownRevision, UnsupportedFormat)
+from .errors import BadRecipe, MergeError, MergeMismatch, MergeRefused  # merging (mvc/merge.py)
 from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
 from .repository import Repository
 from .sharded import ShardedTensor
@@ -22,3 +23,4 @@ __all__ = [
     "InvalidRefName", "LockHeld", "NotARepository", "ObjectNotFound", "ProtectedRef",
     "RefConflict", "RepositoryExists", "UnknownRevision", "UnsupportedFormat", "__version__",
 ]
+__all__ += ["BadRecipe", "MergeError", "MergeMismatch", "MergeRefused"]

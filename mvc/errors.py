@@ -170,3 +170,37 @@ class RemoteBusy(LockHeld):
     def __init__(self, message: str = "", remote: str = "", holder: str = "", kind: str = ""):
         super().__init__(message)
         self.remote, self.holder, self.kind = remote, holder, kind
+# -- merging checkpoints (mvc/merge.py) ----------------------------------------
+
+class MergeError(MvcError):
+    """A merge cannot run as asked; nothing was written."""
+
+
+class MergeMismatch(MergeError):
+    """The inputs (or the base) differ in keys, dtypes or shapes.
+
+    ``keys``: the dotted keys that differ, sorted; ``problems``: {key: what
+    differs}; ``inputs``: the full ids of the commits compared (inputs, then the base).
+    """
+
+    def __init__(self, message: str = "", *, keys=(), problems=None, inputs=()):
+        super().__init__(message)
+        self.keys = tuple(keys)
+        self.problems = dict(problems or {})
+        self.inputs = tuple(inputs)
+
+
+class MergeRefused(MergeError):
+    """Keys the merge rules refuse to merge (optimizer state); ``keys`` names them."""
+
+    def __init__(self, message: str = "", *, keys=()):
+        super().__init__(message)
+        self.keys = tuple(keys)
+
+
+class BadRecipe(MergeError, BadInput):
+    """A merge recipe, strategy or parameter is invalid; ``field`` names it."""
+
+    def __init__(self, message: str = "", *, field=None):
+        super().__init__(message)
+        self.field = field

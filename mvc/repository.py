@@ -429,11 +429,12 @@ class Repository:
         return replace(self._to_commit(oid, obj, stats), branch=refs.short_name(ref) if ref else None)
 
     def _land(self, txn, ref, parent, rebase: bool, me, record: CommitObject, publish: Callable,
-              tensors: dict, tree_data: bytes, fork: Optional[bytes] = None) -> tuple:
+              tensors: dict, tree_data: bytes, fork: Optional[bytes] = None, merged: tuple = ()) -> tuple:
         """A commit's one index write transaction: compare-and-swap against
         ``parent`` (or onto the tip with ``rebase``), ``publish(txn)`` its
         chunks, store its objects, move ``ref``. A new branch's first commit
-        has ``fork`` (its start point), if any, as parent. Returns (id, CommitObject)."""
+        has ``fork`` (its start point), if any, as parent; a merge commit has
+        the ``merged`` commits as further parents. Returns (id, CommitObject)."""
         tip = self.refs.tip(txn, ref) if rebase else self.refs.expect(txn, ref, parent)
         self.refs.check_commit(txn, ref, me)
         publish(txn)
@@ -441,7 +442,8 @@ class Repository:
             self.objects.put(txn, "tensors", data)
         tree_id = self.objects.put(txn, "trees", tree_data)
         base = tip or fork  # a new branch forks from its start point
-        obj = replace(record, tree=tree_id, parents=(base,) if base else (), time=_now_us())
+        parents = ((base,) if base else ()) + tuple(dict.fromkeys(p for p in merged if p != base))
+        obj = replace(record, tree=tree_id, parents=parents, time=_now_us())
         oid = self.objects.put(txn, "commits", obj.encode())
         title = record.message.splitlines()[0] if record.message else ""
         self.refs.set_if_equals(txn, ref, tip, oid, f"commit: {title}")
@@ -812,6 +814,12 @@ class Repository:
             self.chunks.accept_encoded()
         return _gc.gc(self, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
                       force=force, dry_run=dry_run, grace=grace, repack=repack)
+
+    def merge(self, revs, recipe=None, **options):
+        """Merge the checkpoints at ``revs`` into a merge commit; returns
+        (Commit, MergeReport). See ``mvc.merge.merge`` for the options."""
+        from . import merge as _merge  # brings torch
+        return _merge.merge(self, revs, recipe, **options)
 
     def diff(self, a: str, b=None, only=None, read_data: bool = True) -> "_diff.Diff":
         """Compare commit ``a`` with ``b`` (default HEAD); see ``mvc.diff.diff``."""

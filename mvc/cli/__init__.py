@@ -7,5 +7,6 @@ from . import compare  # noqa: F401  (registers diff, bisect)
 from . import remote  # noqa: F401  (registers remote, push, fetch, pull, clone, config, cache)
 from . import storage  # noqa: F401  (registers repack)
 from . import serve  # noqa: F401  (registers serve)
+from . import merge  # noqa: F401  (registers merge, average)
 
 __all__ = ["main"]

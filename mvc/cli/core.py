@@ -149,14 +149,14 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to):
     if as_json:
         echo_json(commits)
         return
-    rows = graph_layout(commits) if graph else [("", "", [])] * len(commits)
-    for c, (head, body, folds) in zip(commits, rows):
-        _show_log_entry(c, decorations, oneline, head, body)
+    rows = graph_layout(commits) if graph else [("", "", [], "")] * len(commits)
+    for c, (head, body, folds, spread) in zip(commits, rows):
+        _show_log_entry(c, decorations, oneline, head, body, spread)
         for line in folds:
             click.echo(line)
 
 
-def _show_log_entry(c, decorations, oneline: bool, head: str, body: str) -> None:
+def _show_log_entry(c, decorations, oneline: bool, head: str, body: str, spread: str = "") -> None:
     names = decorations.get(c.id)
     deco = f" ({', '.join(names)})" if names else ""
     deco += " [pruned]" if c.pruned else ""
@@ -164,17 +164,20 @@ def _show_log_entry(c, decorations, oneline: bool, head: str, body: str) -> None
     if oneline:
         record = record_line(c, beside=title(c))
         click.echo(f"{lead}{c.short_id}{deco} {record + '  ' if record else ''}{title(c)}".rstrip())
+        if spread:
+            click.echo(spread)
         return
     pad = f"{body} " if body else ("  " if head else "")
-    lines = [f"Author: {c.author}", f"Date:   {_when(c.time)}"]
+    lines = [f"Merge:  {' '.join(p[:12] for p in c.parents)}"] if len(c.parents) > 1 else []
+    lines += [f"Author: {c.author}", f"Date:   {_when(c.time)}"]
     if record_line(c):
         lines.append(f"Record: {record_line(c)}")
     lines.append("")
     lines += [f"    {line}" for line in (c.message or "(no message)").splitlines()]
     lines.append("")
     click.echo(f"{lead}commit {c.id}{deco}")
-    for line in lines:
-        click.echo(f"{pad}{line}".rstrip())
+    for i, line in enumerate(lines):
+        click.echo(f"{spread.ljust(len(pad)) if spread and i == 0 else pad}{line}".rstrip())
 
 
 @main.command()
@@ -243,7 +246,9 @@ def show(rev, show_tensors, as_json):
         echo_json(out)
         return
     click.echo(f"commit {c.id}{' [pruned: gc deleted its tensors, its record is kept]' if c.pruned else ''}")
-    if c.parents:
+    if len(c.parents) > 1:
+        click.echo(f"Merge:  {' '.join(c.parents)}")
+    elif c.parents:
         click.echo(f"Parent: {' '.join(c.parents)}")
     click.echo(f"Author: {c.author}")
     click.echo(f"Date:   {_when(c.time)}")
@@ -252,12 +257,34 @@ def show(rev, show_tensors, as_json):
     click.echo()
     for line in (c.message or "(no message)").splitlines():
         click.echo(f"    {line}")
-    if c.context:
+    context = dict(c.context)
+    recipe = context.pop("merge", None) if isinstance(c.context.get("merge"), dict) else None
+    if recipe is not None:
+        _show_recipe(recipe)
+    if context:
         click.echo("\nContext:")
-        for key, value in _flat(c.context):
+        for key, value in _flat(context):
             click.echo(f"  {key}: {value}")
     if entries is not None:
         _show_entries(entries)
+
+
+def _show_recipe(recipe: dict) -> None:
+    """A merge commit's recipe (mvc/merge.py records it in the context under "merge")."""
+    click.echo("\nRecipe:")
+    params = ", ".join(f"{k}={v}" for k, v in sorted((recipe.get("params") or {}).items()))
+    click.echo(f"  strategy: {recipe.get('strategy')}" + (f" ({params})" if params else ""))
+    weights = recipe.get("weights") or []
+    for i, input_id in enumerate(recipe.get("inputs") or []):
+        weight = f"  weight {weights[i]:g}" if i < len(weights) and isinstance(weights[i], (int, float)) else ""
+        click.echo(f"  input {i}: {str(input_id)[:12]}{weight}")
+    if recipe.get("base"):
+        click.echo(f"  base:    {str(recipe['base'])[:12]}")
+    if recipe.get("only"):
+        click.echo(f"  only:    {recipe['only']}")
+    for rule in recipe.get("rules") or []:
+        how = f"take input {rule['take']}" if "take" in rule else f"{rule.get('strategy')} {rule.get('params')}"
+        click.echo(f"  rule:    {rule.get('keys')}: {how}")
 
 
 def _entry_json(e) -> dict:

@@ -2,13 +2,15 @@
 
 Each column waits for one commit (the parent of a commit drawn above it). A
 commit takes the first column waiting for it; other columns waiting for it
-(branches that forked there) fold into it with a ``|/`` line, as in Git.
+(branches that forked there) fold into it with a ``|/`` line, as in Git. A
+merge commit opens a column for each further parent with a ``|\\`` line.
 """
 
 
 def layout(commits) -> list:
-    """[(graph text for the commit line, graph text for its other lines, fold lines after it)]
-    for commits in topological order, newest first."""
+    """[(graph text for the commit line, graph text for its other lines, fold
+    lines after it, the line opening a merge's columns or "")] for commits in
+    topological order, newest first."""
     columns, rows = [], []
     for c in commits:
         if c.id not in columns:
@@ -19,15 +21,24 @@ def layout(commits) -> list:
         for j in reversed([i for i, x in enumerate(columns) if x == c.id and i != here]):
             folds.append(_fold(j, len(columns)))
             del columns[j]
-        parents = list(c.parents)
+        parents, spread = list(c.parents), ""
         if parents:
             columns[here] = parents[0]
-            columns[here + 1:here + 1] = [p for p in parents[1:] if p not in columns]
+            opened = list(dict.fromkeys(p for p in parents[1:] if p not in columns))
+            if opened:
+                spread = _spread(here, len(opened), len(columns) - here - 1)
+            columns[here + 1:here + 1] = opened
         else:
             del columns[here]
         body = " ".join("|" for _ in columns) if columns else ""
-        rows.append((head, body, folds))
+        rows.append((head, body, folds, spread))
     return rows
+
+
+def _spread(here: int, opened: int, right: int) -> str:
+    """Column ``here`` opens ``opened`` columns to its right; the ``right``
+    columns beyond it move over by as many."""
+    return "| " * here + "|\\" + " \\" * (opened - 1 + right)
 
 
 def _fold(j: int, width: int) -> str:

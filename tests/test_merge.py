@@ -1,0 +1,420 @@
+"""mvc merge: every strategy bit for bit against a plain torch reference
+written here, compatibility errors, determinism, rules and recipes, a lazy
+clone, and the CLI (merge, average, show, log --graph, diff per parent)."""
+
+import json
+import math
+
+import blake3
+import pytest
+import torch
+
+import mvc
+from mvc import merge as merging
+from conftest import SMALL_CHUNK, run_cli
+
+
+# -- plain torch references (mergekit's definitions, float32 arithmetic) --------
+
+def up(t):
+    return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
+
+
+def total(items):
+    acc = items[0]
+    for item in items[1:]:
+        acc = acc + item
+    return acc
+
+
+def ref_linear(xs, w, normalize=True):
+    acc = xs[0] * w[0]
+    for x, wi in zip(xs[1:], w[1:]):
+        acc = acc + x * wi
+    if not normalize:
+        return acc
+    acc = acc / math.fsum(w)
+    same = torch.ones_like(acc, dtype=torch.bool)
+    for x in xs[1:]:
+        same = same & (x == xs[0])
+    return torch.where(same, xs[0], acc)
+
+
+def ref_slerp(a, b, t, threshold=0.9995, eps=1e-8):
+    if bytes(a.numpy().tobytes()) == bytes(b.numpy().tobytes()):
+        return a
+    na = torch.linalg.vector_norm(a, dtype=torch.float64).item()
+    nb = torch.linalg.vector_norm(b, dtype=torch.float64).item()
+    dot = torch.dot(a.reshape(-1).double(), b.reshape(-1).double()).item()
+    dot /= (na if na > eps else 1.0) * (nb if nb > eps else 1.0)
+    if abs(dot) > threshold:
+        return a * (1 - t) + b * t
+    theta = math.acos(dot)
+    return a * (math.sin(theta - theta * t) / math.sin(theta)) + b * (math.sin(theta * t) / math.sin(theta))
+
+
+def ref_trim(d, density):
+    if density >= 1:
+        return d
+    keep = torch.zeros(d.numel(), dtype=d.dtype)
+    keep[torch.sort(d.abs().reshape(-1), descending=True, stable=True).indices[:int(density * d.numel())]] = 1
+    return d * keep.reshape(d.shape)
+
+
+def ref_keep(seed, key, i, numel, density, block):
+    """DARE's mask as the README defines it: one generator per block of elements."""
+    parts = []
+    for b in range(-(-numel // block)):
+        s = int.from_bytes(blake3.blake3(f"mvc-dare {seed} {key} {i} {b}".encode()).digest()[:8], "little") >> 1
+        parts.append(torch.rand(min(block, numel - b * block), generator=torch.Generator().manual_seed(s)))
+    return (torch.cat(parts) < density).to(torch.float32)
+
+
+def ref_task(xs, base, w, kind, p, key=None):
+    deltas = [x - base for x in xs]
+    if kind == "ties":
+        deltas = [ref_trim(d, p["density"]) for d in deltas]
+    if kind == "dare" and p["density"] < 1:
+        deltas = [d * ref_keep(p["seed"], key, i, d.numel(), p["density"], p["block"]).reshape(d.shape).to(d.dtype)
+                  for i, d in enumerate(deltas)]
+        if p.get("rescale", True):
+            deltas = [d / p["density"] for d in deltas]
+    wd = [d * wi for d, wi in zip(deltas, w)]
+    consensus = p.get("consensus", "sum" if kind == "ties" else "none")
+    if consensus != "none":
+        votes = total(wd) if consensus == "sum" else total([torch.sign(d) for d in wd])
+        major = torch.where(votes >= 0, 1.0, -1.0).to(base.dtype)
+        agree = [(torch.sign(d) == major).to(base.dtype) for d in wd]
+        mixed = total([d * a for d, a in zip(wd, agree)])
+        div = total([a * wi for a, wi in zip(agree, w)])
+        div = torch.where(div == 0, 1.0, div).to(base.dtype)
+    else:
+        mixed = total(wd)
+        div = math.fsum(w) if abs(math.fsum(w)) >= 1e-8 else 1.0
+    if p.get("normalize", kind == "ties"):
+        mixed = mixed / div
+    return torch.where(mixed == 0, base, base + mixed)
+
+
+def bits(t):
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
+# -- fixtures ------------------------------------------------------------------------
+
+def model(seed, base=None):
+    g = torch.Generator().manual_seed(seed)
+    if base is None:
+        w = torch.randn(33, 17, generator=g)
+        w[20, 3] = -0.0  # kept as -0.0 where every input keeps it (base + 0.0 would be +0.0)
+        return {"w": w, "h": torch.randn(40, generator=g).to(torch.bfloat16),
+                "e": torch.randn(12, 5, generator=g).to(torch.float16), "d": torch.randn(9, generator=g).double(),
+                "frozen": torch.randn(64, generator=g), "count": torch.tensor(seed), "on": torch.tensor([True, False])}
+    out = {}
+    for k, v in base.items():
+        if k in ("frozen", "on"):
+            out[k] = v.clone()
+        elif k == "count":
+            out[k] = torch.tensor(seed)
+        else:
+            out[k] = (up(v) + 0.05 * torch.randn(v.shape, generator=g, dtype=up(v).dtype)).to(v.dtype)
+    out["w"][:10] = base["w"][:10]  # whole chunks equal to the base: reused unread
+    out["w"][20, 3] = base["w"][20, 3]
+    return out
+
+
+@pytest.fixture
+def three(repo):
+    """A base commit and three fine-tunes of it, on branches a, b, c."""
+    base = model(0)
+    cb = repo.commit({"model": base, "step": 0, "name": "base"}, "base")
+    ids = {"base": cb.id}
+    for n, name in enumerate("abc", 1):
+        ids[name] = repo.commit({"model": model(n, base), "step": n, "name": name}, name, branch=name, start="main").id
+    return ids
+
+
+@pytest.fixture
+def small_slices(monkeypatch):
+    monkeypatch.setattr(merging, "SLICE_ELEMENTS", 48)  # several slices per tensor
+    monkeypatch.setattr(merging, "MASK_BLOCK", 50)  # DARE masks span several blocks and slices
+
+
+def expected(repo, revs, base_rev, fn):
+    states = [repo.load(r) for r in revs]
+    base = repo.load(base_rev)["model"] if base_rev else None
+    out = {}
+    for k, v in states[0]["model"].items():
+        if not v.is_floating_point():
+            out[k] = v
+            continue
+        xs = [up(s["model"][k]) for s in states]
+        out[k] = fn(k, xs, up(base[k]) if base is not None else None).to(v.dtype)
+    return out
+
+
+def check(repo, commit_id, want):
+    got = repo.load(commit_id)
+    assert got["step"] == 1 and got["name"] == "a"  # values from the first input
+    assert got["model"].keys() == want.keys()
+    for k in want:
+        assert same_bits(got["model"][k], want[k]), k
+
+
+# -- every strategy, bit for bit -------------------------------------------------------
+
+CASES = [
+    ("average", None, {}, lambda k, xs, b: ref_linear(xs, [1.0, 1.0, 1.0])),
+    ("linear", [0.2, 0.5, 0.3], {}, lambda k, xs, b: ref_linear(xs, [0.2, 0.5, 0.3])),
+    ("linear", [1.0, 2.0, -0.5], {"normalize": False}, lambda k, xs, b: ref_linear(xs, [1.0, 2.0, -0.5], False)),
+    ("task-arithmetic", [0.7, 0.4, 0.3], {}, lambda k, xs, b: ref_task(xs, b, [0.7, 0.4, 0.3], "ta", {})),
+    ("task-arithmetic", [0.7, 0.4, 0.3], {"normalize": True},
+     lambda k, xs, b: ref_task(xs, b, [0.7, 0.4, 0.3], "ta", {"normalize": True})),
+    ("ties", [1.0, 0.5, 0.8], {"density": 0.4},
+     lambda k, xs, b: ref_task(xs, b, [1.0, 0.5, 0.8], "ties", {"density": 0.4})),
+    ("ties", [1.0, 0.5, 0.8], {"density": 0.7, "consensus": "count", "normalize": False},
+     lambda k, xs, b: ref_task(xs, b, [1.0, 0.5, 0.8], "ties",
+                               {"density": 0.7, "consensus": "count", "normalize": False})),
+    ("dare", [0.6, 0.3, 0.5], {"density": 0.5, "seed": 11},
+     lambda k, xs, b: ref_task(xs, b, [0.6, 0.3, 0.5], "dare", {"density": 0.5, "seed": 11, "block": 50},
+                               key=f"model.{k}")),
+    ("dare", [0.6, 0.3, 0.5], {"density": 0.3, "seed": 5, "consensus": "sum", "rescale": False},
+     lambda k, xs, b: ref_task(xs, b, [0.6, 0.3, 0.5], "dare",
+                               {"density": 0.3, "seed": 5, "block": 50, "consensus": "sum", "rescale": False},
+                               key=f"model.{k}")),
+]
+
+
+@pytest.mark.parametrize("strategy,weights,params,reference", CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_strategy_matches_its_reference_bit_for_bit(repo, three, small_slices, strategy, weights, params, reference):
+    base = three["base"] if strategy in merging.WITH_BASE else None
+    commit, report = repo.merge(["a", "b", "c"], strategy=strategy, weights=weights, params=params, base=base,
+                                branch="merged")
+    check(repo, commit.id, expected(repo, ["a", "b", "c"], base, reference))
+    assert commit.parents == (three["a"], three["b"], three["c"])  # a new branch: the inputs
+    assert report.tensors_taken == 2  # count and on (not float) come from the first input
+    if params.get("normalize", True) or strategy in merging.WITH_BASE:
+        assert report.tensors_reused == 1  # frozen: the same in every input, kept unread
+    if strategy in ("task-arithmetic", "dare"):  # rows 0-9 of w equal the base in every input: not read
+        assert report.chunks_reused >= 10 * 17 * 4 // SMALL_CHUNK
+    assert 0 < report.bytes_read < report.bytes_total * 4
+
+
+def test_slerp_matches_its_reference(repo, three, small_slices):
+    commit, _ = repo.merge(["a", "b"], strategy="slerp", params={"t": 0.3}, branch="s")
+    check(repo, commit.id, expected(repo, ["a", "b"], None, lambda k, xs, b: ref_slerp(xs[0], xs[1], 0.3)))
+
+
+def test_slerp_of_colinear_tensors_falls_back_to_lerp(repo):
+    a = torch.randn(40)
+    c1 = repo.commit({"w": a}, "a", branch="a")
+    for other, t in ((a * 2, 0.25), (-a, 0.5)):  # |cos| = 1 > 0.9995
+        c2 = repo.commit({"w": other}, "b", branch="b")
+        c, _ = repo.merge([c1.id, c2.id], strategy="slerp", params={"t": t}, branch="m")
+        assert same_bits(repo.load(c.id)["w"], a * (1 - t) + other * t)
+
+
+def test_slerp_of_orthogonal_tensors_is_spherical(repo):
+    a = repo.commit({"w": torch.tensor([1.0, 0.0])}, "a", branch="a")
+    b = repo.commit({"w": torch.tensor([0.0, 2.0])}, "b", branch="b")
+    c, _ = repo.merge([a.id, b.id], strategy="slerp", params={"t": 0.5}, branch="m")
+    got = repo.load(c.id)["w"]
+    assert same_bits(got, ref_slerp(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0]), 0.5))
+    assert torch.allclose(got, torch.tensor([math.sqrt(0.5), 2 * math.sqrt(0.5)]))  # not the lerp (0.5, 1.0)
+
+
+# -- determinism -----------------------------------------------------------------------
+
+def test_the_same_inputs_and_recipe_give_the_same_tree(repo, three):
+    runs = [repo.merge(["a", "b", "c"], strategy="dare", base="main", params={"density": 0.5, "seed": 3},
+                       branch=f"run{i}")[0] for i in range(2)]
+    assert runs[0].tree == runs[1].tree and runs[0].id != runs[1].id  # same tree; times differ
+    other = repo.merge(["a", "b", "c"], strategy="dare", base="main", params={"density": 0.5, "seed": 4},
+                       branch="run3")[0]
+    assert other.tree != runs[0].tree  # the seed is what decides the masks
+    ties = [repo.merge(["a", "b"], strategy="ties", base="main", params={"density": 0.5},
+                       branch=f"t{i}")[0].tree for i in range(2)]
+    assert ties[0] == ties[1]
+
+
+def test_the_record_holds_strategy_parameters_inputs_and_base(repo, three):
+    commit, _ = repo.merge(["a", "b"], strategy="ties", base="main", params={"density": 0.5}, weights="1,0.5",
+                           message="soup")
+    record = repo.get_commit(commit.id).context["merge"]
+    assert record["strategy"] == "ties" and record["params"] == {"density": 0.5, "normalize": True,
+                                                                  "consensus": "sum"}
+    assert record["inputs"] == [three["a"], three["b"]] and record["base"] == three["base"]
+    assert record["weights"] == [1.0, 0.5] and record["revs"] == ["a", "b"]
+    # on main (the base's branch): first parent is main's tip; the inputs follow
+    assert commit.parents == (three["base"], three["a"], three["b"]) and commit.branch == "main"
+    assert repo.get_commit("main").message == "soup"
+
+
+# -- compatibility checks, before any work --------------------------------------------------
+
+def _untouched(repo):
+    return ([(b.name, b.id) for b in repo.branches()], repo.status().packs, repo.status().chunks)
+
+
+def test_a_shape_dtype_or_key_mismatch_names_the_keys_and_changes_nothing(repo):
+    a = repo.commit({"w": torch.zeros(4, 4), "v": torch.zeros(3), "x": torch.zeros(2), "n": 1}, "a", branch="a")
+    b = repo.commit({"w": torch.zeros(4, 5), "v": torch.zeros(3, dtype=torch.float16), "y": torch.zeros(2),
+                     "n": torch.ones(1)}, "b", branch="b")
+    before = _untouched(repo)
+    with pytest.raises(mvc.MergeMismatch) as err:
+        repo.merge([a.id, b.id])
+    assert err.value.keys == ("n", "v", "w", "x", "y")
+    assert "F16" in err.value.problems["v"] and "missing" in err.value.problems["x"]
+    assert err.value.inputs == (a.id, b.id)
+    assert _untouched(repo) == before
+
+
+def test_a_base_that_lacks_a_key_is_a_mismatch(repo):
+    base = repo.commit({"w": torch.zeros(4)}, "base")
+    a = repo.commit({"w": torch.ones(4), "extra": torch.ones(2)}, "a", branch="a")
+    b = repo.commit({"w": torch.ones(4), "extra": torch.ones(2)}, "b", branch="b")
+    with pytest.raises(mvc.MergeMismatch) as err:
+        repo.merge([a.id, b.id], strategy="task-arithmetic", base=base.id)
+    assert err.value.keys == ("extra",)
+
+
+def test_optimizer_state_is_refused_unless_left_out_or_taken(repo):
+    state = {"model": {"w": torch.ones(4)}, "optimizer": {"state": {0: {"exp_avg": torch.ones(4), "step": torch.tensor(3)}}}}
+    a = repo.commit(state, "a", branch="a")
+    b = repo.commit(state, "b", branch="b")
+    before = _untouched(repo)
+    with pytest.raises(mvc.MergeRefused) as err:
+        repo.merge([a.id, b.id])
+    assert err.value.keys == ("optimizer.state.0.exp_avg",) and _untouched(repo) == before
+    c, _ = repo.merge([a.id, b.id], only="model.*", branch="m1")
+    assert set(repo.load(c.id)) == {"model"}
+    c, report = repo.merge([a.id, b.id], rules=[{"keys": "optimizer.*", "take": 1}], branch="m2")
+    assert repo.entries(c.id) and report.tensors_taken == 2
+
+
+@pytest.mark.parametrize("options,field", [
+    ({"strategy": "slerp"}, "t"),
+    ({"strategy": "slerp", "params": {"t": 0.5}, "weights": None, "extra": True}, "strategy"),
+    ({"strategy": "ties"}, "base"),
+    ({"strategy": "linear", "params": {"density": 0.5}}, "density"),
+    ({"strategy": "dare", "base": "main", "params": {"density": 1.5}}, "density"),
+    ({"weights": [1.0]}, "weights"),
+    ({"strategy": "nope"}, "strategy"),
+    ({"rules": [{"keys": "w", "take": 7}]}, "rules[0]"),
+    ({"params": {"normalize": "yes"}}, "normalize"),
+])
+def test_bad_recipes_are_refused_before_any_work(repo, options, field):
+    a = repo.commit({"w": torch.ones(4)}, "a")
+    b = repo.commit({"w": torch.zeros(4)}, "b", branch="b")
+    c = repo.commit({"w": torch.zeros(4)}, "c", branch="c")
+    revs = [a.id, b.id, c.id] if options.pop("extra", False) else [a.id, b.id]
+    before = _untouched(repo)
+    with pytest.raises(mvc.BadRecipe) as err:
+        repo.merge(revs, **options)
+    assert err.value.field == field and isinstance(err.value, mvc.BadInput)
+    assert _untouched(repo) == before
+
+
+# -- rules, recipes, ranges ---------------------------------------------------------------------
+
+def test_a_toml_recipe_takes_keys_from_one_input_and_merges_others_its_own_way(repo, three, tmp_path):
+    (tmp_path / "r.toml").write_text(
+        'strategy = "task-arithmetic"\nbase = "main"\nweights = [0.5, 0.5]\nonly = "model.*"\n'
+        '[[rules]]\nkeys = "model.h"\ntake = 1\n'
+        '[[rules]]\nkeys = "model.e"\nstrategy = "linear"\n')
+    commit, report = repo.merge(["a", "b"], tmp_path / "r.toml", branch="r")
+    got, a, b = repo.load(commit.id), repo.load("a")["model"], repo.load("b")["model"]
+    assert set(got) == {"model"}  # only model.* (values left out)
+    assert same_bits(got["model"]["h"], b["h"])
+    assert same_bits(got["model"]["e"], ref_linear([up(a["e"]), up(b["e"])], [0.5, 0.5]).to(torch.float16))
+    base = repo.load("main")["model"]
+    assert same_bits(got["model"]["w"], ref_task([a["w"], b["w"]], base["w"], [0.5, 0.5], "ta", {}))
+    rules = repo.get_commit(commit.id).context["merge"]["rules"]
+    assert rules[0] == {"keys": "model.h", "take": 1} and rules[1]["strategy"] == "linear"
+    # a flag wins over the file
+    assert repo.merge(["a", "b"], tmp_path / "r.toml", weights=[1, 1], branch="r2")[0].tree != commit.tree
+
+
+def test_a_json_recipe_and_an_unreadable_one(repo, three, tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps({"strategy": "linear", "weights": [3, 1]}))
+    commit, _ = repo.merge(["a", "b"], str(tmp_path / "r.json"), branch="j")
+    assert repo.get_commit(commit.id).context["merge"]["weights"] == [3.0, 1.0]
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(mvc.BadRecipe):
+        repo.merge(["a", "b"], tmp_path / "bad.json")
+
+
+def test_average_of_a_range_is_a_one_parent_commit_recording_every_input(repo):
+    ids = [repo.commit({"w": torch.full((5,), float(i))}, f"step {i}", step=i).id for i in range(5)]
+    commit, report = repo.merge(["main~4..main"])
+    assert repo.load(commit.id)["w"].tolist() == [2.5] * 5  # steps 1-4
+    assert commit.parents == (ids[-1],)  # the other inputs are already its ancestors
+    assert repo.get_commit(commit.id).context["merge"]["inputs"] == ids[1:]
+    assert report.tensors_merged == 1
+
+
+def test_tied_tensors_stay_tied(repo):
+    w = torch.ones(3, 3)
+    a = repo.commit({"emb": w, "head": w}, "a", branch="a")
+    w2 = torch.zeros(3, 3)
+    b = repo.commit({"emb": w2, "head": w2}, "b", branch="b")
+    c, report = repo.merge([a.id, b.id], branch="m")
+    got = repo.load(c.id)
+    assert got["emb"].data_ptr() == got["head"].data_ptr() and report.tensors_merged == 1
+
+
+# -- a lazy clone reads only what it merges -----------------------------------------------------
+
+def test_a_lazy_clone_merges_by_fetching_only_what_differs(tmp_path):
+    with mvc.Repository.init(tmp_path / "r", chunk_size=SMALL_CHUNK) as repo:
+        repo.remote_add("origin", str(tmp_path / "remote"))
+        base = model(0)
+        repo.commit({"model": base, "step": 0, "name": "base"}, "base")
+        for n, name in enumerate("ab", 1):
+            repo.commit({"model": model(n, base), "step": n, "name": name}, name, branch=name, start="main")
+        repo.push("origin", ("main", "a", "b"))
+        here = repo.merge(["a", "b"], strategy="task-arithmetic", base="main", branch="m")[0]
+        everything = repo.status().chunks
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+        commit, report = lazy.merge(["origin/a", "origin/b"], strategy="task-arithmetic", base="origin/main",
+                                    branch="m")
+        assert commit.tree == here.tree  # the same tree in another repository
+        fetched = lazy.status().chunks
+        assert 0 < fetched < everything and report.chunks_reused > 0
+        assert lazy.fsck().ok
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+def test_cli_merge_show_log_graph_and_diff_against_each_parent(repo, three):
+    r = run_cli(repo, "merge", "a", "b", "--strategy", "ties", "--base", "main", "--param", "density=0.5",
+                "--weights", "1,1")
+    assert r.exit_code == 0, r.output
+    assert "2 inputs, ties" in r.stdout
+    show = run_cli(repo, "show").stdout
+    assert "Merge:  " in show and "Recipe:" in show and "strategy: ties (consensus=sum, density=0.5" in show
+    assert f"base:    {three['base'][:12]}" in show and f"input 1: {three['b'][:12]}" in show
+    graph = run_cli(repo, "log", "--graph", "--oneline", "--all").stdout.splitlines()
+    assert graph[0].startswith("* ") and graph[1].startswith("|\\")
+    for parent in ("HEAD^1", "HEAD^2", "HEAD^3"):
+        d = run_cli(repo, "diff", parent, "HEAD", "--stat")
+        assert d.exit_code == 0 and "tensors changed" in d.stdout
+    js = json.loads(run_cli(repo, "merge", "a", "c", "-b", "soup", "--json").stdout)
+    assert js["report"]["inputs"] == [three["a"], three["c"]] and js["commit"]["branch"] == "soup"
+
+
+def test_cli_average_and_its_errors(repo, three):
+    r = run_cli(repo, "average", "a", "b", "c", "-b", "avg")
+    assert r.exit_code == 0 and "average" in r.stdout
+    bad = repo.commit({"model": {"w": torch.zeros(2)}}, "other", branch="other")
+    r = run_cli(repo, "merge", "a", bad.id)
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "do not match" in r.stderr
+    r = run_cli(repo, "merge", "a", "b", "--strategy", "nope")
+    assert r.exit_code == 2
+    r = run_cli(repo, "merge", "a", "b", "--strategy", "slerp")
+    assert r.exit_code == 1 and "needs the parameter t" in r.stderr

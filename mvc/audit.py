@@ -530,6 +530,13 @@ def _scan(repo, budget: str, kind: str, amount: float, progress) -> ScanReport:
     n = len(items)
     start = next((i for i, (key, _, _) in enumerate(items) if key >= (state["pack"], state["offset"])), 0)
     lap = items[start:] + items[:start]  # one pass around the ring, from the cursor
+    if limit is not None:  # the fewest records, from the cursor, that make up the share
+        taken = 0
+        for count, (_, _, loc) in enumerate(lap, 1):
+            taken += loc.length
+            if taken >= limit:
+                lap = lap[:count]
+                break
     done = visited = 0
     for piece in _pieces(lap):
         found = repo.chunks.verify({cid: loc for _, cid, loc in piece}, threads=1)

@@ -153,15 +153,20 @@ def load_key(path, passphrase: Optional[bytes] = None) -> SigningKey:
         raise SigningKeyError(f"cannot read signing key {path}: {exc.strerror}", path=path) from None
     if isinstance(passphrase, str):
         passphrase = passphrase.encode()
+    from cryptography.exceptions import UnsupportedAlgorithm
     try:
         private = serialization.load_ssh_private_key(data, password=passphrase)
+    except UnsupportedAlgorithm as exc:  # an encrypted key needs bcrypt (pip install 'mvc-checkpoints[sign]')
+        raise SigningKeyError(f"signing key {path} cannot be decrypted here ({exc}): "
+                              "pip install 'mvc-checkpoints[sign]'", path=path) from None
     except TypeError:  # encrypted and no passphrase given (or one given for a plain key)
         if passphrase is None:
             raise SigningKeyError(f"signing key {path} is encrypted: give its passphrase",
                                   path=path, needs_passphrase=True) from None
         return load_key(path, None)
     except (ValueError, binascii.Error) as exc:
-        wrong = passphrase is not None and "password" in str(exc).lower()
+        # a wrong passphrase decrypts to garbage: OpenSSH's check ints differ ("broken checksum")
+        wrong = passphrase is not None and any(w in str(exc).lower() for w in ("password", "checksum"))
         raise SigningKeyError(f"signing key {path} {'cannot be decrypted (wrong passphrase?)' if wrong else 'is not an OpenSSH private key'}",
                               path=path, needs_passphrase=wrong) from None
     if not isinstance(private, Ed25519PrivateKey):

@@ -6,5 +6,6 @@ from . import integrity  # noqa: F401  (registers fsck, lock, unlock, gc)
 from . import compare  # noqa: F401  (registers diff, bisect)
 from . import remote  # noqa: F401  (registers remote, push, fetch, pull, clone, config, cache)
 from . import storage  # noqa: F401  (registers repack)
+from . import audit  # noqa: F401  (registers verify-commit, verify-tag, audit)
 
 __all__ = ["main"]

@@ -405,6 +405,28 @@ def check_fetch(repo, remote: str, refs: dict, fetched: dict) -> list:
     return errors
 
 
+REWRITTEN, UNTRUSTED = "rewritten-protected-ref", "untrusted-history"
+
+
+def remote_findings(repo, remote: str, refs: dict, objects: dict) -> list:
+    """(kind, ref key, detail) for each remote ref (``{"refs/heads/x": id}``) whose policy
+    its history breaks: rewritten since this repository last saw it (its tracking ref,
+    or local tag), or new commits whose signatures are not good. ``objects``: the remote's
+    objects {id: bytes}. For ``fsck --remote``; whatever ``signing.fetch`` says."""
+    out = []
+    with repo.index.read() as txn:
+        for key, new in sorted(refs.items()):
+            ref = key[len("refs/"):] if key.startswith("refs/") else key
+            local = (refnames.REMOTES + remote + "/" + refnames.short_name(ref)
+                     if ref.startswith(refnames.BRANCHES) else ref)
+            current = txn.ref(local)
+            error = check_ref_move(repo, txn, ref, current.id if current is not None else None, new,
+                                   f"on remote {remote!r}", objects)
+            if error is not None:
+                out.append((REWRITTEN if isinstance(error, HistoryRewritten) else UNTRUSTED, key, str(error)))
+    return out
+
+
 # -- scheduled integrity scans ------------------------------------------------------
 
 @dataclass(frozen=True)

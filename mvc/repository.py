@@ -675,6 +675,11 @@ class Repository:
 
     # -- signatures and audit (mvc/audit.py) ----------------------------------
 
+    def signer(self, sign=True, passphrase=None):
+        """The ``mvc.signing.SigningKey`` that ``sign`` names (a key, a key file path, True for
+        setting ``signing.key``; None/False: None), loaded once for many commits. SigningKeyError."""
+        return _audit.signer(self, sign, passphrase)
+
     def verify_commit(self, rev: str = refs.HEAD) -> "_audit.CommitVerification":
         """The signature verdict of the commit ``rev`` names, against ``signing.allowed-signers``."""
         return _audit.verify_commit(self, rev)

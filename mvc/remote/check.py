@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .. import audit as _audit
 from .. import hashing, reach
 from ..errors import CorruptObject
 from ..objects import TensorLeaf
@@ -125,6 +126,8 @@ def fsck_remote(repo, name: Optional[str] = None) -> RemoteFsckReport:
                 seen.problems.append(RemoteProblem(BAD_REF, key, str(exc), (key,)))
         for key, tip in sorted(refs.items()):
             _walk_ref(key, tip, seen)
+        for kind, key, detail in _audit.remote_findings(repo, conn.name, refs, seen.objects):
+            seen.problems.append(RemoteProblem(kind, key, detail, (key,)))
         decoded_chunks = len(seen.chunks)
         return RemoteFsckReport(conn.name, bucket.url, seen.packs, decoded_chunks, len(seen.objects), len(refs),
                                 seen.bytes, tuple(_merge(seen.problems)))

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from .. import audit as _audit
 from .. import refs as refnames
 from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict
 from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
@@ -319,6 +320,7 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
         if old == tip:
             updates.append(RefUpdate(ref, _hex(old), _hex(tip), "up to date"))
             continue
+        _audit.check_push(repo, ref, old, tip, conn.name)  # signing policy: force does not bypass it
         if old is not None and old_protected and not force:
             raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was moved "
                                "(pass --force to move it)")
@@ -536,6 +538,7 @@ def fetch(repo, name: Optional[str] = None, progress=None) -> FetchReport:
             fetched = _incoming_objects(repo, conn)
             with repo.index.read() as txn:
                 inc = _closure(repo, txn, [oid for oid, _, _ in remote.values()], fetched)
+            _audit.check_fetch(repo, conn.name, {ref: oid for ref, (oid, _, _) in remote.items()}, fetched)
             received = 0
             if lazy:
                 absent = [cid for cid in inc.chunks if not conn.catalogue.has_chunk(cid)]

@@ -220,6 +220,9 @@ class AuditEntry:
     tree: str
     signature: CommitVerification
     pruned: bool = False
+    encoding: bytes = b""  # with objects=True: the stored bytes (BLAKE3 of them is the id) ...
+    payload: bytes = b""  # ... and what the signature covers, for checking without mvc
+    sshsig: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -254,8 +257,9 @@ def highlights(context: dict) -> dict:
     return out
 
 
-def audit(repo, rev: str) -> AuditReport:
-    """Every commit ``rev`` reaches (all parents), newest first, each verified.
+def audit(repo, rev: str, objects: bool = False) -> AuditReport:
+    """Every commit ``rev`` reaches (all parents), newest first, each verified;
+    with ``objects``, each entry carries its stored bytes, payload and signature.
 
     A commit whose stored bytes are damaged is listed as ``bad`` with no
     record (its parents cannot be trusted, so the walk stops there).
@@ -274,9 +278,10 @@ def audit(repo, rev: str) -> AuditReport:
             if obj is None:
                 entries.append(AuditEntry(oid.hex(), (), "", 0.0, "", None, None, {}, {}, "", verdict))
                 continue
+            raw = (txn.get("commits", oid), obj.payload(), obj.signature) if objects else (b"", b"", b"")
             entries.append(AuditEntry(oid.hex(), tuple(p.hex() for p in obj.parents), obj.author, obj.time / 1e6,
                                       obj.message, obj.step, obj.epoch, dict(obj.metrics), highlights(obj.context),
-                                      obj.tree.hex(), verdict, txn.pruned(oid) is not None))
+                                      obj.tree.hex(), verdict, txn.pruned(oid) is not None, *raw))
             if not obj.parents:
                 roots.append(oid.hex())
             todo += obj.parents

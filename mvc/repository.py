@@ -688,9 +688,9 @@ class Repository:
         """The signature verdict of tag ``name`` (unsigned for a plain tag)."""
         return _audit.verify_tag(self, name)
 
-    def audit(self, rev: str = refs.HEAD) -> "_audit.AuditReport":
+    def audit(self, rev: str = refs.HEAD, objects: bool = False) -> "_audit.AuditReport":
         """The history from ``rev`` back to its roots, each commit verified; see ``mvc.audit.audit``."""
-        return _audit.audit(self, rev)
+        return _audit.audit(self, rev, objects)
 
     def scan(self, budget="10%", progress=None) -> "_audit.ScanReport":
         """One run of the rotating integrity scan; see ``mvc.audit.scan``."""

@@ -51,6 +51,13 @@ def test_audit_chain_back_to_the_root(repo, tmp_path):
     assert out["commits"][2]["signature"]["good"] is True and out["commits"][2]["time_utc"].endswith("Z")
     r = run_cli(repo, "audit", a.id)
     assert r.exit_code == 0 and "1 good, 0 bad" in r.output and "code.git_commit = abc123" in r.output
+    # --objects: what a reviewer checks with b3sum and ssh-keygen, without mvc
+    entry = json.loads(run_cli(repo, "audit", "--json", "--objects", a.id).output)["commits"][0]
+    assert mvc.hashing.digest(bytes.fromhex(entry["encoding"])).hex() == a.id
+    blob = signing.dearmor(entry["sshsig"])
+    assert signing.verify(blob, bytes.fromhex(entry["payload"]), signing.parse_allowed_signers(
+        f"x {ALICE.public_line()}")).good
+    assert "payload" not in json.loads(run_cli(repo, "audit", "--json").output)["commits"][0]
 
 
 def test_audit_marks_a_damaged_commit_bad_and_stops_there(repo, tmp_path):

@@ -84,21 +84,30 @@ def verify_tag(ctx, names, as_json):
 @main.command("audit")
 @click.argument("rev", default="HEAD")
 @click.option("--json", "as_json", is_flag=True, help="Emit the chain as JSON (for reviewers' tools).")
+@click.option("--objects", is_flag=True, help="With --json: each commit's stored bytes (hex; BLAKE3 gives "
+              "its id), signed payload (hex) and armored SSH signature, to check with b3sum and "
+              "'ssh-keygen -Y verify -n mvc' without mvc.")
 @click.pass_context
-def audit_command(ctx, rev, as_json):
+def audit_command(ctx, rev, as_json, objects):
     """The history from REV back to its roots: ids, parents, signers, times,
     training record, context highlights and each commit's signature verdict.
 
     Exits 1 unless every commit on it has a good signature.
     """
+    from ..signing import armor
     with open_repo() as repo:
-        report = repo.audit(rev)
+        report = repo.audit(rev, objects=objects)
     if as_json:
         out = to_jsonable(report)
         out["ok"], out["counts"] = report.ok, report.counts
         for entry, e in zip(out["commits"], report.commits):
             entry["signature"]["good"] = e.signature.good
             entry["time_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(e.time)) if e.time else None
+            for name in ("encoding", "payload", "sshsig"):
+                if not objects:
+                    entry.pop(name)
+            if objects:
+                entry["sshsig"] = armor(e.sshsig) if e.sshsig else None
         echo_json(out)
     else:
         _show_audit(report)

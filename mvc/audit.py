@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -489,7 +490,7 @@ def _load_state(path: Path) -> dict:
 
 
 def _save_state(path: Path, state: dict) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp = path.with_name(path.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(state))
     os.replace(tmp, path)
 
@@ -565,7 +566,7 @@ def _scan(repo, budget: str, kind: str, amount: float, progress) -> ScanReport:
                 lap = lap[:count]
                 break
     done = visited = 0
-    for piece in _pieces(lap):
+    for piece in _pieces(lap, 16 << 20):
         found = repo.chunks.verify({cid: loc for _, cid, loc in piece}, threads=1)
         pack_of = {cid: key[0] for key, cid, _ in piece}
         problems += [ScanProblem(pack_filename(bytes.fromhex(pack_of[p.id])), p.id.hex(), p.kind, p.detail)

@@ -29,6 +29,7 @@ RefConflict instead.
 
 import atexit
 import copy
+import logging
 import os
 import threading
 import time
@@ -45,6 +46,7 @@ from .pusher import Pusher
 from .state import Components, Snapshot
 
 LAYOUT = 1
+_log = logging.getLogger("mvc_hooks")
 PUSH_CLOSE_S = 600.0  # close() waits at most this long for the last background push
 
 # Branches this process's Checkpointers are using: the branch lock belongs to
@@ -162,6 +164,13 @@ class Checkpointer:
     instead: every rank's ``path`` is its own host's clone, each rank
     uploads its shards and rank 0 commits and pushes (sharded.py), so the
     hosts share no filesystem.
+
+    ``sign`` signs every commit (a ``mvc.signing.SigningKey``, a key file
+    path, or True for setting ``signing.key``; not for sharded saves).
+    ``scan`` (a budget such as "10%") runs the repository's rotating
+    integrity scan (``mvc fsck --budget``) in a background thread after each
+    commit: with "P%", every ceil(100/P) commits cover every pack. Damage it
+    finds is logged and raised as ScanFoundDamage by the next ``step()``.
     """
 
     def __init__(self, path=".", *, model=None, optimizer=None, scheduler=None, scaler=None,
@@ -170,7 +179,8 @@ class Checkpointer:
                  every_n_steps=None, every_n_seconds=None, on_best=None, adaptive=None,
                  overhead_budget=None, policy=None, async_save: bool = True,
                  context: Optional[dict] = None, chunk_size: Optional[int] = None,
-                 on_commit: Optional[Callable] = None, remote: Optional[str] = None):
+                 on_commit: Optional[Callable] = None, remote: Optional[str] = None, sign=None,
+                 scan=None):
         self.components = Components(model=model, optimizer=optimizer, scheduler=scheduler,
                                      scaler=scaler, stateful=stateful)
         data.watch()
@@ -190,6 +200,8 @@ class Checkpointer:
         self.async_save = async_save
         self.user_context = dict(context or {})
         self.on_commit = on_commit
+        self._sign, self._signer = sign, None
+        self._scan = _Scans(scan) if scan is not None else None
         self.rank = distributed.rank()
         self.world_size = distributed.world_size()
         self.root = self.rank == 0
@@ -262,6 +274,7 @@ class Checkpointer:
         self.branch = branch
         self.repo.lock_branch(branch)
         self._locked = True
+        self._signer = self.repo.signer(self._sign)
         if remote is not None and not self._via_remote(remote):
             self._pusher = Pusher.of(self.repo, remote, branch)
 
@@ -295,6 +308,8 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            if self._scan is not None:
+                self._scan.join()
             self._drop_save_group()
             if self._pusher is not None:
                 self._pusher.close(PUSH_CLOSE_S)
@@ -345,6 +360,8 @@ class Checkpointer:
             self._pusher.poll()
         if self._pending is not None and self._pending.done():
             self.wait()
+        if self._scan is not None:
+            self._scan.raise_found()
         if self.loader is not None:
             expected, self._resumed_step = self._resumed_step, None
             self.loader.on_step(step, expected)
@@ -460,12 +477,14 @@ class Checkpointer:
                                        obs, self._started, self._distributed, self.user_context)
 
     def _commit(self, state: dict, record: dict) -> mvc.Commit:
-        commit = self.repo.commit(state, branch=self.branch, rebase=False, **record)
+        commit = self.repo.commit(state, branch=self.branch, rebase=False, sign=self._signer, **record)
         self._landed(commit)
         return commit
 
     def _landed(self, commit: mvc.Commit) -> None:
         self.last_commit = commit
+        if self._scan is not None:
+            self._scan.start(self.repo)
         if self._pusher is not None:
             self._pusher.request()
         if self.on_commit is not None:
@@ -601,6 +620,42 @@ class Checkpointer:
 
     def _same_world(self, state: dict) -> bool:
         return state["world_size"] == self.world_size
+
+
+class _Scans:
+    """The background integrity scans of a run: one at a time, started after a
+    commit lands; damage found is kept for the next ``step()`` to raise."""
+
+    def __init__(self, budget):
+        mvc.audit.parse_budget(budget)  # a bad budget fails when the Checkpointer is made
+        self.budget, self.thread, self.found, self.reports = budget, None, None, []
+
+    def start(self, repo: mvc.Repository) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            return  # the last scan is still running: this commit's turn is skipped, not queued
+        self.thread = threading.Thread(target=self._run, args=(repo,), name="mvc-scan", daemon=True)
+        self.thread.start()
+
+    def _run(self, repo: mvc.Repository) -> None:
+        try:
+            report = repo.scan(self.budget)
+        except mvc.MvcError as exc:  # e.g. gc held the lock too long: try again after the next commit
+            _log.warning("mvc integrity scan did not run: %s", exc)
+            return
+        self.reports.append(report)
+        if not report.ok:
+            _log.error("mvc integrity scan found damage: %s", "; ".join(
+                f"{p.pack} {p.kind} {p.detail}" for p in report.problems))
+            self.found = report
+
+    def raise_found(self) -> None:
+        found, self.found = self.found, None
+        if found is not None:
+            mvc.audit.raise_for(found)
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
 
 
 def _storage(tensor: torch.Tensor) -> tuple:

@@ -82,11 +82,13 @@ class MvcCheckpoint(ModelCheckpoint):
     commits retention keeps besides the tagged ones (default 1: the tip,
     as ModelCheckpoint keeps only the files it lists). ``remote`` names a
     remote of the repository to push the branch to after each commit (in
-    the background). Every other keyword is ModelCheckpoint's.
+    the background). ``sign`` signs every commit (a key, a key file path,
+    or True for setting ``signing.key``). Every other keyword is
+    ModelCheckpoint's.
     """
 
     def __init__(self, repo=".", branch: str = "lightning", keep_last: int = 1,
-                 chunk_size: Optional[int] = None, remote: Optional[str] = None, **kwargs):
+                 chunk_size: Optional[int] = None, remote: Optional[str] = None, sign=None, **kwargs):
         kwargs.setdefault("dirpath", os.fspath(repo))  # checkpoint paths name tags, no file is written
         super().__init__(**kwargs)
         if not isinstance(keep_last, int) or keep_last < 1:
@@ -96,6 +98,8 @@ class MvcCheckpoint(ModelCheckpoint):
         self.keep_last = keep_last
         self.chunk_size = chunk_size
         self.remote = remote
+        self.sign = sign  # signs every commit: a key, a key file path, or True for signing.key
+        self._signer = None
         self.repo: Optional[mvc.Repository] = None
         self.last_commit: Optional[mvc.Commit] = None
         self._pusher: Optional[Pusher] = None
@@ -112,6 +116,7 @@ class MvcCheckpoint(ModelCheckpoint):
             trainer.strategy.checkpoint_io = _MvcCheckpointIO(self, io)
         if trainer.is_global_zero and stage == "fit" and self.repo is None:
             self.repo, self._pusher = open_run(self.repo_path, self.chunk_size, self.branch, self.remote)
+            self._signer = self.repo.signer(self.sign)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
@@ -201,7 +206,7 @@ class MvcCheckpoint(ModelCheckpoint):
         step, epoch = checkpoint.get("global_step"), checkpoint.get("epoch")
         commit = self.repo.commit(_plain(checkpoint), message=f"lightning {os.path.basename(path)}",
                                   step=step, epoch=epoch, metrics=self._metrics, branch=self.branch,
-                                  context={"lightning": {"path": path, "monitor": self.monitor,
+                                  sign=self._signer, context={"lightning": {"path": path, "monitor": self.monitor,
                                                          "mode": self.mode, "save_top_k": self.save_top_k}})
         tag = self._tag(path)
         moved = any(t.name == tag for t in self.repo.tags())  # "last", saved under one name each time

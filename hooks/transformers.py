@@ -67,16 +67,19 @@ class MvcCallback(TrainerCallback):
     The repository is opened at ``repo`` or above it, or created there.
     The main process holds the branch's write lock while training.
     ``remote`` names a remote of the repository to push the branch to after
-    each commit (in the background).
+    each commit (in the background). ``sign`` signs every commit (a key, a
+    key file path, or True for setting ``signing.key``).
     """
 
     def __init__(self, repo=".", branch: str = "hf", keep_files: bool = False, chunk_size: Optional[int] = None,
-                 remote: Optional[str] = None):
+                 remote: Optional[str] = None, sign=None):
         self.repo_path = repo
         self.branch = branch
         self.keep_files = keep_files
         self.chunk_size = chunk_size
         self.remote = remote
+        self.sign = sign  # signs every commit: a key, a key file path, or True for signing.key
+        self._signer = None
         self.repo: Optional[mvc.Repository] = None
         self.last_commit: Optional[mvc.Commit] = None
         self.output_dir: Optional[str] = None  # the Trainer's, once it told us (checkout's default parent)
@@ -90,6 +93,7 @@ class MvcCallback(TrainerCallback):
         self.output_dir = args.output_dir
         if state.is_world_process_zero and self.repo is None:
             self.repo, self._pusher = open_run(self.repo_path, self.chunk_size, self.branch, self.remote)
+            self._signer = self.repo.signer(self.sign)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.repo is not None:
@@ -122,6 +126,7 @@ class MvcCallback(TrainerCallback):
         self.last_commit = self.repo.commit(
             checkpoint, message=f"hf checkpoint-{state.global_step}", step=state.global_step,
             epoch=int(state.epoch or 0), metrics=_metrics(state), branch=self.branch, rebase=False,
+            sign=self._signer,
             context={"transformers": {"epoch": state.epoch, "max_steps": state.max_steps,
                                       "train_batch_size": state.train_batch_size,
                                       "learning_rate": args.learning_rate, "seed": args.seed,

@@ -4,7 +4,7 @@
 save writes only the blocks that changed; commits carry the training record.
 """
 
-from . import dtypes, traverse
+from . import audit, dtypes, signing, traverse  # audit, signing: signed commits, audits, scheduled scans
 from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CommitPruned, CorruptObject,
                      InvalidRefName, LockHeld, MvcError, NotARepository, ObjectNotFound, ProtectedRef,
                      RefConflict, RepositoryExists, UnknownRevision, UnsupportedFormat)

@@ -204,3 +204,48 @@ class BadRecipe(MergeError, BadInput):
     def __init__(self, message: str = "", *, field=None):
         super().__init__(message)
         self.field = field
+# -- signatures, audit and scheduled integrity scans (mvc/signing.py, mvc/audit.py) --
+
+class SigningKeyError(MvcError):
+    """A signing key cannot be used: unreadable, encrypted without (or with a
+    wrong) passphrase, or not Ed25519. ``path`` names the key file."""
+
+    def __init__(self, message: str = "", *, path: str = "", needs_passphrase: bool = False):
+        super().__init__(message)
+        self.path, self.needs_passphrase = path, needs_passphrase
+
+
+class BadAllowedSigners(MvcError):
+    """The allowed signers file cannot be read or has a malformed line (``path``, ``line``)."""
+
+    def __init__(self, message: str = "", *, path: str = "", line: int = 0):
+        super().__init__(message)
+        self.path, self.line = path, line
+
+
+class SignatureRequired(MvcError):
+    """A ref whose policy requires good signatures would name a commit (or a
+    tag) whose verdict is not good. ``ref`` is the ref, ``id`` the commit,
+    ``status`` its verdict (unsigned, unknown, bad)."""
+
+    def __init__(self, message: str = "", *, ref: str = "", id=None, status: str = ""):
+        super().__init__(message, id=id)
+        self.ref, self.status = ref, status
+
+
+class HistoryRewritten(MvcError):
+    """A ref that requires signatures would move (or has moved) to a commit
+    that does not descend from where it was. ``ref``, ``old``, ``new`` (hex)."""
+
+    def __init__(self, message: str = "", *, ref: str = "", old: str = "", new: str = ""):
+        super().__init__(message, id=new)
+        self.ref, self.old, self.new = ref, old, new
+
+
+class ScanFoundDamage(CorruptObject):
+    """A scheduled integrity scan found records that do not verify.
+    ``problems``: ((pack file, chunk id hex, kind), ...)."""
+
+    def __init__(self, message: str = "", *, problems: tuple = ()):
+        super().__init__(message, id=problems[0][1] if problems else None)
+        self.problems = tuple(problems)

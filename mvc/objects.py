@@ -14,7 +14,10 @@
   tuples and plain values (None, bool, int, float, str, bytes) are kept as
   they are; each tensor is a ``TensorLeaf`` naming a tensor object.
 - **commit**: tree id, parent ids, message, author, time and the training
-  record (step, epoch, metrics, context).
+  record (step, epoch, metrics, context); optionally a signature over the
+  rest (its **payload**).
+- **tag** (signed tags only): name, target commit, tagger, time, message,
+  signature.
 
 Each object encodes itself as a canonical msgpack map with a ``type`` field
 (see ``docs/format.md``); its id is the BLAKE3 digest of those bytes. Each
@@ -287,19 +290,31 @@ class CommitObject:
     epoch: Any = None
     metrics: dict = field(default_factory=dict)
     context: dict = field(default_factory=dict)
+    signature: bytes = b""  # an SSHSIG over payload() (extension signatures); b"": unsigned
 
-    def encode(self) -> bytes:
-        return _readable(encoding.pack({
+    def _fields(self) -> dict:
+        return {
             "type": "commit", "tree": self.tree, "parents": list(self.parents),
             "message": self.message, "author": self.author, "time": self.time,
             "step": self.step, "epoch": self.epoch, "metrics": self.metrics,
             "context": self.context,
-        }), CommitObject.decode, "commit")
+        }
+
+    def payload(self) -> bytes:
+        """What a signature covers: the encoding without ``signature`` (an unsigned commit's bytes)."""
+        return encoding.pack(self._fields())
+
+    def encode(self) -> bytes:
+        fields = self._fields()
+        if self.signature:  # absent when unsigned: those bytes stay what format 1 wrote
+            fields["signature"] = self.signature
+        return _readable(encoding.pack(fields), CommitObject.decode, "commit")
 
     @classmethod
     def decode(cls, data: bytes) -> "CommitObject":
         v = _decode_map(data, "commit")
-        _fields(v, "commit", _COMMIT_FIELDS)
+        _fields(v, "commit", _COMMIT_FIELDS | {"signature"} if "signature" in v else _COMMIT_FIELDS)
+        _check("signature" not in v or _is_signature(v["signature"]), "commit signature is not a signature blob")
         _check(_is_id(v["tree"]), "commit tree is not an id")
         _check(type(v["parents"]) is list and all(_is_id(p) for p in v["parents"]), "commit parents are not ids")
         _check(type(v["message"]) is str and type(v["author"]) is str, "commit message or author is not text")
@@ -311,4 +326,52 @@ class CommitObject:
                "commit metrics are not a map of numbers")
         _check(type(v["context"]) is dict, "commit context is not a map")
         return cls(v["tree"], tuple(v["parents"]), v["message"], v["author"], v["time"],
-                   v["step"], v["epoch"], metrics, v["context"])
+                   v["step"], v["epoch"], metrics, v["context"], v.get("signature", b""))
+
+
+MAX_SIGNATURE = 8 << 10
+
+
+def _is_signature(value) -> bool:
+    return type(value) is bytes and 0 < len(value) <= MAX_SIGNATURE
+
+
+_TAG_FIELDS = {"type", "name", "target", "tagger", "time", "message"}
+
+
+@dataclass(frozen=True)
+class TagObject:
+    """A signed tag: the tag's name, the commit it names, who tagged it and when,
+    a message, and a signature over ``payload()``. Kept beside the tag's ref
+    (``docs/format.md`` 7.4); a tag without one is a plain ref."""
+
+    name: str
+    target: bytes
+    tagger: str
+    time: int  # microseconds since the Unix epoch, UTC
+    message: str = ""
+    signature: bytes = b""
+
+    def _fields(self) -> dict:
+        return {"type": "tag", "name": self.name, "target": self.target, "tagger": self.tagger,
+                "time": self.time, "message": self.message}
+
+    def payload(self) -> bytes:
+        return encoding.pack(self._fields())
+
+    def encode(self) -> bytes:
+        fields = self._fields()
+        if self.signature:
+            fields["signature"] = self.signature
+        return encoding.pack(fields)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "TagObject":
+        v = _decode_map(data, "tag")
+        _fields(v, "tag", _TAG_FIELDS | {"signature"} if "signature" in v else _TAG_FIELDS)
+        _check(type(v["name"]) is str and type(v["tagger"]) is str and type(v["message"]) is str,
+               "tag name, tagger or message is not text")
+        _check(_is_id(v["target"]), "tag target is not an id")
+        _check(type(v["time"]) is int, "tag time is not an int")
+        _check("signature" not in v or _is_signature(v["signature"]), "tag signature is not a signature blob")
+        return cls(v["name"], v["target"], v["tagger"], v["time"], v["message"], v.get("signature", b""))

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from . import audit as _audit
 from . import bisect as _bisect
 from . import diff as _diff
 from . import exchange as _exchange
@@ -50,7 +51,8 @@ SEALED_VALUES = "sealed-values"  # refs, reflog, locks and pruned notes carry ch
 # or deltas (docs/format.md 4.2); written to FORMAT before the first such pack
 # is indexed, so an mvc that cannot decode them refuses the repository.
 ENCODED_RECORDS = "encoded-records"
-KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES, ENCODED_RECORDS, _sharded.EXTENSION})
+SIGNATURES = "signatures"  # commit objects may carry a signature field (format.md 7.3.1)
+KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES, ENCODED_RECORDS, _sharded.EXTENSION, SIGNATURES})
 # 256 KiB, from benchmarks/bench_core.py --chunk-sizes (1 GiB state): commits
 # and loads are as fast as with 1-4 MiB chunks (per-chunk costs show only at
 # 128 KiB and below), while a few touched embedding rows rewrite a quarter
@@ -395,7 +397,7 @@ class Repository:
                epoch: Optional[int] = None, metrics: Optional[dict] = None,
                context: Optional[dict] = None, branch: Optional[str] = None,
                author: Optional[str] = None, rebase: bool = False, start: Optional[str] = None,
-               progress: Optional[Callable[[int, int], None]] = None) -> Commit:
+               progress: Optional[Callable[[int, int], None]] = None, sign=None) -> Commit:
         """Store ``state`` as a new commit on ``branch`` (default: HEAD's branch).
 
         A ``branch`` that does not exist yet starts at ``start`` (a revision,
@@ -405,11 +407,17 @@ class Repository:
         commit started; if another commit landed meanwhile this raises
         RefConflict, or with ``rebase=True`` commits onto the new tip.
         ``progress(done, total)`` is called with the bytes hashed so far.
+        ``sign``: sign the commit (``docs/format.md`` 7.3.1) with a
+        ``mvc.signing.SigningKey``, the path of an OpenSSH Ed25519 key file,
+        or True for the key in setting ``signing.key``.
         Raises BadInput for a state or metadata that cannot be stored,
-        ProtectedRef / LockHeld if the branch may not move; in every case
+        ProtectedRef / LockHeld if the branch may not move, SigningKeyError
+        for a key that cannot be used, SignatureRequired for an unsigned
+        commit to a branch whose policy requires signatures; in every case
         before any chunk is written.
         """
         record = _record(message, step, epoch, metrics, context, author or default_author())
+        signer = _audit.signer(self, sign)
         me = locking.this_process(record.author)
         # The shared gc lock covers the first dedup lookup through the index
         # transaction: gc must not delete a chunk this commit chose not to write.
@@ -419,17 +427,21 @@ class Repository:
                 parent = self.refs.tip(txn, ref)
                 fork = self.refs.resolve(txn, start) if parent is None and ref and start else None
                 self.refs.check_commit(txn, ref, me)  # before writing chunks, and again below
+                _audit.check_commit_policy(txn, ref, signer)
+            if signer is not None:
+                self._require_extension(SIGNATURES)
             root, slots = _state_module().flatten(state)
             batch, stats = self._write_chunks(slots, progress)
             # a failure from here on leaves a sealed, unpublished pack: garbage gc reclaims
             tensors = _encode_tensors(slots, self.chunk_size)
             tree_data = TreeObject(_state_module().tree_root(root)).encode()
             with self.index.write() as txn:
-                oid, obj = self._land(txn, ref, parent, rebase, me, record, batch.publish, tensors, tree_data, fork)
+                oid, obj = self._land(txn, ref, parent, rebase, me, record, batch.publish, tensors, tree_data, fork,
+                                      signer)
         return replace(self._to_commit(oid, obj, stats), branch=refs.short_name(ref) if ref else None)
 
     def _land(self, txn, ref, parent, rebase: bool, me, record: CommitObject, publish: Callable,
-              tensors: dict, tree_data: bytes, fork: Optional[bytes] = None, merged: tuple = ()) -> tuple:
+              tensors: dict, tree_data: bytes, fork: Optional[bytes] = None, merged: tuple = (), signer=None) -> tuple:
         """A commit's one index write transaction: compare-and-swap against
         ``parent`` (or onto the tip with ``rebase``), ``publish(txn)`` its
         chunks, store its objects, move ``ref``. A new branch's first commit
@@ -444,6 +456,8 @@ class Repository:
         base = tip or fork  # a new branch forks from its start point
         parents = ((base,) if base else ()) + tuple(dict.fromkeys(p for p in merged if p != base))
         obj = replace(record, tree=tree_id, parents=parents, time=_now_us())
+        if signer is not None:  # signed last: the time and parents are final only here
+            obj = _audit.sign_commit(obj, signer)
         oid = self.objects.put(txn, "commits", obj.encode())
         title = record.message.splitlines()[0] if record.message else ""
         self.refs.set_if_equals(txn, ref, tip, oid, f"commit: {title}")
@@ -640,13 +654,49 @@ class Repository:
         self._delete_ref(refs.BRANCHES + refs.check_name(name, "branch"), force)
 
     def create_tag(self, name: str, rev: str = refs.HEAD, protect: Optional[bool] = None,
-                   force: bool = False) -> Ref:
-        """Tag ``rev``; a protected tag is not moved or deleted without ``force``."""
+                   force: bool = False, sign=None, message: str = "") -> Ref:
+        """Tag ``rev``; a protected tag is not moved or deleted without ``force``.
+
+        ``sign`` (a key, a key path, or True for ``signing.key``) makes it a
+        signed tag: a tag object over its name, target, tagger, time and
+        ``message`` is stored with the ref (``docs/format.md`` 7.4).
+        """
         ref = refs.TAGS + refs.check_name(name, "tag")
-        return self._set_ref(ref, rev, force, protect, f"tag: {rev}")
+        signer = _audit.signer(self, sign)
+        with self.index.write() as txn:
+            me = locking.this_process(default_author())
+            oid, protected = self.refs.set(txn, ref, rev, force, protect, f"tag: {rev}", me)
+            _audit.put_tag(txn, name, oid, signer, message, default_author(), _now_us())
+        return Ref(name, oid.hex(), protected)
 
     def delete_tag(self, name: str, force: bool = False) -> None:
-        self._delete_ref(refs.TAGS + refs.check_name(name, "tag"), force)
+        with self.index.write() as txn:
+            self.refs.delete(txn, refs.TAGS + refs.check_name(name, "tag"), force,
+                             locking.this_process(default_author()))
+            _audit.put_tag(txn, name, None, None)
+
+    # -- signatures and audit (mvc/audit.py) ----------------------------------
+
+    def signer(self, sign=True, passphrase=None):
+        """The ``mvc.signing.SigningKey`` that ``sign`` names (a key, a key file path, True for
+        setting ``signing.key``; None/False: None), loaded once for many commits. SigningKeyError."""
+        return _audit.signer(self, sign, passphrase)
+
+    def verify_commit(self, rev: str = refs.HEAD) -> "_audit.CommitVerification":
+        """The signature verdict of the commit ``rev`` names, against ``signing.allowed-signers``."""
+        return _audit.verify_commit(self, rev)
+
+    def verify_tag(self, name: str) -> "_audit.TagVerification":
+        """The signature verdict of tag ``name`` (unsigned for a plain tag)."""
+        return _audit.verify_tag(self, name)
+
+    def audit(self, rev: str = refs.HEAD, objects: bool = False) -> "_audit.AuditReport":
+        """The history from ``rev`` back to its roots, each commit verified; see ``mvc.audit.audit``."""
+        return _audit.audit(self, rev, objects)
+
+    def scan(self, budget="10%", progress=None) -> "_audit.ScanReport":
+        """One run of the rotating integrity scan; see ``mvc.audit.scan``."""
+        return _audit.scan(self, budget, progress)
 
     def set_protected(self, name: str, protected: bool = True, kind: str = "branch") -> Ref:
         """Protect or unprotect a branch or tag (kind "branch" or "tag")."""
@@ -960,6 +1010,8 @@ class Repository:
 
         Setting ``cache.remote`` takes effect when the repository is next opened.
         """
+        if key.startswith("signing."):
+            return _audit.config(self, key, value, unset)
         config = _remote("config")
         if value is None and not unset:
             with self.index.read() as txn:

@@ -8,5 +8,6 @@ from . import remote  # noqa: F401  (registers remote, push, fetch, pull, clone,
 from . import storage  # noqa: F401  (registers repack)
 from . import serve  # noqa: F401  (registers serve)
 from . import merge  # noqa: F401  (registers merge, average)
+from . import audit  # noqa: F401  (registers verify-commit, verify-tag, audit)
 
 __all__ = ["main"]

@@ -8,6 +8,7 @@ from .. import Repository
 from ..files import FORMATS
 from ..repository import DEFAULT_CHUNK_SIZE, MAX_WRITE_CHUNK
 from ..errors import MvcError
+from .audit import load_signer, signature_line
 from .graph import layout as graph_layout
 from .base import (Progress, echo_json, human_bytes, main, open_repo, parse_pairs, record_line, title,
                    to_jsonable)
@@ -74,7 +75,10 @@ def init(path, chunk_size):
 @click.option("--metric", "metrics", multiple=True, metavar="K=V", help="A metric (repeatable).")
 @click.option("--context", "context", multiple=True, metavar="K=V", help="A context field (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the commit as JSON.")
-def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json):
+@click.option("-S", "--sign", "sign", is_flag=True, help="Sign the commit with the key in signing.key.")
+@click.option("--signing-key", metavar="KEYFILE", default=None,
+              help="Sign with this OpenSSH Ed25519 private key file (implies -S).")
+def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json, sign=False, signing_key=None):
     """Commit the state in FILE (.pt/.pth/.bin/.ckpt or .safetensors), or a
     Hugging Face model folder (model.safetensors or its shards, config and
     tokenizer files)."""
@@ -87,8 +91,9 @@ def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json
         start = None if orphan or repo.head().id is None else "HEAD"
         if orphan and branch in {b.name for b in repo.branches()}:
             raise click.UsageError(f"--orphan starts a new branch, and {branch!r} exists")
+        signer = load_signer(repo, sign, signing_key)
         c = repo.commit_file(file, message, step=step, epoch=epoch, metrics=metrics, context=context,
-                             branch=branch, start=start, read_progress=reading, progress=hashing)
+                             branch=branch, start=start, read_progress=reading, progress=hashing, sign=signer)
     if as_json:
         echo_json(c)
         return
@@ -113,7 +118,8 @@ def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json
 @click.option("--plot", "plot_to", nargs=2, metavar="METRIC FILE", default=None,
               help="Also draw METRIC across these commits into FILE (e.g. loss.png). "
                    "Needs matplotlib: pip install 'mvc-checkpoints[plot]'.")
-def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to):
+@click.option("--show-signature", is_flag=True, help="Check and show each commit's signature.")
+def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signature=False):
     """Show the history from REV (default HEAD), newest first.
 
     A..B shows the commits B reaches and A does not (as in Git); --all
@@ -141,34 +147,38 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to):
         else:
             commits = list(repo.log(None, n=max_count))
         decorations = _decorations(repo)
+        verdicts = {c.id: repo.verify_commit(c.id) for c in commits} if show_signature else {}
     if plot_to:
         metric, path = plot_to
         title_of = " ".join(revs) or ("--all" if all_refs else "HEAD")
         written = plot.plot_metric(commits, metric, path, title=f"{metric} on {title_of}")
         click.echo(f"plot written to {written}", err=True)
     if as_json:
-        echo_json(commits)
+        echo_json([{**to_jsonable(c), "signature": to_jsonable(verdicts[c.id])} for c in commits]
+                  if show_signature else commits)
         return
     rows = graph_layout(commits) if graph else [("", "", [], "")] * len(commits)
     for c, (head, body, folds, spread) in zip(commits, rows):
-        _show_log_entry(c, decorations, oneline, head, body, spread)
+        _show_log_entry(c, decorations, oneline, head, body, spread, verdicts.get(c.id))
         for line in folds:
             click.echo(line)
 
 
-def _show_log_entry(c, decorations, oneline: bool, head: str, body: str, spread: str = "") -> None:
+def _show_log_entry(c, decorations, oneline: bool, head: str, body: str, spread: str = "", verdict=None) -> None:
     names = decorations.get(c.id)
     deco = f" ({', '.join(names)})" if names else ""
     deco += " [pruned]" if c.pruned else ""
     lead = f"{head} " if head else ""
     if oneline:
         record = record_line(c, beside=title(c))
-        click.echo(f"{lead}{c.short_id}{deco} {record + '  ' if record else ''}{title(c)}".rstrip())
+        mark = f"[{verdict.status}] " if verdict is not None else ""
+        click.echo(f"{lead}{c.short_id}{deco} {mark}{record + '  ' if record else ''}{title(c)}".rstrip())
         if spread:
             click.echo(spread)
         return
     pad = f"{body} " if body else ("  " if head else "")
     lines = [f"Merge:  {' '.join(p[:12] for p in c.parents)}"] if len(c.parents) > 1 else []
+    lines += [signature_line(verdict)] if verdict is not None else []
     lines += [f"Author: {c.author}", f"Date:   {_when(c.time)}"]
     if record_line(c):
         lines.append(f"Record: {record_line(c)}")
@@ -477,14 +487,24 @@ def branch(name, rev, delete, move, force, protect, as_json, remotes=False):
 @click.option("--json", "as_json", is_flag=True, help="List tags as JSON.")
 @click.option("--keep-local/--no-keep-local", "keep_local", default=None,
               help="Keep the tag's chunks on this disk whatever the cache budget (as 'mvc cache pin').")
-def tag(name, rev, delete, force, protect, as_json, keep_local=None):
+@click.option("-s", "--sign", "sign", is_flag=True, help="Make a signed tag with the key in signing.key.")
+@click.option("--signing-key", metavar="KEYFILE", default=None, help="Sign with this key file (implies -s).")
+@click.option("-m", "--message", default="", help="The signed tag's message.")
+def tag(name, rev, delete, force, protect, as_json, keep_local=None, sign=False, signing_key=None, message=""):
     if keep_local is not None and (name is None or delete):
         raise click.UsageError("--keep-local takes a tag NAME: mvc tag NAME [REV] --keep-local")
     pin_only = False  # --keep-local alone on an existing tag only pins it
     if keep_local is not None and rev is None and protect is None:
         with open_repo() as repo:
             pin_only = name in {t.name for t in repo.tags()}
-    if not pin_only:
+    if sign or signing_key is not None:
+        if name is None or delete:
+            raise click.UsageError("-s signs a new tag: mvc tag -s NAME [REV]")
+        with open_repo() as repo:
+            ref = repo.create_tag(name, rev or "HEAD", protect=protect, force=force,
+                                  sign=load_signer(repo, sign, signing_key), message=message)
+        click.echo(f"Signed tag {ref.name} at {ref.id[:12]}{' (protected)' if ref.protected else ''}")
+    elif not pin_only:
         _ref_command("tag", name, rev, delete, force, protect, as_json)
     if keep_local is not None:
         with open_repo() as repo:

@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .. import audit as _audit
 from .. import hashing, reach
 from ..errors import CorruptObject, MvcError
 from ..objects import object_id
@@ -163,6 +164,8 @@ def fsck_remote(repo, name: Optional[str] = None) -> RemoteFsckReport:
         seen, refs = _scan(bucket)
         for key, tip in sorted(refs.items()):
             _walk_ref(key, tip, seen)
+        for kind, key, detail in _audit.remote_findings(repo, conn.name, refs, seen.objects):
+            seen.problems.append(RemoteProblem(kind, key, detail, (key,)))
         decoded_chunks = len(seen.chunks)
         seen.needed |= {oid for oid, raw in seen.objects.items()  # a needed commit's pruned note
                         if _is_note(raw, oid) and _classify(raw, oid)[1]["commit"] in seen.needed}

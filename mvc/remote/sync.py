@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from .. import audit as _audit
 from .. import refs as refnames
 from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict, RemoteDamaged
 from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
@@ -396,6 +397,7 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
         if old == tip:
             updates.append(RefUpdate(ref, _hex(old), _hex(tip), "up to date"))
             continue
+        _audit.check_push(repo, ref, old, tip, conn.name)  # signing policy: force does not bypass it
         if old is not None and old_protected and not force:
             raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was moved "
                                "(pass --force to move it)")
@@ -613,7 +615,8 @@ def fetch(repo, name: Optional[str] = None, progress=None, prune: bool = False) 
         remote = conn.remote_refs()
         lazy = lazy_for(repo, conn.name)
         with repo.gc_lock.shared():
-            inc = _plan_fetch(repo, conn, [oid for oid, _, _ in remote.values()], lazy)
+            inc, fetched = _plan_fetch(repo, conn, [oid for oid, _, _ in remote.values()], lazy)
+            _audit.check_fetch(repo, conn.name, {ref: oid for ref, (oid, _, _) in remote.items()}, fetched)
             received = 0 if lazy else download(repo, conn, inc.chunks, progress)
             updates = _store_fetch(repo, conn, inc, remote, prune)
         return FetchReport(conn.name, tuple(updates), len(inc.objects), 0 if lazy else len(inc.chunks),
@@ -622,8 +625,8 @@ def fetch(repo, name: Optional[str] = None, progress=None, prune: bool = False) 
         conn.close()
 
 
-def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> _Incoming:
-    """What to fetch for ``tips``, once the remote is seen to hold all of it: the refs were listed
+def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> tuple:
+    """(_Incoming, the fetched objects by id): what to fetch for ``tips``, once the remote is seen to hold all of it: the refs were listed
     after the packs, so a push that landed in between names packs not listed yet. Only what is
     still missing after the remote is listed again makes it damaged (RemoteDamaged)."""
     for attempt in (1, 2):
@@ -636,7 +639,7 @@ def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> _Incoming:
             if absent:
                 raise RemoteDamaged(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on "
                                     f"remote {conn.name!r}; it is damaged", remote=conn.name, ids=absent)
-            return inc
+            return inc, fetched
         except CorruptObject:
             if attempt == 2:
                 raise

@@ -1,0 +1,440 @@
+"""SSH signatures over mvc objects, as Git's ``gpg.format=ssh`` makes them.
+
+Vocabulary:
+
+- **SSHSIG**: the signature format of ``ssh-keygen -Y sign`` (OpenSSH's
+  PROTOCOL.sshsig): magic ``SSHSIG``, version 1, the signer's public key,
+  a **namespace**, the hash algorithm (``sha512``) and the signature over
+  ``SSHSIG · namespace · reserved · hash alg · SHA-512(message)``. mvc
+  stores the binary blob; ``armor`` gives the text form ``ssh-keygen``
+  reads, so any signature can be checked without mvc.
+- **payload**: what is signed: a commit's or tag's canonical bytes without
+  its ``signature`` field (``docs/format.md`` 7.3.1, 7.4).
+- **allowed signers**: a file in the format of ``ssh-keygen``'s ALLOWED
+  SIGNERS section (Git's ``gpg.ssh.allowedSignersFile``): principals,
+  options (``namespaces=``, ``valid-after=``, ``valid-before=``), a public
+  key. Its path is the repository setting ``signing.allowed-signers``.
+- **verdict**: ``good`` (the signature verifies and its key is an allowed
+  signer for the namespace at the object's time), ``unknown`` (it verifies,
+  but the key is not allowed), ``bad`` (it does not verify, or the bytes
+  are damaged), ``unsigned``.
+- **policy**: refs that require good signatures (``signing.require``, a
+  comma-separated list of ref-name globs: ``main``, ``release/*``,
+  ``tags/*``); what fetch does with history that fails it
+  (``signing.fetch``: ``refuse``, ``flag`` or ``off``).
+
+Keys are Ed25519 (``ssh-keygen -t ed25519``), loaded from OpenSSH private
+key files (no ssh-agent needed). This is the only module that imports
+``cryptography``, and only when a key is used.
+"""
+
+import base64
+import binascii
+import calendar
+import fnmatch
+import hashlib
+import re
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .errors import BadAllowedSigners, BadInput, SigningKeyError
+
+NAMESPACE = "mvc"  # one namespace for commits and tags: their payloads say which they are ("type")
+MAGIC = b"SSHSIG"
+VERSION = 1
+HASH = "sha512"
+ED25519 = "ssh-ed25519"
+ARMOR_BEGIN, ARMOR_END = "-----BEGIN SSH SIGNATURE-----", "-----END SSH SIGNATURE-----"
+
+GOOD, BAD, UNKNOWN, UNSIGNED = "good", "bad", "unknown", "unsigned"
+
+# Repository settings (index ``meta``; docs/format.md 5.6).
+KEY, ALLOWED, REQUIRE, FETCH = "signing.key", "signing.allowed-signers", "signing.require", "signing.fetch"
+SETTINGS = (KEY, ALLOWED, REQUIRE, FETCH)
+FETCH_MODES = ("refuse", "flag", "off")
+TAG_PREFIX = "tag/"  # meta key of a signed tag's object: tag/<name>
+
+
+# -- SSH wire encoding ----------------------------------------------------------
+
+def _string(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
+
+
+class _Reader:
+    """Reads SSH wire strings; ValueError on anything short or malformed."""
+
+    def __init__(self, data: bytes):
+        self.data, self.at = bytes(data), 0
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.at + n > len(self.data):
+            raise ValueError("truncated")
+        out = self.data[self.at:self.at + n]
+        self.at += n
+        return out
+
+    def u32(self) -> int:
+        return struct.unpack(">I", self.take(4))[0]
+
+    def string(self) -> bytes:
+        return self.take(self.u32())
+
+    def done(self) -> bool:
+        return self.at == len(self.data)
+
+
+def public_blob(raw_public: bytes) -> bytes:
+    """The SSH wire form of an Ed25519 public key (what ``.pub`` files hold in base64)."""
+    return _string(ED25519.encode()) + _string(raw_public)
+
+
+def fingerprint(blob: bytes) -> str:
+    """``SHA256:…`` as ``ssh-keygen -l`` prints it."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def _key_of(blob: bytes) -> tuple:
+    """(key type, raw key bytes) of a public key blob; ValueError if malformed."""
+    r = _Reader(blob)
+    kind = r.string().decode("ascii", "replace")
+    raw = r.string()
+    return kind, raw
+
+
+# -- keys and signing -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class SigningKey:
+    """An Ed25519 private key to sign with, and where it came from."""
+
+    private: object  # cryptography's Ed25519PrivateKey
+    public: bytes  # its SSH public key blob
+    path: str = ""
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.public)
+
+    def public_line(self, comment: str = "") -> str:
+        """The key as a ``.pub`` / allowed-signers line (``ssh-ed25519 AAAA… comment``)."""
+        return f"{ED25519} {base64.b64encode(self.public).decode()}{' ' + comment if comment else ''}"
+
+
+def key_from_seed(seed: bytes) -> SigningKey:
+    """The Ed25519 key with this 32-byte seed (tests and fixed examples)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    private = Ed25519PrivateKey.from_private_bytes(seed)
+    return _signing_key(private, "")
+
+
+def _signing_key(private, path: str) -> SigningKey:
+    from cryptography.hazmat.primitives import serialization
+    raw = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return SigningKey(private, public_blob(raw), path)
+
+
+def load_key(path, passphrase: Optional[bytes] = None) -> SigningKey:
+    """An Ed25519 key from an OpenSSH private key file (``ssh-keygen -t ed25519``).
+
+    Raises SigningKeyError (``.path``, ``.needs_passphrase``) if the file
+    cannot be read, is encrypted and no (or a wrong) passphrase was given,
+    or holds another kind of key.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    path = str(Path(path).expanduser())
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise SigningKeyError(f"cannot read signing key {path}: {exc.strerror}", path=path) from None
+    if isinstance(passphrase, str):
+        passphrase = passphrase.encode()
+    from cryptography.exceptions import UnsupportedAlgorithm
+    try:
+        private = serialization.load_ssh_private_key(data, password=passphrase)
+    except UnsupportedAlgorithm as exc:  # an encrypted key needs bcrypt (pip install 'mvc-checkpoints[sign]')
+        raise SigningKeyError(f"signing key {path} cannot be decrypted here ({exc}): "
+                              "pip install 'mvc-checkpoints[sign]'", path=path) from None
+    except TypeError:  # encrypted and no passphrase given (or one given for a plain key)
+        if passphrase is None:
+            raise SigningKeyError(f"signing key {path} is encrypted: give its passphrase",
+                                  path=path, needs_passphrase=True) from None
+        return load_key(path, None)
+    except (ValueError, binascii.Error) as exc:
+        # a wrong passphrase decrypts to garbage: OpenSSH's check ints differ ("broken checksum")
+        wrong = passphrase is not None and any(w in str(exc).lower() for w in ("password", "checksum"))
+        raise SigningKeyError(f"signing key {path} {'cannot be decrypted (wrong passphrase?)' if wrong else 'is not an OpenSSH private key'}",
+                              path=path, needs_passphrase=wrong) from None
+    if not isinstance(private, Ed25519PrivateKey):
+        raise SigningKeyError(f"signing key {path} is not an Ed25519 key; make one with 'ssh-keygen -t ed25519'",
+                              path=path)
+    return _signing_key(private, path)
+
+
+def _signed_data(message: bytes, namespace: str) -> bytes:
+    return (MAGIC + _string(namespace.encode()) + _string(b"") + _string(HASH.encode())
+            + _string(hashlib.sha512(message).digest()))
+
+
+def sign(key: SigningKey, message: bytes, namespace: str = NAMESPACE) -> bytes:
+    """The binary SSHSIG blob of ``key`` over ``message``. Ed25519 is deterministic:
+    the same key, message and namespace give the same bytes."""
+    raw = key.private.sign(_signed_data(message, namespace))
+    return (MAGIC + struct.pack(">I", VERSION) + _string(key.public) + _string(namespace.encode())
+            + _string(b"") + _string(HASH.encode()) + _string(_string(ED25519.encode()) + _string(raw)))
+
+
+def armor(blob: bytes) -> str:
+    """The text form ``ssh-keygen -Y verify -s FILE`` reads."""
+    text = base64.b64encode(blob).decode()
+    lines = [text[i:i + 70] for i in range(0, len(text), 70)]
+    return "\n".join([ARMOR_BEGIN, *lines, ARMOR_END]) + "\n"
+
+
+def dearmor(text: str) -> bytes:
+    """The blob of an armored signature; BadInput if it is not one."""
+    body = text.strip()
+    if not (body.startswith(ARMOR_BEGIN) and body.endswith(ARMOR_END)):
+        raise BadInput("not an armored SSH signature (-----BEGIN SSH SIGNATURE-----)")
+    try:
+        return base64.b64decode("".join(body[len(ARMOR_BEGIN):-len(ARMOR_END)].split()), validate=True)
+    except binascii.Error:
+        raise BadInput("the armored SSH signature is not valid base64") from None
+
+
+@dataclass(frozen=True)
+class Parsed:
+    public: bytes  # the signer's public key blob
+    namespace: str
+    hash: str
+    signature: bytes  # SSH signature blob: string key type · string raw signature
+
+
+def parse(blob: bytes) -> Parsed:
+    """The fields of an SSHSIG blob; ValueError if it is not one."""
+    r = _Reader(blob)
+    if r.take(len(MAGIC)) != MAGIC or r.u32() != VERSION:
+        raise ValueError("not an SSHSIG version 1 signature")
+    public, namespace, _, alg, signature = r.string(), r.string(), r.string(), r.string(), r.string()
+    if not r.done():
+        raise ValueError("trailing bytes after the signature")
+    return Parsed(public, namespace.decode("utf-8", "replace"), alg.decode("ascii", "replace"), signature)
+
+
+def check(blob: bytes, message: bytes, namespace: str = NAMESPACE) -> tuple:
+    """(True, parsed) if ``blob`` is a valid signature of ``message`` in
+    ``namespace`` by the key it names; (False, why) otherwise. Says nothing
+    about whether that key is trusted (see ``verify``)."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    try:
+        p = parse(blob)
+        kind, raw = _key_of(p.public)
+        sr = _Reader(p.signature)
+        sig_kind, sig = sr.string().decode("ascii", "replace"), sr.string()
+    except ValueError as exc:
+        return False, f"the signature is malformed ({exc})"
+    if p.namespace != namespace:
+        return False, f"the signature is for namespace {p.namespace!r}, not {namespace!r}"
+    if kind != ED25519 or sig_kind != ED25519 or len(raw) != 32:
+        return False, f"key type {kind!r} is not supported (mvc verifies {ED25519})"
+    if p.hash not in ("sha512", "sha256"):
+        return False, f"hash algorithm {p.hash!r} is not supported"
+    digest = (hashlib.sha512 if p.hash == "sha512" else hashlib.sha256)(message).digest()
+    data = MAGIC + _string(namespace.encode()) + _string(b"") + _string(p.hash.encode()) + _string(digest)
+    try:
+        Ed25519PublicKey.from_public_bytes(raw).verify(sig, data)
+    except InvalidSignature:
+        return False, "the signature does not match the signed bytes"
+    return True, p
+
+
+# -- allowed signers ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AllowedSigner:
+    principals: tuple  # patterns, as given (comma-separated in the file)
+    key: bytes  # public key blob
+    namespaces: Optional[tuple] = None  # patterns; None: any
+    valid_after: Optional[float] = None  # seconds since the epoch
+    valid_before: Optional[float] = None
+    line: int = 0
+
+    def allows(self, blob: bytes, namespace: str, when: Optional[float]) -> bool:
+        if blob != self.key:
+            return False
+        if self.namespaces is not None and not any(fnmatch.fnmatchcase(namespace, p) for p in self.namespaces):
+            return False
+        if when is not None and self.valid_after is not None and when < self.valid_after:
+            return False
+        return not (when is not None and self.valid_before is not None and when > self.valid_before)
+
+
+_OPTION = re.compile(r'([A-Za-z-]+)(?:="([^"]*)")?')
+
+
+def _time(text: str, path: str, line: int) -> float:
+    """ssh-keygen's YYYYMMDD[HHMM[SS]][Z]: UTC with Z, local time without."""
+    utc = text.endswith(("Z", "z"))
+    digits = text[:-1] if utc else text
+    formats = {8: "%Y%m%d", 12: "%Y%m%d%H%M", 14: "%Y%m%d%H%M%S"}
+    try:
+        parsed = time.strptime(digits, formats[len(digits)])
+    except (KeyError, ValueError):
+        raise BadAllowedSigners(f"{path}:{line}: {text!r} is not a time (YYYYMMDD[HHMM[SS]][Z])",
+                                path=path, line=line) from None
+    return float(calendar.timegm(parsed) if utc else time.mktime(parsed))
+
+
+def _split_options(text: str, path: str, line: int) -> tuple:
+    """(options dict, rest of the line) for the comma-separated options field."""
+    options, at = {}, 0
+    while True:
+        m = _OPTION.match(text, at)
+        if not m or not m.group(0):
+            raise BadAllowedSigners(f"{path}:{line}: cannot read the options", path=path, line=line)
+        options[m.group(1).lower()] = m.group(2)
+        at = m.end()
+        if text[at:at + 1] != ",":
+            return options, text[at:].lstrip()
+        at += 1
+
+
+def parse_allowed_signers(text: str, path: str = "allowed signers") -> list:
+    """AllowedSigners of an allowed-signers file's text; BadAllowedSigners (``path``, ``line``)
+    for a line that is not ``PRINCIPALS [OPTIONS] KEYTYPE BASE64 [COMMENT]``. Lines with
+    ``cert-authority`` or a key type mvc cannot verify are kept out (they allow nothing here)."""
+    out = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        principals, _, rest = line.partition(" ")
+        rest = rest.lstrip()
+        options = {}
+        if rest and not rest.startswith(("ssh-", "ecdsa-", "sk-")):
+            options, rest = _split_options(rest, path, number)
+        fields = rest.split()
+        if len(fields) < 2 or not principals:
+            raise BadAllowedSigners(f"{path}:{number}: expected PRINCIPALS [OPTIONS] KEYTYPE KEY",
+                                    path=path, line=number)
+        try:
+            blob = base64.b64decode(fields[1], validate=True)
+            kind, raw = _key_of(blob)
+        except (binascii.Error, ValueError):
+            raise BadAllowedSigners(f"{path}:{number}: the key is not valid base64 SSH key data",
+                                    path=path, line=number) from None
+        if kind != fields[0]:
+            raise BadAllowedSigners(f"{path}:{number}: the key says it is {kind!r}, the line says {fields[0]!r}",
+                                    path=path, line=number)
+        if "cert-authority" in options or kind != ED25519:
+            continue
+        namespaces = options.get("namespaces")
+        out.append(AllowedSigner(
+            tuple(principals.split(",")), blob,
+            tuple(namespaces.split(",")) if namespaces is not None else None,
+            _time(options["valid-after"], path, number) if options.get("valid-after") else None,
+            _time(options["valid-before"], path, number) if options.get("valid-before") else None,
+            number))
+    return out
+
+
+def read_allowed_signers(path) -> list:
+    """The AllowedSigners of the file at ``path``; BadAllowedSigners if it is unreadable or malformed."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadAllowedSigners(f"cannot read the allowed signers file {path}: "
+                                f"{getattr(exc, 'strerror', None) or exc}", path=str(path), line=0) from None
+    return parse_allowed_signers(text, str(path))
+
+
+# -- verdicts -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether an object's signature holds, and whose it is."""
+
+    status: str  # good, bad, unknown, unsigned
+    principal: Optional[str] = None  # the allowed signer's principals (comma-joined) for good
+    key: Optional[str] = None  # SHA256 fingerprint of the signing key, when the signature names one
+    reason: str = ""  # for bad / unknown: why
+
+    @property
+    def good(self) -> bool:
+        return self.status == GOOD
+
+
+def verify(blob: bytes, payload: bytes, allowed: Optional[list], when: Optional[float] = None,
+           namespace: str = NAMESPACE) -> Verdict:
+    """The Verdict on signature ``blob`` over ``payload``, made at ``when``
+    (seconds since the epoch; None: ignore validity periods), against
+    ``allowed`` (AllowedSigners; None when no file is configured)."""
+    if not blob:
+        return Verdict(UNSIGNED)
+    ok, found = check(blob, payload, namespace)
+    if not ok:
+        key = None
+        try:
+            key = fingerprint(parse(blob).public)
+        except ValueError:
+            pass
+        return Verdict(BAD, key=key, reason=found)
+    key = fingerprint(found.public)
+    if allowed is None:
+        return Verdict(UNKNOWN, key=key, reason="no allowed signers file is configured (signing.allowed-signers)")
+    for signer in allowed:
+        if signer.allows(found.public, namespace, when):
+            return Verdict(GOOD, ",".join(signer.principals), key)
+    return Verdict(UNKNOWN, key=key, reason="the key is not an allowed signer"
+                   + (" at the time it signed" if any(s.key == found.public for s in allowed) else ""))
+
+
+# -- settings and policy --------------------------------------------------------
+
+def get_setting(txn, key: str) -> Optional[str]:
+    _check_setting(key)
+    raw = txn.meta(key)
+    return raw.decode("utf-8", "replace") if raw is not None else None
+
+
+def set_setting(txn, key: str, value: Optional[str]) -> Optional[str]:
+    """Set (None: unset) a ``signing.*`` setting; returns it as stored. Paths are kept as given
+    (absolute, or relative to the work directory)."""
+    _check_setting(key)
+    if value is None:
+        txn.delete("meta", key.encode())
+        return None
+    if key == FETCH and value not in FETCH_MODES:
+        raise BadInput(f"signing.fetch must be one of {', '.join(FETCH_MODES)}, not {value!r}")
+    if key == REQUIRE:
+        value = ",".join(p.strip() for p in value.split(",") if p.strip())
+    txn.put_meta(key, value.encode())
+    return value
+
+
+def _check_setting(key: str) -> None:
+    if key not in SETTINGS:
+        raise BadInput(f"unknown setting {key!r}; known: {', '.join(SETTINGS)}")
+
+
+def resolve_path(root: Path, value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else Path(root) / path
+
+
+def required(patterns: Optional[str], ref: str) -> bool:
+    """Whether full ref name ``ref`` (``heads/x``, ``tags/x``) matches a ``signing.require``
+    pattern; a pattern without ``heads/`` or ``tags/`` names branches."""
+    for pattern in (patterns or "").split(","):
+        pattern = pattern.strip()
+        if not pattern:
+            continue
+        full = pattern if pattern.startswith(("heads/", "tags/")) else "heads/" + pattern
+        if fnmatch.fnmatchcase(ref, full):
+            return True
+    return False

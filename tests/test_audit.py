@@ -1,0 +1,273 @@
+"""Audit exports, scheduled integrity scans and signing policy on remotes (mvc/audit.py)."""
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+import mvc
+from mvc import signing
+from mvc.errors import BadInput, HistoryRewritten, ScanFoundDamage, SignatureRequired
+
+from conftest import run_cli
+from damage import flip_bit, records
+
+ALICE = signing.key_from_seed(bytes(range(32, 64)))
+MALLORY = signing.key_from_seed(b"\x07" * 32)
+
+
+def allow(repo, tmp_path, *keys) -> None:
+    path = tmp_path / "allowed_signers"
+    path.write_text("".join(f"user{i}@example.com {k.public_line()}\n" for i, k in enumerate(keys)))
+    repo.config(signing.ALLOWED, str(path))
+
+
+def tensor(seed: int, n: int = 96) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed))
+
+
+# -- audit ------------------------------------------------------------------------------
+
+def test_audit_chain_back_to_the_root(repo, tmp_path):
+    allow(repo, tmp_path, ALICE)
+    a = repo.commit({"w": tensor(0)}, "root", step=1, metrics={"loss": 2.0},
+                    context={"lr": 0.1, "code": {"git_commit": "abc123"}, "big": {"x": [1, 2]}}, sign=ALICE)
+    b = repo.commit({"w": tensor(1)}, "unsigned", step=2)
+    c = repo.commit({"w": tensor(2)}, "deployed", step=3, sign=MALLORY)
+    report = repo.audit("HEAD")
+    assert [e.id for e in report.commits] == [c.id, b.id, a.id]
+    assert report.roots == (a.id,) and report.id == c.id
+    assert [e.signature.status for e in report.commits] == ["unknown", "unsigned", "good"]
+    root = report.commits[-1]
+    assert root.highlights == {"lr": 0.1, "code.git_commit": "abc123"} and root.metrics == {"loss": 2.0}
+    assert report.commits[0].parents == (b.id,) and root.parents == ()
+    assert not report.ok and report.counts == {"good": 1, "bad": 0, "unknown": 1, "unsigned": 1}
+    r = run_cli(repo, "audit", "--json")
+    out = json.loads(r.output)
+    assert r.exit_code == 1 and [x["id"] for x in out["commits"]] == [c.id, b.id, a.id]
+    assert out["commits"][2]["signature"]["principal"] == "user0@example.com"
+    assert out["commits"][2]["signature"]["good"] is True and out["commits"][2]["time_utc"].endswith("Z")
+    r = run_cli(repo, "audit", a.id)
+    assert r.exit_code == 0 and "1 good, 0 bad" in r.output and "code.git_commit = abc123" in r.output
+    # --objects: what a reviewer checks with b3sum and ssh-keygen, without mvc
+    entry = json.loads(run_cli(repo, "audit", "--json", "--objects", a.id).output)["commits"][0]
+    assert mvc.hashing.digest(bytes.fromhex(entry["encoding"])).hex() == a.id
+    blob = signing.dearmor(entry["sshsig"])
+    assert signing.verify(blob, bytes.fromhex(entry["payload"]), signing.parse_allowed_signers(
+        f"x {ALICE.public_line()}")).good
+    assert "payload" not in json.loads(run_cli(repo, "audit", "--json").output)["commits"][0]
+
+
+def test_audit_marks_a_damaged_commit_bad_and_stops_there(repo, tmp_path):
+    allow(repo, tmp_path, ALICE)
+    repo.commit({"w": tensor(0)}, sign=ALICE)
+    b = repo.commit({"w": tensor(1)}, sign=ALICE)
+    c = repo.commit({"w": tensor(2)}, sign=ALICE)
+    oid = bytes.fromhex(b.id)
+    with repo.index.write() as txn:
+        data = bytearray(txn.get("commits", oid))
+        data[-3] ^= 1
+        txn.delete("commits", oid)
+        txn.put("commits", oid, bytes(data))
+    report = repo.audit()
+    assert [(e.id, e.signature.status) for e in report.commits] == [(c.id, "good"), (b.id, "bad")]
+    assert "hash" in report.commits[1].signature.reason and report.roots == ()
+
+
+# -- scheduled scans ------------------------------------------------------------------------
+
+def history(repo, n: int = 8) -> None:
+    for i in range(n):
+        repo.commit({"w": tensor(i, 64 + 16 * i), "b": torch.full((5,), float(i))}, f"c{i}")
+
+
+@pytest.mark.parametrize("budget", ["25%", "10%", "34%"])
+def test_a_flipped_byte_is_found_within_the_promised_runs(repo, budget):
+    history(repo)
+    rng = random.Random(budget)
+    recs = records(repo)
+    total = sum(n for *_, n in recs)
+    share = float(budget[:-1]) / 100
+    biggest = max(n for *_, n in recs)
+    for trial in range(4):
+        for _ in range(rng.randrange(5)):  # the cursor anywhere
+            repo.scan(budget)
+        path, cid, off, n = rng.choice(recs)
+        at, bit = off + rng.randrange(n), rng.randrange(8)
+        flip_bit(path, at, bit)
+        try:
+            runs, found = 0, None
+            promise = None
+            while found is None:
+                report = repo.scan(budget)
+                runs += 1
+                promise = report.runs_to_cover
+                assert report.bytes_total == total
+                # the budget, rounded up to whole records
+                assert math.ceil(total * share) <= report.bytes_verified < math.ceil(total * share) + biggest
+                if not report.ok:
+                    found = report
+                assert runs <= promise, f"not found within {promise} runs"
+            assert promise == math.ceil(1 / share - 1e-9)
+            assert [(p.chunk, p.kind) for p in found.problems] == [(cid.hex(), "checksum-mismatch")]
+            assert found.problems[0].pack == path.name
+            with pytest.raises(ScanFoundDamage) as info:
+                mvc.audit.raise_for(found)
+            assert info.value.problems[0][:2] == (path.name, cid.hex())
+        finally:
+            flip_bit(path, at, bit)
+    assert repo.fsck().ok
+
+
+def test_scan_rotates_and_remembers_where_it_stopped(repo):
+    history(repo, 4)
+    total = repo.scan("100%")
+    assert total.ok and total.bytes_verified == total.bytes_total and total.wrapped
+    seen = 0
+    for _ in range(4):  # four quarters cover everything, each starting where the last stopped
+        seen += mvc.Repository.open(repo.root).scan("25%").bytes_verified
+    assert seen >= total.bytes_total
+    (repo.dir / "scan-state").write_text("{damaged")
+    assert repo.scan("25%").ok  # derived state: it starts over
+    for bad in ("0%", "150%", "soon", "-3s", 0):
+        with pytest.raises(BadInput):
+            repo.scan(bad)
+    assert repo.scan("5s").records == len(records(repo))  # a small repository fits any time budget
+
+
+def test_a_damaged_trailer_is_reported_by_every_run(repo):
+    history(repo, 3)
+    path = records(repo)[0][0]
+    flip_bit(path, path.stat().st_size - 60)
+    for _ in range(3):
+        report = repo.scan("10%")
+        assert [(p.pack, p.kind) for p in report.problems if p.chunk is None] == [(path.name, "damaged-pack")]
+
+
+def test_fsck_budget_cli(repo):
+    history(repo, 3)
+    r = run_cli(repo, "fsck", "--budget", "50%")
+    assert r.exit_code == 0 and "any 2 consecutive runs" in r.output
+    path, cid, off, n = records(repo)[0]
+    flip_bit(path, off)
+    codes = [run_cli(repo, "fsck", "--budget", "50%", "--json") for _ in range(2)]
+    assert any(c.exit_code == 1 and json.loads(c.output)["problems"][0]["chunk"] == cid.hex() for c in codes)
+    assert run_cli(repo, "fsck", "--budget", "lots").exit_code == 1
+
+
+def test_checkpointer_scan_raises_damage_at_the_next_step(tmp_path, caplog):
+    from mvc_hooks import Checkpointer
+    model = torch.nn.Linear(8, 8)
+    repo = mvc.Repository.init(tmp_path, chunk_size=64)
+    allow(repo, tmp_path, ALICE)
+    with pytest.raises(BadInput):
+        Checkpointer(tmp_path, model=model, scan="often")
+    ckpt = Checkpointer(tmp_path, model=model, every_n_steps=1, async_save=False, scan="50%", sign=ALICE)
+    try:
+        for step in range(3):
+            ckpt.step(step, loss=1.0)
+            ckpt._scan.join()
+        path, cid, off, n = records(repo)[0]
+        flip_bit(path, off + 1)
+        with pytest.raises(ScanFoundDamage) as info:
+            for step in range(3, 3 + 2 * 2 + 1):  # a commit starts a scan; two scans cover everything
+                with torch.no_grad():
+                    model.weight.add_(1.0)
+                ckpt.step(step, loss=1.0)
+                ckpt._scan.join()
+        assert info.value.problems[0][1] == cid.hex()
+        assert "integrity scan found damage" in caplog.text
+        flip_bit(path, off + 1)
+    finally:
+        ckpt.close()
+    assert repo.audit("HEAD").ok  # every commit the run made is signed by an allowed signer
+
+
+# -- policy on remotes (the real S3 server) ------------------------------------------------
+
+@pytest.fixture
+def remote_pair(tmp_path, s3_server, s3_url):
+    """(writer, reader): two repositories with the same policy (main requires signatures
+    from ALICE), sharing S3 remote origin."""
+    url = s3_url("signed")
+    writer = mvc.Repository.init(tmp_path / "w", chunk_size=256)
+    reader_dir = tmp_path / "r"
+    for repo in (writer,):
+        allow(repo, tmp_path, ALICE)
+    writer.commit({"w": tensor(0)}, "root", sign=ALICE)
+    writer.remote_add("origin", url, s3_server.endpoint)
+    writer.config(signing.REQUIRE, "main")
+    writer.push()
+    reader = mvc.Repository.clone(url, reader_dir, endpoint_url=s3_server.endpoint)
+    allow(reader, tmp_path, ALICE)
+    reader.config(signing.REQUIRE, "main")
+    yield writer, reader
+    writer.close()
+    reader.close()
+
+
+def test_push_refuses_unsigned_and_unknown_history_to_a_protected_ref(remote_pair):
+    writer, reader = remote_pair
+    tip = writer.resolve("main")
+    writer.config(signing.REQUIRE, "release")  # a local commit is allowed, then the push is checked
+    unsigned = writer.commit({"w": tensor(1)}, "unsigned")
+    signed = writer.commit({"w": tensor(2)}, "signed on top", sign=ALICE)
+    writer.config(signing.REQUIRE, "main")
+    with pytest.raises(SignatureRequired) as info:
+        writer.push(force=True)
+    assert (info.value.ref, info.value.id, info.value.status) == ("heads/main", unsigned.id, "unsigned")
+    writer.create_branch("main", unsigned.parents[0], force=True)
+    writer.commit({"w": tensor(3)}, "mallory", sign=MALLORY)
+    with pytest.raises(SignatureRequired) as info:
+        writer.push()
+    assert info.value.status == "unknown"
+    assert reader.fetch().refs == () or reader.resolve("origin/main") == tip  # nothing moved on the remote
+    good = writer.create_branch("main", tip, force=True)
+    c = writer.commit({"w": tensor(4)}, "good", sign=ALICE)
+    writer.push()
+    reader.fetch()
+    assert reader.resolve("origin/main") == c.id and good.id == tip and signed.id != c.id
+
+
+def test_a_rewrite_of_a_protected_ref_is_refused_by_push_and_fetch_and_shown_by_fsck(remote_pair, tmp_path,
+                                                                                  s3_server):
+    writer, reader = remote_pair
+    root = writer.resolve("main")
+    writer.commit({"w": tensor(5)}, "one", sign=ALICE)
+    writer.push()
+    reader.fetch()
+    # another writer without the policy rewrites main to a history of its own, signed by ALICE
+    rogue = mvc.Repository.clone(writer.remotes()[0].url, tmp_path / "rogue", endpoint_url=s3_server.endpoint)
+    rogue.create_branch("main", root, force=True)
+    rewritten = rogue.commit({"w": tensor(6)}, "rewritten", sign=ALICE)
+    rogue.push(force=True)
+    with pytest.raises(HistoryRewritten) as info:  # the protected side refuses even with force
+        writer.create_branch("main", root, force=True)
+        writer.commit({"w": tensor(7)}, "mine", sign=ALICE)
+        writer.push(force=True)
+    assert info.value.ref == "heads/main"
+    with pytest.raises(HistoryRewritten) as info:
+        reader.fetch()
+    assert info.value.new == rewritten.id
+    assert reader.resolve("origin/main") != rewritten.id  # nothing was taken in
+    report = reader.fsck_remote()
+    assert [(p.kind, p.object) for p in report.problems] == [("rewritten-protected-ref", "refs/heads/main")]
+    reader.config(signing.FETCH, "flag")  # flagged, not refused
+    assert reader.fetch()
+    assert reader.resolve("origin/main") == rewritten.id
+    rogue.close()
+
+
+def test_fetch_refuses_a_forged_history(remote_pair, tmp_path, s3_server):
+    writer, reader = remote_pair
+    rogue = mvc.Repository.clone(writer.remotes()[0].url, tmp_path / "rogue", endpoint_url=s3_server.endpoint)
+    forged = rogue.commit({"w": tensor(8)}, "looks like alice's", author=writer.get_commit().author, sign=MALLORY)
+    rogue.push()
+    with pytest.raises(SignatureRequired) as info:
+        reader.fetch()
+    assert (info.value.id, info.value.status) == (forged.id, "unknown")
+    with pytest.raises(mvc.UnknownRevision):
+        reader.get_commit(forged.id)  # refused before anything was stored
+    rogue.close()

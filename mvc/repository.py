@@ -437,7 +437,7 @@ class Repository:
             tree_data = TreeObject(_state_module().tree_root(root)).encode()
             with self.index.write() as txn:
                 oid, obj = self._land(txn, ref, parent, rebase, me, record, batch.publish, tensors, tree_data, fork,
-                                      signer)
+                                      signer=signer)
         return replace(self._to_commit(oid, obj, stats), branch=refs.short_name(ref) if ref else None)
 
     def _land(self, txn, ref, parent, rebase: bool, me, record: CommitObject, publish: Callable,

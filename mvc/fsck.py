@@ -311,9 +311,9 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
     r = checker.reach
     return FsckReport(quick, len(r.parents), r.trees, r.tensors, len(r.chunk_length),
                       len(packs), verified, time.perf_counter() - start, checker.damage(),
-                      tuple(checker.unreferenced(packs, tmps, indexed)), len(unverified),
-                      sum(r.chunk_length[cid] for cid in unverified),
-                      getattr(repo.chunks, "name", None) if unverified else None,
+                      tuple(checker.unreferenced(packs, tmps, indexed)),
+                      unverified=len(unverified), unverified_bytes=sum(r.chunk_length[cid] for cid in unverified),
+                      unverified_remote=getattr(repo.chunks, "name", None) if unverified else None,
                       leftovers=tuple(p.relative_to(repo.dir).as_posix() for p in scratch.leftovers(repo.dir)))
 
 

@@ -422,3 +422,94 @@ def test_a_killed_file_export_leaves_a_temporary_file_the_next_export_removes(fi
     repo.export("main", target)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".model.pt")] == []
     assert torch.load(target, weights_only=True)["step"] == 4
+
+
+# -- 9. a name means one thing, and reads as what it is -----------------------------------------
+
+def test_names_that_read_as_other_names_are_refused(repo):
+    c = repo.commit({"w": torch.ones(2)}, "m")
+    for name in ("a\u202eb", "rel\u00a0ease", "x\u2028y", "x\u0085y", "x\u200by", "tags/v3", "heads/x",
+                 "remotes/origin/main"):
+        for make in (repo.create_branch, repo.create_tag):
+            with pytest.raises(mvc.InvalidRefName):
+                make(name, c.id)
+        with pytest.raises(mvc.InvalidRefName):
+            repo.commit({"w": torch.ones(2)}, "m", branch=name)
+    out = cli(repo.root, "branch", "tags/v3")
+    assert out.exit_code == 1 and "names a kind of ref" in out.stderr
+    repo.create_branch("café", c.id)  # plain letters from any script are fine
+    assert [b.name for b in repo.branches()] == ["café", "main"]
+
+
+def test_a_branch_and_a_tag_of_one_name_cannot_both_exist(repo):
+    c = repo.commit({"w": torch.ones(2)}, "m")
+    repo.create_tag("v3", c.id)
+    repo.create_branch("dev", c.id)
+    with pytest.raises(mvc.RefConflict):
+        repo.create_branch("v3", c.id)
+    with pytest.raises(mvc.RefConflict):
+        repo.create_tag("dev", c.id)
+    with pytest.raises(mvc.RefConflict):
+        repo.commit({"w": torch.zeros(2)}, "m", branch="v3")
+    with pytest.raises(mvc.RefConflict):
+        repo.checkout(c.id, new_branch="v3")
+    with pytest.raises(mvc.RefConflict):
+        repo.rename_branch("dev", "v3")
+    assert sorted(b.name for b in repo.branches()) == ["dev", "main"] and [t.name for t in repo.tags()] == ["v3"]
+
+
+def test_a_branch_named_like_an_id_prefix_does_not_hide_the_commit(repo):
+    a = repo.commit({"w": torch.ones(2)}, "a")
+    b = repo.commit({"w": torch.zeros(2)}, "b")
+    repo.create_branch(b.id[:7], a.id)
+    with pytest.raises(mvc.AmbiguousRevision):
+        repo.resolve(b.id[:7])
+    out = cli(repo.root, "log", b.id[:7])
+    assert out.exit_code == 1 and f"heads/{b.id[:7]}" in out.stderr
+    assert repo.resolve(f"heads/{b.id[:7]}") == a.id and repo.resolve(b.id[:8]) == b.id
+
+
+# -- 10. what the README says, and numbers without noise ----------------------------------------------
+
+def test_views_of_one_storage_come_back_as_the_readme_says(repo):
+    w = torch.arange(6.0).reshape(2, 3)
+    c = repo.commit({"a": w, "tied": w, "t": w.t()}, "views")
+    back = repo.load(c.id)
+    assert back["a"] is back["tied"]  # the same view: one tensor again
+    assert torch.equal(back["t"], w.t())
+    back["a"].add_(1)  # another view comes back independent, as the README says
+    assert torch.equal(back["t"], w.t())
+
+
+def test_diff_numbers_are_quiet_and_signed_zeros_and_containers_show(repo):
+    import warnings
+    a = repo.commit({"z": torch.zeros(3), "big": torch.tensor([1e308, -1e308], dtype=torch.float64),
+                     "betas": [0.9, 0.99], "p": [torch.ones(1)], "e": []}, "a")
+    b = repo.commit({"z": -torch.zeros(3), "big": torch.tensor([-1e308, 1e308], dtype=torch.float64),
+                     "betas": (0.9, 0.99), "p": (torch.ones(1),), "e": {}}, "b")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a numpy RuntimeWarning fails the test
+        d = repo.diff(a.id, b.id)
+    by_key = {t.key: t for t in d.tensors}
+    assert by_key["z"].status == "changed" and by_key["z"].relative_change == 0.0
+    assert {v.key: (v.a, v.b) for v in d.values} == {"betas": ([0.9, 0.99], (0.9, 0.99)), "e": ([], {}),
+                                                       "p": ("<list of 1>", "<tuple of 1>")}
+    out = cli(repo.root, "diff", a.id, b.id)
+    assert "Warning" not in out.output and "rel inf" not in out.output
+    assert "betas  [0.9, 0.99] -> (0.9, 0.99)" in out.output
+
+
+def test_safetensors_dtypes_imported_can_be_exported_back(repo, tmp_path):
+    from safetensors import safe_open
+    st = {"c": torch.randn(3, dtype=torch.complex64), "e": torch.ones(4).to(torch.float8_e8m0fnu),
+          "f4": torch.arange(6, dtype=torch.uint8).reshape(2, 3).view(torch.float4_e2m1fn_x2),
+          "fz": torch.ones(3).to(torch.float8_e4m3fnuz)}
+    save_file(st, tmp_path / "in.safetensors")
+    c = repo.commit_file(tmp_path / "in.safetensors")
+    repo.export(c.id, tmp_path / "out.safetensors")
+    with safe_open(tmp_path / "out.safetensors", framework="pt") as f:
+        for k in st:
+            t = f.get_tensor(k)
+            assert t.dtype == st[k].dtype and torch.equal(t.view(torch.uint8), st[k].view(torch.uint8))
+    with pytest.raises(mvc.BadInput, match="safetensors cannot hold"):
+        repo.export(repo.commit({"x": torch.zeros(2, dtype=torch.complex128)}).id, tmp_path / "c128.safetensors")

@@ -113,10 +113,3 @@ class RevisionTooLong(UnknownRevision):
         super().__init__(message)
         self.length = length
 
-
-class DiskFull(MvcError):
-    """The disk filled up; ``path`` is where more room is needed. Nothing was changed."""
-
-    def __init__(self, message: str = "", *, path=None):
-        super().__init__(message)
-        self.path = str(path) if path is not None else None

@@ -513,3 +513,83 @@ def test_safetensors_dtypes_imported_can_be_exported_back(repo, tmp_path):
             assert t.dtype == st[k].dtype and torch.equal(t.view(torch.uint8), st[k].view(torch.uint8))
     with pytest.raises(mvc.BadInput, match="safetensors cannot hold"):
         repo.export(repo.commit({"x": torch.zeros(2, dtype=torch.complex128)}).id, tmp_path / "c128.safetensors")
+
+
+# -- 6. a full disk: one line that says so, and gc gets the user out ---------------------------------
+
+FULL_DISK = r"""
+import json, os, subprocess, sys, torch, mvc
+root = sys.argv[1]
+out = {}
+
+def mvc_cli(*args):
+    p = subprocess.run([sys.executable, "-m", "mvc", *args], capture_output=True, text=True)
+    return {"rc": p.returncode, "err": p.stderr}
+
+def fill(leave_kib=0):
+    filler = os.path.join(root, "filler")
+    if os.path.exists(filler):
+        os.unlink(filler)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    os.close(fd)
+    if leave_kib:
+        os.truncate(filler, max(0, os.path.getsize(filler) - leave_kib * 1024))
+
+def empty():
+    os.unlink(os.path.join(root, "filler"))
+
+fill()
+out["init_full"] = mvc_cli("init", os.path.join(root, "r1"))
+out["init_left"] = sorted(os.listdir(os.path.join(root, "r1"))) if os.path.exists(os.path.join(root, "r1")) else []
+fill(leave_kib=12)
+out["init_12k"] = mvc_cli("init", os.path.join(root, "r2"))
+empty()
+repo = mvc.Repository.init(os.path.join(root, "r3"), chunk_size=4096)
+keep = repo.commit({"w": torch.randn(50_000, generator=torch.Generator().manual_seed(0))}, "keep").id
+repo.commit({"w": torch.randn(200_000, generator=torch.Generator().manual_seed(1))}, "garbage", branch="tmp",
+            start="HEAD")
+repo.delete_branch("tmp", force=True)
+repo.close()
+os.unlink(os.path.join(root, "r3", ".mvc", "index", "lock.mdb"))
+fill()
+out["log_no_lock"] = mvc_cli("-C", os.path.join(root, "r3"), "log")
+out["commit_full"] = mvc_cli("-C", os.path.join(root, "r3"), "commit", os.path.join(root, "r3", "nothing.pt"))
+empty()
+mvc.Repository.open(os.path.join(root, "r3")).close()  # lock.mdb made again
+fill()
+out["gc_full"] = mvc_cli("-C", os.path.join(root, "r3"), "gc", "--grace", "0")
+out["free_after_gc"] = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
+out["fsck"] = mvc_cli("-C", os.path.join(root, "r3"), "fsck")
+repo = mvc.Repository.open(os.path.join(root, "r3"))
+out["intact"] = repo.resolve("main") == keep and torch.equal(
+    repo.load(keep)["w"], torch.randn(50_000, generator=torch.Generator().manual_seed(0)))
+print(json.dumps(out))
+"""
+
+
+def test_a_full_disk_is_one_line_and_gc_frees_it(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    script = 'mount -t tmpfs -o size=4m tmpfs "$0" || exit 77; exec "$1" -c "$2" "$0"'
+    try:
+        out = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(mount), PY, FULL_DISK],
+                             capture_output=True, text=True, timeout=300)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here")
+    if out.returncode == 77 or out.stderr.startswith("unshare:"):
+        pytest.skip(f"cannot mount a small filesystem here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    for step in ("init_full", "init_12k", "log_no_lock", "commit_full"):
+        assert r[step]["rc"] == 1, (step, r[step])  # not 135 (SIGBUS) and no traceback
+        assert r[step]["err"].count("\n") == 1 and "No space left on device" in r[step]["err"], (step, r[step])
+        assert "damaged" not in r[step]["err"] and "Input/output" not in r[step]["err"]
+    assert r["init_left"] == []  # no .mvc-init-* staging folder left behind
+    assert r["gc_full"]["rc"] == 0, r["gc_full"]
+    assert r["free_after_gc"] > 500_000  # the garbage commit's pack is gone
+    assert r["fsck"]["rc"] == 0 and r["intact"]

@@ -41,9 +41,13 @@ MAX_REVISION = 1024  # characters: a longest name, @{N}, and more ~N / ^N steps 
 _AT = re.compile(r"^(.*)@\{(\d+)\}$")
 
 
-def check_name(name: str, what: str = "ref") -> str:
-    """``name`` if it is a valid branch or tag name; InvalidRefName otherwise."""
-    problem = _name_problem(name)
+def check_name(name: str, what: str = "ref", existing: bool = False) -> str:
+    """``name`` if it is a valid branch or tag name; InvalidRefName otherwise.
+
+    ``existing``: the name of a ref that may have been made before the
+    Unicode and kind-prefix rules, to delete, rename or protect: only Git's
+    rules apply."""
+    problem = _name_problem(name, existing)
     if problem:
         raise InvalidRefName(f"{what} name {name!r} is not valid: {problem}")
     return name
@@ -53,7 +57,7 @@ def is_valid_name(name: str) -> bool:
     return _name_problem(name) == ""
 
 
-def _name_problem(name: str) -> str:
+def _name_problem(name: str, existing: bool = False) -> str:
     if not isinstance(name, str) or not name:
         return "it is empty"
     try:
@@ -66,11 +70,11 @@ def _name_problem(name: str) -> str:
         return f"{name!r} is reserved"
     if _BAD_CHARS.search(name):
         return "it holds a space, a control character or one of ~ ^ : ? * [ \\"
-    odd = next((c for c in name if unicodedata.category(c) in _INVISIBLE), None)
+    odd = None if existing else next((c for c in name if unicodedata.category(c) in _INVISIBLE), None)
     if odd is not None:  # reads as something else: U+202E reverses the text, U+00A0 looks like a space
         return (f"it holds U+{ord(odd):04X} ({unicodedata.name(odd, 'a control character')}), a control, "
                 "format, bidirectional or space character")
-    if "/" in name and name.split("/", 1)[0] in _KIND_WORDS:
+    if not existing and "/" in name and name.split("/", 1)[0] in _KIND_WORDS:
         return f"it starts with '{name.split('/', 1)[0]}/', which names a kind of ref (say the name without it)"
     if ".." in name or "@{" in name or "//" in name:
         return "it holds '..', '@{' or '//'"

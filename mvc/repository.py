@@ -635,7 +635,7 @@ class Repository:
         return self._set_ref(ref, rev, force, protect, f"branch: {rev}")
 
     def delete_branch(self, name: str, force: bool = False) -> None:
-        self._delete_ref(refs.BRANCHES + refs.check_name(name, "branch"), force)
+        self._delete_ref(refs.BRANCHES + refs.check_name(name, "branch", existing=True), force)
 
     def create_tag(self, name: str, rev: str = refs.HEAD, protect: Optional[bool] = None,
                    force: bool = False) -> Ref:
@@ -644,11 +644,11 @@ class Repository:
         return self._set_ref(ref, rev, force, protect, f"tag: {rev}")
 
     def delete_tag(self, name: str, force: bool = False) -> None:
-        self._delete_ref(refs.TAGS + refs.check_name(name, "tag"), force)
+        self._delete_ref(refs.TAGS + refs.check_name(name, "tag", existing=True), force)
 
     def set_protected(self, name: str, protected: bool = True, kind: str = "branch") -> Ref:
         """Protect or unprotect a branch or tag (kind "branch" or "tag")."""
-        ref = (refs.BRANCHES if kind == "branch" else refs.TAGS) + refs.check_name(name, kind)
+        ref = (refs.BRANCHES if kind == "branch" else refs.TAGS) + refs.check_name(name, kind, existing=True)
         with self.index.write() as txn:
             oid = self.refs.protect(txn, ref, protected)
         return Ref(name, oid.hex(), protected)
@@ -696,7 +696,7 @@ class Repository:
 
     def rename_branch(self, old: str, new: str, force: bool = False) -> Ref:
         """Rename branch ``old`` to ``new``, keeping its protection and reflog; HEAD follows."""
-        old_ref = refs.BRANCHES + refs.check_name(old, "branch")
+        old_ref = refs.BRANCHES + refs.check_name(old, "branch", existing=True)
         new_ref = refs.BRANCHES + refs.check_name(new, "branch")
         with self.index.write() as txn:
             oid, protected = self.refs.rename(txn, old_ref, new_ref, force, locking.this_process(default_author()))

@@ -596,3 +596,14 @@ def test_a_full_disk_is_one_line_and_gc_frees_it(tmp_path):
     assert r["gc_full"]["rc"] == 0, r["gc_full"]
     assert r["free_after_gc"] > 500_000  # the garbage commit's pack is gone
     assert r["fsck"]["rc"] == 0 and r["intact"]
+
+
+def test_a_ref_made_before_the_name_rules_can_still_be_deleted(repo):
+    from mvc.store.index import RefValue
+    c = repo.commit({"w": torch.ones(2)}, "m")
+    with repo.index.write() as txn:  # what an older mvc let a user create
+        txn.set_ref("heads/tags/v3", RefValue(id=bytes.fromhex(c.id)))
+        txn.set_ref("tags/r\u202eelease", RefValue(id=bytes.fromhex(c.id)))
+    repo.delete_branch("tags/v3")
+    repo.delete_tag("r\u202eelease")
+    assert [b.name for b in repo.branches()] == ["main"] and repo.tags() == []

@@ -204,6 +204,15 @@ def _record(message, step, epoch, metrics, context, author: str) -> CommitObject
     return record
 
 
+def _remove_killed_inits(root: Path) -> None:
+    """Remove the staging folders of inits in ``root`` that were killed (their process is gone)."""
+    from . import scratch
+    for path in root.glob(".mvc-init-*-*"):
+        pid = path.name[len(".mvc-init-"):].split("-", 1)[0]
+        if pid.isdigit() and scratch.gone(int(pid)) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _populate(mvc_dir: Path, chunk_size: int) -> None:
     """Lay out an empty repository in ``mvc_dir``: folders, index, FORMAT."""
     for sub in ("packs", "tmp", "locks"):
@@ -300,7 +309,8 @@ class Repository:
         # Built under a temporary name and renamed into place, so an
         # interrupted init never leaves a half-made .mvc behind.
         root.mkdir(parents=True, exist_ok=True)
-        staging = root / f".mvc-init-{secrets.token_hex(8)}"
+        _remove_killed_inits(root)
+        staging = root / f".mvc-init-{os.getpid()}-{secrets.token_hex(8)}"
         staging.mkdir()  # not mkdtemp: that would make .mvc 0700 whatever the umask says
         try:
             _populate(staging, chunk_size)

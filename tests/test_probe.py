@@ -607,3 +607,13 @@ def test_a_ref_made_before_the_name_rules_can_still_be_deleted(repo):
     repo.delete_branch("tags/v3")
     repo.delete_tag("r\u202eelease")
     assert [b.name for b in repo.branches()] == ["main"] and repo.tags() == []
+
+
+def test_the_staging_folder_of_a_killed_init_is_removed_by_the_next(tmp_path):
+    gone = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / f".mvc-init-{gone.stdout.strip()}-0123456789abcdef"
+    (left / "index").mkdir(parents=True)  # what an init killed halfway leaves
+    mine = tmp_path / f".mvc-init-{os.getpid()}-fedcba9876543210"
+    mine.mkdir()  # a live process's: left alone
+    mvc.Repository.init(tmp_path).close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".mvc", mine.name])

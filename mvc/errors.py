@@ -113,3 +113,10 @@ class RevisionTooLong(UnknownRevision):
         super().__init__(message)
         self.length = length
 
+
+class Unreadable(BadInput):
+    """An object would not decode once stored (``kind``: tensor, tree, commit; ``reason``: the decoder's)."""
+
+    def __init__(self, message: str = "", *, kind=None, reason=None):
+        super().__init__(message)
+        self.kind, self.reason = kind, reason

@@ -235,7 +235,7 @@ def test_a_tensor_no_read_accepts_is_refused_before_anything_is_written(repo, tm
     assert [c.id for c in repo.log()] == [first.id] and sorted((repo.dir / "packs").iterdir()) == packs
     # the class, not the instance: every object is checked by its own decoder before it is written
     from mvc.objects import TensorObject
-    with pytest.raises(mvc.BadInput, match="could not be read back"):
+    with pytest.raises(mvc.errors.Unreadable, match="could not be read back"):
         TensorObject("F32", (2, 3), 64, ()).encode()  # chunks that do not cover it
     assert repo.fsck().ok
 

@@ -35,6 +35,8 @@ from .errors import BadInput
 from .encoding import key_order
 from .records import Commit, Entry
 from .store.chunks import THREADS, Request
+from .objects import TensorLeaf
+from .traverse import children, format_path, is_container, walk
 from .traverse import format_path as _key
 
 ADDED, REMOVED, UNCHANGED, CHANGED, RESHAPED = "added", "removed", "unchanged", "changed", "reshaped"
@@ -146,8 +148,10 @@ def diff(repo, a: str, b: Optional[str] = None, only: Optional[str] = None, read
         tensors_a = {e.path: e for e in entries_a if e.kind == "tensor"}
         tensors_b = {e.path: e for e in entries_b if e.kind == "tensor"}
         tensors = _tensor_diffs(repo, tensors_a, tensors_b, read_data)
+        shapes = _container_diffs(_containers(repo, commit_a.id, only), _containers(repo, commit_b.id, only))
     values = _value_diffs({e.path: e for e in entries_a if e.kind == "value"},
                           {e.path: e for e in entries_b if e.kind == "value"})
+    values = sorted(values + shapes, key=lambda v: (natural_key(v.key), _path_order(v.path)))
     fields = record_changes(commit_a, commit_b)
     return Diff(commit_a, commit_b, only, tuple(tensors), tuple(values), tuple(fields),
                 _summary(tensors, values))
@@ -308,6 +312,10 @@ class _Sums:
         if a is None or b is None:
             self.numeric = False
             return
+        with np.errstate(all="ignore"):  # inf - inf and overflows are results here, not warnings
+            self._differ(a, b, changed)
+
+    def _differ(self, a, b, changed: np.ndarray) -> None:
         self.aa += _dot(a, a)
         self.bb += _dot(b, b)
         d = np.subtract(b, a, dtype=np.float64)
@@ -321,8 +329,16 @@ class _Sums:
             self.max = top
 
 
+def _relative(norm_d: float, norm_a: float) -> float:
+    """‖B−A‖ / ‖A‖: 0 when nothing moved in value (0.0 became -0.0), inf when A is zero and B is not."""
+    if norm_d == 0:
+        return 0.0
+    return norm_d / norm_a if norm_a else math.inf
+
+
 def _dot(x: np.ndarray, y: np.ndarray) -> float:
-    return float(np.einsum("i,i->", x, y, dtype=np.float64))
+    with np.errstate(all="ignore"):  # a sum past float64's range is inf, which the numbers then show
+        return float(np.einsum("i,i->", x, y, dtype=np.float64))
 
 
 # numpy reads these directly; complex numbers as pairs of their real type
@@ -410,7 +426,7 @@ def _streamed_diff(ea, eb, obj_a, obj_b, sums: _Sums, elements: int) -> TensorDi
     if sums.numeric:
         norm_a, norm_b, norm_d = math.sqrt(sums.aa), math.sqrt(sums.bb), math.sqrt(sums.dd)
         numbers = dict(norm_a=norm_a, norm_b=norm_b, norm_diff=norm_d,
-                       relative_change=norm_d / norm_a if norm_a else math.inf,
+                       relative_change=_relative(norm_d, norm_a),
                        max_abs_diff=sums.max,
                        cosine=_clamp(sums.ab / (norm_a * norm_b)) if norm_a and norm_b else None)
     return TensorDiff(eb.key, eb.path, CHANGED, ea.dtype, eb.dtype, tuple(ea.shape), tuple(eb.shape),
@@ -431,6 +447,51 @@ def _value_diffs(side_a: dict, side_b: dict) -> list:
         elif not _same_value(ea.value, eb.value):
             out.append(ValueDiff(ea.key, path, CHANGED, ea.value, eb.value))
     return out
+
+
+def _containers(repo, commit_id: str, only: Optional[str]) -> dict:
+    """{path: container} for every dict, list and tuple of a commit's tree (``only`` filters by key)."""
+    with repo.index.read() as txn:
+        root = repo.objects.commit_tree(txn, bytes.fromhex(commit_id)).root
+    out, todo = {}, [((), root)]
+    while todo:
+        path, node = todo.pop()
+        if is_container(node):
+            if only is None or fnmatch.fnmatchcase(format_path(path), only):
+                out[path] = node
+            todo.extend((path + (k,), child) for k, child in children(node))
+    return out
+
+
+def _container_diffs(side_a: dict, side_b: dict) -> list:
+    """ValueDiffs for containers whose kind changed (a list that became a tuple:
+    the same leaves, another structure) and for empty ones added or removed
+    (they have no leaves to show them)."""
+    out = []
+    for path in side_a.keys() | side_b.keys():
+        a, b = side_a.get(path), side_b.get(path)
+        if a is not None and b is not None:
+            if type(a) is not type(b):
+                out.append(ValueDiff(format_path(path), path, CHANGED, _shown(a), _shown(b)))
+        elif a is None and not b:  # an empty container is its own leaf
+            out.append(ValueDiff(format_path(path), path, ADDED, None, b))
+        elif b is None and not a:
+            out.append(ValueDiff(format_path(path), path, REMOVED, a, None))
+    return out
+
+
+class Shape(str):
+    """A container shown by its kind and size when it holds tensors (``<list of 3>``)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _shown(node):
+    """A container as a value diff shows it: itself when it holds only plain values."""
+    if any(isinstance(leaf, TensorLeaf) for _, leaf in walk(node)):
+        return Shape(f"<{type(node).__name__} of {len(node)}>")
+    return node
 
 
 def _same_value(x, y) -> bool:

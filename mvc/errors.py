@@ -114,10 +114,10 @@ class RevisionTooLong(UnknownRevision):
         self.length = length
 
 
-class DiskFull(MvcError):
-    """The disk filled up; ``path`` is where more room is needed. Nothing was changed."""
+class Unreadable(BadInput):
+    """An object would not decode once stored (``kind``: tensor, tree, commit; ``reason``: the decoder's)."""
 
-    def __init__(self, message: str = "", *, path=None):
+    def __init__(self, message: str = "", *, kind=None, reason=None):
         super().__init__(message)
         self.path = str(path) if path is not None else None
 # -- DCP checkpoint ids (hooks/dcp.py) -------------------------------------------------
@@ -249,3 +249,4 @@ class ScanFoundDamage(CorruptObject):
     def __init__(self, message: str = "", *, problems: tuple = ()):
         super().__init__(message, id=problems[0][1] if problems else None)
         self.problems = tuple(problems)
+        self.kind, self.reason = kind, reason

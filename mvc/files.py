@@ -44,7 +44,11 @@ FORMATS = ("pt", "safetensors")
 PIECE = 8 << 20  # bytes written (and reported to progress) at a time
 # dtypes every safetensors reader knows, by mvc's on-disk names (the same words)
 SAFETENSORS_DTYPES = frozenset({"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64",
-                                "F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"})
+                                "F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ",
+                                "F8_E5M2FNUZ", "F8_E8M0", "C64", "F4_E2M1_X2"})
+# mvc's names that safetensors spells otherwise: torch's float4_e2m1fn_x2 packs two
+# 4-bit values per element, safetensors' F4 counts the 4-bit values (last dim doubled)
+SAFETENSORS_NAMES = {"F4_E2M1_X2": "F4"}
 
 
 @dataclass
@@ -576,9 +580,10 @@ def safetensors_header(specs: dict, metadata: Optional[dict]) -> tuple:
     """(keys in file order, header bytes) for {key: (mvc dtype name, shape, itemsize, nbytes)}:
     widest elements first, then by key, so every tensor starts aligned to its
     element size, as safetensors does. BadInput for a dtype safetensors cannot hold."""
-    for key, (name, _, _, _) in specs.items():
-        if name not in SAFETENSORS_DTYPES:
-            raise BadInput(f"tensor {key!r} is {name}, which safetensors cannot hold; export as pt")
+    for key, (name, shape, _, _) in specs.items():
+        if name not in SAFETENSORS_DTYPES or (name in SAFETENSORS_NAMES and not shape):
+            raise BadInput(f"tensor {key!r} is {name}{'' if shape else ' with no dimensions'}, which "
+                           "safetensors cannot hold; export as pt")
     meta = {"format": "pt"} if metadata is None else metadata
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise BadInput("safetensors metadata must map text to text")
@@ -586,6 +591,8 @@ def safetensors_header(specs: dict, metadata: Optional[dict]) -> tuple:
     header, offset = {}, 0
     for key in order:
         name, shape, _, n = specs[key]
+        if name in SAFETENSORS_NAMES:
+            name, shape = SAFETENSORS_NAMES[name], (*shape[:-1], 2 * shape[-1])
         header[key] = {"dtype": name, "shape": list(shape), "data_offsets": [offset, offset + n]}
         offset += n
     if meta:

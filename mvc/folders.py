@@ -309,7 +309,14 @@ _AT_FDCWD = -100
 def _swap(staging: Path, out: Path, existed: bool) -> None:
     """Put the folder ``staging`` in the place of ``out`` with one rename; remove the old folder after."""
     if not existed:
-        os.rename(staging, out)  # onto nothing (or an empty folder that appeared: rename replaces it)
+        try:
+            os.rename(staging, out)  # onto nothing (or an empty folder that appeared: rename replaces it)
+        except OSError as exc:
+            _remove_tree(staging)
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise BadInput(f"{out} appeared while the model folder was written; nothing was changed: "
+                               "export again (with --force to replace it)") from None
+            raise
     elif _RENAMEAT2 is not None and _RENAMEAT2(_AT_FDCWD, os.fsencode(staging), _AT_FDCWD, os.fsencode(out),
                                                _RENAME_EXCHANGE) == 0:
         pass  # staging now holds the old folder

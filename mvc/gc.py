@@ -33,6 +33,7 @@ deletes. gc holds the exclusive gc lock throughout, so no commit runs
 meanwhile (a commit's new chunks are not indexed until its last step).
 """
 
+import errno
 import math
 import os
 import time
@@ -158,14 +159,21 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
     # it neither waits for running commits nor writes the exclusive lock's holder note
     with (repo.gc_lock.shared() if dry_run else repo.gc_lock.exclusive()):
         before, packs_before = disk_usage(repo.dir), disk_usage(repo.dir / "packs")
-        with (repo.index.read() if dry_run else repo.index.write()) as txn:
-            sweep = _sweep(txn, repo.objects, policy, force, dry_run, repo.chunks)
+        # what needs no index write goes first: on a full disk it is the room the rest needs
+        gone = () if dry_run else tuple(p.relative_to(repo.dir).as_posix()
+                                        for p in scratch.remove_leftovers(repo.dir))
+        try:
+            with (repo.index.read() if dry_run else repo.index.write()) as txn:
+                sweep = _sweep(txn, repo.objects, policy, force, dry_run, repo.chunks)
+        except OSError as exc:
+            if dry_run or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            sweep = _sweep_on_a_full_disk(repo, policy, force)
         plan = plan_packs(repo.dir / "packs", sweep.live_locs, sweep.indexed_packs, grace, repack)
         if dry_run:
             saved = plan.reclaimable()
             return sweep.report(True, before, before - saved, packs_before, packs_before - saved, plan)
-        moved = compact(repo, plan)
-        gone = tuple(p.relative_to(repo.dir).as_posix() for p in scratch.remove_leftovers(repo.dir))
+        moved = compact(repo, plan)  # dead packs go before the rewrite needs room for a new one
         return replace(sweep.report(False, before, disk_usage(repo.dir), packs_before,
                                     disk_usage(repo.dir / "packs"), plan, moved), scratch_removed=gone)
 
@@ -271,6 +279,7 @@ class _Sweep:
     removed: dict = field(default_factory=dict)  # kind -> count
     live_locs: dict = field(default_factory=dict)  # live chunk id -> Location
     indexed_packs: set = field(default_factory=set)  # pack names any chunk entry named before the sweep
+    writes: list = field(default_factory=list)  # (Txn method, args): the index writes, in order
 
     def report(self, dry_run, before, after, packs_before, packs_after, plan, moved: int = 0) -> GcReport:
         return GcReport(dry_run, before, after, packs_before, packs_after, tuple(sorted(o.hex() for o in self.pruned)),
@@ -281,7 +290,9 @@ class _Sweep:
                         len(plan.tmp), tuple(plan.notes), tuple(plan.left))
 
 
-def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=None) -> _Sweep:
+def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=None, apply: bool = True) -> _Sweep:
+    """Retention, marking and sweeping in ``txn``; the writes are made there
+    unless ``dry_run`` or not ``apply`` (then ``_Sweep.writes`` lists them)."""
     prune, skipped = _retention(txn, objects, policy, force) if policy.active else (set(), ())
     sweep = _Sweep(prune, skipped)
     expired = []  # entries whose new commit is (being) pruned: they would keep its data alive
@@ -293,19 +304,14 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
     sweep.reflog_expired = len(expired)
     # The one walk fsck makes too; damage stops gc before anything is deleted.
     live = reach.walk(txn, objects, reach.RAISE, prune=prune, skip_reflog=expired)
-    if not dry_run:
-        note = {"time": time.time_ns() // 1000, "policy": policy.describe()}
-        for oid in prune:
-            txn.put_pruned(oid, note)
-        for ref, seq in expired:
-            txn.delete_reflog(ref, seq)
+    writes = sweep.writes  # retention's notes first: a sweep cut short leaves pruned commits, never lost ones
+    note = {"time": time.time_ns() // 1000, "policy": policy.describe()}
+    writes += [("put_pruned", (oid, note)) for oid in prune] + [("delete_reflog", e) for e in expired]
     keep = {"commits": live.commits.keys(), "trees": live.tree_commits.keys(), "tensors": live.tensor_trees.keys()}
     for kind, ids in keep.items():
         dead = [oid for oid in txn.ids(kind) if oid not in ids]
         sweep.removed[kind] = len(dead)
-        if not dry_run:
-            for oid in dead:
-                txn.delete(kind, oid)
+        writes += [("delete", (kind, oid)) for oid in dead]
     dead_chunks = []
     for cid, loc in txn.chunks():
         sweep.indexed_packs.add(loc.pack)
@@ -319,11 +325,42 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
         raise CorruptObject(f"gc stopped, nothing was deleted: {len(missing)} live chunks (e.g. "
                             f"{next(iter(missing)).hex()[:12]}) are not in the chunk index; run 'mvc fsck'")
     sweep.removed["chunks"] = len(dead_chunks)
-    if not dry_run:
-        for cid in dead_chunks:
-            txn.delete_chunk(cid)
-        for oid in [oid for oid in txn.ids("pruned") if oid not in live.commits]:
-            txn.delete_pruned(oid)
+    writes += [("delete_chunk", (cid,)) for cid in dead_chunks]
+    writes += [("delete_pruned", (oid,)) for oid in txn.ids("pruned") if oid not in live.commits]
+    if apply and not dry_run:
+        _write(txn, writes)
+    return sweep
+
+
+def _write(txn, writes: list) -> None:
+    for method, args in writes:
+        getattr(txn, method)(*args)
+
+
+STEP = 256  # index writes per transaction when the disk is full
+
+
+def _sweep_on_a_full_disk(repo, policy: Retention, force: bool) -> _Sweep:
+    """The sweep in small transactions, for a disk too full for it in one.
+
+    LMDB reuses the pages each small transaction frees for the next, so
+    this needs no room on the disk; gc holds the exclusive gc lock, so no
+    commit can take up what is being deleted in between. Only garbage is
+    deleted (retention's notes go first), so stopping halfway leaves less
+    garbage, never a lost commit; the packs are deleted after."""
+    with repo.index.read() as txn:
+        sweep = _sweep(txn, repo.objects, policy, force, False, repo.chunks, apply=False)
+    start, step = 0, STEP
+    while start < len(sweep.writes):
+        try:
+            with repo.index.write() as txn:
+                _write(txn, sweep.writes[start:start + step])
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or step == 1:
+                raise
+            step //= 2  # fewer pages than a step frees: smaller steps, until the freed pages suffice
+            continue
+        start += step
     return sweep
 
 

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 
 from . import dtypes, encoding, hashing
 from .encoding import Ext
-from .errors import BadInput, CorruptObject
+from .errors import CorruptObject, Unreadable
 from .traverse import format_path, walk  # noqa: F401  (re-exported: trees are walked with these)
 
 ID_SIZE = hashing.DIGEST_SIZE
@@ -61,12 +61,15 @@ def shape_problem(dtype: str, shape) -> str:
     return ""
 
 
-def _readable(data: bytes, decode, kind: str) -> bytes:
+def _readable(data: bytes, decode, kind: str, check: bool = True) -> bytes:
     """``data`` if ``decode`` accepts it: what no read could decode is never written."""
+    if not check:
+        return data
     try:
         decode(data)
     except CorruptObject as exc:
-        raise BadInput(f"this {kind} could not be read back once stored ({exc}); nothing was written") from None
+        raise Unreadable(f"this {kind} could not be read back once stored ({exc}); nothing was written",
+                         kind=kind, reason=str(exc)) from None
     return data
 
 
@@ -133,12 +136,14 @@ class TensorObject:
         """Whether the stream is the tensor's C-order bytes (no shard needs scattering)."""
         return all(_contiguous(offsets, sizes, self.shape) for offsets, sizes in self.shards)
 
-    def encode(self) -> bytes:
+    def encode(self, check: bool = True) -> bytes:
+        """The canonical bytes; Unreadable if the decoder would refuse them (``check``
+        False skips that: only for tests that forge damage)."""
         fields = {"type": "tensor", "dtype": self.dtype, "shape": list(self.shape),
                   "chunk_size": self.chunk_size, "chunks": list(self.chunks)}
         if self.shards:  # absent for a whole tensor: its bytes stay what format 1 wrote
             fields["shards"] = [[list(o), list(z)] for o, z in self.shards]
-        return _readable(encoding.pack(fields), TensorObject.decode, "tensor")
+        return _readable(encoding.pack(fields), TensorObject.decode, "tensor", check)
 
     @classmethod
     def decode(cls, data: bytes) -> "TensorObject":
@@ -258,11 +263,13 @@ class TreeObject:
     root: Any
     dcp: Any = None  # a sharded save's DCP metadata (plain values, see mvc/sharded.py); None otherwise
 
-    def encode(self) -> bytes:
+    def encode(self, check: bool = True) -> bytes:
+        """The canonical bytes; Unreadable if the decoder would refuse them (``check``
+        False skips that: only for tests that forge damage)."""
         fields = {"type": "tree", "root": _encode_node(self.root)}
         if self.dcp is not None:
             fields["dcp"] = self.dcp
-        return _readable(encoding.pack(fields), TreeObject.decode, "tree")
+        return _readable(encoding.pack(fields), TreeObject.decode, "tree", check)
 
     @classmethod
     def decode(cls, data: bytes) -> "TreeObject":
@@ -304,11 +311,13 @@ class CommitObject:
         """What a signature covers: the encoding without ``signature`` (an unsigned commit's bytes)."""
         return encoding.pack(self._fields())
 
-    def encode(self) -> bytes:
+    def encode(self, check: bool = True) -> bytes:
+        """The canonical bytes; Unreadable if the decoder would refuse them (``check``
+        False skips that: only for tests that forge damage)."""
         fields = self._fields()
         if self.signature:  # absent when unsigned: those bytes stay what format 1 wrote
             fields["signature"] = self.signature
-        return _readable(encoding.pack(fields), CommitObject.decode, "commit")
+        return _readable(encoding.pack(fields), CommitObject.decode, "commit", check)
 
     @classmethod
     def decode(cls, data: bytes) -> "CommitObject":

@@ -13,6 +13,7 @@ commit or checkout.
 """
 
 import re
+import unicodedata
 from typing import Callable, Optional
 
 from .errors import (AmbiguousRevision, CorruptObject, InvalidRefName, ProtectedRef, RefConflict, RevisionTooLong,
@@ -28,6 +29,11 @@ MIN_PREFIX = 4
 MAX_NAME = 400  # bytes: with its prefix a ref name stays under the index's key limit
 
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+# Unicode categories no name may hold: controls (C0, C1), format characters
+# (bidi overrides such as U+202E, zero-width joiners), space and line separators
+# (U+00A0, U+2028): each makes a name look like another one, or breaks a line.
+_INVISIBLE = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
+_KIND_WORDS = ("heads", "tags", "remotes", "refs")  # "tags/v3" as a branch would hide the tag v3
 _SUFFIX = re.compile(r"[~^][0-9]*")
 _SUFFIX_CHARS = frozenset("~^0123456789")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -35,9 +41,13 @@ MAX_REVISION = 1024  # characters: a longest name, @{N}, and more ~N / ^N steps 
 _AT = re.compile(r"^(.*)@\{(\d+)\}$")
 
 
-def check_name(name: str, what: str = "ref") -> str:
-    """``name`` if it is a valid branch or tag name; InvalidRefName otherwise."""
-    problem = _name_problem(name)
+def check_name(name: str, what: str = "ref", existing: bool = False) -> str:
+    """``name`` if it is a valid branch or tag name; InvalidRefName otherwise.
+
+    ``existing``: the name of a ref that may have been made before the
+    Unicode and kind-prefix rules, to delete, rename or protect: only Git's
+    rules apply."""
+    problem = _name_problem(name, existing)
     if problem:
         raise InvalidRefName(f"{what} name {name!r} is not valid: {problem}")
     return name
@@ -47,7 +57,7 @@ def is_valid_name(name: str) -> bool:
     return _name_problem(name) == ""
 
 
-def _name_problem(name: str) -> str:
+def _name_problem(name: str, existing: bool = False) -> str:
     if not isinstance(name, str) or not name:
         return "it is empty"
     try:
@@ -60,6 +70,12 @@ def _name_problem(name: str) -> str:
         return f"{name!r} is reserved"
     if _BAD_CHARS.search(name):
         return "it holds a space, a control character or one of ~ ^ : ? * [ \\"
+    odd = None if existing else next((c for c in name if unicodedata.category(c) in _INVISIBLE), None)
+    if odd is not None:  # reads as something else: U+202E reverses the text, U+00A0 looks like a space
+        return (f"it holds U+{ord(odd):04X} ({unicodedata.name(odd, 'a control character')}), a control, "
+                "format, bidirectional or space character")
+    if not existing and "/" in name and name.split("/", 1)[0] in _KIND_WORDS:
+        return f"it starts with '{name.split('/', 1)[0]}/', which names a kind of ref (say the name without it)"
     if ".." in name or "@{" in name or "//" in name:
         return "it holds '..', '@{' or '//'"
     if name.startswith("/") or name.endswith("/") or name.endswith("."):
@@ -228,6 +244,7 @@ class Refs:
             if name.startswith((BRANCHES, TAGS, REMOTES)):
                 ref = txn.ref(name)
                 if ref is not None and ref.id is not None:
+                    self._not_also_a_prefix(txn, base, name, ref.id)
                     return ref.id
         if _is_hex(lower):
             if len(base) < MIN_PREFIX:
@@ -242,6 +259,17 @@ class Refs:
                                         "give more digits")
         raise UnknownRevision(f"unknown revision {base!r}: no commit, branch or tag by that name")
 
+    def _not_also_a_prefix(self, txn, base: str, ref: str, oid: bytes) -> None:
+        """AmbiguousRevision if ``base`` names ref ``ref`` and is also the id prefix of another commit."""
+        lower = base.lower()
+        if len(base) < MIN_PREFIX or not _is_hex(lower) or base == ref:
+            return
+        others = [m for m in self._prefix_matches(txn, lower) if m != oid]
+        if others:
+            raise AmbiguousRevision(f"{base!r} is {human(ref)} and also the start of commit {others[0].hex()[:12]}'s "
+                                    f"id; say {ref!r} for the {human(ref).split()[0]}, or give more digits for the "
+                                    "commit")
+
     @staticmethod
     def _prefix_matches(txn, prefix: str) -> list:
         floor = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
@@ -255,9 +283,23 @@ class Refs:
         if ref is not None and ref.startswith(BRANCHES):
             locks.check_writer(txn, ref[len(BRANCHES):], me)
 
+    @staticmethod
+    def check_new(txn, ref: str) -> None:
+        """RefConflict if creating branch or tag ``ref`` would give a name to two
+        kinds of ref (a branch and a tag of one name: the branch would hide the tag)."""
+        if not ref.startswith((BRANCHES, TAGS)) or txn.ref(ref) is not None:
+            return
+        name = short_name(ref)
+        other = (TAGS if ref.startswith(BRANCHES) else BRANCHES) + name
+        if txn.ref(other) is not None:
+            raise RefConflict(f"{human(other)} exists, and {human(ref)} of the same name would make {name!r} mean "
+                              "two things; choose another name")
+
     def check_commit(self, txn, ref: Optional[str], me) -> None:
-        """ProtectedRef / LockHeld if a commit may not move ``ref``."""
+        """ProtectedRef / LockHeld if a commit may not move ``ref``; RefConflict
+        if it would create a branch named like a tag."""
         if ref is not None:
+            self.check_new(txn, ref)
             value = txn.ref(ref)
             if value is not None and value.protected:
                 raise ProtectedRef(f"{human(ref)} is protected; nothing was committed: unprotect it "
@@ -287,6 +329,8 @@ class Refs:
     def _move(self, txn, ref: str, old: Optional[bytes], new: Optional[bytes], why: str,
               protected: Optional[bool] = None) -> None:
         current = txn.ref(ref)
+        if current is None:
+            self.check_new(txn, ref)
         if ref == HEAD and (current is None or current.target is None):
             txn.set_ref(ref, RefValue(id=new))
         elif new is None:
@@ -349,6 +393,7 @@ class Refs:
                                   + ("it is protected" if taken.protected else "pass --force to replace it"))
         self.check_writer(txn, old, me)
         self.check_writer(txn, new, me)
+        self.check_new(txn, new)
         history = [entry for _, entry in self.reflog(txn, old)][::-1]
         for name in (old, new):  # a replaced branch's reflog goes, as with a deleted one
             for _, seq, _ in list(txn.reflog_raw(name)):

@@ -206,6 +206,15 @@ def _record(message, step, epoch, metrics, context, author: str) -> CommitObject
     return record
 
 
+def _remove_killed_inits(root: Path) -> None:
+    """Remove the staging folders of inits in ``root`` that were killed (their process is gone)."""
+    from . import scratch
+    for path in root.glob(".mvc-init-*-*"):
+        pid = path.name[len(".mvc-init-"):].split("-", 1)[0]
+        if pid.isdigit() and scratch.gone(int(pid)) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _populate(mvc_dir: Path, chunk_size: int) -> None:
     """Lay out an empty repository in ``mvc_dir``: folders, index, FORMAT."""
     for sub in ("packs", "tmp", "locks"):
@@ -302,7 +311,8 @@ class Repository:
         # Built under a temporary name and renamed into place, so an
         # interrupted init never leaves a half-made .mvc behind.
         root.mkdir(parents=True, exist_ok=True)
-        staging = root / f".mvc-init-{secrets.token_hex(8)}"
+        _remove_killed_inits(root)
+        staging = root / f".mvc-init-{os.getpid()}-{secrets.token_hex(8)}"
         staging.mkdir()  # not mkdtemp: that would make .mvc 0700 whatever the umask says
         try:
             _populate(staging, chunk_size)
@@ -651,7 +661,7 @@ class Repository:
         return self._set_ref(ref, rev, force, protect, f"branch: {rev}")
 
     def delete_branch(self, name: str, force: bool = False) -> None:
-        self._delete_ref(refs.BRANCHES + refs.check_name(name, "branch"), force)
+        self._delete_ref(refs.BRANCHES + refs.check_name(name, "branch", existing=True), force)
 
     def create_tag(self, name: str, rev: str = refs.HEAD, protect: Optional[bool] = None,
                    force: bool = False, sign=None, message: str = "") -> Ref:
@@ -671,7 +681,7 @@ class Repository:
 
     def delete_tag(self, name: str, force: bool = False) -> None:
         with self.index.write() as txn:
-            self.refs.delete(txn, refs.TAGS + refs.check_name(name, "tag"), force,
+            self.refs.delete(txn, refs.TAGS + refs.check_name(name, "tag", existing=True), force,
                              locking.this_process(default_author()))
             _audit.put_tag(txn, name, None, None)
 
@@ -700,7 +710,7 @@ class Repository:
 
     def set_protected(self, name: str, protected: bool = True, kind: str = "branch") -> Ref:
         """Protect or unprotect a branch or tag (kind "branch" or "tag")."""
-        ref = (refs.BRANCHES if kind == "branch" else refs.TAGS) + refs.check_name(name, kind)
+        ref = (refs.BRANCHES if kind == "branch" else refs.TAGS) + refs.check_name(name, kind, existing=True)
         with self.index.write() as txn:
             oid = self.refs.protect(txn, ref, protected)
         return Ref(name, oid.hex(), protected)
@@ -748,7 +758,7 @@ class Repository:
 
     def rename_branch(self, old: str, new: str, force: bool = False) -> Ref:
         """Rename branch ``old`` to ``new``, keeping its protection and reflog; HEAD follows."""
-        old_ref = refs.BRANCHES + refs.check_name(old, "branch")
+        old_ref = refs.BRANCHES + refs.check_name(old, "branch", existing=True)
         new_ref = refs.BRANCHES + refs.check_name(new, "branch")
         with self.index.write() as txn:
             oid, protected = self.refs.rename(txn, old_ref, new_ref, force, locking.this_process(default_author()))

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import dtypes
-from .errors import BadInput, CorruptObject
+from .errors import BadInput, CorruptObject, Unreadable
 from .objects import ID_SIZE, TensorObject
 
 EXTENSION = "sharded"  # the FORMAT extension a repository with sharded commits names
@@ -99,8 +99,9 @@ def tensor_object(t: ShardedTensor, chunk_size: int, where: str) -> TensorObject
                            tuple((o, z) for o, z, _ in pieces))
     try:
         return TensorObject.decode(obj.encode())  # the decoder's checks: the pieces tile the tensor
-    except CorruptObject as exc:
-        raise BadInput(f"{where}: the ranks' pieces do not make a tensor of shape {shape}: {exc}") from None
+    except (CorruptObject, Unreadable) as exc:  # encode() runs the decoder's checks too
+        raise BadInput(f"{where}: the ranks' pieces do not make a tensor of shape {shape}: "
+                       f"{getattr(exc, 'reason', exc)}") from None
 
 
 def nest(leaves: dict) -> Any:

@@ -235,7 +235,7 @@ def test_a_tensor_no_read_accepts_is_refused_before_anything_is_written(repo, tm
     assert [c.id for c in repo.log()] == [first.id] and sorted((repo.dir / "packs").iterdir()) == packs
     # the class, not the instance: every object is checked by its own decoder before it is written
     from mvc.objects import TensorObject
-    with pytest.raises(mvc.BadInput, match="could not be read back"):
+    with pytest.raises(mvc.errors.Unreadable, match="could not be read back"):
         TensorObject("F32", (2, 3), 64, ()).encode()  # chunks that do not cover it
     assert repo.fsck().ok
 
@@ -390,26 +390,26 @@ def test_a_killed_bisect_run_leaves_scratch_that_fsck_lists_and_gc_or_the_next_r
     script.write_text(KILLS_ITS_PARENT)
     code = f"import mvc, sys; r = mvc.Repository.open(sys.argv[1]); r.bisect_start({ids[4]!r}, {ids[0]!r}); " \
            f"r.bisect_run([sys.executable, sys.argv[2]])"
-    for cleaner in ("gc", "next run"):
-        child = subprocess.run([PY, "-c", code, str(repo.root), str(script)], capture_output=True, text=True)
-        assert child.returncode == -signal.SIGKILL, child.stderr
-        left = sorted(p.name for p in (repo.dir / "tmp").iterdir() if p.name.startswith("bisect-"))
-        assert len(left) == 1 and list((repo.dir / "tmp" / left[0]).iterdir())  # a whole checkpoint
-        assert repo.fsck().leftovers == (f"tmp/{left[0]}",)
-        out = cli(repo.root, "fsck")
-        assert out.exit_code == 0 and f"tmp/{left[0]}" in out.output
-        if cleaner == "gc":
-            assert repo.gc(grace=0).scratch_removed == (f"tmp/{left[0]}",)
-        else:
-            repo.bisect_reset()
-            repo.bisect_start(ids[4], ids[0])
-            script.write_text("import sys; sys.exit(0)\n")
-            with pytest.raises(mvc.MvcError):  # the bad end comes out good: stops, after cleaning up
-                repo.bisect_run([PY, str(script)])
-        assert not [p for p in (repo.dir / "tmp").iterdir() if p.name.startswith("bisect-")]
-        assert repo.fsck().leftovers == ()
-        repo.bisect_reset()
-        script.write_text(KILLS_ITS_PARENT)
+    child = subprocess.run([PY, "-c", code, str(repo.root), str(script)], capture_output=True, text=True)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    left = sorted(p.name for p in (repo.dir / "tmp").iterdir() if p.name.startswith("bisect-"))
+    assert len(left) == 1 and list((repo.dir / "tmp" / left[0]).iterdir())  # a whole checkpoint
+    assert repo.fsck().leftovers == (f"tmp/{left[0]}",)
+    out = cli(repo.root, "fsck")
+    assert out.exit_code == 0 and f"tmp/{left[0]}" in out.output
+    # the next bisect run removes it
+    repo.bisect_reset()
+    repo.bisect_start(ids[4], ids[0])
+    script.write_text("import sys; sys.exit(0)\n")
+    with pytest.raises(mvc.MvcError):  # the bad end comes out good: stops, after cleaning up
+        repo.bisect_run([PY, str(script)])
+    assert not [p for p in (repo.dir / "tmp").iterdir() if p.name.startswith("bisect-")]
+    # and so does gc, with any grace: the process that made it is gone
+    gone = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (repo.dir / "tmp" / f"bisect-{gone.stdout.strip()}-x").mkdir()
+    (repo.dir / "tmp" / f"bisect-{os.getpid()}-mine").mkdir()  # a live process's: left alone
+    assert repo.gc().scratch_removed == (f"tmp/bisect-{gone.stdout.strip()}-x",)
+    assert repo.fsck().leftovers == ()
 
 
 def test_a_killed_file_export_leaves_a_temporary_file_the_next_export_removes(five, tmp_path):
@@ -422,3 +422,198 @@ def test_a_killed_file_export_leaves_a_temporary_file_the_next_export_removes(fi
     repo.export("main", target)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".model.pt")] == []
     assert torch.load(target, weights_only=True)["step"] == 4
+
+
+# -- 9. a name means one thing, and reads as what it is -----------------------------------------
+
+def test_names_that_read_as_other_names_are_refused(repo):
+    c = repo.commit({"w": torch.ones(2)}, "m")
+    for name in ("a\u202eb", "rel\u00a0ease", "x\u2028y", "x\u0085y", "x\u200by", "tags/v3", "heads/x",
+                 "remotes/origin/main"):
+        for make in (repo.create_branch, repo.create_tag):
+            with pytest.raises(mvc.InvalidRefName):
+                make(name, c.id)
+        with pytest.raises(mvc.InvalidRefName):
+            repo.commit({"w": torch.ones(2)}, "m", branch=name)
+    out = cli(repo.root, "branch", "tags/v3")
+    assert out.exit_code == 1 and "names a kind of ref" in out.stderr
+    repo.create_branch("café", c.id)  # plain letters from any script are fine
+    assert [b.name for b in repo.branches()] == ["café", "main"]
+
+
+def test_a_branch_and_a_tag_of_one_name_cannot_both_exist(repo):
+    c = repo.commit({"w": torch.ones(2)}, "m")
+    repo.create_tag("v3", c.id)
+    repo.create_branch("dev", c.id)
+    with pytest.raises(mvc.RefConflict):
+        repo.create_branch("v3", c.id)
+    with pytest.raises(mvc.RefConflict):
+        repo.create_tag("dev", c.id)
+    with pytest.raises(mvc.RefConflict):
+        repo.commit({"w": torch.zeros(2)}, "m", branch="v3")
+    with pytest.raises(mvc.RefConflict):
+        repo.checkout(c.id, new_branch="v3")
+    with pytest.raises(mvc.RefConflict):
+        repo.rename_branch("dev", "v3")
+    assert sorted(b.name for b in repo.branches()) == ["dev", "main"] and [t.name for t in repo.tags()] == ["v3"]
+
+
+def test_a_branch_named_like_an_id_prefix_does_not_hide_the_commit(repo):
+    a = repo.commit({"w": torch.ones(2)}, "a")
+    b = repo.commit({"w": torch.zeros(2)}, "b")
+    repo.create_branch(b.id[:7], a.id)
+    with pytest.raises(mvc.AmbiguousRevision):
+        repo.resolve(b.id[:7])
+    out = cli(repo.root, "log", b.id[:7])
+    assert out.exit_code == 1 and f"heads/{b.id[:7]}" in out.stderr
+    assert repo.resolve(f"heads/{b.id[:7]}") == a.id and repo.resolve(b.id[:8]) == b.id
+
+
+# -- 10. what the README says, and numbers without noise ----------------------------------------------
+
+def test_views_of_one_storage_come_back_as_the_readme_says(repo):
+    w = torch.arange(6.0).reshape(2, 3)
+    c = repo.commit({"a": w, "tied": w, "t": w.t()}, "views")
+    back = repo.load(c.id)
+    assert back["a"] is back["tied"]  # the same view: one tensor again
+    assert torch.equal(back["t"], w.t())
+    back["a"].add_(1)  # another view comes back independent, as the README says
+    assert torch.equal(back["t"], w.t())
+
+
+def test_diff_numbers_are_quiet_and_signed_zeros_and_containers_show(repo):
+    import warnings
+    a = repo.commit({"z": torch.zeros(3), "big": torch.tensor([1e308, -1e308], dtype=torch.float64),
+                     "betas": [0.9, 0.99], "p": [torch.ones(1)], "e": []}, "a")
+    b = repo.commit({"z": -torch.zeros(3), "big": torch.tensor([-1e308, 1e308], dtype=torch.float64),
+                     "betas": (0.9, 0.99), "p": (torch.ones(1),), "e": {}}, "b")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a numpy RuntimeWarning fails the test
+        d = repo.diff(a.id, b.id)
+    by_key = {t.key: t for t in d.tensors}
+    assert by_key["z"].status == "changed" and by_key["z"].relative_change == 0.0
+    assert {v.key: (v.a, v.b) for v in d.values} == {"betas": ([0.9, 0.99], (0.9, 0.99)), "e": ([], {}),
+                                                       "p": ("<list of 1>", "<tuple of 1>")}
+    out = cli(repo.root, "diff", a.id, b.id)
+    assert "Warning" not in out.output and "rel inf" not in out.output
+    assert "betas  [0.9, 0.99] -> (0.9, 0.99)" in out.output
+
+
+def test_safetensors_dtypes_imported_can_be_exported_back(repo, tmp_path):
+    from safetensors import safe_open
+    st = {"c": torch.randn(3, dtype=torch.complex64), "e": torch.ones(4).to(torch.float8_e8m0fnu),
+          "f4": torch.arange(6, dtype=torch.uint8).reshape(2, 3).view(torch.float4_e2m1fn_x2),
+          "fz": torch.ones(3).to(torch.float8_e4m3fnuz)}
+    save_file(st, tmp_path / "in.safetensors")
+    c = repo.commit_file(tmp_path / "in.safetensors")
+    repo.export(c.id, tmp_path / "out.safetensors")
+    with safe_open(tmp_path / "out.safetensors", framework="pt") as f:
+        for k in st:
+            t = f.get_tensor(k)
+            assert t.dtype == st[k].dtype and torch.equal(t.view(torch.uint8), st[k].view(torch.uint8))
+    with pytest.raises(mvc.BadInput, match="safetensors cannot hold"):
+        repo.export(repo.commit({"x": torch.zeros(2, dtype=torch.complex128)}).id, tmp_path / "c128.safetensors")
+
+
+# -- 6. a full disk: one line that says so, and gc gets the user out ---------------------------------
+
+FULL_DISK = r"""
+import json, os, subprocess, sys, torch, mvc
+root = sys.argv[1]
+out = {}
+
+from click.testing import CliRunner
+from mvc.cli import main
+
+def mvc_cli(*args):  # in this process: a SIGBUS kills the whole child, which the test sees
+    p = CliRunner().invoke(main, list(args))
+    return {"rc": p.exit_code, "err": p.stderr}
+
+def fill(leave_kib=0):
+    filler = os.path.join(root, "filler")
+    if os.path.exists(filler):
+        os.unlink(filler)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    os.close(fd)
+    if leave_kib:
+        os.truncate(filler, max(0, os.path.getsize(filler) - leave_kib * 1024))
+
+def empty():
+    os.unlink(os.path.join(root, "filler"))
+
+fill()
+out["init_full"] = mvc_cli("init", os.path.join(root, "r1"))
+out["init_left"] = sorted(os.listdir(os.path.join(root, "r1"))) if os.path.exists(os.path.join(root, "r1")) else []
+fill(leave_kib=12)
+out["init_12k"] = mvc_cli("init", os.path.join(root, "r2"))
+empty()
+repo = mvc.Repository.init(os.path.join(root, "r3"), chunk_size=4096)
+keep = repo.commit({"w": torch.randn(50_000, generator=torch.Generator().manual_seed(0))}, "keep").id
+repo.commit({"w": torch.randn(200_000, generator=torch.Generator().manual_seed(1))}, "garbage", branch="tmp",
+            start="HEAD")
+repo.delete_branch("tmp", force=True)
+repo.close()
+os.unlink(os.path.join(root, "r3", ".mvc", "index", "lock.mdb"))
+fill()
+out["log_no_lock"] = mvc_cli("-C", os.path.join(root, "r3"), "log")
+out["commit_full"] = mvc_cli("-C", os.path.join(root, "r3"), "commit", os.path.join(root, "r3", "nothing.pt"))
+empty()
+mvc.Repository.open(os.path.join(root, "r3")).close()  # lock.mdb made again
+fill()
+out["gc_full"] = mvc_cli("-C", os.path.join(root, "r3"), "gc", "--grace", "0")
+out["free_after_gc"] = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
+out["fsck"] = mvc_cli("-C", os.path.join(root, "r3"), "fsck")
+repo = mvc.Repository.open(os.path.join(root, "r3"))
+out["intact"] = repo.resolve("main") == keep and torch.equal(
+    repo.load(keep)["w"], torch.randn(50_000, generator=torch.Generator().manual_seed(0)))
+print(json.dumps(out))
+"""
+
+
+def test_a_full_disk_is_one_line_and_gc_frees_it(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    script = 'mount -t tmpfs -o size=4m tmpfs "$0" || exit 77; exec "$1" -c "$2" "$0"'
+    try:
+        out = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(mount), PY, FULL_DISK],
+                             capture_output=True, text=True, timeout=300)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here")
+    if out.returncode == 77 or out.stderr.startswith("unshare:"):
+        pytest.skip(f"cannot mount a small filesystem here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    for step in ("init_full", "init_12k", "log_no_lock", "commit_full"):
+        assert r[step]["rc"] == 1, (step, r[step])  # not 135 (SIGBUS) and no traceback
+        assert r[step]["err"].count("\n") == 1 and "No space left on device" in r[step]["err"], (step, r[step])
+        assert "damaged" not in r[step]["err"] and "Input/output" not in r[step]["err"]
+    assert r["init_left"] == []  # no .mvc-init-* staging folder left behind
+    assert r["gc_full"]["rc"] == 0, r["gc_full"]
+    assert r["free_after_gc"] > 500_000  # the garbage commit's pack is gone
+    assert r["fsck"]["rc"] == 0 and r["intact"]
+
+
+def test_a_ref_made_before_the_name_rules_can_still_be_deleted(repo):
+    from mvc.store.index import RefValue
+    c = repo.commit({"w": torch.ones(2)}, "m")
+    with repo.index.write() as txn:  # what an older mvc let a user create
+        txn.set_ref("heads/tags/v3", RefValue(id=bytes.fromhex(c.id)))
+        txn.set_ref("tags/r\u202eelease", RefValue(id=bytes.fromhex(c.id)))
+    repo.delete_branch("tags/v3")
+    repo.delete_tag("r\u202eelease")
+    assert [b.name for b in repo.branches()] == ["main"] and repo.tags() == []
+
+
+def test_the_staging_folder_of_a_killed_init_is_removed_by_the_next(tmp_path):
+    gone = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / f".mvc-init-{gone.stdout.strip()}-0123456789abcdef"
+    (left / "index").mkdir(parents=True)  # what an init killed halfway leaves
+    mine = tmp_path / f".mvc-init-{os.getpid()}-fedcba9876543210"
+    mine.mkdir()  # a live process's: left alone
+    mvc.Repository.init(tmp_path).close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".mvc", mine.name])

@@ -97,13 +97,16 @@ def test_unborn_head(repo):
     assert repo.head() == mvc.Head("main", None)
 
 
-def test_branch_wins_over_tag_and_prefix(repo, chain):
+def test_a_name_never_means_two_things(repo, chain):
     c1, c2, c3 = chain
     repo.create_tag("same", c1)
-    repo.create_branch("same", c2)
-    assert repo.resolve("same") == c2
-    repo.create_branch(c3[:4], c1)  # a branch named like an id prefix shadows the prefix
-    assert repo.resolve(c3[:4]) == c1
+    with pytest.raises(mvc.RefConflict):  # a branch would hide the tag (issue 21, finding 9)
+        repo.create_branch("same", c2)
+    assert repo.resolve("same") == c1
+    repo.create_branch(c3[:4], c1)  # a branch named like an id prefix: saying it is ambiguous
+    with pytest.raises(mvc.AmbiguousRevision):
+        repo.resolve(c3[:4])
+    assert repo.resolve("heads/" + c3[:4]) == c1
     assert repo.resolve(c3[:5]) == c3
 
 

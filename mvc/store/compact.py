@@ -44,6 +44,8 @@ def compact(store, index, rewrite: list, drop: Iterable = (), remove: Iterable =
     """Rewrite ``rewrite`` [(pack name, [(id, Location) kept])] of PackStore ``store``; see the
     module doc. Kept records are read and written through ``via`` (default ``store``)."""
     drop, remove, via = list(drop), list(remove), via or store
+    # dead files go first: on a full disk they are the room the new pack needs
+    removed = _unlink(store, remove)
     batch, moves, done, notes = via.writer(), [], [], []
     try:
         with index.read() as txn:
@@ -65,16 +67,24 @@ def compact(store, index, rewrite: list, drop: Iterable = (), remove: Iterable =
             for cid, old in drop:
                 if txn.chunk(cid) == old:
                     txn.delete_chunk(cid)
+    _unlink(store, [pack_filename(name) for name in done])
+    return Compacted(len(moves), tuple(done), removed, tuple(notes))
+
+
+def _unlink(store, names: list) -> int:
+    """Delete ``names`` from the pack folder (durably); returns how many were there."""
+    if not names:
+        return 0
     store.packs.close()  # no descriptor may keep a deleted pack's space
     removed = 0
-    for fname in [pack_filename(name) for name in done] + remove:
+    for fname in names:
         try:
             os.unlink(store.directory / fname)
-            removed += fname in remove
+            removed += 1
         except FileNotFoundError:
             pass
     fsync_dir(store.directory)
-    return Compacted(len(moves), tuple(done), removed, tuple(notes))
+    return removed
 
 
 def _copy(store, txn, batch, name: bytes, keep: list, notes: list):

@@ -29,7 +29,7 @@ import lmdb
 
 from .. import encoding, hashing
 from ..errors import BadInput, CorruptObject, MvcError
-from .fs import check_file
+from .fs import check_file, open_file
 from .packs import Location, decode_location, encode_location
 
 OBJECT_KINDS = ("tensors", "trees", "commits")
@@ -40,6 +40,8 @@ FLAG_PROTECTED = 1
 MAP_SIZE = 1 << 36  # address space only; the file grows as it is used
 MIN_MAP_SIZE = 1 << 26  # tried when the address space for MAP_SIZE is refused (ulimit -v)
 MAX_KEY = 480  # LMDB's key limit is 511 bytes; a reflog key adds 9 to a ref name
+LOCK_FILE_BYTES = 8192  # what LMDB makes of lock.mdb for its 126 reader slots
+FULL_BELOW = 16 << 20  # free bytes under which an I/O error of the index is taken for a full disk
 
 
 @dataclass(frozen=True)
@@ -294,6 +296,8 @@ def _new_env(path: Path, create: bool) -> tuple:
                     raise CorruptObject(f"the index at {path} cannot be opened: it has no data.mdb; restore "
                                         ".mvc/index from a backup") from None
     readonly = not create and not os.access(path, os.W_OK)
+    if not readonly:
+        _allocate_lock_file(path)
     size, env = MAP_SIZE, None
     while env is None:
         try:
@@ -316,7 +320,70 @@ def _new_env(path: Path, create: bool) -> tuple:
     return env, dbs
 
 
-def _damaged(path: Path, exc) -> CorruptObject:
+def _allocate_lock_file(path: Path) -> None:
+    """Give lock.mdb real disk blocks before LMDB maps it.
+
+    LMDB makes lock.mdb with ftruncate (a sparse file) and writes its reader
+    table through a memory map: on a full disk that store is a SIGBUS that
+    kills the process without a word (``init``, or any command once
+    lock.mdb is missing). Allocated here first, a full disk is an OSError.
+    """
+    try:
+        os.mkdir(path)  # LMDB would make it; the lock file goes in it first
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _full(path, "its folder") from None
+        return  # LMDB says what is wrong
+    try:
+        fd = open_file(path / "lock.mdb", os.O_RDWR | os.O_CREAT)
+    except (PermissionError, FileNotFoundError):
+        return  # another user's repository, opened to read: LMDB decides
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _full(path, "its lock file") from None
+        raise
+    try:
+        os.posix_fallocate(fd, 0, max(os.fstat(fd).st_size, LOCK_FILE_BYTES))
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _full(path, "its lock file") from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _full(path: Path, what: str = "") -> OSError:
+    """The OSError of a disk too full for the index at ``path`` (``filename`` is the index folder)."""
+    free = _free_bytes(path)
+    notes = [n for n in (what, f"{free // 1024} KiB free" if free is not None else "") if n]
+    return OSError(errno.ENOSPC, f"No space left on device for the index{' (' + '; '.join(notes) + ')' if notes else ''}"
+                                 ": nothing was changed; free some space on that disk and try again", str(path))
+
+
+def _free_bytes(path: Path) -> Optional[int]:
+    try:
+        st = os.statvfs(path if os.path.isdir(path) else path.parent)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _disk_full(path: Path, exc) -> bool:
+    """Whether an LMDB error is a full disk: it says so, or it is an I/O error
+    (LMDB's word for a short write) on a disk with next to nothing free."""
+    text = str(exc)
+    if "No space left" in text or "Disk quota" in text:
+        return True
+    free = _free_bytes(path)
+    return "Input/output error" in text and free is not None and free < FULL_BELOW
+
+
+def _damaged(path: Path, exc) -> Exception:
+    if _disk_full(path, exc):
+        return _full(path)
     if isinstance(exc, (lmdb.ReadonlyError,)) or "Permission denied" in str(exc):
         return CorruptObject(f"the index at {path} cannot be opened: {exc}; check the folder's permissions")
     return CorruptObject(f"the index at {path} cannot be opened ({exc}): it is damaged or was written by "
@@ -340,6 +407,7 @@ class Index:
 
     def __init__(self, path: Path, create: bool = False):
         self._key, self.env, self.dbs = _open_env(path, create)
+        self.path = Path(path)
         self._closed = False
 
     @contextmanager
@@ -383,6 +451,8 @@ class Index:
             raise OSError(errno.ENOSPC, "No space left on device for the index; its transaction was "
                                         "rolled back, free some space and try again") from None
         except lmdb.Error as exc:
+            if _disk_full(self.path, exc):
+                raise _full(self.path, "its transaction was rolled back") from None
             raise CorruptObject(f"the index failed: {exc}") from None
 
     def _grow(self) -> bool:

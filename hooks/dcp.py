@@ -49,9 +49,10 @@ plain values in the tree, an ``io.BytesIO`` value is kept as the bytes it
 holds (kind ``bytes-io``, taken from the planner's state, never unpickled)
 and loads as a BytesIO of them, and other ``BYTE_IO`` items (DCP's
 ``torch.save`` of non-tensor values) must load with
-``torch.load(weights_only=True)`` or the save is refused. Values that are plain (numbers, text, lists, tuples,
-dicts) are stored as such; others (holding tensors, ``torch.Size`` ...) are
-kept as their bytes and loaded again with ``weights_only=True`` only.
+``torch.load(weights_only=True)`` or the save is refused. Values that
+are plain (numbers, text, lists, tuples, dicts) are stored as such; others
+(holding tensors, ``torch.Size`` ...) are kept as their bytes and loaded
+again with ``weights_only=True`` only.
 """
 
 import dataclasses
@@ -368,14 +369,6 @@ class MvcStorageWriter(StorageWriter):
 
     def __del__(self):
         self._hold.close()  # a save that failed mid-way must not keep gc out for the process's life
-
-
-def _is_repository(path) -> bool:
-    try:
-        mvc.Repository.open(path).close()
-        return True
-    except (mvc.MvcError, OSError, TypeError):
-        return False
 
 
 def _bytes_io(planner, item) -> Optional[io.BytesIO]:

@@ -8,6 +8,19 @@ and ``dcp.load`` read and write mvc commits::
     dcp.save(state, storage_writer=writer)      # writer.last_commit on rank 0
     dcp.load(state, storage_reader=MvcStorageReader("ckpts", rev="run-7"))
 
+**Checkpoint ids.** ``path`` is the repository (found at ``path`` or
+above; the writer creates it at ``path``). DCP's ``checkpoint_id`` names
+one checkpoint, as a folder does for ``FileSystemWriter``: an id inside a
+repository (``ckpts/step_100`` under the repository ``ckpts``) is the tag
+``dcp/step_100`` (``ID_TAGS`` + the id's path from the root), which the
+writer moves to its commit on ``branch`` once the commit landed; the reader
+loads what that tag names, and an id with no tag is ``CheckpointNotFound``
+(a FileNotFoundError; DCP reports it in its CheckpointException, as it
+does FileSystemReader's). An id that is a repository's root is that
+repository with ``branch`` / ``rev``. A reader with no ``rev`` loads HEAD;
+the first save into a repository whose HEAD's branch has no commits puts
+HEAD on the branch it committed to.
+
 Call order and roles (DCP's, see ``torch/distributed/checkpoint/storage.py``):
 every rank opens the repository in ``set_up_storage_writer`` (the
 coordinator also checks the branch may move and reads its tip, the parent
@@ -32,11 +45,14 @@ the branch, which moves the remote branch by conditional write as every
 push does.
 
 No pickle is stored: tensors are raw chunks, DCP's metadata is kept as
-plain values in the tree, and ``BYTE_IO`` items (DCP's ``torch.save`` of
-non-tensor values) must load with ``torch.load(weights_only=True)`` or the
-save is refused. Values that are plain (numbers, text, lists, tuples,
-dicts) are stored as such; others (holding tensors, ``torch.Size`` ...) are
-kept as their bytes and loaded again with ``weights_only=True`` only.
+plain values in the tree, an ``io.BytesIO`` value is kept as the bytes it
+holds (kind ``bytes-io``, taken from the planner's state, never unpickled)
+and loads as a BytesIO of them, and other ``BYTE_IO`` items (DCP's
+``torch.save`` of non-tensor values) must load with
+``torch.load(weights_only=True)`` or the save is refused. Values that
+are plain (numbers, text, lists, tuples, dicts) are stored as such; others
+(holding tensors, ``torch.Size`` ...) are kept as their bytes and loaded
+again with ``weights_only=True`` only.
 """
 
 import dataclasses
@@ -353,14 +369,6 @@ class MvcStorageWriter(StorageWriter):
 
     def __del__(self):
         self._hold.close()  # a save that failed mid-way must not keep gc out for the process's life
-
-
-def _is_repository(path) -> bool:
-    try:
-        mvc.Repository.open(path).close()
-        return True
-    except (mvc.MvcError, OSError, TypeError):
-        return False
 
 
 def _bytes_io(planner, item) -> Optional[io.BytesIO]:

@@ -4,17 +4,27 @@
 ``monitor``, ``mode``, ``save_top_k``, ``save_last``, ``every_n_train_steps``,
 ``every_n_epochs``, ``filename`` ...) with the files replaced by commits:
 each checkpoint Lightning saves is its own checkpoint dict, committed to a
-branch of an mvc repository, and the **checkpoint path** Lightning keeps
-for it (``best_model_path``, ``last_model_path``, the top-k dict) names a
-tag that points at that commit. Where ModelCheckpoint deletes a file (a
-checkpoint that left the top k, an older "last"), the tag is deleted and
-mvc's retention prunes the commit: gc keeps the branch tip, the
-``keep_last`` newest commits and every tagged one. The commits' history,
-metrics and context stay.
+branch of an mvc repository and tagged ``BRANCH/NAME``, and the
+**checkpoint path** Lightning keeps for it (``DIRPATH/NAME.ckpt`` in
+``best_model_path``, ``last_model_path``, the top-k dict) is a real file:
+a **pointer**, a few hundred bytes of ``torch.save`` of
+``{"mvc_checkpoint": {"repository", "commit", "tag"}}``, written after the
+commit. Lightning finds and resumes them as its own files
+(``ckpt_path="last"``, ``"best"``, or any of these paths); for anything
+outside Lightning's Trainer, ``open_checkpoint(path)`` gives the whole
+checkpoint as a file object (``Model.load_from_checkpoint(open_checkpoint(path))``,
+``torch.load(open_checkpoint(path))``); ``torch.load(path)`` itself gives the pointer.
+The repository is at ``repo``, else at ``dirpath``, else in the current
+folder; ``dirpath`` (default: the repository) is where the pointers go.
+Where ModelCheckpoint deletes a file (a checkpoint that left the top k, an
+older "last"), the pointer and the tag are deleted and mvc's retention
+prunes the commit: gc keeps the branch tip, the ``keep_last`` newest
+commits and every tagged one. The commits' history, metrics and context stay.
 
-Resume with ``trainer.fit(model, ckpt_path="mvc:REV")`` (a branch, tag,
-id or ``REV~N``) or with a path the callback handed out
-(``checkpoint_callback.best_model_path``). The checkpoint also holds the
+Resume with ``trainer.fit(model, ckpt_path="last")`` (or ``"best"``: a new
+callback finds the best pointer of its ``dirpath`` by the commits' metrics),
+with a path the callback handed out, or with ``ckpt_path="mvc:REV"`` (a
+branch, tag, id or ``REV~N``). The checkpoint also holds the
 RNG state of every rank (Lightning saves none), put back when training
 starts, so a run resumed from an epoch-end checkpoint continues bit for
 bit (Lightning restarts the data of an epoch it was stopped in).
@@ -26,7 +36,9 @@ once (``push_error`` says why) and is retried, and ``teardown`` waits for
 the last push. Only the branch is pushed; the tags stay local.
 """
 
+import io
 import os
+import tempfile
 from typing import Any, Optional
 
 import torch
@@ -40,6 +52,57 @@ from .checkpointer import close_run, open_run
 from .pusher import Pusher
 
 PREFIX = "mvc:"
+POINTER = "mvc_checkpoint"  # the one key of a pointer file's dict
+POINTER_MAX = 1 << 16  # bytes: a file larger than this is not a pointer
+
+
+def read_pointer(path) -> Optional[dict]:
+    """The pointer a checkpoint path holds ({"repository", "commit", "tag"}); None if it is not one."""
+    try:
+        if os.path.getsize(path) > POINTER_MAX:
+            return None
+        with open(path, "rb") as f:
+            data = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception:  # not a file, not torch.save bytes, or holding more than plain values: not a pointer
+        return None
+    if isinstance(data, dict) and set(data) == {POINTER} and isinstance(data[POINTER], dict):
+        return data[POINTER]
+    return None
+
+
+def _write_pointer(path: str, pointer: dict) -> None:
+    """Write the pointer file at ``path`` whole: beside it first, then renamed over it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, staging = tempfile.mkstemp(prefix=".mvc-pointer-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({POINTER: pointer}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staging, path)
+    except BaseException:
+        if os.path.exists(staging):
+            os.unlink(staging)
+        raise
+
+
+def load_checkpoint(path, map_location=None) -> dict:
+    """The whole checkpoint dict a pointer file (a path MvcCheckpoint reported) names, loaded from its repository."""
+    pointer = read_pointer(path)
+    if pointer is None:
+        raise mvc.BadInput(f"{path} is not a checkpoint pointer written by MvcCheckpoint")
+    with mvc.Repository.open(pointer["repository"]) as repo:
+        return repo.load(pointer["commit"], map_location=map_location)
+
+
+def open_checkpoint(path) -> io.BytesIO:
+    """The checkpoint a pointer file names as torch.save bytes in memory, for what wants a file:
+    ``Model.load_from_checkpoint(open_checkpoint(path))``, ``torch.load(open_checkpoint(path))``."""
+    out = io.BytesIO()
+    torch.save(load_checkpoint(path), out)
+    out.seek(0)
+    return out
 
 
 def _plain(node):
@@ -58,6 +121,9 @@ class _MvcCheckpointIO(CheckpointIO):
         self.callback._commit(checkpoint, os.fspath(path))
 
     def load_checkpoint(self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> dict:
+        pointer = read_pointer(path)
+        if pointer is not None:  # the commit itself (the tag may have moved on), in the repository it names
+            return self.callback._load(pointer["commit"], map_location, pointer["repository"])
         rev = self.callback._rev_of(os.fspath(path))
         if rev is None:
             if self.fallback is None:
@@ -87,9 +153,12 @@ class MvcCheckpoint(ModelCheckpoint):
     ModelCheckpoint's.
     """
 
-    def __init__(self, repo=".", branch: str = "lightning", keep_last: int = 1,
+    def __init__(self, repo=None, branch: str = "lightning", keep_last: int = 1,
                  chunk_size: Optional[int] = None, remote: Optional[str] = None, sign=None, **kwargs):
-        kwargs.setdefault("dirpath", os.fspath(repo))  # checkpoint paths name tags, no file is written
+        if repo is None:
+            repo = kwargs.get("dirpath") or "."
+        if kwargs.get("dirpath") is None:
+            kwargs["dirpath"] = os.fspath(repo)  # the pointers go beside the repository
         super().__init__(**kwargs)
         if not isinstance(keep_last, int) or keep_last < 1:
             raise mvc.BadInput(f"keep_last must be a positive int, not {keep_last!r}")
@@ -106,6 +175,28 @@ class MvcCheckpoint(ModelCheckpoint):
         self._metrics: dict = {}
         self._resume_rng: Optional[dict] = None
         self._fit_started = False
+        if not self.best_model_path:
+            self.best_model_path = self._best_pointer()
+
+    def _best_pointer(self) -> str:
+        """The pointer in ``dirpath`` whose commit has the best ``monitor`` value
+        (for ``ckpt_path="best"`` in a new process); "" if none."""
+        if self.monitor is None or not os.path.isdir(self.dirpath):
+            return ""
+        found = []
+        for name in sorted(os.listdir(self.dirpath)):
+            path = os.path.join(self.dirpath, name)
+            pointer = read_pointer(path) if name.endswith(self.FILE_EXTENSION) else None
+            if pointer is None or os.path.basename(path).startswith(self.CHECKPOINT_NAME_LAST):
+                continue
+            try:
+                with mvc.Repository.open(pointer["repository"]) as repo:
+                    score = repo.get_commit(pointer["commit"]).metrics.get(self.monitor)
+            except mvc.MvcError:
+                continue
+            if score is not None:
+                found.append((score if self.mode == "min" else -score, path))
+        return min(found)[1] if found else ""
 
     # -- Lightning's hooks ---------------------------------------------------
 
@@ -172,6 +263,9 @@ class MvcCheckpoint(ModelCheckpoint):
         """save_last="link": the "last" tag points at the commit just made, no copy."""
         if trainer.is_global_zero and self.repo is not None:
             self.repo.create_tag(self._tag(linkpath), self._tag(filepath), force=True)
+            pointer = read_pointer(filepath)
+            if pointer is not None:
+                _write_pointer(linkpath, {**pointer, "tag": self._tag(linkpath)})
         trainer.strategy.barrier()
 
     def file_exists(self, filepath, trainer) -> bool:
@@ -211,6 +305,7 @@ class MvcCheckpoint(ModelCheckpoint):
         tag = self._tag(path)
         moved = any(t.name == tag for t in self.repo.tags())  # "last", saved under one name each time
         self.repo.create_tag(tag, commit.id, force=True)
+        _write_pointer(path, {"repository": os.fspath(self.repo.root), "commit": commit.id, "tag": tag})
         self.last_commit = commit
         if moved:
             self._retain()
@@ -225,12 +320,15 @@ class MvcCheckpoint(ModelCheckpoint):
         if self.repo is None:
             return
         tag = self._tag(path)
+        if read_pointer(path) is not None:
+            os.unlink(path)
         if any(t.name == tag for t in self.repo.tags()):
             self.repo.delete_tag(tag, force=True)
         self._retain()
 
-    def _load(self, rev: str, map_location) -> dict:
-        repo = self.repo or mvc.Repository.open(self.repo_path)
+    def _load(self, rev: str, map_location, root=None) -> dict:
+        mine = self.repo is not None and (root is None or os.path.samefile(root, self.repo.root))
+        repo = self.repo if mine else mvc.Repository.open(root or self.repo_path)
         try:
             return repo.load(rev, map_location=map_location if isinstance(map_location, (str, torch.device))
                              else None)

@@ -135,7 +135,7 @@ class MvcCallback(TrainerCallback):
             self._pusher.request()
         self._committed.add(state.global_step)
         if not self.keep_files:
-            self._remove_folders(args.output_dir, {state.global_step, state.best_global_step})
+            self._remove_folders(args.output_dir, {state.global_step, getattr(state, "best_global_step", None)})
 
     def _remove_folders(self, output_dir, keep: set) -> None:
         """Remove the checkpoint-N folders this callback committed, but those of the steps in ``keep``."""

@@ -27,9 +27,19 @@ Scenarios:
   ROOT/ckpt-remote-ref.pt and ROOT/ckpt-remote-resumed.pt.
 - ``resume``: a new run resumes branch REV (reshard=True when WORLD differs
   from 2); rank 0 writes ROOT/resumed-WORLD.pt.
+- ``ids``: the per-step checkpoint_id pattern, once through DCP's
+  FileSystemWriter (ROOT/ids-fs/step_N) and once through mvc (ids under
+  the repository ROOT/ids-mvc): two training steps, each saved with a
+  BytesIO train state; rank 0 writes ROOT/ids-ref-N.pt (the full state at
+  step N). Then ``ids-load`` runs too.
+- ``ids-load``: loads step_1 from both into another model at this world
+  size (resharding when it is not 2) and tries step_9, never saved; rank 0
+  writes ROOT/ids-KIND-WORLD.pt (the full state, the train state's bytes,
+  and whether step_9 raised DCP's CheckpointException).
 """
 
 import copy
+import io
 import json
 import os
 import signal
@@ -132,6 +142,53 @@ def resume(path, world: int, rank: int, rev: str, out: Path, reshard: bool, **kw
             torch.save(full, out)
 
 
+def train_bytes(step: int) -> io.BytesIO:
+    """A torchtitan-like train state: the loss history as torch.save bytes in a BytesIO."""
+    out = io.BytesIO()
+    torch.save([0.5 * n for n in range(step + 1)], out)
+    return out
+
+
+def save_per_step(root: Path, world: int, rank: int) -> None:
+    for kind in ("fs", "mvc"):
+        base = root / f"ids-{kind}"
+        model, opt = build(world, seed=0)
+        for step in (1, 2):
+            train_step(model, opt, seed=step)
+            state = state_of(model, opt)
+            state["train"] = train_bytes(step)
+            writer = MvcStorageWriter(base, message=f"step {step}", step=step) if kind == "mvc" else None
+            dcp.save(state, checkpoint_id=base / f"step_{step}", storage_writer=writer)
+            if writer is not None:
+                writer.close()
+            full = full_state(model, opt)
+            if rank == 0 and kind == "fs":
+                torch.save(full, root / f"ids-ref-{step}.pt")
+
+
+def load_per_step(root: Path, world: int, rank: int) -> None:
+    from torch.distributed.checkpoint import CheckpointException
+    for kind in ("fs", "mvc"):
+        base = root / f"ids-{kind}"
+        model, opt = build(world, seed=7)
+        train_step(model, opt, seed=3)
+        state = state_of(model, opt)
+        state.update(plain=torch.zeros(10, dtype=torch.int16), meta={}, train=io.BytesIO())
+        reader = MvcStorageReader(base) if kind == "mvc" else None
+        dcp.load(state, checkpoint_id=base / "step_1", storage_reader=reader)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        full = full_state(model, opt)
+        full.update(plain=state["plain"], meta=state["meta"], train=state["train"].getvalue())
+        try:
+            dcp.load(state_of(model, opt), checkpoint_id=base / "step_9",
+                     storage_reader=MvcStorageReader(base) if kind == "mvc" else None)
+            full["missing"] = "loaded"
+        except CheckpointException:
+            full["missing"] = "CheckpointException"
+        if rank == 0:
+            torch.save(full, root / f"ids-{kind}-{world}.pt")
+
+
 def main(scenario: str, rank: int, world: int, root: Path, rev: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{root / f'rendezvous-{scenario}-{world}'}",
@@ -203,6 +260,11 @@ def main(scenario: str, rank: int, world: int, root: Path, rev: str) -> None:
             resume(host, world, rank, rev, root / "ckpt-remote-resumed.pt", reshard=False, remote="origin")
         elif scenario == "resume":
             resume(repo, world, rank, rev, root / f"resumed-{world}.pt", reshard=world != 2)
+        elif scenario == "ids":
+            save_per_step(root, world, rank)
+            load_per_step(root, world, rank)
+        elif scenario == "ids-load":
+            load_per_step(root, world, rank)
         dist.barrier()
 
 

@@ -491,3 +491,24 @@ def test_async_save_with_a_checkpoint_id_matches(backend):
     if writer is not None:
         writer.close()
     assert same(backend.load(blank(), backend.root / "step_8"), state)
+
+
+@pytest.mark.slow
+def test_per_step_ids_on_two_ranks_and_resharded_to_one_match_filesystem_writer(tmp_path):
+    """2 gloo ranks of FSDP2 save per-step ids through both storages; step 1 loads back at
+    2 ranks and at 1 (resharding) with the same results, and step 9 fails in both."""
+    from test_dcp_fsdp import launch, same as equal
+    assert launch("ids", 2, tmp_path) == [0, 0]
+    assert launch("ids-load", 1, tmp_path) == [0]
+    want = torch.load(tmp_path / "ids-ref-1.pt", weights_only=True)
+    for world in (2, 1):
+        fs = torch.load(tmp_path / f"ids-fs-{world}.pt", weights_only=True)
+        ours = torch.load(tmp_path / f"ids-mvc-{world}.pt", weights_only=True)
+        equal(fs, ours, f"world {world}")
+        equal(want["model"], ours["model"], "model")
+        equal(want["optim"], ours["optim"], "optim")
+        assert ours["missing"] == "CheckpointException"
+        assert torch.load(io.BytesIO(ours["train"]), weights_only=True) == [0.0, 0.5]
+    with mvc.Repository.open(tmp_path / "ids-mvc") as repo:
+        assert {t.name for t in repo.tags()} == {"dcp/step_1", "dcp/step_2"}
+        assert [c.step for c in repo.log()] == [2, 1]

@@ -6,6 +6,7 @@ step and the weights); the top-k and last checkpoints are tags, and a
 checkpoint that left the top k is pruned by retention, not deleted.
 """
 
+import os
 import warnings
 
 import pytest
@@ -16,7 +17,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import mvc  # noqa: E402
-from mvc_hooks.lightning import MvcCheckpoint  # noqa: E402
+from mvc_hooks.lightning import MvcCheckpoint, load_checkpoint, open_checkpoint  # noqa: E402
 
 
 class Net(pl.LightningModule):
@@ -130,3 +131,55 @@ def test_a_remote_the_repository_lacks_is_refused_before_training(tmp_path):
     with mvc.Repository.open(tmp_path / "repo") as repo:  # nothing committed, no lock left behind
         assert "lightning" not in {b.name for b in repo.branches()}
         assert repo.locks() == []
+
+
+# -- Lightning's own idioms on the paths the callback reports --------------------------
+
+def test_ckpt_path_last_and_best_resume_from_the_repository(tmp_path, straight):
+    want_losses, want_params = straight
+    first, callback = fit(tmp_path, 2, **TOP)
+    resumed, _ = fit(tmp_path, 4, ckpt_path="last", **TOP)  # a new Trainer and callback: Lightning finds last.ckpt
+    assert min(resumed.losses) == 16
+    assert {**first.losses, **resumed.losses} == want_losses
+    assert all(torch.equal(a, b) for a, b in zip(resumed.parameters(), want_params))
+
+    _, callback = fit(tmp_path, 4, ckpt_path="last", **TOP)  # nothing left to train: it only restores
+    best = callback.best_model_path
+    again, fresh = fit(tmp_path, 5, ckpt_path="best", **TOP)  # a new callback finds the best pointer
+    assert min(again.losses) == int(best.rsplit("step=", 1)[1][:-5])
+
+
+def test_reported_paths_are_pointer_files_that_open_as_the_checkpoint(tmp_path):
+    model, callback = fit(tmp_path, 3, **TOP)
+    dirpath = tmp_path / "repo"
+    pointers = sorted(n for n in os.listdir(dirpath) if n.endswith(".ckpt"))
+    assert pointers == sorted([os.path.basename(p) for p in callback.best_k_models] + ["last.ckpt"])
+    best = callback.best_model_path
+    assert os.path.isfile(best) and os.path.getsize(best) < 4096
+    pointer = torch.load(best, weights_only=True)["mvc_checkpoint"]  # torch.load of the path: the pointer
+    with mvc.Repository.open(dirpath) as repo:
+        assert pointer["commit"] == repo.resolve(pointer["tag"])
+        saved = repo.load(pointer["commit"])
+        last = repo.get_commit("lightning/last")
+    restored = Net.load_from_checkpoint(open_checkpoint(best))
+    for name, tensor in restored.state_dict().items():
+        assert torch.equal(tensor, saved["state_dict"][name]), name
+    full = torch.load(open_checkpoint(callback.last_model_path), weights_only=True)
+    assert full["global_step"] == last.step and full["epoch"] == last.epoch
+    with pytest.raises(mvc.BadInput, match="not a checkpoint pointer"):
+        load_checkpoint(__file__)
+
+
+def test_dirpath_places_the_repository_and_its_pointers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pl.seed_everything(0, verbose=False)
+    callback = MvcCheckpoint(dirpath="ckpts", monitor="train_loss", save_top_k=1, chunk_size=64)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[callback])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Net(), loader())
+    assert (tmp_path / "ckpts" / ".mvc").is_dir() and not (tmp_path / ".mvc").exists()
+    assert os.path.dirname(callback.best_model_path) == str(tmp_path / "ckpts")
+    with mvc.Repository.open(tmp_path / "ckpts") as repo:
+        assert repo.get_commit("lightning").step == 8

@@ -177,6 +177,7 @@ def gpt2_trainer(tmp_path, callback, max_steps, **kw):
     return t
 
 
+@pytest.mark.slow
 def test_tied_weights_check_out_resume_and_load_with_from_pretrained(tmp_path):
     straight = gpt2_trainer(tmp_path / "straight", MvcCallback(tmp_path / "straight-repo"), STEPS)
     straight.train()
@@ -201,6 +202,7 @@ def test_tied_weights_check_out_resume_and_load_with_from_pretrained(tmp_path):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.slow
 def test_resume_true_and_load_best_model_at_end_work_on_what_the_callback_leaves(tmp_path, caplog):
     # at this learning rate the eval loss rises after step 5: the best is not the newest (15)
     kw = dict(eval_strategy="steps", eval_steps=SAVE, load_best_model_at_end=True,

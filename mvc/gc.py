@@ -197,12 +197,7 @@ class _History:
 
     def chain(self, oid: bytes, stop=frozenset()) -> list:
         """(id, commit object) along first parents from ``oid``, newest first, ending before ``stop``."""
-        chain = []
-        while oid is not None and oid not in stop:
-            obj = self.commit(oid)
-            chain.append((oid, obj))
-            oid = obj.parents[0] if obj.parents else None
-        return chain
+        return list(reach.first_parents(self.commit, oid, stop))
 
 
 def _best(chain: list, metric: str, mode: str, top: int, pruned) -> set:

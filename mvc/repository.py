@@ -13,6 +13,7 @@ and take the repository; the methods here are their one public surface.
 """
 
 import errno
+import itertools
 import os
 import secrets
 import shutil
@@ -27,6 +28,7 @@ from . import bisect as _bisect
 from . import diff as _diff
 from . import exchange as _exchange
 from . import history as _history
+from . import reach as _reach
 from . import fsck as _fsck
 from . import gc as _gc
 from . import repack as _repack
@@ -356,11 +358,9 @@ class Repository:
         """
         with self.index.read() as txn:
             oid = self.refs.head(txn)[1] if rev is None else self.refs.resolve(txn, rev)
-            commits = []
-            while oid is not None and (n is None or len(commits) < n):
-                obj = self.objects.commit(txn, oid)
-                commits.append(self._to_commit(oid, obj, pruned=self.objects.pruned(txn, oid) is not None))
-                oid = obj.parents[0] if obj.parents else None
+            line = _reach.first_parents(lambda c: self.objects.commit(txn, c), oid)
+            commits = [self._to_commit(c, obj, pruned=self.objects.pruned(txn, c) is not None)
+                       for c, obj in itertools.islice(line, n)]
         return iter(commits)
 
     def tensor_object(self, tensor_id: str) -> TensorObject:

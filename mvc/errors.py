@@ -72,3 +72,27 @@ class UnsupportedFormat(MvcError):
 
 class BadInput(MvcError):
     """A state or an input file cannot be stored (unsupported object, bad file)."""
+
+
+# -- the chunk store (issue 20): errors that say which file ----------------------------
+
+class NotRegular(CorruptObject):
+    """A path inside ``.mvc`` is a symlink, FIFO, device or socket where a file or folder
+    belongs; ``path`` is that path."""
+
+    def __init__(self, message: str = "", *, path=None, id=None):
+        super().__init__(message, id=id)
+        self.path = None if path is None else str(path)
+
+
+class PackDamaged(CorruptObject):
+    """A pack (a local file, or an object on a remote) cannot be parsed: no header, not
+    sealed, a damaged trailer, a record cut short. ``pack`` is its file name or remote key."""
+
+    def __init__(self, message: str = "", *, pack=None, id=None):
+        super().__init__(message, id=id)
+        self.pack = pack
+
+
+class PackMissing(PackDamaged):
+    """A pack the index names is not there; ``pack`` is its file name."""

@@ -581,3 +581,31 @@ def test_verbs_on_a_lazy_clone_of_an_s3_remote(verb, templates, tmp_path, s3_ser
         VERBS[verb](Kind("s3-lazy", repo, dict(truth), tmp_path))
     finally:
         repo.close()
+
+
+# -- errors as data: a damaged pack is named by type and attribute ---------------------------
+
+def test_a_damaged_pack_is_a_pack_damaged_error_naming_the_pack(tmp_path):
+    from mvc.errors import PackDamaged, PackMissing
+    from mvc.store import packformat
+    from mvc.store.packs import read_locations
+    repo = mvc.Repository.init(tmp_path / "r", chunk_size=CHUNK)
+    repo.commit(state(0), "one")
+    pack = next((tmp_path / "r" / ".mvc" / "packs").glob("*.pack"))
+    data = pack.read_bytes()
+    assert [cid for cid, _ in packformat.parse(data, f"pack {pack.name}")] == \
+        [cid for cid, _ in read_locations(pack)]  # bytes and file agree
+    pack.write_bytes(data[:-1])  # the seal cut off
+    with pytest.raises(PackDamaged) as err:
+        read_locations(pack)
+    assert err.value.pack == pack.name
+    with pytest.raises(PackDamaged) as err:
+        packformat.parse(data[:-1], "remote pack packs/x.pack")
+    assert err.value.pack == "packs/x.pack"
+    pack.unlink()
+    repo.close()
+    repo = mvc.Repository.open(tmp_path / "r")
+    with pytest.raises(PackMissing) as err:
+        repo.load()
+    assert err.value.pack == pack.name
+    repo.close()

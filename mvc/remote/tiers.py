@@ -47,9 +47,9 @@ class EvictReport:
     packs_evicted: int = 0
     packs_rewritten: int = 0
     chunks_evicted: int = 0
+    kept_base: int = 0  # chunks kept because a local delta record that stays decodes through them
     kept_pinned: int = 0  # chunks kept because a pinned commit uses them
     kept_local: int = 0  # chunks kept because the remote does not hold them
-    kept_base: int = 0  # chunks kept because a local delta record that stays decodes through them
 
 
 @dataclass(frozen=True)
@@ -334,7 +334,7 @@ def evict(repo, budget: Optional[int] = None) -> EvictReport:
 def _evict(repo, catalogue: Catalogue, budget: int) -> EvictReport:
     packs = local_packs(repo)
     before = total = sum(size for _, size in packs.values())
-    report = dict(packs_evicted=0, packs_rewritten=0, chunks_evicted=0, kept_pinned=0, kept_local=0, kept_base=0)
+    report = dict(packs_evicted=0, packs_rewritten=0, chunks_evicted=0, kept_pinned=0, kept_local=0)
     if total <= budget:
         return EvictReport(budget, before, total)
     with repo.index.read() as txn:
@@ -355,12 +355,15 @@ def _evict(repo, catalogue: Catalogue, budget: int) -> EvictReport:
             break
         items = by_pack[name]
         remote = catalogue.chunks([cid for cid, _ in items])
-        dropped = _bases_kept({cid for cid, _ in items if cid in remote and cid not in pinned}, users, gone)
-        drop = [(cid, loc) for cid, loc in items if cid in dropped]
+        drop = [(cid, loc) for cid, loc in items if cid in remote and cid not in pinned]
+        dropped = {cid for cid, _ in drop}
+        held = dropped - _bases_kept(dropped, users, gone)  # delta bases of records that stay
+        dropped -= held
+        drop = [(cid, loc) for cid, loc in drop if cid in dropped]
         keep = [(cid, loc) for cid, loc in items if cid not in dropped]
         report["kept_pinned"] += sum(1 for cid, _ in keep if cid in pinned)
         report["kept_local"] += sum(1 for cid, _ in keep if cid not in remote)
-        report["kept_base"] += sum(1 for cid, _ in keep if cid in remote and cid not in pinned)
+        report["kept_base"] = report.get("kept_base", 0) + len(held)
         gone |= dropped
         if not drop:
             continue
@@ -370,6 +373,7 @@ def _evict(repo, catalogue: Catalogue, budget: int) -> EvictReport:
         report["chunks_evicted"] += len(drop)
         report["packs_rewritten" if keep else "packs_evicted"] += 1
         total = local_bytes(repo)
+    fs.fsync_dir(repo.dir / "packs")
     return EvictReport(budget, before, total, **report)
 
 

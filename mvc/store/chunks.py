@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from .. import hashing
-from ..errors import BadInput, ChecksumMismatch, CorruptObject, ObjectNotFound
+from ..errors import BadInput, ChecksumMismatch, CorruptObject, ObjectNotFound, PackMissing
 from . import codec
 from .compact import Compacted, compact
 from .fs import entries
@@ -522,7 +522,7 @@ class PackStore(ChunkStore):
         except CorruptObject as exc:
             if len(run) > 1:  # find which records are short, one by one
                 return [p for job in run for p in self._verify_run([job])]
-            kind = UNREADABLE if "missing" in str(exc) else SHORT_PACK
+            kind = UNREADABLE if isinstance(exc, PackMissing) else SHORT_PACK
             return [Problem(kind, run[0][1], f"pack {pack_filename(first.pack)} ends before offset {first.offset}"
                             if kind == SHORT_PACK else str(exc))]
         problems = []
@@ -543,7 +543,7 @@ class PackStore(ChunkStore):
         try:
             (head,) = self.packs.read_run([loc], [buffer])
         except CorruptObject as exc:
-            kind = UNREADABLE if "missing" in str(exc) else SHORT_PACK
+            kind = UNREADABLE if isinstance(exc, PackMissing) else SHORT_PACK
             return [Problem(kind, cid, str(exc))]
         if RECORD_HEAD.unpack(head) != (cid, loc.length):
             return [Problem(BAD_RECORD, cid, f"the record header before {where} does not name this chunk and length")]

@@ -13,13 +13,9 @@ import os
 import stat
 from pathlib import Path
 
-from ..errors import CorruptObject
+from ..errors import NotRegular
 
 _SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
-
-class NotRegular(CorruptObject):
-    """A path inside ``.mvc`` is a symlink, FIFO, device or socket where a file or folder belongs."""
 
 
 def _kind(mode: int) -> str:
@@ -32,7 +28,7 @@ def _kind(mode: int) -> str:
 
 def _refuse(path, mode: int, want: str) -> NotRegular:
     return NotRegular(f"{path} is {_kind(mode)}, not {want}; the repository is damaged or was tampered "
-                      "with: remove it (mvc never follows links inside .mvc)")
+                      "with: remove it (mvc never follows links inside .mvc)", path=path)
 
 
 def open_file(path, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:

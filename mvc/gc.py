@@ -308,7 +308,7 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
     missing -= chunks.remote_only(missing, txn) if chunks is not None and missing else set()  # held by a remote
     if missing:
         raise CorruptObject(f"gc stopped, nothing was deleted: {len(missing)} live chunks (e.g. "
-                            f"{next(iter(missing)).hex()[:12]}) are not in the chunk index; run 'mvc fsck'")
+                            f"{next(iter(missing)).hex()[:12]}) are not in the chunk index", id=next(iter(missing)))
     sweep.removed["chunks"] = len(dead_chunks)
     if not dry_run:
         for cid in dead_chunks:

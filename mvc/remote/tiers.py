@@ -125,7 +125,7 @@ class CacheStore(Forwarding):
         loc = self.conn.catalogue.chunk(cid)  # remote records are raw: stored and decoded lengths agree
         if loc is None:
             raise ObjectNotFound(f"chunk {cid.hex()[:12]}{' of ' + what if what else ''} is neither here nor on "
-                                 f"remote {self.name!r}; run 'mvc fsck'", id=cid)
+                                 f"remote {self.name!r}", id=cid)
         return loc
 
     def read(self, requests: list, txn, progress=None, threads: int = THREADS) -> None:
@@ -154,7 +154,7 @@ class CacheStore(Forwarding):
             loc = located.get(cid)
             if loc is None:
                 raise ObjectNotFound(f"chunk {cid.hex()[:12]} of {reqs[0].what or 'a tensor'} is neither here nor on "
-                                     f"remote {self.name!r}; run 'mvc fsck'", id=cid)
+                                     f"remote {self.name!r}", id=cid)
             if any(memoryview(r.buffer).nbytes != loc.length for r in reqs):
                 raise CorruptObject(f"chunk {cid.hex()[:12]} of {reqs[0].what} has another length on remote "
                                     f"{self.name!r}; run 'mvc fsck --remote {self.name}'", id=cid)

@@ -371,7 +371,7 @@ class PackStore(ChunkStore):
     def locate(self, cid: bytes, txn, what: str = "") -> Location:
         loc = txn.chunk(cid)
         if loc is None:
-            raise ObjectNotFound(f"{_named(cid, what)} is missing from the index; run 'mvc fsck'", id=cid)
+            raise ObjectNotFound(f"{_named(cid, what)} is missing from the index", id=cid)
         return loc
 
     def length(self, cid: bytes, txn, what: str = "") -> int:
@@ -418,7 +418,7 @@ class PackStore(ChunkStore):
         while loc.base is not None:
             if len(out) >= codec.MAX_DEPTH or loc.base in seen:
                 raise CorruptObject(f"{_named(cid, what)} has a chain of deltas deeper than "
-                                    f"{codec.MAX_DEPTH} or one that loops; run 'mvc fsck'", id=cid)
+                                    f"{codec.MAX_DEPTH} or one that loops", id=cid)
             base = loc.base
             seen.add(base)
             loc = self.locate(base, txn, f"the delta base of {_named(cid, what)}")

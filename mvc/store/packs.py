@@ -242,7 +242,7 @@ class PackReader:
         try:
             fd = open_file(path)
         except FileNotFoundError:
-            raise PackMissing(f"pack {path.name} is missing; run 'mvc fsck'", pack=path.name) from None
+            raise PackMissing(f"pack {path.name} is missing", pack=path.name) from None
         if hasattr(os, "posix_fadvise"):  # loads read runs in order: a larger readahead window
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         with self._lock:

@@ -97,16 +97,8 @@ def read_format(mvc_dir: Path) -> tuple:
 
 def write_format(mvc_dir: Path, extensions) -> None:
     """Write ``FORMAT`` atomically (temporary file, fsync, rename)."""
-    tmp = mvc_dir / f"FORMAT.tmp{os.getpid()}"
-    fd = fs.open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        os.write(fd, f"mvc-format {FORMAT_VERSION}\nextensions {' '.join(sorted(extensions))}\n"
-                 .replace("extensions \n", "extensions\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, mvc_dir / "FORMAT")
-    fs.fsync_dir(mvc_dir)
+    fs.atomic_write(mvc_dir / "FORMAT", f"mvc-format {FORMAT_VERSION}\nextensions {' '.join(sorted(extensions))}\n"
+                    .replace("extensions \n", "extensions\n").encode())
 
 
 def add_extension(mvc_dir: Path, name: str) -> None:

@@ -609,3 +609,20 @@ def test_a_damaged_pack_is_a_pack_damaged_error_naming_the_pack(tmp_path):
         repo.load()
     assert err.value.pack == pack.name
     repo.close()
+
+
+def test_atomic_write_leaves_the_old_bytes_or_the_new(tmp_path, monkeypatch):
+    from mvc.store import fs
+    target = tmp_path / "FORMAT"
+    fs.atomic_write(target, b"old")
+    real = os.fsync
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "injected")
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        fs.atomic_write(target, b"new bytes")
+    monkeypatch.setattr(os, "fsync", real)
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["FORMAT"]
+    fs.atomic_write(target, b"new bytes")
+    assert target.read_bytes() == b"new bytes" and [p.name for p in tmp_path.iterdir()] == ["FORMAT"]

@@ -10,6 +10,7 @@ else is damage: ``NotRegular``, a ``CorruptObject`` naming the path.
 
 import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -95,6 +96,33 @@ def read_small(path, limit: int = 1 << 20) -> bytes:
         return os.read(fd, limit)
     finally:
         os.close(fd)
+
+
+def atomic_write(path, data, tmp_dir=None) -> None:
+    """Replace file ``path`` with ``data`` so that a reader (and a crash) sees the old
+    bytes or the new, never a mix: written to a new temporary file in ``tmp_dir``
+    (default: ``path``'s folder; it must be on the same filesystem), fsynced,
+    renamed over ``path``, and the folder fsynced. Nothing is left behind on error."""
+    path = Path(path)
+    tmp = Path(tmp_dir or path.parent) / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        view, done = memoryview(data).cast("B"), 0
+        while done < len(view):
+            done += os.write(fd, view[done:done + (1 << 30)])
+        os.fsync(fd)
+        os.close(fd)
+        fd = None
+        os.rename(tmp, path)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
 
 
 def fsync_dir(path) -> None:

@@ -96,3 +96,12 @@ class PackDamaged(CorruptObject):
 
 class PackMissing(PackDamaged):
     """A pack the index names is not there; ``pack`` is its file name."""
+
+
+class ReadOnlyRepository(MvcError):
+    """A write to a repository this process may only read (its index folder is not
+    writable); nothing was changed. ``path`` is the repository's ``.mvc`` folder."""
+
+    def __init__(self, message: str = "", *, path=None, id=None):
+        super().__init__(message, id=id)
+        self.path = None if path is None else str(path)

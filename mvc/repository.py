@@ -39,7 +39,7 @@ from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject
 from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
 from .store import fs, locks as locking
 from .store.chunks import THREADS, PackStore, Request, batches
-from .store.index import Index, RefValue
+from .store.index import Index, RefValue, read_only
 from .store.locks import BranchLock, GcLock, default_author
 from .store.objectstore import ObjectStore
 from .store.packs import PACK_NAME
@@ -256,7 +256,7 @@ class Repository:
                 pass
         self.index = Index(self.dir / "index")
         self.objects = ObjectStore()
-        self.chunks = PackStore(self.dir / "packs", 2 if ENCODED_RECORDS in extensions else 1)
+        self.chunks = PackStore(self.dir / "packs", 2 if ENCODED_RECORDS in extensions else 1, self.index.readonly)
         self.refs = refs.Refs(self.objects, _now_us)
         self.gc_lock = GcLock(self.dir / "locks")
         self._live = None  # mvc.live.LiveRecords, made on first use
@@ -771,6 +771,8 @@ class Repository:
     def enable_encoded_records(self) -> None:
         """Turn on the encoded-records extension: FORMAT lists it, and new packs
         are version 2 packs, which may hold compressed and delta records."""
+        if self.index.readonly:  # before FORMAT changes: here nothing may
+            raise read_only(self.dir)
         add_extension(self.dir, ENCODED_RECORDS)
         self.chunks.accept_encoded()
 

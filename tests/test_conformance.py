@@ -268,10 +268,16 @@ def _refuses_when_read_only(k: Kind, verb) -> bool:
     """On the read-only kind: ``verb()`` raises one MvcError and changes nothing (True); else False."""
     if k.writable:
         return False
+    from mvc.errors import ReadOnlyRepository
     refs_before = [(r.name, r.id) for r in k.repo.branches() + k.repo.tags()]
-    with pytest.raises(MvcError):
+    files_before = sorted(p.name for p in k.repo.dir.rglob("*"))
+    fmt = (k.repo.dir / "FORMAT").read_bytes()
+    with pytest.raises(ReadOnlyRepository) as err:
         verb()
+    assert err.value.path == str(k.repo.dir)
     assert [(r.name, r.id) for r in k.repo.branches() + k.repo.tags()] == refs_before
+    assert sorted(p.name for p in k.repo.dir.rglob("*")) == files_before  # no pack, no temporary file
+    assert (k.repo.dir / "FORMAT").read_bytes() == fmt
     k.check_all()
     return True
 

@@ -158,8 +158,8 @@ class CacheStore(Forwarding):
             if any(memoryview(r.buffer).nbytes != loc.length for r in reqs):
                 raise CorruptObject(f"chunk {cid.hex()[:12]} of {reqs[0].what} has another length on remote "
                                     f"{self.name!r}; run 'mvc fsck --remote {self.name}'", id=cid)
-        batch = self.inner.writer()
-        keep = None if self.index.readonly else _Keeper(batch)
+        batch = None if self.index.readonly else self.inner.writer()  # read-only: verified, not kept
+        keep = None if batch is None else _Keeper(batch)
 
         def deliver(cid, data):
             for req in by_id[cid]:
@@ -171,14 +171,13 @@ class CacheStore(Forwarding):
                                   progress)
             self.fetched += sum(loc.length for loc in located.values())
             if keep is None:
-                batch.abort()
                 return
             keep.finish()
             batch.seal()
         except BaseException:
             if keep is not None:
                 keep.stop()
-            batch.abort()
+                batch.abort()
             raise
         with self.index.write() as txn:  # kept: the next read of these finds them here
             batch.publish(txn)

@@ -48,6 +48,7 @@ from ..errors import BadInput, ChecksumMismatch, CorruptObject, ObjectNotFound, 
 from . import codec
 from .compact import Compacted, compact
 from .fs import entries
+from .index import read_only
 from .packs import NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, PackReader, PackWriter, pack_filename, read_trailer
 
 THREADS = max(1, min(8, os.cpu_count() or 1))
@@ -313,8 +314,9 @@ def _named(cid: bytes, what: str) -> str:
 class PackStore(ChunkStore):
     """Chunks in the local ``packs/`` folder, located through the index's chunk table."""
 
-    def __init__(self, directory: Path, pack_version: int = 1):
+    def __init__(self, directory: Path, pack_version: int = 1, readonly: bool = False):
         self.directory = Path(directory)
+        self.readonly = readonly  # the repository may only be read here: writer() refuses at once
         self.packs = PackReader(self.directory)
         self._scratch = threading.local()
         # 2 once the repository's FORMAT lists the encoded-records extension:
@@ -330,6 +332,8 @@ class PackStore(ChunkStore):
         return txn.chunks()
 
     def writer(self) -> "PackBatch":
+        if self.readonly:
+            raise read_only(self.directory.parent)
         return PackBatch(self.directory, self.pack_version)
 
     def accept_encoded(self) -> None:

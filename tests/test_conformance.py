@@ -294,6 +294,18 @@ def v_commit(k):
     k.check_all()
 
 
+def v_commit_sharded(k):
+    """A sharded save on top: on a clone, the pieces it shares with the remote are not written again."""
+    new = state(3)
+    new["model"]["emb"][5] = 7.0
+    if _refuses_when_read_only(k, lambda: _shard_commit(k.repo, new, 3)):
+        return
+    c = _shard_commit(k.repo, new, 3)
+    k.truth[c.id] = new
+    assert k.repo.resolve("main") == c.id
+    k.check_all()
+
+
 def v_load(k):
     k.check_all()
     side = "origin/side" if k.name in CACHED else "side"  # a clone tracks the remote's other branches

@@ -220,7 +220,9 @@ class ChunkStore(ABC):
 
 class Forwarding(ChunkStore):
     """A store that adds one concern to ``inner``: every call goes to ``inner``
-    unless the subclass overrides it (a cache, a fault injector)."""
+    unless the subclass overrides it (a cache, a fault injector). Calls the ABC
+    derives from others (``length`` from ``locate``, ``read_one``) stay derived,
+    so a subclass that overrides ``locate`` changes ``length`` with it."""
 
     def __init__(self, inner: ChunkStore):
         self.inner = inner
@@ -236,9 +238,6 @@ class Forwarding(ChunkStore):
 
     def locate(self, cid, txn, what=""):
         return self.inner.locate(cid, txn, what)
-
-    def length(self, cid, txn, what=""):
-        return self.inner.length(cid, txn, what)
 
     def records(self, txn):
         return self.inner.records(txn)

@@ -221,17 +221,15 @@ class ChunkStore(ABC):
 class Forwarding(ChunkStore):
     """A store that adds one concern to ``inner``: every call goes to ``inner``
     unless the subclass overrides it (a cache, a fault injector). Calls the ABC
-    derives from others (``length`` from ``locate``, ``read_one``) stay derived,
-    so a subclass that overrides ``locate`` changes ``length`` with it."""
+    derives from others (``missing`` from ``has``, ``length`` from ``locate``,
+    ``read_one``) stay derived, so a subclass that overrides ``locate``
+    changes ``length`` with it."""
 
     def __init__(self, inner: ChunkStore):
         self.inner = inner
 
     def has(self, cid, txn):
         return self.inner.has(cid, txn)
-
-    def missing(self, ids, txn):
-        return self.inner.missing(ids, txn)
 
     def remote_only(self, ids, txn):
         return self.inner.remote_only(ids, txn)

@@ -14,7 +14,8 @@ Vocabulary:
   pin REF`` (``keep-local``).
 - **budget**: ``cache.max-bytes``; eviction drops the least recently read
   local packs first until the packs fit (a pack that also holds chunks it
-  must keep is rewritten with only those).
+  must keep is rewritten with only those, through the store's compaction).
+  A chunk that a local delta record which stays decodes through is kept.
 
 Eviction holds the exclusive gc lock, so no load reads a pack it deletes;
 it drops index entries in one transaction and deletes pack files after,

@@ -119,7 +119,9 @@ class Unreadable(BadInput):
 
     def __init__(self, message: str = "", *, kind=None, reason=None):
         super().__init__(message)
-        self.path = str(path) if path is not None else None
+        self.kind, self.reason = kind, reason
+
+
 # -- DCP checkpoint ids (hooks/dcp.py) -------------------------------------------------
 
 class CheckpointNotFound(UnknownRevision, FileNotFoundError):
@@ -131,6 +133,41 @@ class CheckpointNotFound(UnknownRevision, FileNotFoundError):
         super().__init__(message)
         self.checkpoint_id = checkpoint_id
         self.ref = ref
+
+
+# -- the chunk store (issue 20): errors that say which file ----------------------------
+
+class NotRegular(CorruptObject):
+    """A path inside ``.mvc`` is a symlink, FIFO, device or socket where a file or folder
+    belongs; ``path`` is that path."""
+
+    def __init__(self, message: str = "", *, path=None, id=None):
+        super().__init__(message, id=id)
+        self.path = None if path is None else str(path)
+
+
+class PackDamaged(CorruptObject):
+    """A pack (a local file, or an object on a remote) cannot be parsed: no header, not
+    sealed, a damaged trailer, a record cut short. ``pack`` is its file name or remote key."""
+
+    def __init__(self, message: str = "", *, pack=None, id=None):
+        super().__init__(message, id=id)
+        self.pack = pack
+
+
+class PackMissing(PackDamaged):
+    """A pack the index names is not there; ``pack`` is its file name."""
+
+
+class ReadOnlyRepository(MvcError):
+    """A write to a repository this process may only read (its index folder is not
+    writable); nothing was changed. ``path`` is the repository's ``.mvc`` folder."""
+
+    def __init__(self, message: str = "", *, path=None, id=None):
+        super().__init__(message, id=id)
+        self.path = None if path is None else str(path)
+
+
 # -- remotes (issue 23: lifecycle, repair, trust) ---------------------------------------
 # RemoteError lives here so these can extend it; mvc.remote.bucket re-exports it.
 
@@ -170,6 +207,8 @@ class RemoteBusy(LockHeld):
     def __init__(self, message: str = "", remote: str = "", holder: str = "", kind: str = ""):
         super().__init__(message)
         self.remote, self.holder, self.kind = remote, holder, kind
+
+
 # -- merging checkpoints (mvc/merge.py) ----------------------------------------
 
 class MergeError(MvcError):
@@ -204,6 +243,8 @@ class BadRecipe(MergeError, BadInput):
     def __init__(self, message: str = "", *, field=None):
         super().__init__(message)
         self.field = field
+
+
 # -- signatures, audit and scheduled integrity scans (mvc/signing.py, mvc/audit.py) --
 
 class SigningKeyError(MvcError):
@@ -249,4 +290,3 @@ class ScanFoundDamage(CorruptObject):
     def __init__(self, message: str = "", *, problems: tuple = ()):
         super().__init__(message, id=problems[0][1] if problems else None)
         self.problems = tuple(problems)
-        self.kind, self.reason = kind, reason

@@ -209,12 +209,7 @@ class _History:
 
     def chain(self, oid: bytes, stop=frozenset()) -> list:
         """(id, commit object) along first parents from ``oid``, newest first, ending before ``stop``."""
-        chain = []
-        while oid is not None and oid not in stop:
-            obj = self.commit(oid)
-            chain.append((oid, obj))
-            oid = obj.parents[0] if obj.parents else None
-        return chain
+        return list(reach.first_parents(self.commit, oid, stop))
 
 
 def _best(chain: list, metric: str, mode: str, top: int, pruned) -> set:
@@ -323,7 +318,7 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
     missing -= chunks.remote_only(missing, txn) if chunks is not None and missing else set()  # held by a remote
     if missing:
         raise CorruptObject(f"gc stopped, nothing was deleted: {len(missing)} live chunks (e.g. "
-                            f"{next(iter(missing)).hex()[:12]}) are not in the chunk index; run 'mvc fsck'")
+                            f"{next(iter(missing)).hex()[:12]}) are not in the chunk index", id=next(iter(missing)))
     sweep.removed["chunks"] = len(dead_chunks)
     writes += [("delete_chunk", (cid,)) for cid in dead_chunks]
     writes += [("delete_pruned", (oid,)) for oid in txn.ids("pruned") if oid not in live.commits]

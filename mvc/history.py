@@ -16,19 +16,12 @@ Vocabulary:
 import heapq
 from typing import Iterable, Optional
 
-from . import refs
+from . import reach, refs
 
 
 def _ancestry(repo, txn, starts: Iterable[bytes]) -> dict:
     """{id: commit object} of the ancestry of ``starts``."""
-    seen, todo = {}, list(starts)
-    while todo:
-        oid = todo.pop()
-        if oid in seen:
-            continue
-        seen[oid] = repo.objects.commit(txn, oid)
-        todo.extend(seen[oid].parents)
-    return seen
+    return reach.ancestry(lambda oid: repo.objects.commit(txn, oid), starts)
 
 
 def _ref_tips(repo, txn, with_head: bool = True) -> list:

@@ -1,4 +1,4 @@
-"""Reachability: the one walk that says what is live, for fsck and gc alike.
+"""Reachability: the walk that says what is live, for fsck and gc alike, and the history walks.
 
 Vocabulary:
 
@@ -24,13 +24,20 @@ stops at the first with ``CorruptObject``, because deleting anything on
 the strength of a walk that could not see everything could delete live
 data. So fsck and gc always agree: gc refuses to run exactly when fsck
 reports damage that the walk meets, including a malformed reflog entry.
+
+Two smaller walks over commits only serve history, log and retention:
+``first_parents`` (the first-parent line of a commit) and ``ancestry``
+(every commit reachable through any parent). Both take ``commit(id)``, the
+caller's way to read one commit (memoised, or wrapping its error), and a
+damage policy: ``RAISE`` lets its error stop the walk, ``COLLECT`` with a
+``damaged`` list records the id and error and ends that line there.
 """
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
-from .errors import CorruptObject
+from .errors import CorruptObject, MvcError
 from .objects import TensorLeaf
 from .store.index import reflog_entry
 from .store.objectstore import CORRUPT, MISSING
@@ -47,6 +54,45 @@ CORRUPT_REF, CORRUPT_REFLOG = "corrupt-ref", "corrupt-reflog"
 _KINDS = {("commits", MISSING): MISSING_COMMIT, ("commits", CORRUPT): CORRUPT_COMMIT,
           ("trees", MISSING): MISSING_TREE, ("trees", CORRUPT): CORRUPT_TREE,
           ("tensors", MISSING): MISSING_TENSOR, ("tensors", CORRUPT): CORRUPT_TENSOR}
+
+
+def _read(commit: Callable, oid: bytes, policy: str, damaged: Optional[list]):
+    if policy == RAISE:
+        return commit(oid)
+    try:
+        return commit(oid)
+    except MvcError as exc:
+        damaged.append((oid, exc))
+        return None
+
+
+def first_parents(commit: Callable, start: Optional[bytes], stop=frozenset(), policy: str = RAISE,
+                  damaged: Optional[list] = None) -> Iterator[tuple]:
+    """(id, commit object) along first parents from ``start``, newest first,
+    ending before a commit in ``stop`` or after a root commit."""
+    oid = start
+    while oid is not None and oid not in stop:
+        obj = _read(commit, oid, policy, damaged)
+        if obj is None:
+            return
+        yield oid, obj
+        oid = obj.parents[0] if obj.parents else None
+
+
+def ancestry(commit: Callable, starts: Iterable[bytes], policy: str = RAISE,
+             damaged: Optional[list] = None) -> dict:
+    """{id: commit object} of ``starts`` and every commit reachable from them through any parent."""
+    seen, todo = {}, list(starts)
+    while todo:
+        oid = todo.pop()
+        if oid in seen:
+            continue
+        obj = _read(commit, oid, policy, damaged)
+        if obj is None:
+            continue
+        seen[oid] = obj
+        todo.extend(obj.parents)
+    return seen
 
 
 @dataclass

@@ -192,7 +192,7 @@ def _plan(txn, objects, chunks) -> list:
                     continue
                 if loc is None:
                     raise CorruptObject(f"repack stopped, nothing was changed: chunk {cid.hex()[:12]} of {what} "
-                                        "is missing from the chunk index; run 'mvc fsck'", id=cid)
+                                        "is missing from the chunk index", id=cid)
                 if loc.coded:  # encoded by an earlier repack: kept as it is
                     continue
                 base = None
@@ -230,7 +230,7 @@ class _Decided:
         loc = self.txn.chunk(cid)
         if loc is None:
             raise CorruptObject(f"repack stopped, nothing was changed: chunk {cid.hex()[:12]} is missing from "
-                                "the chunk index; run 'mvc fsck'")
+                                "the chunk index", id=cid)
         return loc.depth, loc.base
 
     def usable(self, item: _Item) -> bool:

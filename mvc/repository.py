@@ -13,6 +13,7 @@ and take the repository; the methods here are their one public surface.
 """
 
 import errno
+import itertools
 import os
 import secrets
 import shutil
@@ -28,6 +29,7 @@ from . import bisect as _bisect
 from . import diff as _diff
 from . import exchange as _exchange
 from . import history as _history
+from . import reach as _reach
 from . import fsck as _fsck
 from . import gc as _gc
 from . import repack as _repack
@@ -38,7 +40,7 @@ from .objects import ID_SIZE, CommitObject, TensorLeaf, TensorObject, TreeObject
 from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
 from .store import fs, locks as locking
 from .store.chunks import THREADS, PackStore, Request, batches
-from .store.index import Index, RefValue
+from .store.index import Index, RefValue, read_only
 from .store.locks import BranchLock, GcLock, default_author
 from .store.objectstore import ObjectStore
 from .store.packs import PACK_NAME
@@ -97,16 +99,8 @@ def read_format(mvc_dir: Path) -> tuple:
 
 def write_format(mvc_dir: Path, extensions) -> None:
     """Write ``FORMAT`` atomically (temporary file, fsync, rename)."""
-    tmp = mvc_dir / f"FORMAT.tmp{os.getpid()}"
-    fd = fs.open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        os.write(fd, f"mvc-format {FORMAT_VERSION}\nextensions {' '.join(sorted(extensions))}\n"
-                 .replace("extensions \n", "extensions\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, mvc_dir / "FORMAT")
-    fs.fsync_dir(mvc_dir)
+    fs.atomic_write(mvc_dir / "FORMAT", f"mvc-format {FORMAT_VERSION}\nextensions {' '.join(sorted(extensions))}\n"
+                    .replace("extensions \n", "extensions\n").encode())
 
 
 def add_extension(mvc_dir: Path, name: str) -> None:
@@ -273,7 +267,7 @@ class Repository:
                 pass
         self.index = Index(self.dir / "index")
         self.objects = ObjectStore()
-        self.chunks = PackStore(self.dir / "packs", 2 if ENCODED_RECORDS in extensions else 1)
+        self.chunks = PackStore(self.dir / "packs", 2 if ENCODED_RECORDS in extensions else 1, self.index.readonly)
         self.refs = refs.Refs(self.objects, _now_us)
         self.gc_lock = GcLock(self.dir / "locks")
         self._live = None  # mvc.live.LiveRecords, made on first use
@@ -368,11 +362,9 @@ class Repository:
         """
         with self.index.read() as txn:
             oid = self.refs.head(txn)[1] if rev is None else self.refs.resolve(txn, rev)
-            commits = []
-            while oid is not None and (n is None or len(commits) < n):
-                obj = self.objects.commit(txn, oid)
-                commits.append(self._to_commit(oid, obj, pruned=self.objects.pruned(txn, oid) is not None))
-                oid = obj.parents[0] if obj.parents else None
+            line = _reach.first_parents(lambda c: self.objects.commit(txn, c), oid)
+            commits = [self._to_commit(c, obj, pruned=self.objects.pruned(txn, c) is not None)
+                       for c, obj in itertools.islice(line, n)]
         return iter(commits)
 
     def tensor_object(self, tensor_id: str) -> TensorObject:
@@ -841,6 +833,8 @@ class Repository:
     def enable_encoded_records(self) -> None:
         """Turn on the encoded-records extension: FORMAT lists it, and new packs
         are version 2 packs, which may hold compressed and delta records."""
+        if self.index.readonly:  # before FORMAT changes: here nothing may
+            raise read_only(self.dir)
         add_extension(self.dir, ENCODED_RECORDS)
         self.chunks.accept_encoded()
 

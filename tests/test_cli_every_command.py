@@ -79,3 +79,21 @@ def test_an_unexpected_exception_is_one_line_and_exit_70(workdir, monkeypatch):
     assert result.exit_code == BUG and result.exception is not None and type(result.exception) is SystemExit
     assert "Traceback" not in result.output and result.stderr.count("\n") == 1
     assert "ZeroDivisionError" in result.stderr and "report" in result.stderr
+
+
+def test_the_cli_adds_fsck_advice_the_library_leaves_out(workdir, monkeypatch, tmp_path):
+    """A missing pack: the library's error names the pack (type and attribute), the CLI says what to run."""
+    import shutil
+    from mvc.errors import PackMissing
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir / ".mvc", copy / ".mvc")
+    for pack in (copy / ".mvc" / "packs").glob("*.pack"):
+        pack.unlink()
+    repo = mvc.Repository.open(copy)
+    with pytest.raises(PackMissing) as err:
+        repo.load()
+    assert "mvc fsck" not in str(err.value) and err.value.pack.endswith(".pack")
+    repo.close()
+    monkeypatch.chdir(copy)
+    result = CliRunner().invoke(main, ["export", "HEAD", "-o", str(tmp_path / "x.pt")])
+    assert result.exit_code == 1 and "run 'mvc fsck'" in result.stderr and "Traceback" not in result.output

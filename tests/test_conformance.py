@@ -268,10 +268,16 @@ def _refuses_when_read_only(k: Kind, verb) -> bool:
     """On the read-only kind: ``verb()`` raises one MvcError and changes nothing (True); else False."""
     if k.writable:
         return False
+    from mvc.errors import ReadOnlyRepository
     refs_before = [(r.name, r.id) for r in k.repo.branches() + k.repo.tags()]
-    with pytest.raises(MvcError):
+    files_before = sorted(p.name for p in k.repo.dir.rglob("*"))
+    fmt = (k.repo.dir / "FORMAT").read_bytes()
+    with pytest.raises(ReadOnlyRepository) as err:
         verb()
+    assert err.value.path == str(k.repo.dir)
     assert [(r.name, r.id) for r in k.repo.branches() + k.repo.tags()] == refs_before
+    assert sorted(p.name for p in k.repo.dir.rglob("*")) == files_before  # no pack, no temporary file
+    assert (k.repo.dir / "FORMAT").read_bytes() == fmt
     k.check_all()
     return True
 
@@ -283,6 +289,18 @@ def v_commit(k):
     if _refuses_when_read_only(k, lambda: k.repo.commit(new, "more")):
         return
     c = k.repo.commit(new, "more", step=7)
+    k.truth[c.id] = new
+    assert k.repo.resolve("main") == c.id
+    k.check_all()
+
+
+def v_commit_sharded(k):
+    """A sharded save on top: on a clone, the pieces it shares with the remote are not written again."""
+    new = state(3)
+    new["model"]["emb"][5] = 7.0
+    if _refuses_when_read_only(k, lambda: _shard_commit(k.repo, new, 3)):
+        return
+    c = _shard_commit(k.repo, new, 3)
     k.truth[c.id] = new
     assert k.repo.resolve("main") == c.id
     k.check_all()
@@ -540,6 +558,8 @@ def f_bisect(k):
     assert k.repo.bisect(k.main[0], k.main[-1], lambda st: st["step"] < 2).first_bad.id == k.main[2]
 
 
+WRITERS = {"commit", "gc", "evict", "repack"}  # verbs that write through the store (push writes to the remote);
+# every verb but commit reads through it
 FAULT_VERBS = {name[2:]: fn for name, fn in list(globals().items()) if name.startswith("f_") and callable(fn)}
 
 
@@ -549,6 +569,8 @@ FAULT_VERBS = {name[2:]: fn for name, fn in list(globals().items()) if name.star
 def test_every_verb_under_a_fault_fails_cleanly_or_succeeds(kind, verb, fault):
     if verb == "evict" and kind.name not in CLONES:
         pytest.skip("evict needs a cached remote (the matrix checks the refusal)")
+    if (verb not in WRITERS) if "fail_write" in FAULTS[fault] else verb == "commit":
+        pytest.skip("this verb makes no call of the kind this fault breaks")
     faulty = Faulty(kind.repo.chunks, where=_where(kind, kind.repo.chunks), **FAULTS[fault])
     kind.repo.chunks = faulty
     try:
@@ -581,3 +603,48 @@ def test_verbs_on_a_lazy_clone_of_an_s3_remote(verb, templates, tmp_path, s3_ser
         VERBS[verb](Kind("s3-lazy", repo, dict(truth), tmp_path))
     finally:
         repo.close()
+
+
+# -- errors as data: a damaged pack is named by type and attribute ---------------------------
+
+def test_a_damaged_pack_is_a_pack_damaged_error_naming_the_pack(tmp_path):
+    from mvc.errors import PackDamaged, PackMissing
+    from mvc.store import packformat
+    from mvc.store.packs import read_locations
+    repo = mvc.Repository.init(tmp_path / "r", chunk_size=CHUNK)
+    repo.commit(state(0), "one")
+    pack = next((tmp_path / "r" / ".mvc" / "packs").glob("*.pack"))
+    data = pack.read_bytes()
+    assert [cid for cid, _ in packformat.parse(data, f"pack {pack.name}")] == \
+        [cid for cid, _ in read_locations(pack)]  # bytes and file agree
+    pack.write_bytes(data[:-1])  # the seal cut off
+    with pytest.raises(PackDamaged) as err:
+        read_locations(pack)
+    assert err.value.pack == pack.name
+    with pytest.raises(PackDamaged) as err:
+        packformat.parse(data[:-1], "remote pack packs/x.pack")
+    assert err.value.pack == "packs/x.pack"
+    pack.unlink()
+    repo.close()
+    repo = mvc.Repository.open(tmp_path / "r")
+    with pytest.raises(PackMissing) as err:
+        repo.load()
+    assert err.value.pack == pack.name
+    repo.close()
+
+
+def test_atomic_write_leaves_the_old_bytes_or_the_new(tmp_path, monkeypatch):
+    from mvc.store import fs
+    target = tmp_path / "FORMAT"
+    fs.atomic_write(target, b"old")
+    real = os.fsync
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "injected")
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        fs.atomic_write(target, b"new bytes")
+    monkeypatch.setattr(os, "fsync", real)
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["FORMAT"]
+    fs.atomic_write(target, b"new bytes")
+    assert target.read_bytes() == b"new bytes" and [p.name for p in tmp_path.iterdir()] == ["FORMAT"]

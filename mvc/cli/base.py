@@ -17,7 +17,7 @@ import time
 
 import click
 
-from ..errors import MvcError
+from ..errors import CommitPruned, CorruptObject, MvcError, NotRegular, ObjectNotFound, PackDamaged
 
 
 class Group(click.Group):
@@ -28,7 +28,7 @@ class Group(click.Group):
             where = exc.ctx.command_path if exc.ctx is not None else "mvc"
             fail(f"{exc.format_message().rstrip('.')}; see '{where} --help'", 2)
         except MvcError as exc:
-            fail(str(exc))
+            fail(advice(exc))
         except BrokenPipeError:  # the reader went away (mvc log | head): stop quietly, like git
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(141)
@@ -44,6 +44,18 @@ class Group(click.Group):
                 raise
             fail(f"internal error: {type(exc).__name__}: {str(exc)[:300] or 'no message'} (a bug in mvc; "
                  "please report it with the command you ran, and MVC_TRACEBACK=1 shows the traceback)", BUG)
+
+
+def advice(exc: MvcError) -> str:
+    """The error's message, and what to run about it: the library says what went wrong
+    (a type with attributes), only the CLI names commands."""
+    text = str(exc)
+    if "'mvc " in text:  # the message already says which command
+        return text
+    damaged = isinstance(exc, (CorruptObject, ObjectNotFound)) and not isinstance(exc, (CommitPruned, NotRegular))
+    if damaged and (exc.id is not None or isinstance(exc, PackDamaged)):  # a stored object or pack: fsck names all
+        return f"{text}; run 'mvc fsck'"
+    return text
 
 
 BUG = 70  # exit code of an unexpected exception (sysexits' EX_SOFTWARE)

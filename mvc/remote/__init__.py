@@ -8,7 +8,7 @@
 - ``transfer``   verified ranged reads of packs; packing and uploading
 - ``config``     remote and cache settings in the index's meta database
 - ``sync``       push, fetch, pull, clone
-- ``tiers``      ``CacheStore`` (the chunk-store seam over local packs and a
+- ``tiers``      ``CacheStore`` (a decorator over a ``ChunkStore`` and a
                  remote) and eviction under a budget
 - ``check``      ``fsck --remote`` and ``fsck --repair``
 

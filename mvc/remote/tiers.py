@@ -15,7 +15,8 @@ Vocabulary:
   pin REF`` (``keep-local``).
 - **budget**: ``cache.max-bytes``; eviction drops the least recently read
   local packs first until the packs fit (a pack that also holds chunks it
-  must keep is rewritten with only those).
+  must keep is rewritten with only those, through the store's compaction).
+  A chunk that a local delta record which stays decodes through is kept.
 
 Eviction holds the exclusive gc lock, so no load reads a pack it deletes;
 it drops index entries in one transaction and deletes pack files after,
@@ -48,9 +49,9 @@ class EvictReport:
     packs_evicted: int = 0
     packs_rewritten: int = 0
     chunks_evicted: int = 0
+    kept_base: int = 0  # chunks kept because a local delta record that stays decodes through them
     kept_pinned: int = 0  # chunks kept because a pinned commit uses them
     kept_local: int = 0  # chunks kept because the remote does not hold them
-    kept_base: int = 0  # chunks kept because a local delta record that stays decodes through them
     kept_unverified: int = 0  # chunks kept because their remote copy did not read back intact
     unverified: tuple = ()  # (chunk hex, remote pack key, why) of those, the first few
 
@@ -128,7 +129,7 @@ class CacheStore(Forwarding):
         loc = self.conn.catalogue.chunk(cid)  # remote records are raw: stored and decoded lengths agree
         if loc is None:
             raise ObjectNotFound(f"chunk {cid.hex()[:12]}{' of ' + what if what else ''} is neither here nor on "
-                                 f"remote {self.name!r}; run 'mvc fsck'", id=cid)
+                                 f"remote {self.name!r}", id=cid)
         return loc
 
     def read(self, requests: list, txn, progress=None, threads: int = THREADS) -> None:
@@ -157,12 +158,12 @@ class CacheStore(Forwarding):
             loc = located.get(cid)
             if loc is None:
                 raise ObjectNotFound(f"chunk {cid.hex()[:12]} of {reqs[0].what or 'a tensor'} is neither here nor on "
-                                     f"remote {self.name!r}; run 'mvc fsck'", id=cid)
+                                     f"remote {self.name!r}", id=cid)
             if any(memoryview(r.buffer).nbytes != loc.length for r in reqs):
                 raise CorruptObject(f"chunk {cid.hex()[:12]} of {reqs[0].what} has another length on remote "
                                     f"{self.name!r}; run 'mvc fsck --remote {self.name}'", id=cid)
-        batch = self.inner.writer()
-        keep = None if self.index.readonly else _Keeper(batch)
+        batch = None if self.index.readonly else self.inner.writer()  # read-only: verified, not kept
+        keep = None if batch is None else _Keeper(batch)
 
         def deliver(cid, data):
             for req in by_id[cid]:
@@ -174,14 +175,13 @@ class CacheStore(Forwarding):
                                   progress)
             self.fetched += sum(loc.length for loc in located.values())
             if keep is None:
-                batch.abort()
                 return
             keep.finish()
             batch.seal()
         except BaseException:
             if keep is not None:
                 keep.stop()
-            batch.abort()
+                batch.abort()
             raise
         with self.index.write() as txn:  # kept: the next read of these finds them here
             batch.publish(txn)
@@ -381,6 +381,7 @@ def _evict(repo, conn: Connection, budget: int) -> EvictReport:
         report["chunks_evicted"] += len(drop)
         report["packs_rewritten" if keep else "packs_evicted"] += 1
         total = local_bytes(repo)
+    fs.fsync_dir(repo.dir / "packs")
     return EvictReport(budget, before, total, unverified=tuple(unverified), **report)
 
 

@@ -44,10 +44,11 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from .. import hashing
-from ..errors import BadInput, ChecksumMismatch, CorruptObject, ObjectNotFound
+from ..errors import BadInput, ChecksumMismatch, CorruptObject, ObjectNotFound, PackMissing
 from . import codec
 from .compact import Compacted, compact
 from .fs import entries
+from .index import read_only
 from .packs import NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, PackReader, PackWriter, pack_filename, read_trailer
 
 THREADS = max(1, min(8, os.cpu_count() or 1))
@@ -220,7 +221,10 @@ class ChunkStore(ABC):
 
 class Forwarding(ChunkStore):
     """A store that adds one concern to ``inner``: every call goes to ``inner``
-    unless the subclass overrides it (a cache, a fault injector)."""
+    unless the subclass overrides it (a cache, a fault injector). Calls the ABC
+    derives from others (``missing`` from ``has``, ``length`` from ``locate``,
+    ``read_one``) stay derived, so a subclass that overrides ``locate``
+    changes ``length`` with it."""
 
     def __init__(self, inner: ChunkStore):
         self.inner = inner
@@ -228,17 +232,11 @@ class Forwarding(ChunkStore):
     def has(self, cid, txn):
         return self.inner.has(cid, txn)
 
-    def missing(self, ids, txn):
-        return self.inner.missing(ids, txn)
-
     def remote_only(self, ids, txn):
         return self.inner.remote_only(ids, txn)
 
     def locate(self, cid, txn, what=""):
         return self.inner.locate(cid, txn, what)
-
-    def length(self, cid, txn, what=""):
-        return self.inner.length(cid, txn, what)
 
     def records(self, txn):
         return self.inner.records(txn)
@@ -314,8 +312,9 @@ def _named(cid: bytes, what: str) -> str:
 class PackStore(ChunkStore):
     """Chunks in the local ``packs/`` folder, located through the index's chunk table."""
 
-    def __init__(self, directory: Path, pack_version: int = 1):
+    def __init__(self, directory: Path, pack_version: int = 1, readonly: bool = False):
         self.directory = Path(directory)
+        self.readonly = readonly  # the repository may only be read here: writer() refuses at once
         self.packs = PackReader(self.directory)
         self._scratch = threading.local()
         # 2 once the repository's FORMAT lists the encoded-records extension:
@@ -331,6 +330,8 @@ class PackStore(ChunkStore):
         return txn.chunks()
 
     def writer(self) -> "PackBatch":
+        if self.readonly:
+            raise read_only(self.directory.parent)
         return PackBatch(self.directory, self.pack_version)
 
     def accept_encoded(self) -> None:
@@ -372,7 +373,7 @@ class PackStore(ChunkStore):
     def locate(self, cid: bytes, txn, what: str = "") -> Location:
         loc = txn.chunk(cid)
         if loc is None:
-            raise ObjectNotFound(f"{_named(cid, what)} is missing from the index; run 'mvc fsck'", id=cid)
+            raise ObjectNotFound(f"{_named(cid, what)} is missing from the index", id=cid)
         return loc
 
     def length(self, cid: bytes, txn, what: str = "") -> int:
@@ -426,7 +427,7 @@ class PackStore(ChunkStore):
         while loc.base is not None:
             if len(out) >= codec.MAX_DEPTH or loc.base in seen:
                 raise CorruptObject(f"{_named(cid, what)} has a chain of deltas deeper than "
-                                    f"{codec.MAX_DEPTH} or one that loops; run 'mvc fsck'", id=cid)
+                                    f"{codec.MAX_DEPTH} or one that loops", id=cid)
             base = loc.base
             seen.add(base)
             loc = self.locate(base, txn, f"the delta base of {_named(cid, what)}")
@@ -540,7 +541,7 @@ class PackStore(ChunkStore):
         except CorruptObject as exc:
             if len(run) > 1:  # find which records are short, one by one
                 return [p for job in run for p in self._verify_run([job])]
-            kind = UNREADABLE if "missing" in str(exc) else SHORT_PACK
+            kind = UNREADABLE if isinstance(exc, PackMissing) else SHORT_PACK
             return [Problem(kind, run[0][1], f"pack {pack_filename(first.pack)} ends before offset {first.offset}"
                             if kind == SHORT_PACK else str(exc))]
         problems = []
@@ -561,7 +562,7 @@ class PackStore(ChunkStore):
         try:
             (head,) = self.packs.read_run([loc], [buffer])
         except CorruptObject as exc:
-            kind = UNREADABLE if "missing" in str(exc) else SHORT_PACK
+            kind = UNREADABLE if isinstance(exc, PackMissing) else SHORT_PACK
             return [Problem(kind, cid, str(exc))]
         if RECORD_HEAD.unpack(head) != (cid, loc.length):
             return [Problem(BAD_RECORD, cid, f"the record header before {where} does not name this chunk and length")]

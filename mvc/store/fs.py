@@ -10,16 +10,13 @@ else is damage: ``NotRegular``, a ``CorruptObject`` naming the path.
 
 import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 
-from ..errors import CorruptObject
+from ..errors import NotRegular
 
 _SAFE = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
-
-class NotRegular(CorruptObject):
-    """A path inside ``.mvc`` is a symlink, FIFO, device or socket where a file or folder belongs."""
 
 
 def _kind(mode: int) -> str:
@@ -32,7 +29,7 @@ def _kind(mode: int) -> str:
 
 def _refuse(path, mode: int, want: str) -> NotRegular:
     return NotRegular(f"{path} is {_kind(mode)}, not {want}; the repository is damaged or was tampered "
-                      "with: remove it (mvc never follows links inside .mvc)")
+                      "with: remove it (mvc never follows links inside .mvc)", path=path)
 
 
 def open_file(path, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
@@ -99,6 +96,33 @@ def read_small(path, limit: int = 1 << 20) -> bytes:
         return os.read(fd, limit)
     finally:
         os.close(fd)
+
+
+def atomic_write(path, data, tmp_dir=None) -> None:
+    """Replace file ``path`` with ``data`` so that a reader (and a crash) sees the old
+    bytes or the new, never a mix: written to a new temporary file in ``tmp_dir``
+    (default: ``path``'s folder; it must be on the same filesystem), fsynced,
+    renamed over ``path``, and the folder fsynced. Nothing is left behind on error."""
+    path = Path(path)
+    tmp = Path(tmp_dir or path.parent) / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        view, done = memoryview(data).cast("B"), 0
+        while done < len(view):
+            done += os.write(fd, view[done:done + (1 << 30)])
+        os.fsync(fd)
+        os.close(fd)
+        fd = None
+        os.rename(tmp, path)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
 
 
 def fsync_dir(path) -> None:

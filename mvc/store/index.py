@@ -28,7 +28,7 @@ from typing import Iterator, Optional
 import lmdb
 
 from .. import encoding, hashing
-from ..errors import BadInput, CorruptObject, MvcError
+from ..errors import BadInput, CorruptObject, MvcError, ReadOnlyRepository
 from .fs import check_file, open_file
 from .packs import Location, decode_location, encode_location
 
@@ -402,12 +402,17 @@ def _close_env(key: str) -> None:
             entry[0].close()
 
 
+def read_only(mvc_dir) -> ReadOnlyRepository:
+    return ReadOnlyRepository("the repository is read-only here (its index folder is not writable); "
+                              "nothing was changed", path=mvc_dir)
+
+
 class Index:
     """The LMDB environment of one repository (shared by every Index on it in a process)."""
 
     def __init__(self, path: Path, create: bool = False):
-        self._key, self.env, self.dbs = _open_env(path, create)
         self.path = Path(path)
+        self._key, self.env, self.dbs = _open_env(path, create)
         self._closed = False
 
     @contextmanager
@@ -428,8 +433,7 @@ class Index:
         its last statement; MvcError past MAP_SIZE.
         """
         if self.readonly:
-            raise MvcError("the repository is read-only here (its index folder is not writable); "
-                           "nothing was changed")
+            raise read_only(self.path.parent)
         with self._errors():
             self.env.reader_check()  # a dead reader's slot would pin old pages: clear it first
             with self.env.begin(write=True) as txn:

@@ -36,10 +36,10 @@ class ObjectStore:
         """The decoded object ``oid`` of ``kind`` ("commits", "trees", "tensors"), verified."""
         verdict, value = self.check(txn, kind, oid)
         if verdict == MISSING:
-            raise ObjectNotFound(f"{_noun(kind)} {oid.hex()[:12]} is missing from the index; run 'mvc fsck'",
+            raise ObjectNotFound(f"{_noun(kind)} {oid.hex()[:12]} is missing from the index",
                                  id=oid)
         if verdict == CORRUPT:
-            raise CorruptObject(f"{_noun(kind)} {oid.hex()[:12]} is corrupt ({value}); run 'mvc fsck'", id=oid)
+            raise CorruptObject(f"{_noun(kind)} {oid.hex()[:12]} is corrupt ({value})", id=oid)
         return value
 
     def check(self, txn, kind: str, oid: bytes) -> tuple:

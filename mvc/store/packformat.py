@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .. import hashing
-from ..errors import CorruptObject
+from ..errors import CorruptObject, PackDamaged
 from . import codec  # the record kinds and the depth limit
 
 HEADER = b"MVCPACK1"
@@ -69,6 +69,11 @@ def coded_location(pack, offset, length, kind, size, depth, base, what: str) -> 
     return Location(pack, offset, length, kind, size, depth, base if delta else None)
 
 
+def _damaged(what: str, detail: str) -> PackDamaged:
+    # ``what`` is "<noun> <name>" ("pack pack-….pack", "remote pack packs/….pack"): the name is the attribute
+    return PackDamaged(f"{what} {detail}", pack=what.rpartition(" ")[2])
+
+
 def version(header: bytes) -> int:
     """1 or 2 for a pack's first 8 bytes; 0 if they are no pack header."""
     return {HEADER: 1, HEADER_V2: 2}.get(bytes(header), 0)
@@ -78,12 +83,12 @@ def version(header: bytes) -> int:
 
 def trailer_span(footer: bytes, size: int, what: str) -> tuple:
     """(start, stop) of the trailer of a pack of ``size`` bytes whose last
-    FOOTER.size bytes are ``footer``; CorruptObject if it is not sealed."""
+    FOOTER.size bytes are ``footer``; PackDamaged if it is not sealed."""
     if size < SMALLEST or len(footer) < FOOTER.size:
-        raise CorruptObject(f"{what} has no valid header or is truncated")
+        raise _damaged(what, "has no valid header or is truncated")
     _, trailer_offset, seal = FOOTER.unpack(footer[-FOOTER.size:])
     if seal != SEAL or not len(HEADER) <= trailer_offset <= size - FOOTER.size - COUNT.size:
-        raise CorruptObject(f"{what} is not sealed (truncated or damaged trailer)")
+        raise _damaged(what, "is not sealed (truncated or damaged trailer)")
     return trailer_offset, size - FOOTER.size
 
 
@@ -93,24 +98,24 @@ def parse_trailer(body: bytes, footer: bytes, what: str, pack: bytes = NO_BASE[:
 
     ``body`` is the trailer (``trailer_span``), ``footer`` the pack's last
     bytes. Without ``pack_version`` the version follows from the entry
-    size (a remote reads only a pack's tail). CorruptObject naming ``what``
+    size (a remote reads only a pack's tail). PackDamaged naming ``what``
     for a damaged trailer or an entry outside the pack's data.
     """
     digest, trailer_offset, _ = FOOTER.unpack(footer[-FOOTER.size:])
     if hashing.digest(body) != digest:
-        raise CorruptObject(f"{what} has a damaged trailer (checksum mismatch)")
+        raise _damaged(what, "has a damaged trailer (checksum mismatch)")
     if len(body) < COUNT.size:
-        raise CorruptObject(f"{what} trailer length does not match its count")
+        raise _damaged(what, "trailer length does not match its count")
     (count,) = COUNT.unpack_from(body)
     versions = [pack_version] if pack_version else [v for v, e in ENTRIES.items() if len(body) == 4 + count * e.size]
     if len(versions) != 1 or len(body) != COUNT.size + count * ENTRIES[versions[0]].size:
-        raise CorruptObject(f"{what} trailer length does not match its count")
+        raise _damaged(what, "trailer length does not match its count")
     entry, out = ENTRIES[versions[0]], []
     for i in range(count):
         fields = entry.unpack_from(body, COUNT.size + i * entry.size)
         cid, offset, length = fields[:3]
         if offset < len(HEADER) + RECORD_HEAD.size or offset + length > trailer_offset:
-            raise CorruptObject(f"{what} lists a record outside its data")
+            raise _damaged(what, "lists a record outside its data")
         if entry is ENTRY_V2:
             out.append((cid, coded_location(pack, *fields[1:], what=f"an entry of {what}")))
         else:
@@ -119,10 +124,10 @@ def parse_trailer(body: bytes, footer: bytes, what: str, pack: bytes = NO_BASE[:
 
 
 def parse(data: bytes, what: str, pack: bytes = NO_BASE[:NAME_BYTES]) -> list:
-    """(id, Location) of every record of a whole pack's bytes; CorruptObject if damaged."""
+    """(id, Location) of every record of a whole pack's bytes; PackDamaged if damaged."""
     v = version(data[:len(HEADER)])
     if not v or len(data) < SMALLEST:
-        raise CorruptObject(f"{what} has no valid header or is truncated")
+        raise _damaged(what, "has no valid header or is truncated")
     start, stop = trailer_span(data[-FOOTER.size:], len(data), what)
     return parse_trailer(data[start:stop], data[-FOOTER.size:], what, pack, v)
 

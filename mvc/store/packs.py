@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from .. import hashing
-from ..errors import CorruptObject
+from ..errors import CorruptObject, PackDamaged, PackMissing
 from . import packformat
 from .fs import WRITEBACK_BYTES, fsync_dir, open_file, start_writeback
 from .packformat import (ENTRY, ENTRY_V2, FOOTER, HEADER, HEADER_V2, NAME_BYTES, NO_BASE, RECORD_HEAD, SEAL,  # noqa: F401
@@ -150,7 +150,7 @@ def read_locations(path: Path, name: bytes = NO_BASE[:NAME_BYTES]) -> list:
         size = os.fstat(f.fileno()).st_size
         version = pack_version(f.read(len(HEADER))) if size >= packformat.SMALLEST else 0
         if not version:
-            raise CorruptObject(f"{what} has no valid header or is truncated")
+            raise PackDamaged(f"{what} has no valid header or is truncated", pack=path.name)
         f.seek(size - FOOTER.size)
         footer = f.read(FOOTER.size)
         start, stop = packformat.trailer_span(footer, size, what)
@@ -242,7 +242,7 @@ class PackReader:
         try:
             fd = open_file(path)
         except FileNotFoundError:
-            raise CorruptObject(f"pack {path.name} is missing; run 'mvc fsck'") from None
+            raise PackMissing(f"pack {path.name} is missing", pack=path.name) from None
         if hasattr(os, "posix_fadvise"):  # loads read runs in order: a larger readahead window
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         with self._lock:
@@ -281,7 +281,8 @@ class PackReader:
         with self._fd(locs[0].pack) as fd:
             got = os.preadv(fd, iov, start)
         if got != want:
-            raise CorruptObject(f"pack {pack_filename(locs[0].pack)} is truncated at offset {locs[0].offset}")
+            raise PackDamaged(f"pack {pack_filename(locs[0].pack)} is truncated at offset {locs[0].offset}",
+                              pack=pack_filename(locs[0].pack))
         return heads
 
     def prefetch(self, runs: list, gap: int = 1 << 20, budget: int = PREFETCH_BYTES) -> None:

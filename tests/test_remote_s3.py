@@ -139,7 +139,8 @@ def test_server_killed_mid_push_then_restarted(pushed, tmp_path, s3_server):
     _wait_for_packs(s3_server, url, before + 30, proc)
     s3_server.kill()
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and err.startswith("mvc: error:") and "Traceback" not in err, err
+    assert proc.returncode == 1 and err.splitlines()[-1].startswith("mvc: error:") and "Traceback" not in err, err
+    assert "waiting for server" in err and "retry 2/2" in err  # the retries are shown as they happen
     s3_server.start()
     sent = count_packs(s3_server, url) - before
     assert sent >= 30  # what the server acknowledged survived its death

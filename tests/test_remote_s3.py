@@ -1,8 +1,10 @@
 """Remotes on real S3 servers (SeaweedFS and moto on loopback, tests/s3server.py): transfers, races, faults.
 
 Each test runs on both servers, except those that kill and restart the
-server under a push (moto keeps its objects in memory) and the slow
-eviction race, which run on SeaweedFS only.
+server under a push (moto keeps its objects in memory), and the slow
+eviction race and two-process push race (their duplicates on moto cost
+20 s and add little: test_remote_trust races pushes on moto), which run on
+SeaweedFS only.
 
 Pushes and loads run as real processes (the ``mvc`` CLI, or Python
 children) where a test kills them with SIGKILL, kills the server under
@@ -99,8 +101,9 @@ def _two_clones(tmp_path, url, endpoint):
     return ids
 
 
-def test_two_processes_push_one_branch_at_once(pushed, tmp_path, s3):
-    _, url = pushed
+def test_two_processes_push_one_branch_at_once(pushed_sw, tmp_path, seaweedfs):
+    _, url = pushed_sw
+    s3 = seaweedfs  # moto's conditional writes are raced in test_remote_trust (a slow duplicate here)
     ids = _two_clones(tmp_path, url, s3.endpoint)
     procs = [mvc_cli("-C", str(tmp_path / d), "push") for d in ("x", "y")]
     results = [(p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in procs]

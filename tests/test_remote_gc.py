@@ -17,9 +17,8 @@ from click.testing import CliRunner
 import mvc
 from mvc.cli import main
 from mvc.errors import RemoteBusy
-from mvc.remote import layout, transfer
+from mvc.remote import layout
 from mvc.remote.bucket import open_bucket
-from mvc.remote.catalogue import Catalogue
 
 CHUNK = 1024
 

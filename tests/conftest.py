@@ -21,7 +21,7 @@ def run_cli(repo, *args):
     return CliRunner().invoke(main, ["-C", str(repo.root), *args])
 
 
-from s3server import s3, s3_bucket, s3_server, s3_url  # noqa: E402,F401  (the session's SeaweedFS, for tests/test_remote*.py)
+from s3server import moto, moto_bucket, moto_server, s3, s3_bucket, s3_server, s3_url, seaweedfs  # noqa: E402,F401  (the session's SeaweedFS, for tests/test_remote*.py)
 
 
 @pytest.fixture

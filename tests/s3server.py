@@ -226,7 +226,89 @@ class S3Remote:
         self.put(url, key, bytes(data))
 
 
+class MotoServer:
+    """moto's standalone S3 server (``moto[server]`` from PyPI) in a process of its own, on a free
+    loopback port; it keeps objects in memory, honours If-Match / If-None-Match, and (unlike
+    SeaweedFS) checks no signatures, so a proxy in front of it may rewrite requests."""
+
+    def __init__(self):
+        self.port = free_ports(1)[0]
+        self.proc = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.monotonic() + READY_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto_server exited with {self.proc.returncode}")
+            try:
+                self.client().list_buckets()
+                return
+            except Exception:
+                time.sleep(0.2)
+        self.kill()
+        raise RuntimeError(f"moto_server did not serve S3 within {READY_S} s")
+
+    client = S3Server.client
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def bucket(self, stem: str = "mvc") -> str:
+        name = f"{stem[:40].lower()}-{secrets.token_hex(4)}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """The session's moto server; AWS credentials (any will do) are set in the environment."""
+    try:
+        import moto.server  # noqa: F401
+    except ImportError:
+        pytest.skip("moto's server is not installed (pip install 'moto[server]')")
+    os.environ.update(CREDENTIALS)
+    server = MotoServer()
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def moto_bucket(moto_server):
+    return moto_server.bucket("mvc-tests")
+
+
 @pytest.fixture
-def s3(s3_server, s3_bucket):
-    """An ``S3Remote`` on the session's server."""
+def moto(moto_server, moto_bucket):
+    """An ``S3Remote`` on the session's moto server."""
+    return S3Remote("moto", moto_server, moto_bucket)
+
+
+SERVERS = ("seaweedfs", "moto")
+
+
+@pytest.fixture(params=SERVERS)
+def s3(request):
+    """An ``S3Remote`` on each real S3 server in turn (SeaweedFS, moto): the remote suites run on
+    both, so mvc's behaviour does not rest on one server's quirks. Each session server starts
+    the first time a test asks for it."""
+    if request.param == "seaweedfs":
+        return S3Remote("seaweedfs", request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket"))
+    return S3Remote("moto", request.getfixturevalue("moto_server"), request.getfixturevalue("moto_bucket"))
+
+
+@pytest.fixture
+def seaweedfs(s3_server, s3_bucket):
+    """An ``S3Remote`` on SeaweedFS only: for tests that restart the server under mvc (moto keeps
+    objects in memory) or whose duplicate on moto would only cost time."""
     return S3Remote("seaweedfs", s3_server, s3_bucket)

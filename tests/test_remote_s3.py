@@ -1,4 +1,10 @@
-"""Remotes on a real S3 server (SeaweedFS on loopback, tests/s3server.py): transfers, races, faults.
+"""Remotes on real S3 servers (SeaweedFS and moto on loopback, tests/s3server.py): transfers, races, faults.
+
+Each test runs on both servers, except those that kill and restart the
+server under a push (moto keeps its objects in memory), and the slow
+eviction race and two-process push race (their duplicates on moto cost
+20 s and add little: test_remote_trust races pushes on moto), which run on
+SeaweedFS only.
 
 Pushes and loads run as real processes (the ``mvc`` CLI, or Python
 children) where a test kills them with SIGKILL, kills the server under
@@ -36,25 +42,38 @@ def mvc_cli(*args, env=None, **kw):
                             text=True, env={**os.environ, **(env or {})}, **kw)
 
 
-@pytest.fixture
-def pushed(tmp_path, s3_server, s3_url):
-    """(repository with one commit pushed to S3 remote origin, its URL)."""
-    url = s3_url()
+def _pushed(tmp_path, server):
+    url = server.url()
     repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
     repo.commit(state(0), "first")
-    repo.remote_add("origin", url, s3_server.endpoint)
+    repo.remote_add("origin", url, server.endpoint)
     repo.push()
+    return repo, url
+
+
+@pytest.fixture
+def pushed(tmp_path, s3):
+    """(repository with one commit pushed to S3 remote origin, its URL), on each S3 server."""
+    repo, url = _pushed(tmp_path, s3)
     yield repo, url
     repo.close()
 
 
-def count_packs(s3_server, url: str) -> int:
+@pytest.fixture
+def pushed_sw(tmp_path, seaweedfs):
+    """The same on SeaweedFS only (tests that kill the server, or too slow to run twice)."""
+    repo, url = _pushed(tmp_path, seaweedfs)
+    yield repo, url
+    repo.close()
+
+
+def count_packs(server, url: str) -> int:
     bucket, _, prefix = url[len("s3://"):].partition("/")
-    listing = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/packs/")
+    listing = server.client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/packs/")
     return listing.get("KeyCount", 0)
 
 
-def test_push_clone_lazy_and_dedup_over_s3(pushed, tmp_path, s3_server):
+def test_push_clone_lazy_and_dedup_over_s3(pushed, tmp_path, s3):
     repo, url = pushed
     s = state(0)
     s["w"][: len(s["w"]) // 10] += 1  # 10% of the bytes change
@@ -62,7 +81,7 @@ def test_push_clone_lazy_and_dedup_over_s3(pushed, tmp_path, s3_server):
     report = repo.push()
     total = sum(t.nbytes for t in s.values() if isinstance(t, torch.Tensor))
     assert report.chunk_bytes <= 0.11 * total
-    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3_server.endpoint)
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
     try:
         assert lazy.status().chunks == 0
         assert same(lazy.load("main~1"), state(0)) and same(lazy.load(), s)
@@ -82,9 +101,10 @@ def _two_clones(tmp_path, url, endpoint):
     return ids
 
 
-def test_two_processes_push_one_branch_at_once(pushed, tmp_path, s3_server):
-    _, url = pushed
-    ids = _two_clones(tmp_path, url, s3_server.endpoint)
+def test_two_processes_push_one_branch_at_once(pushed_sw, tmp_path, seaweedfs):
+    _, url = pushed_sw
+    s3 = seaweedfs  # moto's conditional writes are raced in test_remote_trust (a slow duplicate here)
+    ids = _two_clones(tmp_path, url, s3.endpoint)
     procs = [mvc_cli("-C", str(tmp_path / d), "push") for d in ("x", "y")]
     results = [(p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in procs]
     codes = sorted(code for code, _, _ in results)
@@ -92,14 +112,14 @@ def test_two_processes_push_one_branch_at_once(pushed, tmp_path, s3_server):
     loser = next(err for code, _, err in results if code == 1)
     assert REJECTED in loser and "Traceback" not in loser
     winner = ids[[code for code, _, _ in results].index(0)]
-    check = mvc.Repository.clone(url, tmp_path / "z", endpoint_url=s3_server.endpoint)
+    check = mvc.Repository.clone(url, tmp_path / "z", endpoint_url=s3.endpoint)
     assert check.resolve("main") == winner and check.fsck().ok and check.fsck_remote().ok
     check.close()
 
 
-def _wait_for_packs(s3_server, url, n: int, proc) -> None:
+def _wait_for_packs(s3, url, n: int, proc) -> None:
     deadline = time.monotonic() + 120
-    while count_packs(s3_server, url) < n:
+    while count_packs(s3, url) < n:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -109,52 +129,53 @@ SMALL_PACKS = {"MVC_REMOTE_PACK_BYTES": str(CHUNK)}  # one chunk per pack: a pus
 
 
 @pytest.mark.slow
-def test_sigkilled_push_leaves_both_sides_clean_and_rerun_sends_the_rest(pushed, tmp_path, s3_server):
-    repo, url = pushed
+def test_sigkilled_push_leaves_both_sides_clean_and_rerun_sends_the_rest(pushed_sw, tmp_path, seaweedfs):
+    repo, url = pushed_sw
     big = state(3, n=256 * 1024)  # 1 MiB of new chunks: 1024 of them
     repo.commit(big, "big")
-    before = count_packs(s3_server, url)
+    before = count_packs(seaweedfs, url)
     proc = mvc_cli("-C", str(tmp_path / "a"), "push", env=SMALL_PACKS)
-    _wait_for_packs(s3_server, url, before + 30, proc)
+    _wait_for_packs(seaweedfs, url, before + 30, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    sent = count_packs(s3_server, url) - before
+    sent = count_packs(seaweedfs, url) - before
     assert repo.fsck().ok and repo.fsck_remote().ok  # packs nobody names yet are harmless
     assert repo.resolve("origin/main") != repo.resolve("main")
     report = repo.push()
     assert 0 < report.chunks <= 1024 - sent  # what the killed push had sent is not sent again
     assert report.refs[0].status == "updated"
-    clone = mvc.Repository.clone(url, tmp_path / "c", lazy=True, endpoint_url=s3_server.endpoint)
+    clone = mvc.Repository.clone(url, tmp_path / "c", lazy=True, endpoint_url=seaweedfs.endpoint)
     assert same(clone.load(), big) and clone.fsck().ok and repo.fsck_remote().ok
     clone.close()
 
 
 @pytest.mark.slow
-def test_server_killed_mid_push_then_restarted(pushed, tmp_path, s3_server):
-    repo, url = pushed
+def test_server_killed_mid_push_then_restarted(pushed_sw, tmp_path, seaweedfs):
+    repo, url = pushed_sw
     big = state(4, n=256 * 1024)
     repo.commit(big, "big")
-    before = count_packs(s3_server, url)
+    before = count_packs(seaweedfs, url)
     proc = mvc_cli("-C", str(tmp_path / "a"), "push", env={**SMALL_PACKS, "MVC_REMOTE_ATTEMPTS": "2"})
-    _wait_for_packs(s3_server, url, before + 30, proc)
-    s3_server.kill()
+    _wait_for_packs(seaweedfs, url, before + 30, proc)
+    seaweedfs.server.kill()
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and err.startswith("mvc: error:") and "Traceback" not in err, err
-    s3_server.start()
-    sent = count_packs(s3_server, url) - before
+    assert proc.returncode == 1 and err.splitlines()[-1].startswith("mvc: error:") and "Traceback" not in err, err
+    assert "waiting for server" in err and "retry 2/2" in err  # the retries are shown as they happen
+    seaweedfs.server.start()
+    sent = count_packs(seaweedfs, url) - before
     assert sent >= 30  # what the server acknowledged survived its death
     assert repo.fsck().ok and repo.fsck_remote().ok
     report = repo.push()
     assert 0 < report.chunks <= 1024 - sent  # only what is still missing
-    clone = mvc.Repository.clone(url, tmp_path / "c", endpoint_url=s3_server.endpoint)
+    clone = mvc.Repository.clone(url, tmp_path / "c", endpoint_url=seaweedfs.endpoint)
     assert same(clone.load(), big) and clone.fsck().ok
     clone.close()
 
 
-def test_flipped_byte_on_s3_is_named_and_refused(pushed, tmp_path, s3_server):
+def test_flipped_byte_on_s3_is_named_and_refused(pushed, tmp_path, s3):
     repo, url = pushed
     bucket, _, prefix = url[len("s3://"):].partition("/")
-    client = s3_server.client()
+    client = s3.client()
     key = max(client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/packs/")["Contents"],
               key=lambda o: o["Size"])["Key"]
     data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
@@ -163,7 +184,7 @@ def test_flipped_byte_on_s3_is_named_and_refused(pushed, tmp_path, s3_server):
     report = repo.fsck_remote()
     assert not report.ok and any(key.rpartition("/")[2] in p.object for p in report.problems)
     fresh = mvc.Repository.init(tmp_path / "f", chunk_size=CHUNK)
-    fresh.remote_add("origin", url, s3_server.endpoint)
+    fresh.remote_add("origin", url, s3.endpoint)
     with pytest.raises(mvc.ChecksumMismatch):
         fresh.fetch()
     assert fresh.remote_branches() == [] and fresh.fsck().ok
@@ -195,15 +216,15 @@ def _sum(s) -> str:
 
 
 @pytest.mark.slow
-def test_tiny_cache_budget_evicting_while_a_load_runs(pushed, tmp_path, s3_server):
-    repo, url = pushed
+def test_tiny_cache_budget_evicting_while_a_load_runs(pushed_sw, tmp_path, seaweedfs):
+    repo, url = pushed_sw
     for i in (1, 2):
         repo.commit(state(i), f"v{i}")
     for i in range(3):
         repo.create_tag(f"v{i}", f"main~{2 - i}")
         (tmp_path / f"v{i}.sum").write_text(_sum(state(i)))
     repo.push(refs=("main", "v0", "v1", "v2"))
-    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3_server.endpoint)
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=seaweedfs.endpoint)
     lazy.config("cache.max-bytes", "1")
     lazy.checkout("v0")  # HEAD's version stays; the others come and go
     # The loader runs until this side has evicted between its loads a few
@@ -225,14 +246,14 @@ def test_tiny_cache_budget_evicting_while_a_load_runs(pushed, tmp_path, s3_serve
     lazy.close()
 
 
-def test_a_large_object_goes_up_in_parts_and_a_pack_in_one_put(s3_server, s3_url, monkeypatch):
+def test_a_large_object_goes_up_in_parts_and_a_pack_in_one_put(s3, monkeypatch):
     """Objects over SINGLE_PUT_BYTES take the multipart path (parts of PART_BYTES,
     in threads); a pack-sized object is one PUT. Both read back byte for byte."""
-    from mvc.remote import s3
+    from mvc.remote import s3 as s3mod
     from mvc.remote.bucket import open_bucket
-    monkeypatch.setattr(s3, "PART_BYTES", 5 << 20)  # S3's smallest part
-    monkeypatch.setattr(s3, "SINGLE_PUT_BYTES", 6 << 20)
-    bucket = open_bucket(s3_url("parts"), s3_server.endpoint)
+    monkeypatch.setattr(s3mod, "PART_BYTES", 5 << 20)  # S3's smallest part
+    monkeypatch.setattr(s3mod, "SINGLE_PUT_BYTES", 6 << 20)
+    bucket = open_bucket(s3.url("parts"), s3.endpoint)
     calls = []
     real = bucket.client.upload_part
 

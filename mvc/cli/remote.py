@@ -6,7 +6,15 @@ from contextlib import contextmanager
 
 from .. import Repository
 from ..errors import RemoteDamaged
+from ..remote.bucket import on_notice
 from .base import echo_json, fail, human_bytes, main, open_repo, to_jsonable
+
+
+def _notice(message: str) -> None:
+    click.echo(f"mvc: {message}", err=True)
+
+
+on_notice(_notice)  # a remote's waits and retries are shown as they happen ("retry 2/5")
 
 
 @contextmanager

@@ -31,6 +31,18 @@ from ..errors import BadInput, RemoteError, RemoteUnreachable, UntrustedAnswer  
 from ..store import fs
 
 _KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
+_LISTENERS: list = []
+
+
+def on_notice(listener) -> None:
+    """Call ``listener(message)`` for each notice a remote gives while it works ("waiting for
+    server ..., retry 2/5"); the CLI prints them."""
+    _LISTENERS.append(listener)
+
+
+def notify(message: str) -> None:
+    for listener in list(_LISTENERS):
+        listener(message)
 
 
 class NotFound(RemoteError):

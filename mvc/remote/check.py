@@ -441,8 +441,10 @@ def _local_chunks(repo, wanted: dict) -> dict:
 def repair_remote(repo, name: Optional[str] = None) -> RemoteRepairReport:
     """Heal remote ``name`` from this repository: read every remote pack; upload again (in new packs)
     every chunk and object its refs need that no intact pack holds and this repository holds
-    intact, and the intact records of every damaged pack; then remove the damaged and unreadable
-    packs (a zero-byte ``packs/….pack``). New packs are durable before anything is removed.
+    intact; remove each damaged pack whose damaged records are healed that way (or needed by
+    nothing), after moving its intact records to a new pack, and each pack no reader can parse
+    (a zero-byte ``packs/….pack``). New packs are durable before anything is removed; a damaged
+    pack that still holds the only copy of something needed is kept, its intact records usable.
 
     Holds the remote's gc lease (``RemoteBusy`` while a gc or push holds one). Raises RemoteError.
     """
@@ -450,47 +452,49 @@ def repair_remote(repo, name: Optional[str] = None) -> RemoteRepairReport:
     try:
         with lease.held(conn, lease.GC) as lease_:
             seen, refs = _scan(conn.bucket)
+            salvaged = {i: raw for key, records in seen.broken.items() if seen.listed.get(key) is None
+                        for i, raw in records.items()}  # from packs no reader can parse: usable only if moved
+            with repo.gc_lock.shared(), repo.index.read() as txn:
+                objects, chunks, lost = _needs(repo, txn, list(refs.values()), {**seen.objects, **salvaged})
+                local_objects = {oid: bytes(txn.get(kind, oid)) for oid, kind in objects.items()
+                                 if oid not in seen.objects and oid not in salvaged
+                                 and txn.get(kind, oid) is not None and object_id(txn.get(kind, oid)) == oid}
+            lacking = {cid: n for cid, n in chunks.items() if cid not in seen.chunks and cid not in salvaged}
+            supplied = _local_chunks(repo, lacking)
+            healed, needed = supplied.keys() | local_objects.keys(), chunks.keys() | objects.keys()
+            doomed = [key for key in seen.broken
+                      if seen.listed.get(key) is None
+                      or all(i in healed or i not in needed for i in seen.listed[key] - seen.broken[key].keys())]
+            def moved(folder: str) -> dict:  # the intact records of the doomed packs, to new packs of their kind
+                return {i: raw for key in doomed if key.startswith(folder) for i, raw in seen.broken[key].items()}
+            upload = {**moved(layout.CHUNK_PACKS), **supplied}
+            rescued = {**moved(layout.OBJECT_PACKS), **local_objects}  # pruned notes included
+            packs = 0
             with repo.gc_lock.shared():
-                with repo.index.read() as txn:
-                    rescued = {oid: raw for key, records in seen.broken.items()
-                               if key.startswith(layout.OBJECT_PACKS) for oid, raw in records.items()}
-                    objects, chunks, lost = _needs(repo, txn, list(refs.values()), {**seen.objects, **rescued})
-                    for oid, kind in objects.items():
-                        if oid not in seen.objects and oid not in rescued and txn.get(kind, oid) is not None \
-                                and object_id(txn.get(kind, oid)) == oid:
-                            rescued[oid] = bytes(txn.get(kind, oid))
-                moved = {cid: raw for key, records in seen.broken.items()
-                         if key.startswith(layout.CHUNK_PACKS) for cid, raw in records.items()}
-                lacking = {cid: n for cid, n in chunks.items() if cid not in seen.chunks and cid not in moved}
-                supplied = _local_chunks(repo, lacking)
-                upload = {**moved, **supplied}
-                packs = 0
                 if upload:
                     packs += transfer.upload_records(conn.bucket, conn.catalogue, layout.CHUNK_PACKS,
                                                      list(upload.items()))[0]
                 if rescued:
                     packs += transfer.upload_records(conn.bucket, conn.catalogue, layout.OBJECT_PACKS,
                                                      list(rescued.items()))[0]
-            removed = _remove_broken(conn, seen, {*upload, *rescued}, lease_)
+            removed = _remove_broken(conn, doomed, lease_)
             conn.catalogue.refresh(conn.bucket)
         left = [cid.hex() for cid in lacking if cid not in supplied]
-        left += [oid.hex() for oid, kind in objects.items() if oid not in seen.objects and oid not in rescued]
-        left += [oid.hex() for oid in lost if oid.hex() not in left]
+        left += [oid.hex() for oid in objects if oid not in seen.objects and oid not in salvaged
+                 and oid not in local_objects]
+        left += [oid.hex() for oid in lost]
         return RemoteRepairReport(conn.name, seen.packs, len(upload), len(rescued), packs, tuple(removed),
                                   tuple(sorted(set(left))), len(seen.problems))
     finally:
         conn.close()
 
 
-def _remove_broken(conn, seen: _Seen, rehomed: set, lease_) -> list:
-    """Delete the damaged packs whose every listed record is now intact in a new pack (or that no
-    reader can parse at all), after a second read shows the same damage (a bad read in transit
-    must not cost a pack); the keys removed."""
+def _remove_broken(conn, doomed: list, lease_) -> list:
+    """Delete the damaged packs in ``doomed`` once a second read shows the same damage (a bad read
+    in transit must not cost a pack); the keys removed. Their intact records are durable
+    elsewhere by now."""
     removed = []
-    for key in sorted(seen.broken):
-        listed = seen.listed.get(key)
-        if listed is not None and not listed <= rehomed:
-            continue  # a record of it has no intact copy anywhere: keep what is left of it
+    for key in sorted(doomed):
         again = _Seen()
         _check_pack(conn.bucket, key, again, threading.Lock())
         if key not in again.broken:

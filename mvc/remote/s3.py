@@ -14,7 +14,9 @@ loopback, and every byte is BLAKE3-verified on the way back anyway).
 """
 
 import os
+import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
@@ -22,7 +24,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from .bucket import Bucket, NotFound, PreconditionFailed, RemoteError, RemoteUnreachable
+from ..errors import BadInput
+from .bucket import Bucket, NotFound, PreconditionFailed, RemoteError, RemoteUnreachable, UntrustedAnswer, notify
 
 PART_BYTES = 16 << 20  # multipart part size
 # Objects up to this size go up in one PUT, so a pack (``layout.PACK_BYTES``
@@ -34,7 +37,31 @@ PART_BYTES = 16 << 20  # multipart part size
 # objects (a bigger pack-size knob) go up in parts.
 SINGLE_PUT_BYTES = 48 << 20
 PART_THREADS = 4
-ATTEMPTS = int(os.environ.get("MVC_REMOTE_ATTEMPTS", "6"))  # botocore's attempts, first try included
+# Retries are mvc's own, not botocore's, so each one can be shown ("waiting for
+# server, retry 2/5") and all of them fit a deadline: a server that stopped
+# answering fails a command in under a minute, not after botocore's default
+# 60 s read timeout times its attempts (425 s were seen).
+ATTEMPTS = 5  # tries of one request, the first included (MVC_REMOTE_ATTEMPTS)
+DEADLINE_S = 35.0  # no retry starts later than this after the first try (MVC_REMOTE_TIMEOUT)
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 15.0  # silence on an open connection before a try counts as failed
+# so one request gives up within DEADLINE_S + CONNECT_TIMEOUT_S + READ_TIMEOUT_S = 55 s
+TRANSIENT = {"RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "SlowDown",
+             "Throttling", "ThrottlingException", "RequestLimitExceeded", "500", "502", "503", "504"}
+
+
+def _setting(name: str, default, kind, low, high):
+    """A number from the environment; BadInput (one line) when it is not one in [low, high]."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise BadInput(f"{name}={raw!r} is not valid: give a number from {low} to {high}")
+    return value
 
 
 # One boto3 session per process (and per AWS configuration in the environment):
@@ -54,6 +81,17 @@ def _client(endpoint_url: Optional[str], config: Config):
         return session.client("s3", endpoint_url=endpoint_url or None, config=config)
 
 
+def _content_range(answer: dict) -> Optional[tuple]:
+    """(first, last, total or None) of a ranged answer's Content-Range, or None if it has none."""
+    text = answer.get("ContentRange") or ""
+    unit, _, rest = text.partition(" ")
+    span, _, total = rest.partition("/")
+    first, _, last = span.partition("-")
+    if unit != "bytes" or not first.isdigit() or not last.isdigit():
+        return None
+    return int(first), int(last), int(total) if total.isdigit() else None
+
+
 def _join(prefix: str, key: str) -> str:
     return f"{prefix}/{key}" if prefix else key
 
@@ -62,8 +100,12 @@ class S3Bucket(Bucket):
     def __init__(self, bucket: str, prefix: str = "", endpoint_url: Optional[str] = None):
         self.bucket, self.prefix, self.endpoint = bucket, prefix, endpoint_url
         self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
-        config = Config(retries={"max_attempts": ATTEMPTS, "mode": "standard"}, connect_timeout=5,
-                        read_timeout=60, max_pool_connections=32, s3={"payload_signing_enabled": False})
+        self.attempts = _setting("MVC_REMOTE_ATTEMPTS", ATTEMPTS, int, 1, 20)
+        self.deadline = _setting("MVC_REMOTE_TIMEOUT", DEADLINE_S, float, 1, 3600)
+        self.suffix_ranges = True  # until the server answers one wrongly (s3rver gives the first N bytes)
+        config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=CONNECT_TIMEOUT_S,
+                        read_timeout=READ_TIMEOUT_S, max_pool_connections=32,
+                        s3={"payload_signing_enabled": False})
         try:
             self.client = _client(endpoint_url, config)
         except (BotoCoreError, ValueError) as exc:
@@ -72,17 +114,35 @@ class S3Bucket(Bucket):
     # -- errors ---------------------------------------------------------------
 
     def _call(self, key: str, fn, **kwargs):
-        try:
-            return fn(Bucket=self.bucket, **kwargs)
-        except ClientError as exc:
-            raise self._error(key, exc) from None
-        except NoCredentialsError:
-            raise RemoteError(f"no AWS credentials for {self.url}: set AWS_ACCESS_KEY_ID and "
-                              "AWS_SECRET_ACCESS_KEY, or a profile (AWS_PROFILE, ~/.aws/credentials)") from None
-        except BotoCoreError as exc:  # connection refused or reset, timeouts: after every retry
-            raise RemoteUnreachable(f"cannot reach {self.endpoint or 'S3'} for {self.url} ({exc}); nothing "
-                                    "that was not finished counts: run the command again when it is back",
-                                    url=self.url, attempts=ATTEMPTS) from None
+        """``fn(Bucket=..., **kwargs)``, tried again on transient failures (shown through
+        ``bucket.notify``) until ``attempts`` tries or the deadline; RemoteError after."""
+        start = time.monotonic()
+        for attempt in range(1, self.attempts + 1):
+            body = kwargs.get("Body")
+            if hasattr(body, "seek"):
+                body.seek(0)  # a try that failed may have read part of it
+            try:
+                return fn(Bucket=self.bucket, **kwargs)
+            except ClientError as exc:
+                code = str(exc.response.get("Error", {}).get("Code", ""))
+                status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+                if code not in TRANSIENT and status not in TRANSIENT:
+                    raise self._error(key, exc) from None
+                why, last = f"{code or status} from the server", self._error(key, exc)
+            except NoCredentialsError:
+                raise RemoteError(f"no AWS credentials for {self.url}: set AWS_ACCESS_KEY_ID and "
+                                  "AWS_SECRET_ACCESS_KEY, or a profile (AWS_PROFILE, ~/.aws/credentials)") from None
+            except (BotoCoreError, OSError) as exc:  # connection refused or reset, timeouts, a body cut short
+                why = f"{type(exc).__name__}"
+                last = RemoteUnreachable(f"cannot reach {self.endpoint or 'S3'} for {self.url} after {attempt} "
+                                         f"tries ({exc}); nothing that was not finished counts: run the command "
+                                         "again when it is back", url=self.url, attempts=attempt)
+            delay = min(8.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
+            if attempt == self.attempts or time.monotonic() - start + delay > self.deadline:
+                raise last
+            notify(f"waiting for server {self.endpoint or 'S3'} ({why}), retry {attempt + 1}/{self.attempts}")
+            time.sleep(delay)
+        raise AssertionError("unreachable")
 
     def _error(self, key: str, exc: ClientError) -> RemoteError:
         code = str(exc.response.get("Error", {}).get("Code", ""))
@@ -104,29 +164,61 @@ class S3Bucket(Bucket):
         kwargs = {"Key": _join(self.prefix, key)}
         if byte_range:
             kwargs["Range"] = byte_range
-        answer = self._call(key, self.client.get_object, **kwargs)
-        try:
+
+        def get_whole(**kw):  # the body is read inside the retried call: a cut-off read is tried again
+            answer = self.client.get_object(**kw)
             answer["data"] = answer["Body"].read()
-        except (BotoCoreError, OSError) as exc:
-            raise RemoteError(f"reading {key} from {self.url} broke off ({exc}); run the command again") from None
-        return answer
+            return answer
+        return self._call(key, get_whole, **kwargs)
 
     def get(self, key: str) -> bytes:
-        return self._get(key)["data"]
+        answer = self._get(key)
+        if len(answer["data"]) != answer.get("ContentLength", len(answer["data"])):
+            raise UntrustedAnswer(f"{key} on remote {self.url}: the server sent {len(answer['data'])} bytes of "
+                                  f"{answer['ContentLength']}", url=self.url, key=key)
+        return answer["data"]
 
     def get_range(self, key: str, start: int, stop: int) -> bytes:
         if stop <= start:
             return b""
-        data = self._get(key, f"bytes={start}-{stop - 1}")["data"]
-        if len(data) != stop - start:
-            raise RemoteError(f"{key} on remote {self.url} is shorter than expected (asked for bytes "
-                              f"{start}-{stop - 1}, got {len(data)})")
+        answer = self._get(key, f"bytes={start}-{stop - 1}")
+        got = _content_range(answer)
+        data = answer["data"]
+        if got is None and answer["ResponseMetadata"].get("HTTPStatusCode") == 200 and len(data) >= stop:
+            data = data[start:stop]  # a server that ignores Range sends the whole object: take the part asked for
+        elif got is None or got[:2] != (start, stop - 1) or len(data) != stop - start:
+            if got is not None and got[2] is not None and stop > got[2]:
+                raise RemoteError(f"{key} on remote {self.url} is shorter than expected (asked for bytes "
+                                  f"{start}-{stop - 1} of {got[2]})")
+            raise UntrustedAnswer(f"{key} on remote {self.url}: asked for bytes {start}-{stop - 1}, the server "
+                                  f"answered {answer.get('ContentRange') or 'no Content-Range'} with "
+                                  f"{len(data)} bytes; nothing was used", url=self.url, key=key)
         return data
 
     def get_tail(self, key: str, n: int) -> tuple:
-        answer = self._get(key, f"bytes=-{n}")
-        total = answer.get("ContentRange", "").rpartition("/")[2]
-        return answer["data"], int(total) if total.isdigit() else len(answer["data"])
+        if self.suffix_ranges:
+            try:
+                answer = self._get(key, f"bytes=-{n}")
+            except RemoteError as exc:
+                if "InvalidRange" not in str(exc):
+                    raise
+                return self._tail_by_size(key, n)  # an empty object has no last bytes to give
+            got, data = _content_range(answer), answer["data"]
+            if got is not None and got[2] is not None and got[1] == got[2] - 1 \
+                    and got[0] == max(0, got[2] - n) and len(data) == got[1] - got[0] + 1:
+                return data, got[2]
+            if got is None and answer["ResponseMetadata"].get("HTTPStatusCode") == 200 \
+                    and len(data) == answer.get("ContentLength", -1):
+                return data[-n:], len(data)  # Range ignored: the whole object came
+            # the server mishandles suffix ranges (s3rver answers with the first n bytes):
+            # from now on ask for explicit ranges, after learning the size
+            self.suffix_ranges = False
+        return self._tail_by_size(key, n)
+
+    def _tail_by_size(self, key: str, n: int) -> tuple:
+        size = self._call(key, self.client.head_object, Key=_join(self.prefix, key))["ContentLength"]
+        start = max(0, size - n)
+        return (self.get_range(key, start, size) if size else b""), size
 
     def get_versioned(self, key: str) -> Optional[tuple]:
         try:

@@ -28,7 +28,7 @@ from typing import Optional
 
 from .. import audit as _audit
 from .. import refs as refnames
-from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict, RemoteDamaged
+from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict, RemoteDamaged, UntrustedAnswer
 from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
 from ..store.index import RefValue
 from ..store import locks as locking
@@ -103,13 +103,14 @@ class Connection:
         return self._bucket
 
     def ensure_conditional(self) -> None:
-        """Probe once per remote that conditional writes are honoured (RemoteError if not)."""
-        if self.info.conditional:
-            return
+        """Probe that conditional writes are honoured (RemoteError if not), at every command that
+        moves refs: a bucket can move behind the same endpoint to a store that ignores If-Match,
+        and a probe remembered from before would let two racing pushes both "win"."""
         self.bucket.check_conditional()
-        self.info = config.RemoteInfo(self.info.name, self.info.url, self.info.endpoint_url, True)
-        with self.repo.index.write() as txn:
-            config.put(txn, self.info)
+        if not self.info.conditional:
+            self.info = config.RemoteInfo(self.info.name, self.info.url, self.info.endpoint_url, True)
+            with self.repo.index.write() as txn:
+                config.put(txn, self.info)
 
     def marker(self, create: bool) -> Optional[int]:
         """The remote's chunk size from MVCREMOTE; with ``create``, write it if absent."""
@@ -265,8 +266,8 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
     names = tuple(n for n in names if not n.startswith(":"))
     conn = Connection(repo, name, create=not delete or bool(names))
     try:
+        conn.ensure_conditional()  # first: a refused store is left as it was (no MVCREMOTE)
         conn.marker(create=not delete or bool(names))
-        conn.ensure_conditional()
         with lease.held(conn, lease.PUSH) as held:
             if delete and not names:
                 return PushReport(conn.name, tuple(_delete_refs(repo, conn, delete, force, held)))
@@ -410,13 +411,14 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
         _check_remote_lock(conn, ref, me)
         body = layout.encode_ref(tip, protected or old_protected)
         try:
-            if etag is None:
-                conn.bucket.put(key, body, if_absent=True)
-            else:
+            written = conn.bucket.put(key, body, if_absent=True) if etag is None else \
                 conn.bucket.put(key, body, if_match=etag)
         except (PreconditionFailed, NotFound):  # NotFound: If-Match on an object deleted meanwhile
-            rejected.append(ref)
-            continue
+            if not _landed(conn, key, body):  # a retried put whose first try had landed is ours
+                rejected.append(ref)
+                continue
+        else:
+            _check_landed(repo, conn, key, body, written, tip)
         updates.append(RefUpdate(ref, _hex(old), _hex(tip), "new" if old is None else ("forced" if force else "updated")))
         _track(repo, conn.name, ref, tip, f"push: {refnames.short_name(ref)}")
     heads = [u.ref for u in updates if u.ref.startswith(refnames.BRANCHES)]
@@ -431,6 +433,54 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
                           f"{names} on {conn.name!r} not moved"
                           + (f"; moved: {', '.join(refnames.short_name(u.ref) for u in updates)}" if updates else ""))
     return updates
+
+
+def _landed(conn: Connection, key: str, body: bytes) -> bool:
+    current = conn.bucket.get_versioned(key)
+    return current is not None and current[0] == body
+
+
+def _check_landed(repo, conn: Connection, key: str, body: bytes, etag: str, tip: bytes) -> None:
+    """Read a ref back after its conditional put: the object must hold what was written, or a
+    commit that descends from it (an honest push that came right after, by If-Match on this
+    one's etag, builds on it). Anything else means the store let two conditional puts against
+    one etag both succeed: it does not honour If-Match (UntrustedAnswer), and this push's commit
+    was dropped; it says so instead of exiting 0."""
+    current = conn.bucket.get_versioned(key)
+    if current is not None and current[0] == body:
+        return
+    if current is not None and not layout.is_tombstone(current[0]):
+        try:
+            theirs = layout.decode_ref(current[0], key)[0]
+            if _remote_descends(repo, conn, theirs, tip):
+                return
+        except CorruptObject:
+            pass
+    raise UntrustedAnswer(f"{key} on remote {conn.name!r} does not hold what this push wrote under the etag "
+                          "the store returned: the store did not honour If-Match, and a racing push may have "
+                          "replaced this one's commit; check the remote's branch ('mvc fetch') and push again "
+                          "only to a store that honours conditional writes", url=conn.bucket.url, key=key)
+
+
+def _remote_descends(repo, conn: Connection, new: bytes, old: bytes) -> bool:
+    """Whether commit ``new`` (on the remote, maybe not here) is ``old`` or descends from it."""
+    conn.catalogue.refresh(conn.bucket)
+    fetched = _incoming_objects(repo, conn)
+    seen, todo = set(), [new]
+    with repo.index.read() as txn:
+        while todo:
+            oid = todo.pop()
+            if oid == old:
+                return True
+            if oid in seen:
+                continue
+            seen.add(oid)
+            if txn.get("commits", oid) is not None:
+                todo += repo.objects.commit(txn, oid).parents
+            elif oid in fetched:
+                kind, obj = _classify(fetched[oid], oid)
+                todo += obj.parents if kind == "commits" else []
+    return False
 
 
 def _check_remote_lock(conn: Connection, ref: str, me: str) -> None:
@@ -793,6 +843,8 @@ def clone(repo_cls, url: str, path, lazy: bool = False, endpoint_url: Optional[s
     read (the repository caches the remote). Checks out the remote's HEAD
     branch. A failed clone leaves nothing behind.
     """
+    if not isinstance(path, (str, Path)) or not str(path).strip():
+        raise BadInput("clone needs a directory to clone into (an empty name would mean the current one)")
     bucket = open_bucket(url, endpoint_url)
     try:
         raw = bucket.get(layout.MARKER)
@@ -818,6 +870,12 @@ def clone(repo_cls, url: str, path, lazy: bool = False, endpoint_url: Optional[s
         branch = refnames.short_name(branch) if branch else None
         with repo.index.write() as txn:
             tracking = txn.ref(REMOTES + name + "/" + branch) if branch else None
+            if tracking is None:  # HEAD missing or naming no branch: main, else the first branch
+                branches = sorted(ref[len(REMOTES + name) + 1:] for ref, _ in txn.refs(REMOTES + name + "/"))
+                branch = "main" if "main" in branches else (branches[0] if branches else None)
+                tracking = txn.ref(REMOTES + name + "/" + branch) if branch else None
+            if tracking is None and txn.ref(refnames.TAGS) is None and not any(txn.refs(refnames.TAGS)):
+                raise BadInput(f"{url} holds no branch or tag: nothing to clone")
             if tracking is not None:
                 txn.set_ref(refnames.BRANCHES + branch, RefValue(id=tracking.id))
                 txn.append_reflog(refnames.BRANCHES + branch, {"old": None, "new": tracking.id,

@@ -61,12 +61,18 @@ ENTROPY_SKIP = 7.9  # bits per byte above which a plane is not worth trying to c
 _local = None
 
 
-def _zstd():
-    # One compressor and decompressor per thread: zstandard's contexts are not thread-safe.
+def _thread() -> object:
+    """This thread's cache: zstd contexts and scratch arrays."""
     global _local
     if _local is None:
         import threading
         _local = threading.local()
+    return _local
+
+
+def _zstd():
+    # One compressor and decompressor per thread: zstandard's contexts are not thread-safe.
+    _thread()
     if not hasattr(_local, "c"):
         params = zstandard.ZstdCompressionParameters.from_level(LEVEL, min_match=MIN_MATCH, write_checksum=False,
                                                                 write_content_size=True)
@@ -252,8 +258,9 @@ def interleave(planes: list, out: np.ndarray) -> None:
     The inverse of grouping. Done by arithmetic, not by a strided copy per
     plane: on a little-endian machine the bytes (a, b) of two neighbouring
     planes are the 16-bit number a + 256*b, two such are one 32-bit number,
-    and so on; numpy computes each level with SIMD over whole arrays (about
-    3x the strided copy for bf16, 1.5x for fp32). Other widths, big-endian
+    and so on; numpy computes each level with SIMD over whole arrays
+    (``benchmarks/bench_codec.py`` times both: here 2.5-5x the strided copy
+    at width 2, 1.5-6x at width 4, level at width 8). Other widths, big-endian
     machines and unaligned outputs take the strided copy.
     """
     width = len(planes)
@@ -281,9 +288,8 @@ def interleave(planes: list, out: np.ndarray) -> None:
 
 def _scratch(kind, n: int, slot: int) -> np.ndarray:
     """A per-thread array of n numbers of ``kind``, reused between records."""
-    _zstd()
     key = (kind, slot)
-    cache = _local.__dict__.setdefault("scratch", {})
+    cache = _thread().__dict__.setdefault("scratch", {})
     buf = cache.get(key)
     if buf is None or len(buf) < n:
         buf = cache[key] = np.empty(n, kind)

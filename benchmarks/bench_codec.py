@@ -164,6 +164,27 @@ def compare(tensor: torch.Tensor, rounds: int = 5) -> list:
     return [(name, ratio, len(raw) / one / 1e9, len(raw) / two / 1e9) for name, ratio, _, _, one, two in table]
 
 
+def interleave_speed(rounds: int = 15, reps: int = 40) -> list:
+    """Lines: the un-grouping alone (planes of one 256 KiB chunk put back together), GB/s on one
+    thread, ``codec.interleave`` against one strided copy per plane, interleaved rounds."""
+    rng = np.random.default_rng(0)
+    lines = []
+    for width in (2, 4, 8):
+        n = CHUNK // width
+        planes = [rng.integers(0, 256, n, dtype=np.uint8) for _ in range(width)]
+        out = np.empty(CHUNK, np.uint8)
+        best = {"interleave": float("inf"), "strided": float("inf")}
+        for _ in range(rounds):
+            for name, fn in (("interleave", codec.interleave), ("strided", _strided)):
+                start = time.perf_counter()
+                for _ in range(reps):
+                    fn(planes, out)
+                best[name] = min(best[name], (time.perf_counter() - start) / reps)
+        lines.append(f"un-grouping width {width}: interleave {CHUNK / best['interleave'] / 1e9:.2f} GB/s, "
+                     f"strided copy per plane {CHUNK / best['strided'] / 1e9:.2f} GB/s (one thread)")
+    return lines
+
+
 def report(mib: int = 32) -> list:
     """The printed lines: each codec's ratio and verified decode speed, fp32 and bf16."""
     w = weights(mib)
@@ -173,7 +194,7 @@ def report(mib: int = 32) -> list:
     fp32, bf16 = compare(w), compare(w.to(torch.bfloat16))
     for (name, r32, a32, b32), (_, r16, a16, b16) in zip(fp32, bf16):
         lines.append(f"{name:24} {r32:10.3f} {a32:7.2f} {b32:7.2f} | {r16:10.3f} {a16:7.2f} {b16:7.2f}")
-    return lines
+    return lines + interleave_speed()
 
 
 def main():

@@ -219,6 +219,12 @@ def projection(chunks: list, commits: list, tensors: list) -> list:
     return lines
 
 
+def _shown(row: dict) -> dict:
+    """``row``, printed as soon as it is measured (a long run that is stopped still shows its rows)."""
+    print("measured " + " ".join(f"{k}={v:.4g}" for k, v in row.items()), flush=True)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunks", default="1e5,3e5,1e6", help="chunk entries of the chunk series (comma separated)")
@@ -230,9 +236,9 @@ def main():
     work = Path(args.dir or tempfile.mkdtemp(prefix="mvc-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        chunks = [chunk_series(n, work, args.repeat) for n in _sizes(args.chunks)]
-        commits = [commit_series(c, work, args.repeat) for c in _sizes(args.commits)]
-        tensors = [tensor_series(t, work, args.repeat) for t in _sizes(args.tensors)]
+        chunks = [_shown(chunk_series(n, work, args.repeat)) for n in _sizes(args.chunks)]
+        commits = [_shown(commit_series(c, work, args.repeat)) for c in _sizes(args.commits)]
+        tensors = [_shown(tensor_series(t, work, args.repeat)) for t in _sizes(args.tensors)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     lines = table("chunk series (seconds; index bytes per chunk; build = 10 commits writing them)", chunks,

@@ -15,7 +15,9 @@ what perfect block dedup would store); and ratios of commit time to torch.save, 
 (after repack) to torch.load, and switching a live model between two adjacent checkpoints
 (``repo.load_into``, checking the live bytes, and on the caller's promise ``check_live=False``)
 to one torch.load. ``bf16`` repeats the dense run's last weights in
-bfloat16 to measure compression there. ``--hook-mib`` measures a commit through the training
+bfloat16 to measure compression there. ``--codec-mib`` compares, on the same chunks, mvc's
+dense records with python-blosc2 and zipnn where they are installed (``bench_codec.py``).
+``--hook-mib`` measures a commit through the training
 hook after 10% of a state of that size changed, against torch.save of it (0 skips it).
 
 Times are single runs on a shared machine: compare ratios, not seconds.
@@ -289,6 +291,8 @@ def main():
     ap.add_argument("--scale", type=float, default=1.0, help="model sizes relative to the defaults (~100 MiB)")
     ap.add_argument("--hook-mib", type=int, default=1024)
     ap.add_argument("--dir", default=None, help="scratch folder (default: a temporary one)")
+    ap.add_argument("--codec-mib", type=int, default=32, help="MiB of weights for the codec comparison "
+                    "(benchmarks/bench_codec.py; 0 skips it)")
     args = ap.parse_args()
     work = Path(args.dir or tempfile.mkdtemp(prefix="mvc-bench-storage-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -311,6 +315,9 @@ def main():
               f"{r['dense'] / r['raw']:7.3f}x | {r['commit']:5.2f}x {r['first_commit']:4.2f}x "
               f"{r['encode_at_commit']:5.2f}x {r['load_raw']:5.2f}x {r['load']:4.2f}x {r['switch']:5.3f}x {r['promised']:6.3f}x")
     print(f"bf16 weights after repack: {ratio16:.3f}x raw")
+    if args.codec_mib:
+        import bench_codec  # this folder is on sys.path when run as a script
+        print("\n".join(bench_codec.report(args.codec_mib)))
     if hook:
         print(f"10%-changed {args.hook_mib} MiB commit through the hook: {hook['hook']:.3f}x torch.save "
               f"({hook['hook_s']:.2f} s vs {hook['save_s']:.2f} s)")

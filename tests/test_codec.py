@@ -275,3 +275,34 @@ def test_a_flipped_byte_in_a_run_of_encoded_records_names_its_chunk(coded):
                 with pytest.raises((mvc.ChecksumMismatch, mvc.CorruptObject)) as info:
                     repo.load(cid)
                 assert info.value.id == key.hex()  # the error names the damaged chunk
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4, 8, 16])
+@pytest.mark.parametrize("changed", [1, 40, 5000])  # bytes changed per link: a few rows, more, nearly all
+def test_a_chain_of_deltas_decodes_in_place_bit_for_bit(width, changed):
+    rng = np.random.default_rng(width * 7 + changed)
+    versions = [_smooth(8195, width, seed=width)]  # odd length: a tail in every link
+    for _ in range(4):
+        new = versions[-1].copy()
+        at = rng.choice(len(new), size=min(changed, len(new)), replace=False)
+        new[at] ^= rng.integers(1, 256, len(at), dtype=np.uint8)
+        versions.append(new)
+    links = [codec.encode(versions[0], width)]
+    for old, new in zip(versions, versions[1:]):
+        payload = b"\x01" * 32 + codec.group(np.bitwise_xor(new, old), width)  # a delta whatever it saves
+        links.append((codec.DELTA, payload))
+    if links[0][0] == codec.RAW:
+        links[0] = (codec.RAW, versions[0].tobytes())
+    for depth in range(len(links)):
+        out = np.zeros(len(versions[0]), np.uint8)
+        codec.decode_chain(links[:depth + 1], len(out), out)
+        assert out.tobytes() == versions[depth].tobytes()
+
+
+def test_a_chain_must_start_with_a_record_that_decodes_alone():
+    data = _smooth(4096, 4)
+    grouped = codec.encode(data, 4)
+    delta = (codec.DELTA, b"\x01" * 32 + codec.group(data, 4))
+    for links in ([delta, delta], [grouped, grouped]):
+        with pytest.raises(CorruptObject):
+            codec.decode_chain(links, len(data), bytearray(len(data)))

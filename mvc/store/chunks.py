@@ -439,15 +439,15 @@ class PackStore(ChunkStore):
         read; bases from ``chain``) into ``out``, verified against ``cid``;
         ChecksumMismatch / CorruptObject naming ``what``."""
         try:
-            base = None
-            for base_id, base_loc in reversed(chain):  # the deepest base decodes alone
-                data = bytearray(base_loc.size)
-                codec.decode(base_loc.kind, self.packs.read(base_loc), base_loc.size, data, base)
-                base = data
-            payload = self.packs.read(loc) if payload is None else payload
-            if loc.kind == codec.DELTA and codec.delta_base(payload) != loc.base:
-                raise CorruptObject("the delta record names another base than the index")
-            codec.decode(loc.kind, payload, loc.size, out, base)
+            # the deepest base first: it decodes alone into ``out``, each delta above it is XORed in there
+            links = [(base_loc, self.packs.read(base_loc)) for _, base_loc in reversed(chain)]
+            links.append((loc, self.packs.read(loc) if payload is None else payload))
+            for link, data in links:
+                if link.size != loc.size:
+                    raise CorruptObject("a delta record's base has another length")
+                if link.kind == codec.DELTA and codec.delta_base(data) != link.base:
+                    raise CorruptObject("the delta record names another base than the index")
+            codec.decode_chain([(link.kind, data) for link, data in links], loc.size, out)
         except CorruptObject as exc:
             raise CorruptObject(f"{_named(cid, what)} cannot be decoded ({exc}); run 'mvc fsck'", id=cid) from None
         if hashing.digest(out) != cid:

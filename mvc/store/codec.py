@@ -61,12 +61,18 @@ ENTROPY_SKIP = 7.9  # bits per byte above which a plane is not worth trying to c
 _local = None
 
 
-def _zstd():
-    # One compressor and decompressor per thread: zstandard's contexts are not thread-safe.
+def _thread() -> object:
+    """This thread's cache: zstd contexts and scratch arrays."""
     global _local
     if _local is None:
         import threading
         _local = threading.local()
+    return _local
+
+
+def _zstd():
+    # One compressor and decompressor per thread: zstandard's contexts are not thread-safe.
+    _thread()
     if not hasattr(_local, "c"):
         params = zstandard.ZstdCompressionParameters.from_level(LEVEL, min_match=MIN_MATCH, write_checksum=False,
                                                                 write_content_size=True)
@@ -148,9 +154,8 @@ def decode(kind: int, payload, size: int, out, base=None) -> None:
     if kind == DELTA:
         if base is None or len(base) != size:
             raise CorruptObject("a delta record's base is missing or has another length")
-        _ungroup(memoryview(payload)[ID_SIZE:], size, target)
-        np.bitwise_xor(target, np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray) else base,
-                       out=target)
+        target[:] = np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray) else base
+        apply_delta(payload, size, target)
         return
     if kind == GROUPED:
         _ungroup(memoryview(payload), size, target)
@@ -158,7 +163,52 @@ def decode(kind: int, payload, size: int, out, base=None) -> None:
     raise CorruptObject(f"unknown record kind {kind}")
 
 
+def decode_chain(links: list, size: int, out) -> None:
+    """Decode a chain of records into ``out`` (``size`` bytes): ``links`` is [(kind, payload)],
+    the deepest base (which decodes alone) first, each later link a DELTA against the one
+    before it, the record wanted last. Every delta is applied in place (``apply_delta``), so
+    no link needs a buffer of its own. CorruptObject as ``decode``.
+    """
+    target = np.frombuffer(out, dtype=np.uint8) if not isinstance(out, np.ndarray) else out
+    (kind, payload), deltas = links[0], links[1:]
+    if kind == DELTA:
+        raise CorruptObject("the deepest record of a delta chain is itself a delta")
+    decode(kind, payload, size, target)
+    for kind, payload in deltas:
+        if kind != DELTA:
+            raise CorruptObject("a record above the base of a delta chain is not a delta")
+        apply_delta(payload, size, target)
+
+
+def apply_delta(payload, size: int, out: np.ndarray) -> None:
+    """XOR a DELTA record's change into ``out`` (uint8, holding its base's bytes), in place.
+
+    Done in plane space: a plane of the XOR that is all zeros (a byte that
+    changed nowhere) costs only its decompression and a scan, and one with
+    few non-zero bytes (a few rows changed) costs a scatter of those bytes,
+    so a chain of sparse deltas costs about one decode of its deepest base,
+    not one full decode per link. CorruptObject as ``decode``.
+    """
+    width, n, planes, tail = _parts(memoryview(payload)[ID_SIZE:], size)
+    whole = out[:n * width].reshape(n, width) if n else None
+    for j, plane in enumerate(planes):
+        changed = np.flatnonzero(plane != 0)  # through a bool mask: flatnonzero of uint8 itself is ~50x slower
+        if len(changed) > n // 8:  # dense: one strided pass beats gathering many scattered bytes
+            whole[:, j] ^= plane
+        elif len(changed):
+            out[changed * width + j] ^= plane[changed]
+    out[n * width:] ^= tail
+
+
 def _ungroup(payload: memoryview, size: int, out: np.ndarray) -> None:
+    width, n, planes, tail = _parts(payload, size)
+    if n:
+        interleave(planes, out[:n * width])
+    out[n * width:] = tail
+
+
+def _parts(payload: memoryview, size: int) -> tuple:
+    """(width, n, [n-byte plane arrays], tail array) of a GROUPED payload, every length checked."""
     if len(payload) < GROUP_HEAD.size:
         raise CorruptObject("a grouped record is too short")
     width, stated = GROUP_HEAD.unpack_from(payload, 0)
@@ -175,9 +225,7 @@ def _ungroup(payload: memoryview, size: int, out: np.ndarray) -> None:
     for mode, length in table:
         planes.append(_plane(payload[at:at + length], mode, n))
         at += length
-    if n:
-        interleave(planes, out[:n * width])
-    out[n * width:] = np.frombuffer(payload[at:], dtype=np.uint8)
+    return width, n, planes, np.frombuffer(payload[at:], dtype=np.uint8)
 
 
 def _plane(body: memoryview, mode: int, n: int) -> np.ndarray:
@@ -210,8 +258,9 @@ def interleave(planes: list, out: np.ndarray) -> None:
     The inverse of grouping. Done by arithmetic, not by a strided copy per
     plane: on a little-endian machine the bytes (a, b) of two neighbouring
     planes are the 16-bit number a + 256*b, two such are one 32-bit number,
-    and so on; numpy computes each level with SIMD over whole arrays (about
-    3x the strided copy for bf16, 1.5x for fp32). Other widths, big-endian
+    and so on; numpy computes each level with SIMD over whole arrays
+    (``benchmarks/bench_codec.py`` times both: here 2.5-5x the strided copy
+    at width 2, 1.5-6x at width 4, level at width 8). Other widths, big-endian
     machines and unaligned outputs take the strided copy.
     """
     width = len(planes)
@@ -239,9 +288,8 @@ def interleave(planes: list, out: np.ndarray) -> None:
 
 def _scratch(kind, n: int, slot: int) -> np.ndarray:
     """A per-thread array of n numbers of ``kind``, reused between records."""
-    _zstd()
     key = (kind, slot)
-    cache = _local.__dict__.setdefault("scratch", {})
+    cache = _thread().__dict__.setdefault("scratch", {})
     buf = cache.get(key)
     if buf is None or len(buf) < n:
         buf = cache[key] = np.empty(n, kind)

@@ -715,9 +715,10 @@ class Repository:
                            "time": e.get("time", 0) / 1e6, "message": e.get("message", "")})
                     for seq, e in self.refs.reflog(txn, ref)]
 
-    def history(self, include=(), exclude=(), all_refs: bool = False, n: Optional[int] = None) -> list:
+    def history(self, include=(), exclude=(), all_refs: bool = False, n: Optional[int] = None,
+                known=()) -> list:
         """Commits in the ancestry of ``include`` but not ``exclude``; see ``mvc.history.walk``."""
-        return _history.walk(self, include, exclude, all_refs, n)
+        return _history.walk(self, include, exclude, all_refs, n, known)
 
     def left_behind(self, commit_id: str) -> list:
         """Commits of ``commit_id``'s ancestry no branch or tag reaches; see ``mvc.history``."""

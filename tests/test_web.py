@@ -238,3 +238,24 @@ def test_record_filters_and_layers():
         parse_condition("loss<")
     assert layer_of("model.layers.12.attn.weight") == "model.layers.12" and layer_of("embed.weight") == "embed"
     assert re.fullmatch(r"\.\./.*", HOSTILE_KEY) and HOSTILE.startswith("<script>")
+
+
+def test_the_view_s_walk_grows_as_a_whole_walk_would_order_it(repo):
+    from mvc.web import View
+    for i in range(3):
+        repo.commit({"w": torch.full((4,), float(i))}, f"main {i}", step=i)
+    repo.create_branch("side", "HEAD~1")
+    view = View(repo)
+    assert [c.id for c in view.everything()[0]] == [c.id for c in repo.history(all_refs=True)]
+    grown, used = view._grown, []
+    view._grown = lambda *args: used.append(grown(*args) is not None) or grown(*args)
+    for i in range(3):  # both branches move forward
+        repo.commit({"w": torch.full((4,), 10.0 + i)}, f"side {i}", branch="side")
+        repo.commit({"w": torch.full((4,), 20.0 + i)}, f"main {3 + i}")
+        walked, rows = view.everything()
+        assert [c.id for c in walked] == [c.id for c in repo.history(all_refs=True)]
+        assert rows == lanes.layout(repo.history(all_refs=True))
+    assert used == [True] * 3  # each time only the new commits were walked
+    repo.create_branch("side", "main~4", force=True)  # moved back: the walk is made whole again
+    assert [c.id for c in view.everything()[0]] == [c.id for c in repo.history(all_refs=True)]
+    assert used == [True] * 3 + [False]

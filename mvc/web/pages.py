@@ -37,6 +37,7 @@ class View:
         self.repo = repo
         self.lock = threading.Lock()  # one request reads the repository at a time
         self._walks: OrderedDict = OrderedDict()
+        self._last = None  # (key, commits) of the last walk of everything
         if warm:  # the history page's walk, before the first request asks for it
             self.everything()
 
@@ -60,8 +61,35 @@ class View:
         return self._walks[key]
 
     def everything(self) -> tuple:
-        """The walk from every branch, tag, HEAD and remote-tracking branch (as ``git log --all``)."""
-        return self.walk(tuple(r.name for r in self.repo.remote_branches()), (), True)
+        """The walk from every branch, tag, HEAD and remote-tracking branch (as ``git log --all``).
+
+        When the refs only moved forward to newer commits (a training run
+        committed), the new commits go in front of the last walk: that is
+        the order a whole walk gives then, and it costs only what is new.
+        """
+        tracking = tuple(r.name for r in self.repo.remote_branches())
+        key = (self.refs_now(), tracking, (), True)
+        if key not in self._walks and self._last is not None:
+            grown = self._grown(*self._last, tracking)
+            if grown is not None:
+                self._walks[key] = grown
+        found = self.walk(tracking, (), True)
+        self._last = (key, found[0])
+        return found
+
+    def _grown(self, old_key, old: list, tracking: tuple):
+        """(commits, rows) of the last whole walk with the new commits in front, or None
+        when the refs did more than move forward (deleted, moved back, or older commits came)."""
+        if not old:
+            return None
+        new = self.repo.history(list(tracking), (), True, known=[c.id for c in old])
+        parents = {p for c in new for p in c.parents}
+        now = {cid for group in old_key[0][:3] for _, cid in group} | {old_key[0][3][1]} - {None}
+        tips = {cid for group in self.refs_now()[:3] for _, cid in group} | {self.repo.head().id} - {None}
+        if not (now <= tips | parents) or (new and min(c.time for c in new) < max(c.time for c in old)):
+            return None
+        commits = new + old
+        return commits, lanes.layout(commits)
 
     def decorations(self) -> dict:
         """{commit id: [(label, css class)]}, as log's decorations."""

@@ -323,12 +323,11 @@ def _tree(view: View, c) -> str:
     repo = view.repo
     if c.pruned:
         return "<h2>Tensors</h2><p class=muted>gc retention pruned this commit: its record stays, its tensors are gone.</p>"
+    entries = repo.entries(c.id)
     try:
-        entries = repo.entries(c.id)
-        parent_chunks = set()
-        if c.parents:
-            parent_chunks = {cid for e in repo.entries(c.parents[0]) if e.kind == "tensor" for cid in e.chunks}
-    except CommitPruned:
+        parent_chunks = {cid for e in repo.entries(c.parents[0]) if e.kind == "tensor" for cid in e.chunks} \
+            if c.parents else set()
+    except CommitPruned:  # the parent's tensors are gone: every chunk counts as new against it
         parent_chunks = set()
     tensors = [e for e in entries if e.kind == "tensor"]
     values = [e for e in entries if e.kind == "value"]
@@ -547,7 +546,8 @@ def curves(view: View, query: dict) -> str:
             f'<label>against<select name=x>{xs}</select></label><fieldset><legend>branches</legend>{boxes}</fieldset>'
             '<button type=submit>Draw</button></form>')
     counts = ", ".join(f"{esc(b)}: {len(p)} points" for b, p in series)
-    chart = svg.curves(series, x_name if x_name != "index" else "commit along the branch", metric)
+    chart = svg.curves(series, x_name if x_name != "index" else "commit along the branch", metric,
+                       x_format=(lambda t: when(t)[5:]) if x_name == "time" else None)
     body = form + chart + f'<p class=muted>{counts}. Each point is a commit: click it to open it.</p>'
     return page("Curves", body, view.where(), "/curves")
 

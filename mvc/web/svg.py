@@ -51,7 +51,7 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list:
 
 
 def curves(series: list, x_label: str, y_label: str, width: int = 1040, height: int = 380,
-           max_points: int = 400) -> str:
+           max_points: int = 400, x_format=None) -> str:
     """A line chart of ``series``: [(name, [(x, y, commit id, tooltip)])]; each
     point a link to its commit. Long series draw every point in the line but
     at most ``max_points`` clickable points each (evenly spread)."""
@@ -84,7 +84,7 @@ def curves(series: list, x_label: str, y_label: str, width: int = 1040, height: 
                    f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">{esc(number(_round(t)))}</text>')
     for t in _ticks(x0, x1):
         out.append(f'<text x="{sx(t):.1f}" y="{height - bottom + 16}" text-anchor="middle">'
-                   f'{esc(number(_round(t)))}</text>')
+                   f'{esc(x_format(t) if x_format else number(_round(t)))}</text>')
     out.append(f'<text x="{(left + width) / 2}" y="{height - 6}" text-anchor="middle">{esc(x_label)}</text>')
     out.append(f'<text x="12" y="{top + (height - bottom) / 2}" text-anchor="middle" '
                f'transform="rotate(-90 12 {top + (height - bottom) / 2})">{esc(y_label)}</text>')

@@ -44,7 +44,7 @@ def routes(repo_path) -> list:
     return ["/", "/?start=2&per=2", f"/?ref={HOSTILE_BRANCH}", "/?range=main~3..main", "/?where=loss<5",
             f"/commit?rev={head}", "/commit?rev=exp", f"/diff?a={first}&b={head}",
             f"/diff?a={first}&b={head}&numbers=1&sort=relative&show=all", "/curves?metric=loss&x=index",
-            "/curves?metric=context.run.lr", "/bisect", "/storage", "/static/app.js", "/static/style.css",
+            "/curves?metric=context.run.lr&y=log&x=time", "/bisect", "/storage", "/static/app.js", "/static/style.css",
             "/commit?rev=nosuch", "/diff?a=main", "/nosuch", "/static/../../etc/passwd"]
 
 

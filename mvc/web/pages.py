@@ -543,11 +543,15 @@ def curves(view: View, query: dict) -> str:
                     f'{" checked" if b in chosen else ""}> {esc(b)}</label>' for b in branches)
     xs = "".join(f'<option value={x}{" selected" if x == x_name else ""}>{x}</option>' for x in ("step", "index", "time"))
     form = (f'<form class=filters method=get action="/curves"><label>number<select name=metric>{options}</select></label>'
-            f'<label>against<select name=x>{xs}</select></label><fieldset><legend>branches</legend>{boxes}</fieldset>'
+            f'<label>against<select name=x>{xs}</select></label>'
+            f'<label>scale<select name=y><option value=linear>linear</option>'
+            f'<option value=log{" selected" if one(query, "y") == "log" else ""}>log</option></select></label><fieldset><legend>branches</legend>{boxes}</fieldset>'
             '<button type=submit>Draw</button></form>')
     counts = ", ".join(f"{esc(b)}: {len(p)} points" for b, p in series)
-    chart = svg.curves(series, x_name if x_name != "index" else "commit along the branch", metric,
-                       x_format=(lambda t: when(t)[5:]) if x_name == "time" else None)
+    log_y = one(query, "y") == "log"
+    chart = svg.curves(series, x_name if x_name != "index" else "commit along the branch",
+                       metric + (" (log scale)" if log_y else ""),
+                       x_format=(lambda t: when(t)[5:]) if x_name == "time" else None, log_y=log_y)
     body = form + chart + f'<p class=muted>{counts}. Each point is a commit: click it to open it.</p>'
     return page("Curves", body, view.where(), "/curves")
 

@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 
 from .. import refs as _refs
-from ..diff import ADDED, CHANGED, REMOVED, RESHAPED, UNCHANGED, flatten_record, natural_key
+from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
 from ..errors import BadInput, CommitPruned, MvcError
 from .. import usage
 from . import lanes, svg
@@ -176,7 +176,6 @@ def parse_condition(text: str):
 # -- history ---------------------------------------------------------------------
 
 def history(view: View, query: dict) -> str:
-    repo = view.repo
     ref, span, where = one(query, "ref", ""), one(query, "range", "").strip(), one(query, "where", "").strip()
     per = _int(query, "per", PER_PAGE, 1, MAX_PER_PAGE)
     start = _int(query, "start", 0, 0, 1 << 40)
@@ -200,22 +199,8 @@ def history(view: View, query: dict) -> str:
     deco = view.decorations()
     graph = not where
     width = max((rows[i].width for i in window), default=1) if graph else 0
-    body_rows = []
-    for i in window:
-        c = commits[i]
-        cells = [svg.graph_row(rows[i], width, c.pruned)] if graph else []
-        metrics = _headline(c, shown_metric)
-        cells += [f'<input type=radio name=a value="{esc(c.id)}" aria-label="compare from {esc(c.short_id)}">',
-                  f'<input type=radio name=b value="{esc(c.id)}" aria-label="compare to {esc(c.short_id)}">',
-                  a(url("/commit", rev=c.id), c.short_id, "id") + " " + _deco_html(deco.get(c.id, ())),
-                  esc(number(c.step)), esc(title_of(c)) + (' <span class=muted>[pruned]</span>' if c.pruned else ""),
-                  metrics, f'<span class=muted>{esc(when(c.time))}</span>']
-        row_cls = ' class="g"' if graph else ""
-        message_at = 5 if graph else 4
-        body_rows.append(f'<tr data-commit="{esc(c.id)}">' + "".join(
-            f"<td{row_cls}>{cell}</td>" if k == 0 and graph else
-            f"<td class=msg>{cell}</td>" if k == message_at else f"<td>{cell}</td>" for k, cell in enumerate(cells))
-            + "</tr>")
+    body_rows = [_log_row(commits[i], svg.graph_row(rows[i], width, commits[i].pruned) if graph else None,
+                          deco.get(commits[i].id, ()), shown_metric) for i in window]
     heads = (["graph"] if graph else []) + ["A", "B", "commit", "step", "message", "metrics", "date"]
     table_html = ('<table class="log" id="log"><thead><tr>' + "".join(f"<th>{h}</th>" for h in heads)
                   + "</tr></thead><tbody>" + "".join(body_rows) + "</tbody></table>")
@@ -227,6 +212,19 @@ def history(view: View, query: dict) -> str:
             '(the diff page shows what changed from A to B)</span></p>'
             + table_html + "</form>" + pager)
     return page("History", body, view.where(), "/")
+
+
+def _log_row(c, graph, labels, shown_metric) -> str:
+    """One commit's row: its graph band (None without a graph), A/B pickers, id and
+    decorations, step, title, headline metrics, date."""
+    cells = [] if graph is None else [f'<td class="g">{graph}</td>']
+    cells += [f'<td><input type=radio name=a value="{esc(c.id)}" aria-label="compare from {esc(c.short_id)}"></td>',
+              f'<td><input type=radio name=b value="{esc(c.id)}" aria-label="compare to {esc(c.short_id)}"></td>',
+              f'<td>{a(url("/commit", rev=c.id), c.short_id, "id")} {_deco_html(labels)}</td>',
+              f"<td>{esc(number(c.step))}</td>",
+              f'<td class=msg>{esc(title_of(c))}{" <span class=muted>[pruned]</span>" if c.pruned else ""}</td>',
+              f"<td>{_headline(c, shown_metric)}</td>", f'<td><span class=muted>{esc(when(c.time))}</span></td>']
+    return f'<tr data-commit="{esc(c.id)}">{"".join(cells)}</tr>'
 
 
 def _headline(c, shown: str = None) -> str:

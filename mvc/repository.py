@@ -837,8 +837,8 @@ class Repository:
     def bisect_status(self) -> "_bisect.BisectStatus":
         return _bisect.status(self)
 
-    def bisect_log(self) -> "_bisect.BisectLog":
-        return _bisect.log(self)
+    def bisect_log(self, changes: bool = True) -> "_bisect.BisectLog":
+        return _bisect.log(self, changes)
 
     def bisect_reset(self) -> "Optional[_bisect.BisectStatus]":
         """End the session; its last status, or None if none was running."""

@@ -259,3 +259,20 @@ def test_the_view_s_walk_grows_as_a_whole_walk_would_order_it(repo):
     repo.create_branch("side", "main~4", force=True)  # moved back: the walk is made whole again
     assert [c.id for c in view.everything()[0]] == [c.id for c in repo.history(all_refs=True)]
     assert used == [True] * 3 + [False]
+
+
+def test_a_finished_bisect_is_shown_without_reading_tensors(repo, monkeypatch):
+    from mvc.web import View, pages
+    for i in range(4):
+        repo.commit({"w": torch.full((32,), float(i))}, f"step {i}", step=i)
+    repo.bisect_start("HEAD", "HEAD~3")
+    while not repo.bisect_status().done:
+        c = repo.bisect_status().candidate
+        repo.bisect_mark("bad" if c.step >= 2 else "good")
+    reads = []
+    real = type(repo.chunks).read
+    monkeypatch.setattr(type(repo.chunks), "read", lambda self, *args, **kw: reads.append(1) or real(self, *args, **kw))
+    html = pages.bisect(View(repo, warm=False), {})
+    first_bad = repo.resolve("HEAD~1")
+    assert "first bad commit" in html and first_bad[:12] in html and f"b={first_bad}" in html
+    assert reads == []

@@ -571,7 +571,7 @@ def bisect(view: View, query: dict) -> str:
         body = ("<p>No bisect is in progress.</p><p class=muted>Start one at the terminal: "
                 "<code>mvc bisect start BAD GOOD</code>; this page then shows its range, verdicts and candidate.</p>")
         return page("Bisect", body, view.where(), "/bisect")
-    log = repo.bisect_log()
+    log = repo.bisect_log(changes=False)  # the page links the diff; it reads no tensor
     s = log.status
     facts = [("branch", esc(s.branch or "-")),
              ("good (newest)", a(url("/commit", rev=s.good), _short(s.good), "id")),

@@ -55,7 +55,7 @@ class View:
         if key not in self._walks:
             commits = self.repo.history(list(include), list(exclude), all_refs) if include or all_refs else []
             self._walks[key] = (commits, lanes.layout(commits))
-            while len(self._walks) > 8:
+            while len(self._walks) > 4:  # a walk of 10,000 commits with ~90 context fields: ~60 MiB
                 self._walks.popitem(last=False)
         self._walks.move_to_end(key)
         return self._walks[key]
@@ -86,7 +86,7 @@ class View:
         parents = {p for c in new for p in c.parents}
         now = {cid for group in old_key[0][:3] for _, cid in group} | {old_key[0][3][1]} - {None}
         tips = {cid for group in self.refs_now()[:3] for _, cid in group} | {self.repo.head().id} - {None}
-        if not (now <= tips | parents) or (new and min(c.time for c in new) < max(c.time for c in old)):
+        if not (now <= tips | parents) or (new and min(c.time for c in new) <= max(c.time for c in old)):
             return None
         commits = new + old
         return commits, lanes.layout(commits)

@@ -13,15 +13,11 @@ import mvc
 from mvc.cli.graph import layout as text_layout
 from mvc.web import lanes
 from mvc.web.pages import layer_of, parse_condition
-from web_fixtures import HOSTILE, HOSTILE_BRANCH, HOSTILE_KEY, fetch, served, training_repo
+from web_fixtures import made  # noqa: F401  (the session's trained repository)
+from web_fixtures import HOSTILE, HOSTILE_BRANCH, HOSTILE_KEY, fetch, served
 from conftest import run_cli
 
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "PROPFIND")
-
-
-@pytest.fixture(scope="module")
-def made(tmp_path_factory):
-    return training_repo(tmp_path_factory.mktemp("web"))
 
 
 def snapshot(root) -> dict:

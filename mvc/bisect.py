@@ -296,16 +296,18 @@ def status(repo) -> BisectStatus:
     return _status(repo, _read_state(repo))
 
 
-def log(repo) -> BisectLog:
+def log(repo, changes: bool = True) -> BisectLog:
     """Every verdict so far, then a skip for each unjudged pruned commit on
-    the path, and where the bisect stands; MvcError if none is in progress."""
+    the path, and where the bisect stands; MvcError if none is in progress.
+    ``changes=False``: a found first bad commit comes without its diff
+    (no tensor is read)."""
     state = _read_state(repo)
     entries = [_entry(repo, verdict, cid) for verdict, cid in state["marks"]]
     judged = {cid for _, cid in state["marks"]}
     pruned = _pruned_on_path(repo, state)
     entries += [_entry(repo, "skip", cid, "pruned by gc: its tensors are gone")
                 for cid in state["path"] if cid in pruned and cid not in judged]
-    return BisectLog(tuple(entries), _status(repo, state))
+    return BisectLog(tuple(entries), _status(repo, state, changes))
 
 
 def _entry(repo, verdict: str, cid: bytes, note: str = "") -> LogEntry:

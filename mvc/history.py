@@ -19,9 +19,9 @@ from typing import Iterable, Optional
 from . import reach, refs
 
 
-def _ancestry(repo, txn, starts: Iterable[bytes]) -> dict:
-    """{id: commit object} of the ancestry of ``starts``."""
-    return reach.ancestry(lambda oid: repo.objects.commit(txn, oid), starts)
+def _ancestry(repo, txn, starts: Iterable[bytes], stop=frozenset()) -> dict:
+    """{id: commit object} of the ancestry of ``starts``, not going into ``stop``."""
+    return reach.ancestry(lambda oid: repo.objects.commit(txn, oid), starts, stop=stop)
 
 
 def _ref_tips(repo, txn, with_head: bool = True) -> list:
@@ -31,10 +31,14 @@ def _ref_tips(repo, txn, with_head: bool = True) -> list:
 
 
 def walk(repo, include: Iterable[str] = (), exclude: Iterable[str] = (), all_refs: bool = False,
-         n: Optional[int] = None) -> list:
+         n: Optional[int] = None, known: Iterable[str] = ()) -> list:
     """Commits (``mvc.records.Commit``) in the ancestry of ``include`` (and of
     every branch, tag and HEAD with ``all_refs``) but not of ``exclude``, in
     topological order, newest first; at most ``n``.
+
+    ``known``: ids of commits the caller already holds with their whole
+    ancestry (an earlier walk); they are left out like ``exclude``, without
+    walking their ancestry again, so a history that grew costs what is new.
 
     Raises UnknownRevision / AmbiguousRevision for bad revisions.
     """
@@ -43,7 +47,8 @@ def walk(repo, include: Iterable[str] = (), exclude: Iterable[str] = (), all_ref
         if all_refs:
             starts += _ref_tips(repo, txn)
         hidden = _ancestry(repo, txn, [repo.refs.resolve(txn, rev) for rev in exclude])
-        found = {oid: obj for oid, obj in _ancestry(repo, txn, starts).items() if oid not in hidden}
+        stop = frozenset(bytes.fromhex(cid) for cid in known)
+        found = {oid: obj for oid, obj in _ancestry(repo, txn, starts, stop).items() if oid not in hidden}
         order = _topo_order(found)[:n]
         return [repo._to_commit(oid, found[oid], pruned=txn.pruned(oid) is not None) for oid in order]
 

@@ -80,12 +80,13 @@ def first_parents(commit: Callable, start: Optional[bytes], stop=frozenset(), po
 
 
 def ancestry(commit: Callable, starts: Iterable[bytes], policy: str = RAISE,
-             damaged: Optional[list] = None) -> dict:
-    """{id: commit object} of ``starts`` and every commit reachable from them through any parent."""
+             damaged: Optional[list] = None, stop=frozenset()) -> dict:
+    """{id: commit object} of ``starts`` and every commit reachable from them through any parent,
+    not going into ``stop`` (commits already known)."""
     seen, todo = {}, list(starts)
     while todo:
         oid = todo.pop()
-        if oid in seen:
+        if oid in seen or oid in stop:
             continue
         obj = _read(commit, oid, policy, damaged)
         if obj is None:

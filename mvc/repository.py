@@ -769,9 +769,10 @@ class Repository:
                            "time": e.get("time", 0) / 1e6, "message": e.get("message", "")})
                     for seq, e in self.refs.reflog(txn, ref)]
 
-    def history(self, include=(), exclude=(), all_refs: bool = False, n: Optional[int] = None) -> list:
+    def history(self, include=(), exclude=(), all_refs: bool = False, n: Optional[int] = None,
+                known=()) -> list:
         """Commits in the ancestry of ``include`` but not ``exclude``; see ``mvc.history.walk``."""
-        return _history.walk(self, include, exclude, all_refs, n)
+        return _history.walk(self, include, exclude, all_refs, n, known)
 
     def left_behind(self, commit_id: str) -> list:
         """Commits of ``commit_id``'s ancestry no branch or tag reaches; see ``mvc.history``."""
@@ -898,8 +899,8 @@ class Repository:
     def bisect_status(self) -> "_bisect.BisectStatus":
         return _bisect.status(self)
 
-    def bisect_log(self) -> "_bisect.BisectLog":
-        return _bisect.log(self)
+    def bisect_log(self, changes: bool = True) -> "_bisect.BisectLog":
+        return _bisect.log(self, changes)
 
     def bisect_reset(self) -> "Optional[_bisect.BisectStatus]":
         """End the session; its last status, or None if none was running."""

@@ -13,15 +13,11 @@ import mvc
 from mvc.cli.graph import layout as text_layout
 from mvc.web import lanes
 from mvc.web.pages import layer_of, parse_condition
-from web_fixtures import HOSTILE, HOSTILE_BRANCH, HOSTILE_KEY, fetch, served, training_repo
+from web_fixtures import made  # noqa: F401  (the session's trained repository)
+from web_fixtures import HOSTILE, HOSTILE_BRANCH, HOSTILE_KEY, fetch, served
 from conftest import run_cli
 
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "PROPFIND")
-
-
-@pytest.fixture(scope="module")
-def made(tmp_path_factory):
-    return training_repo(tmp_path_factory.mktemp("web"))
 
 
 def snapshot(root) -> dict:
@@ -44,7 +40,7 @@ def routes(repo_path) -> list:
     return ["/", "/?start=2&per=2", f"/?ref={HOSTILE_BRANCH}", "/?range=main~3..main", "/?where=loss<5",
             f"/commit?rev={head}", "/commit?rev=exp", f"/diff?a={first}&b={head}",
             f"/diff?a={first}&b={head}&numbers=1&sort=relative&show=all", "/curves?metric=loss&x=index",
-            "/curves?metric=context.run.lr", "/bisect", "/storage", "/static/app.js", "/static/style.css",
+            "/curves?metric=context.run.lr&y=log&x=time", "/bisect", "/storage", "/static/app.js", "/static/style.css",
             "/commit?rev=nosuch", "/diff?a=main", "/nosuch", "/static/../../etc/passwd"]
 
 
@@ -238,3 +234,41 @@ def test_record_filters_and_layers():
         parse_condition("loss<")
     assert layer_of("model.layers.12.attn.weight") == "model.layers.12" and layer_of("embed.weight") == "embed"
     assert re.fullmatch(r"\.\./.*", HOSTILE_KEY) and HOSTILE.startswith("<script>")
+
+
+def test_the_view_s_walk_grows_as_a_whole_walk_would_order_it(repo):
+    from mvc.web import View
+    for i in range(3):
+        repo.commit({"w": torch.full((4,), float(i))}, f"main {i}", step=i)
+    repo.create_branch("side", "HEAD~1")
+    view = View(repo)
+    assert [c.id for c in view.everything()[0]] == [c.id for c in repo.history(all_refs=True)]
+    grown, used = view._grown, []
+    view._grown = lambda *args: used.append(grown(*args) is not None) or grown(*args)
+    for i in range(3):  # both branches move forward
+        repo.commit({"w": torch.full((4,), 10.0 + i)}, f"side {i}", branch="side")
+        repo.commit({"w": torch.full((4,), 20.0 + i)}, f"main {3 + i}")
+        walked, rows = view.everything()
+        assert [c.id for c in walked] == [c.id for c in repo.history(all_refs=True)]
+        assert rows == lanes.layout(repo.history(all_refs=True))
+    assert used == [True] * 3  # each time only the new commits were walked
+    repo.create_branch("side", "main~4", force=True)  # moved back: the walk is made whole again
+    assert [c.id for c in view.everything()[0]] == [c.id for c in repo.history(all_refs=True)]
+    assert used == [True] * 3 + [False]
+
+
+def test_a_finished_bisect_is_shown_without_reading_tensors(repo, monkeypatch):
+    from mvc.web import View, pages
+    for i in range(4):
+        repo.commit({"w": torch.full((32,), float(i))}, f"step {i}", step=i)
+    repo.bisect_start("HEAD", "HEAD~3")
+    while not repo.bisect_status().done:
+        c = repo.bisect_status().candidate
+        repo.bisect_mark("bad" if c.step >= 2 else "good")
+    reads = []
+    real = type(repo.chunks).read
+    monkeypatch.setattr(type(repo.chunks), "read", lambda self, *args, **kw: reads.append(1) or real(self, *args, **kw))
+    html = pages.bisect(View(repo, warm=False), {})
+    first_bad = repo.resolve("HEAD~1")
+    assert "first bad commit" in html and first_bad[:12] in html and f"b={first_bad}" in html
+    assert reads == []

@@ -12,6 +12,7 @@ import threading
 import urllib.error
 import urllib.request
 
+import pytest
 import torch
 
 import mvc
@@ -78,6 +79,12 @@ def training_repo(root):
     lazy = mvc.Repository.clone(str(root / "remote"), root / "lazy", lazy=True)
     lazy.close()
     return path, root / "lazy"
+
+
+@pytest.fixture(scope="session")
+def made(tmp_path_factory):
+    """The trained repository and its lazy clone, shared by the web test modules."""
+    return training_repo(tmp_path_factory.mktemp("web"))
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 
 from .. import refs as _refs
-from ..diff import ADDED, CHANGED, REMOVED, RESHAPED, UNCHANGED, flatten_record, natural_key
+from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
 from ..errors import BadInput, CommitPruned, MvcError
 from .. import usage
 from . import lanes, svg
@@ -37,6 +37,7 @@ class View:
         self.repo = repo
         self.lock = threading.Lock()  # one request reads the repository at a time
         self._walks: OrderedDict = OrderedDict()
+        self._last = None  # (key, commits) of the last walk of everything
         if warm:  # the history page's walk, before the first request asks for it
             self.everything()
 
@@ -54,14 +55,41 @@ class View:
         if key not in self._walks:
             commits = self.repo.history(list(include), list(exclude), all_refs) if include or all_refs else []
             self._walks[key] = (commits, lanes.layout(commits))
-            while len(self._walks) > 8:
+            while len(self._walks) > 4:  # a walk of 10,000 commits with ~90 context fields: ~60 MiB
                 self._walks.popitem(last=False)
         self._walks.move_to_end(key)
         return self._walks[key]
 
     def everything(self) -> tuple:
-        """The walk from every branch, tag, HEAD and remote-tracking branch (as ``git log --all``)."""
-        return self.walk(tuple(r.name for r in self.repo.remote_branches()), (), True)
+        """The walk from every branch, tag, HEAD and remote-tracking branch (as ``git log --all``).
+
+        When the refs only moved forward to newer commits (a training run
+        committed), the new commits go in front of the last walk: that is
+        the order a whole walk gives then, and it costs only what is new.
+        """
+        tracking = tuple(r.name for r in self.repo.remote_branches())
+        key = (self.refs_now(), tracking, (), True)
+        if key not in self._walks and self._last is not None:
+            grown = self._grown(*self._last, tracking)
+            if grown is not None:
+                self._walks[key] = grown
+        found = self.walk(tracking, (), True)
+        self._last = (key, found[0])
+        return found
+
+    def _grown(self, old_key, old: list, tracking: tuple):
+        """(commits, rows) of the last whole walk with the new commits in front, or None
+        when the refs did more than move forward (deleted, moved back, or older commits came)."""
+        if not old:
+            return None
+        new = self.repo.history(list(tracking), (), True, known=[c.id for c in old])
+        parents = {p for c in new for p in c.parents}
+        now = {cid for group in old_key[0][:3] for _, cid in group} | {old_key[0][3][1]} - {None}
+        tips = {cid for group in self.refs_now()[:3] for _, cid in group} | {self.repo.head().id} - {None}
+        if not (now <= tips | parents) or (new and min(c.time for c in new) <= max(c.time for c in old)):
+            return None
+        commits = new + old
+        return commits, lanes.layout(commits)
 
     def decorations(self) -> dict:
         """{commit id: [(label, css class)]}, as log's decorations."""
@@ -148,7 +176,6 @@ def parse_condition(text: str):
 # -- history ---------------------------------------------------------------------
 
 def history(view: View, query: dict) -> str:
-    repo = view.repo
     ref, span, where = one(query, "ref", ""), one(query, "range", "").strip(), one(query, "where", "").strip()
     per = _int(query, "per", PER_PAGE, 1, MAX_PER_PAGE)
     start = _int(query, "start", 0, 0, 1 << 40)
@@ -172,22 +199,8 @@ def history(view: View, query: dict) -> str:
     deco = view.decorations()
     graph = not where
     width = max((rows[i].width for i in window), default=1) if graph else 0
-    body_rows = []
-    for i in window:
-        c = commits[i]
-        cells = [svg.graph_row(rows[i], width, c.pruned)] if graph else []
-        metrics = _headline(c, shown_metric)
-        cells += [f'<input type=radio name=a value="{esc(c.id)}" aria-label="compare from {esc(c.short_id)}">',
-                  f'<input type=radio name=b value="{esc(c.id)}" aria-label="compare to {esc(c.short_id)}">',
-                  a(url("/commit", rev=c.id), c.short_id, "id") + " " + _deco_html(deco.get(c.id, ())),
-                  esc(number(c.step)), esc(title_of(c)) + (' <span class=muted>[pruned]</span>' if c.pruned else ""),
-                  metrics, f'<span class=muted>{esc(when(c.time))}</span>']
-        row_cls = ' class="g"' if graph else ""
-        message_at = 5 if graph else 4
-        body_rows.append(f'<tr data-commit="{esc(c.id)}">' + "".join(
-            f"<td{row_cls}>{cell}</td>" if k == 0 and graph else
-            f"<td class=msg>{cell}</td>" if k == message_at else f"<td>{cell}</td>" for k, cell in enumerate(cells))
-            + "</tr>")
+    body_rows = [_log_row(commits[i], svg.graph_row(rows[i], width, commits[i].pruned) if graph else None,
+                          deco.get(commits[i].id, ()), shown_metric) for i in window]
     heads = (["graph"] if graph else []) + ["A", "B", "commit", "step", "message", "metrics", "date"]
     table_html = ('<table class="log" id="log"><thead><tr>' + "".join(f"<th>{h}</th>" for h in heads)
                   + "</tr></thead><tbody>" + "".join(body_rows) + "</tbody></table>")
@@ -199,6 +212,19 @@ def history(view: View, query: dict) -> str:
             '(the diff page shows what changed from A to B)</span></p>'
             + table_html + "</form>" + pager)
     return page("History", body, view.where(), "/")
+
+
+def _log_row(c, graph, labels, shown_metric) -> str:
+    """One commit's row: its graph band (None without a graph), A/B pickers, id and
+    decorations, step, title, headline metrics, date."""
+    cells = [] if graph is None else [f'<td class="g">{graph}</td>']
+    cells += [f'<td><input type=radio name=a value="{esc(c.id)}" aria-label="compare from {esc(c.short_id)}"></td>',
+              f'<td><input type=radio name=b value="{esc(c.id)}" aria-label="compare to {esc(c.short_id)}"></td>',
+              f'<td>{a(url("/commit", rev=c.id), c.short_id, "id")} {_deco_html(labels)}</td>',
+              f"<td>{esc(number(c.step))}</td>",
+              f'<td class=msg>{esc(title_of(c))}{" <span class=muted>[pruned]</span>" if c.pruned else ""}</td>',
+              f"<td>{_headline(c, shown_metric)}</td>", f'<td><span class=muted>{esc(when(c.time))}</span></td>']
+    return f'<tr data-commit="{esc(c.id)}">{"".join(cells)}</tr>'
 
 
 def _headline(c, shown: str = None) -> str:
@@ -295,12 +321,11 @@ def _tree(view: View, c) -> str:
     repo = view.repo
     if c.pruned:
         return "<h2>Tensors</h2><p class=muted>gc retention pruned this commit: its record stays, its tensors are gone.</p>"
+    entries = repo.entries(c.id)
     try:
-        entries = repo.entries(c.id)
-        parent_chunks = set()
-        if c.parents:
-            parent_chunks = {cid for e in repo.entries(c.parents[0]) if e.kind == "tensor" for cid in e.chunks}
-    except CommitPruned:
+        parent_chunks = {cid for e in repo.entries(c.parents[0]) if e.kind == "tensor" for cid in e.chunks} \
+            if c.parents else set()
+    except CommitPruned:  # the parent's tensors are gone: every chunk counts as new against it
         parent_chunks = set()
     tensors = [e for e in entries if e.kind == "tensor"]
     values = [e for e in entries if e.kind == "value"]
@@ -516,10 +541,15 @@ def curves(view: View, query: dict) -> str:
                     f'{" checked" if b in chosen else ""}> {esc(b)}</label>' for b in branches)
     xs = "".join(f'<option value={x}{" selected" if x == x_name else ""}>{x}</option>' for x in ("step", "index", "time"))
     form = (f'<form class=filters method=get action="/curves"><label>number<select name=metric>{options}</select></label>'
-            f'<label>against<select name=x>{xs}</select></label><fieldset><legend>branches</legend>{boxes}</fieldset>'
+            f'<label>against<select name=x>{xs}</select></label>'
+            f'<label>scale<select name=y><option value=linear>linear</option>'
+            f'<option value=log{" selected" if one(query, "y") == "log" else ""}>log</option></select></label><fieldset><legend>branches</legend>{boxes}</fieldset>'
             '<button type=submit>Draw</button></form>')
     counts = ", ".join(f"{esc(b)}: {len(p)} points" for b, p in series)
-    chart = svg.curves(series, x_name if x_name != "index" else "commit along the branch", metric)
+    log_y = one(query, "y") == "log"
+    chart = svg.curves(series, x_name if x_name != "index" else "commit along the branch",
+                       metric + (" (log scale)" if log_y else ""),
+                       x_format=(lambda t: when(t)[5:]) if x_name == "time" else None, log_y=log_y)
     body = form + chart + f'<p class=muted>{counts}. Each point is a commit: click it to open it.</p>'
     return page("Curves", body, view.where(), "/curves")
 
@@ -541,7 +571,7 @@ def bisect(view: View, query: dict) -> str:
         body = ("<p>No bisect is in progress.</p><p class=muted>Start one at the terminal: "
                 "<code>mvc bisect start BAD GOOD</code>; this page then shows its range, verdicts and candidate.</p>")
         return page("Bisect", body, view.where(), "/bisect")
-    log = repo.bisect_log()
+    log = repo.bisect_log(changes=False)  # the page links the diff; it reads no tensor
     s = log.status
     facts = [("branch", esc(s.branch or "-")),
              ("good (newest)", a(url("/commit", rev=s.good), _short(s.good), "id")),

@@ -20,6 +20,7 @@ dependency for users of an offline training box.
 
 import hmac
 import secrets
+import socket
 import sys
 from http import HTTPStatus
 from http.cookies import SimpleCookie
@@ -167,5 +168,7 @@ class Server(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        if host in ("0.0.0.0", "::"):  # every address: name this machine, as Jupyter does
+            host = socket.gethostname()
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}/" + (f"?token={self.token}" if self.token else "")

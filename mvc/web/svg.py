@@ -51,10 +51,13 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list:
 
 
 def curves(series: list, x_label: str, y_label: str, width: int = 1040, height: int = 380,
-           max_points: int = 400) -> str:
+           max_points: int = 400, x_format=None, log_y: bool = False) -> str:
     """A line chart of ``series``: [(name, [(x, y, commit id, tooltip)])]; each
     point a link to its commit. Long series draw every point in the line but
-    at most ``max_points`` clickable points each (evenly spread)."""
+    at most ``max_points`` clickable points each (evenly spread). ``log_y``:
+    a logarithmic y axis (points at or below zero are left out)."""
+    if log_y:
+        series = [(name, [(x, math.log10(y), cid, tip) for x, y, cid, tip in pts if y > 0]) for name, pts in series]
     points = [p for _, pts in series for p in pts]
     if not points:
         return '<p class=muted>No commit on these branches records this number.</p>'
@@ -79,12 +82,16 @@ def curves(series: list, x_label: str, y_label: str, width: int = 1040, height: 
            f'aria-label="{esc(y_label)} against {esc(x_label)}">',
            f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
            'fill="#fbfcfe" stroke="#d5dae3"/>']
-    for t in _ticks(y0, y1):
+    y_ticks = [float(t) for t in range(math.ceil(y0), math.floor(y1) + 1)] if log_y else _ticks(y0, y1)
+    if log_y and len(y_ticks) < 2:
+        y_ticks = _ticks(y0, y1)
+    for t in y_ticks:
+        label = number(_round(10 ** t if log_y else t))
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#eceff4"/>'
-                   f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">{esc(number(_round(t)))}</text>')
+                   f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">{esc(label)}</text>')
     for t in _ticks(x0, x1):
         out.append(f'<text x="{sx(t):.1f}" y="{height - bottom + 16}" text-anchor="middle">'
-                   f'{esc(number(_round(t)))}</text>')
+                   f'{esc(x_format(t) if x_format else number(_round(t)))}</text>')
     out.append(f'<text x="{(left + width) / 2}" y="{height - 6}" text-anchor="middle">{esc(x_label)}</text>')
     out.append(f'<text x="12" y="{top + (height - bottom) / 2}" text-anchor="middle" '
                f'transform="rotate(-90 12 {top + (height - bottom) / 2})">{esc(y_label)}</text>')

@@ -718,6 +718,8 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
             repo.refs.check_commit(txn, ref, me)
             inputs = [_read_input(repo, txn, rev, recipe.only) for rev in revs]
             base_in = _read_input(repo, txn, recipe.base, recipe.only) if recipe.base is not None else None
+            if not inputs[0].leaves:
+                raise BadRecipe(f"--only {recipe.only!r} matches no key of {revs[0]}", field="only")
             _check_compatible(inputs, base_in)
             plan = _plan(recipe, inputs, base_in)
             batch = repo.chunks.writer()

@@ -358,6 +358,12 @@ def test_average_of_a_range_is_a_one_parent_commit_recording_every_input(repo):
     assert report.tensors_merged == 1
 
 
+def test_an_only_glob_that_matches_nothing_is_an_error(repo, three):
+    with pytest.raises(mvc.BadRecipe) as err:
+        repo.merge(["a", "b"], only="modle.*")
+    assert err.value.field == "only"
+
+
 def test_tied_tensors_stay_tied(repo):
     w = torch.ones(3, 3)
     a = repo.commit({"emb": w, "head": w}, "a", branch="a")
@@ -370,9 +376,15 @@ def test_tied_tensors_stay_tied(repo):
 
 # -- a lazy clone reads only what it merges -----------------------------------------------------
 
-def test_a_lazy_clone_merges_by_fetching_only_what_differs(tmp_path):
+@pytest.mark.parametrize("kind", ["folder", "s3"])
+def test_a_lazy_clone_merges_by_fetching_only_what_differs(tmp_path, request, kind):
+    if kind == "s3":  # the session's real SeaweedFS server
+        server, url = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_url")()
+        endpoint = server.endpoint
+    else:
+        url, endpoint = str(tmp_path / "remote"), None
     with mvc.Repository.init(tmp_path / "r", chunk_size=SMALL_CHUNK) as repo:
-        repo.remote_add("origin", str(tmp_path / "remote"))
+        repo.remote_add("origin", url, endpoint)
         base = model(0)
         repo.commit({"model": base, "step": 0, "name": "base"}, "base")
         for n, name in enumerate("ab", 1):
@@ -380,7 +392,7 @@ def test_a_lazy_clone_merges_by_fetching_only_what_differs(tmp_path):
         repo.push("origin", ("main", "a", "b"))
         here = repo.merge(["a", "b"], strategy="task-arithmetic", base="main", branch="m")[0]
         everything = repo.status().chunks
-    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+    with mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=endpoint) as lazy:
         commit, report = lazy.merge(["origin/a", "origin/b"], strategy="task-arithmetic", base="origin/main",
                                     branch="m")
         assert commit.tree == here.tree  # the same tree in another repository

@@ -299,7 +299,7 @@ def test_optimizer_state_is_refused_unless_left_out_or_taken(repo):
 
 @pytest.mark.parametrize("options,field", [
     ({"strategy": "slerp"}, "t"),
-    ({"strategy": "slerp", "params": {"t": 0.5}, "weights": None, "extra": True}, "strategy"),
+    ({"strategy": "slerp", "params": {"t": 0.5}, "extra": True}, "strategy"),
     ({"strategy": "ties"}, "base"),
     ({"strategy": "linear", "params": {"density": 0.5}}, "density"),
     ({"strategy": "dare", "base": "main", "params": {"density": 1.5}}, "density"),
@@ -344,9 +344,10 @@ def test_a_json_recipe_and_an_unreadable_one(repo, three, tmp_path):
     (tmp_path / "r.json").write_text(json.dumps({"strategy": "linear", "weights": [3, 1]}))
     commit, _ = repo.merge(["a", "b"], str(tmp_path / "r.json"), branch="j")
     assert repo.get_commit(commit.id).context["merge"]["weights"] == [3.0, 1.0]
-    (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(mvc.BadRecipe):
-        repo.merge(["a", "b"], tmp_path / "bad.json")
+    for bad in ("{", "[1, 2]", '{"strategy": "ties", "colour": 1}', '{"rules": [{"take": 0}]}'):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(mvc.BadRecipe):
+            repo.merge(["a", "b"], tmp_path / "bad.json")
 
 
 def test_average_of_a_range_is_a_one_parent_commit_recording_every_input(repo):

@@ -734,7 +734,7 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
                 torch.set_num_threads(1)  # see ONE_THREAD
                 merger = _Merger(repo, txn, inputs, base_in, batch, progress)
                 merger.total = sum(inputs[0].objs[p].nbytes for p, a in plan.actions.items() if a[0] == "merge")
-                root = _merged_root(merger, plan, inputs)
+                root = _merged_root(merger, plan, inputs, base_in)
                 batch.seal()
             except BaseException:
                 batch.abort()
@@ -769,16 +769,19 @@ def _joined(repo, txn, tip: Optional[bytes], ids: list) -> tuple:
     return tuple(h for h in heads if h not in below and h != tip)
 
 
-def _merged_root(merger: _Merger, plan: _Plan, inputs: list):
-    """Input 0's tree with each tensor leaf replaced by its merged tensor; tied
-    leaves (one storage group) are merged once and stay tied."""
+def _merged_root(merger: _Merger, plan: _Plan, inputs: list, base: Optional[_Input]):
+    """Input 0's tree with each tensor leaf replaced by its merged tensor.
+    Leaves tied in input 0 (one storage group) whose inputs are the same
+    tensors are merged once and stay tied; a group whose members' merges
+    differ (tied in input 0 only) is untied."""
     done: dict = {}
-    by_leaf = {}
+    out: dict = {}
     for path, (kind, how) in plan.actions.items():
         leaf = inputs[0].leaves[path]
-        memo = (leaf.id, leaf.group) if leaf.group is not None else None
+        sources = tuple(x.leaves[path].id for x in inputs) + ((base.leaves[path].id,) if base else ())
+        memo = (leaf.group, kind, how, sources) if leaf.group is not None else None
         if memo is not None and memo in done:
-            by_leaf[path] = TensorLeaf(done[memo], leaf.group)
+            out[path] = done[memo]
             continue
         if kind == "take":
             oid = inputs[how].leaves[path].id
@@ -787,8 +790,15 @@ def _merged_root(merger: _Merger, plan: _Plan, inputs: list):
             oid = merger.tensor(path, how)
         if memo is not None:
             done[memo] = oid
-        by_leaf[path] = TensorLeaf(oid, leaf.group)
-    return _replace_leaves(inputs[0].root, by_leaf)
+        out[path] = oid
+    members: dict = {}
+    for path, oid in out.items():
+        group = inputs[0].leaves[path].group
+        if group is not None:
+            members.setdefault(group, set()).add(oid)
+    return _replace_leaves(inputs[0].root, {
+        path: TensorLeaf(oid, group if group is not None and len(members[group]) == 1 else None)
+        for path, oid in out.items() for group in (inputs[0].leaves[path].group,)})
 
 
 def _replace_leaves(node, by_path: dict, path: tuple = ()):

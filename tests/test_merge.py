@@ -373,6 +373,12 @@ def test_tied_tensors_stay_tied(repo):
     c, report = repo.merge([a.id, b.id], branch="m")
     got = repo.load(c.id)
     assert got["emb"].data_ptr() == got["head"].data_ptr() and report.tensors_merged == 1
+    # tied in the first input only: each key merged from its own inputs, and untied
+    d = repo.commit({"emb": torch.full((3, 3), 4.0), "head": torch.full((3, 3), 8.0)}, "d", branch="d")
+    c, report = repo.merge([a.id, d.id], branch="m2")
+    got = repo.load(c.id)
+    assert got["emb"].tolist() == [[2.5] * 3] * 3 and got["head"].tolist() == [[4.5] * 3] * 3
+    assert report.tensors_merged == 2
 
 
 # -- a lazy clone reads only what it merges -----------------------------------------------------

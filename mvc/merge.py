@@ -44,7 +44,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
-import numpy as np
 import torch
 
 from . import dtypes, hashing
@@ -150,7 +149,11 @@ def load_recipe(path) -> dict:
         raise BadRecipe(f"cannot read recipe {path}: {exc.strerror}", field="recipe") from None
     try:
         if path.suffix == ".toml":
-            import tomllib
+            try:
+                import tomllib
+            except ImportError:  # Python < 3.11
+                raise BadRecipe(f"reading {path} needs Python 3.11 or newer (tomllib); write the recipe "
+                                "as JSON instead", field="recipe") from None
             return tomllib.loads(raw.decode("utf-8"))
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -160,6 +163,9 @@ def load_recipe(path) -> dict:
 
 def make_recipe(fields: Optional[dict] = None, **options) -> Recipe:
     """A Recipe from a recipe file's fields, with ``options`` (not None) taking precedence."""
+    if fields is not None and not isinstance(fields, dict):
+        raise BadRecipe("a recipe is a table of fields (strategy, weights, base, params, only, rules)",
+                        field="recipe")
     merged = dict(fields or {})
     merged.update({k: v for k, v in options.items() if v is not None})
     known = {"strategy", "weights", "base", "params", "only", "rules"}
@@ -361,6 +367,13 @@ def dare_keep(seed: int, key: str, i: int, start: int, stop: int, numel: int, de
     return (torch.cat(parts) < density).to(torch.float32)
 
 
+def _masks(spec: Spec, key: str, start: int, stop: int, numel: int) -> Optional[Callable]:
+    """keep(i): input i's DARE mask for elements [start, stop) of ``key``; None for other strategies."""
+    if spec.strategy != "dare":
+        return None
+    return lambda i: dare_keep(spec.get("seed"), key, i, start, stop, numel, spec.get("density"))
+
+
 def task_vectors(xs: list, base: torch.Tensor, spec: Spec, s: Scratch, keep: Optional[Callable] = None):
     """mergekit's generalized task arithmetic. Deltas d_i = x_i - base,
     sparsified (ties: ``trim``; dare: d_i * mask_i, then / density when
@@ -486,7 +499,8 @@ def _check_compatible(inputs: list, base: Optional[_Input]) -> None:
             problems.setdefault(format_path(path), f"a value in input 0 but a tensor in {who}")
     if problems:
         keys = sorted(problems)
-        shown = "; ".join(f"{k}: {problems[k]}" for k in keys[:5]) + (f"; and {len(keys) - 5} more" if len(keys) > 5 else "")
+        shown = "; ".join(f"{k}: {problems[k]}" for k in keys[:5])
+        shown += f"; and {len(keys) - 5} more" if len(keys) > 5 else ""
         raise MergeMismatch(f"the checkpoints do not match, nothing was merged: {shown}", keys=keys,
                             problems=problems, inputs=[x.id.hex() for x in everyone])
 
@@ -594,11 +608,7 @@ class _Merger:
             xs = [self._read_slice(o, lo, hi, wanted, f"{key!r} of input {i}", f"x{i}")
                   for i, o in enumerate(sources)]
             b = self._read_slice(base, lo, hi, wanted, f"{key!r} of the base", "base") if base is not None else None
-            e0, e1 = lo // item, hi // item
-            keep = None
-            if spec.strategy == "dare":
-                def keep(i, e0=e0, e1=e1):
-                    return dare_keep(spec.get("seed"), key, i, e0, e1, obj.numel, spec.get("density"))
+            keep = _masks(spec, key, lo // item, hi // item, obj.numel)
             merged = apply(spec, xs, b, self.scratch, keep)
             out += self._write(merged, obj.dtype, lo, [(j, objs[0].chunks[j] if equal[j - c0] else None)
                                                        for j in range(c0, c1)])
@@ -634,11 +644,7 @@ class _Merger:
         xs = [read(x, f"input {i}") for i, x in enumerate(self.inputs)]
         b = read(self.base, "the base") if base is not None else None
         obj = sources[0]
-        keep = None
-        if spec.strategy == "dare":
-            def keep(i):
-                return dare_keep(spec.get("seed"), key, i, 0, obj.numel, obj.numel, spec.get("density"))
-        merged = apply(spec, xs, b, Scratch(), keep)
+        merged = apply(spec, xs, b, Scratch(), _masks(spec, key, 0, obj.numel, obj.numel))
         del xs, b
         n_chunks = -(-obj.nbytes // self.size)
         return self._write(merged, obj.dtype, 0, [(j, None) for j in range(n_chunks)])
@@ -718,6 +724,8 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
             repo.refs.check_commit(txn, ref, me)
             inputs = [_read_input(repo, txn, rev, recipe.only) for rev in revs]
             base_in = _read_input(repo, txn, recipe.base, recipe.only) if recipe.base is not None else None
+            if not inputs[0].leaves:
+                raise BadRecipe(f"--only {recipe.only!r} matches no key of {revs[0]}", field="only")
             _check_compatible(inputs, base_in)
             plan = _plan(recipe, inputs, base_in)
             batch = repo.chunks.writer()
@@ -726,7 +734,7 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
                 torch.set_num_threads(1)  # see ONE_THREAD
                 merger = _Merger(repo, txn, inputs, base_in, batch, progress)
                 merger.total = sum(inputs[0].objs[p].nbytes for p, a in plan.actions.items() if a[0] == "merge")
-                root = _merged_root(merger, plan, inputs)
+                root = _merged_root(merger, plan, inputs, base_in)
                 batch.seal()
             except BaseException:
                 batch.abort()
@@ -761,16 +769,19 @@ def _joined(repo, txn, tip: Optional[bytes], ids: list) -> tuple:
     return tuple(h for h in heads if h not in below and h != tip)
 
 
-def _merged_root(merger: _Merger, plan: _Plan, inputs: list):
-    """Input 0's tree with each tensor leaf replaced by its merged tensor; tied
-    leaves (one storage group) are merged once and stay tied."""
+def _merged_root(merger: _Merger, plan: _Plan, inputs: list, base: Optional[_Input]):
+    """Input 0's tree with each tensor leaf replaced by its merged tensor.
+    Leaves tied in input 0 (one storage group) whose inputs are the same
+    tensors are merged once and stay tied; a group whose members' merges
+    differ (tied in input 0 only) is untied."""
     done: dict = {}
-    by_leaf = {}
+    out: dict = {}
     for path, (kind, how) in plan.actions.items():
         leaf = inputs[0].leaves[path]
-        memo = (leaf.id, leaf.group) if leaf.group is not None else None
+        sources = tuple(x.leaves[path].id for x in inputs) + ((base.leaves[path].id,) if base else ())
+        memo = (leaf.group, kind, how, sources) if leaf.group is not None else None
         if memo is not None and memo in done:
-            by_leaf[path] = TensorLeaf(done[memo], leaf.group)
+            out[path] = done[memo]
             continue
         if kind == "take":
             oid = inputs[how].leaves[path].id
@@ -779,8 +790,15 @@ def _merged_root(merger: _Merger, plan: _Plan, inputs: list):
             oid = merger.tensor(path, how)
         if memo is not None:
             done[memo] = oid
-        by_leaf[path] = TensorLeaf(oid, leaf.group)
-    return _replace_leaves(inputs[0].root, by_leaf)
+        out[path] = oid
+    members: dict = {}
+    for path, oid in out.items():
+        group = inputs[0].leaves[path].group
+        if group is not None:
+            members.setdefault(group, set()).add(oid)
+    return _replace_leaves(inputs[0].root, {
+        path: TensorLeaf(oid, group if group is not None and len(members[group]) == 1 else None)
+        for path, oid in out.items() for group in (inputs[0].leaves[path].group,)})
 
 
 def _replace_leaves(node, by_path: dict, path: tuple = ()):

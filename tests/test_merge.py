@@ -299,7 +299,7 @@ def test_optimizer_state_is_refused_unless_left_out_or_taken(repo):
 
 @pytest.mark.parametrize("options,field", [
     ({"strategy": "slerp"}, "t"),
-    ({"strategy": "slerp", "params": {"t": 0.5}, "weights": None, "extra": True}, "strategy"),
+    ({"strategy": "slerp", "params": {"t": 0.5}, "extra": True}, "strategy"),
     ({"strategy": "ties"}, "base"),
     ({"strategy": "linear", "params": {"density": 0.5}}, "density"),
     ({"strategy": "dare", "base": "main", "params": {"density": 1.5}}, "density"),
@@ -344,9 +344,10 @@ def test_a_json_recipe_and_an_unreadable_one(repo, three, tmp_path):
     (tmp_path / "r.json").write_text(json.dumps({"strategy": "linear", "weights": [3, 1]}))
     commit, _ = repo.merge(["a", "b"], str(tmp_path / "r.json"), branch="j")
     assert repo.get_commit(commit.id).context["merge"]["weights"] == [3.0, 1.0]
-    (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(mvc.BadRecipe):
-        repo.merge(["a", "b"], tmp_path / "bad.json")
+    for bad in ("{", "[1, 2]", '{"strategy": "ties", "colour": 1}', '{"rules": [{"take": 0}]}'):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(mvc.BadRecipe):
+            repo.merge(["a", "b"], tmp_path / "bad.json")
 
 
 def test_average_of_a_range_is_a_one_parent_commit_recording_every_input(repo):
@@ -358,6 +359,12 @@ def test_average_of_a_range_is_a_one_parent_commit_recording_every_input(repo):
     assert report.tensors_merged == 1
 
 
+def test_an_only_glob_that_matches_nothing_is_an_error(repo, three):
+    with pytest.raises(mvc.BadRecipe) as err:
+        repo.merge(["a", "b"], only="modle.*")
+    assert err.value.field == "only"
+
+
 def test_tied_tensors_stay_tied(repo):
     w = torch.ones(3, 3)
     a = repo.commit({"emb": w, "head": w}, "a", branch="a")
@@ -366,13 +373,25 @@ def test_tied_tensors_stay_tied(repo):
     c, report = repo.merge([a.id, b.id], branch="m")
     got = repo.load(c.id)
     assert got["emb"].data_ptr() == got["head"].data_ptr() and report.tensors_merged == 1
+    # tied in the first input only: each key merged from its own inputs, and untied
+    d = repo.commit({"emb": torch.full((3, 3), 4.0), "head": torch.full((3, 3), 8.0)}, "d", branch="d")
+    c, report = repo.merge([a.id, d.id], branch="m2")
+    got = repo.load(c.id)
+    assert got["emb"].tolist() == [[2.5] * 3] * 3 and got["head"].tolist() == [[4.5] * 3] * 3
+    assert report.tensors_merged == 2
 
 
 # -- a lazy clone reads only what it merges -----------------------------------------------------
 
-def test_a_lazy_clone_merges_by_fetching_only_what_differs(tmp_path):
+@pytest.mark.parametrize("kind", ["folder", "s3"])
+def test_a_lazy_clone_merges_by_fetching_only_what_differs(tmp_path, request, kind):
+    if kind == "s3":  # the session's real SeaweedFS server
+        server, url = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_url")()
+        endpoint = server.endpoint
+    else:
+        url, endpoint = str(tmp_path / "remote"), None
     with mvc.Repository.init(tmp_path / "r", chunk_size=SMALL_CHUNK) as repo:
-        repo.remote_add("origin", str(tmp_path / "remote"))
+        repo.remote_add("origin", url, endpoint)
         base = model(0)
         repo.commit({"model": base, "step": 0, "name": "base"}, "base")
         for n, name in enumerate("ab", 1):
@@ -380,7 +399,7 @@ def test_a_lazy_clone_merges_by_fetching_only_what_differs(tmp_path):
         repo.push("origin", ("main", "a", "b"))
         here = repo.merge(["a", "b"], strategy="task-arithmetic", base="main", branch="m")[0]
         everything = repo.status().chunks
-    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+    with mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=endpoint) as lazy:
         commit, report = lazy.merge(["origin/a", "origin/b"], strategy="task-arithmetic", base="origin/main",
                                     branch="m")
         assert commit.tree == here.tree  # the same tree in another repository

@@ -295,7 +295,8 @@ def audit(repo, rev: str, objects: bool = False) -> AuditReport:
 def check_commit_policy(txn, ref: Optional[str], key) -> None:
     """SignatureRequired if ``ref`` requires signatures and the commit is not to be signed."""
     if key is None and ref is not None and signing.required(signing.get_setting(txn, signing.REQUIRE), ref):
-        raise SignatureRequired(f"{refnames.human(ref)} requires signed commits: sign it (commit -S, sign=)",
+        raise SignatureRequired(f"{refnames.human(ref)} requires signed commits (signing.require); nothing was "
+                                "written: sign the commit with a signing key",
                                 ref=ref, status=signing.UNSIGNED)
 
 

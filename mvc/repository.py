@@ -448,6 +448,7 @@ class Repository:
         has ``fork`` (its start point), if any, as parent. Returns (id, CommitObject)."""
         tip = self.refs.tip(txn, ref) if rebase else self.refs.expect(txn, ref, parent)
         self.refs.check_commit(txn, ref, me)
+        _audit.check_commit_policy(txn, ref, signer)  # again here: sharded saves land through this too
         publish(txn)
         for data in tensors.values():
             self.objects.put(txn, "tensors", data)

@@ -589,6 +589,24 @@ def _scan(repo, budget: str, kind: str, amount: float, progress) -> ScanReport:
                       tuple(problems), (pack_filename(bytes.fromhex(cursor[0])) if cursor[0] else "", cursor[1]))
 
 
+def parse_subset(text: str) -> tuple:
+    """(n, t) of "N/T" with 1 <= N <= T; BadInput otherwise."""
+    n, _, t = str(text).partition("/")
+    try:
+        n, t = int(n), int(t)
+        if not 1 <= n <= t:
+            raise ValueError
+    except ValueError:
+        raise BadInput(f"read subset {text!r} is not N/T with 1 <= N <= T (like 1/10)") from None
+    return n, t
+
+
+def in_subset(pack: bytes, group: tuple) -> bool:
+    """Whether a pack (its 16-byte name) is in group N of T: its first byte mod T is N - 1."""
+    n, t = group
+    return pack[0] % t == n - 1
+
+
 def raise_for(report: ScanReport) -> None:
     """ScanFoundDamage for a report that found damage."""
     if report.problems:

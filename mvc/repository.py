@@ -1058,9 +1058,10 @@ class Repository:
         with self.index.read() as txn:
             return _remote("config").cache_remote(txn)
 
-    def fsck_remote(self, remote: Optional[str] = None):
-        """Verify every pack and ref of a remote; see ``mvc.remote.check.fsck_remote``."""
-        return _remote("check").fsck_remote(self, remote)
+    def fsck_remote(self, remote: Optional[str] = None, read_subset: Optional[str] = None):
+        """Verify every pack (or the ``read_subset`` "N/T" of chunk packs) and ref of a remote;
+        see ``mvc.remote.check.fsck_remote``."""
+        return _remote("check").fsck_remote(self, remote, read_subset)
 
     def repair(self):
         """Refetch damaged or missing local chunks and objects from remotes; see ``mvc.remote.check.repair``."""

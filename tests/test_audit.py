@@ -271,3 +271,34 @@ def test_fetch_refuses_a_forged_history(remote_pair, tmp_path, s3_server):
     with pytest.raises(mvc.UnknownRevision):
         reader.get_commit(forged.id)  # refused before anything was stored
     rogue.close()
+
+
+def test_fsck_remote_read_subset_finds_a_flipped_byte_in_exactly_its_group(tmp_path, s3_server, s3_url):
+    url = s3_url("subset")
+    repo = mvc.Repository.init(tmp_path / "a", chunk_size=256)
+    repo.remote_add("origin", url, s3_server.endpoint)
+    for i in range(4):  # one chunk pack per push
+        repo.commit({"w": tensor(i, 512)}, f"c{i}")
+        repo.push()
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    client = s3_server.client()
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/packs/")["Contents"]]
+    assert len(keys) >= 4
+    data = bytearray(client.get_object(Bucket=bucket, Key=keys[0])["Body"].read())
+    data[8 + 36 + 10] ^= 0x10  # inside the first record's bytes
+    client.put_object(Bucket=bucket, Key=keys[0], Body=bytes(data))
+    groups = 3
+    found = []
+    for n in range(1, groups + 1):
+        report = repo.fsck_remote(read_subset=f"{n}/{groups}")
+        assert report.subset == f"{n}/{groups}" and report.packs_trusted < len(keys)
+        if not report.ok:
+            found.append(n)
+            assert any(keys[0].rpartition("/")[2] in p.object for p in report.problems)
+    name = bytes.fromhex(keys[0].rpartition("/")[2][:-5])
+    assert found == [name[0] % groups + 1]  # exactly its group, and every run of 1..T together finds it
+    r = run_cli(repo, "fsck", "--remote", "origin", "--read-subset", f"{found[0]}/{groups}")
+    assert r.exit_code == 1 and "read subset" in r.output
+    assert run_cli(repo, "fsck", "--remote", "origin", "--read-subset", "0/3").exit_code == 1
+    assert run_cli(repo, "fsck", "--read-subset", "1/3").exit_code == 2
+    repo.close()

@@ -49,6 +49,8 @@ class RemoteFsckReport:
     refs: int
     bytes_verified: int
     problems: tuple = ()
+    subset: str = ""  # "N/T" of --read-subset: only that group of chunk packs was re-hashed ...
+    packs_trusted: int = 0  # ... the others' chunks counted from their (verified) trailers
 
     @property
     def ok(self) -> bool:
@@ -105,17 +107,29 @@ def _check_pack(bucket, key: str, seen: _Seen, lock) -> None:
                 seen.objects[cid] = raw
 
 
-def fsck_remote(repo, name: Optional[str] = None) -> RemoteFsckReport:
-    """Verify every pack and ref of a remote; never changes it. Raises RemoteError if it cannot be read."""
+def fsck_remote(repo, name: Optional[str] = None, subset: Optional[str] = None) -> RemoteFsckReport:
+    """Verify every pack and ref of a remote; never changes it. Raises RemoteError if it cannot be read.
+
+    ``subset`` "N/T" (restic's --read-data-subset): re-hash only the chunk packs of group N
+    of T (a pack's group is its name's first byte mod T, plus 1); the other chunk packs'
+    trailers are read and verified and their chunks counted as present. Object packs
+    are always read whole (the ref walk needs them). BadInput for a malformed subset.
+    """
     from concurrent.futures import ThreadPoolExecutor
+    group = _audit.parse_subset(subset) if subset is not None else None
     conn = Connection(repo, name)
     try:
         bucket = conn.bucket
         keys = [key for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS)
                 for key, _ in bucket.list(folder) if layout.pack_name(key) is not None]
         seen, lock = _Seen(), threading.Lock()
+        trusted = [key for key in keys if group is not None and key.startswith(layout.CHUNK_PACKS)
+                   and not _audit.in_subset(layout.pack_name(key), group)]
+        skip = set(trusted)
+        keys = [key for key in keys if key not in skip]
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda key: _check_pack(bucket, key, seen, lock), keys))
+            list(pool.map(lambda key: _list_pack(bucket, key, seen, lock), trusted))
         refs = {}
         for key, _ in bucket.list(layout.REFS):
             raw = bucket.get_versioned(key)
@@ -130,9 +144,21 @@ def fsck_remote(repo, name: Optional[str] = None) -> RemoteFsckReport:
             seen.problems.append(RemoteProblem(kind, key, detail, (key,)))
         decoded_chunks = len(seen.chunks)
         return RemoteFsckReport(conn.name, bucket.url, seen.packs, decoded_chunks, len(seen.objects), len(refs),
-                                seen.bytes, tuple(_merge(seen.problems)))
+                                seen.bytes, tuple(_merge(seen.problems)), subset or "", len(trusted))
     finally:
         conn.close()
+
+
+def _list_pack(bucket, key: str, seen: _Seen, lock) -> None:
+    """A chunk pack outside the read subset: its trailer (verified), not its records."""
+    try:
+        entries = read_trailer(bucket, key)
+    except (NotFound, CorruptObject) as exc:
+        with lock:
+            seen.problems.append(RemoteProblem(DAMAGED_PACK, key, str(exc)))
+        return
+    with lock:
+        seen.chunks.update(cid for cid, _, _ in entries)
 
 
 def _walk_ref(key: str, tip: bytes, seen: _Seen) -> None:

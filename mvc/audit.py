@@ -78,10 +78,27 @@ def config(repo, key: str, value: Optional[str], unset: bool) -> Optional[str]:
         return signing.set_setting(txn, key, None if unset else value)
 
 
+_ALLOWED_CACHE: dict = {}  # path -> ((mtime_ns, size, inode), AllowedSigners): log --show-signature reads it per commit
+
+
 def allowed_signers(repo, txn) -> Optional[list]:
     """The repository's AllowedSigners, None when no file is configured; BadAllowedSigners if unreadable."""
     path = signing.get_setting(txn, signing.ALLOWED)
-    return None if path is None else signing.read_allowed_signers(signing.resolve_path(repo.root, path))
+    if path is None:
+        return None
+    path = signing.resolve_path(repo.root, path)
+    try:
+        st = os.stat(path)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+    except OSError:
+        stamp = None  # read_allowed_signers says what is wrong
+    cached = _ALLOWED_CACHE.get(str(path))
+    if stamp is not None and cached is not None and cached[0] == stamp:
+        return cached[1]
+    allowed = signing.read_allowed_signers(path)
+    if stamp is not None:
+        _ALLOWED_CACHE[str(path)] = (stamp, allowed)
+    return allowed
 
 
 def sign_commit(obj: CommitObject, key: signing.SigningKey) -> CommitObject:

@@ -313,3 +313,12 @@ def test_cli_commit_sign_verify_log_and_tag(signed_repo, key, tmp_path):
     assert r.exit_code == 0 and '"good": true' in r.output and "ship it" in r.output
     r = run_cli(signed_repo, "verify-tag", "nope")
     assert r.exit_code == 1 and r.stderr.startswith("mvc: error:")
+
+
+@pytest.mark.slow  # importing lightning and fitting take about 20 s here
+def test_the_lightning_callback_signs_every_commit(tmp_path, key):
+    lightning_tests = pytest.importorskip("test_hooks_lightning")  # its tiny real Trainer run
+    lightning_tests.fit(tmp_path, 1, monitor="train_loss", save_top_k=1, sign=key)
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        verdicts = [repo.verify_commit(c.id) for c in repo.log("lightning")]
+    assert verdicts and all(v.status == "unknown" and v.key == key.fingerprint for v in verdicts)

@@ -322,3 +322,15 @@ def test_the_lightning_callback_signs_every_commit(tmp_path, key):
     with mvc.Repository.open(tmp_path / "repo") as repo:
         verdicts = [repo.verify_commit(c.id) for c in repo.log("lightning")]
     assert verdicts and all(v.status == "unknown" and v.key == key.fingerprint for v in verdicts)
+
+
+def test_a_small_order_key_that_verifies_anything_is_bad():
+    # OpenSSL accepts the all-zero public key with the all-zero signature for every message
+    w = signing._string
+    zero = signing.public_blob(bytes(32))
+    blob = (signing.MAGIC + (1).to_bytes(4, "big") + w(zero) + w(b"mvc") + w(b"") + w(b"sha512")
+            + w(w(b"ssh-ed25519") + w(bytes(64))))
+    for payload in (b"anything", golden_commit().payload()):
+        v = signing.verify(blob, payload, signing.parse_allowed_signers(f"x ssh-ed25519 "
+                                                                         f"{__import__('base64').b64encode(zero).decode()}"))
+        assert v.status == "bad" and "weak" in v.reason

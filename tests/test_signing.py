@@ -334,3 +334,18 @@ def test_a_small_order_key_that_verifies_anything_is_bad():
         v = signing.verify(blob, payload, signing.parse_allowed_signers(f"x ssh-ed25519 "
                                                                          f"{__import__('base64').b64encode(zero).decode()}"))
         assert v.status == "bad" and "weak" in v.reason
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.integers(0, 172), st.binary(min_size=1, max_size=4))
+def test_hostile_signature_bytes_are_bad_never_an_exception(noise, at, splice):
+    good = signing.sign(signing.key_from_seed(SEED), b"payload")
+    allowed = signing.parse_allowed_signers(f"a {signing.key_from_seed(SEED).public_line()}")
+    for blob in (noise, good[:at] + splice + good[at + len(splice):], good[:at]):
+        if blob == good:
+            continue
+        v = signing.verify(blob, b"payload", allowed)
+        assert v.status in ("bad", "unsigned")

@@ -404,6 +404,19 @@ def check_push(repo, ref: str, old: Optional[bytes], new: bytes, remote: str) ->
         raise error
 
 
+def check_push_targets(repo, remote_refs: Callable, targets: dict, remote: str) -> None:
+    """``check_push`` for every ref a push will move (``targets``: {ref: (tip, protected)}),
+    before anything is uploaded; ``remote_refs()`` (read only when a policy is set) gives
+    {ref: (id, protected, etag)}. The check before each ref write still decides."""
+    with repo.index.read() as txn:
+        patterns = signing.get_setting(txn, signing.REQUIRE)
+    if not any(signing.required(patterns, ref) for ref in targets):
+        return
+    current = remote_refs()
+    for ref, (tip, _) in sorted(targets.items()):
+        check_push(repo, ref, current.get(ref, (None,))[0], tip, remote)
+
+
 def check_fetch(repo, remote: str, refs: dict, fetched: dict) -> list:
     """The policy errors of fetching ``refs`` ({ref: new id}) from ``remote``,
     checked against the tracking refs (``remotes/NAME/BRANCH``) and, for tags,

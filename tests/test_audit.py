@@ -208,16 +208,24 @@ def remote_pair(tmp_path, s3_server, s3_url):
     reader.close()
 
 
-def test_push_refuses_unsigned_and_unknown_history_to_a_protected_ref(remote_pair):
+def remote_keys(s3_server, repo) -> set:
+    bucket, _, prefix = repo.remotes()[0].url[len("s3://"):].partition("/")
+    listing = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=prefix + "/")
+    return {o["Key"] for o in listing.get("Contents", [])}
+
+
+def test_push_refuses_unsigned_and_unknown_history_to_a_protected_ref(remote_pair, s3_server):
     writer, reader = remote_pair
     tip = writer.resolve("main")
     writer.config(signing.REQUIRE, "release")  # a local commit is allowed, then the push is checked
     unsigned = writer.commit({"w": tensor(1)}, "unsigned")
     signed = writer.commit({"w": tensor(2)}, "signed on top", sign=ALICE)
     writer.config(signing.REQUIRE, "main")
+    before = remote_keys(s3_server, writer)
     with pytest.raises(SignatureRequired) as info:
         writer.push(force=True)
     assert (info.value.ref, info.value.id, info.value.status) == ("heads/main", unsigned.id, "unsigned")
+    assert remote_keys(s3_server, writer) == before  # refused before anything was uploaded
     writer.create_branch("main", unsigned.parents[0], force=True)
     writer.commit({"w": tensor(3)}, "mallory", sign=MALLORY)
     with pytest.raises(SignatureRequired) as info:

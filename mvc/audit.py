@@ -29,7 +29,7 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -38,7 +38,6 @@ from . import signing
 from .errors import (BadInput, CorruptObject, HistoryRewritten, ObjectNotFound, ScanFoundDamage,
                      SignatureRequired, SigningKeyError, UnknownRevision)
 from .objects import CommitObject, TagObject, object_id
-from .store.chunks import batches
 from .store.packs import PACK_NAME, pack_filename, read_locations
 
 log = logging.getLogger("mvc.audit")
@@ -331,21 +330,9 @@ def _ancestors(get: Callable, tip: Optional[bytes]) -> set:
     return out
 
 
-def _local_getter(repo, txn) -> Callable:
-    def get(oid):
-        data = txn.get("commits", oid)
-        try:
-            return CommitObject.decode(data) if data is not None else None
-        except CorruptObject:
-            return None
-    return get
-
-
-def _first_failure(ref: str, new: bytes, old: Optional[bytes], data_of: Callable, get: Callable,
+def _first_failure(new: bytes, old: Optional[bytes], data_of: Callable, get: Callable,
                    allowed) -> Optional[CommitVerification]:
     """The first commit ``new`` reaches that ``old`` does not whose verdict is not good (None: all good)."""
-    if old is not None and old not in _ancestors(get, new):
-        return None  # the caller reports the rewrite
     known = _ancestors(get, old)
     todo, seen = [new], set()
     while todo:
@@ -387,7 +374,7 @@ def check_ref_move(repo, txn, ref: str, old: Optional[bytes], new: bytes, where:
         return HistoryRewritten(f"{human} requires signed history and may only fast-forward, but "
                                 f"{new.hex()[:12]} does not descend from {old.hex()[:12]}",
                                 ref=ref, old=old.hex(), new=new.hex())
-    failed = _first_failure(ref, new, old, data_of, get, allowed_signers(repo, txn))
+    failed = _first_failure(new, old, data_of, get, allowed_signers(repo, txn))
     if failed is None:
         return None
     return SignatureRequired(f"{human} requires good signatures, and commit {failed.id[:12]} is "

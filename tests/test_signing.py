@@ -13,7 +13,7 @@ from mvc import signing
 from mvc.errors import BadAllowedSigners, CorruptObject, SignatureRequired, SigningKeyError
 from mvc.objects import CommitObject, TagObject, object_id
 
-from conftest import SMALL_CHUNK, run_cli
+from conftest import run_cli
 
 SEED = bytes(range(32, 64))  # the fixed test key: Ed25519 signatures are deterministic
 PUBLIC = "29acbae141bccaf0b22e1a94d34d0bc7361e526d0bfe12c89794bc9322966dd7"

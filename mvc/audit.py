@@ -432,11 +432,12 @@ def check_fetch(repo, remote: str, refs: dict, fetched: dict) -> list:
 REWRITTEN, UNTRUSTED = "rewritten-protected-ref", "untrusted-history"
 
 
-def remote_findings(repo, remote: str, refs: dict, objects: dict) -> list:
-    """(kind, ref key, detail) for each remote ref (``{"refs/heads/x": id}``) whose policy
-    its history breaks: rewritten since this repository last saw it (its tracking ref,
-    or local tag), or new commits whose signatures are not good. ``objects``: the remote's
-    objects {id: bytes}. For ``fsck --remote``; whatever ``signing.fetch`` says."""
+def remote_findings(repo, remote: str, refs: dict, objects: dict, protected=frozenset()) -> list:
+    """(kind, ref key, detail) for each remote ref (``{"refs/heads/x": id}``) that is
+    protected (its key in ``protected``, the remote's flag) or requires signatures and was
+    rewritten since this repository last saw it (its tracking ref, or local tag), or
+    whose new commits' signatures are not good. ``objects``: the remote's objects {id:
+    bytes}. For ``fsck --remote``; whatever ``signing.fetch`` says."""
     out = []
     with repo.index.read() as txn:
         for key, new in sorted(refs.items()):
@@ -444,11 +445,29 @@ def remote_findings(repo, remote: str, refs: dict, objects: dict) -> list:
             local = (refnames.REMOTES + remote + "/" + refnames.short_name(ref)
                      if ref.startswith(refnames.BRANCHES) else ref)
             current = txn.ref(local)
-            error = check_ref_move(repo, txn, ref, current.id if current is not None else None, new,
-                                   f"on remote {remote!r}", objects)
+            old = current.id if current is not None else None
+            error = check_ref_move(repo, txn, ref, old, new, f"on remote {remote!r}", objects)
+            if error is None and key in protected and old is not None and old != new:
+                error = _rewrite(txn, ref, old, new, objects, f"(protected) on remote {remote!r}")
             if error is not None:
                 out.append((REWRITTEN if isinstance(error, HistoryRewritten) else UNTRUSTED, key, str(error)))
     return out
+
+
+def _rewrite(txn, ref: str, old: bytes, new: bytes, objects: dict, where: str) -> Optional[HistoryRewritten]:
+    """HistoryRewritten when ``new`` does not descend from ``old`` (commits local or in ``objects``)."""
+    def get(oid):
+        data = txn.get("commits", oid)
+        data = data if data is not None else objects.get(oid)
+        try:
+            return CommitObject.decode(data) if data is not None else None
+        except CorruptObject:
+            return None
+    if old in _ancestors(get, new):
+        return None
+    return HistoryRewritten(f"{refnames.human(ref)} {where} was rewritten: {new.hex()[:12]} does not descend "
+                            f"from {old.hex()[:12]}, which this repository saw there",
+                            ref=ref, old=old.hex(), new=new.hex())
 
 
 # -- scheduled integrity scans ------------------------------------------------------

@@ -310,3 +310,23 @@ def test_fsck_remote_read_subset_finds_a_flipped_byte_in_exactly_its_group(tmp_p
     assert run_cli(repo, "fsck", "--remote", "origin", "--read-subset", "0/3").exit_code == 1
     assert run_cli(repo, "fsck", "--read-subset", "1/3").exit_code == 2
     repo.close()
+
+
+def test_fsck_remote_shows_a_forced_rewrite_of_a_protected_ref(tmp_path):
+    remote = str(tmp_path / "remote")  # a folder remote: the same layout as S3
+    a = mvc.Repository.init(tmp_path / "a", chunk_size=256)
+    a.remote_add("origin", remote)
+    root = a.commit({"w": tensor(0)}, "root")
+    a.commit({"w": tensor(1)}, "one")
+    a.set_protected("main")
+    a.push()
+    assert a.fsck_remote().ok
+    rogue = mvc.Repository.clone(remote, tmp_path / "rogue")
+    rogue.create_branch("main", root.id, force=True)
+    rogue.commit({"w": tensor(2)}, "rewritten")
+    rogue.push(force=True)  # --force moves a protected remote ref (no signing policy here)
+    report = a.fsck_remote()
+    assert [(p.kind, p.object) for p in report.problems] == [("rewritten-protected-ref", "refs/heads/main")]
+    assert run_cli(a, "fsck", "--remote", "origin").exit_code == 1
+    rogue.close()
+    a.close()

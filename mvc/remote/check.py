@@ -130,17 +130,19 @@ def fsck_remote(repo, name: Optional[str] = None, subset: Optional[str] = None) 
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda key: _check_pack(bucket, key, seen, lock), keys))
             list(pool.map(lambda key: _list_pack(bucket, key, seen, lock), trusted))
-        refs = {}
+        refs, protected = {}, set()
         for key, _ in bucket.list(layout.REFS):
             raw = bucket.get_versioned(key)
             try:
                 if raw is not None:
-                    refs[key] = layout.decode_ref(raw[0], key)[0]
+                    refs[key], flag = layout.decode_ref(raw[0], key)
+                    if flag:
+                        protected.add(key)
             except CorruptObject as exc:
                 seen.problems.append(RemoteProblem(BAD_REF, key, str(exc), (key,)))
         for key, tip in sorted(refs.items()):
             _walk_ref(key, tip, seen)
-        for kind, key, detail in _audit.remote_findings(repo, conn.name, refs, seen.objects):
+        for kind, key, detail in _audit.remote_findings(repo, conn.name, refs, seen.objects, protected):
             seen.problems.append(RemoteProblem(kind, key, detail, (key,)))
         decoded_chunks = len(seen.chunks)
         return RemoteFsckReport(conn.name, bucket.url, seen.packs, decoded_chunks, len(seen.objects), len(refs),

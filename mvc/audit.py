@@ -29,7 +29,7 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -38,7 +38,6 @@ from . import signing
 from .errors import (BadInput, CorruptObject, HistoryRewritten, ObjectNotFound, ScanFoundDamage,
                      SignatureRequired, SigningKeyError, UnknownRevision)
 from .objects import CommitObject, TagObject, object_id
-from .store.chunks import batches
 from .store.packs import PACK_NAME, pack_filename, read_locations
 
 log = logging.getLogger("mvc.audit")
@@ -78,10 +77,27 @@ def config(repo, key: str, value: Optional[str], unset: bool) -> Optional[str]:
         return signing.set_setting(txn, key, None if unset else value)
 
 
+_ALLOWED_CACHE: dict = {}  # path -> ((mtime_ns, size, inode), AllowedSigners): log --show-signature reads it per commit
+
+
 def allowed_signers(repo, txn) -> Optional[list]:
     """The repository's AllowedSigners, None when no file is configured; BadAllowedSigners if unreadable."""
     path = signing.get_setting(txn, signing.ALLOWED)
-    return None if path is None else signing.read_allowed_signers(signing.resolve_path(repo.root, path))
+    if path is None:
+        return None
+    path = signing.resolve_path(repo.root, path)
+    try:
+        st = os.stat(path)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+    except OSError:
+        stamp = None  # read_allowed_signers says what is wrong
+    cached = _ALLOWED_CACHE.get(str(path))
+    if stamp is not None and cached is not None and cached[0] == stamp:
+        return cached[1]
+    allowed = signing.read_allowed_signers(path)
+    if stamp is not None:
+        _ALLOWED_CACHE[str(path)] = (stamp, allowed)
+    return allowed
 
 
 def sign_commit(obj: CommitObject, key: signing.SigningKey) -> CommitObject:
@@ -295,7 +311,8 @@ def audit(repo, rev: str, objects: bool = False) -> AuditReport:
 def check_commit_policy(txn, ref: Optional[str], key) -> None:
     """SignatureRequired if ``ref`` requires signatures and the commit is not to be signed."""
     if key is None and ref is not None and signing.required(signing.get_setting(txn, signing.REQUIRE), ref):
-        raise SignatureRequired(f"{refnames.human(ref)} requires signed commits: sign it (commit -S, sign=)",
+        raise SignatureRequired(f"{refnames.human(ref)} requires signed commits (signing.require); nothing was "
+                                "written: sign the commit with a signing key",
                                 ref=ref, status=signing.UNSIGNED)
 
 
@@ -313,21 +330,9 @@ def _ancestors(get: Callable, tip: Optional[bytes]) -> set:
     return out
 
 
-def _local_getter(repo, txn) -> Callable:
-    def get(oid):
-        data = txn.get("commits", oid)
-        try:
-            return CommitObject.decode(data) if data is not None else None
-        except CorruptObject:
-            return None
-    return get
-
-
-def _first_failure(ref: str, new: bytes, old: Optional[bytes], data_of: Callable, get: Callable,
+def _first_failure(new: bytes, old: Optional[bytes], data_of: Callable, get: Callable,
                    allowed) -> Optional[CommitVerification]:
     """The first commit ``new`` reaches that ``old`` does not whose verdict is not good (None: all good)."""
-    if old is not None and old not in _ancestors(get, new):
-        return None  # the caller reports the rewrite
     known = _ancestors(get, old)
     todo, seen = [new], set()
     while todo:
@@ -369,7 +374,7 @@ def check_ref_move(repo, txn, ref: str, old: Optional[bytes], new: bytes, where:
         return HistoryRewritten(f"{human} requires signed history and may only fast-forward, but "
                                 f"{new.hex()[:12]} does not descend from {old.hex()[:12]}",
                                 ref=ref, old=old.hex(), new=new.hex())
-    failed = _first_failure(ref, new, old, data_of, get, allowed_signers(repo, txn))
+    failed = _first_failure(new, old, data_of, get, allowed_signers(repo, txn))
     if failed is None:
         return None
     return SignatureRequired(f"{human} requires good signatures, and commit {failed.id[:12]} is "
@@ -384,6 +389,19 @@ def check_push(repo, ref: str, old: Optional[bytes], new: bytes, remote: str) ->
         error = check_ref_move(repo, txn, ref, old, new, f"on remote {remote!r}")
     if error is not None:
         raise error
+
+
+def check_push_targets(repo, remote_refs: Callable, targets: dict, remote: str) -> None:
+    """``check_push`` for every ref a push will move (``targets``: {ref: (tip, protected)}),
+    before anything is uploaded; ``remote_refs()`` (read only when a policy is set) gives
+    {ref: (id, protected, etag)}. The check before each ref write still decides."""
+    with repo.index.read() as txn:
+        patterns = signing.get_setting(txn, signing.REQUIRE)
+    if not any(signing.required(patterns, ref) for ref in targets):
+        return
+    current = remote_refs()
+    for ref, (tip, _) in sorted(targets.items()):
+        check_push(repo, ref, current.get(ref, (None,))[0], tip, remote)
 
 
 def check_fetch(repo, remote: str, refs: dict, fetched: dict) -> list:
@@ -414,11 +432,12 @@ def check_fetch(repo, remote: str, refs: dict, fetched: dict) -> list:
 REWRITTEN, UNTRUSTED = "rewritten-protected-ref", "untrusted-history"
 
 
-def remote_findings(repo, remote: str, refs: dict, objects: dict) -> list:
-    """(kind, ref key, detail) for each remote ref (``{"refs/heads/x": id}``) whose policy
-    its history breaks: rewritten since this repository last saw it (its tracking ref,
-    or local tag), or new commits whose signatures are not good. ``objects``: the remote's
-    objects {id: bytes}. For ``fsck --remote``; whatever ``signing.fetch`` says."""
+def remote_findings(repo, remote: str, refs: dict, objects: dict, protected=frozenset()) -> list:
+    """(kind, ref key, detail) for each remote ref (``{"refs/heads/x": id}``) that is
+    protected (its key in ``protected``, the remote's flag) or requires signatures and was
+    rewritten since this repository last saw it (its tracking ref, or local tag), or
+    whose new commits' signatures are not good. ``objects``: the remote's objects {id:
+    bytes}. For ``fsck --remote``; whatever ``signing.fetch`` says."""
     out = []
     with repo.index.read() as txn:
         for key, new in sorted(refs.items()):
@@ -426,11 +445,29 @@ def remote_findings(repo, remote: str, refs: dict, objects: dict) -> list:
             local = (refnames.REMOTES + remote + "/" + refnames.short_name(ref)
                      if ref.startswith(refnames.BRANCHES) else ref)
             current = txn.ref(local)
-            error = check_ref_move(repo, txn, ref, current.id if current is not None else None, new,
-                                   f"on remote {remote!r}", objects)
+            old = current.id if current is not None else None
+            error = check_ref_move(repo, txn, ref, old, new, f"on remote {remote!r}", objects)
+            if error is None and key in protected and old is not None and old != new:
+                error = _rewrite(txn, ref, old, new, objects, f"(protected) on remote {remote!r}")
             if error is not None:
                 out.append((REWRITTEN if isinstance(error, HistoryRewritten) else UNTRUSTED, key, str(error)))
     return out
+
+
+def _rewrite(txn, ref: str, old: bytes, new: bytes, objects: dict, where: str) -> Optional[HistoryRewritten]:
+    """HistoryRewritten when ``new`` does not descend from ``old`` (commits local or in ``objects``)."""
+    def get(oid):
+        data = txn.get("commits", oid)
+        data = data if data is not None else objects.get(oid)
+        try:
+            return CommitObject.decode(data) if data is not None else None
+        except CorruptObject:
+            return None
+    if old in _ancestors(get, new):
+        return None
+    return HistoryRewritten(f"{refnames.human(ref)} {where} was rewritten: {new.hex()[:12]} does not descend "
+                            f"from {old.hex()[:12]}, which this repository saw there",
+                            ref=ref, old=old.hex(), new=new.hex())
 
 
 # -- scheduled integrity scans ------------------------------------------------------
@@ -586,6 +623,24 @@ def _scan(repo, budget: str, kind: str, amount: float, progress) -> ScanReport:
     packs = len({key[0] for key, _, _ in lap[:visited]})
     return ScanReport(budget, packs, visited, done, total, time.monotonic() - started, wrapped, cover,
                       tuple(problems), (pack_filename(bytes.fromhex(cursor[0])) if cursor[0] else "", cursor[1]))
+
+
+def parse_subset(text: str) -> tuple:
+    """(n, t) of "N/T" with 1 <= N <= T; BadInput otherwise."""
+    n, _, t = str(text).partition("/")
+    try:
+        n, t = int(n), int(t)
+        if not 1 <= n <= t:
+            raise ValueError
+    except ValueError:
+        raise BadInput(f"read subset {text!r} is not N/T with 1 <= N <= T (like 1/10)") from None
+    return n, t
+
+
+def in_subset(pack: bytes, group: tuple) -> bool:
+    """Whether a pack (its 16-byte name) is in group N of T: its first byte mod T is N - 1."""
+    n, t = group
+    return pack[0] % t == n - 1
 
 
 def raise_for(report: ScanReport) -> None:

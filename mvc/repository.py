@@ -451,6 +451,7 @@ class Repository:
         the ``merged`` commits as further parents. Returns (id, CommitObject)."""
         tip = self.refs.tip(txn, ref) if rebase else self.refs.expect(txn, ref, parent)
         self.refs.check_commit(txn, ref, me)
+        _audit.check_commit_policy(txn, ref, signer)  # again here: sharded saves land through this too
         publish(txn)
         for data in tensors.values():
             self.objects.put(txn, "tensors", data)
@@ -1074,9 +1075,10 @@ class Repository:
         with self.index.read() as txn:
             return _remote("config").cache_remote(txn)
 
-    def fsck_remote(self, remote: Optional[str] = None):
-        """Verify every pack and ref of a remote; see ``mvc.remote.check.fsck_remote``."""
-        return _remote("check").fsck_remote(self, remote)
+    def fsck_remote(self, remote: Optional[str] = None, read_subset: Optional[str] = None):
+        """Verify every pack (or the ``read_subset`` "N/T" of chunk packs) and ref of a remote;
+        see ``mvc.remote.check.fsck_remote``."""
+        return _remote("check").fsck_remote(self, remote, read_subset)
 
     def gc_remote(self, remote: Optional[str] = None, keep_last=None, branch=None, keep_best=None,
                   mode: str = "min", top: int = 1, force: bool = False, grace: Optional[float] = None,

@@ -242,6 +242,8 @@ def check(blob: bytes, message: bytes, namespace: str = NAMESPACE) -> tuple:
         return False, f"the signature is for namespace {p.namespace!r}, not {namespace!r}"
     if kind != ED25519 or sig_kind != ED25519 or len(raw) != 32:
         return False, f"key type {kind!r} is not supported (mvc verifies {ED25519})"
+    if _small_order(raw):
+        return False, "the key is a weak (small-order or non-canonical) Ed25519 point that 'verifies' anything"
     if p.hash not in ("sha512", "sha256"):
         return False, f"hash algorithm {p.hash!r} is not supported"
     digest = (hashlib.sha512 if p.hash == "sha512" else hashlib.sha256)(message).digest()
@@ -251,6 +253,41 @@ def check(blob: bytes, message: bytes, namespace: str = NAMESPACE) -> tuple:
     except InvalidSignature:
         return False, "the signature does not match the signed bytes"
     return True, p
+
+
+_P = 2**255 - 19
+_D = -121665 * pow(121666, _P - 2, _P) % _P
+
+
+def _add(a: tuple, b: tuple) -> tuple:
+    """Affine addition on edwards25519 (-x^2 + y^2 = 1 + d x^2 y^2); complete, so no special cases."""
+    (x1, y1), (x2, y2) = a, b
+    t = _D * x1 * x2 * y1 * y2 % _P
+    return ((x1 * y2 + y1 * x2) * pow(1 + t, _P - 2, _P) % _P, (y1 * y2 + x1 * x2) * pow(1 - t, _P - 2, _P) % _P)
+
+
+def _small_order(raw: bytes) -> bool:
+    """Whether a 32-byte Ed25519 public key is non-canonical, not a point, or of order
+    dividing 8. OpenSSL accepts such keys, and for them a fixed signature verifies any
+    message (the all-zero key and signature, for one), so a forger could make a
+    'valid' signature by an unknown key over anything. ssh-keygen never makes them."""
+    y = int.from_bytes(raw, "little") & (2**255 - 1)
+    if y >= _P:
+        return True
+    u, v = (y * y - 1) % _P, (_D * y * y + 1) % _P
+    x = u * pow(v, 3, _P) * pow(u * pow(v, 7, _P), (_P - 5) // 8, _P) % _P
+    if v * x * x % _P == (-u) % _P:
+        x = x * pow(2, (_P - 1) // 4, _P) % _P
+    if v * x * x % _P != u:
+        return True  # no such point
+    if x == 0 and raw[31] >> 7:
+        return True  # -0: non-canonical
+    if (x & 1) != raw[31] >> 7:
+        x = _P - x
+    point = (x, y)
+    for _ in range(3):
+        point = _add(point, point)
+    return point == (0, 1)
 
 
 # -- allowed signers ------------------------------------------------------------

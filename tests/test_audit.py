@@ -208,16 +208,24 @@ def remote_pair(tmp_path, s3_server, s3_url):
     reader.close()
 
 
-def test_push_refuses_unsigned_and_unknown_history_to_a_protected_ref(remote_pair):
+def remote_keys(s3_server, repo) -> set:
+    bucket, _, prefix = repo.remotes()[0].url[len("s3://"):].partition("/")
+    listing = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=prefix + "/")
+    return {o["Key"] for o in listing.get("Contents", [])}
+
+
+def test_push_refuses_unsigned_and_unknown_history_to_a_protected_ref(remote_pair, s3_server):
     writer, reader = remote_pair
     tip = writer.resolve("main")
     writer.config(signing.REQUIRE, "release")  # a local commit is allowed, then the push is checked
     unsigned = writer.commit({"w": tensor(1)}, "unsigned")
     signed = writer.commit({"w": tensor(2)}, "signed on top", sign=ALICE)
     writer.config(signing.REQUIRE, "main")
+    before = remote_keys(s3_server, writer)
     with pytest.raises(SignatureRequired) as info:
         writer.push(force=True)
     assert (info.value.ref, info.value.id, info.value.status) == ("heads/main", unsigned.id, "unsigned")
+    assert remote_keys(s3_server, writer) == before  # refused before anything was uploaded
     writer.create_branch("main", unsigned.parents[0], force=True)
     writer.commit({"w": tensor(3)}, "mallory", sign=MALLORY)
     with pytest.raises(SignatureRequired) as info:
@@ -271,3 +279,54 @@ def test_fetch_refuses_a_forged_history(remote_pair, tmp_path, s3_server):
     with pytest.raises(mvc.UnknownRevision):
         reader.get_commit(forged.id)  # refused before anything was stored
     rogue.close()
+
+
+def test_fsck_remote_read_subset_finds_a_flipped_byte_in_exactly_its_group(tmp_path, s3_server, s3_url):
+    url = s3_url("subset")
+    repo = mvc.Repository.init(tmp_path / "a", chunk_size=256)
+    repo.remote_add("origin", url, s3_server.endpoint)
+    for i in range(4):  # one chunk pack per push
+        repo.commit({"w": tensor(i, 512)}, f"c{i}")
+        repo.push()
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    client = s3_server.client()
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/packs/")["Contents"]]
+    assert len(keys) >= 4
+    data = bytearray(client.get_object(Bucket=bucket, Key=keys[0])["Body"].read())
+    data[8 + 36 + 10] ^= 0x10  # inside the first record's bytes
+    client.put_object(Bucket=bucket, Key=keys[0], Body=bytes(data))
+    groups = 3
+    found = []
+    for n in range(1, groups + 1):
+        report = repo.fsck_remote(read_subset=f"{n}/{groups}")
+        assert report.subset == f"{n}/{groups}" and report.packs_trusted < len(keys)
+        if not report.ok:
+            found.append(n)
+            assert any(keys[0].rpartition("/")[2] in p.object for p in report.problems)
+    name = bytes.fromhex(keys[0].rpartition("/")[2][:-5])
+    assert found == [name[0] % groups + 1]  # exactly its group, and every run of 1..T together finds it
+    r = run_cli(repo, "fsck", "--remote", "origin", "--read-subset", f"{found[0]}/{groups}")
+    assert r.exit_code == 1 and "read subset" in r.output
+    assert run_cli(repo, "fsck", "--remote", "origin", "--read-subset", "0/3").exit_code == 1
+    assert run_cli(repo, "fsck", "--read-subset", "1/3").exit_code == 2
+    repo.close()
+
+
+def test_fsck_remote_shows_a_forced_rewrite_of_a_protected_ref(tmp_path):
+    remote = str(tmp_path / "remote")  # a folder remote: the same layout as S3
+    a = mvc.Repository.init(tmp_path / "a", chunk_size=256)
+    a.remote_add("origin", remote)
+    root = a.commit({"w": tensor(0)}, "root")
+    a.commit({"w": tensor(1)}, "one")
+    a.set_protected("main")
+    a.push()
+    assert a.fsck_remote().ok
+    rogue = mvc.Repository.clone(remote, tmp_path / "rogue")
+    rogue.create_branch("main", root.id, force=True)
+    rogue.commit({"w": tensor(2)}, "rewritten")
+    rogue.push(force=True)  # --force moves a protected remote ref (no signing policy here)
+    report = a.fsck_remote()
+    assert [(p.kind, p.object) for p in report.problems] == [("rewritten-protected-ref", "refs/heads/main")]
+    assert run_cli(a, "fsck", "--remote", "origin").exit_code == 1
+    rogue.close()
+    a.close()

@@ -13,7 +13,7 @@ from mvc import signing
 from mvc.errors import BadAllowedSigners, CorruptObject, SignatureRequired, SigningKeyError
 from mvc.objects import CommitObject, TagObject, object_id
 
-from conftest import SMALL_CHUNK, run_cli
+from conftest import run_cli
 
 SEED = bytes(range(32, 64))  # the fixed test key: Ed25519 signatures are deterministic
 PUBLIC = "29acbae141bccaf0b22e1a94d34d0bc7361e526d0bfe12c89794bc9322966dd7"
@@ -313,3 +313,39 @@ def test_cli_commit_sign_verify_log_and_tag(signed_repo, key, tmp_path):
     assert r.exit_code == 0 and '"good": true' in r.output and "ship it" in r.output
     r = run_cli(signed_repo, "verify-tag", "nope")
     assert r.exit_code == 1 and r.stderr.startswith("mvc: error:")
+
+
+@pytest.mark.slow  # importing lightning and fitting take about 20 s here
+def test_the_lightning_callback_signs_every_commit(tmp_path, key):
+    lightning_tests = pytest.importorskip("test_hooks_lightning")  # its tiny real Trainer run
+    lightning_tests.fit(tmp_path, 1, monitor="train_loss", save_top_k=1, sign=key)
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        verdicts = [repo.verify_commit(c.id) for c in repo.log("lightning")]
+    assert verdicts and all(v.status == "unknown" and v.key == key.fingerprint for v in verdicts)
+
+
+def test_a_small_order_key_that_verifies_anything_is_bad():
+    # OpenSSL accepts the all-zero public key with the all-zero signature for every message
+    w = signing._string
+    zero = signing.public_blob(bytes(32))
+    blob = (signing.MAGIC + (1).to_bytes(4, "big") + w(zero) + w(b"mvc") + w(b"") + w(b"sha512")
+            + w(w(b"ssh-ed25519") + w(bytes(64))))
+    for payload in (b"anything", golden_commit().payload()):
+        v = signing.verify(blob, payload, signing.parse_allowed_signers(f"x ssh-ed25519 "
+                                                                         f"{__import__('base64').b64encode(zero).decode()}"))
+        assert v.status == "bad" and "weak" in v.reason
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.integers(0, 172), st.binary(min_size=1, max_size=4))
+def test_hostile_signature_bytes_are_bad_never_an_exception(noise, at, splice):
+    good = signing.sign(signing.key_from_seed(SEED), b"payload")
+    allowed = signing.parse_allowed_signers(f"a {signing.key_from_seed(SEED).public_line()}")
+    for blob in (noise, good[:at] + splice + good[at + len(splice):], good[:at]):
+        if blob == good:
+            continue
+        v = signing.verify(blob, b"payload", allowed)
+        assert v.status in ("bad", "unsigned")

@@ -116,7 +116,8 @@ def audit_command(ctx, rev, as_json, objects):
 
 
 def _show_audit(report) -> None:
-    click.echo(f"audit of {report.rev} ({report.id}): {len(report.commits)} commits back to "
+    n = len(report.commits)
+    click.echo(f"audit of {report.rev} ({report.id}): {n} commit{'' if n == 1 else 's'} back to "
                f"{len(report.roots)} root{'' if len(report.roots) == 1 else 's'}; allowed signers: "
                f"{report.allowed_signers or '(none set: signing.allowed-signers)'}")
     for e in report.commits:

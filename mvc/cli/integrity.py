@@ -78,11 +78,15 @@ def _show_report(rep, fates) -> None:
 @click.option("--fetch", "fetch_remote", is_flag=True,
               help="Also read back and re-hash the reachable chunks held only by the cached remote.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--read-subset", metavar="N/T", default=None,
+              help="With --remote: re-hash only group N of T of the chunk packs (as restic's "
+                   "--read-data-subset); run N = 1..T in turn to cover them all.")
 @click.option("--budget", metavar="PERCENT|SECONDS", default=None,
               help="Verify only the next part of the packs (like 10%% or 30s), going on where the last "
                    "run stopped: any ceil(100/PERCENT) runs cover everything.")
 @click.pass_context
-def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remote, as_json, budget=None):
+def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remote, as_json, budget=None,
+         read_subset=None):
     """Verify every commit, tree, tensor and chunk reachable from refs and the reflog.
 
     Exits 1 when anything reachable is damaged or missing, or was not
@@ -93,9 +97,11 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remot
     whose tensors are lost as pruned, as retention would, so the rest of
     the repository can be collected again.
     """
+    if read_subset is not None and remote_name is None:
+        raise click.UsageError("--read-subset N/T goes with --remote NAME")
     if remote_name is not None or repair:
         from .remote import fsck_remote_or_repair  # noqa: PLC0415  (the remote layer's commands)
-        ctx.exit(fsck_remote_or_repair(remote_name, repair, as_json))
+        ctx.exit(fsck_remote_or_repair(remote_name, repair, as_json, read_subset))
     if budget is not None:
         from .audit import show_scan  # noqa: PLC0415  (the scheduled scan's rendering)
         with open_repo() as repo, Progress("verifying") as progress:

@@ -337,13 +337,13 @@ def cache_unpin(ref):
 
 # -- fsck --remote / --repair (options of 'mvc fsck') ------------------------------------
 
-def fsck_remote_or_repair(name, repair: bool, as_json: bool) -> int:
+def fsck_remote_or_repair(name, repair: bool, as_json: bool, read_subset=None) -> int:
     """Run 'mvc fsck --remote NAME' or 'mvc fsck --repair'; the exit code."""
     with open_repo() as repo:
         if repair:
             r = repo.repair()
         else:
-            r = repo.fsck_remote(name)
+            r = repo.fsck_remote(name, read_subset)
     if as_json:
         out = to_jsonable(r)
         out["ok"] = r.after.verified if repair else r.ok
@@ -364,6 +364,9 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool) -> int:
         return 0 if r.after.verified else 1
     click.echo(f"checked remote {r.remote} ({r.url}): {r.packs} packs, {r.chunks} chunks, {r.objects} objects, "
                f"{r.refs} refs; re-hashed {human_bytes(r.bytes_verified)}")
+    if r.subset:
+        click.echo(f"read subset {r.subset}: {r.packs_trusted} chunk packs outside it were checked by their "
+                   "trailers only, their records not re-hashed")
     for p in r.problems:
         click.echo(f"  {p.kind}: {p.object}: {p.detail}" + (f" (needed by {', '.join(p.refs)})" if p.refs else ""))
     if r.unreferenced:

@@ -53,6 +53,8 @@ class RemoteFsckReport:
     bytes_verified: int
     problems: tuple = ()
     unreferenced: tuple = ()  # (pack key, bytes) of intact packs no ref needs: harmless, 'gc --remote' reclaims them
+    subset: str = ""  # "N/T" of --read-subset: only that group of chunk packs was re-hashed ...
+    packs_trusted: int = 0  # ... the others' chunks counted from their (verified) trailers
 
     @property
     def ok(self) -> bool:
@@ -137,34 +139,49 @@ def _check_pack(bucket, key: str, seen: _Seen, lock) -> None:
                 seen.objects[cid] = raw
 
 
-def _scan(bucket) -> tuple:
-    """(_Seen, {ref key: tip}) of every pack and ref of the remote, each pack read whole and verified."""
+def _scan(bucket, group=None) -> tuple:
+    """(_Seen, {ref key: tip}, protected ref keys, trusted pack keys) of the remote: every pack
+    read whole and verified, except the chunk packs outside the read subset ``group`` (their
+    trailers only: those are the trusted ones)."""
     from concurrent.futures import ThreadPoolExecutor
     keys = [key for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS)
             for key, _ in bucket.list(folder) if layout.pack_name(key) is not None]
+    trusted = [key for key in keys if group is not None and key.startswith(layout.CHUNK_PACKS)
+               and not _audit.in_subset(layout.pack_name(key), group)]
+    skip = set(trusted)
     seen, lock = _Seen(), threading.Lock()
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda key: _check_pack(bucket, key, seen, lock), keys))
-    refs = {}
+        list(pool.map(lambda key: _check_pack(bucket, key, seen, lock), [k for k in keys if k not in skip]))
+        list(pool.map(lambda key: _list_pack(bucket, key, seen, lock), trusted))
+    refs, protected = {}, set()
     for key, _ in bucket.list(layout.REFS):
         raw = bucket.get_versioned(key)
         try:
             if raw is not None and not layout.is_tombstone(raw[0]):
-                refs[key] = layout.decode_ref(raw[0], key)[0]
+                refs[key], flag = layout.decode_ref(raw[0], key)
+                if flag:
+                    protected.add(key)
         except CorruptObject as exc:
             seen.problems.append(RemoteProblem(BAD_REF, key, str(exc), (key,)))
-    return seen, refs
+    return seen, refs, protected, trusted
 
 
-def fsck_remote(repo, name: Optional[str] = None) -> RemoteFsckReport:
-    """Verify every pack and ref of a remote; never changes it. Raises RemoteError if it cannot be read."""
+def fsck_remote(repo, name: Optional[str] = None, subset: Optional[str] = None) -> RemoteFsckReport:
+    """Verify every pack and ref of a remote; never changes it. Raises RemoteError if it cannot be read.
+
+    ``subset`` "N/T" (restic's --read-data-subset): re-hash only the chunk packs of group N
+    of T (a pack's group is its name's first byte mod T, plus 1); the other chunk packs'
+    trailers are read and verified and their chunks counted as present. Object packs
+    are always read whole (the ref walk needs them). BadInput for a malformed subset.
+    """
+    group = _audit.parse_subset(subset) if subset is not None else None
     conn = Connection(repo, name)
     try:
         bucket = conn.bucket
-        seen, refs = _scan(bucket)
+        seen, refs, protected, trusted = _scan(bucket, group)
         for key, tip in sorted(refs.items()):
             _walk_ref(key, tip, seen)
-        for kind, key, detail in _audit.remote_findings(repo, conn.name, refs, seen.objects):
+        for kind, key, detail in _audit.remote_findings(repo, conn.name, refs, seen.objects, protected):
             seen.problems.append(RemoteProblem(kind, key, detail, (key,)))
         decoded_chunks = len(seen.chunks)
         seen.needed |= {oid for oid, raw in seen.objects.items()  # a needed commit's pruned note
@@ -172,7 +189,7 @@ def fsck_remote(repo, name: Optional[str] = None) -> RemoteFsckReport:
         unreferenced = tuple((key, size) for key, (size, ids) in sorted(seen.contents.items())
                              if key not in seen.broken and not ids & seen.needed)
         return RemoteFsckReport(conn.name, bucket.url, seen.packs, decoded_chunks, len(seen.objects), len(refs),
-                                seen.bytes, tuple(_merge(seen.problems)), unreferenced)
+                                seen.bytes, tuple(_merge(seen.problems)), unreferenced, subset or "", len(trusted))
     finally:
         conn.close()
 
@@ -182,6 +199,18 @@ def _is_note(raw: bytes, oid: bytes) -> bool:
         return _classify(raw, oid)[0] == "pruned"
     except CorruptObject:
         return False
+
+
+def _list_pack(bucket, key: str, seen: _Seen, lock) -> None:
+    """A chunk pack outside the read subset: its trailer (verified), not its records."""
+    try:
+        entries = read_trailer(bucket, key)
+    except (NotFound, CorruptObject) as exc:
+        with lock:
+            seen.problems.append(RemoteProblem(DAMAGED_PACK, key, str(exc)))
+        return
+    with lock:
+        seen.chunks.update(cid for cid, _, _ in entries)
 
 
 def _walk_ref(key: str, tip: bytes, seen: _Seen) -> None:
@@ -451,7 +480,7 @@ def repair_remote(repo, name: Optional[str] = None) -> RemoteRepairReport:
     conn = Connection(repo, name)
     try:
         with lease.held(conn, lease.GC) as lease_:
-            seen, refs = _scan(conn.bucket)
+            seen, refs, _, _ = _scan(conn.bucket)
             salvaged = {i: raw for key, records in seen.broken.items() if seen.listed.get(key) is None
                         for i, raw in records.items()}  # from packs no reader can parse: usable only if moved
             with repo.gc_lock.shared(), repo.index.read() as txn:

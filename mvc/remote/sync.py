@@ -276,6 +276,7 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
                 with repo.index.read() as txn:
                     targets = _targets(repo, txn, names)
                     out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn)
+                _audit.check_push_targets(repo, conn.remote_refs, targets, conn.name)  # before any upload
                 chunks = _in_pack_order(repo, out.chunks)
                 packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress)
                 opacks, osent = transfer.upload_objects(conn.bucket, conn.catalogue, out.records)

@@ -171,7 +171,7 @@ def test_lanes_place_nodes_where_log_graph_draws_the_star(made):
     with mvc.Repository.open(path) as repo:
         commits = repo.history(all_refs=True)
     rows = lanes.layout(commits)
-    for (head, _, _), row in zip(text_layout(commits), rows):
+    for (head, *_), row in zip(text_layout(commits), rows):
         assert head.split(" ").index("*") == row.lane
     bottoms = [{b for _, _, b, end in r.segments if end == "bottom"} for r in rows]
     for above, row in zip(bottoms, rows[1:]):  # every lane that enters a row left the row above

@@ -386,3 +386,29 @@ def test_a_tag_kept_local_survives_eviction_and_loads_with_the_remote_gone(origi
         with lazy.index.read() as txn:
             assert only_v1 and all(txn.chunk(c) is None for c in only_v1)  # unpinned: evicted
     assert "--keep-local takes a tag NAME" in run("tag", "--keep-local", code=2)
+
+
+def test_evict_keeps_what_an_unpushed_commit_shares_with_the_remote(origin, tmp_path):
+    """A remote keeps only what its refs need (a remote gc deletes the rest): a chunk a local-only
+    commit uses stays local even while the remote's packs happen to hold it."""
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        s = lazy.load("main")  # main's chunks are local now
+        s["step"] = 99  # same tensors: the new commit shares every chunk with main
+        lazy.commit(s, "only here", branch="mine")
+        lazy.checkout("main~1")  # HEAD pins main~1 only
+        from mvc.remote.tiers import commit_chunks
+        with lazy.index.read() as txn:
+            main, older = (bytes.fromhex(lazy.resolve(r)) for r in ("main", "main~1"))
+            ids = commit_chunks(lazy, txn, {main}) - commit_chunks(lazy, txn, {older})
+        assert ids
+        lazy.evict(0)
+        with lazy.index.read() as txn:
+            assert all(txn.chunk(c) is not None for c in ids)  # kept: "mine" is not on the remote
+        lazy.push(refs=("mine",))
+        lazy.evict(0)
+        with lazy.index.read() as txn:
+            assert all(txn.chunk(c) is None for c in ids)  # now origin/mine reaches them there
+        assert same(lazy.load("mine"), s)
+    finally:
+        lazy.close()

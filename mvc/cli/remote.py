@@ -137,8 +137,8 @@ def remote_repair(name, as_json):
         out["ok"] = r.ok
         echo_json(out)
     else:
-        click.echo(f"checked {r.packs_checked} packs of remote {r.remote}: {r.problems_before} problems; uploaded "
-                   f"{r.chunks_uploaded} chunks and {r.objects_uploaded} objects in {r.packs_uploaded} packs, "
+        click.echo(f"checked {r.packs_checked} packs of remote {r.remote}: {r.problems_before} damaged or missing; "
+                   f"uploaded {r.chunks_uploaded} chunks and {r.objects_uploaded} objects in {r.packs_uploaded} packs, "
                    f"removed {len(r.packs_removed)} damaged packs")
         for key in r.packs_removed:
             click.echo(f"  removed {key}")
@@ -180,9 +180,12 @@ def push(name, refs, force, delete, as_json):
     if as_json:
         echo_json(report)
         return
-    click.echo(f"to {report.remote}: {report.commits} commits, {report.objects} objects, {report.chunks} chunks "
-               f"({human_bytes(report.chunk_bytes)} of chunk data, {human_bytes(report.bytes_sent)} in "
-               f"{report.packs} packs)")
+    if report.packs or any(u.status != "deleted" for u in report.refs):
+        click.echo(f"to {report.remote}: {report.commits} commits, {report.objects} objects, {report.chunks} chunks "
+                   f"({human_bytes(report.chunk_bytes)} of chunk data, {human_bytes(report.bytes_sent)} in "
+                   f"{report.packs} packs)")
+    else:
+        click.echo(f"to {report.remote}:")
     _ref_lines(report.refs)
 
 
@@ -370,8 +373,8 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool, read_subset=None) -
     for p in r.problems:
         click.echo(f"  {p.kind}: {p.object}: {p.detail}" + (f" (needed by {', '.join(p.refs)})" if p.refs else ""))
     if r.unreferenced:
-        click.echo(f"unreferenced packs (harmless: a killed or rejected push, a deleted branch): {len(r.unreferenced)}, "
-                   f"{human_bytes(sum(n for _, n in r.unreferenced))}; 'mvc gc --remote {r.remote}' reclaims them "
+        click.echo(f"unreferenced packs (harmless: a killed or rejected push, a deleted branch): "
+                   f"{len(r.unreferenced)}, {human_bytes(sum(n for _, n in r.unreferenced))}; 'mvc gc --remote {r.remote}' reclaims them "
                    "once older than its grace period")
         for key, n in r.unreferenced[:SHOWN]:
             click.echo(f"  {key} ({human_bytes(n)})")

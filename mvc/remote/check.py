@@ -396,7 +396,7 @@ class RemoteRepairReport:
     packs_uploaded: int
     packs_removed: tuple  # keys of damaged or unreadable packs removed once their intact records were moved
     unrepaired: tuple  # hex ids the remote's refs need that neither side holds intact
-    problems_before: int
+    problems_before: int  # damaged packs and records, and needed ids no intact pack held
 
     @property
     def ok(self) -> bool:
@@ -512,8 +512,9 @@ def repair_remote(repo, name: Optional[str] = None) -> RemoteRepairReport:
         left += [oid.hex() for oid in objects if oid not in seen.objects and oid not in salvaged
                  and oid not in local_objects]
         left += [oid.hex() for oid in lost]
+        missing = len(lacking) + sum(1 for oid in objects if oid not in seen.objects)
         return RemoteRepairReport(conn.name, seen.packs, len(upload), len(rescued), packs, tuple(removed),
-                                  tuple(sorted(set(left))), len(seen.problems))
+                                  tuple(sorted(set(left))), len(seen.problems) + missing)
     finally:
         conn.close()
 

@@ -150,7 +150,8 @@ def gc_remote(repo, name: Optional[str] = None, keep_last: Optional[int] = None,
                            (layout.encode_pruned(oid, {"policy": policy.describe()}) for oid in sorted(prune))]
                 transfer.upload_objects(conn.bucket, conn.catalogue, records)
                 notes.update({oid: rid for oid, (rid, _) in zip(sorted(prune), records)})
-            need_objects, need_chunks = _needed(conn.name, [oid for oid, _, _ in refs.values()], objects, pruned | prune)
+            tips = [oid for oid, _, _ in refs.values()]
+            need_objects, need_chunks = _needed(conn.name, tips, objects, pruned | prune)
             need_objects |= {notes[oid] for oid in need_objects if oid in notes}
             return _sweep(conn, held, need_objects, need_chunks, now, grace, dry_run,
                           tuple(sorted(oid.hex() for oid in prune)))

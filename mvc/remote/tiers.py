@@ -8,8 +8,10 @@ Vocabulary:
   verified on arrival and kept in a new local pack.
 - **evictable chunk**: one the catalogue shows in a pack on the cached
   remote (after a fresh listing), whose bytes there read back and hash to
-  its id at eviction time, that no pinned commit uses. Chunks only here
-  (not yet pushed), or whose remote copy is damaged, are never evicted.
+  its id at eviction time, that no pinned commit uses nor any commit the
+  remote's branches do not reach (a remote gc may delete what they do not
+  need). Chunks only here (not yet pushed), or whose remote copy is
+  damaged, are never evicted.
 - **pinned commits**: what HEAD names, the tips of branches with a live
   write lock (a run is training there), and refs pinned with ``mvc cache
   pin REF`` (``keep-local``).
@@ -296,6 +298,24 @@ def pinned_commits(repo, txn) -> set:
     return out
 
 
+def _unpushed(repo, txn, remote: str) -> set:
+    """Commits local branches and tags reach that no branch of ``remote`` (as last fetched or pushed)
+    reaches. The remote keeps only what its refs need (a remote gc deletes the rest), so a chunk such
+    a commit shares with the remote's packs today is not safe there tomorrow: it stays local."""
+    def history(tips, stop=frozenset()) -> set:
+        seen, todo = set(), [t for t in tips if t not in stop]
+        while todo:
+            oid = todo.pop()
+            if oid in seen or oid in stop or txn.get("commits", oid) is None:
+                continue
+            seen.add(oid)
+            todo += repo.objects.commit(txn, oid).parents
+        return seen
+    tracked = history([v.id for _, v in txn.refs(f"{refnames.REMOTES}{remote}/") if v.id is not None])
+    mine = [v.id for name, v in txn.refs() if v.id is not None and name.startswith((refnames.BRANCHES, refnames.TAGS))]
+    return history(mine, tracked)
+
+
 def commit_chunks(repo, txn, commits: set) -> set:
     """The chunk ids the trees of ``commits`` use (pruned commits use none)."""
     out = set()
@@ -347,7 +367,7 @@ def _evict(repo, conn: Connection, budget: int) -> EvictReport:
         by_pack: dict = {}
         for cid, loc in repo.chunks.records(txn):
             by_pack.setdefault(loc.pack, []).append((cid, loc))
-        pinned = commit_chunks(repo, txn, pinned_commits(repo, txn))
+        pinned = commit_chunks(repo, txn, pinned_commits(repo, txn) | _unpushed(repo, txn, conn.name))
     users: dict = {}  # delta base -> the local records that decode through it
     for items in by_pack.values():
         for cid, loc in items:

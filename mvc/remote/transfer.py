@@ -96,8 +96,9 @@ def verify_chunks(bucket, locations: dict, threads: int = THREADS) -> dict:
                 raise  # a server that does not answer says nothing about its bytes
             why = {cid: (key, f"the remote pack cannot be read: {exc}") for cid, _ in items}
         else:
-            why = {cid: (key, "its bytes on the remote do not hash to its id (BLAKE3 mismatch)")
-                   for cid, loc in items if hashing.digest(data[loc.offset - start:loc.offset - start + loc.length]) != cid}
+            mismatch = "its bytes on the remote do not hash to its id (BLAKE3 mismatch)"
+            why = {cid: (key, mismatch) for cid, loc in items
+                   if hashing.digest(data[loc.offset - start:loc.offset - start + loc.length]) != cid}
         with guard:
             bad.update(why)
     work = spans(locations)

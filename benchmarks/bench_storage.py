@@ -199,10 +199,13 @@ def measure(name: str, build, scale: float, ckpts: int, work: Path) -> dict:
     dense_packs = _packs(repo)
     bound = _blocks(states)
     torch_bytes = sum(p.stat().st_size for p in files)
-    load_torch = load_mvc = float("inf")
+    load_torch = load_mvc = cpu_torch = cpu_mvc = float("inf")
     for _ in range(3):  # side by side, so both see the same background load and allocator state
+        cpu = time.process_time()
         load_torch = min(load_torch, _timed(lambda: torch.load(files[-1], weights_only=True))[0])
+        cpu_torch, cpu = min(cpu_torch, time.process_time() - cpu), time.process_time()
         load_mvc = min(load_mvc, _timed(lambda: repo.load(ids[-1]))[0])
+        cpu_mvc = min(cpu_mvc, time.process_time() - cpu)
     live = {"model": model.state_dict()}
     repo.load_into(live, ids[-2])
     switch = min(_timed(lambda k=k: repo.load_into(live, ids[-1 - k % 2]))[0] for k in range(4))
@@ -221,6 +224,7 @@ def measure(name: str, build, scale: float, ckpts: int, work: Path) -> dict:
                 commit=sum(commit_s[1:]) / sum(save_s[1:]), first_commit=commit_s[0] / save_s[0],
                 encode_at_commit=(commit_s[-1] + encode_s) / save_s[-1], repack_s=repack_s,
                 load=load_mvc / load_torch, load_raw=load_raw / load_torch0, switch=switch / load_torch,
+                load_cpu=cpu_mvc / cpu_torch,
                 promised=promised / load_torch,
                 deltas=report.deltas, grouped=report.grouped, entropy=entropy)
 
@@ -314,6 +318,9 @@ def main():
               f"{r['bound'] / MiB:7.1f}Mi | {r['raw'] / r['bound']:8.2f}x {r['dense'] / r['bound']:7.2f}x "
               f"{r['dense'] / r['raw']:7.3f}x | {r['commit']:5.2f}x {r['first_commit']:4.2f}x "
               f"{r['encode_at_commit']:5.2f}x {r['load_raw']:5.2f}x {r['load']:4.2f}x {r['switch']:5.3f}x {r['promised']:6.3f}x")
+    for r in rows:
+        print(f"{r['name']} load after repack, CPU time (all threads) / torch.load's: {r['load_cpu']:.2f}x "
+              "(on a loaded machine the wall-time ratio tends to this: threads cannot help)")
     print(f"bf16 weights after repack: {ratio16:.3f}x raw")
     if args.codec_mib:
         import bench_codec  # this folder is on sys.path when run as a script

@@ -259,8 +259,8 @@ def interleave(planes: list, out: np.ndarray) -> None:
     plane: on a little-endian machine the bytes (a, b) of two neighbouring
     planes are the 16-bit number a + 256*b, two such are one 32-bit number,
     and so on; numpy computes each level with SIMD over whole arrays
-    (``benchmarks/bench_codec.py`` times both: here 2.5-5x the strided copy
-    at width 2, 1.5-6x at width 4, level at width 8). Other widths, big-endian
+    (``benchmarks/bench_codec.py`` times both: on a shared 2-core machine
+    1-5x the strided copy at width 2, 1.5-6x at width 4, level at width 8). Other widths, big-endian
     machines and unaligned outputs take the strided copy.
     """
     width = len(planes)

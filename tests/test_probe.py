@@ -142,6 +142,22 @@ def test_a_sharded_export_over_a_single_file_one_removes_the_old_weights(two_fol
     assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
 
 
+def test_a_replace_never_removes_the_folder_a_user_works_in(two_folders, tmp_path, monkeypatch):
+    repo, old, _, _, _ = two_folders
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "notes.txt").write_text("keep me")
+    before = listing(project)
+    monkeypatch.chdir(project)
+    with pytest.raises(mvc.BadInput, match="current folder"):
+        repo.export(old.id, project, force=True)
+    monkeypatch.chdir(tmp_path)
+    (project / ".git").mkdir()
+    with pytest.raises(mvc.BadInput, match="Git work tree"):
+        repo.export(old.id, project, force=True)
+    assert {k: v for k, v in listing(project).items() if not k.startswith(".git")} == before
+
+
 def test_a_full_disk_mid_export_leaves_the_whole_old_folder(two_folders, tmp_path):
     repo, old, new, _, _ = two_folders
     out = tmp_path / "out"

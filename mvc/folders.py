@@ -252,16 +252,16 @@ def _folder_target(out: Path, force: bool) -> Path:
         raise BadInput(f"{out} already holds files; pass --force to replace the folder with the commit's "
                        "(files the commit does not hold are removed)")
     if busy:
+        held = _repository_inside(out)
+        if held is not None:
+            raise InsideRepository(f"cannot replace the folder {out}: it holds the repository {held}, which "
+                                   "the export would remove; export to another folder", path=out, repository=held)
         # a replace removes what the commit lacks: never the folder a user works in
         here = Path(os.path.abspath(os.getcwd()))
         if out == here or out in here.parents or os.path.lexists(out / ".git"):
             what = "holds a Git work tree" if os.path.lexists(out / ".git") else "is the current folder or holds it"
             raise BadInput(f"cannot replace the folder {out}: it {what}, and a replace removes the files the "
                            "commit does not hold; export to a new folder")
-        held = _repository_inside(out)
-        if held is not None:
-            raise InsideRepository(f"cannot replace the folder {out}: it holds the repository {held}, which "
-                                   "the export would remove; export to another folder", path=out, repository=held)
     return out
 
 

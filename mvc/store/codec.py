@@ -250,6 +250,10 @@ def _plane(body: memoryview, mode: int, n: int) -> np.ndarray:
 
 # Unsigned integers by size: two planes side by side are one number of twice the width.
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+# Widths un-grouped by arithmetic. On a quiet core (bench_codec.py): width 2 at 4.1-4.7 GB/s
+# against 1.8-1.9 for the strided copy, width 4 1.9-2.1 against 1.7-1.9, but width 8
+# (three levels) slower, 1.1-1.2 against 1.7-1.8: it keeps the strided copy.
+ARITHMETIC = (2, 4)
 
 
 def interleave(planes: list, out: np.ndarray) -> None:
@@ -259,8 +263,7 @@ def interleave(planes: list, out: np.ndarray) -> None:
     plane: on a little-endian machine the bytes (a, b) of two neighbouring
     planes are the 16-bit number a + 256*b, two such are one 32-bit number,
     and so on; numpy computes each level with SIMD over whole arrays
-    (``benchmarks/bench_codec.py`` times both: on a shared 2-core machine
-    1-5x the strided copy at width 2, 1.5-6x at width 4, level at width 8). Other widths, big-endian
+    (``benchmarks/bench_codec.py`` times both; see ``ARITHMETIC``). Other widths, big-endian
     machines and unaligned outputs take the strided copy.
     """
     width = len(planes)
@@ -268,7 +271,7 @@ def interleave(planes: list, out: np.ndarray) -> None:
     if width == 1:
         out[:] = planes[0]
         return
-    if width not in _UINT or sys.byteorder != "little" or out.ctypes.data % width:
+    if width not in ARITHMETIC or sys.byteorder != "little" or out.ctypes.data % width:
         whole = out.reshape(n, width)
         for j, plane in enumerate(planes):
             whole[:, j] = plane

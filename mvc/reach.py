@@ -96,6 +96,35 @@ def ancestry(commit: Callable, starts: Iterable[bytes], policy: str = RAISE,
     return seen
 
 
+def closure(get: Callable, tips: Iterable[bytes], pruned: Callable = lambda oid: False) -> Iterator[tuple]:
+    """The closures of ``tips`` as the remote code walks them, through ``get(kind, id)`` ("commits",
+    "trees", "tensors"), which reads one object and returns None when it is missing (the caller records
+    that; the walk goes on without it) or raises to stop. Yields (chunk id, length) once per chunk. A
+    commit for which ``pruned(id)`` is true gives only its record and parents."""
+    seen, todo = set(), list(tips)
+    while todo:
+        oid = todo.pop()
+        if oid in seen:
+            continue
+        seen.add(oid)
+        commit = get("commits", oid)
+        if commit is None:
+            continue
+        todo += commit.parents
+        if pruned(oid) or commit.tree in seen:
+            continue
+        seen.add(commit.tree)
+        tree = get("trees", commit.tree)
+        for _, leaf in (walk_tree(tree.root) if tree is not None else ()):
+            if isinstance(leaf, TensorLeaf) and leaf.id not in seen:
+                seen.add(leaf.id)
+                tensor = get("tensors", leaf.id)
+                for cid, _, n in (tensor.chunk_spans() if tensor is not None else ()):
+                    if cid not in seen:
+                        seen.add(cid)
+                        yield cid, n
+
+
 @dataclass
 class Finding:
     """Damage the walk met (binary ids), before its consequences are worked out."""

@@ -21,9 +21,7 @@ from .. import hashing, reach
 from ..errors import CorruptObject, MvcError
 from ..objects import object_id
 from ..store.chunks import Request
-from ..objects import TensorLeaf
 from ..store.packs import HEADER, RECORD_HEAD
-from ..traverse import walk as walk_tree
 from . import config, layout, transfer
 from .bucket import NotFound
 from .catalogue import read_trailer
@@ -179,8 +177,9 @@ def fsck_remote(repo, name: Optional[str] = None, subset: Optional[str] = None) 
     try:
         bucket = conn.bucket
         seen, refs, protected, trusted = _scan(bucket, group)
+        decoded, pruned = _decode(seen.objects)  # once, for every ref's walk
         for key, tip in sorted(refs.items()):
-            _walk_ref(key, tip, seen)
+            _walk_ref(key, tip, seen, decoded, pruned)
         for kind, key, detail in _audit.remote_findings(repo, conn.name, refs, seen.objects, protected):
             seen.problems.append(RemoteProblem(kind, key, detail, (key,)))
         decoded_chunks = len(seen.chunks)
@@ -213,10 +212,11 @@ def _list_pack(bucket, key: str, seen: _Seen, lock) -> None:
         seen.chunks.update(cid for cid, _, _ in entries)
 
 
-def _walk_ref(key: str, tip: bytes, seen: _Seen) -> None:
-    pruned = set()
-    decoded = {}
-    for oid, raw in seen.objects.items():
+def _decode(objects: dict) -> tuple:
+    """({id: (kind, object)}, {commit ids with a pruned note}) of ``objects`` {id: raw}; records
+    that do not decode are left out (the pack check reported them)."""
+    decoded, pruned = {}, set()
+    for oid, raw in objects.items():
         try:
             kind, obj = _classify(raw, oid)
         except CorruptObject:
@@ -225,7 +225,10 @@ def _walk_ref(key: str, tip: bytes, seen: _Seen) -> None:
             pruned.add(obj["commit"])
         else:
             decoded[oid] = (kind, obj)
+    return decoded, pruned
 
+
+def _walk_ref(key: str, tip: bytes, seen: _Seen, decoded: dict, pruned: set) -> None:
     def need(kind: str, oid: bytes):
         seen.needed.add(oid)
         entry = decoded.get(oid)
@@ -234,32 +237,11 @@ def _walk_ref(key: str, tip: bytes, seen: _Seen) -> None:
                                                "no intact object pack holds it", (key,)))
             return None
         return entry[1]
-    todo, visited = [tip], set()
-    while todo:
-        oid = todo.pop()
-        if oid in visited:
-            continue
-        visited.add(oid)
-        commit = need("commits", oid)
-        if commit is None:
-            continue
-        todo += commit.parents
-        if oid in pruned or commit.tree in visited:
-            continue
-        visited.add(commit.tree)
-        tree = need("trees", commit.tree)
-        if tree is None:
-            continue
-        for _, leaf in walk_tree(tree.root):
-            if isinstance(leaf, TensorLeaf) and leaf.id not in visited:
-                visited.add(leaf.id)
-                tensor = need("tensors", leaf.id)
-                seen.needed.update(tensor.chunks if tensor else ())
-                for cid in (tensor.chunks if tensor else ()):
-                    if cid not in seen.chunks and cid not in visited:
-                        visited.add(cid)
-                        seen.problems.append(RemoteProblem(MISSING_CHUNK, f"chunk {cid.hex()[:12]}",
-                                                           "no intact chunk pack holds it", (key,)))
+    for cid, _ in reach.closure(need, [tip], pruned.__contains__):
+        seen.needed.add(cid)
+        if cid not in seen.chunks:
+            seen.problems.append(RemoteProblem(MISSING_CHUNK, f"chunk {cid.hex()[:12]}",
+                                               "no intact chunk pack holds it", (key,)))
 
 
 def _merge(problems: list) -> list:
@@ -406,17 +388,8 @@ class RemoteRepairReport:
 def _needs(repo, txn, tips: list, remote_objects: dict) -> tuple:
     """({object id: kind}, {chunk id: length}, [ids found nowhere]) of the closures of ``tips``,
     reading each object from the remote's intact copy or, failing that, this repository's."""
-    decoded, pruned = {}, set()
-    for oid, raw in remote_objects.items():
-        try:
-            kind, obj = _classify(raw, oid)
-        except CorruptObject:
-            continue
-        if kind == "pruned":
-            pruned.add(obj["commit"])
-        else:
-            decoded[oid] = (kind, obj)
-    objects, chunks, lost = {}, {}, []
+    decoded, pruned = _decode(remote_objects)
+    objects, lost = {}, []
 
     def get(kind: str, oid: bytes):
         objects[oid] = kind
@@ -427,26 +400,7 @@ def _needs(repo, txn, tips: list, remote_objects: dict) -> tuple:
         except MvcError:
             lost.append(oid)
             return None
-    todo, seen = list(tips), set()
-    while todo:
-        oid = todo.pop()
-        if oid in seen:
-            continue
-        seen.add(oid)
-        commit = get("commits", oid)
-        if commit is None:
-            continue
-        todo += commit.parents
-        if oid in pruned or repo.objects.pruned(txn, oid) is not None or commit.tree in seen:
-            continue
-        seen.add(commit.tree)
-        tree = get("trees", commit.tree)
-        for _, leaf in (walk_tree(tree.root) if tree else ()):
-            if isinstance(leaf, TensorLeaf) and leaf.id not in seen:
-                seen.add(leaf.id)
-                tensor = get("tensors", leaf.id)
-                for cid, _, n in (tensor.chunk_spans() if tensor else ()):
-                    chunks[cid] = n
+    chunks = dict(reach.closure(get, tips, lambda oid: oid in pruned or repo.objects.pruned(txn, oid) is not None))
     return objects, chunks, lost
 
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .. import gc as local_gc
+from .. import reach
 from ..errors import ObjectNotFound, RemoteDamaged
-from ..objects import TensorLeaf, object_id
+from ..objects import object_id
 from ..store.index import RefValue
-from ..traverse import walk as walk_tree
 from . import layout, lease, transfer
 from .catalogue import read_trailer
 from .sync import Connection, _classify
@@ -86,7 +86,7 @@ def _read_objects(conn) -> tuple:
 
 def _needed(remote: str, tips: list, objects: dict, pruned: set) -> tuple:
     """(object ids, chunk ids) the histories of ``tips`` need; RemoteDamaged if one is on no pack."""
-    need_objects, need_chunks, lost = set(), set(), []
+    need_objects, lost = set(), []
 
     def get(kind: str, oid: bytes):
         entry = objects.get(oid)
@@ -95,22 +95,7 @@ def _needed(remote: str, tips: list, objects: dict, pruned: set) -> tuple:
             return None
         need_objects.add(oid)
         return entry[1]
-    todo = list(tips)
-    while todo:
-        oid = todo.pop()
-        if oid in need_objects:
-            continue
-        commit = get("commits", oid)
-        if commit is None:
-            continue
-        todo += commit.parents
-        if oid in pruned or commit.tree in need_objects:
-            continue
-        tree = get("trees", commit.tree)
-        for _, leaf in (walk_tree(tree.root) if tree else ()):
-            if isinstance(leaf, TensorLeaf) and leaf.id not in need_objects:
-                tensor = get("tensors", leaf.id)
-                need_chunks.update(tensor.chunks if tensor else ())
+    need_chunks = {cid for cid, _ in reach.closure(get, tips, pruned.__contains__)}
     if lost:
         raise RemoteDamaged(f"{len(lost)} objects the remote's refs need are on no intact pack (commit, tree or "
                             f"tensor {lost[0].hex()[:12]} ...); remote gc deleted nothing", remote=remote, ids=lost)

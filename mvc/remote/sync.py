@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import audit as _audit
+from .. import reach
 from .. import refs as refnames
 from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict, RemoteDamaged, UntrustedAnswer
 from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
@@ -702,29 +703,13 @@ def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetc
     clone reads them from there, so a pack deleted there is noticed at the next fetch."""
     decoded = {oid: _classify(data, oid) for _, oid, data in inc.objects}
     pruned = set(inc.pruned)
-    seen, out, todo = set(), [], list(tips)
 
     def get(kind: str, oid: bytes):
         if oid in decoded and decoded[oid][0] == kind:
             return decoded[oid][1]
         return getattr(repo.objects, kind[:-1])(txn, oid)
-    while todo:
-        oid = todo.pop()
-        if oid in seen:
-            continue
-        seen.add(oid)
-        commit = get("commits", oid)
-        todo += commit.parents
-        if oid in pruned or repo.objects.pruned(txn, oid) is not None or commit.tree in seen:
-            continue
-        seen.add(commit.tree)
-        for _, leaf in walk_tree(get("trees", commit.tree).root):
-            if isinstance(leaf, TensorLeaf) and leaf.id not in seen:
-                seen.add(leaf.id)
-                for cid in get("tensors", leaf.id).chunks:
-                    if cid not in seen:
-                        seen.add(cid)
-                        out.append(cid)
+    out = [cid for cid, _ in reach.closure(get, tips, lambda oid: oid in pruned or
+                                           repo.objects.pruned(txn, oid) is not None)]
     known = conn.catalogue.chunks(cid for cid in out if txn.chunk(cid) is None)
     return [cid for cid in out if txn.chunk(cid) is None and cid not in known]
 

@@ -155,7 +155,7 @@ def _locate(checkpoint_id) -> tuple:
         return repo, None
     tag = ID_TAGS + "/".join(path.relative_to(repo.root).parts)
     try:
-        mvc.refs.check_name(tag, "tag")
+        mvc.check_ref_name(tag, "tag")
     except BaseException:
         repo.close()
         raise

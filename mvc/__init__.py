@@ -9,6 +9,7 @@ from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CommitPruned
                      InvalidRefName, LockHeld, MvcError, NotARepository, ObjectNotFound, ProtectedRef,
                      RefConflict, RepositoryExists, UnknownRevision, UnsupportedFormat)
 from .errors import BadRecipe, MergeError, MergeMismatch, MergeRefused  # merging (mvc/merge.py)
+from .refs import check_name as check_ref_name  # the name rules, for callers that name refs (mvc_hooks.dcp)
 from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
 from .repository import Repository
 from .sharded import ShardedTensor
@@ -23,4 +24,4 @@ __all__ = [
     "InvalidRefName", "LockHeld", "NotARepository", "ObjectNotFound", "ProtectedRef",
     "RefConflict", "RepositoryExists", "UnknownRevision", "UnsupportedFormat", "__version__",
 ]
-__all__ += ["BadRecipe", "MergeError", "MergeMismatch", "MergeRefused"]
+__all__ += ["BadRecipe", "MergeError", "MergeMismatch", "MergeRefused", "check_ref_name"]

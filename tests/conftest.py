@@ -7,6 +7,13 @@ import mvc
 SMALL_CHUNK = 64
 
 
+def same(a: dict, b: dict) -> bool:
+    """Two flat states hold the same keys, tensors equal bit for bit and other values equal."""
+    import torch
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+                                        for k in a)
+
+
 @pytest.fixture
 def repo(tmp_path):
     r = mvc.Repository.init(tmp_path, chunk_size=SMALL_CHUNK)

@@ -6,8 +6,13 @@ holds the on-disk faults (flipped bits, truncation).
 """
 
 import errno
+import json
 import os
+import subprocess
+import sys
 from contextlib import contextmanager
+
+import pytest
 
 
 @contextmanager
@@ -44,3 +49,21 @@ def short_writes():
         yield
     finally:
         os.writev = original
+
+
+def on_small_tmpfs(tmp_path, code: str, size: str = "4m") -> dict:
+    """Run ``code`` in a Python child, in a private mount namespace where a ``size`` tmpfs is
+    mounted on a folder it gets as ``sys.argv[1]``: a real full disk. Returns the JSON the child
+    prints; skips where unprivileged mount namespaces are not allowed."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    script = f'mount -t tmpfs -o size={size} tmpfs "$0" || exit 77; exec "$1" -c "$2" "$0"'
+    try:
+        out = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(mount), sys.executable, code],
+                             capture_output=True, text=True, timeout=300)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here")
+    if out.returncode == 77 or out.stderr.startswith("unshare:"):
+        pytest.skip(f"cannot mount a small filesystem here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)

@@ -14,6 +14,7 @@ large enough that byte grouping and deltas pay (so repacked kinds really
 hold encoded records).
 """
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -57,13 +58,23 @@ def origin_with_remote(tmp_path: Path, commits: int = 3) -> tuple:
     return repo, truth
 
 
+@contextmanager
+def lazy_clone(tmp_path: Path, commits: int = 3):
+    """(a lazy clone of origin_with_remote's remote, the truth by commit id); both closed after."""
+    origin, truth = origin_with_remote(tmp_path, commits)
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lazy", lazy=True)
+    try:
+        yield lazy, truth
+    finally:
+        lazy.close()
+        origin.close()
+
+
 # -- the three crashes of issue 20 ----------------------------------------------------
 
 def test_gc_in_a_repository_that_caches_a_remote_rewrites_its_packs(tmp_path):
     """gc rewrote packs through PackStore-only calls: AttributeError after the sweep had committed."""
-    origin, truth = origin_with_remote(tmp_path, 2)
-    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lazy", lazy=True)
-    try:
+    with lazy_clone(tmp_path, 2) as (lazy, truth):
         lazy.load("main~1")  # one cached pack: frozen (live) and main~1's w (pruned below)
         report = lazy.gc(keep_last=1, grace=0, repack=True)
         assert report.packs_rewritten == 1 and report.records_moved > 0
@@ -71,16 +82,11 @@ def test_gc_in_a_repository_that_caches_a_remote_rewrites_its_packs(tmp_path):
         for oid, st in truth.items():
             if oid not in report.pruned:
                 assert same(lazy.load(oid), st)
-    finally:
-        lazy.close()
-        origin.close()
 
 
 def test_first_repack_in_a_repository_that_caches_a_remote(tmp_path):
     """The first repack wrote encoded records into a version 1 pack: ValueError until reopened."""
-    origin, truth = origin_with_remote(tmp_path)
-    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lazy", lazy=True)
-    try:
+    with lazy_clone(tmp_path) as (lazy, truth):
         for oid in truth:
             lazy.load(oid)
         report = lazy.repack()
@@ -88,16 +94,11 @@ def test_first_repack_in_a_repository_that_caches_a_remote(tmp_path):
         assert lazy.fsck().ok
         for oid, st in truth.items():
             assert same(lazy.load(oid), st)
-    finally:
-        lazy.close()
-        origin.close()
 
 
 def test_evict_after_repack_in_a_repository_that_caches_a_remote(tmp_path):
     """Eviction copied kept records into buffers of their stored length: CorruptObject on encoded ones."""
-    origin, truth = origin_with_remote(tmp_path)
-    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lazy", lazy=True)
-    try:
+    with lazy_clone(tmp_path) as (lazy, truth):
         for oid in truth:
             lazy.load(oid)
         assert lazy.repack().grouped > 0
@@ -106,9 +107,6 @@ def test_evict_after_repack_in_a_repository_that_caches_a_remote(tmp_path):
         assert lazy.fsck().ok
         for oid, st in truth.items():
             assert same(lazy.load(oid), st)
-    finally:
-        lazy.close()
-        origin.close()
 
 
 # -- the kinds of repository ---------------------------------------------------------

@@ -1,7 +1,6 @@
 """A full disk mid-commit (and mid-gc): a clear error, and the repository as it was."""
 
 import errno
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,8 @@ from click.testing import CliRunner
 
 import mvc
 from mvc.cli import main
+
+from faults import on_small_tmpfs
 
 from faults import failing, short_writes
 
@@ -153,18 +154,7 @@ print(json.dumps({"landed": landed, "error": error, "tip": tip, "ok": report.ok,
 
 
 def test_real_full_filesystem(tmp_path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    script = 'mount -t tmpfs -o size=4m tmpfs "$0" || exit 77; exec "$1" -c "$2" "$0"'
-    try:
-        out = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(mount), sys.executable, ON_TMPFS],
-                             capture_output=True, text=True, timeout=300)
-    except FileNotFoundError:
-        pytest.skip("no unshare(1) here")
-    if out.returncode == 77 or out.stderr.startswith("unshare:"):
-        pytest.skip(f"cannot mount a small filesystem here: {out.stderr.strip()}")
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
+    result = on_small_tmpfs(tmp_path, ON_TMPFS)
     assert result["error"] is not None and "No space left on device" in result["error"], result["error"]
     assert result["landed"] and result["tip"] == result["landed"][-1]
     assert result["ok"] and result["intact"] and result["tmp"] == [] and result["clean_after_gc"]

@@ -25,7 +25,7 @@ from mvc import files as files_mod
 from mvc.cli import main
 
 from conftest import SMALL_CHUNK
-from faults import failing
+from faults import failing, on_small_tmpfs
 
 PY = sys.executable
 
@@ -592,18 +592,7 @@ print(json.dumps(out))
 
 
 def test_a_full_disk_is_one_line_and_gc_frees_it(tmp_path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    script = 'mount -t tmpfs -o size=4m tmpfs "$0" || exit 77; exec "$1" -c "$2" "$0"'
-    try:
-        out = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(mount), PY, FULL_DISK],
-                             capture_output=True, text=True, timeout=300)
-    except FileNotFoundError:
-        pytest.skip("no unshare(1) here")
-    if out.returncode == 77 or out.stderr.startswith("unshare:"):
-        pytest.skip(f"cannot mount a small filesystem here: {out.stderr.strip()}")
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout)
+    r = on_small_tmpfs(tmp_path, FULL_DISK)
     for step in ("init_full", "init_12k", "log_no_lock", "commit_full"):
         assert r[step]["rc"] == 1, (step, r[step])  # not 135 (SIGBUS) and no traceback
         assert r[step]["err"].count("\n") == 1 and "No space left on device" in r[step]["err"], (step, r[step])

@@ -15,6 +15,8 @@ import torch
 from click.testing import CliRunner
 
 import mvc
+
+from conftest import same
 from mvc.cli import main
 from mvc.errors import RemoteBusy
 from mvc.remote import layout
@@ -26,11 +28,6 @@ CHUNK = 1024
 def state(seed: int, n: int = 8 * 1024) -> dict:
     g = torch.Generator().manual_seed(seed)
     return {"w": torch.randn(n, generator=g), "step": seed}
-
-
-def same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
-                                        for k in a)
 
 
 def cli(repo_dir, *args):

@@ -22,6 +22,8 @@ import pytest
 import torch
 
 import mvc
+
+from conftest import same
 from mvc.remote.sync import REJECTED
 
 CHUNK = 1024
@@ -30,11 +32,6 @@ CHUNK = 1024
 def state(seed: int, n: int = 64 * 1024) -> dict:
     g = torch.Generator().manual_seed(seed)
     return {"w": torch.randn(n, generator=g), "b": torch.arange(256, dtype=torch.int64), "step": seed}
-
-
-def same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
-                                        for k in a)
 
 
 def mvc_cli(*args, env=None, **kw):

@@ -324,6 +324,16 @@ def test_the_lightning_callback_signs_every_commit(tmp_path, key):
     assert verdicts and all(v.status == "unknown" and v.key == key.fingerprint for v in verdicts)
 
 
+def test_the_trainer_callback_signs_every_commit(tmp_path, key):
+    hf_tests = pytest.importorskip("test_hooks_transformers")  # its tiny real Trainer run
+    run = hf_tests.trainer(tmp_path, "run", hf_tests.MvcCallback(tmp_path / "repo", chunk_size=64, sign=key),
+                           max_steps=hf_tests.SAVE)
+    run.train()
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        verdicts = [repo.verify_commit(c.id) for c in repo.log("hf")]
+    assert verdicts and all(v.status == "unknown" and v.key == key.fingerprint for v in verdicts)
+
+
 def test_a_small_order_key_that_verifies_anything_is_bad():
     # OpenSSL accepts the all-zero public key with the all-zero signature for every message
     w = signing._string

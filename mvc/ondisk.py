@@ -41,7 +41,6 @@ MAX_WRITE_CHUNK = 1 << 30  # the writer's limit: one read of a chunk must stay u
 SUBDIRS = ("packs", "tmp", "locks", "index")
 
 
-
 def find_root(path) -> Path:
     """The directory holding ``.mvc``: ``path`` or the nearest parent that has one."""
     start = Path(path).resolve()

@@ -60,6 +60,7 @@ def load(repo, rev: str = refs.HEAD, map_location=None,
         tensors = read_tensors(repo, txn, leaves, oid, progress)
     return states.materialize(root, tensors, map_location)
 
+
 def load_into(repo, targets: dict, rev: str = refs.HEAD, *, check_live: bool = True):
     """Update live tensors in place to commit ``rev``, reading only what differs.
 
@@ -78,11 +79,13 @@ def load_into(repo, targets: dict, rev: str = refs.HEAD, *, check_live: bool = T
     from . import live  # torch
     return live.load_into(repo, targets, rev, check_live)
 
+
 def read_leaves(repo, rev: str, leaves: list, progress=None, into: Optional[dict] = None) -> dict:
     """{tensor id: CPU tensor} for (key path, TensorLeaf) pairs of commit
     ``rev``, read and verified in a transaction of their own; see ``read_tensors``."""
     with repo.gc_lock.shared(), repo.index.read() as txn:
         return read_tensors(repo, txn, leaves, repo.refs.resolve(txn, rev), progress, into)
+
 
 def read_tensors(repo, txn, leaves: list, commit_id: bytes, progress=None, into: Optional[dict] = None) -> dict:
     """{tensor id: CPU tensor} for (key path, TensorLeaf) pairs, read in threads and verified.
@@ -121,6 +124,7 @@ def read_tensors(repo, txn, leaves: list, commit_id: bytes, progress=None, into:
         read_scattered(repo, txn, tensor, obj, what, step if progress else None)
     return out
 
+
 def read_chunk(repo, chunk_id: bytes, what: str = "") -> bytes:
     """One chunk's verified bytes; ObjectNotFound / ChecksumMismatch.
 
@@ -129,6 +133,7 @@ def read_chunk(repo, chunk_id: bytes, what: str = "") -> bytes:
     """
     with repo.index.read() as txn:
         return repo.chunks.read_one(chunk_id, txn, what.removeprefix(" of "))
+
 
 def read_pieces(repo, ranges: list, what: str = "") -> list:
     """Verified bytes of pieces: for each (TensorObject, piece index, start,
@@ -144,6 +149,7 @@ def read_pieces(repo, ranges: list, what: str = "") -> list:
         read_runs(repo, txn, requests)
     return out
 
+
 def read_scattered(repo, txn, tensor, obj: TensorObject, what: str, progress) -> None:
     """Read a sharded tensor whose shards are not runs of rows: each shard
     into a buffer of its own, then copied into its box."""
@@ -152,6 +158,7 @@ def read_scattered(repo, txn, tensor, obj: TensorObject, what: str, progress) ->
         buffer = np.empty(nbytes, dtype=np.uint8)
         read_runs(repo, txn, [Request(cid, buffer[off:off + n], what) for cid, off, n in spans], progress)
         sharded.scatter(tensor, offsets, sizes, buffer)
+
 
 def load_keys(repo, rev: str, keys) -> dict:
     """{key: repo.load(rev)[key]} for top-level ``keys`` of a commit whose

@@ -21,9 +21,11 @@ def _set(repo, ref: str, rev: str, force: bool, protect: Optional[bool], why: st
         oid, protected = repo.refs.set(txn, ref, rev, force, protect, why, locking.this_process(default_author()))
     return Ref(refs.short_name(ref), oid.hex(), protected)
 
+
 def _delete(repo, ref: str, force: bool) -> None:
     with repo.index.write() as txn:
         repo.refs.delete(txn, ref, force, locking.this_process(default_author()))
+
 
 def create_branch(repo, name: str, rev: str = refs.HEAD, force: bool = False,
                   protect: Optional[bool] = None) -> Ref:
@@ -34,8 +36,10 @@ def create_branch(repo, name: str, rev: str = refs.HEAD, force: bool = False,
     ref = refs.BRANCHES + refs.check_name(name, "branch")
     return _set(repo, ref, rev, force, protect, f"branch: {rev}")
 
+
 def delete_branch(repo, name: str, force: bool = False) -> None:
     _delete(repo, refs.BRANCHES + refs.check_name(name, "branch", existing=True), force)
+
 
 def create_tag(repo, name: str, rev: str = refs.HEAD, protect: Optional[bool] = None,
                force: bool = False, sign=None, message: str = "") -> Ref:
@@ -53,11 +57,13 @@ def create_tag(repo, name: str, rev: str = refs.HEAD, protect: Optional[bool] = 
         audit.put_tag(txn, name, oid, signer, message, default_author(), now_us())
     return Ref(name, oid.hex(), protected)
 
+
 def delete_tag(repo, name: str, force: bool = False) -> None:
     with repo.index.write() as txn:
         repo.refs.delete(txn, refs.TAGS + refs.check_name(name, "tag", existing=True), force,
                          locking.this_process(default_author()))
         audit.put_tag(txn, name, None, None)
+
 
 def set_protected(repo, name: str, protected: bool = True, kind: str = "branch") -> Ref:
     """Protect or unprotect a branch or tag (kind "branch" or "tag")."""
@@ -65,6 +71,7 @@ def set_protected(repo, name: str, protected: bool = True, kind: str = "branch")
     with repo.index.write() as txn:
         oid = repo.refs.protect(txn, ref, protected)
     return Ref(name, oid.hex(), protected)
+
 
 def checkout(repo, rev: str, new_branch: Optional[str] = None) -> Head:
     """Move HEAD: onto a branch (by name) or detached at any other revision;
@@ -79,6 +86,7 @@ def checkout(repo, rev: str, new_branch: Optional[str] = None) -> Head:
         ref, oid = repo.refs.head(txn)
     return Head(refs.short_name(ref) if ref else None, oid.hex() if oid else None)
 
+
 def rename_branch(repo, old: str, new: str, force: bool = False) -> Ref:
     """Rename branch ``old`` to ``new``, keeping its protection and reflog; HEAD follows."""
     old_ref = refs.BRANCHES + refs.check_name(old, "branch", existing=True)
@@ -86,6 +94,7 @@ def rename_branch(repo, old: str, new: str, force: bool = False) -> Ref:
     with repo.index.write() as txn:
         oid, protected = repo.refs.rename(txn, old_ref, new_ref, force, locking.this_process(default_author()))
     return Ref(new, oid.hex(), protected)
+
 
 def _tag_ref(txn, name: str) -> str:
     ref = name if name.startswith(refs.TAGS) else refs.TAGS + name

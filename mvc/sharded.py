@@ -248,9 +248,9 @@ class Shards:
                 "chunks_new": stats.chunks_new, "bytes_new": stats.bytes_new}
 
     def commit(self, start: dict, leaves: dict, locations: dict, dcp: Optional[dict] = None,
-                      message: str = "", *, step: Optional[int] = None, epoch: Optional[int] = None,
-                      metrics: Optional[dict] = None, context: Optional[dict] = None,
-                      author: Optional[str] = None, stats: Optional[CommitStats] = None) -> Commit:
+               message: str = "", *, step: Optional[int] = None, epoch: Optional[int] = None,
+               metrics: Optional[dict] = None, context: Optional[dict] = None,
+               author: Optional[str] = None, stats: Optional[CommitStats] = None) -> Commit:
         """The coordinator's part of a sharded save: one commit of every rank's shards.
 
         ``start`` is what ``begin`` returned; ``leaves`` maps key
@@ -264,7 +264,7 @@ class Shards:
         (nothing committed) for anything that does not add up.
         """
         if type(start) is not dict or set(start) != {"ref", "parent"}:
-            raise BadInput("start must be what begin_sharded returned")
+            raise BadInput("start must be what shards.begin returned")
         record = commits.record(message, step, epoch, metrics, context, author or default_author())
         me = locking.this_process(record.author)
         if dcp is not None:
@@ -298,7 +298,7 @@ class Shards:
                                            "committed, save again")
             with self.repo.index.write() as txn:
                 oid, obj = commits.land(self.repo, txn, start["ref"], start["parent"], False, me, record, publish,
-                                      {tid: data for tid, (_, data) in objs.items()}, tree_data)
+                                        {tid: data for tid, (_, data) in objs.items()}, tree_data)
         ref = start["ref"]
         return replace(commits.to_commit(oid, obj, stats), branch=refs.short_name(ref) if ref else None)
 

@@ -110,7 +110,7 @@ def test_two_processes_push_one_branch_at_once(pushed_sw, tmp_path, seaweedfs):
     assert REJECTED in loser and "Traceback" not in loser
     winner = ids[[code for code, _, _ in results].index(0)]
     check = mvc.Repository.clone(url, tmp_path / "z", endpoint_url=s3.endpoint)
-    assert check.resolve("main") == winner and check.fsck().ok and check.fsck_remote().ok
+    assert check.resolve("main") == winner and check.fsck().ok and check.remotes.fsck().ok
     check.close()
 
 

@@ -171,13 +171,13 @@ def one_round(args, server: Server, root: Path, state, state2, pt1: Path, pt2: P
     """One round of every timed step; (chunk bytes of the first push, of the second)."""
     repo = mvc.Repository.init(root / "train", chunk_size=args.chunk_size)
     url = server.url(f"run{i}")
-    repo.remote_add("origin", url, server.endpoint)
+    repo.remotes.add("origin", url, server.endpoint)
     v1 = repo.commit(state, "v1").id
-    seconds, report = timed(repo.push)
+    seconds, report = timed(repo.remotes.push)
     keep("push", seconds)
     keep("upload", timed(server.client.upload_file, str(pt1), server.bucket, f"baseline{i}/v1.pt")[0])
     v2 = repo.commit(state2, "v2").id
-    seconds, report2 = timed(repo.push)
+    seconds, report2 = timed(repo.remotes.push)
     keep("push2", seconds)
     keep("upload2", timed(server.client.upload_file, str(pt2), server.bucket, f"baseline{i}/v2.pt")[0])
     repo.close()
@@ -212,16 +212,16 @@ def one_round(args, server: Server, root: Path, state, state2, pt1: Path, pt2: P
 
 def storage(args, server: Server, scratch: Path, state: dict) -> None:
     repo = mvc.Repository.init(scratch / "tune", chunk_size=args.chunk_size)
-    repo.remote_add("origin", server.url("tune"), server.endpoint)
+    repo.remotes.add("origin", server.url("tune"), server.endpoint)
     really, current = state_bytes(state), state
     repo.commit(current, "step 0")
-    repo.push()
+    repo.remotes.push()
     for step in range(1, 10):
         new = fine_tune_step(current, step, args.rows)
         really += changed_bytes(current, new)
         current = new
         repo.commit(current, f"step {step}")
-        repo.push()
+        repo.remotes.push()
     stored = server.stored("tune")
     ratio = stored / really
     print(f"{'remote storage after 10 fine-tuning checkpoints vs bytes that differ':<58} "
@@ -242,8 +242,8 @@ def run_pack_sizes(args, server: Server, scratch: Path) -> None:
     for i, mb in enumerate(args.pack_sizes):
         layout.PACK_BYTES = mb * MiB
         name = f"sizes{i}"
-        repo.remote_add(name, server.url(f"sizes-{i}"), server.endpoint)
-        t, report = timed(repo.push, name)
+        repo.remotes.add(name, server.url(f"sizes-{i}"), server.endpoint)
+        t, report = timed(repo.remotes.push, name)
         print(f"pack size {mb:4d} MiB: push {t:6.2f} s ({report.packs} packs), ratio {t / up_s:5.2f}", flush=True)
     repo.close()
 

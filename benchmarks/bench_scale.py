@@ -96,14 +96,14 @@ def chunk_series(n: int, work: Path, repeat: int) -> dict:
     out["fsck_quick"] = _best(lambda: repo.fsck(quick=True), repeat)
     out["gc_plan"] = _best(lambda: repo.gc(dry_run=True), repeat)
     remote = work / f"remote-{n}"
-    repo.remote_add("origin", str(remote))
+    repo.remotes.add("origin", str(remote))
     out["push_plan_all"] = _best(lambda: _plan_push(repo, "origin"), repeat)
     start = time.perf_counter()
-    repo.push("origin")
+    repo.remotes.push("origin")
     out["push_s"] = time.perf_counter() - start
     repo.commit({"new": torch.randint(0, 256, (CHUNK * 10,), dtype=torch.uint8, generator=g)}, "one more")
     out["push_plan_one"] = _best(lambda: _plan_push(repo, "origin"), repeat)
-    repo.push("origin")
+    repo.remotes.push("origin")
     clone = work / f"clone-{n}"
     start = time.perf_counter()
     cloned = mvc.Repository.clone(str(remote), clone, lazy=True)
@@ -137,7 +137,7 @@ def commit_series(c: int, work: Path, repeat: int) -> dict:
     out["log_all"] = _best(lambda: sum(1 for _ in repo.log()), repeat)
     out["fsck_quick"] = _best(lambda: repo.fsck(quick=True), repeat)
     out["gc_plan"] = _best(lambda: repo.gc(dry_run=True), repeat)
-    repo.remote_add("origin", str(work / f"remote-c{c}"))
+    repo.remotes.add("origin", str(work / f"remote-c{c}"))
     out["push_plan_all"] = _best(lambda: _plan_push(repo, "origin"), repeat)
     repo.close()
     shutil.rmtree(work / f"commits-{c}", ignore_errors=True)

@@ -41,7 +41,7 @@ def unverified_log(repo) -> list:
         oid = repo.refs.head(txn)[1]
         while oid is not None:
             obj = CommitObject.decode(txn.get("commits", oid))
-            commits.append(repo._to_commit(oid, obj, pruned=txn.pruned(oid) is not None))
+            commits.append(mvc.commits.to_commit(oid, obj, pruned=txn.pruned(oid) is not None))
             oid = obj.parents[0] if obj.parents else None
     return commits
 

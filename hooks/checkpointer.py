@@ -72,7 +72,7 @@ def open_run(path, chunk_size: Optional[int], branch: str, remote: Optional[str]
     repo = _open_or_init(path, chunk_size)
     try:
         pusher = None if remote is None else Pusher.of(repo, remote, branch)
-        repo.lock_branch(branch)
+        repo.locks.lock(branch)
     except BaseException:
         repo.close()
         raise
@@ -86,7 +86,7 @@ def close_run(repo: mvc.Repository, branch: str, pusher: Optional[Pusher]) -> No
             pusher.close(PUSH_CLOSE_S)
     finally:
         try:
-            repo.unlock_branch(branch)
+            repo.locks.unlock(branch)
         finally:
             repo.close()
 
@@ -272,21 +272,21 @@ class Checkpointer:
             _IN_USE.add(key)
         self._key = key
         self.branch = branch
-        self.repo.lock_branch(branch)
+        self.repo.locks.lock(branch)
         self._locked = True
-        self._signer = self.repo.signer(self._sign)
+        self._signer = self.repo.trust.signer(self._sign)
         if remote is not None and not self._via_remote(remote):
             self._pusher = Pusher.of(self.repo, remote, branch)
 
     def _via_remote(self, remote: Optional[str]) -> Optional[str]:
         """``remote`` when this sharded run saves through it (its repository caches it), else None."""
-        return remote if self.sharded and remote is not None and self.repo.caches() == remote else None
+        return remote if self.sharded and remote is not None and self.repo.cache.remote() == remote else None
 
     def _release(self) -> None:
         try:
             if self._locked:
                 self._locked = False
-                self.repo.unlock_branch(self.branch)
+                self.repo.locks.unlock(self.branch)
         finally:
             if self._key is not None:
                 with _IN_USE_LOCK:
@@ -552,7 +552,7 @@ class Checkpointer:
             return None
         if self.sharded:  # the model and optimizer come through DCP on every rank, in _restore
             keys = ("mvc_hooks", "world_size", "ranks", "progress", "extra", "scheduler", "scaler", "stateful")
-            return {"commit": self.repo.get_commit(tip), "state": self.repo.load_keys(tip, keys)}
+            return {"commit": self.repo.get_commit(tip), "state": mvc.reader.load_keys(self.repo, tip, keys)}
         return {"commit": self.repo.get_commit(tip), "state": self.repo.load(tip)}
 
     def _check(self, state: dict, where: str, strict: bool) -> None:
@@ -638,7 +638,7 @@ class _Scans:
 
     def _run(self, repo: mvc.Repository) -> None:
         try:
-            report = repo.scan(self.budget)
+            report = repo.trust.scan(self.budget)
         except mvc.MvcError as exc:  # e.g. gc held the lock too long: try again after the next commit
             _log.warning("mvc integrity scan did not run: %s", exc)
             return

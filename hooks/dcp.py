@@ -26,9 +26,9 @@ every rank opens the repository in ``set_up_storage_writer`` (the
 coordinator also checks the branch may move and reads its tip, the parent
 the commit compares and swaps against); in ``write_data`` every rank hashes
 its own write items and writes the chunks the repository lacks to its own
-pack (``Repository.write_shards``); DCP gathers each rank's plain
+pack (``repo.shards.write``); DCP gathers each rank's plain
 ``WriteResult.storage_data`` to the coordinator, whose ``finish`` commits
-everything in one transaction (``Repository.commit_shards``). "Finished"
+everything in one transaction (``repo.shards.commit``). "Finished"
 means that transaction committed: a crash of any rank before it leaves the
 branch where it was. Every rank needs the repository's filesystem, unless
 the save goes through a remote.
@@ -248,10 +248,10 @@ class MvcStorageWriter(StorageWriter):
                                "does not carry; with remote=, save to the repository's root and load by commit or "
                                "branch")
         if self.remote is not None:
-            if self.repo.caches() != self.remote:
+            if self.repo.cache.remote() != self.remote:
                 raise mvc.BadInput(f"the repository at {self.repo.root} does not cache remote {self.remote!r}: "
                                    f"clone it from the remote on every host ('mvc clone --lazy URL DIR')")
-            self.repo.refresh_remote(self.remote)  # chunks other ranks already sent are not written again
+            self.repo.remotes.refresh(self.remote)  # chunks other ranks already sent are not written again
         if is_coordinator:
             # Held until finish: gc cannot run meanwhile, so neither the ranks'
             # unindexed packs nor chunks they found in the repository go away.
@@ -260,7 +260,7 @@ class MvcStorageWriter(StorageWriter):
                 raise mvc.ProtectedRef(f"tag {self.tag!r} of checkpoint_id {self.checkpoint_id} is protected; "
                                        "save to another checkpoint_id")
             self._hold.enter_context(self.repo.gc_lock.shared())
-            self._start = self.repo.begin_sharded(self.branch)
+            self._start = self.repo.shards.begin(self.branch)
 
     def _open(self) -> tuple:
         """(repository, tag or None) this save goes to: the repository holding
@@ -311,13 +311,13 @@ class MvcStorageWriter(StorageWriter):
                                        f"its plan says {sizes}")
                 tensors.append(data.detach())
                 written.append((item, "tensor", data.numel() * data.element_size()))
-        desc = self.repo.write_shards(tensors) if tensors else {"tensors": [], "locations": {}}
+        desc = self.repo.shards.write(tensors) if tensors else {"tensors": [], "locations": {}}
         if self.remote is not None:
             # Every chunk of this rank durable on the remote before the coordinator
             # hears of it (also those a failed save left only here); indexed here,
             # so the coordinator has nothing of this host's disk to adopt.
             ids = [cid for t in desc["tensors"] for cid in t["chunks"]]
-            self.repo.upload_shards(self.remote, desc["locations"], ids)
+            self.repo.remotes.upload_shards(self.remote, desc["locations"], ids)
             desc["locations"] = {}
         for i, ((item, kind, nbytes), t) in enumerate(zip(written, desc["tensors"])):
             data = {"kind": kind, **t}
@@ -336,12 +336,12 @@ class MvcStorageWriter(StorageWriter):
                                     "modules": list(getattr(metadata.storage_meta, "modules", None) or [])},
                    "version": metadata.version or DCP_VERSION}
             if self.remote is not None:
-                self.repo.refresh_remote(self.remote)  # the packs the other ranks uploaded
-            self.last_commit = self.repo.commit_shards(
+                self.repo.remotes.refresh(self.remote)  # the packs the other ranks uploaded
+            self.last_commit = self.repo.shards.commit(
                 self._start, leaves, locations, dcp, self.message, step=self.step, epoch=self.epoch,
                 metrics=self.metrics, context=self.context, stats=stats)
             if self.remote is not None and self.last_commit.branch:
-                self.repo.push(self.remote, (self.last_commit.branch,))
+                self.repo.remotes.push(self.remote, (self.last_commit.branch,))
             if self.tag is not None:  # the id now names this commit, as a folder would hold this save
                 found = _tag_of(self.repo, self.tag)
                 if found is not None and found.protected:
@@ -510,8 +510,8 @@ class MvcStorageReader(StorageReader):
                 raise mvc.BadInput(f"checkpoint_id {self.id} names the tag {tag!r}, which a remote does not "
                                    "carry; load by commit or branch (rev=)")
         if self.remote is not None:
-            self.repo.fetch(self.remote)
-        self.view = self.repo.sharded_view(_resolve(self.repo, tag, self.rev, self.checkpoint_id))
+            self.repo.remotes.fetch(self.remote)
+        self.view = self.repo.shards.view(_resolve(self.repo, tag, self.rev, self.checkpoint_id))
         md, storage, self._where = _metadata(self.view)
         meta = self.view["dcp"] or {}
         saved = meta.get("storage_meta") or {}
@@ -541,7 +541,7 @@ class MvcStorageReader(StorageReader):
                 planner.load_bytes(r, self._bytes_item(r))
         for batch in mvc.batches(tensors, self._slab_bytes, READ_BATCH):
             ranges = [self._slab(r) for r in batch]
-            datas = self.repo.read_pieces([rng[:4] for rng in ranges], f"commit {self.view['commit'][:12]}")
+            datas = mvc.reader.read_pieces(self.repo, [rng[:4] for rng in ranges], f"commit {self.view['commit'][:12]}")
             for r, rng, data in zip(batch, ranges, datas):
                 self._copy(r, rng, data, planner)
         return _done()
@@ -556,7 +556,7 @@ class MvcStorageReader(StorageReader):
                 node = node[key]
             return _fresh_bytes(node)
         obj = self.view["tensors"][path]
-        raw = self.repo.read_pieces([(obj, 0, 0, obj.nbytes)], f"DCP item {r.storage_index.fqn!r}")[0]
+        raw = mvc.reader.read_pieces(self.repo, [(obj, 0, 0, obj.nbytes)], f"DCP item {r.storage_index.fqn!r}")[0]
         if kind == "bytes-io":  # at position 0 (a saved one may have been read to its end)
             return _fresh_bytes(io.BytesIO(raw.tobytes()))
         # fresh bytes of what weights-only loading accepted: the planner's own torch.load unpickles only those

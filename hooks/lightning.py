@@ -207,7 +207,7 @@ class MvcCheckpoint(ModelCheckpoint):
             trainer.strategy.checkpoint_io = _MvcCheckpointIO(self, io)
         if trainer.is_global_zero and stage == "fit" and self.repo is None:
             self.repo, self._pusher = open_run(self.repo_path, self.chunk_size, self.branch, self.remote)
-            self._signer = self.repo.signer(self.sign)
+            self._signer = self.repo.trust.signer(self.sign)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)

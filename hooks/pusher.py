@@ -34,7 +34,7 @@ class Pusher:
     def of(cls, repo, remote: str, branch: str) -> "Pusher":
         """A Pusher for ``repo``; BadInput if it has no remote named ``remote``."""
         import mvc
-        if remote not in {r.name for r in repo.remotes()}:
+        if remote not in {r.name for r in repo.remotes.list()}:
             raise mvc.BadInput(f"no remote {remote!r} in {repo.root}: add it with 'mvc remote add {remote} URL'")
         return cls(repo.root, remote, branch)
 

@@ -93,7 +93,7 @@ class MvcCallback(TrainerCallback):
         self.output_dir = args.output_dir
         if state.is_world_process_zero and self.repo is None:
             self.repo, self._pusher = open_run(self.repo_path, self.chunk_size, self.branch, self.remote)
-            self._signer = self.repo.signer(self.sign)
+            self._signer = self.repo.trust.signer(self.sign)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.repo is not None:

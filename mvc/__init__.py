@@ -5,6 +5,7 @@ save writes only the blocks that changed; commits carry the training record.
 """
 
 from . import audit, dtypes, signing, traverse  # audit, signing: signed commits, audits, scheduled scans
+from . import fsck, history, reader  # verbs that take a repository: mvc.reader.load_keys(repo, ...)
 from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CommitPruned, CorruptObject,
                      InvalidRefName, LockHeld, MvcError, NotARepository, ObjectNotFound, ProtectedRef,
                      RefConflict, RepositoryExists, UnknownRevision, UnsupportedFormat)

@@ -650,3 +650,34 @@ def raise_for(report: ScanReport) -> None:
         raise ScanFoundDamage(f"integrity scan found {len(report.problems)} damaged record(s), first in "
                               f"{first.pack}: {first.detail}; run 'mvc fsck' to see what it breaks",
                               problems=tuple((p.pack, p.chunk, p.kind) for p in report.problems))
+
+
+class Trust:
+    """The signature and audit verbs of a repository (``repo.trust``): the
+    signing key (``signer``), signature verdicts (``verify_commit``,
+    ``verify_tag``), a verified walk of history (``audit``) and one run of
+    the rotating integrity scan (``scan``)."""
+
+    def __init__(self, repo):
+        self.repo = repo
+
+    def signer(self, sign=True, passphrase=None):
+        """The ``mvc.signing.SigningKey`` that ``sign`` names (a key, a key file path, True for
+        setting ``signing.key``; None/False: None), loaded once for many commits. SigningKeyError."""
+        return signer(self.repo, sign, passphrase)
+
+    def verify_commit(self, rev: str = refnames.HEAD) -> CommitVerification:
+        """The signature verdict of the commit ``rev`` names, against ``signing.allowed-signers``."""
+        return verify_commit(self.repo, rev)
+
+    def verify_tag(self, name: str) -> TagVerification:
+        """The signature verdict of tag ``name`` (unsigned for a plain tag)."""
+        return verify_tag(self.repo, name)
+
+    def audit(self, rev: str = refnames.HEAD, objects: bool = False) -> AuditReport:
+        """The history from ``rev`` back to its roots, each commit verified; see ``audit``."""
+        return audit(self.repo, rev, objects)
+
+    def scan(self, budget="10%", progress=None) -> ScanReport:
+        """One run of the rotating integrity scan; see ``scan``."""
+        return scan(self.repo, budget, progress)

@@ -569,3 +569,51 @@ def bisect(repo, good: str, bad: str, is_good: Callable, branch: Optional[str] =
             return "good" if answer else "bad"
         raise BadInput(f"is_good returned {answer!r} for {commit.short_id}; return True, False or None")
     return _drive(repo, _new_state(repo, bad, good, branch), decide, False, progress)
+
+
+class Bisect:
+    """The bisect verbs of a repository (``repo.bisect``): ``find`` searches
+    with a Python predicate in one call; a session kept in ``.mvc/BISECT``
+    (``start``, ``mark``, ``status``, ``log``, ``reset``, ``in_progress``)
+    is driven by hand or by ``run`` (a command) or ``run_metric`` (a
+    recorded metric), as ``git bisect``."""
+
+    def __init__(self, repo):
+        self.repo = repo
+
+    def find(self, good: str, bad: str, is_good, branch=None, progress=None) -> BisectStatus:
+        """The first commit after ``good`` for which ``is_good(state)`` is False; see ``bisect``."""
+        return bisect(self.repo, good, bad, is_good, branch=branch, progress=progress)
+
+    def start(self, bad: str, good: str, branch: Optional[str] = None) -> BisectStatus:
+        """Start a session (as ``git bisect start BAD GOOD``)."""
+        return start(self.repo, bad, good, branch)
+
+    def mark(self, verdict: str, rev: Optional[str] = None) -> BisectStatus:
+        """Judge ``rev`` (default: the current candidate) "good", "bad" or "skip"."""
+        return mark(self.repo, verdict, rev)
+
+    def in_progress(self) -> bool:
+        return in_progress(self.repo)
+
+    def status(self) -> BisectStatus:
+        return status(self.repo)
+
+    def log(self, changes: bool = True) -> BisectLog:
+        return log(self.repo, changes)
+
+    def reset(self) -> Optional[BisectStatus]:
+        """End the session; its last status, or None if none was running."""
+        return reset(self.repo)
+
+    def run(self, cmd_args, fmt: str = "pt", progress=None, check_ends: bool = True, timeout=None,
+            timeout_verdict: str = "skip") -> BisectStatus:
+        """Judge candidates by running a command on each (Git's exit-code rules),
+        after checking that the good and the bad end come out so (``check_ends``);
+        an evaluation past ``timeout`` seconds is killed and judged ``timeout_verdict``."""
+        return run(self.repo, cmd_args, fmt, progress, check_ends, timeout, timeout_verdict)
+
+    def run_metric(self, metric: str, threshold: float, higher_is_worse: bool = False,
+                   progress=None) -> BisectStatus:
+        """Judge candidates by a recorded metric against ``threshold``."""
+        return run_metric(self.repo, metric, threshold, higher_is_worse, progress)

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, reader
 from .errors import BadInput
 from .encoding import key_order
 from .records import Commit, Entry
@@ -258,7 +258,7 @@ class _Reader:
         if i != self._index:  # windows move forward, so one cached chunk suffices
             cid, _, n = self.spans[i]
             buffer = bytearray(n)
-            self.repo.chunks.read([Request(cid, buffer, self.what)], self.txn, threads=1)
+            reader.read_runs(self.repo, self.txn, [Request(cid, buffer, self.what)], threads=1)
             self._data, self._index = memoryview(buffer), i
         return self._data
 
@@ -271,7 +271,7 @@ class _Loaded:
     def __init__(self, repo, txn, oid: bytes, obj, key: str):
         import torch
         from .objects import TensorLeaf
-        tensor = repo.read_tensors(txn, [((key,), TensorLeaf(oid))], b"")[oid]
+        tensor = reader.read_tensors(repo, txn, [((key,), TensorLeaf(oid))], b"")[oid]
         self.obj, self.data = obj, memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
 
     def ids(self, start: int, stop: int) -> tuple:

@@ -14,7 +14,7 @@ from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import dtypes
+from . import dtypes, reader
 from . import files as _files
 from . import folders as _folders
 from .errors import BadInput, MvcError
@@ -107,7 +107,7 @@ def _export_safetensors(repo, commit: str, path, force: bool, only, strip_prefix
     the header comes from the tensor objects, then the tensors are read in
     groups of about STREAM_BYTES, each verified, while the previous group is
     written."""
-    view = repo.sharded_view(commit)  # the tree and its tensor objects, read once
+    view = repo.shards.view(commit)  # the tree and its tensor objects, read once
     root, folder_files = _file_part(view["root"])
     flat = _files.flat_paths(root)
     if only is not None or strip_prefix is not None:
@@ -123,7 +123,7 @@ def _export_safetensors(repo, commit: str, path, force: bool, only, strip_prefix
         progress(0, total)
 
     def read(group: list) -> list:
-        got = repo.read_leaves(commit, [tensors[key] for key in group])
+        got = reader.read_leaves(repo, commit, [tensors[key] for key in group])
         done[0] += sum(objs[key].nbytes for key in group)
         if progress:
             progress(done[0], total)
@@ -157,7 +157,7 @@ def _export_pt(repo, commit: str, path, force: bool, only, strip_prefix, progres
     import torch
 
     from . import state as _state
-    view = repo.sharded_view(commit)
+    view = repo.shards.view(commit)
     root, folder_files = _file_part(view["root"])
     objs, path_of = {}, {}
     for p, leaf in walk(root):
@@ -258,7 +258,7 @@ class _Filler:
                 if not self._may_read():
                     return
                 tids = [tid for tid, _, _ in group]
-                self.repo.read_leaves(self.commit, [(p, TensorLeaf(tid)) for tid, p, _ in group],
+                reader.read_leaves(self.repo, self.commit, [(p, TensorLeaf(tid)) for tid, p, _ in group],
                                       into={tid: self.firsts[tid] for tid in tids})
                 for tid in tids:
                     for c in self.copies.get(tid, ()):

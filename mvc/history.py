@@ -17,6 +17,7 @@ import heapq
 from typing import Iterable, Optional
 
 from . import reach, refs
+from .commits import to_commit
 
 
 def _ancestry(repo, txn, starts: Iterable[bytes], stop=frozenset()) -> dict:
@@ -50,7 +51,7 @@ def walk(repo, include: Iterable[str] = (), exclude: Iterable[str] = (), all_ref
         stop = frozenset(bytes.fromhex(cid) for cid in known)
         found = {oid: obj for oid, obj in _ancestry(repo, txn, starts, stop).items() if oid not in hidden}
         order = _topo_order(found)[:n]
-        return [repo._to_commit(oid, found[oid], pruned=txn.pruned(oid) is not None) for oid in order]
+        return [to_commit(oid, found[oid], pruned=txn.pruned(oid) is not None) for oid in order]
 
 
 def _topo_order(found: dict) -> list:
@@ -82,4 +83,4 @@ def left_behind(repo, commit_id: str) -> list:
         kept = _ancestry(repo, txn, _ref_tips(repo, txn))
         found = {oid: obj for oid, obj in _ancestry(repo, txn, [bytes.fromhex(commit_id)]).items()
                  if oid not in kept}
-        return [repo._to_commit(oid, found[oid]) for oid in _topo_order(found)]
+        return [to_commit(oid, found[oid]) for oid in _topo_order(found)]

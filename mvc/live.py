@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import dtypes, fingerprint, hashing, sharded, state as states
+from . import dtypes, fingerprint, hashing, reader, sharded, state as states
 from .errors import BadInput
 from .objects import TensorLeaf
 from .store.chunks import THREADS, Request
@@ -289,7 +289,7 @@ def _owner_states(root, owners: list, commit: str, txn, repo) -> dict:
         _collect_paths(owner.live, owner.path, live_paths)
         absent = [(owner.path + p, leaf) for p, leaf in walk(saved)
                   if isinstance(leaf, TensorLeaf) and owner.path + p not in live_paths]
-        out[owner.path] = (saved, repo.read_tensors(txn, absent, bytes.fromhex(commit)) if absent else {})
+        out[owner.path] = (saved, reader.read_tensors(repo, txn, absent, bytes.fromhex(commit)) if absent else {})
     return out
 
 
@@ -357,7 +357,7 @@ def _read(repo, txn, plan: list, commit: str) -> dict:
             items.append((i, cid, off, n, at))
             at += n
         out[id(target)] = (scratch, items)
-    repo.chunks.read(requests, txn)
+    reader.read_runs(repo, txn, requests)
     return out
 
 

@@ -46,7 +46,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from . import dtypes, hashing
+from . import commits, dtypes, hashing, history, reader
 from .errors import BadInput, BadRecipe, MergeMismatch, MergeRefused
 from .objects import TensorLeaf, TensorObject, TreeObject, object_id
 from .store.chunks import Request
@@ -626,7 +626,7 @@ class _Merger:
             n = min(self.size, obj.nbytes - start)
             requests.append(Request(obj.chunks[j], buffer[start - lo:start - lo + n], f"tensor {what}"))
         if requests:
-            self.repo.chunks.read(requests, self.txn)
+            reader.read_runs(self.repo, self.txn, requests)
         self.counts["read"] += sum(r.buffer.nbytes for r in requests)
         flat = raw.view(dtypes.torch_dtype(obj.dtype))
         work = work_dtype(obj.dtype)
@@ -638,7 +638,7 @@ class _Merger:
         """Merge of whole tensors (slerp, ties, and tensors not chunked as this repository chunks)."""
         def read(x: _Input, what: str) -> torch.Tensor:
             leaf = x.leaves[path]
-            t = self.repo.read_tensors(self.txn, [(path, leaf)], x.id)[leaf.id]
+            t = reader.read_tensors(self.repo, self.txn, [(path, leaf)], x.id)[leaf.id]
             self.counts["read"] += x.objs[path].nbytes
             return t.reshape(-1).to(work_dtype(x.objs[path].dtype))
         xs = [read(x, f"input {i}") for i, x in enumerate(self.inputs)]
@@ -682,7 +682,7 @@ def _inputs_of(repo, revs) -> list:
     for rev in revs:
         span = refs.split_range(rev)
         if span:
-            found = repo.history([span[1]], [span[0]])
+            found = history.walk(repo, [span[1]], [span[0]])
             if not found:
                 raise BadInput(f"range {rev} holds no commits")
             out += [c.id for c in reversed(found)]
@@ -719,7 +719,7 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
     record_author = author or default_author()
     with repo.gc_lock.shared():
         with repo.index.read() as txn:
-            ref = repo._target_ref(txn, branch)
+            ref = commits.target_ref(repo, txn, branch)
             tip = repo.refs.tip(txn, ref)
             repo.refs.check_commit(txn, ref, me)
             inputs = [_read_input(repo, txn, rev, recipe.only) for rev in revs]
@@ -746,10 +746,10 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
         with repo.index.read() as txn:
             joined = _joined(repo, txn, tip, [x.id for x in inputs])
         with repo.index.write() as wtxn:
-            oid, obj = repo._land(wtxn, ref, tip, False, me, record, batch.publish, merger.tensors, tree_data,
-                                  merged=joined)
+            oid, obj = commits.land(repo, wtxn, ref, tip, False, me, record, batch.publish, merger.tensors, tree_data,
+                                   merged=joined)
     from .refs import short_name
-    commit = replace(repo._to_commit(oid, obj), branch=short_name(ref) if ref else None)
+    commit = replace(commits.to_commit(oid, obj), branch=short_name(ref) if ref else None)
     c = merger.counts
     report = MergeReport(tuple(x.id.hex() for x in inputs), base_in.id.hex() if base_in else None, recipe.strategy,
                          c["merged"], c["reused"], c["taken"], sum(1 for _, leaf in walk(root)
@@ -815,7 +815,6 @@ def _replace_leaves(node, by_path: dict, path: tuple = ()):
 def _record(recipe: Recipe, plan: _Plan, inputs: list, base: Optional[_Input], revs: list,
             message: Optional[str], author: str):
     """The merge commit's record: the recipe, every parameter filled in, in its context."""
-    from .repository import _record as commit_record
     default = _spec(recipe.strategy, recipe.params, recipe.weights, len(inputs), "recipe")
     rules = []
     for r in recipe.rules:
@@ -836,7 +835,7 @@ def _record(recipe: Recipe, plan: _Plan, inputs: list, base: Optional[_Input], r
     }
     if message is None:
         message = f"Merge {len(inputs)} checkpoints ({recipe.strategy})"
-    return commit_record(message, None, None, None, {"merge": merge_record}, author)
+    return commits.record(message, None, None, None, {"merge": merge_record}, author)
 
 
 __all__ = ["merge", "Merged", "MergeReport", "Recipe", "Rule", "load_recipe", "make_recipe", "dare_seed",

@@ -366,6 +366,16 @@ class Refs:
         self.check_writer(txn, ref, me)
         if self.head(txn)[0] == ref:
             raise RefConflict(f"{human(ref)} is checked out; check out another branch first")
+        self.drop(txn, ref)
+
+    @staticmethod
+    def start_head(txn, ref: str) -> None:
+        """A new repository's HEAD: on branch ``ref``, unborn. No reflog entry: nothing moved."""
+        txn.set_ref(HEAD, RefValue(target=ref))
+
+    @staticmethod
+    def drop(txn, ref: str) -> None:
+        """Delete ``ref`` and its reflog, no questions asked (a forgotten remote's tracking refs)."""
         txn.delete_ref(ref)
         for _, seq, _ in list(txn.reflog_raw(ref)):  # raw: a damaged entry must not block this
             txn.delete_reflog(ref, seq)

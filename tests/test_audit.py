@@ -36,7 +36,7 @@ def test_audit_chain_back_to_the_root(repo, tmp_path):
                     context={"lr": 0.1, "code": {"git_commit": "abc123"}, "big": {"x": [1, 2]}}, sign=ALICE)
     b = repo.commit({"w": tensor(1)}, "unsigned", step=2)
     c = repo.commit({"w": tensor(2)}, "deployed", step=3, sign=MALLORY)
-    report = repo.audit("HEAD")
+    report = repo.trust.audit("HEAD")
     assert [e.id for e in report.commits] == [c.id, b.id, a.id]
     assert report.roots == (a.id,) and report.id == c.id
     assert [e.signature.status for e in report.commits] == ["unknown", "unsigned", "good"]
@@ -71,7 +71,7 @@ def test_audit_marks_a_damaged_commit_bad_and_stops_there(repo, tmp_path):
         data[-3] ^= 1
         txn.delete("commits", oid)
         txn.put("commits", oid, bytes(data))
-    report = repo.audit()
+    report = repo.trust.audit()
     assert [(e.id, e.signature.status) for e in report.commits] == [(c.id, "good"), (b.id, "bad")]
     assert "hash" in report.commits[1].signature.reason and report.roots == ()
 
@@ -93,7 +93,7 @@ def test_a_flipped_byte_is_found_within_the_promised_runs(repo, budget):
     biggest = max(n for *_, n in recs)
     for trial in range(4):
         for _ in range(rng.randrange(5)):  # the cursor anywhere
-            repo.scan(budget)
+            repo.trust.scan(budget)
         path, cid, off, n = rng.choice(recs)
         at, bit = off + rng.randrange(n), rng.randrange(8)
         flip_bit(path, at, bit)
@@ -101,7 +101,7 @@ def test_a_flipped_byte_is_found_within_the_promised_runs(repo, budget):
             runs, found = 0, None
             promise = None
             while found is None:
-                report = repo.scan(budget)
+                report = repo.trust.scan(budget)
                 runs += 1
                 promise = report.runs_to_cover
                 assert report.bytes_total == total
@@ -123,18 +123,18 @@ def test_a_flipped_byte_is_found_within_the_promised_runs(repo, budget):
 
 def test_scan_rotates_and_remembers_where_it_stopped(repo):
     history(repo, 4)
-    total = repo.scan("100%")
+    total = repo.trust.scan("100%")
     assert total.ok and total.bytes_verified == total.bytes_total and total.wrapped
     seen = 0
     for _ in range(4):  # four quarters cover everything, each starting where the last stopped
-        seen += mvc.Repository.open(repo.root).scan("25%").bytes_verified
+        seen += mvc.Repository.open(repo.root).trust.scan("25%").bytes_verified
     assert seen >= total.bytes_total
     (repo.dir / "scan-state").write_text("{damaged")
-    assert repo.scan("25%").ok  # derived state: it starts over
+    assert repo.trust.scan("25%").ok  # derived state: it starts over
     for bad in ("0%", "150%", "soon", "-3s", 0):
         with pytest.raises(BadInput):
-            repo.scan(bad)
-    assert repo.scan("5s").records == len(records(repo))  # a small repository fits any time budget
+            repo.trust.scan(bad)
+    assert repo.trust.scan("5s").records == len(records(repo))  # a small repository fits any time budget
 
 
 def test_a_damaged_trailer_is_reported_by_every_run(repo):
@@ -142,7 +142,7 @@ def test_a_damaged_trailer_is_reported_by_every_run(repo):
     path = records(repo)[0][0]
     flip_bit(path, path.stat().st_size - 60)
     for _ in range(3):
-        report = repo.scan("10%")
+        report = repo.trust.scan("10%")
         assert [(p.pack, p.kind) for p in report.problems if p.chunk is None] == [(path.name, "damaged-pack")]
 
 
@@ -182,7 +182,7 @@ def test_checkpointer_scan_raises_damage_at_the_next_step(tmp_path, caplog):
         flip_bit(path, off + 1)
     finally:
         ckpt.close()
-    assert repo.audit("HEAD").ok  # every commit the run made is signed by an allowed signer
+    assert repo.trust.audit("HEAD").ok  # every commit the run made is signed by an allowed signer
 
 
 # -- policy on remotes (the real S3 server) ------------------------------------------------
@@ -197,9 +197,9 @@ def remote_pair(tmp_path, s3_server, s3_url):
     for repo in (writer,):
         allow(repo, tmp_path, ALICE)
     writer.commit({"w": tensor(0)}, "root", sign=ALICE)
-    writer.remote_add("origin", url, s3_server.endpoint)
+    writer.remotes.add("origin", url, s3_server.endpoint)
     writer.config(signing.REQUIRE, "main")
-    writer.push()
+    writer.remotes.push()
     reader = mvc.Repository.clone(url, reader_dir, endpoint_url=s3_server.endpoint)
     allow(reader, tmp_path, ALICE)
     reader.config(signing.REQUIRE, "main")
@@ -209,7 +209,7 @@ def remote_pair(tmp_path, s3_server, s3_url):
 
 
 def remote_keys(s3_server, repo) -> set:
-    bucket, _, prefix = repo.remotes()[0].url[len("s3://"):].partition("/")
+    bucket, _, prefix = repo.remotes.list()[0].url[len("s3://"):].partition("/")
     listing = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=prefix + "/")
     return {o["Key"] for o in listing.get("Contents", [])}
 
@@ -223,19 +223,19 @@ def test_push_refuses_unsigned_and_unknown_history_to_a_protected_ref(remote_pai
     writer.config(signing.REQUIRE, "main")
     before = remote_keys(s3_server, writer)
     with pytest.raises(SignatureRequired) as info:
-        writer.push(force=True)
+        writer.remotes.push(force=True)
     assert (info.value.ref, info.value.id, info.value.status) == ("heads/main", unsigned.id, "unsigned")
     assert remote_keys(s3_server, writer) == before  # refused before anything was uploaded
     writer.create_branch("main", unsigned.parents[0], force=True)
     writer.commit({"w": tensor(3)}, "mallory", sign=MALLORY)
     with pytest.raises(SignatureRequired) as info:
-        writer.push()
+        writer.remotes.push()
     assert info.value.status == "unknown"
-    assert reader.fetch().refs == () or reader.resolve("origin/main") == tip  # nothing moved on the remote
+    assert reader.remotes.fetch().refs == () or reader.resolve("origin/main") == tip  # nothing moved on the remote
     good = writer.create_branch("main", tip, force=True)
     c = writer.commit({"w": tensor(4)}, "good", sign=ALICE)
-    writer.push()
-    reader.fetch()
+    writer.remotes.push()
+    reader.remotes.fetch()
     assert reader.resolve("origin/main") == c.id and good.id == tip and signed.id != c.id
 
 
@@ -244,37 +244,37 @@ def test_a_rewrite_of_a_protected_ref_is_refused_by_push_and_fetch_and_shown_by_
     writer, reader = remote_pair
     root = writer.resolve("main")
     writer.commit({"w": tensor(5)}, "one", sign=ALICE)
-    writer.push()
-    reader.fetch()
+    writer.remotes.push()
+    reader.remotes.fetch()
     # another writer without the policy rewrites main to a history of its own, signed by ALICE
-    rogue = mvc.Repository.clone(writer.remotes()[0].url, tmp_path / "rogue", endpoint_url=s3_server.endpoint)
+    rogue = mvc.Repository.clone(writer.remotes.list()[0].url, tmp_path / "rogue", endpoint_url=s3_server.endpoint)
     rogue.create_branch("main", root, force=True)
     rewritten = rogue.commit({"w": tensor(6)}, "rewritten", sign=ALICE)
-    rogue.push(force=True)
+    rogue.remotes.push(force=True)
     with pytest.raises(HistoryRewritten) as info:  # the protected side refuses even with force
         writer.create_branch("main", root, force=True)
         writer.commit({"w": tensor(7)}, "mine", sign=ALICE)
-        writer.push(force=True)
+        writer.remotes.push(force=True)
     assert info.value.ref == "heads/main"
     with pytest.raises(HistoryRewritten) as info:
-        reader.fetch()
+        reader.remotes.fetch()
     assert info.value.new == rewritten.id
     assert reader.resolve("origin/main") != rewritten.id  # nothing was taken in
-    report = reader.fsck_remote()
+    report = reader.remotes.fsck()
     assert [(p.kind, p.object) for p in report.problems] == [("rewritten-protected-ref", "refs/heads/main")]
     reader.config(signing.FETCH, "flag")  # flagged, not refused
-    assert reader.fetch()
+    assert reader.remotes.fetch()
     assert reader.resolve("origin/main") == rewritten.id
     rogue.close()
 
 
 def test_fetch_refuses_a_forged_history(remote_pair, tmp_path, s3_server):
     writer, reader = remote_pair
-    rogue = mvc.Repository.clone(writer.remotes()[0].url, tmp_path / "rogue", endpoint_url=s3_server.endpoint)
+    rogue = mvc.Repository.clone(writer.remotes.list()[0].url, tmp_path / "rogue", endpoint_url=s3_server.endpoint)
     forged = rogue.commit({"w": tensor(8)}, "looks like alice's", author=writer.get_commit().author, sign=MALLORY)
-    rogue.push()
+    rogue.remotes.push()
     with pytest.raises(SignatureRequired) as info:
-        reader.fetch()
+        reader.remotes.fetch()
     assert (info.value.id, info.value.status) == (forged.id, "unknown")
     with pytest.raises(mvc.UnknownRevision):
         reader.get_commit(forged.id)  # refused before anything was stored
@@ -284,10 +284,10 @@ def test_fetch_refuses_a_forged_history(remote_pair, tmp_path, s3_server):
 def test_fsck_remote_read_subset_finds_a_flipped_byte_in_exactly_its_group(tmp_path, s3_server, s3_url):
     url = s3_url("subset")
     repo = mvc.Repository.init(tmp_path / "a", chunk_size=256)
-    repo.remote_add("origin", url, s3_server.endpoint)
+    repo.remotes.add("origin", url, s3_server.endpoint)
     for i in range(4):  # one chunk pack per push
         repo.commit({"w": tensor(i, 512)}, f"c{i}")
-        repo.push()
+        repo.remotes.push()
     bucket, _, prefix = url[len("s3://"):].partition("/")
     client = s3_server.client()
     keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/packs/")["Contents"]]
@@ -298,7 +298,7 @@ def test_fsck_remote_read_subset_finds_a_flipped_byte_in_exactly_its_group(tmp_p
     groups = 3
     found = []
     for n in range(1, groups + 1):
-        report = repo.fsck_remote(read_subset=f"{n}/{groups}")
+        report = repo.remotes.fsck(read_subset=f"{n}/{groups}")
         outside = sum(1 for k in keys if bytes.fromhex(k.rpartition("/")[2][:-5])[0] % groups != n - 1)
         assert report.subset == f"{n}/{groups}" and report.packs_trusted == outside
         if not report.ok:
@@ -316,17 +316,17 @@ def test_fsck_remote_read_subset_finds_a_flipped_byte_in_exactly_its_group(tmp_p
 def test_fsck_remote_shows_a_forced_rewrite_of_a_protected_ref(tmp_path):
     remote = str(tmp_path / "remote")  # a folder remote: the same layout as S3
     a = mvc.Repository.init(tmp_path / "a", chunk_size=256)
-    a.remote_add("origin", remote)
+    a.remotes.add("origin", remote)
     root = a.commit({"w": tensor(0)}, "root")
     a.commit({"w": tensor(1)}, "one")
     a.set_protected("main")
-    a.push()
-    assert a.fsck_remote().ok
+    a.remotes.push()
+    assert a.remotes.fsck().ok
     rogue = mvc.Repository.clone(remote, tmp_path / "rogue")
     rogue.create_branch("main", root.id, force=True)
     rogue.commit({"w": tensor(2)}, "rewritten")
-    rogue.push(force=True)  # --force moves a protected remote ref (no signing policy here)
-    report = a.fsck_remote()
+    rogue.remotes.push(force=True)  # --force moves a protected remote ref (no signing policy here)
+    report = a.remotes.fsck()
     assert [(p.kind, p.object) for p in report.problems] == [("rewritten-protected-ref", "refs/heads/main")]
     assert run_cli(a, "fsck", "--remote", "origin").exit_code == 1
     rogue.close()

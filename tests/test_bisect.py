@@ -56,7 +56,7 @@ def test_api_finds_planted_regression_in_at_most_7_evaluations(repo, first_bad):
     def is_good(state):
         calls.append(1)
         return loss_of(state) < 0.5
-    result = repo.bisect("HEAD~63", "HEAD", is_good)
+    result = repo.bisect.find("HEAD~63", "HEAD", is_good)
     assert result.first_bad.step == first_bad
     assert result.first_bad.message == f"commit {first_bad}"
     assert len(calls) == result.evaluations <= 7
@@ -75,7 +75,7 @@ def test_api_with_skips(history, skips):
         if step in skips:  # these commits cannot be judged
             return None
         return torch.tensor(loss_of(state) < 0.5)  # a bool tensor counts as True/False
-    result = history.bisect("HEAD~63", "HEAD", is_good)
+    result = history.bisect.find("HEAD~63", "HEAD", is_good)
     assert result.first_bad.step == REGRESSION
     assert len(calls) == result.evaluations
     assert len([s for s in calls if s not in skips]) <= 7  # real verdicts
@@ -87,7 +87,7 @@ def test_api_skips_can_leave_suspects(history):
     def is_good(state):
         step = int(round(float(state["model"]["w"][0] % 1) * 1000))
         return None if step == REGRESSION - 1 else loss_of(state) < 0.5
-    result = history.bisect("HEAD~63", "HEAD", is_good)
+    result = history.bisect.find("HEAD~63", "HEAD", is_good)
     assert result.first_bad is None and result.done
     steps = [history.get_commit(c).step for c in result.suspects]
     assert steps == [REGRESSION - 1, REGRESSION]
@@ -95,7 +95,7 @@ def test_api_skips_can_leave_suspects(history):
 
 def test_api_rejects_other_answers(history):
     with pytest.raises(mvc.BadInput, match="return True, False or None"):
-        history.bisect("HEAD~63", "HEAD", lambda state: "yes")
+        history.bisect.find("HEAD~63", "HEAD", lambda state: "yes")
 
 
 def test_start_mark_log_reset(history):
@@ -358,7 +358,7 @@ def test_run_skips_pruned_commits_and_logs_them(repo, tmp_path):
 
 def test_api_bisect_never_loads_pruned_commits(repo):
     pruned_history(repo, 9, first_bad=3, kept=(2, 3, 6))
-    result = repo.bisect("HEAD~8", "HEAD", lambda state: loss_of(state) < 0.5)
+    result = repo.bisect.find("HEAD~8", "HEAD", lambda state: loss_of(state) < 0.5)
     assert result.first_bad.step == 3 and result.evaluations == 2
     assert result.changes.a.step == 2
 

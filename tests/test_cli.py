@@ -160,19 +160,19 @@ def test_usage_errors_exit_2(cli):
 def test_conflicting_commit_is_a_clear_error(cli, tmp_path, monkeypatch):
     torch.save(_state(), tmp_path / "a.pt")
     cli("commit", "a.pt", "-m", "base")
-    real = mvc.Repository._write_chunks
+    real = mvc.commits.write_chunks
     raced = []
 
-    def racing(self, slots, progress):
+    def racing(repo, slots, progress):
         if not raced:  # another writer lands first, once
             raced.append(True)
             with mvc.Repository.open(tmp_path) as other:
                 other.commit({"x": torch.zeros(1)}, "racer")
-        return real(self, slots, progress)
-    monkeypatch.setattr(mvc.Repository, "_write_chunks", racing)
+        return real(repo, slots, progress)
+    monkeypatch.setattr(mvc.commits, "write_chunks", racing)
     result = cli("commit", "a.pt", "-m", "loser", code=1)
     assert "moved" in result.stderr and "nothing was committed" in result.stderr
-    monkeypatch.setattr(mvc.Repository, "_write_chunks", real)
+    monkeypatch.setattr(mvc.commits, "write_chunks", real)
     assert [c["message"] for c in json.loads(cli("log", "--json").output)] == ["racer", "base"]
 
 

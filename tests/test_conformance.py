@@ -53,8 +53,8 @@ def origin_with_remote(tmp_path: Path, commits: int = 3) -> tuple:
     truth = {}
     for i in range(commits):
         truth[repo.commit(state(i), f"step {i}", step=i).id] = state(i)
-    repo.remote_add("origin", str(tmp_path / "remote"))
-    repo.push()
+    repo.remotes.add("origin", str(tmp_path / "remote"))
+    repo.remotes.push()
     return repo, truth
 
 
@@ -102,7 +102,7 @@ def test_evict_after_repack_in_a_repository_that_caches_a_remote(tmp_path):
         for oid in truth:
             lazy.load(oid)
         assert lazy.repack().grouped > 0
-        report = lazy.evict(0)
+        report = lazy.cache.evict(0)
         assert report.chunks_evicted > 0 and report.kept_pinned > 0  # HEAD's chunks stay, rewritten
         assert lazy.fsck().ok
         for oid, st in truth.items():
@@ -135,7 +135,7 @@ def _tensors(st) -> dict:
 
 def _shard_commit(repo, st, i):
     """Commit ``st`` as a sharded save: every tensor in two pieces, each written as its own rank would."""
-    start = repo.begin_sharded("main")
+    start = repo.shards.begin("main")
     leaves, locations = {}, {}
     for path, value in walk(st):
         if not isinstance(value, torch.Tensor):
@@ -146,11 +146,11 @@ def _shard_commit(repo, st, i):
         for lo, hi in ((0, rows // 2), (rows // 2, rows)):
             offsets = (lo,) + (0,) * (value.dim() - 1)
             sizes = (hi - lo,) + tuple(value.shape[1:])
-            desc = repo.write_shards([value.narrow(0, lo, hi - lo)])
+            desc = repo.shards.write([value.narrow(0, lo, hi - lo)])
             pieces.append((offsets, sizes, desc["tensors"][0]["chunks"]))
             locations.update(desc["locations"])
         leaves[path] = ShardedTensor(dtypes.name_of(value.dtype), tuple(value.shape), pieces)
-    return repo.commit_shards(start, leaves, locations, None, f"step {i}", step=i, metrics={"loss": METRICS[i]})
+    return repo.shards.commit(start, leaves, locations, None, f"step {i}", step=i, metrics={"loss": METRICS[i]})
 
 
 def _history(repo, sharded: bool = False) -> dict:
@@ -194,8 +194,8 @@ def _build(name: str, root: Path) -> dict:
     if name in CLONES:
         origin = mvc.Repository.init(root / "origin", chunk_size=CHUNK)
         truth = _history(origin)
-        origin.remote_add("origin", str(root / "remote"))
-        origin.push(refs=("main", "side", "v1"))
+        origin.remotes.add("origin", str(root / "remote"))
+        origin.remotes.push(refs=("main", "side", "v1"))
         origin.close()
         repo = mvc.Repository.clone(str(root / "remote"), root / "repo", lazy=True)
         if name != "lazy":
@@ -203,8 +203,8 @@ def _build(name: str, root: Path) -> dict:
                 repo.load(oid)
             if name == "repacked-evicted":
                 assert repo.repack().grouped > 0
-            budget = 0 if name == "repacked-evicted" else repo.cache_status().local_bytes // 2
-            assert repo.evict(budget).chunks_evicted > 0
+            budget = 0 if name == "repacked-evicted" else repo.cache.status().local_bytes // 2
+            assert repo.cache.evict(budget).chunks_evicted > 0
     else:
         repo = mvc.Repository.init(root / "repo", chunk_size=CHUNK)
         truth = _history(repo, sharded=name == "sharded")
@@ -415,18 +415,18 @@ def v_repack(k):
 def v_evict(k):
     if k.name not in CACHED:
         with pytest.raises(BadInput):  # nothing to evict to
-            k.repo.evict(0)
+            k.repo.cache.evict(0)
     else:
-        before = k.repo.cache_status()
-        report = k.repo.evict(0)
-        after = k.repo.cache_status()
+        before = k.repo.cache.status()
+        report = k.repo.cache.evict(0)
+        after = k.repo.cache.status()
         assert after.local_bytes <= before.local_bytes and after.only_remote >= before.only_remote
         assert report.kept_local == 0  # everything here is on the remote: only pinned chunks (HEAD's) stay
     k.check_all()
 
 
 def v_bisect(k):
-    status = k.repo.bisect(k.main[0], k.main[-1], lambda st: st["step"] < 2)
+    status = k.repo.bisect.find(k.main[0], k.main[-1], lambda st: st["step"] < 2)
     assert status.first_bad.id == k.main[2]
     k.check_all()
 
@@ -450,10 +450,10 @@ def v_refs(k):
 
 def v_push_clone(k):
     """Push main and its history to a new folder remote; a full clone of it holds the truth bit for bit."""
-    if _refuses_when_read_only(k, lambda: k.repo.remote_add("mirror", str(k.tmp / "mirror"))):
+    if _refuses_when_read_only(k, lambda: k.repo.remotes.add("mirror", str(k.tmp / "mirror"))):
         return
-    k.repo.remote_add("mirror", str(k.tmp / "mirror"))
-    k.repo.push("mirror", ("main",))
+    k.repo.remotes.add("mirror", str(k.tmp / "mirror"))
+    k.repo.remotes.push("mirror", ("main",))
     clone = mvc.Repository.clone(str(k.tmp / "mirror"), k.tmp / "full")
     try:
         for oid in k.main:
@@ -465,8 +465,8 @@ def v_push_clone(k):
         new = state(9)
         c = k.repo.commit(new, "from the clone")
         k.truth[c.id] = new
-        k.repo.push()
-        k.repo.fetch()
+        k.repo.remotes.push()
+        k.repo.remotes.fetch()
         assert k.repo.resolve("origin/main") == c.id
     k.check_all()
 
@@ -544,16 +544,16 @@ def f_gc(k):
 
 
 def f_evict(k):
-    k.repo.evict(0)
+    k.repo.cache.evict(0)
 
 
 def f_push(k):
-    k.repo.remote_add("mirror", str(k.tmp / "mirror"))
-    k.repo.push("mirror", ("main",))
+    k.repo.remotes.add("mirror", str(k.tmp / "mirror"))
+    k.repo.remotes.push("mirror", ("main",))
 
 
 def f_bisect(k):
-    assert k.repo.bisect(k.main[0], k.main[-1], lambda st: st["step"] < 2).first_bad.id == k.main[2]
+    assert k.repo.bisect.find(k.main[0], k.main[-1], lambda st: st["step"] < 2).first_bad.id == k.main[2]
 
 
 WRITERS = {"commit", "gc", "evict", "repack"}  # verbs that write through the store (push writes to the remote);
@@ -593,8 +593,8 @@ def test_verbs_on_a_lazy_clone_of_an_s3_remote(verb, templates, tmp_path, s3_ser
     shutil.copytree(root / "repo", tmp_path / "origin")
     origin = mvc.Repository.open(tmp_path / "origin")
     url = s3_url("conformance")
-    origin.remote_add("origin", url, s3_server.endpoint)
-    origin.push(refs=("main", "side", "v1"))
+    origin.remotes.add("origin", url, s3_server.endpoint)
+    origin.remotes.push(refs=("main", "side", "v1"))
     origin.close()
     repo = mvc.Repository.clone(url, tmp_path / "repo", lazy=True, endpoint_url=s3_server.endpoint)
     try:

@@ -1,7 +1,7 @@
 """Sharded saves in one process: the DCP plugin (no_dist) and the core calls it uses.
 
 The multi-rank FSDP2 jobs are in test_dcp_fsdp.py; here the core calls
-(``write_shards`` / ``commit_shards``) build sharded tensors by hand,
+(``repo.shards.write`` / ``repo.shards.commit``) build sharded tensors by hand,
 including column shards that need scattering, so every path of load, diff,
 export, fsck and gc meets them in milliseconds.
 """
@@ -100,19 +100,19 @@ def test_values_that_are_not_plain_are_kept_as_bytes_and_load_weights_only(repo)
 
 def shard_commit(repo, full: torch.Tensor, boxes: list, message="sharded", locations_hook=None):
     """Commit ``full`` as pieces ``boxes`` [(offsets, sizes)], each written as its own rank would."""
-    start = repo.begin_sharded("main")
+    start = repo.shards.begin("main")
     pieces, locations = [], {}
     for offsets, sizes in boxes:
         box = full
         for d, (o, z) in enumerate(zip(offsets, sizes)):
             box = box.narrow(d, o, z)
-        desc = repo.write_shards([box])  # a strided view: the rank copies it contiguous
+        desc = repo.shards.write([box])  # a strided view: the rank copies it contiguous
         pieces.append((offsets, sizes, desc["tensors"][0]["chunks"]))
         locations.update(desc["locations"])
     if locations_hook:
         locations_hook(locations)
     leaf = mvc.ShardedTensor(mvc.dtypes.name_of(full.dtype), tuple(full.shape), pieces)
-    return repo.commit_shards(start, {("w",): leaf, ("step",): 3}, locations, None, message)
+    return repo.shards.commit(start, {("w",): leaf, ("step",): 3}, locations, None, message)
 
 
 ROWS = [((0, 0), (3, 8)), ((3, 0), (5, 8))]
@@ -193,21 +193,21 @@ def test_a_pack_that_is_gone_is_refused_and_nothing_is_committed(repo):
 def test_gc_leaves_a_young_unindexed_pack_alone(repo):
     full = torch.arange(64, dtype=torch.float32)
     repo.commit({"x": torch.ones(1)}, "base")
-    start = repo.begin_sharded("main")
-    desc = repo.write_shards([full])
+    start = repo.shards.begin("main")
+    desc = repo.shards.write([full])
     repo.gc()  # the pack is younger than gc's grace period: kept
     leaf = mvc.ShardedTensor("F32", (64,), [((0,), (64,), desc["tensors"][0]["chunks"])])
-    c = repo.commit_shards(start, {("w",): leaf}, desc["locations"])
+    c = repo.shards.commit(start, {("w",): leaf}, desc["locations"])
     assert torch.equal(repo.load(c.id)["w"], full) and repo.fsck().ok
 
 
 def test_a_branch_that_moved_meanwhile_is_a_ref_conflict(repo):
-    start = repo.begin_sharded("main")
-    desc = repo.write_shards([torch.ones(4)])
+    start = repo.shards.begin("main")
+    desc = repo.shards.write([torch.ones(4)])
     repo.commit({"other": torch.zeros(1)}, "landed meanwhile")
     leaf = mvc.ShardedTensor("F32", (4,), [((0,), (4,), desc["tensors"][0]["chunks"])])
     with pytest.raises(mvc.RefConflict):
-        repo.commit_shards(start, {("w",): leaf}, desc["locations"])
+        repo.shards.commit(start, {("w",): leaf}, desc["locations"])
     assert [c.message for c in repo.log()] == ["landed meanwhile"]
 
 
@@ -456,7 +456,7 @@ def test_a_bytesio_train_state_round_trips_as_bytes(backend):
     assert torch.equal(state["model"]["w"], torch.arange(6.0))
     if backend.kind == "mvc":  # stored as the bytes it holds, not as a pickle
         with mvc.Repository.open(backend.root) as repo:
-            view = repo.sharded_view("dcp/step_12")
+            view = repo.shards.view("dcp/step_12")
             assert view["dcp"]["items"]["train_state.losses"]["kind"] == "bytes-io"
             stored = repo.load("dcp/step_12")["train_state"]["losses"]
             assert stored.numpy().tobytes() == saved.state_dict()["losses"].getvalue()

@@ -156,9 +156,9 @@ def test_checkpointer_saves_sharded_and_resumes_at_2_and_at_1(tmp_path):
 def _hosts(tmp_path, s3_server, url: str) -> None:
     """A remote with one commit, and one lazy clone of it per rank (one host each: no chunk of their own)."""
     with mvc.Repository.init(tmp_path / "seed", chunk_size=64) as seed:
-        seed.remote_add("origin", url, s3_server.endpoint)
+        seed.remotes.add("origin", url, s3_server.endpoint)
         seed.commit({"w": torch.zeros(3)}, "seed", branch="main")
-        seed.push("origin", ("main",))
+        seed.remotes.push("origin", ("main",))
     for rank in (0, 1):
         mvc.Repository.clone(url, tmp_path / f"host{rank}", lazy=True, endpoint_url=s3_server.endpoint).close()
 
@@ -174,7 +174,7 @@ def test_ranks_without_a_shared_repository_save_through_the_remote(tmp_path, s3_
     with mvc.Repository.clone(url, tmp_path / "eval", endpoint_url=s3_server.endpoint) as clone:
         assert clone.resolve("origin/run") == second["id"]
         assert [c.message for c in clone.log("origin/run")][:2] == ["remote 2", "remote 1"]
-        assert clone.fsck().ok and clone.fsck_remote("origin").ok
+        assert clone.fsck().ok and clone.remotes.fsck("origin").ok
         got = clone.load("origin/run")
     want = torch.load(tmp_path / "remote-ref-2.pt", weights_only=True)
     same(want["model"], got["model"], "model")
@@ -210,8 +210,8 @@ def test_sigkill_of_rank_1_mid_upload_moves_no_branch_and_the_next_save_works(tm
             report = host.fsck()
             assert report.ok, report.damage
     with mvc.Repository.clone(url, tmp_path / "look", lazy=True, endpoint_url=s3_server.endpoint) as look:
-        assert "origin/run" not in {b.name for b in look.remote_branches()}
-        assert look.fsck_remote("origin").ok
+        assert "origin/run" not in {b.name for b in look.remotes.branches()}
+        assert look.remotes.fsck("origin").ok
     assert launch("remote", 2, tmp_path, rev="run") == [0, 0]  # the next save works
     with mvc.Repository.clone(url, tmp_path / "eval", endpoint_url=s3_server.endpoint) as clone:
         got = clone.load("origin/run")
@@ -221,7 +221,7 @@ def test_sigkill_of_rank_1_mid_upload_moves_no_branch_and_the_next_save_works(tm
 def test_a_repository_that_does_not_cache_the_remote_is_refused(tmp_path):
     from mvc_hooks.dcp import MvcStorageWriter
     with mvc.Repository.init(tmp_path / "repo") as repo:
-        repo.remote_add("origin", str(tmp_path / "remote"))
+        repo.remotes.add("origin", str(tmp_path / "remote"))
     writer = MvcStorageWriter(tmp_path / "repo", remote="origin")
     with pytest.raises(mvc.BadInput, match="does not cache remote 'origin'"):
         writer.set_up_storage_writer(True)

@@ -109,9 +109,9 @@ def test_a_damaged_chunk_in_a_later_group_fails_and_writes_nothing(tmp_path, sma
 @pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
 def test_a_lazy_clone_exports_by_fetching_and_keeps_what_it_fetched(tmp_path, small_groups, suffix):
     with mvc.Repository.init(tmp_path / "r", chunk_size=64) as repo:
-        repo.remote_add("origin", str(tmp_path / "remote"))
+        repo.remotes.add("origin", str(tmp_path / "remote"))
         c = repo.commit(_state(), "s", branch="main")
-        repo.push("origin", ("main",))
+        repo.remotes.push("origin", ("main",))
         want = mvc.files.tensors_by_key(repo.load(c.id))
         everything = repo.status().chunks
     with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:

@@ -285,7 +285,7 @@ def test_rebuild_index_after_dropping_it(two):
     dropped = repo.fsck()
     assert {d.kind for d in dropped.damage} == {F.MISSING_CHUNK}
     assert {u.kind for u in dropped.unreferenced} == {F.UNINDEXED_PACK}
-    rebuilt = repo.rebuild_index()
+    rebuilt = mvc.fsck.rebuild_index(repo)
     assert (rebuilt.packs, rebuilt.chunks, rebuilt.duplicates, rebuilt.dropped, rebuilt.skipped) == (2, 5, 0, 0, ())
     _assert_same(before, _all_states(repo))
     assert repo.fsck().ok and repo.fsck().unreferenced == ()
@@ -296,10 +296,10 @@ def test_rebuild_index_repairs_bad_entries_and_counts_duplicates(two):
     before = _all_states(repo)
     cid, path, loc = _chunk(repo, c2, "model.b")
     copy = PackWriter(repo.dir / "packs")  # a second record of the same chunk
-    copy.add(cid, repo.read_chunk(cid))
+    copy.add(cid, mvc.reader.read_chunk(repo, cid))
     copy.seal()
     _put_raw(repo, "chunks", cid, b"garbage")
-    rebuilt = repo.rebuild_index()
+    rebuilt = mvc.fsck.rebuild_index(repo)
     assert (rebuilt.packs, rebuilt.chunks, rebuilt.duplicates, rebuilt.dropped) == (3, 5, 1, 5)
     _assert_same(before, _all_states(repo))
     report = repo.fsck()
@@ -313,7 +313,7 @@ def test_rebuild_index_salvages_verified_records_of_a_pack_with_a_damaged_traile
     cid, path, loc = _chunk(repo, c2, "model.w")
     truncate(path, path.stat().st_size - 10)  # the trailer is lost, every record is intact
     assert not repo.fsck().ok
-    rebuilt = repo.rebuild_index()
+    rebuilt = mvc.fsck.rebuild_index(repo)
     assert [name for name, _ in rebuilt.skipped] == [path.name] and rebuilt.salvaged > 0
     _assert_same(before, _all_states(repo))
     report = repo.fsck()
@@ -326,7 +326,7 @@ def test_rebuild_index_salvages_only_records_that_verify(two):
     cid, path, loc = _chunk(repo, c2, "model.w")
     flip_bit(path, path.stat().st_size - 1)  # the seal is gone
     flip_bit(path, loc.offset)  # and the first record of model.w no longer hashes to its id
-    rebuilt = repo.rebuild_index()
+    rebuilt = mvc.fsck.rebuild_index(repo)
     assert [name for name, _ in rebuilt.skipped] == [path.name]
     report = repo.fsck()
     assert {d.kind for d in report.damage} == {F.MISSING_CHUNK}

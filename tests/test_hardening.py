@@ -104,7 +104,7 @@ def test_a_damaged_reflog_entry_fsck_reports_and_gc_refuses(repo):
     assert [d.kind for d in repo.fsck().damage] == ["corrupt-reflog"]
     with pytest.raises(mvc.CorruptObject, match="gc stopped, nothing was deleted.*reflog expire"):
         repo.gc()
-    assert repo.expire_reflog(damaged=True) == 1
+    assert repo.reflog.expire(damaged=True) == 1
     assert repo.fsck().ok and repo.gc().commits_removed == 0
 
 
@@ -273,7 +273,7 @@ def test_reflog_expiry_lets_gc_reclaim_a_force_moved_branch(repo):
     repo.commit({"w": torch.randn(64)}, "new", branch="side")
     repo.create_branch("side", old.id, force=True)  # the "new" commit is now only in the reflog
     assert repo.gc(grace=0).commits_removed == 0
-    assert repo.expire_reflog() > 0
+    assert repo.reflog.expire() > 0
     assert repo.gc(grace=0).commits_removed == 1
     assert repo.fsck().ok
 
@@ -288,7 +288,7 @@ def test_commits_whose_data_is_lost_can_be_pruned_so_gc_runs_again(repo):
     assert not report.ok and {c2.id} == {c for d in report.damage for c in d.commits}
     with pytest.raises(mvc.CorruptObject, match="gc stopped"):
         repo.gc()
-    assert repo.prune_lost() == (c2.id,)
+    assert mvc.fsck.prune_lost(repo) == (c2.id,)
     assert repo.fsck().ok
     repo.gc(grace=0)
     assert repo.fsck().ok

@@ -231,13 +231,13 @@ def test_a_background_save_error_surfaces_at_the_next_step(tmp_path):
 def test_a_second_checkpointer_on_the_branch_is_refused(tmp_path):
     model, _, _ = parts()
     first = Checkpointer(tmp_path, model=model, branch="run")
-    assert first.repo.branch_lock("run").pid == os.getpid()
+    assert first.repo.locks.get("run").pid == os.getpid()
     with pytest.raises(mvc.LockHeld, match="another Checkpointer in this process"):
         Checkpointer(tmp_path, model=model, branch="run")
     Checkpointer(tmp_path, model=model, branch="other").close()
     first.close()
     with mvc.Repository.open(tmp_path) as repo:
-        assert repo.branch_lock("run") is None
+        assert repo.locks.get("run") is None
     Checkpointer(tmp_path, model=model, branch="run").close()
 
 
@@ -264,7 +264,7 @@ def test_another_process_holding_the_branch_is_named_and_exit_releases_it(tmp_pa
     finally:
         child.kill()
     with mvc.Repository.open(tmp_path) as repo:
-        assert repo.branch_lock("run") is None
+        assert repo.locks.get("run") is None
     Checkpointer(tmp_path, model=torch.nn.Linear(1, 1), branch="run").close()
 
 

@@ -114,7 +114,7 @@ def test_a_revision_that_does_not_exist_is_a_clear_error(tmp_path):
 
 def test_remote_gets_each_commit_pushed_and_a_clone_loads_the_tip(tmp_path):
     with mvc.Repository.init(tmp_path / "repo", chunk_size=64) as repo:
-        repo.remote_add("origin", str(tmp_path / "remote"))
+        repo.remotes.add("origin", str(tmp_path / "remote"))
     _, callback = fit(tmp_path, 2, remote="origin", **TOP)
     assert callback.push_error is None
     with mvc.Repository.open(tmp_path / "repo") as repo:
@@ -130,7 +130,7 @@ def test_a_remote_the_repository_lacks_is_refused_before_training(tmp_path):
         fit(tmp_path, 1, remote="origin", **TOP)
     with mvc.Repository.open(tmp_path / "repo") as repo:  # nothing committed, no lock left behind
         assert "lightning" not in {b.name for b in repo.branches()}
-        assert repo.locks() == []
+        assert repo.locks.list() == []
 
 
 # -- Lightning's own idioms on the paths the callback reports --------------------------

@@ -39,7 +39,7 @@ def until(condition, what: str, timeout: float = 120.0) -> None:
 
 def test_each_commit_reaches_a_folder_remote_and_a_clone_resumes_from_it(tmp_path):
     with mvc.Repository.init(tmp_path / "run", chunk_size=64) as repo:
-        repo.remote_add("origin", str(tmp_path / "remote"))
+        repo.remotes.add("origin", str(tmp_path / "remote"))
     model, opt = parts()
     with Checkpointer(tmp_path / "run", model=model, optimizer=opt, branch="run", every_n_steps=2,
                       remote="origin") as ckpt:
@@ -59,7 +59,7 @@ def test_an_unreachable_remote_warns_once_training_goes_on_and_the_run_catches_u
     down = tmp_path / "down"
     down.write_text("not a folder: the remote below cannot be created")
     with mvc.Repository.init(tmp_path / "run", chunk_size=64) as repo:
-        repo.remote_add("origin", str(down / "remote"))
+        repo.remotes.add("origin", str(down / "remote"))
     model, opt = parts()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -94,7 +94,7 @@ def test_a_remote_that_is_not_configured_is_bad_input(tmp_path):
 def test_commits_reach_a_real_s3_server(tmp_path, s3_server, s3_url):
     url = s3_url("hook")
     with mvc.Repository.init(tmp_path / "run", chunk_size=64) as repo:
-        repo.remote_add("origin", url, s3_server.endpoint)
+        repo.remotes.add("origin", url, s3_server.endpoint)
     model, opt = parts()
     with Checkpointer(tmp_path / "run", model=model, optimizer=opt, branch="run", every_n_steps=3,
                       remote="origin") as ckpt:

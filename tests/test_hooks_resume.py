@@ -133,7 +133,7 @@ def kill(child) -> str:
 def resume_and_compare(path, straight, printed_before: str, expect_from: int):
     straight_losses, (straight_step, straight_state) = straight
     with mvc.Repository.open(path) as repo:
-        lock = repo.branch_lock("main")
+        lock = repo.locks.get("main")
         assert lock is not None and lock.stale  # the killed run's lock, lapsed with its process
         assert repo.get_commit("HEAD").step == expect_from - 1
     out = run_in_process(args_for(path))

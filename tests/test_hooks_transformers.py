@@ -122,7 +122,7 @@ def test_checkout_of_another_commit_is_refused(tmp_path):
 
 def test_remote_gets_each_commit_pushed_and_a_clone_resumes_from_it(tmp_path):
     with mvc.Repository.init(tmp_path / "repo", chunk_size=64) as repo:
-        repo.remote_add("origin", str(tmp_path / "remote"))
+        repo.remotes.add("origin", str(tmp_path / "remote"))
     callback = MvcCallback(tmp_path / "repo", remote="origin")
     trainer(tmp_path, "run", callback, max_steps=SAVE * 2).train()
     assert callback.push_error is None
@@ -145,7 +145,7 @@ def test_a_remote_the_repository_lacks_is_refused_before_training(tmp_path):
     with pytest.raises(mvc.BadInput, match="no remote 'origin'"):
         trainer(tmp_path, "run", MvcCallback(tmp_path / "repo", remote="origin")).train()
     with mvc.Repository.open(tmp_path / "repo") as repo:
-        assert repo.locks() == []
+        assert repo.locks.list() == []
 
 
 # -- GPT-2 (tied lm_head / wte) and the Trainer's own idioms on what the callback leaves ----

@@ -19,9 +19,9 @@ import sys, mvc
 repo = mvc.Repository.open(sys.argv[1])
 action = sys.argv[2]
 if action == "lock":
-    repo.lock_branch(sys.argv[3])
+    repo.locks.lock(sys.argv[3])
 elif action == "named":
-    repo.lock_branch(sys.argv[3], named=True, owner=sys.argv[4])
+    repo.locks.lock(sys.argv[3], named=True, owner=sys.argv[4])
 elif action == "gc":
     held = repo.gc_lock.exclusive()
     held.__enter__()
@@ -63,25 +63,25 @@ def state(n=1):
 
 
 def test_lock_is_idempotent_and_listed(repo):
-    assert repo.branch_lock("main") is None
-    lock = repo.lock_branch("main")
+    assert repo.locks.get("main") is None
+    lock = repo.locks.lock("main")
     assert (lock.branch, lock.pid, lock.host, lock.named, lock.stale) == ("main", os.getpid(),
                                                                          socket.gethostname(), False, False)
     assert abs(lock.since - time.time()) < 3600
-    assert repo.lock_branch("main") == lock
-    assert repo.branch_lock("main") == lock
-    assert repo.locks() == [lock]
+    assert repo.locks.lock("main") == lock
+    assert repo.locks.get("main") == lock
+    assert repo.locks.list() == [lock]
     repo.commit(state(), "owner commits")
-    repo.unlock_branch("main")
-    assert repo.branch_lock("main") is None and repo.locks() == []
-    repo.unlock_branch("main")  # unlocking an unlocked branch is a no-op
+    repo.locks.unlock("main")
+    assert repo.locks.get("main") is None and repo.locks.list() == []
+    repo.locks.unlock("main")  # unlocking an unlocked branch is a no-op
 
 
 def test_live_holder_in_another_process_blocks_lock_and_commit(repo, child):
     first = repo.commit(state(1), "before")
     holder = child("lock", "main")
     with pytest.raises(mvc.LockHeld) as err:
-        repo.lock_branch("main")
+        repo.locks.lock("main")
     assert f"pid {holder.pid} on {socket.gethostname()}" in str(err.value)
     with pytest.raises(mvc.LockHeld) as err:
         repo.commit(state(2), "blocked")
@@ -90,7 +90,7 @@ def test_live_holder_in_another_process_blocks_lock_and_commit(repo, child):
     assert repo.resolve("main") == first.id
     repo.commit(state(3), "other branch", branch="side")  # only main is locked
     with pytest.raises(mvc.LockHeld):
-        repo.unlock_branch("main")
+        repo.locks.unlock("main")
     with pytest.raises(mvc.LockHeld):
         repo.create_branch("main", "side", force=True)
     repo.checkout("side")
@@ -102,10 +102,10 @@ def test_live_holder_in_another_process_blocks_lock_and_commit(repo, child):
 def test_dead_owner_on_this_host_is_taken_over(repo, child):
     holder = child("lock", "main")
     holder.stop()
-    stale = repo.branch_lock("main")
+    stale = repo.locks.get("main")
     assert stale.pid == holder.pid and stale.stale
     repo.commit(state(), "a stale lock does not block")
-    lock = repo.lock_branch("main")
+    lock = repo.locks.lock("main")
     assert lock.pid == os.getpid() and not lock.stale
 
 
@@ -114,27 +114,27 @@ def test_reused_pid_is_not_the_owner(repo, child):
     with repo.index.write() as txn:
         txn.put_lock("main", {"host": socket.gethostname(), "pid": other.pid, "since": time.time(),
                               "owner": "x@y", "started": "some-earlier-boot/1", "named": False})
-    assert repo.branch_lock("main").stale
-    assert repo.lock_branch("main").pid == os.getpid()
+    assert repo.locks.get("main").stale
+    assert repo.locks.lock("main").pid == os.getpid()
 
 
 def test_lock_from_another_host_is_never_assumed_dead(repo):
     with repo.index.write() as txn:
         txn.put_lock("main", {"host": "gpu-node-7", "pid": 999999, "since": time.time() - 7200,
                               "owner": "bob@gpu-node-7", "started": None, "named": False})
-    assert not repo.branch_lock("main").stale
+    assert not repo.locks.get("main").stale
     with pytest.raises(mvc.LockHeld) as err:
         repo.commit(state(), "blocked")
     assert "pid 999999 on gpu-node-7" in str(err.value) and "2 h ago" in str(err.value)
     assert "cannot tell" in str(err.value)
-    repo.unlock_branch("main", force=True)
+    repo.locks.unlock("main", force=True)
     repo.commit(state(), "free again")
 
 
 def test_named_lock_outlives_its_process_and_admits_its_owner(repo, child):
     holder = child("named", "main", "alice")
     holder.stop()
-    lock = repo.branch_lock("main")
+    lock = repo.locks.get("main")
     assert lock.named and lock.owner == "alice" and not lock.stale
     with pytest.raises(mvc.LockHeld) as err:
         repo.commit(state(1), "bob", author="bob")
@@ -142,19 +142,19 @@ def test_named_lock_outlives_its_process_and_admits_its_owner(repo, child):
     landed = repo.commit(state(2), "alice", author="alice")
     assert repo.resolve("main") == landed.id
     with pytest.raises(mvc.LockHeld):
-        repo.unlock_branch("main", owner="bob")
-    repo.unlock_branch("main", owner="alice")
-    assert repo.branch_lock("main") is None
+        repo.locks.unlock("main", owner="bob")
+    repo.locks.unlock("main", owner="alice")
+    assert repo.locks.get("main") is None
 
 
 def test_damaged_lock_record_is_reported_and_can_be_forced_away(repo):
     with repo.index.write() as txn:
         txn.put_lock("main", {"host": 3})
     with pytest.raises(mvc.CorruptObject, match="mvc unlock --force main"):
-        repo.branch_lock("main")
+        repo.locks.get("main")
     with pytest.raises(mvc.CorruptObject):
         repo.commit(state(), "refused")
-    repo.unlock_branch("main", force=True)
+    repo.locks.unlock("main", force=True)
     repo.commit(state(), "fine")
 
 
@@ -222,7 +222,7 @@ def test_cli_lock_list_and_unlock(repo):
     assert cli(repo, "unlock", "main").output == "branch 'main' was not locked\n"
     cli(repo, "lock", "main", "--owner", "alice")
     assert cli(repo, "unlock", "--force", "main").exit_code == 0
-    assert repo.branch_lock("main") is None
+    assert repo.locks.get("main") is None
 
 
 def test_cli_lock_usage_errors_exit_2(repo):

@@ -391,12 +391,12 @@ def test_a_lazy_clone_merges_by_fetching_only_what_differs(tmp_path, request, ki
     else:
         url, endpoint = str(tmp_path / "remote"), None
     with mvc.Repository.init(tmp_path / "r", chunk_size=SMALL_CHUNK) as repo:
-        repo.remote_add("origin", url, endpoint)
+        repo.remotes.add("origin", url, endpoint)
         base = model(0)
         repo.commit({"model": base, "step": 0, "name": "base"}, "base")
         for n, name in enumerate("ab", 1):
             repo.commit({"model": model(n, base), "step": n, "name": name}, name, branch=name, start="main")
-        repo.push("origin", ("main", "a", "b"))
+        repo.remotes.push("origin", ("main", "a", "b"))
         here = repo.merge(["a", "b"], strategy="task-arithmetic", base="main", branch="m")[0]
         everything = repo.status().chunks
     with mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=endpoint) as lazy:

@@ -274,7 +274,7 @@ def test_an_unreadable_object_an_older_mvc_wrote_blocks_gc_until_fsck_prune_lost
     with pytest.raises(mvc.CorruptObject) as exc:
         repo.gc(grace=0)
     assert exc.value.id == oid.hex()
-    assert repo.prune_lost() == (forged.hex(),)
+    assert mvc.fsck.prune_lost(repo) == (forged.hex(),)
     repo.gc(grace=0)  # runs again, and keeps the rest
     assert torch.equal(repo.load(kept.id)["w"], torch.ones(3)) and repo.fsck().ok
 
@@ -380,7 +380,7 @@ def test_bisect_run_timeout_is_checked(five):
         assert out.exit_code in (1, 2) and out.stderr.count("\n") == 1, (args, out.output)
         assert "Traceback" not in out.output
     with pytest.raises(mvc.BadInput):
-        repo.bisect_run(["true"], timeout=-1)
+        repo.bisect.run(["true"], timeout=-1)
 
 
 # -- 8. what killed commands leave is cleaned up and listed ---------------------------------
@@ -404,8 +404,8 @@ def test_a_killed_bisect_run_leaves_scratch_that_fsck_lists_and_gc_or_the_next_r
     repo, ids = five
     script = tmp_path / "evaluate.py"
     script.write_text(KILLS_ITS_PARENT)
-    code = f"import mvc, sys; r = mvc.Repository.open(sys.argv[1]); r.bisect_start({ids[4]!r}, {ids[0]!r}); " \
-           f"r.bisect_run([sys.executable, sys.argv[2]])"
+    code = f"import mvc, sys; r = mvc.Repository.open(sys.argv[1]); r.bisect.start({ids[4]!r}, {ids[0]!r}); " \
+           f"r.bisect.run([sys.executable, sys.argv[2]])"
     child = subprocess.run([PY, "-c", code, str(repo.root), str(script)], capture_output=True, text=True)
     assert child.returncode == -signal.SIGKILL, child.stderr
     left = sorted(p.name for p in (repo.dir / "tmp").iterdir() if p.name.startswith("bisect-"))
@@ -414,11 +414,11 @@ def test_a_killed_bisect_run_leaves_scratch_that_fsck_lists_and_gc_or_the_next_r
     out = cli(repo.root, "fsck")
     assert out.exit_code == 0 and f"tmp/{left[0]}" in out.output
     # the next bisect run removes it
-    repo.bisect_reset()
-    repo.bisect_start(ids[4], ids[0])
+    repo.bisect.reset()
+    repo.bisect.start(ids[4], ids[0])
     script.write_text("import sys; sys.exit(0)\n")
     with pytest.raises(mvc.MvcError):  # the bad end comes out good: stops, after cleaning up
-        repo.bisect_run([PY, str(script)])
+        repo.bisect.run([PY, str(script)])
     assert not [p for p in (repo.dir / "tmp").iterdir() if p.name.startswith("bisect-")]
     # and so does gc, with any grace: the process that made it is gone
     gone = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

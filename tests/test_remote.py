@@ -46,8 +46,8 @@ def origin(tmp_path):
     s = state(0)
     s["model"]["w"][:16] = 1.0  # one chunk changes
     repo.commit(s, "second")
-    repo.remote_add("origin", str(tmp_path / "remote"))
-    repo.push()
+    repo.remotes.add("origin", str(tmp_path / "remote"))
+    repo.remotes.push()
     yield repo
     repo.close()
 
@@ -63,19 +63,19 @@ def test_clone_round_trip_bit_exact_and_fsck_clean(origin, tmp_path):
         for rev in ("main", "main~1"):
             assert same(clone.load(rev), origin.load(rev))
         assert clone.fsck().ok and origin.fsck().ok
-        assert clone.fsck_remote().ok
+        assert clone.remotes.fsck().ok
         assert [c.id for c in clone.log()] == [c.id for c in origin.log()]
     finally:
         clone.close()
 
 
 def test_push_sends_only_what_the_remote_lacks(origin, tmp_path):
-    again = origin.push()
+    again = origin.remotes.push()
     assert (again.chunks, again.objects, again.refs[0].status) == (0, 0, "up to date")
     s = origin.load()
     s["model"]["w"][96:112] = 3.0  # bytes 384-447: exactly one chunk
     origin.commit(s, "third")
-    report = origin.push()
+    report = origin.remotes.push()
     assert report.chunks == 1 and report.chunk_bytes == SMALL
     assert report.commits == 1 and report.objects == 3  # commit, tree, the changed tensor
     assert origin.resolve("origin/main") == origin.resolve("main")
@@ -107,13 +107,13 @@ def test_fetch_moves_only_missing_and_tracking_refs(origin, tmp_path):
     s = origin.load()
     s["model"]["w"][-16:] = 7.0
     c = origin.commit(s, "third")
-    origin.push()
-    report = clone.fetch()
+    origin.remotes.push()
+    report = clone.remotes.fetch()
     assert report.chunks == 1 and report.objects == 3
     assert clone.resolve("origin/main") == c.id and clone.resolve("main") != c.id
     assert same(clone.load("origin/main"), s)
-    assert clone.fetch().chunks == 0
-    pulled = clone.pull()
+    assert clone.remotes.fetch().chunks == 0
+    pulled = clone.remotes.pull()
     assert pulled.status == "fast-forward" and clone.resolve("main") == c.id
     assert clone.fsck().ok
     clone.close()
@@ -126,11 +126,11 @@ def test_two_pushers_one_wins_the_other_is_rejected(origin, tmp_path):
     origin.commit(s, "mine")
     s["step"] = 200
     theirs = other.commit(s, "theirs")
-    other.push()
+    other.remotes.push()
     with pytest.raises(mvc.RefConflict, match=REJECTED):
-        origin.push()
-    assert other.fetch().refs[0].status == "up to date"
-    origin.fetch()
+        origin.remotes.push()
+    assert other.remotes.fetch().refs[0].status == "up to date"
+    origin.remotes.fetch()
     assert origin.resolve("origin/main") == theirs.id  # their update is not lost
     other.close()
 
@@ -165,7 +165,7 @@ def test_lazy_clone_reads_on_demand_verified_and_keeps_them(origin, tmp_path):
         assert lazy.status().chunks == 0 and lazy.fsck().ok
         assert same(lazy.load("main~1"), origin.load("main~1"))
         got = lazy.status().chunks
-        assert got > 0 and lazy.cache_status().only_remote == 1  # only main's one changed chunk is away
+        assert got > 0 and lazy.cache.status().only_remote == 1  # only main's one changed chunk is away
         assert same(lazy.load("main"), origin.load("main"))
         assert lazy.fsck().ok and lazy.status().chunks == got + 1
         assert lazy.gc().chunks_removed == 0 and same(lazy.load("main"), origin.load("main"))
@@ -202,9 +202,9 @@ def test_lazy_clone_commits_and_pushes(origin, tmp_path):
     c = lazy.commit(s, "from the lazy clone")
     assert c.stats.chunks_new == 1  # the rest is deduplicated against the remote, never fetched
     assert lazy.status().chunks == 1
-    report = lazy.push()
+    report = lazy.remotes.push()
     assert report.chunks == 1
-    origin.pull()
+    origin.remotes.pull()
     assert same(origin.load(), s)
     lazy.close()
 
@@ -216,18 +216,18 @@ def test_eviction_under_a_budget_keeps_unpushed_and_pinned(origin, tmp_path):
         lazy.load("main~1")
         lazy.create_branch("old", "main~1")
         lazy.checkout("old")
-        lazy.pin("old")
+        lazy.cache.pin("old")
         s = lazy.load("old")
         s["model"]["w"][:16] = 5.0
         lazy.commit(s, "not pushed", branch="side")  # only here: never evicted
         before = lazy.status().chunks
         lazy.config("cache.max-bytes", "0")
-        report = lazy.evict()
+        report = lazy.cache.evict()
         assert report.kept_local >= 1 and report.kept_pinned > 0
         assert 0 < lazy.status().chunks < before
-        lazy.pin("old", False)
+        lazy.cache.pin("old", False)
         lazy.checkout("main")
-        report = lazy.evict(0)
+        report = lazy.cache.evict(0)
         with lazy.index.read() as txn:
             assert txn.chunk(lazy.entries("side")[1].chunks[0]) is not None  # the unpushed chunk stayed
         assert lazy.fsck().ok
@@ -247,14 +247,14 @@ def _flip_byte(path: Path, offset: int) -> None:
 def test_flipped_byte_on_the_remote_is_found_and_refused(origin, tmp_path):
     lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
     full = mvc.Repository.init(tmp_path / "full", chunk_size=SMALL)
-    full.remote_add("origin", str(tmp_path / "remote"))
+    full.remotes.add("origin", str(tmp_path / "remote"))
     biggest = max(remote_packs(tmp_path), key=lambda p: p.stat().st_size)
     _flip_byte(biggest, 200)
-    report = origin.fsck_remote()
+    report = origin.remotes.fsck()
     assert not report.ok and any(biggest.name in p.object for p in report.problems)
     with pytest.raises(mvc.ChecksumMismatch, match="remote pack"):
-        full.fetch()
-    assert full.remote_branches() == [] and full.status().chunks == 0  # nothing indexed, no ref moved
+        full.remotes.fetch()
+    assert full.remotes.branches() == [] and full.status().chunks == 0  # nothing indexed, no ref moved
     with pytest.raises(mvc.ChecksumMismatch):
         lazy.load("main")
     assert lazy.fsck().ok
@@ -267,12 +267,12 @@ def test_flipped_byte_on_the_remote_is_found_and_refused(origin, tmp_path):
 def test_deleted_remote_pack_is_named(origin, tmp_path):
     pack = max(remote_packs(tmp_path), key=lambda p: p.stat().st_size)
     pack.unlink()
-    report = origin.fsck_remote()
+    report = origin.remotes.fsck()
     assert not report.ok and any(p.kind == "missing-chunk" and "heads/main" in p.refs[0] for p in report.problems)
     fresh = mvc.Repository.init(tmp_path / "fresh", chunk_size=SMALL)
-    fresh.remote_add("origin", str(tmp_path / "remote"))
+    fresh.remotes.add("origin", str(tmp_path / "remote"))
     with pytest.raises(mvc.CorruptObject, match="missing on remote"):
-        fresh.fetch()
+        fresh.remotes.fetch()
     fresh.close()
 
 
@@ -280,29 +280,29 @@ def test_repair_refetches_damaged_local_chunks(origin, tmp_path):
     packs = sorted((tmp_path / "a" / ".mvc" / "packs").glob("*.pack"), key=lambda p: p.stat().st_size)
     _flip_byte(packs[-1], 8 + 36 + 3)  # inside the first record's data
     assert not origin.fsck().ok
-    report = origin.repair()
+    report = origin.cache.repair()
     assert report.chunks_repaired >= 1 and report.after.ok
     assert same(origin.load("main~1"), state(0))
 
 
 def test_protected_and_locked_remote_refs(origin, tmp_path):
     other = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
-    origin.remote_lock("main", owner="alice")
+    origin.remotes.lock("main", owner="alice")
     s = other.load()
     s["step"] = 5
     other.commit(s, "bob's", author="bob")
     os.environ["MVC_AUTHOR"] = "bob"
     try:
         with pytest.raises(mvc.LockHeld, match="alice"):
-            other.push()
+            other.remotes.push()
     finally:
         del os.environ["MVC_AUTHOR"]
-    assert origin.remote_unlock("main", owner="alice")
+    assert origin.remotes.unlock("main", owner="alice")
     origin.create_tag("v1", "main", protect=True)
-    origin.push(refs=("v1",))
+    origin.remotes.push(refs=("v1",))
     origin.create_tag("v1", "main~1", force=True, protect=True)
     with pytest.raises(mvc.ProtectedRef):
-        origin.push(refs=("v1",))
+        origin.remotes.push(refs=("v1",))
     other.close()
 
 
@@ -311,11 +311,11 @@ def test_pull_refuses_diverged_history(origin, tmp_path):
     s = origin.load()
     s["step"] = 1
     origin.commit(s, "a")
-    origin.push()
+    origin.remotes.push()
     s["step"] = 2
     other.commit(s, "b")
     with pytest.raises(mvc.RefConflict, match="diverged"):
-        other.pull()
+        other.remotes.pull()
     other.close()
 
 
@@ -402,11 +402,11 @@ def test_evict_keeps_what_an_unpushed_commit_shares_with_the_remote(origin, tmp_
             main, older = (bytes.fromhex(lazy.resolve(r)) for r in ("main", "main~1"))
             ids = commit_chunks(lazy, txn, {main}) - commit_chunks(lazy, txn, {older})
         assert ids
-        lazy.evict(0)
+        lazy.cache.evict(0)
         with lazy.index.read() as txn:
             assert all(txn.chunk(c) is not None for c in ids)  # kept: "mine" is not on the remote
-        lazy.push(refs=("mine",))
-        lazy.evict(0)
+        lazy.remotes.push(refs=("mine",))
+        lazy.cache.evict(0)
         with lazy.index.read() as txn:
             assert all(txn.chunk(c) is None for c in ids)  # now origin/mine reaches them there
         assert same(lazy.load("mine"), s)

@@ -39,8 +39,8 @@ def pushed(tmp_path, s3):
     url = s3.url()
     repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
     repo.commit(state(0), "first")
-    repo.remote_add("origin", url, s3.endpoint)
-    repo.push()
+    repo.remotes.add("origin", url, s3.endpoint)
+    repo.remotes.push()
     yield repo, url
     repo.close()
 
@@ -49,26 +49,26 @@ def test_delete_a_remote_branch_and_prune_its_tracking_ref(pushed, tmp_path, s3)
     repo, url = pushed
     repo.commit(state(1), "exp work", branch="exp")
     repo.create_tag("v1", "exp")
-    repo.push(refs=("exp", "v1"))
+    repo.remotes.push(refs=("exp", "v1"))
     other = mvc.Repository.clone(url, tmp_path / "b", endpoint_url=s3.endpoint)
-    assert {r.name for r in other.remote_branches()} >= {"origin/exp"}
+    assert {r.name for r in other.remotes.branches()} >= {"origin/exp"}
     result = cli(tmp_path / "a", "push", "origin", ":exp")
     assert result.exit_code == 0 and "deleted" in result.output, result.output
-    assert "origin/exp" not in {r.name for r in repo.remote_branches()}
+    assert "origin/exp" not in {r.name for r in repo.remotes.branches()}
     result = cli(tmp_path / "a", "push", "origin", "--delete", "v1")
     assert result.exit_code == 0, result.output
     result = cli(tmp_path / "a", "push", "origin", "--delete", "nope")
     assert result.exit_code == 1 and "no branch or tag 'nope'" in result.output
-    other.fetch()
-    assert "origin/exp" in {r.name for r in other.remote_branches()}  # kept until --prune, as git does
-    report = other.fetch(prune=True)
+    other.remotes.fetch()
+    assert "origin/exp" in {r.name for r in other.remotes.branches()}  # kept until --prune, as git does
+    report = other.remotes.fetch(prune=True)
     assert [u.status for u in report.refs if u.ref == "remotes/origin/exp"] == ["pruned"]
-    assert "origin/exp" not in {r.name for r in other.remote_branches()}
+    assert "origin/exp" not in {r.name for r in other.remotes.branches()}
     other.delete_tag("v1")  # the tag came here as a local tag (as in git): it would keep exp's commit
     gc = other.gc(grace=0)
     assert gc.chunks_removed > 0  # the deleted branch's tracking ref (and its reflog) kept them alive before
     repo.commit(state(2), "exp again", branch="exp")
-    assert repo.push(refs=("exp",)).refs[0].status == "new"  # the tombstone gives way to a new branch
+    assert repo.remotes.push(refs=("exp",)).refs[0].status == "new"  # the tombstone gives way to a new branch
     other.close()
 
 
@@ -76,17 +76,17 @@ def test_remote_gc_retention_and_orphans_of_a_killed_push(pushed, tmp_path, s3):
     repo, url = pushed
     for i in (1, 2, 3):
         repo.commit(state(i), f"v{i}")
-        repo.push()
+        repo.remotes.push()
     orphan = _orphan_pack(url, s3)  # what a push killed before it moved a ref leaves behind
-    report = repo.fsck_remote()
+    report = repo.remotes.fsck()
     assert report.ok and orphan in [k for k, _ in report.unreferenced]
-    young = repo.gc_remote()  # default grace: an hour
+    young = repo.remotes.gc()  # default grace: an hour
     assert young.packs_deleted == () and orphan in young.young
     result = cli(tmp_path / "a", "gc", "--remote", "origin", "--keep-last", "2", "--grace", "0")
     assert result.exit_code == 0 and "pruned 2 commits" in result.output, result.output
     keys = [k for k, _ in s3.keys(url, layout.CHUNK_PACKS)]
     assert orphan not in keys
-    report = repo.fsck_remote()
+    report = repo.remotes.fsck()
     assert report.ok and report.unreferenced == (), report
     clone = mvc.Repository.clone(url, tmp_path / "c", endpoint_url=s3.endpoint)
     assert same(clone.load("main"), state(3)) and same(clone.load("main~1"), state(2))
@@ -117,16 +117,16 @@ def test_a_push_and_a_remote_gc_exclude_each_other(pushed, tmp_path, s3):
         with lease.held(conn, lease.GC):
             repo.commit(state(5), "while gc runs")
             with pytest.raises(RemoteBusy) as caught:
-                repo.push()
+                repo.remotes.push()
             assert caught.value.kind == "gc" and caught.value.remote == "origin"
         with lease.held(conn, lease.PUSH):
             with pytest.raises(RemoteBusy) as caught:
-                repo.gc_remote(grace=0)
+                repo.remotes.gc(grace=0)
             assert caught.value.kind == "push"
     finally:
         conn.close()
-    repo.push()
-    assert repo.gc_remote(grace=0).packs_deleted == ()
+    repo.remotes.push()
+    assert repo.remotes.gc(grace=0).packs_deleted == ()
 
 
 # Pushes branches b0, b1, ... one after the other, each a commit with new chunks (made by the
@@ -148,7 +148,7 @@ PUSHER = textwrap.dedent("""
     for i in range(int(sys.argv[2])):
         while True:
             try:
-                repo.push(refs=(f"b{i}",))
+                repo.remotes.push(refs=(f"b{i}",))
                 pushed += 1
                 break
             except RemoteBusy:
@@ -169,7 +169,7 @@ def test_a_real_concurrent_push_racing_remote_gcs_loses_nothing(pushed, tmp_path
     while proc.poll() is None:
         _orphan_pack(url, s3)  # garbage for each gc to find, as killed pushes leave
         try:
-            deleted += len(repo.gc_remote(grace=0, keep_last=1).packs_deleted)
+            deleted += len(repo.remotes.gc(grace=0, keep_last=1).packs_deleted)
             gcs += 1
         except RemoteBusy:
             busy += 1
@@ -178,7 +178,7 @@ def test_a_real_concurrent_push_racing_remote_gcs_loses_nothing(pushed, tmp_path
     assert proc.returncode == 0, err
     pushed_n, push_busy = map(int, out.split())
     assert pushed_n == 3 and gcs >= 1 and deleted >= 1, (out, gcs, busy, deleted)
-    report = repo.fsck_remote()  # every ref's closure is intact: no needed pack was deleted
+    report = repo.remotes.fsck()  # every ref's closure is intact: no needed pack was deleted
     assert report.ok, report.problems
     clone = mvc.Repository.clone(url, tmp_path / "c", endpoint_url=s3.endpoint)
     for i in range(3):

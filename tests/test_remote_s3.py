@@ -43,8 +43,8 @@ def _pushed(tmp_path, server):
     url = server.url()
     repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
     repo.commit(state(0), "first")
-    repo.remote_add("origin", url, server.endpoint)
-    repo.push()
+    repo.remotes.add("origin", url, server.endpoint)
+    repo.remotes.push()
     return repo, url
 
 
@@ -75,14 +75,14 @@ def test_push_clone_lazy_and_dedup_over_s3(pushed, tmp_path, s3):
     s = state(0)
     s["w"][: len(s["w"]) // 10] += 1  # 10% of the bytes change
     repo.commit(s, "second")
-    report = repo.push()
+    report = repo.remotes.push()
     total = sum(t.nbytes for t in s.values() if isinstance(t, torch.Tensor))
     assert report.chunk_bytes <= 0.11 * total
     lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
     try:
         assert lazy.status().chunks == 0
         assert same(lazy.load("main~1"), state(0)) and same(lazy.load(), s)
-        assert lazy.fsck().ok and lazy.fsck_remote().ok and repo.fsck().ok
+        assert lazy.fsck().ok and lazy.remotes.fsck().ok and repo.fsck().ok
     finally:
         lazy.close()
 
@@ -110,7 +110,7 @@ def test_two_processes_push_one_branch_at_once(pushed_sw, tmp_path, seaweedfs):
     assert REJECTED in loser and "Traceback" not in loser
     winner = ids[[code for code, _, _ in results].index(0)]
     check = mvc.Repository.clone(url, tmp_path / "z", endpoint_url=s3.endpoint)
-    assert check.resolve("main") == winner and check.fsck().ok and check.fsck_remote().ok
+    assert check.resolve("main") == winner and check.fsck().ok and check.remotes.fsck().ok
     check.close()
 
 
@@ -136,13 +136,13 @@ def test_sigkilled_push_leaves_both_sides_clean_and_rerun_sends_the_rest(pushed_
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     sent = count_packs(seaweedfs, url) - before
-    assert repo.fsck().ok and repo.fsck_remote().ok  # packs nobody names yet are harmless
+    assert repo.fsck().ok and repo.remotes.fsck().ok  # packs nobody names yet are harmless
     assert repo.resolve("origin/main") != repo.resolve("main")
-    report = repo.push()
+    report = repo.remotes.push()
     assert 0 < report.chunks <= 1024 - sent  # what the killed push had sent is not sent again
     assert report.refs[0].status == "updated"
     clone = mvc.Repository.clone(url, tmp_path / "c", lazy=True, endpoint_url=seaweedfs.endpoint)
-    assert same(clone.load(), big) and clone.fsck().ok and repo.fsck_remote().ok
+    assert same(clone.load(), big) and clone.fsck().ok and repo.remotes.fsck().ok
     clone.close()
 
 
@@ -161,8 +161,8 @@ def test_server_killed_mid_push_then_restarted(pushed_sw, tmp_path, seaweedfs):
     seaweedfs.server.start()
     sent = count_packs(seaweedfs, url) - before
     assert sent >= 30  # what the server acknowledged survived its death
-    assert repo.fsck().ok and repo.fsck_remote().ok
-    report = repo.push()
+    assert repo.fsck().ok and repo.remotes.fsck().ok
+    report = repo.remotes.push()
     assert 0 < report.chunks <= 1024 - sent  # only what is still missing
     clone = mvc.Repository.clone(url, tmp_path / "c", endpoint_url=seaweedfs.endpoint)
     assert same(clone.load(), big) and clone.fsck().ok
@@ -178,13 +178,13 @@ def test_flipped_byte_on_s3_is_named_and_refused(pushed, tmp_path, s3):
     data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
     data[8 + 36 + 10] ^= 0x10  # inside the first record's bytes
     client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
-    report = repo.fsck_remote()
+    report = repo.remotes.fsck()
     assert not report.ok and any(key.rpartition("/")[2] in p.object for p in report.problems)
     fresh = mvc.Repository.init(tmp_path / "f", chunk_size=CHUNK)
-    fresh.remote_add("origin", url, s3.endpoint)
+    fresh.remotes.add("origin", url, s3.endpoint)
     with pytest.raises(mvc.ChecksumMismatch):
-        fresh.fetch()
-    assert fresh.remote_branches() == [] and fresh.fsck().ok
+        fresh.remotes.fetch()
+    assert fresh.remotes.branches() == [] and fresh.fsck().ok
     fresh.close()
 
 
@@ -220,7 +220,7 @@ def test_tiny_cache_budget_evicting_while_a_load_runs(pushed_sw, tmp_path, seawe
     for i in range(3):
         repo.create_tag(f"v{i}", f"main~{2 - i}")
         (tmp_path / f"v{i}.sum").write_text(_sum(state(i)))
-    repo.push(refs=("main", "v0", "v1", "v2"))
+    repo.remotes.push(refs=("main", "v0", "v1", "v2"))
     lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=seaweedfs.endpoint)
     lazy.config("cache.max-bytes", "1")
     lazy.checkout("v0")  # HEAD's version stays; the others come and go
@@ -230,7 +230,7 @@ def test_tiny_cache_budget_evicting_while_a_load_runs(pushed_sw, tmp_path, seawe
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     evictions = 0
     while proc.poll() is None:
-        evictions += lazy.evict().chunks_evicted > 0
+        evictions += lazy.cache.evict().chunks_evicted > 0
         if evictions >= 3:
             (tmp_path / "stop").touch()
         time.sleep(0.05)

@@ -37,8 +37,8 @@ def pushed(tmp_path, s3):
     repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
     repo.commit(state(0), "first")
     repo.commit(state(1), "second")
-    repo.remote_add("origin", url, s3.endpoint)
-    repo.push()
+    repo.remotes.add("origin", url, s3.endpoint)
+    repo.remotes.push()
     yield repo, url
     repo.close()
 
@@ -84,7 +84,7 @@ def test_evict_keeps_the_local_copy_when_the_remote_copy_is_damaged(pushed, tmp_
         assert same(lazy.load("main~1"), state(0)) and same(lazy.load("main"), state(1))  # now local
         lazy.checkout("main~1")  # HEAD pins main~1; main's chunks are evictable
         key = flip_chunk(s3, url, only_in(lazy, "main", "main~1")[0])
-        report = lazy.evict(0)
+        report = lazy.cache.evict(0)
         assert report.kept_unverified >= 1
         assert all(k == key for _, k, _ in report.unverified) and "BLAKE3" in report.unverified[0][2]
         assert same(lazy.load("main"), state(1))  # the local record was kept: the last good copy
@@ -128,22 +128,22 @@ def test_repair_heals_a_deleted_and_a_zero_byte_pack(pushed, tmp_path, s3):
     s3.delete(url, biggest)
     zero = layout.pack_key(layout.CHUNK_PACKS, layout.new_name())
     s3.put(url, zero, b"")
-    assert not repo.fsck_remote().ok
+    assert not repo.remotes.fsck().ok
     fresh = mvc.Repository.init(tmp_path / "f", chunk_size=CHUNK)
-    fresh.remote_add("origin", url, s3.endpoint)
+    fresh.remotes.add("origin", url, s3.endpoint)
     with pytest.raises(mvc.CorruptObject):
-        fresh.fetch()
-    assert repo.push().chunks == 0  # a push alone does not see the damage
+        fresh.remotes.fetch()
+    assert repo.remotes.push().chunks == 0  # a push alone does not see the damage
     result = cli(tmp_path / "a", "remote", "repair", "origin")
     assert result.exit_code == 0, result.output
     assert zero in result.output and "ok:" in result.output
     assert zero not in [k for k, _ in s3.keys(url, layout.CHUNK_PACKS)]
-    report = repo.fsck_remote()
+    report = repo.remotes.fsck()
     assert report.ok, report.problems
-    fresh.fetch()
+    fresh.remotes.fetch()
     assert same(fresh.load("origin/main"), state(1)) and fresh.fsck().verified
     fresh.close()
-    again = repo.remote_repair()
+    again = repo.remotes.repair()
     assert again.chunks_uploaded == 0 and again.packs_removed == () and again.ok
 
 
@@ -152,12 +152,12 @@ def test_repair_moves_intact_records_out_of_a_damaged_pack(pushed, tmp_path, s3)
     lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
     cid = only_in(repo, "main", "main~1")[0]
     key = flip_chunk(s3, url, cid)
-    report = lazy.remote_repair()  # holds no chunk: moves the intact records, cannot heal the flipped one
+    report = lazy.remotes.repair()  # holds no chunk: moves the intact records, cannot heal the flipped one
     assert report.unrepaired == (cid.hex(),) and report.packs_removed == () and not report.ok
-    report = repo.remote_repair()
+    report = repo.remotes.repair()
     assert report.ok and report.packs_removed == (key,) and report.chunks_uploaded >= 1
-    assert repo.fsck_remote().ok
-    lazy.fetch()  # learns that the damaged pack is gone and where its records went
+    assert repo.remotes.fsck().ok
+    lazy.remotes.fetch()  # learns that the damaged pack is gone and where its records went
     assert same(lazy.load("main"), state(1))
     lazy.close()
 
@@ -173,10 +173,10 @@ def test_fetch_in_a_lazy_clone_notices_a_deleted_remote_pack(pushed, tmp_path, s
     assert "mvc remote repair origin" in result.output
     with mvc.Repository.open(tmp_path / "lz") as lazy:
         with pytest.raises(mvc.errors.RemoteDamaged) as caught:
-            lazy.fetch()
+            lazy.remotes.fetch()
         every = _chunks(repo, "main") | _chunks(repo, "main~1")
         assert caught.value.remote == "origin" and len(caught.value.ids) == len(every)
-    repo.remote_repair()
+    repo.remotes.repair()
     assert cli(tmp_path / "lz", "fetch").exit_code == 0
 
 
@@ -199,13 +199,13 @@ def test_a_server_that_answers_suffix_ranges_with_the_first_bytes(tmp_path, moto
     repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
     big = state(7, n=64 * 1024)  # 256 KiB: packs are larger than the 64 KiB tail read first
     repo.commit(big, "big")
-    repo.remote_add("origin", url, proxy.endpoint)
+    repo.remotes.add("origin", url, proxy.endpoint)
     proxy.suffix_quirk = True
-    repo.push()
+    repo.remotes.push()
     clone = mvc.Repository.clone(url, tmp_path / "c", endpoint_url=proxy.endpoint)
     assert proxy.suffix_requests >= 1  # the quirk was met, then explicit ranges were asked for
     assert same(clone.load(), big) and clone.fsck().verified
-    report = clone.fsck_remote()
+    report = clone.remotes.fsck()
     assert report.ok and report.chunks == repo.status().chunks
     from mvc.remote.bucket import open_bucket
     bucket = open_bucket(url, proxy.endpoint)
@@ -220,8 +220,8 @@ def test_a_store_that_stops_honouring_if_match_is_caught_at_the_push(tmp_path, m
     url = moto.url()
     repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
     repo.commit(state(0), "first")
-    repo.remote_add("origin", url, proxy.endpoint)
-    repo.push()  # the store honoured conditional writes then: remembered in the remote's settings
+    repo.remotes.add("origin", url, proxy.endpoint)
+    repo.remotes.push()  # the store honoured conditional writes then: remembered in the remote's settings
     a = mvc.Repository.clone(url, tmp_path / "x", endpoint_url=proxy.endpoint)
     b = mvc.Repository.clone(url, tmp_path / "y", endpoint_url=proxy.endpoint)
     a.commit(state(1), "from x")
@@ -229,13 +229,13 @@ def test_a_store_that_stops_honouring_if_match_is_caught_at_the_push(tmp_path, m
     proxy.ignore_conditions = True  # the bucket now sits behind a store that ignores If-Match
     for clone in (a, b):
         with pytest.raises(mvc.errors.RemoteError, match="conditional writes"):
-            clone.push()
+            clone.remotes.push()
     proxy.ignore_conditions = False
     fresh = mvc.Repository.clone(url, tmp_path / "z", endpoint_url=proxy.endpoint)
     assert [c.message for c in fresh.log("main")] == ["first"]  # nothing moved, nothing lost
-    a.push()
+    a.remotes.push()
     with pytest.raises(mvc.RefConflict):
-        b.push()  # the honest race: rejected, fetch first
+        b.remotes.push()  # the honest race: rejected, fetch first
     for r in (a, b, fresh, repo):
         r.close()
 
@@ -244,13 +244,13 @@ def test_a_refused_store_keeps_no_marker_and_clone_rejects_an_empty_directory(tm
     url = moto.url()
     repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
     repo.commit(state(0), "first")
-    repo.remote_add("origin", url, proxy.endpoint)
+    repo.remotes.add("origin", url, proxy.endpoint)
     proxy.ignore_conditions = True
     result = cli(tmp_path / "a", "push")
     assert result.exit_code == 1 and "conditional writes" in result.output
     assert moto.keys(url, "") == []  # no MVCREMOTE, no probe left behind
     proxy.ignore_conditions = False
-    repo.push()
+    repo.remotes.push()
     result = CliRunner().invoke(main, ["clone", "--endpoint-url", moto.endpoint, url, ""])
     assert result.exit_code != 0 and "directory" in result.output
     repo.close()
@@ -264,8 +264,8 @@ def test_a_stopped_server_fails_with_visible_retries_and_bounded_time(tmp_path, 
     url = moto.url()
     repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
     repo.commit(state(0), "first")
-    repo.remote_add("origin", url, proxy.endpoint)
-    repo.push()
+    repo.remotes.add("origin", url, proxy.endpoint)
+    repo.remotes.push()
     proxy.stop()
     repo.commit(state(1), "second")
     repo.close()
@@ -284,8 +284,8 @@ def test_fetch_survives_a_damaged_ref_a_missing_head_and_a_slow_listing(tmp_path
     repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
     repo.commit(state(0), "first")
     repo.commit(state(1), "side", branch="side")
-    repo.remote_add("origin", url, moto.endpoint)
-    repo.push(refs=("main", "side"))
+    repo.remotes.add("origin", url, moto.endpoint)
+    repo.remotes.push(refs=("main", "side"))
     moto.put(url, "refs/heads/broken", b"\xc1 not a ref")
     moto.delete(url, "HEAD")
     clone = mvc.Repository.clone(url, tmp_path / "c", endpoint_url=proxy.endpoint)
@@ -301,14 +301,14 @@ def test_fetch_survives_a_damaged_ref_a_missing_head_and_a_slow_listing(tmp_path
 
     def fetch():
         try:
-            clone.fetch()
+            clone.remotes.fetch()
         except Exception as exc:  # noqa: BLE001  (reported below)
             errors.append(exc)
     t = threading.Thread(target=fetch)
     t.start()
     time.sleep(0.5)
     repo.commit(state(3), "pushed meanwhile")
-    repo.push()
+    repo.remotes.push()
     t.join()
     assert errors == [] and same(clone.load("origin/main"), state(3))
     clone.close()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mvc
-from mvc import repository
+from mvc import ondisk
 from mvc.store import codec
 from damage import flip_bit
 
@@ -84,7 +84,7 @@ def test_reopened_and_rebuilt_index_keep_the_encodings(big):
     history = _history(big)
     big.repack()
     before = _kinds(big)
-    big.rebuild_index()
+    mvc.fsck.rebuild_index(big)
     assert _kinds(big) == before
     again = mvc.Repository.open(big.root)
     for cid, state in history:
@@ -141,7 +141,7 @@ def test_a_flipped_bit_in_an_encoded_record_is_caught_on_read_and_by_fsck(big, k
     for offset in (loc.offset, loc.offset + loc.length // 2, loc.offset + loc.length - 1):
         flip_bit(_pack_path(big, loc), offset, 3)
         with pytest.raises((mvc.ChecksumMismatch, mvc.CorruptObject)):
-            big.read_chunk(cid)
+            mvc.reader.read_chunk(big, cid)
         broken = [c for c, s in history if cid in {x for e in big.entries(c) if e.kind == "tensor" for x in e.chunks}]
         with pytest.raises((mvc.ChecksumMismatch, mvc.CorruptObject)):
             big.load(broken[0])
@@ -160,7 +160,7 @@ def test_a_broken_delta_base_is_named_by_tensor_and_commit(big):
     base = _kinds(big)[loc.base]
     flip_bit(_pack_path(big, base), base.offset + base.length // 2)
     with pytest.raises(mvc.ChecksumMismatch, match="delta base"):
-        big.read_chunk(cid)
+        mvc.reader.read_chunk(big, cid)
     report = big.fsck()
     mine = [d for d in report.damage if cid.hex() in d.chunks]
     assert mine and mine[0].kind == "broken-delta-base" and mine[0].tensors and mine[0].commits
@@ -195,7 +195,7 @@ def test_gc_rewrite_moves_encoded_records_as_they_are(big):
 def test_an_older_mvc_refuses_a_repository_with_encoded_records(big, monkeypatch):
     _history(big, steps=1)
     big.repack()
-    monkeypatch.setattr(repository, "KNOWN_EXTENSIONS", frozenset())
+    monkeypatch.setattr(ondisk, "KNOWN_EXTENSIONS", frozenset())
     with pytest.raises(mvc.UnsupportedFormat, match="encoded-records"):
         mvc.Repository.open(big.root)
 

@@ -356,8 +356,8 @@ def test_last_chunk_is_short_and_chunks_start_at_the_first_byte(repo):
     t = torch.arange(20, dtype=torch.float32)  # 80 bytes: 64 + 16
     c = repo.commit({"t": t})
     (entry,) = repo.entries(c.id)
-    assert [len(repo.read_chunk(cid)) for cid in entry.chunks] == [64, 16]
-    assert repo.read_chunk(entry.chunks[0]) == bytes(raw(t)[:64].numpy())
+    assert [len(mvc.reader.read_chunk(repo, cid)) for cid in entry.chunks] == [64, 16]
+    assert mvc.reader.read_chunk(repo, entry.chunks[0]) == bytes(raw(t)[:64].numpy())
 
 
 # -- layout, format and opening ---------------------------------------------
@@ -441,22 +441,23 @@ def test_cuda_tensors_load_to_cpu_or_map_location(repo):
 # -- compare-and-swap -----------------------------------------------------------
 
 
-def race(repo, other_commit):
+def race(monkeypatch, repo, other_commit):
     """Make ``repo``'s next commit find its branch moved by ``other_commit`` mid-way."""
-    original = repo._write_chunks
+    original = mvc.commits.write_chunks
 
-    def write_chunks_then_race(slots, progress):
-        result = original(slots, progress)
-        other_commit()
+    def write_chunks_then_race(target, slots, progress):
+        result = original(target, slots, progress)
+        if target is repo:
+            other_commit()
         return result
-    repo._write_chunks = write_chunks_then_race
+    monkeypatch.setattr(mvc.commits, "write_chunks", write_chunks_then_race)
 
 
-def test_concurrent_commit_is_a_conflict_not_a_lost_update(repo, tmp_path):
+def test_concurrent_commit_is_a_conflict_not_a_lost_update(repo, tmp_path, monkeypatch):
     base = repo.commit({"w": torch.zeros(4)}, "base")
     with mvc.Repository.open(tmp_path) as other:
         landed = []
-        race(repo, lambda: landed.append(other.commit({"w": torch.ones(4)}, "theirs")))
+        race(monkeypatch, repo, lambda: landed.append(other.commit({"w": torch.ones(4)}, "theirs")))
         with pytest.raises(RefConflict, match="moved from .* while this commit was written"):
             repo.commit({"w": torch.full((4,), 2.0)}, "mine")
     assert [c.message for c in repo.log()] == ["theirs", "base"]
@@ -464,20 +465,20 @@ def test_concurrent_commit_is_a_conflict_not_a_lost_update(repo, tmp_path):
     assert torch.equal(repo.load()["w"], torch.ones(4))
 
 
-def test_rebase_lands_on_the_new_tip(repo, tmp_path):
+def test_rebase_lands_on_the_new_tip(repo, tmp_path, monkeypatch):
     repo.commit({"w": torch.zeros(4)}, "base")
     with mvc.Repository.open(tmp_path) as other:
         landed = []
-        race(repo, lambda: landed.append(other.commit({"w": torch.ones(4)}, "theirs")))
+        race(monkeypatch, repo, lambda: landed.append(other.commit({"w": torch.ones(4)}, "theirs")))
         mine = repo.commit({"w": torch.full((4,), 2.0)}, "mine", rebase=True)
     assert mine.parents == (landed[0].id,)
     assert [c.message for c in repo.log()] == ["mine", "theirs", "base"]
     assert torch.equal(repo.load("HEAD~1")["w"], torch.ones(4))
 
 
-def test_first_commit_race_on_a_new_branch(repo, tmp_path):
+def test_first_commit_race_on_a_new_branch(repo, tmp_path, monkeypatch):
     with mvc.Repository.open(tmp_path) as other:
-        race(repo, lambda: other.commit({"w": torch.ones(1)}, "theirs", branch="new"))
+        race(monkeypatch, repo, lambda: other.commit({"w": torch.ones(1)}, "theirs", branch="new"))
         with pytest.raises(RefConflict, match="from nothing"):
             repo.commit({"w": torch.zeros(1)}, "mine", branch="new")
     assert [c.message for c in repo.log("new")] == ["theirs"]

@@ -110,21 +110,21 @@ def test_ssh_keygen_verifies_mvc_signatures_and_makes_the_same_bytes(key, tmp_pa
 
 def test_sign_and_verify_round_trip(signed_repo, key):
     c = signed_repo.commit({"w": torch.arange(40.0)}, "signed", sign=key)
-    v = signed_repo.verify_commit(c.id)
+    v = signed_repo.trust.verify_commit(c.id)
     assert (v.status, v.principal, v.key) == ("good", "ada@example.com", key.fingerprint)
     assert signed_repo.load(c.id)["w"].equal(torch.arange(40.0))
     u = signed_repo.commit({"w": torch.arange(41.0)}, "plain")
-    assert signed_repo.verify_commit(u.id).status == "unsigned"
+    assert signed_repo.trust.verify_commit(u.id).status == "unsigned"
     assert "signatures" in (signed_repo.dir / "FORMAT").read_text()
     assert signed_repo.fsck().ok
 
 
 def test_unknown_key_and_no_allowed_signers_are_unknown(repo, signed_repo, key):
     c = signed_repo.commit({"w": torch.zeros(3)}, sign=other_key())
-    v = signed_repo.verify_commit(c.id)
+    v = signed_repo.trust.verify_commit(c.id)
     assert v.status == "unknown" and v.key == other_key().fingerprint and v.principal is None
     repo.config(signing.ALLOWED, unset=True)
-    assert repo.verify_commit(c.id).status == "unknown"
+    assert repo.trust.verify_commit(c.id).status == "unknown"
 
 
 def _forge(repo, oid: bytes, data: bytes) -> None:
@@ -143,10 +143,10 @@ def test_a_flipped_byte_in_the_stored_signed_commit_is_bad(signed_repo, key):
         flipped = bytearray(data)
         flipped[at] ^= 0x01
         _forge(signed_repo, oid, bytes(flipped))
-        v = signed_repo.verify_commit(c.id)
+        v = signed_repo.trust.verify_commit(c.id)
         assert v.status == "bad", at
     _forge(signed_repo, oid, data)
-    assert signed_repo.verify_commit(c.id).status == "good"
+    assert signed_repo.trust.verify_commit(c.id).status == "good"
 
 
 def test_every_flipped_byte_of_a_signature_is_bad_even_under_a_recomputed_id(key):
@@ -174,14 +174,14 @@ def test_a_changed_record_under_a_recomputed_id_is_bad(key):
 def test_signed_tags(signed_repo, key):
     c = signed_repo.commit({"w": torch.zeros(3)})
     signed_repo.create_tag("v1", sign=key, message="release 1")
-    v = signed_repo.verify_tag("v1")
+    v = signed_repo.trust.verify_tag("v1")
     assert (v.status, v.target, v.message, v.principal) == ("good", c.id, "release 1", "ada@example.com")
     signed_repo.create_tag("v1", "HEAD")  # re-tagging the same commit keeps the signature
-    assert signed_repo.verify_tag("v1").good
+    assert signed_repo.trust.verify_tag("v1").good
     signed_repo.create_tag("plain")
-    assert signed_repo.verify_tag("plain").status == "unsigned"
+    assert signed_repo.trust.verify_tag("plain").status == "unsigned"
     signed_repo.create_tag("v2", sign=other_key())
-    assert signed_repo.verify_tag("v2").status == "unknown"
+    assert signed_repo.trust.verify_tag("v2").status == "unknown"
     # a tag object edited to name another commit no longer verifies
     d = signed_repo.commit({"w": torch.ones(3)})
     with signed_repo.index.write() as txn:
@@ -189,15 +189,15 @@ def test_signed_tags(signed_repo, key):
         txn.put_meta("tag/v1", replace(obj, target=bytes.fromhex(d.id)).encode())
         ref = txn.ref("tags/v1")
         txn.set_ref("tags/v1", replace(ref, id=bytes.fromhex(d.id)))
-    assert signed_repo.verify_tag("v1").status == "bad"
+    assert signed_repo.trust.verify_tag("v1").status == "bad"
     # moving a signed tag without signing drops its signature: it is a plain tag again
     signed_repo.create_tag("v2", d.id, force=True)
-    assert signed_repo.verify_tag("v2").status == "unsigned"
+    assert signed_repo.trust.verify_tag("v2").status == "unsigned"
     signed_repo.delete_tag("v2")
     with signed_repo.index.read() as txn:
         assert txn.meta("tag/v2") is None
     with pytest.raises(mvc.UnknownRevision):
-        signed_repo.verify_tag("v2")
+        signed_repo.trust.verify_tag("v2")
 
 
 def test_a_tag_moved_under_its_signature_is_bad(signed_repo, key):
@@ -206,7 +206,7 @@ def test_a_tag_moved_under_its_signature_is_bad(signed_repo, key):
     d = signed_repo.commit({"w": torch.ones(3)})
     with signed_repo.index.write() as txn:  # the ref moved by hand, the signed object left behind
         txn.set_ref("tags/v1", replace(txn.ref("tags/v1"), id=bytes.fromhex(d.id)))
-    v = signed_repo.verify_tag("v1")
+    v = signed_repo.trust.verify_tag("v1")
     assert v.status == "bad" and "moved" in v.reason
 
 
@@ -239,7 +239,7 @@ def test_a_missing_allowed_signers_file_is_an_error(repo, key):
     c = repo.commit({"w": torch.zeros(3)}, sign=key)
     repo.config(signing.ALLOWED, "nowhere")
     with pytest.raises(BadAllowedSigners) as info:
-        repo.verify_commit(c.id)
+        repo.trust.verify_commit(c.id)
     assert info.value.path.endswith("nowhere")
 
 
@@ -320,7 +320,7 @@ def test_the_lightning_callback_signs_every_commit(tmp_path, key):
     lightning_tests = pytest.importorskip("test_hooks_lightning")  # its tiny real Trainer run
     lightning_tests.fit(tmp_path, 1, monitor="train_loss", save_top_k=1, sign=key)
     with mvc.Repository.open(tmp_path / "repo") as repo:
-        verdicts = [repo.verify_commit(c.id) for c in repo.log("lightning")]
+        verdicts = [repo.trust.verify_commit(c.id) for c in repo.log("lightning")]
     assert verdicts and all(v.status == "unknown" and v.key == key.fingerprint for v in verdicts)
 
 
@@ -330,7 +330,7 @@ def test_the_trainer_callback_signs_every_commit(tmp_path, key):
                            max_steps=hf_tests.SAVE)
     run.train()
     with mvc.Repository.open(tmp_path / "repo") as repo:
-        verdicts = [repo.verify_commit(c.id) for c in repo.log("hf")]
+        verdicts = [repo.trust.verify_commit(c.id) for c in repo.log("hf")]
     assert verdicts and all(v.status == "unknown" and v.key == key.fingerprint for v in verdicts)
 
 

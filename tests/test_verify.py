@@ -88,7 +88,7 @@ def test_read_chunk_refuses_flipped_bit(history):
     path, cid, offset, length = records(repo)[0]
     with flipped(path, offset + 1, 1):
         with pytest.raises(mvc.ChecksumMismatch, match=cid.hex()[:12]):
-            repo.read_chunk(cid)
+            mvc.reader.read_chunk(repo, cid)
 
 
 def test_flipped_bit_around_the_data_is_found_by_fsck(history):

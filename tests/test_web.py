@@ -62,8 +62,8 @@ def test_every_route_with_every_method_leaves_the_repository_byte_identical(made
 def test_pages_answer_with_the_repository_s_data(made):
     path, _ = made
     with mvc.Repository.open(path) as repo:
-        commits = repo.history(all_refs=True)
-        bisecting = repo.bisect_status()
+        commits = mvc.history.walk(repo, all_refs=True)
+        bisecting = repo.bisect.status()
     with served(path) as server:
         base = server.url.rstrip("/")
         status, headers, body = fetch(base + "/")
@@ -138,7 +138,7 @@ def test_any_other_address_needs_the_token_on_every_request(made):
 def test_a_lazy_clone_is_served_without_fetching_chunks(made):
     _, lazy = made
     with mvc.Repository.open(lazy) as repo:
-        assert repo.cache_status().local_chunks == 0
+        assert repo.cache.status().local_chunks == 0
         head, first = repo.resolve("origin/main"), repo.resolve("origin/main~3")
     with served(lazy) as server:
         base = server.url.rstrip("/")
@@ -146,11 +146,11 @@ def test_a_lazy_clone_is_served_without_fetching_chunks(made):
             status, _, body = fetch(base + route)
             assert status == 200, (route, body[-300:])
         with mvc.Repository.open(lazy) as repo:
-            assert repo.cache_status().local_chunks == 0  # nothing fetched so far
+            assert repo.cache.status().local_chunks == 0  # nothing fetched so far
         status, _, body = fetch(base + f"/diff?a={first}&b={head}&numbers=1")
         assert status == 200 and "‖B−A‖/‖A‖" in body.decode()
     with mvc.Repository.open(lazy) as repo:
-        assert repo.cache_status().local_chunks > 0  # the norms needed tensor bytes: fetched then
+        assert repo.cache.status().local_chunks > 0  # the norms needed tensor bytes: fetched then
 
 
 def test_serve_command_refuses_a_port_in_use(made):
@@ -169,7 +169,7 @@ def test_serve_command_refuses_a_port_in_use(made):
 def test_lanes_place_nodes_where_log_graph_draws_the_star(made):
     path, _ = made
     with mvc.Repository.open(path) as repo:
-        commits = repo.history(all_refs=True)
+        commits = mvc.history.walk(repo, all_refs=True)
     rows = lanes.layout(commits)
     for (head, *_), row in zip(text_layout(commits), rows):
         assert head.split(" ").index("*") == row.lane
@@ -181,7 +181,7 @@ def test_lanes_place_nodes_where_log_graph_draws_the_star(made):
 def test_lanes_end_at_parents_outside_the_list(made):
     path, _ = made
     with mvc.Repository.open(path) as repo:
-        commits = repo.history(["main"], ["main~3"])
+        commits = mvc.history.walk(repo, ["main"], ["main~3"])
     rows = lanes.layout(commits)
     assert rows[-1].segments == ((0, "top", 0, "mid"),)  # the oldest listed: its parent is not drawn
 
@@ -242,18 +242,18 @@ def test_the_view_s_walk_grows_as_a_whole_walk_would_order_it(repo):
         repo.commit({"w": torch.full((4,), float(i))}, f"main {i}", step=i)
     repo.create_branch("side", "HEAD~1")
     view = View(repo)
-    assert [c.id for c in view.everything()[0]] == [c.id for c in repo.history(all_refs=True)]
+    assert [c.id for c in view.everything()[0]] == [c.id for c in mvc.history.walk(repo, all_refs=True)]
     grown, used = view._grown, []
     view._grown = lambda *args: used.append(grown(*args) is not None) or grown(*args)
     for i in range(3):  # both branches move forward
         repo.commit({"w": torch.full((4,), 10.0 + i)}, f"side {i}", branch="side")
         repo.commit({"w": torch.full((4,), 20.0 + i)}, f"main {3 + i}")
         walked, rows = view.everything()
-        assert [c.id for c in walked] == [c.id for c in repo.history(all_refs=True)]
-        assert rows == lanes.layout(repo.history(all_refs=True))
+        assert [c.id for c in walked] == [c.id for c in mvc.history.walk(repo, all_refs=True)]
+        assert rows == lanes.layout(mvc.history.walk(repo, all_refs=True))
     assert used == [True] * 3  # each time only the new commits were walked
     repo.create_branch("side", "main~4", force=True)  # moved back: the walk is made whole again
-    assert [c.id for c in view.everything()[0]] == [c.id for c in repo.history(all_refs=True)]
+    assert [c.id for c in view.everything()[0]] == [c.id for c in mvc.history.walk(repo, all_refs=True)]
     assert used == [True] * 3 + [False]
 
 
@@ -261,10 +261,10 @@ def test_a_finished_bisect_is_shown_without_reading_tensors(repo, monkeypatch):
     from mvc.web import View, pages
     for i in range(4):
         repo.commit({"w": torch.full((32,), float(i))}, f"step {i}", step=i)
-    repo.bisect_start("HEAD", "HEAD~3")
-    while not repo.bisect_status().done:
-        c = repo.bisect_status().candidate
-        repo.bisect_mark("bad" if c.step >= 2 else "good")
+    repo.bisect.start("HEAD", "HEAD~3")
+    while not repo.bisect.status().done:
+        c = repo.bisect.status().candidate
+        repo.bisect.mark("bad" if c.step >= 2 else "good")
     reads = []
     real = type(repo.chunks).read
     monkeypatch.setattr(type(repo.chunks), "read", lambda self, *args, **kw: reads.append(1) or real(self, *args, **kw))

@@ -68,10 +68,10 @@ def quoted(rev: str) -> str:
 def test_every_page_in_chromium(browser, made, screens):
     path, _ = made
     with mvc.Repository.open(path) as repo:
-        commits = repo.history(all_refs=True)
+        commits = mvc.history.walk(repo, all_refs=True)
         main = list(repo.log("main"))
         tensors = [e for e in repo.entries("main") if e.kind == "tensor"]
-        candidate = repo.bisect_status().candidate
+        candidate = repo.bisect.status().candidate
         lines = [list(repo.log(b.name)) for b in repo.branches()]  # origin/* point where main and exp do
         with_loss = {c.id for line in lines for c in line if "loss" in c.metrics}
         points = sum(1 for line in lines for c in line if "loss" in c.metrics)
@@ -157,7 +157,7 @@ def test_a_lazy_clone_in_chromium(browser, made, screens):
     _, lazy = made
     with mvc.Repository.open(lazy) as repo:
         main = list(repo.log("origin/main"))
-        local = repo.cache_status().local_chunks  # none, unless a diff's norms were asked for before
+        local = repo.cache.status().local_chunks  # none, unless a diff's norms were asked for before
     with served(lazy) as server:
         tab = Tab(browser, server.url.rstrip("/"))
         page = tab.go("/")
@@ -172,5 +172,5 @@ def test_a_lazy_clone_in_chromium(browser, made, screens):
         assert page.locator("#cache").count() == 1
         tab.shot(screens, "lazy-storage.png")
         with mvc.Repository.open(lazy) as repo:
-            assert repo.cache_status().local_chunks == local  # these pages fetched nothing
+            assert repo.cache.status().local_chunks == local  # these pages fetched nothing
         tab.close()

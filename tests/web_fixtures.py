@@ -73,9 +73,9 @@ def training_repo(root):
                     context={"run": {"lr": 0.1, "note": HOSTILE}, HOSTILE: HOSTILE}, branch=HOSTILE_BRANCH,
                     start="main")
         repo.create_tag(HOSTILE_TAG, HOSTILE_BRANCH)
-        repo.bisect_start("main", "main~3")
-        repo.remote_add("origin", str(root / "remote"))
-        repo.push(refs=("main", "exp"))  # remote ref names are plainer: the hostile branch stays here
+        repo.bisect.start("main", "main~3")
+        repo.remotes.add("origin", str(root / "remote"))
+        repo.remotes.push(refs=("main", "exp"))  # remote ref names are plainer: the hostile branch stays here
     lazy = mvc.Repository.clone(str(root / "remote"), root / "lazy", lazy=True)
     lazy.close()
     return path, root / "lazy"

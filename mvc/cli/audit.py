@@ -52,7 +52,7 @@ def verify_commit(ctx, revs, as_json):
     Exits 1 unless every signature is good (a valid signature by an allowed signer).
     """
     with open_repo() as repo:
-        verdicts = [repo.verify_commit(rev) for rev in revs or ("HEAD",)]
+        verdicts = [repo.trust.verify_commit(rev) for rev in revs or ("HEAD",)]
     if as_json:
         echo_json([{**to_jsonable(v), "good": v.good} for v in verdicts])
     else:
@@ -69,7 +69,7 @@ def verify_commit(ctx, revs, as_json):
 def verify_tag(ctx, names, as_json):
     """Check the signature of signed tag NAME (made with 'mvc tag -s'). Exits 1 unless good."""
     with open_repo() as repo:
-        verdicts = [repo.verify_tag(name) for name in names]
+        verdicts = [repo.trust.verify_tag(name) for name in names]
     if as_json:
         echo_json([{**to_jsonable(v), "good": v.good} for v in verdicts])
     else:
@@ -96,7 +96,7 @@ def audit_command(ctx, rev, as_json, objects):
     """
     from ..signing import armor
     with open_repo() as repo:
-        report = repo.audit(rev, objects=objects)
+        report = repo.trust.audit(rev, objects=objects)
     if as_json:
         out = to_jsonable(report)
         out["ok"], out["counts"] = report.ok, report.counts

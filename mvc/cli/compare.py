@@ -227,7 +227,7 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Print as JS
 def bisect_start(bad, good, branch, as_json):
     """Start bisecting between BAD (a bad commit) and GOOD (an older good one)."""
     with open_repo() as repo:
-        _show(repo.bisect_start(bad, good, branch=branch), as_json)
+        _show(repo.bisect.start(bad, good, branch=branch), as_json)
 
 
 VERDICT_HELP = {"good": "Mark REV (default: the commit offered) good.",
@@ -241,7 +241,7 @@ def _verdict_command(verdict: str):
     @_json_option
     def command(rev, as_json):
         with open_repo() as repo:
-            _show(repo.bisect_mark(verdict, rev), as_json)
+            _show(repo.bisect.mark(verdict, rev), as_json)
     return command
 
 
@@ -254,7 +254,7 @@ for _verdict in VERDICTS:
 def bisect_log(as_json):
     """Show the verdicts given so far and where the bisect stands."""
     with open_repo() as repo:
-        result = repo.bisect_log()
+        result = repo.bisect.log()
     if as_json:
         echo_json(result)
         return
@@ -270,10 +270,10 @@ def bisect_log(as_json):
 def bisect_reset():
     """End the bisect and forget its verdicts."""
     with open_repo() as repo:
-        if not repo.bisect_in_progress():
+        if not repo.bisect.in_progress():
             click.echo("no bisect in progress; nothing to reset", err=True)
             return
-        where = repo.bisect_reset()
+        where = repo.bisect.reset()
     found = f" (first bad commit was {where.first_bad.short_id})" if where and where.first_bad else ""
     click.echo(f"bisect reset{found}")
 
@@ -322,11 +322,11 @@ def bisect_run(fmt, metric, threshold, higher_is_worse, no_check_ends, timeout, 
         raise click.UsageError("--timeout-bad goes with --timeout SECONDS")
     with open_repo() as repo:
         if metric is None:
-            status = repo.bisect_run(list(command), fmt or "pt", progress=_progress,
+            status = repo.bisect.run(list(command), fmt or "pt", progress=_progress,
                                      check_ends=not no_check_ends, timeout=timeout,
                                      timeout_verdict="bad" if timeout_bad else "skip")
         else:
-            status = repo.bisect_run_metric(metric, threshold, higher_is_worse, progress=_progress)
+            status = repo.bisect.run_metric(metric, threshold, higher_is_worse, progress=_progress)
     if not as_json:
         click.echo(f"{status.evaluations} evaluation{'' if status.evaluations == 1 else 's'}")
     _show(status, as_json)

@@ -4,9 +4,9 @@ import time
 
 import click
 
-from .. import Repository
+from .. import Repository, history
 from ..files import FORMATS
-from ..repository import DEFAULT_CHUNK_SIZE, MAX_WRITE_CHUNK
+from ..ondisk import DEFAULT_CHUNK_SIZE, MAX_WRITE_CHUNK
 from ..errors import MvcError
 from .audit import load_signer, signature_line
 from .graph import layout as graph_layout
@@ -143,11 +143,11 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signat
         if len(include) == 1 and not exclude and not all_refs:
             commits = list(repo.log(include[0], n=max_count))
         elif include or all_refs:
-            commits = repo.history(include, exclude, all_refs, max_count)
+            commits = history.walk(repo, include, exclude, all_refs, max_count)
         else:
             commits = list(repo.log(None, n=max_count))
         decorations = _decorations(repo)
-        verdicts = {c.id: repo.verify_commit(c.id) for c in commits} if show_signature else {}
+        verdicts = {c.id: repo.trust.verify_commit(c.id) for c in commits} if show_signature else {}
     if plot_to:
         metric, path = plot_to
         title_of = " ".join(revs) or ("--all" if all_refs else "HEAD")
@@ -213,7 +213,7 @@ def reflog(args, max_count, older_than, damaged, as_json):
         raise click.UsageError("give one REF, or 'expire [REF]'")
     ref = args[0] if args else "HEAD"
     with open_repo() as repo:
-        entries = repo.reflog(ref)[:max_count]
+        entries = repo.reflog.entries(ref)[:max_count]
     if as_json:
         echo_json([dict(entry, selector=f"{ref}@{{{i}}}") for i, (_, entry) in enumerate(entries)])
         return
@@ -233,7 +233,7 @@ def _expire(refs_given, older_than: str, damaged: bool, as_json: bool) -> None:
         except ValueError:
             raise click.UsageError(f"--expire takes a number of seconds or 'now', not {older_than!r}") from None
     with open_repo() as repo:
-        n = repo.expire_reflog(refs_given[0] if refs_given else None, seconds, damaged)
+        n = repo.reflog.expire(refs_given[0] if refs_given else None, seconds, damaged)
     if as_json:
         echo_json({"expired": n})
     else:
@@ -363,7 +363,7 @@ def checkout(rev, new_branch, output, fmt, force, only, strip_prefix):
         with open_repo() as repo:
             before = repo.head()
             head = repo.checkout(rev or "HEAD", new_branch=new_branch)
-            lost = repo.left_behind(before.id) if before.branch is None and before.id else []
+            lost = history.left_behind(repo, before.id) if before.branch is None and before.id else []
         _warn_left_behind(lost)
         if new_branch:
             click.echo(f"Switched to a new branch '{head.branch}' at {head.id[:12]}")
@@ -474,7 +474,7 @@ A protected {kind} is not moved or deleted without --force."""
 def branch(name, rev, delete, move, force, protect, as_json, remotes=False):
     if remotes:
         with open_repo() as repo:
-            return _list_refs(repo.remote_branches(), as_json=as_json)
+            return _list_refs(repo.remotes.branches(), as_json=as_json)
     _ref_command("branch", name, rev, delete, force, protect, as_json, move)
 
 
@@ -508,7 +508,7 @@ def tag(name, rev, delete, force, protect, as_json, keep_local=None, sign=False,
         _ref_command("tag", name, rev, delete, force, protect, as_json)
     if keep_local is not None:
         with open_repo() as repo:
-            repo.pin(name, keep_local)
+            repo.cache.pin(name, keep_local)
         click.echo(f"{'Keeping' if keep_local else 'No longer keeping'} tag {name}'s chunks on this disk "
                    f"{'whatever' if keep_local else 'beyond'} the cache budget")
 
@@ -520,7 +520,7 @@ def status(as_json):
     with open_repo() as repo:
         s = repo.status()
         bisecting, bisect_data = _bisect_line(repo)
-        remote_status = repo.cache_status()
+        remote_status = repo.cache.status()
     if as_json:
         out = to_jsonable(s)
         out["bisect"] = bisect_data
@@ -545,10 +545,10 @@ def status(as_json):
 
 def _bisect_line(repo) -> tuple:
     """(one line, JSON data) on a bisect in progress, as git status says so; (None, None) if none."""
-    if not repo.bisect_in_progress():
+    if not repo.bisect.in_progress():
         return None, None
     try:
-        b = repo.bisect_status()
+        b = repo.bisect.status()
     except MvcError as exc:
         return f"You are bisecting, but its state cannot be read ({exc})", {"error": str(exc)}
     if b.first_bad is not None:

@@ -2,6 +2,7 @@
 
 import click
 
+from .. import fsck as checks, gc as collection
 from .base import Progress, echo_json, human_bytes, main, open_repo, to_jsonable
 
 SHOWN = 5  # ids listed per line before "and N more"
@@ -105,21 +106,22 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remot
     if budget is not None:
         from .audit import show_scan  # noqa: PLC0415  (the scheduled scan's rendering)
         with open_repo() as repo, Progress("verifying") as progress:
-            report = repo.scan(budget, progress=progress)
+            report = repo.trust.scan(budget, progress=progress)
         show_scan(report, as_json)
         ctx.exit(0 if report.ok else 1)
     with open_repo() as repo:
-        rebuilt = repo.rebuild_index() if rebuild_index else None
+        rebuilt = checks.rebuild_index(repo) if rebuild_index else None
         if prune_lost:
-            lost = repo.prune_lost()
+            lost = checks.prune_lost(repo)
             if not as_json:
                 click.echo(f"marked {len(lost)} commit{'' if len(lost) == 1 else 's'} with lost data as pruned"
                            + (f": {', '.join(c[:12] for c in lost)}" if lost else ""))
         with Progress("verifying") as progress:
             report = repo.fsck(quick=quick, progress=progress)
         if fetch_remote and report.unverified:
-            report = repo.fsck_fetch(report)
-        fates = repo.unreferenced_fate(report)
+            report = repo.cache.fsck_fetch(report)
+        fates = [(u, collection.unreferenced_fate(repo.dir / "packs", u.kind, u.pack, u.records, u.bytes))
+                 for u in report.unreferenced]  # None: a plain gc reclaims it; else why it keeps it
     if as_json:
         out = to_jsonable(report)
         out["ok"] = report.verified  # nothing damaged, and every reachable chunk verified
@@ -159,16 +161,16 @@ def lock(branch, owner, list_locks, as_json):
     fail with an error naming the holder; commits whose author is the owner
     go through. Locking a branch you already hold does nothing.
 
-    Training runs lock their branch through the API (repo.lock_branch),
+    Training runs lock their branch through the API (repo.locks.lock),
     which gives a lock that ends with their process.
     """
     if list_locks == bool(branch):
         raise click.UsageError("give a BRANCH to lock, or --list")
     with open_repo() as repo:
         if list_locks:
-            held = repo.locks()
+            held = repo.locks.list()
         else:
-            held = [repo.lock_branch(branch, named=True, owner=owner)]
+            held = [repo.locks.lock(branch, named=True, owner=owner)]
     if as_json:
         echo_json(held if list_locks else held[0])
     elif list_locks:
@@ -191,8 +193,8 @@ def unlock(branch, owner, force):
     that is not locked does nothing.
     """
     with open_repo() as repo:
-        held = None if force else repo.branch_lock(branch)
-        repo.unlock_branch(branch, force=force, owner=owner)
+        held = None if force else repo.locks.get(branch)
+        repo.locks.unlock(branch, force=force, owner=owner)
     if force or held is not None:
         click.echo(f"unlocked branch {branch!r}")
     else:
@@ -301,7 +303,7 @@ def gc(keep_last, branch, keep_best, mode, top, dry_run, force, repack, grace, e
 
 def _gc_remote(name, keep_last, branch, keep_best, mode, top, force, grace, dry_run, as_json) -> None:
     with open_repo() as repo:
-        r = repo.gc_remote(name, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
+        r = repo.remotes.gc(name, keep_last=keep_last, branch=branch, keep_best=keep_best, mode=mode, top=top,
                            force=force, grace=grace, dry_run=dry_run)
     if as_json:
         echo_json(r)

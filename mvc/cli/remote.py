@@ -70,7 +70,7 @@ def remote_add(name, url, endpoint_url):
     environment variables, ~/.aws profiles); they are never stored.
     """
     with open_repo() as repo:
-        info = repo.remote_add(name, url, endpoint_url)
+        info = repo.remotes.add(name, url, endpoint_url)
     click.echo(f"added remote {info.name}: {info.url}" + (f" (endpoint {info.endpoint_url})" if info.endpoint_url else ""))
 
 
@@ -79,7 +79,7 @@ def remote_add(name, url, endpoint_url):
 def remote_list(as_json=False):
     """List the remotes."""
     with open_repo() as repo:
-        items = repo.remotes()
+        items = repo.remotes.list()
     if as_json:
         echo_json(items)
         return
@@ -92,7 +92,7 @@ def remote_list(as_json=False):
 def remote_remove(name):
     """Forget remote NAME and its tracking refs (the remote's data is untouched)."""
     with open_repo() as repo:
-        repo.remote_remove(name)
+        repo.remotes.remove(name)
     click.echo(f"removed remote {name}")
 
 
@@ -103,7 +103,7 @@ def remote_remove(name):
 def remote_lock(name, branch, owner):
     """Lock BRANCH on remote NAME: pushes to it by anyone else are refused."""
     with open_repo() as repo:
-        who = repo.remote_lock(branch, name, owner)
+        who = repo.remotes.lock(branch, name, owner)
     click.echo(f"locked branch {branch!r} on {name} for {who}")
 
 
@@ -115,7 +115,7 @@ def remote_lock(name, branch, owner):
 def remote_unlock(name, branch, force, owner):
     """Release BRANCH's lock on remote NAME."""
     with open_repo() as repo:
-        had = repo.remote_unlock(branch, name, force, owner)
+        had = repo.remotes.unlock(branch, name, force, owner)
     click.echo(f"unlocked branch {branch!r} on {name}" if had else f"branch {branch!r} was not locked on {name}")
 
 
@@ -131,7 +131,7 @@ def remote_repair(name, as_json):
     packs (a zero-byte one, say). Exits 1 if something stays unrepaired.
     """
     with open_repo() as repo:
-        r = repo.remote_repair(name)
+        r = repo.remotes.repair(name)
     if as_json:
         out = to_jsonable(r)
         out["ok"] = r.ok
@@ -176,7 +176,7 @@ def push(name, refs, force, delete, as_json):
     if name is not None and name.startswith(":"):
         name, refs = None, (name,) + tuple(refs)
     with open_repo() as repo:
-        report = repo.push(name, () if delete else refs, force=force, delete=refs if delete else ())
+        report = repo.remotes.push(name, () if delete else refs, force=force, delete=refs if delete else ())
     if as_json:
         echo_json(report)
         return
@@ -206,7 +206,7 @@ def _show_fetch(report) -> None:
 def fetch(name, prune, as_json):
     """Bring REMOTE's branches (as REMOTE/BRANCH) and what they need that is missing here."""
     with _advice(), open_repo() as repo:
-        report = repo.fetch(name, prune=prune)
+        report = repo.remotes.fetch(name, prune=prune)
     if as_json:
         echo_json(report)
     else:
@@ -220,7 +220,7 @@ def fetch(name, prune, as_json):
 def pull(name, branch, as_json):
     """fetch REMOTE, then fast-forward BRANCH (default: the current one) to REMOTE/BRANCH."""
     with _advice(), open_repo() as repo:
-        report = repo.pull(name, branch)
+        report = repo.remotes.pull(name, branch)
     if as_json:
         echo_json(report)
         return
@@ -282,7 +282,7 @@ def cache():
 def cache_status(as_json):
     """Local vs remote bytes."""
     with open_repo() as repo:
-        s = repo.cache_status()
+        s = repo.cache.status()
     if as_json:
         echo_json(s)
         return
@@ -305,7 +305,7 @@ def status_lines(s) -> list:
 def cache_evict(max_bytes, as_json):
     """Evict chunks that are safely on the cached remote until the packs fit the budget."""
     with open_repo() as repo:
-        r = repo.evict(max_bytes)
+        r = repo.cache.evict(max_bytes)
     if as_json:
         echo_json(r)
         return
@@ -325,7 +325,7 @@ def cache_evict(max_bytes, as_json):
 def cache_pin(ref):
     """Keep branch or tag REF's chunks local whatever the budget (keep-local)."""
     with open_repo() as repo:
-        name = repo.pin(ref, True)
+        name = repo.cache.pin(ref, True)
     click.echo(f"pinned {name}")
 
 
@@ -334,7 +334,7 @@ def cache_pin(ref):
 def cache_unpin(ref):
     """Let branch or tag REF's chunks be evicted again."""
     with open_repo() as repo:
-        name = repo.pin(ref, False)
+        name = repo.cache.pin(ref, False)
     click.echo(f"unpinned {name}")
 
 
@@ -344,9 +344,9 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool, read_subset=None) -
     """Run 'mvc fsck --remote NAME' or 'mvc fsck --repair'; the exit code."""
     with open_repo() as repo:
         if repair:
-            r = repo.repair()
+            r = repo.cache.repair()
         else:
-            r = repo.fsck_remote(name, read_subset)
+            r = repo.remotes.fsck(name, read_subset)
     if as_json:
         out = to_jsonable(r)
         out["ok"] = r.after.verified if repair else r.ok

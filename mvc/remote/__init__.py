@@ -11,7 +11,9 @@
 - ``tiers``      ``CacheStore`` (a decorator over a ``ChunkStore`` and a
                  remote) and eviction under a budget
 - ``check``      ``fsck --remote`` and ``fsck --repair``
+- ``verbs``      the verb groups ``repo.remotes`` (``Remotes``) and
+                 ``repo.cache`` (``Cache``), and ``setting`` (``repo.config``)
 
-Everything here is reached through ``Repository`` methods; only
-``mvc/cli/remote.py`` prints.
+Everything here is reached through those groups (and ``Repository.clone``);
+only ``mvc/cli/remote.py`` prints.
 """

@@ -3,12 +3,12 @@
 - **branch lock**: a record in the index ``locks`` db naming who may move a
   branch. Two kinds:
 
-  - a *process lock* (``repo.lock_branch(b)``, what a training run takes)
+  - a *process lock* (``repo.locks.lock(b)``, what a training run takes)
     belongs to one process: its host, pid and start time (the start time
     tells a reused pid from the owner). It lapses when the process dies: on
     the same host the next writer takes it over; from another host nobody
     can tell, so it holds until ``mvc unlock --force``.
-  - a *named lock* (``repo.lock_branch(b, named=True)``, what ``mvc lock``
+  - a *named lock* (``repo.locks.lock(b, named=True)``, what ``mvc lock``
     takes) belongs to an owner name, by default the commit author
     (``$MVC_AUTHOR`` or ``user@host``). It holds until unlocked, and every
     process committing as that author counts as its owner.

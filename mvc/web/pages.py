@@ -24,6 +24,7 @@ from .. import refs as _refs
 from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
 from ..errors import BadInput, CommitPruned, MvcError
 from .. import usage
+from ..history import walk as walk_history
 from . import lanes, svg
 from .html import a, esc, human_bytes, number, page, table, title_of, url, when
 
@@ -47,13 +48,13 @@ class View:
     def refs_now(self) -> tuple:
         head = self.repo.head()
         return (tuple((r.name, r.id) for r in self.repo.branches()), tuple((r.name, r.id) for r in self.repo.tags()),
-                tuple((r.name, r.id) for r in self.repo.remote_branches()), (head.branch, head.id))
+                tuple((r.name, r.id) for r in self.repo.remotes.branches()), (head.branch, head.id))
 
     def walk(self, include: tuple, exclude: tuple, all_refs: bool) -> tuple:
         """(commits in topological order, their lane Rows), kept while the refs stay where they are."""
         key = (self.refs_now(), include, exclude, all_refs)
         if key not in self._walks:
-            commits = self.repo.history(list(include), list(exclude), all_refs) if include or all_refs else []
+            commits = walk_history(self.repo, list(include), list(exclude), all_refs) if include or all_refs else []
             self._walks[key] = (commits, lanes.layout(commits))
             while len(self._walks) > 4:  # a walk of 10,000 commits with ~90 context fields: ~60 MiB
                 self._walks.popitem(last=False)
@@ -67,7 +68,7 @@ class View:
         committed), the new commits go in front of the last walk: that is
         the order a whole walk gives then, and it costs only what is new.
         """
-        tracking = tuple(r.name for r in self.repo.remote_branches())
+        tracking = tuple(r.name for r in self.repo.remotes.branches())
         key = (self.refs_now(), tracking, (), True)
         if key not in self._walks and self._last is not None:
             grown = self._grown(*self._last, tracking)
@@ -82,7 +83,7 @@ class View:
         when the refs did more than move forward (deleted, moved back, or older commits came)."""
         if not old:
             return None
-        new = self.repo.history(list(tracking), (), True, known=[c.id for c in old])
+        new = walk_history(self.repo, list(tracking), (), True, known=[c.id for c in old])
         parents = {p for c in new for p in c.parents}
         now = {cid for group in old_key[0][:3] for _, cid in group} | {old_key[0][3][1]} - {None}
         tips = {cid for group in self.refs_now()[:3] for _, cid in group} | {self.repo.head().id} - {None}
@@ -102,7 +103,7 @@ class View:
             out.setdefault(ref.id, []).append((label, "head" if ref.name == head.branch else ""))
         for ref in self.repo.tags():
             out.setdefault(ref.id, []).append((f"tag: {ref.name}", "tag"))
-        for ref in self.repo.remote_branches():
+        for ref in self.repo.remotes.branches():
             out.setdefault(ref.id, []).append((ref.name, "remote"))
         return out
 
@@ -245,7 +246,7 @@ def _history_filters(view, ref, span, where) -> str:
     for r in view.repo.branches():
         options.append(f'<option value="{esc(r.name)}"{" selected" if r.name == ref else ""}>'
                        f'branch {esc(r.name)}</option>')
-    for r in view.repo.remote_branches():
+    for r in view.repo.remotes.branches():
         options.append(f'<option value="{esc(r.name)}"{" selected" if r.name == ref else ""}>'
                        f'remote-tracking {esc(r.name)}</option>')
     for r in view.repo.tags():
@@ -516,7 +517,7 @@ def _diff_controls(base, sort, show, q, numbers) -> str:
 def curves(view: View, query: dict) -> str:
     repo = view.repo
     local = {r.name: r.id for r in repo.branches()}
-    tracking = {r.name: r.id for r in repo.remote_branches()}
+    tracking = {r.name: r.id for r in repo.remotes.branches()}
     tips = {**local, **tracking}
     branches = list(tips)
     # by default every branch, and the remote-tracking ones that add a line of their own
@@ -567,11 +568,11 @@ def _first_parents(by_id: dict, tip: str) -> list:
 
 def bisect(view: View, query: dict) -> str:
     repo = view.repo
-    if not repo.bisect_in_progress():
+    if not repo.bisect.in_progress():
         body = ("<p>No bisect is in progress.</p><p class=muted>Start one at the terminal: "
                 "<code>mvc bisect start BAD GOOD</code>; this page then shows its range, verdicts and candidate.</p>")
         return page("Bisect", body, view.where(), "/bisect")
-    log = repo.bisect_log(changes=False)  # the page links the diff; it reads no tensor
+    log = repo.bisect.log(changes=False)  # the page links the diff; it reads no tensor
     s = log.status
     facts = [("branch", esc(s.branch or "-")),
              ("good (newest)", a(url("/commit", rev=s.good), _short(s.good), "id")),
@@ -640,20 +641,20 @@ def _gc_estimate(repo) -> str:
 
 
 def _remotes(repo) -> str:
-    remotes = repo.remotes()
+    remotes = repo.remotes.list()
     if not remotes:
         return "<p class=muted>No remote: every chunk is held here.</p>"
     rows = [[esc(r.name), f"<code>{esc(r.url)}</code>", esc(r.endpoint_url or "")] for r in remotes]
     out = [table(["remote", "url", "endpoint"], rows)]
-    tracking = repo.remote_branches()
+    tracking = repo.remotes.branches()
     if tracking:
         out.append(table(["tracking ref", "commit"], [[esc(r.name), a(url("/commit", rev=r.id), _short(r.id), "id")]
                                                       for r in tracking]))
     try:
-        cs = repo.cache_status()
+        cs = repo.cache.status()
     except MvcError as exc:
         return "".join(out) + f'<p class=err>{esc(exc)}</p>'
-    cached = repo.caches()
+    cached = repo.cache.remote()
     facts = [("figures against remote", cs.remote or "-"),
              ("local cache of a remote", f"yes, of {cached} (chunks come back from it on demand)" if cached
               else "no: every chunk is kept here"),

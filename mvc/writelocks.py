@@ -1,0 +1,54 @@
+"""Branch write locks as a repository verb group (``repo.locks``).
+
+A **write lock** on a branch makes commits to it by anyone but its owner
+raise LockHeld. A process lock lapses when its process exits (a dead
+owner's lock on the same host is taken over); a named lock belongs to
+an owner until unlocked. The records live in the index (``mvc.store.locks``).
+"""
+
+from typing import Optional
+
+from . import refs
+from .store import locks as locking
+from .store.locks import BranchLock, default_author
+
+
+class Locks:
+    """``lock``, ``unlock``, ``get`` and ``list`` the branch write locks of ``repo``."""
+
+    def __init__(self, repo):
+        self.repo = repo
+
+    def lock(self, branch: str, named: bool = False, owner: Optional[str] = None) -> BranchLock:
+        """Lock ``branch`` for writing; commits by anyone else raise LockHeld.
+
+        By default the lock belongs to this process and lapses when it exits
+        (a dead owner's lock on the same host is taken over). ``named=True``
+        makes it belong to ``owner`` (default: the commit author) until
+        unlocked. Locking again as the owner is a no-op. Raises LockHeld
+        naming the holder if another live owner holds it.
+        """
+        name = refs.check_name(branch, "branch")
+        me = locking.this_process(owner or default_author())
+        with self.repo.index.write() as txn:
+            return locking.acquire(txn, name, me, named)
+
+    def unlock(self, branch: str, force: bool = False, owner: Optional[str] = None) -> None:
+        """Release ``branch``'s lock (a no-op if unlocked).
+
+        Raises LockHeld if another live owner holds it, unless ``force``.
+        """
+        name = refs.check_name(branch, "branch")
+        me = locking.this_process(owner or default_author())
+        with self.repo.index.write() as txn:
+            locking.release(txn, name, me, force)
+
+    def get(self, branch: str) -> Optional[BranchLock]:
+        """Who holds ``branch``'s write lock, or None."""
+        with self.repo.index.read() as txn:
+            return locking.get(txn, refs.check_name(branch, "branch"))
+
+    def list(self) -> "list":
+        """Every branch lock, stale ones (dead owner on this host) included."""
+        with self.repo.index.read() as txn:
+            return locking.all_locks(txn)

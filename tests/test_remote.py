@@ -412,3 +412,38 @@ def test_evict_keeps_what_an_unpushed_commit_shares_with_the_remote(origin, tmp_
         assert same(lazy.load("mine"), s)
     finally:
         lazy.close()
+
+
+def test_packs_built_in_the_memory_of_sent_ones_are_whole_and_exact(tmp_path, monkeypatch):
+    """A push reuses the buffers of pack images already sent (issue 24): packs of
+    different sizes built in them hold exactly their own records and trailer
+    (no bytes of an earlier, larger pack), and a clone loads bit for bit."""
+    from mvc.remote import transfer
+    monkeypatch.setattr(layout, "PACK_BYTES", 900)  # many packs of a few chunks each
+    made = []
+    real = transfer.Uploader.reserve
+
+    def reserve(self, size):
+        buf = real(self, size)
+        made.append(id(buf))
+        return buf
+    monkeypatch.setattr(transfer.Uploader, "reserve", reserve)
+    repo = mvc.Repository.init(tmp_path / "a", chunk_size=SMALL)
+    s = state(3, n=3000)
+    s["model"]["odd"] = torch.arange(37, dtype=torch.int8)  # a short chunk: packs of different sizes
+    repo.commit(s, "v1")
+    repo.remote_add("origin", str(tmp_path / "remote"))
+    report = repo.push()
+    assert report.packs > 8 and len(set(made)) < len(made)  # buffers came back and were used again
+    for pack in remote_packs(tmp_path):
+        data = pack.read_bytes()
+        entries = layout.parse_trailer(data[layout.trailer_span(data[-layout.FOOTER.size:], len(data), pack.name)[0]:
+                                            len(data) - layout.FOOTER.size], data[-layout.FOOTER.size:], len(data),
+                                       pack.name)
+        from mvc import hashing
+        assert entries and all(hashing.digest(data[off:off + n]) == cid for cid, off, n in entries)
+        assert data.startswith(layout.HEADER) and len(data) == layout.PackImage.size([(c, n) for c, _, n in entries])
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
+    assert same(clone.load(), s) and clone.fsck().ok
+    clone.close()
+    repo.close()

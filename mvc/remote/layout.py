@@ -75,20 +75,29 @@ class PackImage:
     """One pack built in memory for upload: headers and trailer first, data filled in after.
 
     ``items`` are (id, length); ``slot(i)`` is the writable view where record
-    ``i``'s bytes go; ``offsets[i]`` where they lie in the object.
+    ``i``'s bytes go; ``offsets[i]`` where they lie in the object. ``buffer``
+    (a bytearray at least ``PackImage.size(items)`` long, say one a sent
+    image left) is written into instead of new memory; ``data`` is then a
+    view of its first bytes.
     """
 
-    def __init__(self, items: list):
+    def __init__(self, items: list, buffer: Optional[bytearray] = None):
         self.items = items
         located, size = packformat.layout(items)
         self.offsets = [loc.offset for _, loc in located]
         tail = packformat.trailer(located, size, 1)
-        self.data = bytearray(size + len(tail))
-        self.data[:len(HEADER)] = HEADER
+        self.buffer = buffer if buffer is not None and len(buffer) >= size + len(tail) else bytearray(size + len(tail))
+        self._view = memoryview(self.buffer)[:size + len(tail)]
+        self.data = self.buffer if len(self.buffer) == size + len(tail) else self._view
+        self._view[:len(HEADER)] = HEADER
         for cid, loc in located:
-            self.data[loc.offset - RECORD_HEAD.size:loc.offset] = RECORD_HEAD.pack(cid, loc.length)
-        self.data[size:] = tail
-        self._view = memoryview(self.data)
+            self._view[loc.offset - RECORD_HEAD.size:loc.offset] = RECORD_HEAD.pack(cid, loc.length)
+        self._view[size:] = tail
+
+    @staticmethod
+    def size(items: list) -> int:
+        """The bytes of a pack object holding ``items`` (id, length)."""
+        return packformat.layout(items)[1] + packformat.COUNT.size + len(items) * packformat.ENTRY.size + FOOTER.size
 
     def slot(self, i: int) -> memoryview:
         return self._view[self.offsets[i]:self.offsets[i] + self.items[i][1]]

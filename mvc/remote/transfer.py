@@ -127,12 +127,21 @@ def pack_groups(items: list, limit: Optional[int] = None) -> list:
 
 
 class Uploader:
-    """Uploads pack images, ``UPLOADS`` at a time, recording each in the catalogue once it is durable."""
+    """Uploads pack images, ``UPLOADS`` at a time, recording each in the catalogue once it is durable.
+
+    The memory of an image that went up is handed to the next one
+    (``reserve``): a new 32 MiB buffer is fresh pages the kernel must zero
+    and map one by one, which measured 0.44 s of the main thread's time per
+    256 MiB pushed here (about 45 ms a pack, a tenth of the whole push),
+    while a reused one costs nothing.
+    """
 
     def __init__(self, bucket, catalogue, progress: Optional[Callable[[int], None]] = None):
         self.bucket, self.catalogue, self.progress = bucket, catalogue, progress
         self.pool = ThreadPoolExecutor(UPLOADS)
         self.slots = threading.Semaphore(UPLOADS + 1)  # images built ahead of the uploads: bounded memory
+        self.free: list = []  # buffers of images sent, for the next ones
+        self.guard = threading.Lock()
         self.pending = []
         self.packs = self.bytes = 0
 
@@ -141,9 +150,20 @@ class Uploader:
         self.pending.append(self.pool.submit(self._send, key, image))
         self._reap(block=False)
 
-    def reserve(self) -> None:
-        """Wait for room for one more image in memory."""
+    def reserve(self, size: int) -> bytearray:
+        """Wait for room for one more image in memory; a buffer of at least ``size`` bytes,
+        one a sent image left where one fits."""
         self.slots.acquire()
+        with self.guard:
+            fits = [b for b in self.free if len(b) >= size]
+            if fits:
+                self.free.remove(fits[0])
+                return fits[0]
+            if self.free:
+                self.free.pop(0)  # too small for this image: let it go rather than hold it
+        # a full pack's: room for one a little fuller than this one (groups differ by up to a chunk)
+        return bytearray(max(size, layout.PACK_BYTES + (layout.PACK_BYTES >> 6)) if size > layout.PACK_BYTES // 2
+                         else size)
 
     def _send(self, key: str, image: layout.PackImage) -> int:
         try:
@@ -154,6 +174,8 @@ class Uploader:
                 self.progress(len(image.data))
             return len(image.data)
         finally:
+            with self.guard:
+                self.free.append(image.buffer)
             self.slots.release()
 
     def _reap(self, block: bool) -> None:
@@ -182,8 +204,17 @@ def upload_chunks(repo, bucket, catalogue, chunks: list, progress=None) -> tuple
     uploader = Uploader(bucket, catalogue, progress)
     try:
         for group in pack_groups(chunks):
-            uploader.reserve()
-            image = layout.PackImage(group)
+            # Every chunk is read back through the chunk store, verified against
+            # its id, before it goes into an image, although the local store
+            # checked it when it was written: a pack's own checksum (its
+            # footer's BLAKE3) covers only its trailer, so a record's bytes
+            # are proven by nothing but their id, and bytes that rotted on
+            # this disk would become the remote's copy, the one a user falls
+            # back on. One BLAKE3 pass (about 0.4 s of CPU per GiB here, on
+            # bytes the read just brought into the CPU cache) is the cheapest
+            # proof; pack files cannot go up whole anyway, as a remote pack
+            # holds only what the remote lacks.
+            image = layout.PackImage(group, uploader.reserve(layout.PackImage.size(group)))
             with repo.index.read() as txn:
                 repo.chunks.read([Request(cid, image.slot(i), "a chunk to push") for i, (cid, _) in enumerate(group)],
                                  txn)
@@ -203,8 +234,7 @@ def upload_records(bucket, catalogue, folder: str, records: list) -> tuple:
     uploader, data = Uploader(bucket, catalogue), dict(records)
     try:
         for group in pack_groups([(oid, len(raw)) for oid, raw in records]):
-            uploader.reserve()
-            image = layout.PackImage(group)
+            image = layout.PackImage(group, uploader.reserve(layout.PackImage.size(group)))
             for i, (oid, _) in enumerate(group):
                 image.slot(i)[:] = data[oid]
             uploader.submit(folder, image)

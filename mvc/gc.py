@@ -274,7 +274,7 @@ class _Sweep:
     removed: dict = field(default_factory=dict)  # kind -> count
     live_locs: dict = field(default_factory=dict)  # live chunk id -> Location
     indexed_packs: set = field(default_factory=set)  # pack names any chunk entry named before the sweep
-    writes: list = field(default_factory=list)  # (Txn method, args): the index writes, in order
+    writes: list = field(default_factory=list)  # (Txn method or function of txn, args): the index writes, in order
 
     def report(self, dry_run, before, after, packs_before, packs_after, plan, moved: int = 0) -> GcReport:
         return GcReport(dry_run, before, after, packs_before, packs_after, tuple(sorted(o.hex() for o in self.pruned)),
@@ -301,7 +301,7 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
     live = reach.walk(txn, objects, reach.RAISE, prune=prune, skip_reflog=expired)
     writes = sweep.writes  # retention's notes first: a sweep cut short leaves pruned commits, never lost ones
     note = {"time": time.time_ns() // 1000, "policy": policy.describe()}
-    writes += [("put_pruned", (oid, note)) for oid in prune] + [("delete_reflog", e) for e in expired]
+    writes += [("put_pruned", (oid, note)) for oid in prune] + [(refs.forget, ([e],)) for e in expired]
     keep = {"commits": live.commits.keys(), "trees": live.tree_commits.keys(), "tensors": live.tensor_trees.keys()}
     for kind, ids in keep.items():
         dead = [oid for oid in txn.ids(kind) if oid not in ids]
@@ -329,7 +329,10 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
 
 def _write(txn, writes: list) -> None:
     for method, args in writes:
-        getattr(txn, method)(*args)
+        if callable(method):  # a write another module owns (the reflog's: refs.forget)
+            method(txn, *args)
+        else:
+            getattr(txn, method)(*args)
 
 
 STEP = 256  # index writes per transaction when the disk is full

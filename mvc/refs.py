@@ -366,9 +366,24 @@ class Refs:
         self.check_writer(txn, ref, me)
         if self.head(txn)[0] == ref:
             raise RefConflict(f"{human(ref)} is checked out; check out another branch first")
-        txn.delete_ref(ref)
+        self.drop(txn, ref)
+
+    @staticmethod
+    def drop(txn, ref: str) -> bool:
+        """Delete ``ref`` and its reflog with no guards (a remote-tracking ref whose
+        remote branch went, or a ref the caller has checked); whether it existed."""
+        existed = txn.ref(ref) is not None
+        if existed:
+            txn.delete_ref(ref)
         for _, seq, _ in list(txn.reflog_raw(ref)):  # raw: a damaged entry must not block this
             txn.delete_reflog(ref, seq)
+        return existed
+
+    @staticmethod
+    def attach(txn, ref: str) -> None:
+        """Put HEAD on branch ``ref``, which may be unborn, with no reflog entry:
+        the branch's first move logs HEAD too (a new repository, a clone)."""
+        txn.set_ref(HEAD, RefValue(target=ref))
 
     def protect(self, txn, ref: str, protected: bool) -> bytes:
         current = txn.ref(ref)
@@ -396,9 +411,7 @@ class Refs:
         self.check_new(txn, new)
         history = [entry for _, entry in self.reflog(txn, old)][::-1]
         for name in (old, new):  # a replaced branch's reflog goes, as with a deleted one
-            for _, seq, _ in list(txn.reflog_raw(name)):
-                txn.delete_reflog(name, seq)
-        txn.delete_ref(old)
+            self.drop(txn, name)
         txn.set_ref(new, RefValue(id=current.id, protected=current.protected))
         for entry in history:
             txn.append_reflog(new, entry)
@@ -450,7 +463,13 @@ class Refs:
             when = entry.get("time") if entry is not None else None
             if before_us is None or type(when) is not int or when < before_us:
                 doomed.append((name, seq))
-        for name, seq in doomed:
-            txn.delete_reflog(name, seq)
+        forget(txn, doomed)
         return len(doomed)
+
+
+def forget(txn, entries) -> None:
+    """Delete reflog entries given as (ref name, sequence number): gc's expiry of
+    entries that name pruned commits, planned before the sweep that makes it."""
+    for name, seq in entries:
+        txn.delete_reflog(name, seq)
 

@@ -412,3 +412,22 @@ def test_evict_keeps_what_an_unpushed_commit_shares_with_the_remote(origin, tmp_
         assert same(lazy.load("mine"), s)
     finally:
         lazy.close()
+
+
+def test_fetch_does_not_make_a_tag_named_like_a_local_branch(origin, tmp_path):
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
+    try:
+        clone.create_branch("v1", "main~1")
+        origin.create_tag("v1", "main")
+        origin.create_tag("v2", "main~1")
+        origin.push(refs=("tags/v1", "tags/v2"))
+        report = clone.fetch()
+        status = {u.ref: u.status for u in report.refs}
+        assert status["tags/v2"] == "new" and status["tags/v1"].startswith("not fetched")
+        assert clone.resolve("v1") == origin.resolve("main~1") and clone.resolve("v2") == origin.resolve("main~1")
+        assert [r.name for r in clone.tags()] == ["v2"]
+        # the clone's first entry names the url, in the branch's reflog and in HEAD's, as git clone writes
+        assert [e["message"] for _, e in clone.reflog("main")] == [f"clone: {tmp_path / 'remote'}"]
+        assert clone.reflog("HEAD")[-1][1]["message"] == f"clone: {tmp_path / 'remote'}"
+    finally:
+        clone.close()

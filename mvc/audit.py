@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from . import signing
 from .errors import (BadInput, CorruptObject, HistoryRewritten, ObjectNotFound, ScanFoundDamage,
                      SignatureRequired, SigningKeyError, UnknownRevision)
 from .objects import CommitObject, TagObject, object_id
+from .store import fs
 from .store.packs import PACK_NAME, pack_filename, read_locations
 
 log = logging.getLogger("mvc.audit")
@@ -527,9 +527,7 @@ def _load_state(path: Path) -> dict:
 
 
 def _save_state(path: Path, state: dict) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
+    fs.atomic_write(path, json.dumps(state).encode())
 
 
 def _ring(directory: Path) -> list:

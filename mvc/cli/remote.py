@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 from .. import Repository
 from ..errors import RemoteDamaged
-from ..remote.bucket import on_notice
+from ..remote.backend import on_notice
 from .base import echo_json, fail, human_bytes, main, open_repo, to_jsonable
 
 

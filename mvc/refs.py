@@ -12,12 +12,14 @@ reflog, as Git does, so ``HEAD@{1}`` is where HEAD was before the last
 commit or checkout.
 """
 
+import itertools
 import re
 import unicodedata
 from typing import Callable, Optional
 
 from .errors import (AmbiguousRevision, CorruptObject, InvalidRefName, ProtectedRef, RefConflict, RevisionTooLong,
                      UnknownRevision)
+from . import reach
 from .store import locks
 from .store.index import RefValue, reflog_entry
 
@@ -191,14 +193,7 @@ class Refs:
         oid = self._base(txn, base)
         for op, n in ops:
             if op == "~":
-                for done in range(n):
-                    parents = self.objects.commit(txn, oid).parents
-                    if not parents:
-                        if done == 0:
-                            raise UnknownRevision(f"{rev}: commit {oid.hex()[:12]} has no parent")
-                        raise UnknownRevision(f"{rev}: {base} has only {done} ancestor"
-                                              f"{'' if done == 1 else 's'} along first parents")
-                    oid = parents[0]
+                oid = self._ancestor(txn, rev, base, oid, n)
             elif n:
                 parents = self.objects.commit(txn, oid).parents
                 if len(parents) < n:
@@ -206,6 +201,19 @@ class Refs:
                                           f"{len(parents) or 'no'} parent{'' if len(parents) == 1 else 's'}")
                 oid = parents[n - 1]
         return oid
+
+    def _ancestor(self, txn, rev: str, base: str, oid: bytes, n: int) -> bytes:
+        """The ``n``-th first-parent ancestor of ``oid`` (``rev``'s ``~n``); UnknownRevision past a root."""
+        line = reach.first_parents(lambda c: self.objects.commit(txn, c), oid)
+        done, found = -1, oid
+        for done, (found, _) in enumerate(itertools.islice(line, n + 1)):
+            pass
+        if done == 0 and n:
+            raise UnknownRevision(f"{rev}: commit {oid.hex()[:12]} has no parent")
+        if done < n:
+            raise UnknownRevision(f"{rev}: {base} has only {done} ancestor{'' if done == 1 else 's'} "
+                                  "along first parents")
+        return found
 
     def _at(self, txn, name: str, n: int) -> bytes:
         """The commit ``name@{n}`` names: the value ``name`` had ``n`` moves ago."""

@@ -104,3 +104,22 @@ def test_the_cycle_finder_finds_one():
     assert "mvc.remote.backend" in graph["mvc.remote.s3"] and "mvc.remote.s3" in graph["mvc.remote.bucket"]
     graph["mvc.remote.backend"].add("mvc.remote.s3")  # what bucket <-> s3 was
     assert ["mvc.remote.backend", "mvc.remote.s3"] in cycles(graph)
+
+
+def _first_parent_loops(tree) -> list:
+    """Line numbers of ``while`` loops that step to ``something.parents[0]``."""
+    found = []
+    for loop in ast.walk(tree):
+        if isinstance(loop, ast.While) and any(
+                isinstance(n, ast.Subscript) and isinstance(n.value, ast.Attribute) and n.value.attr == "parents"
+                and isinstance(n.slice, ast.Constant) and n.slice.value == 0 for n in ast.walk(loop)):
+            found.append(loop.lineno)
+    return found
+
+
+def test_one_first_parent_iterator():
+    """Walks along first parents go through reach.first_parents (refs' ~N, gc, the web's log)."""
+    loops = {name: lines for name, (_, tree) in modules().items() if name != "mvc.reach"
+             for lines in [_first_parent_loops(tree)] if lines}
+    assert loops == {}
+    assert _first_parent_loops(ast.parse("while c:\n    c = obj.parents[0]\n")) == [1]

@@ -38,7 +38,7 @@ from .errors import (BadInput, CorruptObject, HistoryRewritten, ObjectNotFound, 
                      SignatureRequired, SigningKeyError, UnknownRevision)
 from .objects import CommitObject, TagObject, object_id
 from .store import fs
-from .store.packs import PACK_NAME, pack_filename, read_locations
+from .store.packs import pack_filename, read_locations
 
 log = logging.getLogger("mvc.audit")
 SCAN_STATE = "scan-state"
@@ -530,18 +530,9 @@ def _save_state(path: Path, state: dict) -> None:
     fs.atomic_write(path, json.dumps(state).encode())
 
 
-def _ring(directory: Path) -> list:
+def _ring(repo) -> list:
     """(pack name bytes, path) of the sealed packs, by name."""
-    out = []
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return out
-    for fname in names:
-        m = PACK_NAME.fullmatch(fname)
-        if m and os.path.isfile(directory / fname) and not os.path.islink(directory / fname):
-            out.append((bytes.fromhex(m.group(1)), directory / fname))
-    return out
+    return [(f.pack, f.path) for f in repo.chunks.pack_files() if f.regular and f.pack is not None]
 
 
 def scan(repo, budget="10%", progress: Optional[Callable[[int, int], None]] = None) -> ScanReport:
@@ -586,7 +577,7 @@ def _scan(repo, budget: str, kind: str, amount: float, progress) -> ScanReport:
     started = time.monotonic()
     state_path = repo.dir / SCAN_STATE
     state = _load_state(state_path)
-    ring = _ring(repo.dir / "packs")
+    ring = _ring(repo)
     items, problems = _records(ring)
     total = sum(loc.length for _, _, loc in items)
     limit = math.ceil(total * amount) if kind == "share" else None

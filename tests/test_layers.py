@@ -123,3 +123,33 @@ def test_one_first_parent_iterator():
              for lines in [_first_parent_loops(tree)] if lines}
     assert loops == {}
     assert _first_parent_loops(ast.parse("while c:\n    c = obj.parents[0]\n")) == [1]
+
+
+LISTING = {"entries", "listdir", "scandir", "walk", "glob", "rglob", "iterdir", "scan_packs", "disk_usage"}
+# Modules that still list the packs folder themselves, each until the change named.
+KNOWN_PACK_LISTERS = {
+    "mvc.repository",  # the split of repository.py (verify_packs lists packs/)
+    "mvc.fsck",  # fsck's scan_packs, in the speed work on fsck.py
+}
+
+
+def _lists_packs(tree) -> list:
+    """Line numbers of calls that list a folder named by the constant "packs"."""
+    found = []
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call):
+            continue
+        name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+        if name in LISTING and any(isinstance(n, ast.Constant) and n.value == "packs"
+                                   for arg in call.args for n in ast.walk(arg)):
+            found.append(call.lineno)
+    return found
+
+
+def test_only_the_store_lists_its_packs_folder():
+    """gc, repack, eviction, usage and the scan ask the chunk store (ChunkStore.pack_files)."""
+    listers = {name: lines for name, (_, tree) in modules().items()
+               if not name.startswith("mvc.store") and name not in KNOWN_PACK_LISTERS
+               for lines in [_lists_packs(tree)] if lines}
+    assert listers == {}
+    assert _lists_packs(ast.parse('entries(repo.dir / "packs")')) == [1]

@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,8 @@ from . import signing
 from .errors import (BadInput, CorruptObject, HistoryRewritten, ObjectNotFound, ScanFoundDamage,
                      SignatureRequired, SigningKeyError, UnknownRevision)
 from .objects import CommitObject, TagObject, object_id
-from .store.packs import PACK_NAME, pack_filename, read_locations
+from .store import fs
+from .store.packs import pack_filename, read_locations
 
 log = logging.getLogger("mvc.audit")
 SCAN_STATE = "scan-state"
@@ -527,23 +527,12 @@ def _load_state(path: Path) -> dict:
 
 
 def _save_state(path: Path, state: dict) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
+    fs.atomic_write(path, json.dumps(state).encode())
 
 
-def _ring(directory: Path) -> list:
+def _ring(repo) -> list:
     """(pack name bytes, path) of the sealed packs, by name."""
-    out = []
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return out
-    for fname in names:
-        m = PACK_NAME.fullmatch(fname)
-        if m and os.path.isfile(directory / fname) and not os.path.islink(directory / fname):
-            out.append((bytes.fromhex(m.group(1)), directory / fname))
-    return out
+    return [(f.pack, f.path) for f in repo.chunks.pack_files() if f.regular and f.pack is not None]
 
 
 def scan(repo, budget="10%", progress: Optional[Callable[[int, int], None]] = None) -> ScanReport:
@@ -588,7 +577,7 @@ def _scan(repo, budget: str, kind: str, amount: float, progress) -> ScanReport:
     started = time.monotonic()
     state_path = repo.dir / SCAN_STATE
     state = _load_state(state_path)
-    ring = _ring(repo.dir / "packs")
+    ring = _ring(repo)
     items, problems = _records(ring)
     total = sum(loc.length for _, _, loc in items)
     limit = math.ceil(total * amount) if kind == "share" else None

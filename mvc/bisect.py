@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from . import encoding, scratch
+from .store import fs
 from .diff import Diff, diff
 from .errors import BadInput, CommitPruned, CorruptObject, MvcError
 from .files import FORMATS, write_checkpoint
@@ -159,12 +160,7 @@ def _state_problem(state) -> str:
 
 def _write_state(repo, state: dict) -> None:
     """Replace the state file atomically: a reader sees the old or the new one."""
-    tmp = repo.dir / "tmp" / f"{STATE_FILE}-{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(encoding.pack(state))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, _state_path(repo))
+    fs.atomic_write(_state_path(repo), encoding.pack(state), tmp_dir=fs.ensure_dir(repo.dir / "tmp"))
 
 
 # -- the search ----------------------------------------------------------------

@@ -169,10 +169,26 @@ class ReadOnlyRepository(MvcError):
 
 
 # -- remotes (issue 23: lifecycle, repair, trust) ---------------------------------------
-# RemoteError lives here so these can extend it; mvc.remote.bucket re-exports it.
+# RemoteError lives here so these can extend it; mvc.remote.bucket re-exports it and the bucket errors.
 
 class RemoteError(MvcError):
     """The remote failed, or cannot be used as it is (one line saying what to do)."""
+
+
+class NotFound(RemoteError):
+    """The key names no object on the remote; ``key`` is that key."""
+
+    def __init__(self, message: str = "", *, key: str = ""):
+        super().__init__(message)
+        self.key = key
+
+
+class PreconditionFailed(RemoteError):
+    """A conditional put lost: the object at ``key`` changed (or appeared) since it was read."""
+
+    def __init__(self, message: str = "", *, key: str = ""):
+        super().__init__(message)
+        self.key = key
 
 
 class RemoteUnreachable(RemoteError):

@@ -19,7 +19,6 @@ torch is imported inside the functions, so commands that never touch a file
 start without it.
 """
 
-import errno
 import fnmatch
 import io
 import json
@@ -35,7 +34,7 @@ from typing import Callable, Iterable, Optional
 
 from .errors import BadInput, InsideRepository, MvcError
 from .scratch import gone
-from .store.fs import WRITEBACK_BYTES, start_writeback
+from .store import fs
 from .traverse import format_path, walk
 
 REPOSITORY_DIR = ".mvc"  # what a repository's folder is called (mvc.repository.MVC_DIR)
@@ -393,72 +392,28 @@ def _atomic_write(path, force: bool, write: Callable, scratch: bool = False) -> 
 
 @contextmanager
 def atomic_file(target: Path, force: bool):
-    """A file object that becomes ``target`` when the block ends without error.
+    """A file object that becomes ``target`` when the block ends without error
+    (``store.fs.atomic_file``), with the target's permissions (or the umask's).
 
-    Written under a temporary name with the target's permissions (or the
-    umask's), fsynced, then linked (no ``force``: never over a file that
-    appeared meanwhile) or renamed into place. On any error the temporary
-    file is removed and an OSError says the target is unchanged.
+    No ``force``: never over a file that appeared meanwhile (BadInput). The
+    temporary file is ``.NAME.tmpPID`` beside the target, so a killed export's
+    is found (``remove_leftovers``). On any error an OSError says the target
+    is unchanged.
     """
     existed = target.exists()
     mode = target.stat().st_mode & 0o7777 if existed else 0o666
     remove_leftovers(target)
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
-        try:
+        with fs.atomic_file(target, replace=force, tmp=target.with_name(f".{target.name}.tmp{os.getpid()}"),
+                            mode=mode) as f:
             if existed:
-                os.fchmod(fd, mode)  # the umask may have cleared bits the old file had
-            with os.fdopen(fd, "wb", buffering=0) as f:
-                fd = None
-                yield _EarlyWriteback(f)
-                os.fsync(f.fileno())
-        finally:
-            if fd is not None:
-                os.close(fd)
-        _publish(tmp, target, force)
+                os.fchmod(f.fileno(), mode)  # the umask may have cleared bits the old file had
+            yield f
     except OSError as exc:
+        if isinstance(exc, FileExistsError) and not force and target.exists():  # appeared meanwhile
+            raise BadInput(f"{target} already exists; pass --force to overwrite it") from None
         raise OSError(exc.errno, f"{exc.strerror or exc} while writing {target}; "
                                  f"{'it is unchanged' if existed else 'nothing was written'}") from None
-    finally:
-        try:
-            os.unlink(tmp)
-        except OSError:  # never made (a read-only folder), or already renamed
-            pass
-
-
-class _EarlyWriteback:
-    """An unbuffered file whose bytes start going to disk every WRITEBACK_BYTES
-    as they are written (``store.fs.start_writeback``), so the fsync at the
-    end finds little left to write."""
-
-    def __init__(self, f):
-        self.f, self.offset, self.started = f, 0, 0
-
-    def write(self, data) -> int:
-        n = self.f.write(data)
-        self.offset += n
-        if self.offset - self.started >= WRITEBACK_BYTES:
-            start_writeback(self.f.fileno(), self.started, self.offset - self.started)
-            self.started = self.offset
-        return n
-
-    def __getattr__(self, name):  # flush, fileno, ...: the file's own
-        return getattr(self.f, name)
-
-
-def _publish(tmp: Path, target: Path, force: bool) -> None:
-    if force:
-        os.replace(tmp, target)
-        return
-    try:
-        os.link(tmp, target)  # fails if the target appeared meanwhile, unlike a rename
-    except FileExistsError:
-        raise BadInput(f"{target} already exists; pass --force to overwrite it") from None
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-            raise
-        os.replace(tmp, target)  # a filesystem without hard links
 
 
 class _CountingWriter(io.RawIOBase):

@@ -44,9 +44,8 @@ from typing import Optional
 
 from . import reach, refs, scratch
 from .errors import BadInput, CorruptObject, MvcError, ProtectedRef, UnknownRevision
-from .store.fs import entries
 from .store.index import reflog_entry
-from .store.packs import PACK_NAME, RECORD_HEAD, TMP_NAME, read_trailer
+from .store.packs import PACK_NAME, RECORD_HEAD, read_trailer
 
 # Rewrite a pack when less than this share of its record bytes is live. A pack
 # is rewritten once: its live records land in a new pack that is all live, so a
@@ -158,7 +157,7 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
     # a dry run changes nothing: the shared lock keeps packs in place while it looks, and
     # it neither waits for running commits nor writes the exclusive lock's holder note
     with (repo.gc_lock.shared() if dry_run else repo.gc_lock.exclusive()):
-        before, packs_before = disk_usage(repo.dir), disk_usage(repo.dir / "packs")
+        before, packs_before = disk_usage(repo.dir), _packs_usage(repo.chunks)
         # what needs no index write goes first: on a full disk it is the room the rest needs
         gone = () if dry_run else tuple(p.relative_to(repo.dir).as_posix()
                                         for p in scratch.remove_leftovers(repo.dir))
@@ -169,13 +168,13 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
             if dry_run or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             sweep = _sweep_on_a_full_disk(repo, policy, force)
-        plan = plan_packs(repo.dir / "packs", sweep.live_locs, sweep.indexed_packs, grace, repack)
+        plan = plan_packs(repo.chunks.pack_files(), sweep.live_locs, sweep.indexed_packs, grace, repack)
         if dry_run:
             saved = plan.reclaimable()
             return sweep.report(True, before, before - saved, packs_before, packs_before - saved, plan)
         moved = compact(repo, plan)  # dead packs go before the rewrite needs room for a new one
         return replace(sweep.report(False, before, disk_usage(repo.dir), packs_before,
-                                    disk_usage(repo.dir / "packs"), plan, moved), scratch_removed=gone)
+                                    _packs_usage(repo.chunks), plan, moved), scratch_removed=gone)
 
 
 def disk_usage(path: Path) -> int:
@@ -188,6 +187,11 @@ def disk_usage(path: Path) -> int:
             except FileNotFoundError:
                 pass
     return total
+
+
+def _packs_usage(chunks) -> int:
+    """Bytes the chunk store's pack files take on disk."""
+    return sum(f.allocated for f in chunks.pack_files())
 
 
 # -- step 1: retention, marking and sweeping, in one transaction ---------------
@@ -274,7 +278,7 @@ class _Sweep:
     removed: dict = field(default_factory=dict)  # kind -> count
     live_locs: dict = field(default_factory=dict)  # live chunk id -> Location
     indexed_packs: set = field(default_factory=set)  # pack names any chunk entry named before the sweep
-    writes: list = field(default_factory=list)  # (Txn method, args): the index writes, in order
+    writes: list = field(default_factory=list)  # (Txn method or function of txn, args): the index writes, in order
 
     def report(self, dry_run, before, after, packs_before, packs_after, plan, moved: int = 0) -> GcReport:
         return GcReport(dry_run, before, after, packs_before, packs_after, tuple(sorted(o.hex() for o in self.pruned)),
@@ -301,7 +305,7 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
     live = reach.walk(txn, objects, reach.RAISE, prune=prune, skip_reflog=expired)
     writes = sweep.writes  # retention's notes first: a sweep cut short leaves pruned commits, never lost ones
     note = {"time": time.time_ns() // 1000, "policy": policy.describe()}
-    writes += [("put_pruned", (oid, note)) for oid in prune] + [("delete_reflog", e) for e in expired]
+    writes += [("put_pruned", (oid, note)) for oid in prune] + [(refs.forget, ([e],)) for e in expired]
     keep = {"commits": live.commits.keys(), "trees": live.tree_commits.keys(), "tensors": live.tensor_trees.keys()}
     for kind, ids in keep.items():
         dead = [oid for oid in txn.ids(kind) if oid not in ids]
@@ -329,7 +333,10 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
 
 def _write(txn, writes: list) -> None:
     for method, args in writes:
-        getattr(txn, method)(*args)
+        if callable(method):  # a write another module owns (the reflog's: refs.forget)
+            method(txn, *args)
+        else:
+            getattr(txn, method)(*args)
 
 
 STEP = 256  # index writes per transaction when the disk is full
@@ -363,7 +370,6 @@ def _sweep_on_a_full_disk(repo, policy: Retention, force: bool) -> _Sweep:
 
 @dataclass
 class _PackPlan:
-    directory: Path
     delete: list = field(default_factory=list)  # paths of sealed packs holding nothing live
     rewrite: list = field(default_factory=list)  # (path, [(chunk id, Location)]) over a quarter garbage
     tmp: list = field(default_factory=list)  # stale .pack.tmp paths
@@ -406,31 +412,28 @@ def _mostly_live(path: Path, garbage: int, total: int) -> LeftAlone:
                      f"{100 * (1 - REWRITE_BELOW):.0f}%, so that live data is not copied on every run")
 
 
-def plan_packs(directory: Path, live_locs: dict, indexed: set, grace: float, repack: bool = False) -> _PackPlan:
-    plan, small = _PackPlan(directory), []
+def plan_packs(files: list, live_locs: dict, indexed: set, grace: float, repack: bool = False) -> _PackPlan:
+    """What gc does with each of ``files``, the chunk store's PackFiles (``ChunkStore.pack_files``)."""
+    plan, small = _PackPlan(), []
     live_by_pack = defaultdict(list)
     for cid, loc in live_locs.items():
         live_by_pack[loc.pack].append((cid, loc))
-    for fname, regular in entries(directory):
-        path = directory / fname
-        if not regular:
-            if PACK_NAME.fullmatch(fname) or TMP_NAME.fullmatch(fname):
-                plan.notes.append(f"{fname} left alone: it is not a regular file (remove it by hand)")
+    now = time.time()
+    for f in files:
+        path = f.path
+        if not f.regular:
+            plan.notes.append(f"{f.name} left alone: it is not a regular file (remove it by hand)")
             continue
-        if TMP_NAME.fullmatch(path.name):
-            if _age(path) > grace:
+        if f.pack is None:  # a .tmp pack
+            if now - f.mtime > grace:
                 plan.tmp.append(path)
             else:
                 plan.left.append(_young(path, grace))
             continue
-        match = PACK_NAME.fullmatch(path.name)
-        if match is None:
-            continue
-        name = bytes.fromhex(match.group(1))
-        live = live_by_pack.get(name)
+        live = live_by_pack.get(f.pack)
         if not live:
             # a pack no entry ever named may be a writer's that is about to index it
-            if name in indexed or _age(path) > grace:
+            if f.pack in indexed or now - f.mtime > grace:
                 plan.delete.append(path)
             else:
                 plan.left.append(_young(path, grace))

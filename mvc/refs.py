@@ -12,12 +12,14 @@ reflog, as Git does, so ``HEAD@{1}`` is where HEAD was before the last
 commit or checkout.
 """
 
+import itertools
 import re
 import unicodedata
 from typing import Callable, Optional
 
 from .errors import (AmbiguousRevision, CorruptObject, InvalidRefName, ProtectedRef, RefConflict, RevisionTooLong,
                      UnknownRevision)
+from . import reach
 from .store import locks
 from .store.index import RefValue, reflog_entry
 
@@ -191,14 +193,7 @@ class Refs:
         oid = self._base(txn, base)
         for op, n in ops:
             if op == "~":
-                for done in range(n):
-                    parents = self.objects.commit(txn, oid).parents
-                    if not parents:
-                        if done == 0:
-                            raise UnknownRevision(f"{rev}: commit {oid.hex()[:12]} has no parent")
-                        raise UnknownRevision(f"{rev}: {base} has only {done} ancestor"
-                                              f"{'' if done == 1 else 's'} along first parents")
-                    oid = parents[0]
+                oid = self._ancestor(txn, rev, base, oid, n)
             elif n:
                 parents = self.objects.commit(txn, oid).parents
                 if len(parents) < n:
@@ -206,6 +201,19 @@ class Refs:
                                           f"{len(parents) or 'no'} parent{'' if len(parents) == 1 else 's'}")
                 oid = parents[n - 1]
         return oid
+
+    def _ancestor(self, txn, rev: str, base: str, oid: bytes, n: int) -> bytes:
+        """The ``n``-th first-parent ancestor of ``oid`` (``rev``'s ``~n``); UnknownRevision past a root."""
+        line = reach.first_parents(lambda c: self.objects.commit(txn, c), oid)
+        done, found = -1, oid
+        for done, (found, _) in enumerate(itertools.islice(line, n + 1)):
+            pass
+        if done == 0 and n:
+            raise UnknownRevision(f"{rev}: commit {oid.hex()[:12]} has no parent")
+        if done < n:
+            raise UnknownRevision(f"{rev}: {base} has only {done} ancestor{'' if done == 1 else 's'} "
+                                  "along first parents")
+        return found
 
     def _at(self, txn, name: str, n: int) -> bytes:
         """The commit ``name@{n}`` names: the value ``name`` had ``n`` moves ago."""
@@ -369,16 +377,21 @@ class Refs:
         self.drop(txn, ref)
 
     @staticmethod
-    def start_head(txn, ref: str) -> None:
-        """A new repository's HEAD: on branch ``ref``, unborn. No reflog entry: nothing moved."""
-        txn.set_ref(HEAD, RefValue(target=ref))
-
-    @staticmethod
-    def drop(txn, ref: str) -> None:
-        """Delete ``ref`` and its reflog, no questions asked (a forgotten remote's tracking refs)."""
-        txn.delete_ref(ref)
+    def drop(txn, ref: str) -> bool:
+        """Delete ``ref`` and its reflog with no guards (a remote-tracking ref whose
+        remote branch went, or a ref the caller has checked); whether it existed."""
+        existed = txn.ref(ref) is not None
+        if existed:
+            txn.delete_ref(ref)
         for _, seq, _ in list(txn.reflog_raw(ref)):  # raw: a damaged entry must not block this
             txn.delete_reflog(ref, seq)
+        return existed
+
+    @staticmethod
+    def attach(txn, ref: str) -> None:
+        """Put HEAD on branch ``ref``, which may be unborn, with no reflog entry:
+        the branch's first move logs HEAD too (a new repository, a clone)."""
+        txn.set_ref(HEAD, RefValue(target=ref))
 
     def protect(self, txn, ref: str, protected: bool) -> bytes:
         current = txn.ref(ref)
@@ -406,9 +419,7 @@ class Refs:
         self.check_new(txn, new)
         history = [entry for _, entry in self.reflog(txn, old)][::-1]
         for name in (old, new):  # a replaced branch's reflog goes, as with a deleted one
-            for _, seq, _ in list(txn.reflog_raw(name)):
-                txn.delete_reflog(name, seq)
-        txn.delete_ref(old)
+            self.drop(txn, name)
         txn.set_ref(new, RefValue(id=current.id, protected=current.protected))
         for entry in history:
             txn.append_reflog(new, entry)
@@ -460,7 +471,13 @@ class Refs:
             when = entry.get("time") if entry is not None else None
             if before_us is None or type(when) is not int or when < before_us:
                 doomed.append((name, seq))
-        for name, seq in doomed:
-            txn.delete_reflog(name, seq)
+        forget(txn, doomed)
         return len(doomed)
+
+
+def forget(txn, entries) -> None:
+    """Delete reflog entries given as (ref name, sequence number): gc's expiry of
+    entries that name pruned commits, planned before the sweep that makes it."""
+    for name, seq in entries:
+        txn.delete_reflog(name, seq)
 

@@ -15,11 +15,6 @@ of an index scan whatever the size of the data.
 from dataclasses import dataclass
 from typing import Iterable
 
-import os
-
-from .store import fs
-from .store.packs import PACK_NAME
-
 
 @dataclass(frozen=True)
 class PackUsage:
@@ -46,7 +41,7 @@ def chunk_sizes(repo, ids: Iterable[bytes]) -> dict:
 
 def pack_usage(repo) -> list:
     """PackUsage for every sealed local pack, by name (one index scan)."""
-    files = _pack_files(repo.dir / "packs")
+    files = {f.pack: f.size for f in repo.chunks.pack_files() if f.regular and f.pack is not None}
     counts = {name: [0, 0, 0] for name in files}
     with repo.index.read() as txn:
         for _, loc in txn.chunks():
@@ -57,17 +52,4 @@ def pack_usage(repo) -> list:
     out = []
     for name, (chunks, stored, raw) in sorted(counts.items()):
         out.append(PackUsage(f"pack-{name.hex()}.pack", files.get(name, 0), chunks, stored, raw))
-    return out
-
-
-def _pack_files(folder) -> dict:
-    """{pack name (16 bytes): file size} of the pack files in ``folder``; nothing is followed."""
-    out = {}
-    for name, regular in fs.entries(folder):
-        match = PACK_NAME.fullmatch(name)
-        if regular and match:
-            try:
-                out[bytes.fromhex(match.group(1))] = os.lstat(os.path.join(folder, name)).st_size
-            except FileNotFoundError:  # deleted by a gc meanwhile
-                pass
     return out

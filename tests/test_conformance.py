@@ -646,3 +646,27 @@ def test_atomic_write_leaves_the_old_bytes_or_the_new(tmp_path, monkeypatch):
     assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["FORMAT"]
     fs.atomic_write(target, b"new bytes")
     assert target.read_bytes() == b"new bytes" and [p.name for p in tmp_path.iterdir()] == ["FORMAT"]
+
+
+def test_every_atomic_write_is_durable_in_its_folder(tmp_path, monkeypatch):
+    """Bisect's state, an export and a folder remote's objects (and the FORMAT file) go
+    through the one atomic write: fsynced, renamed, and their folder fsynced."""
+    from mvc.store import fs
+    synced = []
+    real = fs.fsync_dir
+    monkeypatch.setattr(fs, "fsync_dir", lambda path: (synced.append(Path(path).resolve()), real(path)))
+    repo = mvc.Repository.init(tmp_path / "r", chunk_size=CHUNK)
+    for i in range(3):
+        repo.commit({"w": torch.full((8,), float(i))}, f"c{i}")
+    synced.clear()
+    repo.bisect.start("HEAD", "HEAD~2")
+    assert synced == [(repo.dir / "tmp").resolve().parent]  # the state file's folder, .mvc
+    assert [p.name for p in (repo.dir / "tmp").iterdir()] == []  # no temporary file left
+    synced.clear()
+    repo.export("HEAD", tmp_path / "out.safetensors")
+    assert synced == [tmp_path.resolve()]
+    synced.clear()
+    repo.remotes.add("origin", str(tmp_path / "remote"))
+    repo.remotes.push()
+    assert (tmp_path / "remote" / "packs").resolve() in synced and (tmp_path / "remote").resolve() in synced
+    repo.close()

@@ -432,8 +432,8 @@ def test_packs_built_in_the_memory_of_sent_ones_are_whole_and_exact(tmp_path, mo
     s = state(3, n=3000)
     s["model"]["odd"] = torch.arange(37, dtype=torch.int8)  # a short chunk: packs of different sizes
     repo.commit(s, "v1")
-    repo.remote_add("origin", str(tmp_path / "remote"))
-    report = repo.push()
+    repo.remotes.add("origin", str(tmp_path / "remote"))
+    report = repo.remotes.push()
     assert report.packs > 8 and len(set(made)) < len(made)  # buffers came back and were used again
     for pack in remote_packs(tmp_path):
         data = pack.read_bytes()
@@ -447,3 +447,22 @@ def test_packs_built_in_the_memory_of_sent_ones_are_whole_and_exact(tmp_path, mo
     assert same(clone.load(), s) and clone.fsck().ok
     clone.close()
     repo.close()
+
+
+def test_fetch_does_not_make_a_tag_named_like_a_local_branch(origin, tmp_path):
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
+    try:
+        clone.create_branch("v1", "main~1")
+        origin.create_tag("v1", "main")
+        origin.create_tag("v2", "main~1")
+        origin.remotes.push(refs=("tags/v1", "tags/v2"))
+        report = clone.remotes.fetch()
+        status = {u.ref: u.status for u in report.refs}
+        assert status["tags/v2"] == "new" and status["tags/v1"].startswith("not fetched")
+        assert clone.resolve("v1") == origin.resolve("main~1") and clone.resolve("v2") == origin.resolve("main~1")
+        assert [r.name for r in clone.tags()] == ["v2"]
+        # the clone's first entry names the url, in the branch's reflog and in HEAD's, as git clone writes
+        assert [e["message"] for _, e in clone.reflog.entries("main")] == [f"clone: {tmp_path / 'remote'}"]
+        assert clone.reflog.entries("HEAD")[-1][1]["message"] == f"clone: {tmp_path / 'remote'}"
+    finally:
+        clone.close()

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 from .. import Repository
 from ..errors import RemoteDamaged
-from ..remote.bucket import on_notice
+from ..remote.backend import on_notice
 from .base import echo_json, fail, human_bytes, main, open_repo, to_jsonable
 
 
@@ -43,6 +43,8 @@ def _ref_lines(updates) -> None:
             click.echo(f"  = {name:<24} {_short(u.new)} (up to date)")
         elif u.status == "new":
             click.echo(f"  * {name:<24} {_short(u.new)} (new)")
+        elif u.status.startswith("not fetched"):
+            click.echo(f"  ! {name:<24} {_short(u.new)} ({u.status})")
         else:
             mark = "+" if u.status == "forced" else " "
             click.echo(f"  {mark} {name:<24} {_short(u.old)}..{_short(u.new)}{' (forced)' if mark == '+' else ''}")

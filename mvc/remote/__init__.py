@@ -1,7 +1,8 @@
 """Remotes and tiers: history kept in object storage, the local disk as a bounded cache of it.
 
-- ``bucket``     the object-store interface (get, ranged get, conditional
-                 put, list, delete) and a folder implementation
+- ``backend``    the object-store interface (get, ranged get, conditional
+                 put, list, delete); the bottom of this package
+- ``bucket``     a folder implementation, and ``open_bucket`` by URL
 - ``s3``         the S3 implementation (the only module that imports boto3)
 - ``layout``     the remote's keys and bytes: packs, object packs, refs
 - ``catalogue``  what a remote holds and where, as last listed (derived)

@@ -3,8 +3,9 @@
 Vocabulary:
 
 - **bucket**: a flat namespace of keys (``packs/1a2b….pack``) naming objects
-  of bytes. ``S3Bucket`` (``mvc.remote.s3``) speaks S3; ``FolderBucket``
-  keeps the same keys as files in a folder on this machine.
+  of bytes. ``Bucket`` (``mvc.remote.backend``) is the interface, which
+  ``S3Bucket`` (``mvc.remote.s3``) speaks as S3 and ``FolderBucket`` (here) as
+  files in a folder on this machine; ``open_bucket`` picks one by URL.
 - **etag**: an opaque tag of one version of an object. A conditional put
   names the etag it expects to replace (``if_match``, S3's ``If-Match``) or
   that no object may exist yet (``if_absent``, ``If-None-Match: *``); when
@@ -20,108 +21,16 @@ failures are retried inside the implementation before that.
 import fcntl
 import os
 import re
-import secrets
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 from urllib.parse import urlparse
 
 from .. import hashing
-from ..errors import BadInput, RemoteError, RemoteUnreachable, UntrustedAnswer  # noqa: F401  (re-exported)
+from ..errors import (BadInput, NotFound, PreconditionFailed, RemoteError, RemoteUnreachable,  # noqa: F401
+                      UntrustedAnswer)  # re-exported: the errors of every bucket
 from ..store import fs
-
-_KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
-_LISTENERS: list = []
-
-
-def on_notice(listener) -> None:
-    """Call ``listener(message)`` for each notice a remote gives while it works ("waiting for
-    server ..., retry 2/5"); the CLI prints them."""
-    _LISTENERS.append(listener)
-
-
-def notify(message: str) -> None:
-    for listener in list(_LISTENERS):
-        listener(message)
-
-
-class NotFound(RemoteError):
-    """The key names no object on the remote."""
-
-
-class PreconditionFailed(RemoteError):
-    """A conditional put lost: the object changed (or appeared) since it was read."""
-
-
-def check_key(key: str) -> str:
-    if not _KEY.fullmatch(key) or any(part in (".", "..") for part in key.split("/")):
-        raise BadInput(f"{key!r} is not a valid remote key")
-    return key
-
-
-class Bucket:
-    """The interface (see the module). Keys are relative to the remote's prefix."""
-
-    url = ""
-
-    def get(self, key: str) -> bytes:
-        """The object's bytes; NotFound."""
-        raise NotImplementedError
-
-    def get_range(self, key: str, start: int, stop: int) -> bytes:
-        """Bytes [start, stop) of the object; NotFound; RemoteError if it is shorter."""
-        raise NotImplementedError
-
-    def get_tail(self, key: str, n: int) -> tuple:
-        """(the last ``n`` bytes (fewer if the object is smaller), the object's size); NotFound."""
-        raise NotImplementedError
-
-    def get_versioned(self, key: str) -> Optional[tuple]:
-        """(bytes, etag) of the object, or None if absent."""
-        raise NotImplementedError
-
-    def put(self, key: str, data, if_match: Optional[str] = None, if_absent: bool = False) -> str:
-        """Write the whole object (durable when this returns); its new etag.
-
-        ``if_match`` / ``if_absent``: the conditions above (PreconditionFailed).
-        """
-        raise NotImplementedError
-
-    def list(self, prefix: str) -> list:
-        """[(key, size)] of every object whose key starts with ``prefix``, sorted by key."""
-        raise NotImplementedError
-
-    def delete(self, key: str) -> None:
-        """Remove the object (a no-op if absent)."""
-        raise NotImplementedError
-
-    def list_times(self, prefix: str) -> list:
-        """[(key, size, when it was last written, seconds since the epoch by the store's clock)]."""
-        raise NotImplementedError
-
-    def check_conditional(self) -> None:
-        """RemoteError unless the store honours If-None-Match: * and If-Match.
-
-        Probes with a scratch object under ``tmp/`` and removes it.
-        """
-        key = f"tmp/probe-{secrets.token_hex(8)}"
-        etag = self.put(key, b"1", if_absent=True)
-        try:
-            for kwargs in ({"if_absent": True}, {"if_match": '"0123456789abcdef0123456789abcdef"'}):
-                try:
-                    self.put(key, b"2", **kwargs)
-                except PreconditionFailed:
-                    continue
-                raise RemoteError(f"{self.url} does not honour conditional writes (If-None-Match / If-Match); "
-                                  "mvc cannot move refs there without risking lost updates: use a store "
-                                  "that does (AWS S3, SeaweedFS 4.48 or later, MinIO)")
-            self.put(key, b"3", if_match=etag)
-        finally:
-            self.delete(key)
-
-    def close(self) -> None:
-        pass
-
+from .backend import _KEY, Bucket, check_key, notify, on_notice  # noqa: F401  (re-exported: the interface)
 
 class FolderBucket(Bucket):
     """Objects as files under a folder of this machine (``file://`` URLs and plain paths).
@@ -150,7 +59,7 @@ class FolderBucket(Bucket):
         try:
             fd = fs.open_file(self._path(key))
         except FileNotFoundError:
-            raise NotFound(f"{key} is missing from remote {self.url}") from None
+            raise NotFound(f"{key} is missing from remote {self.url}", key=key) from None
         try:
             size = os.fstat(fd).st_size
             if start < 0:
@@ -196,28 +105,14 @@ class FolderBucket(Bucket):
         with self._locked():
             current = self.get_versioned(key)
             if (if_absent and current is not None) or (if_match is not None and (current is None or current[1] != if_match)):
-                raise PreconditionFailed(f"{key} on remote {self.url} changed meanwhile")
+                raise PreconditionFailed(f"{key} on remote {self.url} changed meanwhile", key=key)
             self._write(path, data)
         return hashing.digest(data).hex()
 
     def _write(self, path: Path, data) -> None:
-        tmp_dir = fs.ensure_dir(self.root / ".tmp")
-        tmp = tmp_dir / f"{secrets.token_hex(8)}.tmp"
-        fd = fs.open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            view, done = memoryview(data).cast("B"), 0
-            while done < len(view):
-                done += os.write(fd, view[done:done + (1 << 30)])
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            os.unlink(tmp)
-            raise
-        os.close(fd)
         for parent in reversed(path.relative_to(self.root).parents[:-1]):
             fs.ensure_dir(self.root / parent)
-        os.rename(tmp, path)
-        fs.fsync_dir(path.parent)
+        fs.atomic_write(path, data, tmp_dir=fs.ensure_dir(self.root / ".tmp"))
 
     def list(self, prefix: str) -> list:
         out = []

@@ -23,7 +23,7 @@ from .. import encoding, hashing, refs as refnames
 from ..errors import CorruptObject, InvalidRefName
 from ..store import packformat
 from ..store.packformat import FOOTER, HEADER, RECORD_HEAD  # noqa: F401 (FOOTER: callers size a pack's tail with it)
-from .bucket import _KEY
+from .backend import _KEY
 
 LAYOUT_VERSION = 1
 MARKER = "MVCREMOTE"

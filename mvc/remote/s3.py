@@ -24,8 +24,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from ..errors import BadInput
-from .bucket import Bucket, NotFound, PreconditionFailed, RemoteError, RemoteUnreachable, UntrustedAnswer, notify
+from ..errors import BadInput, NotFound, PreconditionFailed, RemoteError, RemoteUnreachable, UntrustedAnswer
+from .backend import Bucket, notify
 
 PART_BYTES = 16 << 20  # multipart part size
 # Objects up to this size go up in one PUT, so a pack (``layout.PACK_BYTES``
@@ -115,7 +115,7 @@ class S3Bucket(Bucket):
 
     def _call(self, key: str, fn, **kwargs):
         """``fn(Bucket=..., **kwargs)``, tried again on transient failures (shown through
-        ``bucket.notify``) until ``attempts`` tries or the deadline; RemoteError after."""
+        ``backend.notify``) until ``attempts`` tries or the deadline; RemoteError after."""
         start = time.monotonic()
         for attempt in range(1, self.attempts + 1):
             body = kwargs.get("Body")
@@ -148,9 +148,9 @@ class S3Bucket(Bucket):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         if code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchBucket"):
-            return NotFound(f"{key} is missing from remote {self.url}")
+            return NotFound(f"{key} is missing from remote {self.url}", key=key)
         if code == "PreconditionFailed" or status == 412:
-            return PreconditionFailed(f"{key} on remote {self.url} changed meanwhile")
+            return PreconditionFailed(f"{key} on remote {self.url} changed meanwhile", key=key)
         if code == "NoSuchBucket":
             return RemoteError(f"bucket {self.bucket!r} does not exist at {self.endpoint or 'S3'}; create it first")
         if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403") or status == 403:

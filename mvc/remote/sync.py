@@ -31,7 +31,6 @@ from .. import reach
 from .. import refs as refnames
 from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict, RemoteDamaged, UntrustedAnswer
 from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
-from ..store.index import RefValue
 from ..store import locks as locking
 from ..traverse import walk as walk_tree
 from . import config, layout, lease, transfer
@@ -51,7 +50,10 @@ class RefUpdate:
     ref: str  # heads/X or tags/X
     old: Optional[str]  # hex ids
     new: Optional[str]
-    status: str  # "new", "updated", "up to date", "forced"
+    status: str  # "new", "updated", "up to date", "forced", CLASHES
+
+
+CLASHES = "not fetched: a local branch has this name"  # a fetched tag that would hide or be hidden by a branch
 
 
 @dataclass(frozen=True)
@@ -322,16 +324,9 @@ def _untrack(repo, remote: str, ref: str) -> None:
     remote branch keeps nothing alive here). A remote tag fetched here stays a local tag, as in git."""
     if ref.startswith(refnames.BRANCHES):
         with repo.index.write() as txn:
-            _drop_tracking(txn, REMOTES + remote + "/" + refnames.short_name(ref))
+            repo.refs.drop(txn, REMOTES + remote + "/" + refnames.short_name(ref))
 
 
-def _drop_tracking(txn, name: str) -> bool:
-    if txn.ref(name) is None:
-        return False
-    txn.delete_ref(name)
-    for _, seq, _ in list(txn.reflog_raw(name)):
-        txn.delete_reflog(name, seq)
-    return True
 
 
 def _in_pack_order(repo, chunks: dict) -> list:
@@ -510,8 +505,7 @@ def _set_tracking(repo, txn, name: str, oid: bytes, why: str) -> Optional[bytes]
     current = txn.ref(name)
     old = current.id if current is not None else None
     if old != oid:
-        txn.set_ref(name, RefValue(id=oid))
-        txn.append_reflog(name, {"old": old, "new": oid, "time": repo.refs.now(), "message": why})
+        repo.refs.set_if_equals(txn, name, old, oid, why)
     return old
 
 
@@ -722,7 +716,7 @@ def _store_fetch(repo, conn: Connection, inc: _Incoming, remote: dict, prune: bo
             for name, value in list(txn.refs(prefix)):
                 branch = refnames.BRANCHES + name[len(prefix):]
                 if branch not in remote and branch not in conn.damaged:
-                    _drop_tracking(txn, name)
+                    repo.refs.drop(txn, name)
                     updates.append(RefUpdate(name, _hex(value.id), None, "pruned"))
         for kind, oid, data in inc.objects:
             repo.objects.put(txn, kind, data)
@@ -735,9 +729,10 @@ def _store_fetch(repo, conn: Connection, inc: _Incoming, remote: dict, prune: bo
                 updates.append(RefUpdate(name, _hex(old), oid.hex(),
                                          "up to date" if old == oid else ("new" if old is None else "updated")))
             elif ref.startswith(refnames.TAGS) and txn.ref(ref) is None and refnames.is_valid_name(ref[len(refnames.TAGS):]):
-                txn.set_ref(ref, RefValue(id=oid))
-                txn.append_reflog(ref, {"old": None, "new": oid, "time": repo.refs.now(),
-                                        "message": f"fetch: {conn.name}"})
+                if txn.ref(refnames.BRANCHES + refnames.short_name(ref)) is not None:
+                    updates.append(RefUpdate(ref, None, oid.hex(), CLASHES))  # the name would mean two things
+                    continue
+                repo.refs.set_if_equals(txn, ref, None, oid, f"fetch: {conn.name}")
                 updates.append(RefUpdate(ref, None, oid.hex(), "new"))
     return updates
 
@@ -862,11 +857,9 @@ def clone(repo_cls, url: str, path, lazy: bool = False, endpoint_url: Optional[s
                 tracking = txn.ref(REMOTES + name + "/" + branch) if branch else None
             if tracking is None and txn.ref(refnames.TAGS) is None and not any(txn.refs(refnames.TAGS)):
                 raise BadInput(f"{url} holds no branch or tag: nothing to clone")
-            if tracking is not None:
-                txn.set_ref(refnames.BRANCHES + branch, RefValue(id=tracking.id))
-                txn.append_reflog(refnames.BRANCHES + branch, {"old": None, "new": tracking.id,
-                                                                "time": repo.refs.now(), "message": f"clone: {url}"})
-                txn.set_ref(refnames.HEAD, RefValue(target=refnames.BRANCHES + branch))
+            if tracking is not None:  # HEAD first: the branch's first move logs HEAD too, as git clone does
+                repo.refs.attach(txn, refnames.BRANCHES + branch)
+                repo.refs.set_if_equals(txn, refnames.BRANCHES + branch, None, tracking.id, f"clone: {url}")
         return repo, report
     except BaseException:
         repo.close()

@@ -36,7 +36,6 @@ from ..errors import CorruptObject, LockHeld, ObjectNotFound
 from ..objects import TensorLeaf
 from ..store import fs
 from ..store.chunks import THREADS, ChunkStore, Forwarding
-from ..store.packs import PACK_NAME
 from ..traverse import walk as walk_tree
 from . import config, transfer
 from .catalogue import Catalogue
@@ -222,17 +221,8 @@ def _evict_quietly(repo) -> None:
 # -- eviction ---------------------------------------------------------------------
 
 def local_packs(repo) -> dict:
-    """{pack name: (path, size)} of the sealed local packs."""
-    out = {}
-    folder = repo.dir / "packs"
-    for name, regular in fs.entries(folder):
-        match = PACK_NAME.fullmatch(name)
-        if regular and match:
-            try:
-                out[bytes.fromhex(match.group(1))] = (folder / name, os.lstat(folder / name).st_size)
-            except FileNotFoundError:
-                pass
-    return out
+    """{pack name: (path, size)} of the sealed local packs, as the chunk store lists them."""
+    return {f.pack: (f.path, f.size) for f in repo.chunks.pack_files() if f.regular and f.pack is not None}
 
 
 class _Keeper:

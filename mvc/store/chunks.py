@@ -49,7 +49,8 @@ from . import codec
 from .compact import Compacted, compact
 from .fs import entries
 from .index import read_only
-from .packs import NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, PackReader, PackWriter, pack_filename, read_trailer
+from .packs import (NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, PackReader, PackWriter, list_packs, pack_filename,
+                    read_trailer)
 
 THREADS = max(1, min(8, os.cpu_count() or 1))
 # Bytes read with one call and then hashed: small enough to still be in the
@@ -158,6 +159,12 @@ class ChunkStore(ABC):
     def records(self, txn) -> Iterator[tuple]:
         """(id, Location) of every record this store holds locally (what compaction may rewrite)."""
 
+    def pack_files(self) -> list:
+        """The PackFiles of this store's local packs folder, sealed and ``.tmp``
+        (``store/packs.py``), what gc and eviction plan with; none for a store
+        without local packs. Nothing outside store/ lists the folder itself."""
+        return []
+
     # -- writing
 
     @abstractmethod
@@ -240,6 +247,9 @@ class Forwarding(ChunkStore):
 
     def records(self, txn):
         return self.inner.records(txn)
+
+    def pack_files(self):
+        return self.inner.pack_files()
 
     def writer(self):
         return self.inner.writer()
@@ -328,6 +338,9 @@ class PackStore(ChunkStore):
 
     def records(self, txn) -> Iterator[tuple]:
         return txn.chunks()
+
+    def pack_files(self) -> list:
+        return list_packs(self.directory)
 
     def writer(self) -> "PackBatch":
         if self.readonly:

@@ -12,6 +12,7 @@ import errno
 import os
 import secrets
 import stat
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import NotRegular
@@ -99,21 +100,35 @@ def read_small(path, limit: int = 1 << 20) -> bytes:
 
 
 def atomic_write(path, data, tmp_dir=None) -> None:
-    """Replace file ``path`` with ``data`` so that a reader (and a crash) sees the old
-    bytes or the new, never a mix: written to a new temporary file in ``tmp_dir``
-    (default: ``path``'s folder; it must be on the same filesystem), fsynced,
-    renamed over ``path``, and the folder fsynced. Nothing is left behind on error."""
-    path = Path(path)
-    tmp = Path(tmp_dir or path.parent) / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    try:
+    """Replace file ``path`` with the bytes ``data`` through ``atomic_file``."""
+    with atomic_file(path, tmp_dir) as f:
         view, done = memoryview(data).cast("B"), 0
         while done < len(view):
-            done += os.write(fd, view[done:done + (1 << 30)])
-        os.fsync(fd)
-        os.close(fd)
-        fd = None
-        os.rename(tmp, path)
+            done += f.write(view[done:done + (1 << 30)])
+
+
+@contextmanager
+def atomic_file(path, tmp_dir=None, replace: bool = True, tmp=None, mode: int = 0o644):
+    """An unbuffered file that becomes ``path`` when the block ends without error:
+    a reader (and a crash) sees the old file or the new, never a mix. The one
+    atomic write of mvc (the FORMAT file, exports, a folder remote's objects,
+    bisect's state).
+
+    Written under a new temporary name (``tmp``, else a random one in ``tmp_dir``,
+    default ``path``'s folder; on the same filesystem), its bytes handed to disk
+    as they come (``start_writeback``), fsynced, put in place, and the folder
+    fsynced. ``replace`` False: linked, so FileExistsError if ``path`` appeared
+    meanwhile (a rename would overwrite it). ``mode`` is the new file's, less
+    the umask. On any error the temporary file is removed and ``path`` is as it was."""
+    path = Path(path)
+    tmp = Path(tmp) if tmp is not None else Path(tmp_dir or path.parent) / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb", buffering=0) as f:
+            fd = None
+            yield _Writeback(f)
+            os.fsync(f.fileno())
+        _put_in_place(tmp, path, replace)
     except BaseException:
         if fd is not None:
             os.close(fd)
@@ -123,6 +138,40 @@ def atomic_write(path, data, tmp_dir=None) -> None:
             pass
         raise
     fsync_dir(path.parent)
+
+
+def _put_in_place(tmp: Path, path: Path, replace: bool) -> None:
+    if replace:
+        os.rename(tmp, path)
+        return
+    try:
+        os.link(tmp, path)  # fails if ``path`` appeared meanwhile, unlike a rename
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise  # FileExistsError among them
+        os.rename(tmp, path)  # a filesystem without hard links
+        return
+    os.unlink(tmp)
+
+
+class _Writeback:
+    """An unbuffered file whose bytes start going to disk every WRITEBACK_BYTES
+    as they are written (``start_writeback``), so the fsync at the end finds
+    little left to write."""
+
+    def __init__(self, f):
+        self.f, self.offset, self.started = f, 0, 0
+
+    def write(self, data) -> int:
+        n = self.f.write(data)
+        self.offset += n
+        if self.offset - self.started >= WRITEBACK_BYTES:
+            start_writeback(self.f.fileno(), self.started, self.offset - self.started)
+            self.started = self.offset
+        return n
+
+    def __getattr__(self, name):  # flush, fileno, ...: the file's own
+        return getattr(self.f, name)
 
 
 def fsync_dir(path) -> None:

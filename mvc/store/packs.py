@@ -30,13 +30,14 @@ import struct
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
 from .. import hashing
 from ..errors import CorruptObject, PackDamaged, PackMissing
 from . import packformat
-from .fs import WRITEBACK_BYTES, fsync_dir, open_file, start_writeback
+from .fs import WRITEBACK_BYTES, entries, fsync_dir, open_file, start_writeback
 from .packformat import (ENTRY, ENTRY_V2, FOOTER, HEADER, HEADER_V2, NAME_BYTES, NO_BASE, RECORD_HEAD, SEAL,  # noqa: F401
                          Location, coded_location)
 
@@ -45,6 +46,43 @@ INDEX_CODED = struct.Struct("<16sQIBIB32s")  # and an encoded one
 PREFETCH_BYTES = 1 << 30  # asked ahead of a load at most: more could evict itself before use
 PACK_NAME = re.compile(r"pack-([0-9a-f]{32})\.pack")  # group 1: the pack's name in hex
 TMP_NAME = re.compile(r"pack-[0-9a-f]{32}\.pack\.tmp")
+
+
+@dataclass(frozen=True)
+class PackFile:
+    """One pack file of a packs folder as listed: a sealed pack (``pack`` is its name)
+    or a ``.pack.tmp`` one being written or left by a killed writer (``pack`` None).
+    ``regular`` False: a link, FIFO or folder under a pack's name (never followed;
+    ``size``, ``allocated`` and ``mtime`` 0 then). ``allocated``: the bytes the
+    file takes on disk (what du counts)."""
+
+    path: Path
+    pack: Optional[bytes]
+    regular: bool
+    size: int
+    mtime: float
+    allocated: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def list_packs(directory: Path) -> list:
+    """The PackFiles of folder ``directory``, sorted by file name; other files are left out."""
+    out = []
+    for fname, regular in entries(directory):
+        sealed = PACK_NAME.fullmatch(fname)
+        if sealed is None and not TMP_NAME.fullmatch(fname):
+            continue
+        path = directory / fname
+        try:
+            st = os.lstat(path) if regular else None
+        except FileNotFoundError:  # deleted meanwhile (a gc, an eviction)
+            continue
+        out.append(PackFile(path, bytes.fromhex(sealed.group(1)) if sealed else None, regular,
+                            st.st_size if st else 0, st.st_mtime if st else 0.0, st.st_blocks * 512 if st else 0))
+    return out
 
 
 def encode_location(loc: Location) -> bytes:

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from .. import refs as _refs
 from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
 from ..errors import BadInput, CommitPruned, MvcError
-from .. import usage
+from .. import reach, usage
 from ..history import walk as walk_history
 from . import lanes, svg
 from .html import a, esc, human_bytes, number, page, table, title_of, url, when
@@ -557,11 +557,7 @@ def curves(view: View, query: dict) -> str:
 
 def _first_parents(by_id: dict, tip: str) -> list:
     """The commits of ``log(tip)`` (first parents, newest first), from the view's walk."""
-    out, cid = [], tip
-    while cid in by_id:
-        out.append(by_id[cid])
-        cid = by_id[cid].parents[0] if by_id[cid].parents else None
-    return out
+    return [c for _, c in reach.first_parents(by_id.get, tip)]  # ends where the view's walk ended
 
 
 # -- bisect -----------------------------------------------------------------------------

@@ -1,0 +1,155 @@
+"""The code's shape, read from its source with ``ast``: no import cycle, and
+each concern in its one home (docs/architecture.md, "Who owns what").
+
+These read the modules, never run them, so they fail the moment a change
+adds a cycle or a second home, whatever the tests that run code cover.
+"""
+
+import ast
+from pathlib import Path
+
+import mvc
+
+ROOT = Path(mvc.__file__).parent
+
+# Cycles through an import inside a function that a change under way removes; each names why it is here.
+KNOWN_CYCLES = {
+    frozenset({"mvc.merge", "mvc.repository"}),  # merge imports repository._record until repository.py's split
+}
+
+
+def modules() -> dict:
+    """Dotted name -> parsed module, for every module of the mvc package."""
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = (path, ast.parse(path.read_text(), str(path)))
+    return out
+
+
+def _targets(name: str, is_package: bool, node, known) -> set:
+    """The mvc modules one import statement of module ``name`` names."""
+    if isinstance(node, ast.Import):
+        found = {a.name for a in node.names}
+    else:
+        base = name.split(".") if is_package else name.split(".")[:-1]
+        if node.level:
+            base = base[:len(base) - (node.level - 1)]
+            prefix = ".".join(base + ([node.module] if node.module else []))
+        else:
+            prefix = node.module or ""
+        found = {f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in known else prefix for a in node.names}
+    out = set()
+    for target in found:
+        while target not in known and "." in target:  # `from .store.fs import x`: the module mvc.store.fs
+            target = target.rsplit(".", 1)[0]
+        if target in known and target != name:
+            out.add(target)
+    return out
+
+
+def import_graph(top_level_only: bool = False) -> dict:
+    """Module -> the mvc modules it imports (at module level, or anywhere in it)."""
+    known = modules()
+    graph = {}
+    for name, (path, tree) in known.items():
+        nodes = tree.body if top_level_only else ast.walk(tree)
+        graph[name] = set().union(*(_targets(name, path.name == "__init__.py", n, known) for n in nodes
+                                    if isinstance(n, (ast.Import, ast.ImportFrom))))
+    return graph
+
+
+def cycles(graph: dict) -> list:
+    """The strongly connected components of more than one module (Tarjan), each a sorted list."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_level_import_cycle():
+    assert cycles(import_graph(top_level_only=True)) == []
+
+
+def test_no_import_cycle_even_through_imports_inside_functions():
+    found = [c for c in cycles(import_graph()) if frozenset(c) not in KNOWN_CYCLES]
+    assert found == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    graph = import_graph()
+    assert "mvc.remote.backend" in graph["mvc.remote.s3"] and "mvc.remote.s3" in graph["mvc.remote.bucket"]
+    graph["mvc.remote.backend"].add("mvc.remote.s3")  # what bucket <-> s3 was
+    assert ["mvc.remote.backend", "mvc.remote.s3"] in cycles(graph)
+
+
+def _first_parent_loops(tree) -> list:
+    """Line numbers of ``while`` loops that step to ``something.parents[0]``."""
+    found = []
+    for loop in ast.walk(tree):
+        if isinstance(loop, ast.While) and any(
+                isinstance(n, ast.Subscript) and isinstance(n.value, ast.Attribute) and n.value.attr == "parents"
+                and isinstance(n.slice, ast.Constant) and n.slice.value == 0 for n in ast.walk(loop)):
+            found.append(loop.lineno)
+    return found
+
+
+def test_one_first_parent_iterator():
+    """Walks along first parents go through reach.first_parents (refs' ~N, gc, the web's log)."""
+    loops = {name: lines for name, (_, tree) in modules().items() if name != "mvc.reach"
+             for lines in [_first_parent_loops(tree)] if lines}
+    assert loops == {}
+    assert _first_parent_loops(ast.parse("while c:\n    c = obj.parents[0]\n")) == [1]
+
+
+LISTING = {"entries", "listdir", "scandir", "walk", "glob", "rglob", "iterdir", "scan_packs", "disk_usage"}
+# Modules that still list the packs folder themselves, each until the change named.
+KNOWN_PACK_LISTERS = {
+    "mvc.repository",  # the split of repository.py (verify_packs lists packs/)
+    "mvc.fsck",  # fsck's scan_packs, in the speed work on fsck.py
+}
+
+
+def _lists_packs(tree) -> list:
+    """Line numbers of calls that list a folder named by the constant "packs"."""
+    found = []
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call):
+            continue
+        name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+        if name in LISTING and any(isinstance(n, ast.Constant) and n.value == "packs"
+                                   for arg in call.args for n in ast.walk(arg)):
+            found.append(call.lineno)
+    return found
+
+
+def test_only_the_store_lists_its_packs_folder():
+    """gc, repack, eviction, usage and the scan ask the chunk store (ChunkStore.pack_files)."""
+    listers = {name: lines for name, (_, tree) in modules().items()
+               if not name.startswith("mvc.store") and name not in KNOWN_PACK_LISTERS
+               for lines in [_lists_packs(tree)] if lines}
+    assert listers == {}
+    assert _lists_packs(ast.parse('entries(repo.dir / "packs")')) == [1]

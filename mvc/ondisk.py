@@ -104,7 +104,7 @@ def _populate(mvc_dir: Path, chunk_size: int) -> None:
     try:
         with index.write() as txn:
             txn.put_meta("chunk_size", chunk_size.to_bytes(8, "little"))
-            refs.Refs.start_head(txn, refs.BRANCHES + "main")
+            refs.Refs.attach(txn, refs.BRANCHES + "main")
     finally:
         index.close()
     write_format(mvc_dir, {SEALED_VALUES})

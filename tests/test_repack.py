@@ -159,8 +159,10 @@ def test_a_broken_delta_base_is_named_by_tensor_and_commit(big):
     cid, loc = _record_of(big, codec.DELTA)
     base = _kinds(big)[loc.base]
     flip_bit(_pack_path(big, base), base.offset + base.length // 2)
-    with pytest.raises(mvc.ChecksumMismatch, match="delta base"):
+    with pytest.raises(mvc.HashMismatch) as err:
         big.read_chunk(cid)
+    assert (err.value.id, err.value.base) == (cid.hex(), loc.base.hex())
+    assert err.value.where == f"offset {loc.offset} in {_pack_path(big, loc).name}"
     report = big.fsck()
     mine = [d for d in report.damage if cid.hex() in d.chunks]
     assert mine and mine[0].kind == "broken-delta-base" and mine[0].tensors and mine[0].commits

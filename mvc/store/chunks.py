@@ -28,7 +28,7 @@ Call order of a write (what "finished" means):
 ``w.abort()`` at any point before ``publish`` drops everything written.
 
 Every byte ``read`` returns has been re-hashed and matched with its id;
-a mismatch raises ``ChecksumMismatch`` naming ``what``; nothing is ever
+a mismatch raises ``HashMismatch`` (``verify.py``) naming ``what``; nothing is ever
 returned unverified. A record may hold an encoding of its chunk (byte-grouped
 zstd, or a delta against a base chunk: ``codec``); it is decoded, bases
 first (at most ``codec.MAX_DEPTH`` deep), and the decoded bytes are what is
@@ -44,8 +44,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from .. import hashing
-from ..errors import BadInput, ChecksumMismatch, CorruptObject, ObjectNotFound, PackMissing
+from ..errors import BadInput, ChecksumMismatch, CorruptObject, HashMismatch, ObjectNotFound, PackMissing
 from . import codec
+from .verify import intact, mismatch, verified
 from .compact import Compacted, compact
 from .fs import entries
 from .index import read_only
@@ -305,6 +306,10 @@ class ChunkWriter(ABC):
         return {}
 
 
+def _where(loc: Location) -> str:
+    return f"offset {loc.offset} in {pack_filename(loc.pack)}"
+
+
 def _named(cid: bytes, what: str) -> str:
     return f"chunk {cid.hex()[:12]}" + (f" of {what}" if what else "")
 
@@ -450,11 +455,9 @@ class PackStore(ChunkStore):
             codec.decode_chain([(link.kind, data) for link, data in links], loc.size, out)
         except CorruptObject as exc:
             raise CorruptObject(f"{_named(cid, what)} cannot be decoded ({exc}); run 'mvc fsck'", id=cid) from None
-        if hashing.digest(out) != cid:
+        if not intact(cid, out):
             broken = [b for b, _ in chain if not self._intact(b, chain)]
-            why = f" (its delta base {broken[0].hex()[:12]} is damaged)" if broken else ""
-            raise ChecksumMismatch(f"{_named(cid, what)} is corrupt (BLAKE3 mismatch){why}; run 'mvc fsck'",
-                                   id=cid)
+            raise mismatch(cid, what, _where(loc), broken[0] if broken else None)
 
     def _intact(self, base_id: bytes, chain: list) -> bool:
         at = [i for i, (b, _) in enumerate(chain) if b == base_id][0]
@@ -494,9 +497,7 @@ class PackStore(ChunkStore):
         # them); the bytes themselves prove themselves against their id.
         self.packs.read_run([loc for loc, _ in run], [req.buffer for _, req in run])
         for loc, req in run:
-            if hashing.digest(req.buffer) != req.id:
-                raise ChecksumMismatch(f"{_named(req.id, req.what)} is corrupt (BLAKE3 mismatch); "
-                                       "run 'mvc fsck'", id=req.id)
+            verified(req.id, req.buffer, req.what, _where(loc))
 
     # -- checking ------------------------------------------------------------
 
@@ -550,7 +551,7 @@ class PackStore(ChunkStore):
             if RECORD_HEAD.unpack(head) != (cid, loc.length):
                 problems.append(Problem(BAD_RECORD, cid, f"the record header before {where} does not name "
                                         "this chunk and length"))
-            elif hashing.digest(buffer) != cid:
+            elif not intact(cid, buffer):
                 problems.append(Problem(CHECKSUM, cid, f"its {loc.length} bytes at {where} do not hash to its "
                                         "id (BLAKE3 mismatch)"))
         return problems
@@ -576,8 +577,8 @@ class PackStore(ChunkStore):
             at = base
         try:
             self.decode(cid, loc, chain, bytearray(loc.size), payload=bytes(buffer))
-        except ChecksumMismatch as exc:
-            broken = "delta base" in str(exc)
+        except HashMismatch as exc:
+            broken = exc.base is not None
             return [Problem(BROKEN_BASE if broken else CHECKSUM, cid, f"the record at {where} does not decode to "
                             f"its id ({'a delta base is damaged' if broken else 'BLAKE3 mismatch'})")]
         except CorruptObject as exc:

@@ -172,11 +172,12 @@ def test_a_broken_delta_base_is_named_by_tensor_and_commit(big):
 
 def test_gc_keeps_delta_bases_of_kept_commits_alive(big):
     history = _history(big, steps=4)
+    big.create_tag("v0", history[0][0])  # kept: its deltas point at chunks of the newer commits gc prunes
     big.repack()
     report = big.gc(keep_last=1, grace=0)
     assert report.pruned
-    last, state = history[-1]
-    assert _same(big.load(last), state)
+    for cid, state in (history[0], history[-1]):
+        assert _same(big.load(cid), state)
     assert big.fsck().ok
     kinds = _kinds(big)
     assert any(loc.kind == codec.DELTA for loc in kinds.values())
@@ -252,3 +253,18 @@ def test_sigkill_during_repack_leaves_fsck_clean(tmp_path):
         for cid, emb in history:
             assert torch.equal(repo.load(cid)["emb"], emb)
         repo.close()
+
+
+def test_the_newest_version_is_stored_whole_and_older_ones_as_deltas_against_newer(big):
+    history = _history(big, steps=4)
+    big.repack()
+    kinds = _kinds(big)
+
+    def chunks(cid):
+        return [x for e in big.entries(cid) if e.kind == "tensor" for x in e.chunks]
+    assert all(kinds[x].kind != codec.DELTA for x in chunks(history[-1][0]))  # the head decodes alone
+    second = set(chunks(history[1][0]))
+    older = [kinds[x] for x in chunks(history[0][0]) if kinds[x].kind == codec.DELTA]
+    assert older and all(loc.base in second for loc in older)
+    for cid, state in history:
+        assert _same(big.load(cid), state)

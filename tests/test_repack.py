@@ -268,3 +268,34 @@ def test_the_newest_version_is_stored_whole_and_older_ones_as_deltas_against_new
     assert older and all(loc.base in second for loc in older)
     for cid, state in history:
         assert _same(big.load(cid), state)
+
+
+def test_a_base_shared_by_several_records_is_decoded_once_per_read(big, monkeypatch):
+    from mvc.store import chunks
+    same = torch.randn(4 * CHUNK // 4) * 0.02
+    head = {"a": same.clone(), "b": same.clone()}  # equal tensors: the same chunk ids
+    old = {k: v.clone() for k, v in head.items()}
+    old["a"][5] += 1.0
+    old["b"][900] += 1.0  # each older chunk differs from the shared head chunk in one element
+    first = big.commit(old, "old").id
+    big.commit(head, "head")
+    big.repack()
+    kinds = _kinds(big)
+    deltas = {loc.base for e in big.entries(first) if e.kind == "tensor" for x in e.chunks
+              for loc in [kinds[x]] if loc.kind == codec.DELTA}
+    assert len(deltas) >= 1
+    decoded = []
+    real = chunks.PackStore.decode
+
+    def counted(self, cid, *args, **kw):
+        decoded.append(cid)
+        return real(self, cid, *args, **kw)
+    monkeypatch.setattr(chunks.PackStore, "decode", counted)
+    got = big.load(first)
+    assert torch.equal(got["a"], old["a"]) and torch.equal(got["b"], old["b"])
+    assert [cid for cid in decoded if cid in deltas]  # the shared base decoded on its own, verified, once
+    assert len(decoded) == len(set(decoded))  # and every chunk both tensors hold: once, copied to the other
+    decoded.clear()
+    got = big.load("HEAD")
+    assert torch.equal(got["a"], head["a"]) and torch.equal(got["b"], head["b"])
+    assert len(decoded) == len(set(decoded)) == 4  # equal tensors: each chunk decoded once, copied to the other

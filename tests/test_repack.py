@@ -299,3 +299,28 @@ def test_a_base_shared_by_several_records_is_decoded_once_per_read(big, monkeypa
     got = big.load("HEAD")
     assert torch.equal(got["a"], head["a"]) and torch.equal(got["b"], head["b"])
     assert len(decoded) == len(set(decoded)) == 4  # equal tensors: each chunk decoded once, copied to the other
+
+
+def test_a_load_reads_only_the_records_it_needs(big, monkeypatch):
+    from mvc.store import packs
+    history = _history(big, steps=3)
+    big.repack()
+    kinds = _kinds(big)
+    first = history[0][0]
+    entries = {e.key: e.chunks for e in big.entries(first) if e.kind == "tensor"}
+    needed = set(entries["emb"])
+    for cid in list(needed):  # and the bases of its deltas, to the end of each chain
+        while kinds[cid].base is not None:
+            cid = kinds[cid].base
+            needed.add(cid)
+    by_place = {(loc.pack, loc.offset): cid for cid, loc in kinds.items()}
+    read = []
+    real_run = packs.PackReader.read_run
+
+    def run(self, locs, buffers):
+        read.extend(by_place[(loc.pack, loc.offset)] for loc in locs)
+        return real_run(self, locs, buffers)
+    monkeypatch.setattr(packs.PackReader, "read_run", run)
+    got = big.load(first, only="emb")
+    assert torch.equal(got["emb"], history[0][1]["emb"])
+    assert read and set(read) <= needed and len(read) == len(set(read))

@@ -20,7 +20,13 @@ dense records with python-blosc2 and zipnn where they are installed (``bench_cod
 ``--hook-mib`` measures a commit through the training
 hook after 10% of a state of that size changed, against torch.save of it (0 skips it).
 
-Times are single runs on a shared machine: compare ratios, not seconds.
+Loads are timed in ``ROUNDS`` interleaved rounds (torch.load, mvc load, warm; then both cold) and
+the best of each kept. Cold: the files' pages are dropped from the page cache first with
+``posix_fadvise(DONTNEED)`` on the ``.pt`` file, and on the packs and index files, which needs no
+root and leaves other processes' cache alone (dropping the whole cache would need root and would
+disturb everyone else on a shared machine). ``verified decode`` is the store's read of every chunk
+of the last checkpoint (decoded, BLAKE3-checked) into one warm buffer with the store's threads.
+Times come from a shared machine: compare ratios, not seconds.
 """
 
 import argparse
@@ -38,6 +44,7 @@ from mvc.store import codec
 from mvc.store.chunks import THREADS
 
 MiB = 1 << 20
+ROUNDS = 5  # interleaved rounds of torch.load and mvc load, warm then cold; the best of each is kept
 
 
 def _fsync_save(obj, path: Path) -> float:
@@ -199,13 +206,19 @@ def measure(name: str, build, scale: float, ckpts: int, work: Path) -> dict:
     dense_packs = _packs(repo)
     bound = _blocks(states)
     torch_bytes = sum(p.stat().st_size for p in files)
-    load_torch = load_mvc = cpu_torch = cpu_mvc = float("inf")
-    for _ in range(3):  # side by side, so both see the same background load and allocator state
+    load_torch = load_mvc = cpu_torch = cpu_mvc = cold_torch = cold_mvc = float("inf")
+    packs = sorted((repo.dir / "packs").glob("pack-*.pack")) + sorted((repo.dir / "index").glob("*.mdb"))
+    for _ in range(ROUNDS):  # side by side, so both see the same background load and allocator state
         cpu = time.process_time()
         load_torch = min(load_torch, _timed(lambda: torch.load(files[-1], weights_only=True))[0])
         cpu_torch, cpu = min(cpu_torch, time.process_time() - cpu), time.process_time()
         load_mvc = min(load_mvc, _timed(lambda: repo.load(ids[-1]))[0])
         cpu_mvc = min(cpu_mvc, time.process_time() - cpu)
+        _evict([files[-1]])
+        cold_torch = min(cold_torch, _timed(lambda: torch.load(files[-1], weights_only=True))[0])
+        _evict(packs)
+        cold_mvc = min(cold_mvc, _timed(lambda: repo.load(ids[-1]))[0])
+    decode = _decode_speed(repo, ids[-1])
     live = {"model": model.state_dict()}
     repo.load_into(live, ids[-2])
     switch = min(_timed(lambda k=k: repo.load_into(live, ids[-1 - k % 2]))[0] for k in range(4))
@@ -224,9 +237,40 @@ def measure(name: str, build, scale: float, ckpts: int, work: Path) -> dict:
                 commit=sum(commit_s[1:]) / sum(save_s[1:]), first_commit=commit_s[0] / save_s[0],
                 encode_at_commit=(commit_s[-1] + encode_s) / save_s[-1], repack_s=repack_s,
                 load=load_mvc / load_torch, load_raw=load_raw / load_torch0, switch=switch / load_torch,
+                cold=cold_mvc / cold_torch, cold_s=(cold_mvc, cold_torch), warm_s=(load_mvc, load_torch),
+                decode=decode,
                 load_cpu=cpu_mvc / cpu_torch,
                 promised=promised / load_torch,
                 deltas=report.deltas, grouped=report.grouped, entropy=entropy)
+
+
+def _evict(paths: list) -> None:
+    """Drop these files' pages from the page cache (posix_fadvise DONTNEED: no root needed, and
+    other processes' cached files stay; the files are fsynced, so their pages are clean)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _decode_speed(repo, commit_id: str, rounds: int = 5) -> float:
+    """GB/s of verified reads of every chunk of ``commit_id`` (decoded where encoded, each
+    BLAKE3-checked) into one warm buffer with the store's threads: decode alone, without
+    allocating tensors. Best of ``rounds``."""
+    import numpy as np
+    from mvc.store.chunks import Request
+    chunk_ids = dict.fromkeys(cid for e in repo.entries(commit_id) if e.kind == "tensor" for cid in e.chunks)
+    with repo.index.read() as txn:
+        sizes = {cid: repo.chunks.length(cid, txn) for cid in chunk_ids}
+        buffer = np.zeros(sum(sizes.values()), np.uint8)
+        requests, at = [], 0
+        for cid, n in sizes.items():
+            requests.append(Request(cid, buffer[at:at + n], "bench"))
+            at += n
+        best = min(_timed(lambda: repo.chunks.read(requests, txn, threads=THREADS))[0] for _ in range(rounds))
+    return at / best / 1e9
 
 
 def _plane_entropy(tensors: list) -> float:
@@ -318,9 +362,13 @@ def main():
               f"{r['bound'] / MiB:7.1f}Mi | {r['raw'] / r['bound']:8.2f}x {r['dense'] / r['bound']:7.2f}x "
               f"{r['dense'] / r['raw']:7.3f}x | {r['commit']:5.2f}x {r['first_commit']:4.2f}x "
               f"{r['encode_at_commit']:5.2f}x {r['load_raw']:5.2f}x {r['load']:4.2f}x {r['switch']:5.3f}x {r['promised']:6.3f}x")
+    print(f"load of the last checkpoint after repack / torch.load of its file, best of {ROUNDS} interleaved rounds; "
+          "cold = both files' pages dropped first (posix_fadvise DONTNEED on the .pt, the packs and the index)")
     for r in rows:
-        print(f"{r['name']} load after repack, CPU time (all threads) / torch.load's: {r['load_cpu']:.2f}x "
-              "(on a loaded machine the wall-time ratio tends to this: threads cannot help)")
+        (mw, tw), (mc, tc) = r["warm_s"], r["cold_s"]
+        print(f"{r['name']:8} warm {r['load']:5.2f}x ({mw:.3f} s vs {tw:.3f} s)  cold {r['cold']:5.2f}x "
+              f"({mc:.3f} s vs {tc:.3f} s)  CPU (all threads) warm {r['load_cpu']:.2f}x  "
+              f"verified decode {r['decode']:.2f} GB/s ({THREADS} threads, into a warm buffer)")
     print(f"bf16 weights after repack: {ratio16:.3f}x raw")
     if args.codec_mib:
         import bench_codec  # this folder is on sys.path when run as a script

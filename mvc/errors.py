@@ -306,3 +306,17 @@ class ScanFoundDamage(CorruptObject):
     def __init__(self, message: str = "", *, problems: tuple = ()):
         super().__init__(message, id=problems[0][1] if problems else None)
         self.problems = tuple(problems)
+
+
+# -- verified reads (issues 20 and 24): the one verify-or-raise, mvc/store/verify.py ----
+
+class HashMismatch(ChecksumMismatch):
+    """Bytes read for chunk or object ``id`` do not hash to it. ``what`` names what they are
+    (a tensor's key path and commit, an object kind); ``where`` where they were read (a pack
+    file and offset, a remote pack key); ``base``: the hex id of the delta base found damaged,
+    when that is why a decoded record does not verify (None otherwise)."""
+
+    def __init__(self, message: str = "", *, id=None, what: str = "", where: str = "", base=None):
+        super().__init__(message, id=id)
+        self.what, self.where = what, where
+        self.base = base.hex() if isinstance(base, (bytes, bytearray)) else base

@@ -3,18 +3,22 @@
 Vocabulary (the record kinds are in ``store/codec.py``):
 
 - **candidate base** of chunk i of the tensor at key path P in commit C: chunk
-  i of the tensor at P in C's first parent, when that tensor has the same
-  dtype and chunk size and the chunk the same length. Checkpoints of one run
-  differ from their parent in the bytes that training moved, so XOR against
-  it is mostly zeros where few rows changed.
+  i of the tensor at P in C's newest **child** (a commit whose first parent
+  is C), when that tensor has the same dtype and chunk size and the chunk the
+  same length. Checkpoints of one run differ from their neighbours in the
+  bytes that training moved, so XOR against it is mostly zeros where few rows
+  changed. Deltas point from old to new, as Git's do: the newest version
+  (the one loaded most: resume, evaluation) is stored whole and decodes
+  alone, and a version k commits older reads a chain of up to k deltas.
 - **depth**: deltas a read must follow; a chunk is only delta-encoded against
   a base of depth < K (``depth``), so no read ever follows more than K.
 
 Every live chunk whose record is raw is encoded (``codec.encode``): byte
 grouped by its dtype's width, or as a delta against its candidate base when
 that is smaller; it stays raw when neither saves enough. Commits are taken
-oldest first, so a base is always decided before the chunks that use it, and
-a chunk is encoded once however many commits share it; a base whose chain of
+newest first (children before parents), so a base is always decided before
+the chunks that use it, and a chunk is encoded once however many commits
+share it (in the newest commit that holds it); a base whose chain of
 bases leads back to the chunk is refused, so chains never loop. Each
 encoding is decoded again and compared with the chunk's bytes before it is
 written.
@@ -47,7 +51,7 @@ from .store.chunks import THREADS, Request
 from .traverse import format_path, walk
 
 SLICE_BYTES = 64 << 20  # chunks read and encoded at a time: bounds repack's memory
-CACHE_BYTES = 512 << 20  # decoded bytes kept for use as bases by the next commit
+CACHE_BYTES = 512 << 20  # decoded bytes kept for use as bases by the next (older) commit
 
 
 @dataclass(frozen=True)
@@ -153,13 +157,13 @@ def repack(repo, depth: Optional[int] = None, dry_run: bool = False, progress=No
 
 
 def _plan(txn, objects, chunks) -> list:
-    """Per live commit, oldest first: the _Items of its local raw chunks not seen in an older one
+    """Per live commit, newest first: the _Items of its local raw chunks not seen in a newer one
     (a chunk read from a remote, ``chunks.remote_only``, has no local record to re-encode)."""
     live = reach.walk(txn, objects, reach.RAISE)
     order, seen = [], set()
     for root in sorted(live.commits, key=lambda oid: live.commits[oid].time):
         stack = [(root, False)]
-        while stack:  # parents before children: bases are decided before their users
+        while stack:  # parents before children; reversed below: bases are decided before their users
             oid, expanded = stack.pop()
             if oid in seen and not expanded:
                 continue
@@ -169,14 +173,19 @@ def _plan(txn, objects, chunks) -> list:
             seen.add(oid)
             stack.append((oid, True))
             stack += [(p, False) for p in live.parents.get(oid, ()) if p in live.commits and p not in seen]
+    kept = [oid for oid in order if live.commits[oid].tree in live.tree_commits]  # pruned: its tensors are gone
+    child = {}  # commit -> its newest kept child on a first-parent line: whose chunks are its bases
+    for oid in kept:
+        parents = live.commits[oid].parents
+        if parents and parents[0] in live.commits:
+            known = child.get(parents[0])
+            if known is None or live.commits[known].time <= live.commits[oid].time:
+                child[parents[0]] = oid
     out, taken = [], set()
-    for oid in order:
+    for oid in reversed(kept):
         obj = live.commits[oid]
-        if obj.tree not in live.tree_commits:  # pruned: its tensors are gone
-            continue
-        parent = obj.parents[0] if obj.parents else None
-        parent_tree = live.commits[parent].tree if parent in live.commits else None
-        before = _tensors(txn, objects, parent_tree) if parent_tree in live.tree_commits else {}
+        newer = child.get(oid)
+        before = _tensors(txn, objects, live.commits[newer].tree) if newer is not None else {}
         items = []
         for path, tensor in _tensors(txn, objects, obj.tree).items():
             old = before.get(path)

@@ -306,3 +306,35 @@ def test_a_chain_must_start_with_a_record_that_decodes_alone():
     for links in ([delta, delta], [grouped, grouped]):
         with pytest.raises(CorruptObject):
             codec.decode_chain(links, len(data), bytearray(len(data)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=3000), st.integers(1, codec.MAX_WIDTH), st.integers(0, 7), st.booleans())
+def test_grouping_round_trips_any_bytes_width_and_alignment(data, width, offset, smooth):
+    arr = np.frombuffer(data, np.uint8)
+    if smooth:  # few values per plane: zstd planes, not only raw ones
+        arr = arr // 64
+    payload = codec.group(arr, width)
+    room = np.zeros(len(arr) + offset + 1, np.uint8)  # odd offsets: outputs not aligned to the width
+    codec.decode(codec.GROUPED, payload, len(arr), room[offset:offset + len(arr)])
+    assert room[offset:offset + len(arr)].tobytes() == arr.tobytes()
+    assert not room[:offset].any() and room[-1] == 0  # nothing written outside the window
+
+
+def test_a_chain_starts_from_a_base_the_caller_holds():
+    width, rng = 4, np.random.default_rng(3)
+    versions = [_smooth(8195, width)]
+    for _ in range(3):
+        new = versions[-1].copy()
+        new[rng.choice(len(new), 30, replace=False)] ^= np.uint8(5)
+        versions.append(new)
+    deltas = [(codec.DELTA, b"\x01" * 32 + codec.group(np.bitwise_xor(new, old), width))
+              for old, new in zip(versions, versions[1:])]
+    for depth in range(1, len(versions)):
+        out = np.zeros(len(versions[0]), np.uint8)
+        codec.decode_chain(deltas[:depth], len(out), out, start=bytearray(versions[0].tobytes()))
+        assert out.tobytes() == versions[depth].tobytes()
+    with pytest.raises(CorruptObject):  # above a held base every link is a delta
+        codec.decode_chain([codec.encode(versions[1], width)], len(out), out, start=versions[0])
+    with pytest.raises(CorruptObject):
+        codec.decode_chain(deltas[:1], len(out), out, start=versions[0][:-1])

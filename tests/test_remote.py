@@ -252,8 +252,9 @@ def test_flipped_byte_on_the_remote_is_found_and_refused(origin, tmp_path):
     _flip_byte(biggest, 200)
     report = origin.remotes.fsck()
     assert not report.ok and any(biggest.name in p.object for p in report.problems)
-    with pytest.raises(mvc.ChecksumMismatch, match="remote pack"):
+    with pytest.raises(mvc.HashMismatch) as err:
         full.remotes.fetch()
+    assert err.value.where.startswith("remote pack ") and biggest.name in err.value.where and err.value.id
     assert full.remotes.branches() == [] and full.status().chunks == 0  # nothing indexed, no ref moved
     with pytest.raises(mvc.ChecksumMismatch):
         lazy.load("main")

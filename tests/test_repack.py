@@ -159,8 +159,10 @@ def test_a_broken_delta_base_is_named_by_tensor_and_commit(big):
     cid, loc = _record_of(big, codec.DELTA)
     base = _kinds(big)[loc.base]
     flip_bit(_pack_path(big, base), base.offset + base.length // 2)
-    with pytest.raises(mvc.ChecksumMismatch, match="delta base"):
+    with pytest.raises(mvc.HashMismatch) as err:
         mvc.reader.read_chunk(big, cid)
+    assert (err.value.id, err.value.base) == (cid.hex(), loc.base.hex())
+    assert err.value.where == f"offset {loc.offset} in {_pack_path(big, loc).name}"
     report = big.fsck()
     mine = [d for d in report.damage if cid.hex() in d.chunks]
     assert mine and mine[0].kind == "broken-delta-base" and mine[0].tensors and mine[0].commits
@@ -170,11 +172,12 @@ def test_a_broken_delta_base_is_named_by_tensor_and_commit(big):
 
 def test_gc_keeps_delta_bases_of_kept_commits_alive(big):
     history = _history(big, steps=4)
+    big.create_tag("v0", history[0][0])  # kept: its deltas point at chunks of the newer commits gc prunes
     big.repack()
     report = big.gc(keep_last=1, grace=0)
     assert report.pruned
-    last, state = history[-1]
-    assert _same(big.load(last), state)
+    for cid, state in (history[0], history[-1]):
+        assert _same(big.load(cid), state)
     assert big.fsck().ok
     kinds = _kinds(big)
     assert any(loc.kind == codec.DELTA for loc in kinds.values())
@@ -250,3 +253,74 @@ def test_sigkill_during_repack_leaves_fsck_clean(tmp_path):
         for cid, emb in history:
             assert torch.equal(repo.load(cid)["emb"], emb)
         repo.close()
+
+
+def test_the_newest_version_is_stored_whole_and_older_ones_as_deltas_against_newer(big):
+    history = _history(big, steps=4)
+    big.repack()
+    kinds = _kinds(big)
+
+    def chunks(cid):
+        return [x for e in big.entries(cid) if e.kind == "tensor" for x in e.chunks]
+    assert all(kinds[x].kind != codec.DELTA for x in chunks(history[-1][0]))  # the head decodes alone
+    second = set(chunks(history[1][0]))
+    older = [kinds[x] for x in chunks(history[0][0]) if kinds[x].kind == codec.DELTA]
+    assert older and all(loc.base in second for loc in older)
+    for cid, state in history:
+        assert _same(big.load(cid), state)
+
+
+def test_a_base_shared_by_several_records_is_decoded_once_per_read(big, monkeypatch):
+    from mvc.store import chunks
+    same = torch.randn(4 * CHUNK // 4) * 0.02
+    head = {"a": same.clone(), "b": same.clone()}  # equal tensors: the same chunk ids
+    old = {k: v.clone() for k, v in head.items()}
+    old["a"][5] += 1.0
+    old["b"][900] += 1.0  # each older chunk differs from the shared head chunk in one element
+    first = big.commit(old, "old").id
+    big.commit(head, "head")
+    big.repack()
+    kinds = _kinds(big)
+    deltas = {loc.base for e in big.entries(first) if e.kind == "tensor" for x in e.chunks
+              for loc in [kinds[x]] if loc.kind == codec.DELTA}
+    assert len(deltas) >= 1
+    decoded = []
+    real = chunks.PackStore.decode
+
+    def counted(self, cid, *args, **kw):
+        decoded.append(cid)
+        return real(self, cid, *args, **kw)
+    monkeypatch.setattr(chunks.PackStore, "decode", counted)
+    got = big.load(first)
+    assert torch.equal(got["a"], old["a"]) and torch.equal(got["b"], old["b"])
+    assert [cid for cid in decoded if cid in deltas]  # the shared base decoded on its own, verified, once
+    assert len(decoded) == len(set(decoded))  # and every chunk both tensors hold: once, copied to the other
+    decoded.clear()
+    got = big.load("HEAD")
+    assert torch.equal(got["a"], head["a"]) and torch.equal(got["b"], head["b"])
+    assert len(decoded) == len(set(decoded)) == 4  # equal tensors: each chunk decoded once, copied to the other
+
+
+def test_a_load_reads_only_the_records_it_needs(big, monkeypatch):
+    from mvc.store import packs
+    history = _history(big, steps=3)
+    big.repack()
+    kinds = _kinds(big)
+    first = history[0][0]
+    entries = {e.key: e.chunks for e in big.entries(first) if e.kind == "tensor"}
+    needed = set(entries["emb"])
+    for cid in list(needed):  # and the bases of its deltas, to the end of each chain
+        while kinds[cid].base is not None:
+            cid = kinds[cid].base
+            needed.add(cid)
+    by_place = {(loc.pack, loc.offset): cid for cid, loc in kinds.items()}
+    read = []
+    real_run = packs.PackReader.read_run
+
+    def run(self, locs, buffers):
+        read.extend(by_place[(loc.pack, loc.offset)] for loc in locs)
+        return real_run(self, locs, buffers)
+    monkeypatch.setattr(packs.PackReader, "read_run", run)
+    got = big.load(first, only="emb")
+    assert torch.equal(got["emb"], history[0][1]["emb"])
+    assert read and set(read) <= needed and len(read) == len(set(read))

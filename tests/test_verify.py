@@ -122,3 +122,28 @@ def test_metadata_flip_never_changes_loaded_data(history):
             for k in ("emb", "mask", "half"):
                 assert torch.equal(loaded[k], expected[k])
     assert loads  # load reads records by their index locations, so it never needs the metadata
+
+
+def test_one_error_with_its_attributes_for_a_local_record(history):
+    repo, users = history
+    path, cid, offset, length = records(repo)[0]
+    commit_id, key = users[cid][0]
+    with flipped(path, offset + length // 2, 5):
+        with pytest.raises(mvc.HashMismatch) as err:
+            repo.load(commit_id)
+    e = err.value
+    assert isinstance(e, mvc.ChecksumMismatch) and e.id == cid.hex() and e.base is None
+    assert f"tensor {key!r}" in e.what and commit_id[:12] in e.what
+    assert e.where == f"offset {offset} in {path.name}"
+
+
+def test_verified_returns_the_bytes_or_raises():
+    from mvc import hashing
+    from mvc.store.verify import intact, verified
+    data = b"some chunk bytes"
+    cid = hashing.digest(data)
+    assert verified(cid, data, "w", "here") is data and intact(cid, memoryview(data))
+    with pytest.raises(mvc.HashMismatch) as err:
+        verified(cid, data[:-1] + b"t", "w", "here")
+    assert (err.value.id, err.value.what, err.value.where) == (cid.hex(), "w", "here")
+    assert not intact(cid, data[1:])

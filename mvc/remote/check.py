@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .. import audit as _audit
-from .. import hashing, reach
+from .. import reach
 from ..errors import CorruptObject, MvcError
 from ..objects import object_id
 from ..store.chunks import Request
 from ..store.packs import HEADER, RECORD_HEAD
+from ..store.verify import intact as hashes_to
 from . import config, layout, transfer
 from .bucket import NotFound
 from .catalogue import read_trailer
@@ -83,7 +84,7 @@ def _salvage(data: bytes):
         at += RECORD_HEAD.size
         if at + length > len(view):
             return
-        if hashing.digest(view[at:at + length]) == cid:
+        if hashes_to(cid, view[at:at + length]):
             yield cid, view[at:at + length]
         at += length
 
@@ -114,7 +115,7 @@ def _check_pack(bucket, key: str, seen: _Seen, lock) -> None:
         if RECORD_HEAD.unpack(head) != (cid, length):
             problems.append(RemoteProblem(BAD_RECORD, f"record {cid.hex()[:12]} of {key}",
                                           f"the record header at offset {offset} does not name this id and length"))
-        elif hashing.digest(piece) != cid:
+        elif not hashes_to(cid, piece):
             problems.append(RemoteProblem(CHECKSUM, f"record {cid.hex()[:12]} of {key}",
                                           f"its {length} bytes at offset {offset} do not hash to its id "
                                           "(BLAKE3 mismatch)"))

@@ -14,9 +14,9 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
-from .. import hashing
-from ..errors import ChecksumMismatch, ObjectNotFound
+from ..errors import ObjectNotFound
 from ..store.chunks import Request
+from ..store.verify import intact, verified
 from . import layout
 from .bucket import NotFound, RemoteError, RemoteUnreachable
 
@@ -62,10 +62,7 @@ def fetch_chunks(bucket, locations: dict, deliver: Callable, what: Callable = la
         data = memoryview(bucket.get_range(key, start, stop))
         for cid, loc in items:
             piece = data[loc.offset - start:loc.offset - start + loc.length]
-            if hashing.digest(piece) != cid:
-                raise ChecksumMismatch(f"chunk {cid.hex()[:12]}{what(cid)} read from remote pack {key} is corrupt "
-                                       "(BLAKE3 mismatch); nothing was stored: run 'mvc fsck --remote'", id=cid)
-            deliver(cid, piece)
+            deliver(cid, verified(cid, piece, what(cid).removeprefix(" of "), f"remote pack {key}"))
         if progress:
             progress(sum(loc.length for _, loc in items))
         return stop - start
@@ -98,7 +95,7 @@ def verify_chunks(bucket, locations: dict, threads: int = THREADS) -> dict:
         else:
             mismatch = "its bytes on the remote do not hash to its id (BLAKE3 mismatch)"
             why = {cid: (key, mismatch) for cid, loc in items
-                   if hashing.digest(data[loc.offset - start:loc.offset - start + loc.length]) != cid}
+                   if not intact(cid, data[loc.offset - start:loc.offset - start + loc.length])}
         with guard:
             bad.update(why)
     work = spans(locations)
@@ -251,9 +248,6 @@ def read_pack_records(bucket, key: str, entries: list) -> dict:
         piece = data[offset:offset + length]
         if len(piece) != length:
             raise ObjectNotFound(f"remote pack {key} is shorter than its trailer says; run 'mvc fsck --remote'")
-        if hashing.digest(piece) != oid:
-            raise ChecksumMismatch(f"object {oid.hex()[:12]} in remote pack {key} is corrupt (BLAKE3 mismatch); "
-                                   "nothing was stored: run 'mvc fsck --remote'", id=oid)
-        out[oid] = bytes(piece)
+        out[oid] = bytes(verified(oid, piece, where=f"remote pack {key}", noun="object"))
     return out
 

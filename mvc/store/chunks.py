@@ -28,7 +28,7 @@ Call order of a write (what "finished" means):
 ``w.abort()`` at any point before ``publish`` drops everything written.
 
 Every byte ``read`` returns has been re-hashed and matched with its id;
-a mismatch raises ``ChecksumMismatch`` naming ``what``; nothing is ever
+a mismatch raises ``HashMismatch`` (``verify.py``) naming ``what``; nothing is ever
 returned unverified. A record may hold an encoding of its chunk (byte-grouped
 zstd, or a delta against a base chunk: ``codec``); it is decoded, bases
 first (at most ``codec.MAX_DEPTH`` deep), and the decoded bytes are what is
@@ -37,6 +37,7 @@ hashed, so an encoding can never hand back other bytes than its id names.
 
 import os
 import threading
+from collections import Counter
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,8 +45,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from .. import hashing
-from ..errors import BadInput, ChecksumMismatch, CorruptObject, ObjectNotFound, PackMissing
+from ..errors import BadInput, ChecksumMismatch, CorruptObject, HashMismatch, ObjectNotFound, PackMissing
 from . import codec
+from .verify import intact, mismatch, verified
 from .compact import Compacted, compact
 from .fs import entries
 from .index import read_only
@@ -315,8 +317,34 @@ class ChunkWriter(ABC):
         return {}
 
 
+def _where(loc: Location) -> str:
+    return f"offset {loc.offset} in {pack_filename(loc.pack)}"
+
+
 def _named(cid: bytes, what: str) -> str:
     return f"chunk {cid.hex()[:12]}" + (f" of {what}" if what else "")
+
+
+class _Bases:
+    """The decoded, verified bytes of delta bases that several records of one read need
+    (``shared``): each is decoded once per read, not once per record above it. Kept until the
+    read ends, so a read holds at most one chunk per shared base on top of its buffers."""
+
+    def __init__(self, store: "PackStore", shared: set):
+        self.store, self.shared, self.held, self.lock = store, shared, {}, threading.Lock()
+
+    def get(self, cid: bytes, loc: Location, chain: list):
+        """Base ``cid``'s bytes (its own bases in ``chain``), or None if only one record needs it."""
+        if cid not in self.shared:
+            return None
+        with self.lock:
+            held = self.held.get(cid)
+        if held is None:  # two threads may both decode it; either copy is verified
+            held = bytearray(loc.size)
+            self.store.decode(cid, loc, chain, held, "a shared delta base", bases=self)
+            with self.lock:
+                held = self.held.setdefault(cid, held)
+        return held
 
 
 class PackStore(ChunkStore):
@@ -394,11 +422,16 @@ class PackStore(ChunkStore):
 
     def read(self, requests: list, txn, progress=None, threads: int = THREADS) -> None:
         jobs, dense, coded = [], [], []
+        first, copies = {}, []  # a chunk asked for twice (equal tensors) is read and decoded once
         for req in requests:
             loc = self.locate(req.id, txn, req.what)
             if loc.size != memoryview(req.buffer).nbytes:
                 raise CorruptObject(f"{_named(req.id, req.what)} has the wrong length in the index; "
                                     "run 'mvc fsck'", id=req.id)
+            if req.id in first:
+                copies.append((first[req.id], req))
+                continue
+            first[req.id] = req
             if loc.base is not None:  # each alone, with its chain of bases looked up here, in the transaction's thread
                 coded.append([(loc, req, self.chain(req.id, loc, txn, req.what))])
             elif loc.coded:
@@ -410,10 +443,13 @@ class PackStore(ChunkStore):
         # below find it in the cache instead of waiting for the disk in turn.
         self.packs.prefetch([[job[0] for job in run] for run in pieces + packed])
 
+        uses = Counter(base for (_, _, chain), in coded for base, _ in chain)
+        bases = _Bases(self, {base for base, n in uses.items() if n > 1})
+
         def work(task):
             for run in task:
                 if len(run[0]) == 3:
-                    self._read_coded(*run[0])
+                    self._read_coded(*run[0], bases)
                 elif run[0][0].coded:
                     self._read_packed(run)
                 else:
@@ -428,11 +464,15 @@ class PackStore(ChunkStore):
                 n = work(task)
                 if progress:
                     progress(n)
-            return
-        with ThreadPoolExecutor(min(threads, len(tasks))) as pool:
-            for n in pool.map(work, tasks):
-                if progress:
-                    progress(n)
+        else:
+            with ThreadPoolExecutor(min(threads, len(tasks))) as pool:
+                for n in pool.map(work, tasks):
+                    if progress:
+                        progress(n)
+        for source, req in copies:  # verified bytes, copied
+            memoryview(req.buffer).cast("B")[:] = memoryview(source.buffer).cast("B")
+        if copies and progress:
+            progress(sum(memoryview(req.buffer).nbytes for _, req in copies))
 
     def chain(self, cid: bytes, loc: Location, txn, what: str = "") -> list:
         """[(id, Location)] of a record's bases, nearest first (empty unless a delta)."""
@@ -447,27 +487,37 @@ class PackStore(ChunkStore):
             out.append((base, loc))
         return out
 
-    def decode(self, cid: bytes, loc: Location, chain: list, out, what: str = "", payload=None) -> None:
+    def decode(self, cid: bytes, loc: Location, chain: list, out, what: str = "", payload=None,
+               bases: "Optional[_Bases]" = None) -> None:
         """Decode the record at ``loc`` (its stored bytes ``payload`` if already
         read; bases from ``chain``) into ``out``, verified against ``cid``;
-        ChecksumMismatch / CorruptObject naming ``what``."""
+        HashMismatch / CorruptObject naming ``what``. ``bases``: decoded bases
+        this read shares between records; the chain starts from the nearest."""
+        start, deltas = None, chain
+        if bases is not None:
+            for k, (base, base_loc) in enumerate(chain):
+                try:
+                    start = bases.get(base, base_loc, chain[k + 1:])
+                except HashMismatch:  # named as without the cache: by this record, and its damaged base
+                    raise mismatch(cid, what, _where(loc), base) from None
+                if start is not None:
+                    deltas = chain[:k]
+                    break
         try:
             # the deepest base first: it decodes alone into ``out``, each delta above it is XORed in there
-            links = [(base_loc, self.packs.read(base_loc)) for _, base_loc in reversed(chain)]
+            links = [(base_loc, self.packs.read(base_loc)) for _, base_loc in reversed(deltas)]
             links.append((loc, self.packs.read(loc) if payload is None else payload))
             for link, data in links:
                 if link.size != loc.size:
                     raise CorruptObject("a delta record's base has another length")
                 if link.kind == codec.DELTA and codec.delta_base(data) != link.base:
                     raise CorruptObject("the delta record names another base than the index")
-            codec.decode_chain([(link.kind, data) for link, data in links], loc.size, out)
+            codec.decode_chain([(link.kind, data) for link, data in links], loc.size, out, start)
         except CorruptObject as exc:
             raise CorruptObject(f"{_named(cid, what)} cannot be decoded ({exc}); run 'mvc fsck'", id=cid) from None
-        if hashing.digest(out) != cid:
+        if not intact(cid, out):
             broken = [b for b, _ in chain if not self._intact(b, chain)]
-            why = f" (its delta base {broken[0].hex()[:12]} is damaged)" if broken else ""
-            raise ChecksumMismatch(f"{_named(cid, what)} is corrupt (BLAKE3 mismatch){why}; run 'mvc fsck'",
-                                   id=cid)
+            raise mismatch(cid, what, _where(loc), broken[0] if broken else None)
 
     def _intact(self, base_id: bytes, chain: list) -> bool:
         at = [i for i, (b, _) in enumerate(chain) if b == base_id][0]
@@ -478,8 +528,8 @@ class PackStore(ChunkStore):
         except (CorruptObject, ChecksumMismatch):
             return False
 
-    def _read_coded(self, loc: Location, req: Request, chain: list) -> None:
-        self.decode(req.id, loc, chain, req.buffer, req.what)
+    def _read_coded(self, loc: Location, req: Request, chain: list, bases: "Optional[_Bases]" = None) -> None:
+        self.decode(req.id, loc, chain, req.buffer, req.what, bases=bases)
 
     def _read_packed(self, run: list) -> None:
         # Encoded records that decode alone, back to back in one pack: one
@@ -507,9 +557,7 @@ class PackStore(ChunkStore):
         # them); the bytes themselves prove themselves against their id.
         self.packs.read_run([loc for loc, _ in run], [req.buffer for _, req in run])
         for loc, req in run:
-            if hashing.digest(req.buffer) != req.id:
-                raise ChecksumMismatch(f"{_named(req.id, req.what)} is corrupt (BLAKE3 mismatch); "
-                                       "run 'mvc fsck'", id=req.id)
+            verified(req.id, req.buffer, req.what, _where(loc))
 
     # -- checking ------------------------------------------------------------
 
@@ -563,7 +611,7 @@ class PackStore(ChunkStore):
             if RECORD_HEAD.unpack(head) != (cid, loc.length):
                 problems.append(Problem(BAD_RECORD, cid, f"the record header before {where} does not name "
                                         "this chunk and length"))
-            elif hashing.digest(buffer) != cid:
+            elif not intact(cid, buffer):
                 problems.append(Problem(CHECKSUM, cid, f"its {loc.length} bytes at {where} do not hash to its "
                                         "id (BLAKE3 mismatch)"))
         return problems
@@ -589,8 +637,8 @@ class PackStore(ChunkStore):
             at = base
         try:
             self.decode(cid, loc, chain, bytearray(loc.size), payload=bytes(buffer))
-        except ChecksumMismatch as exc:
-            broken = "delta base" in str(exc)
+        except HashMismatch as exc:
+            broken = exc.base is not None
             return [Problem(BROKEN_BASE if broken else CHECKSUM, cid, f"the record at {where} does not decode to "
                             f"its id ({'a delta base is damaged' if broken else 'BLAKE3 mismatch'})")]
         except CorruptObject as exc:

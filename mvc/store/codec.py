@@ -163,17 +163,25 @@ def decode(kind: int, payload, size: int, out, base=None) -> None:
     raise CorruptObject(f"unknown record kind {kind}")
 
 
-def decode_chain(links: list, size: int, out) -> None:
+def decode_chain(links: list, size: int, out, start=None) -> None:
     """Decode a chain of records into ``out`` (``size`` bytes): ``links`` is [(kind, payload)],
     the deepest base (which decodes alone) first, each later link a DELTA against the one
     before it, the record wanted last. Every delta is applied in place (``apply_delta``), so
-    no link needs a buffer of its own. CorruptObject as ``decode``.
+    no link needs a buffer of its own. ``start``: the decoded bytes of the base below the
+    first link, when the caller already holds them (then every link is a delta).
+    CorruptObject as ``decode``.
     """
     target = np.frombuffer(out, dtype=np.uint8) if not isinstance(out, np.ndarray) else out
-    (kind, payload), deltas = links[0], links[1:]
-    if kind == DELTA:
-        raise CorruptObject("the deepest record of a delta chain is itself a delta")
-    decode(kind, payload, size, target)
+    if start is not None:
+        if len(start) != size or len(target) != size:
+            raise CorruptObject("a delta record's base has another length")
+        target[:] = np.frombuffer(start, dtype=np.uint8) if not isinstance(start, np.ndarray) else start
+        deltas = links
+    else:
+        (kind, payload), deltas = links[0], links[1:]
+        if kind == DELTA:
+            raise CorruptObject("the deepest record of a delta chain is itself a delta")
+        decode(kind, payload, size, target)
     for kind, payload in deltas:
         if kind != DELTA:
             raise CorruptObject("a record above the base of a delta chain is not a delta")

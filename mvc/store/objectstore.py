@@ -20,6 +20,7 @@ from typing import Optional
 
 from ..errors import CommitPruned, CorruptObject, ObjectNotFound
 from ..objects import CommitObject, TensorObject, TreeObject, object_id
+from .verify import intact
 
 KINDS = {"commits": CommitObject, "trees": TreeObject, "tensors": TensorObject}
 MISSING, CORRUPT = "missing", "corrupt"
@@ -51,7 +52,7 @@ class ObjectStore:
             obj = KINDS[kind].decode(data)
         except CorruptObject as exc:
             return CORRUPT, f"it does not decode: {exc}"
-        if object_id(data) != oid:
+        if not intact(oid, data):
             return CORRUPT, "its bytes do not hash to its id"
         return None, obj
 

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from .. import hashing
 from ..errors import CorruptObject, PackDamaged, PackMissing
 from . import packformat
+from .verify import intact
 from .fs import WRITEBACK_BYTES, entries, fsync_dir, open_file, start_writeback
 from .packformat import (ENTRY, ENTRY_V2, FOOTER, HEADER, HEADER_V2, NAME_BYTES, NO_BASE, RECORD_HEAD, SEAL,  # noqa: F401
                          Location, coded_location)
@@ -220,11 +220,11 @@ def salvage_records(path: Path, limit: int = 1 << 32) -> Iterator[tuple]:
             data = f.read(length)
             if len(data) != length:
                 return
-            if hashing.digest(data) == cid:
+            if intact(cid, data):
                 yield cid, data
             elif version == 2:  # a grouped record proves itself once decoded; a delta needs its base: lost
                 decoded = _decode_alone(codec, data, limit)
-                if decoded is not None and hashing.digest(decoded) == cid:
+                if decoded is not None and intact(cid, decoded):
                     yield cid, decoded
 
 

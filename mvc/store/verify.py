@@ -1,0 +1,40 @@
+"""The one check of bytes read against the id they were asked for.
+
+Vocabulary:
+
+- **id**: the 32-byte BLAKE3 digest that names a chunk or object;
+- **what**: the words that name the bytes in an error ("tensor 'w' in commit
+  1a2b3c4d5e6f", "object"), empty when the id alone says it;
+- **where**: where they were read ("offset 4096 in pack-….pack", "remote pack
+  chunks/…"), empty when unknown.
+
+Every reader of stored or fetched bytes (local packs, decoded records, remote
+packs, the object store, salvage) proves them here before anyone sees them:
+``verified`` returns the bytes or raises ``HashMismatch``; ``intact`` is the
+same test as a value, for checkers that collect damage instead of stopping.
+"""
+
+from .. import hashing
+from ..errors import HashMismatch
+
+
+def intact(cid: bytes, data) -> bool:
+    """Whether ``data`` (any bytes-like object) hashes to ``cid``."""
+    return hashing.digest(data) == cid
+
+
+def mismatch(cid: bytes, what: str = "", where: str = "", base: bytes = None, noun: str = "chunk") -> HashMismatch:
+    """The error for bytes that do not hash to ``cid`` (``base``: a damaged delta base that explains it;
+    ``noun``: "chunk" or "object")."""
+    named = f"{noun} {cid.hex()[:12]}" + (f" of {what}" if what else "")
+    read = f" read from {where}" if where else ""
+    why = f" (its delta base {base.hex()[:12]} is damaged)" if base else ""
+    return HashMismatch(f"{named}{read} is corrupt (BLAKE3 mismatch){why}", id=cid, what=what, where=where,
+                        base=base)
+
+
+def verified(cid: bytes, data, what: str = "", where: str = "", noun: str = "chunk"):
+    """``data``, once it is proven to hash to ``cid``; HashMismatch naming ``what`` and ``where`` if not."""
+    if hashing.digest(data) != cid:
+        raise mismatch(cid, what, where, noun=noun)
+    return data

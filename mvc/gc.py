@@ -49,7 +49,7 @@ from .errors import BadInput, CorruptObject, MvcError, ProtectedRef, UnknownRevi
 from .store import idarray
 from .store.fs import entries
 from .store.index import location_row, reflog_entry
-from .store.packs import PACK_NAME, RECORD_HEAD, TMP_NAME, read_trailer
+from .store.packs import NAME_BYTES, PACK_NAME, RECORD_HEAD, TMP_NAME, Location, read_trailer
 
 # Rewrite a pack when less than this share of its record bytes is live. A pack
 # is rewritten once: its live records land in a new pack that is all live, so a
@@ -323,10 +323,15 @@ def _sweep_chunks(sweep: _Sweep, live: reach.Reach, txn, chunks, dry_run: bool) 
     for cid, why in live.bad_entries.items():
         raise CorruptObject(f"gc stopped, nothing was deleted: chunk {cid.hex()[:12]}: {why}; run 'mvc fsck'", id=cid)
     sweep.indexed_packs = live.indexed_packs
-    ids = live.chunk_length.ids
-    for i in np.flatnonzero(live.located).tolist():  # plan_packs takes Locations
-        cid = idarray.one(ids, i)
-        sweep.live_locs[cid] = location_row(live.locations, i, live.deltas.get(cid))
+    ids, locs = live.chunk_length.ids, live.locations
+    rows = np.flatnonzero(live.located)
+    names = locs["pack"][rows].tobytes()
+    for k, (cid, offset, length) in enumerate(zip(idarray.ids(ids[rows]), locs["offset"][rows].tolist(),
+                                                  locs["length"][rows].tolist())):
+        if locs["kind"][rows[k]] or cid in live.deltas:  # an encoded record: all its fields
+            sweep.live_locs[cid] = location_row(locs, int(rows[k]), live.deltas.get(cid))
+        else:  # plan_packs takes Locations
+            sweep.live_locs[cid] = Location(names[k * NAME_BYTES:(k + 1) * NAME_BYTES], offset, length)
     missing = [idarray.one(ids, i) for i in np.flatnonzero(~live.located).tolist()]
     missing = set(missing) - (chunks.remote_only(missing, txn) if chunks is not None and missing else set())
     if missing:  # not even a remote holds them

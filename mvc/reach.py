@@ -33,7 +33,6 @@ damage policy: ``RAISE`` lets its error stop the walk, ``COLLECT`` with a
 ``damaged`` list records the id and error and ends that line there.
 """
 
-from array import array
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -338,24 +337,25 @@ class _Walker:
                 self.reach.tensor_paths[leaf.id].add(format_path(path) or "<root>")
 
     def tensors(self) -> None:
-        ids, lengths, owners, held = [], array("q"), array("i"), []
+        ids, lengths, owners, held = [], [], [], []
         for tid in list(self.reach.tensor_trees):
             obj = self.get("tensors", tid, tensors={tid})
             if obj is None:
                 continue
             self.reach.tensors += 1
-            spans = list(obj.chunk_spans())
-            ids.append(b"".join(cid for cid, _, _ in spans))  # one buffer per tensor, not a bytes per chunk
-            lengths.extend(n for _, _, n in spans)
-            owners.extend([len(held)] * len(spans))
+            ids.append(b"".join(obj.chunks))  # one buffer per tensor, not a bytes object per chunk
+            lengths.append(_lengths(obj))
+            owners.append(np.full(len(obj.chunks), len(held), dtype=np.int32))
             held.append(tid)
         every = np.frombuffer(b"".join(ids), dtype=idarray.ID)
-        lengths = np.frombuffer(lengths, dtype=np.int64) if len(lengths) else np.zeros(0, dtype=np.int64)
-        unique, first = idarray.unique(every)
-        self.reach.chunk_length = ChunkLengths(unique, lengths[first])
-        order = np.argsort(every, kind="stable")
-        owners = np.frombuffer(owners, dtype=np.int32) if len(owners) else np.zeros(0, dtype=np.int32)
-        self.reach.chunk_tensors = ChunkTensors(every[order], owners[order], held)
+        lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        owners = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int32)
+        order = np.argsort(every, kind="stable")  # stable: an id's first occurrence gives its length
+        ordered = every[order]
+        first = np.ones(len(ordered), dtype=bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        self.reach.chunk_length = ChunkLengths(ordered[first], lengths[order[first]])
+        self.reach.chunk_tensors = ChunkTensors(ordered, owners[order], held)
 
     def index(self, locate: bool) -> None:
         """One pass over the chunk index, in id order, merged with the sorted live ids:
@@ -446,9 +446,18 @@ class _Walker:
             located[i] = True
             locations[i] = (loc.pack, loc.offset, loc.length, loc.size, loc.kind, False)
         r.located, r.locations = located, locations
-        made_live = idarray.pack(list(added))
-        made_live.sort()
+        made_live = np.sort(idarray.pack(list(added)))
         r.dead = [d[idarray.find(made_live, d) < 0] for d in r.dead]
+
+
+def _lengths(obj) -> np.ndarray:
+    """The length of each of a tensor object's chunks, in ``obj.chunks`` order."""
+    if obj.shards:  # each shard's stream ends in a short chunk of its own
+        return np.fromiter((n for _, _, n in obj.chunk_spans()), dtype=np.int64, count=len(obj.chunks))
+    out = np.full(len(obj.chunks), obj.chunk_size, dtype=np.int64)
+    if len(out):
+        out[-1] = obj.nbytes - obj.chunk_size * (len(out) - 1)
+    return out
 
 
 def reflog_ids(raw: bytes, name: str) -> Optional[list]:

@@ -17,6 +17,7 @@ block. This is the only module that imports ``lmdb``.
 """
 
 import errno
+import itertools
 import os
 import struct
 import threading
@@ -211,17 +212,16 @@ class Txn:
         once it outgrows memory). A key that is not 32 bytes long is no
         chunk id and is left out.
         """
-        keys, values = [], []
-        for key, raw in self._txn.cursor(db=self._dbs["chunks"]):
-            if len(key) != idarray.WIDTH:
-                continue
-            keys.append(key)
-            values.append(raw)
-            if len(keys) == batch:
-                yield _batch(keys, values)
-                keys, values = [], []
-        if keys:
-            yield _batch(keys, values)
+        entries = self._txn.cursor(db=self._dbs["chunks"]).iternext()
+        while True:
+            rows = list(itertools.islice(entries, batch))
+            if not rows:
+                return
+            if len(b"".join(k for k, _ in rows)) != idarray.WIDTH * len(rows):
+                rows = [(k, v) for k, v in rows if len(k) == idarray.WIDTH]
+            if rows:
+                keys, values = zip(*rows)
+                yield _batch(list(keys), list(values))
 
     def drop_chunks(self) -> None:
         """Empty the chunk index (before rebuilding it from packs)."""

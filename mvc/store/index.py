@@ -203,8 +203,8 @@ class Txn:
         for key, raw in self._txn.cursor(db=self._dbs["chunks"]):
             yield key, _location(raw)
 
-    def chunk_batches(self, batch: int = SCAN_BATCH) -> Iterator[ChunkBatch]:
-        """The whole chunk table in id order, ``batch`` entries at a time.
+    def chunk_batches(self, batch: Optional[int] = None) -> Iterator[ChunkBatch]:
+        """The whole chunk table in id order, ``batch`` (default SCAN_BATCH) entries at a time.
 
         One cursor pass: LMDB reads its B-tree's leaves in order, where a
         ``chunk`` call per id would land on a random leaf each time (a cache
@@ -212,7 +212,7 @@ class Txn:
         once it outgrows memory). A key that is not 32 bytes long is no
         chunk id and is left out.
         """
-        entries = self._txn.cursor(db=self._dbs["chunks"]).iternext()
+        entries, batch = self._txn.cursor(db=self._dbs["chunks"]).iternext(), batch or SCAN_BATCH
         while True:
             rows = list(itertools.islice(entries, batch))
             if not rows:

@@ -26,9 +26,12 @@ Times are best of ``--repeat`` on a shared machine; the fit uses the best.
 """
 
 import argparse
+import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -64,6 +67,24 @@ def _plan_push(repo, remote: str) -> int:
         conn.close()
 
 
+_PEAK = """
+import json, resource, sys
+import mvc
+repo = mvc.Repository.open(sys.argv[1])
+repo.resolve("HEAD")
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+repo.fsck(quick=True) if sys.argv[2] == "fsck" else repo.gc(dry_run=True)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps((after - before) * 1024))
+"""
+
+
+def _peak_bytes(path: Path, op: str) -> int:
+    """How far ``op`` ("fsck" or "gc", planning only) raises a fresh process's peak resident memory."""
+    out = subprocess.run([sys.executable, "-c", _PEAK, str(path), op], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
 def _index_bytes(repo) -> int:
     return (repo.dir / "index" / "data.mdb").stat().st_size
 
@@ -95,6 +116,8 @@ def chunk_series(n: int, work: Path, repeat: int) -> dict:
     out = dict(n=n, build=build, index_bytes_per_chunk=_index_bytes(repo) / n)
     out["fsck_quick"] = _best(lambda: repo.fsck(quick=True), repeat)
     out["gc_plan"] = _best(lambda: repo.gc(dry_run=True), repeat)
+    out["fsck_mem_per_chunk"] = _peak_bytes(repo.dir.parent, "fsck") / n
+    out["gc_mem_per_chunk"] = _peak_bytes(repo.dir.parent, "gc") / n
     remote = work / f"remote-{n}"
     repo.remote_add("origin", str(remote))
     out["push_plan_all"] = _best(lambda: _plan_push(repo, "origin"), repeat)
@@ -204,7 +227,8 @@ def projection(chunks: list, commits: list, tensors: list) -> list:
              f"(every chunk new each checkpoint), {PROJECT['tensors']:.0e} tensors per checkpoint "
              "(fit t = a*n^b from the runs above; the chunk series' fits carry the chunk count)"]
     for name, rows, n, keys in (("chunks", chunks, PROJECT["chunks"],
-                                 ["index_bytes_per_chunk", "fsck_quick", "gc_plan", "push_plan_all",
+                                 ["index_bytes_per_chunk", "fsck_quick", "gc_plan", "fsck_mem_per_chunk",
+                                  "gc_mem_per_chunk", "push_plan_all",
                                   "push_plan_one", "lazy_clone", "lazy_open"]),
                                 ("commits", commits, PROJECT["commits"], ["log_all", "fsck_quick", "gc_plan"]),
                                 ("tensors", tensors, PROJECT["tensors"], ["commit", "commit_again", "load"])):
@@ -214,7 +238,8 @@ def projection(chunks: list, commits: list, tensors: list) -> list:
             a, b = fit(rows, key)
             value = a * n ** b
             shown = f"{value:.0f} B per chunk, {value * n / 1e9:.0f} GB of index" \
-                if key == "index_bytes_per_chunk" else _human(value)
+                if key == "index_bytes_per_chunk" else f"{value:.0f} B per chunk, {value * n / 1e9:.0f} GB" \
+                if key.endswith("_mem_per_chunk") else _human(value)
             lines.append(f"  {name:8} {key:22} b={b:5.2f}  -> {shown}")
     return lines
 
@@ -242,7 +267,8 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     lines = table("chunk series (seconds; index bytes per chunk; build = 10 commits writing them)", chunks,
-                  ["build", "index_bytes_per_chunk", "chunk_db_per_chunk", "tensor_db_per_chunk", "fsck_quick", "gc_plan", "push_plan_all", "push_s",
+                  ["build", "index_bytes_per_chunk", "chunk_db_per_chunk", "tensor_db_per_chunk", "fsck_quick", "gc_plan",
+                   "fsck_mem_per_chunk", "gc_mem_per_chunk", "push_plan_all", "push_s",
                    "push_plan_one", "lazy_clone", "lazy_open"]) if chunks else []
     lines += table("commit series (seconds)", commits, ["build", "log_all", "fsck_quick", "gc_plan",
                                                         "push_plan_all"]) if commits else []

@@ -40,7 +40,9 @@ DB_NAMES = ("chunks",) + OBJECT_KINDS + ("refs", "reflog", "locks", "meta", "pru
 _SEQ = struct.Struct(">Q")
 DIRECT, SYMBOLIC = 0, 1
 FLAG_PROTECTED = 1
-MAP_SIZE = 1 << 36  # address space only; the file grows as it is used
+# Address space only (the file grows as it is used): 1 TiB, because a repository of 4e8
+# chunk entries (a 1 TB model, 100 checkpoints: docs/scale.md) needs an index of about 125 GB.
+MAP_SIZE = 1 << 40
 MIN_MAP_SIZE = 1 << 26  # tried when the address space for MAP_SIZE is refused (ulimit -v)
 MAX_KEY = 480  # LMDB's key limit is 511 bytes; a reflog key adds 9 to a ref name
 LOCK_FILE_BYTES = 8192  # what LMDB makes of lock.mdb for its 126 reader slots
@@ -528,7 +530,7 @@ class Index:
             if self._grow():
                 raise MvcError("the index filled the space this process may map; it was grown: "
                                "run the command again") from None
-            raise MvcError("the index reached its 64 GiB limit; nothing was changed") from None
+            raise MvcError(f"the index reached its {MAP_SIZE >> 30} GiB limit; nothing was changed") from None
         except lmdb.ReadersFullError:
             raise MvcError("too many processes and threads are reading the index at once (126); "
                            "try again when some have finished") from None

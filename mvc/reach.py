@@ -216,7 +216,7 @@ class Reach:
     tree_commits: dict = field(default_factory=lambda: defaultdict(set))  # live tree id -> commits
     tensor_trees: dict = field(default_factory=lambda: defaultdict(set))
     tensor_paths: dict = field(default_factory=lambda: defaultdict(set))
-    chunk_tensors: ChunkTensors = field(default_factory=ChunkTensors)
+    chunk_tensors: ChunkTensors = field(default_factory=ChunkTensors)  # filled by COLLECT walks only (fsck)
     chunk_length: ChunkLengths = field(default_factory=ChunkLengths)  # live chunk id -> length
     trees: int = 0  # intact live trees
     tensors: int = 0  # intact live tensors
@@ -355,7 +355,8 @@ class _Walker:
         first = np.ones(len(ordered), dtype=bool)
         first[1:] = ordered[1:] != ordered[:-1]
         self.reach.chunk_length = ChunkLengths(ordered[first], lengths[order[first]])
-        self.reach.chunk_tensors = ChunkTensors(ordered, owners[order], held)
+        if self.policy == COLLECT:  # only a report of damage names tensors (RAISE stops instead)
+            self.reach.chunk_tensors = ChunkTensors(ordered, owners[order], held)
 
     def index(self, locate: bool) -> None:
         """One pass over the chunk index, in id order, merged with the sorted live ids:

@@ -148,7 +148,6 @@ def _remote_part(repo, remote: Path, clone: Path, g, repeat: int, out: dict) -> 
     repo.commit({"new": torch.randint(0, 256, (CHUNK * 10,), dtype=torch.uint8, generator=g)}, "one more")
     out["push_plan_one"] = _best(lambda: _plan_push(repo, "origin"), repeat)
     repo.push("origin")
-    clone = work / f"clone-{n}"
     start = time.perf_counter()
     cloned = mvc.Repository.clone(str(remote), clone, lazy=True)
     out["lazy_clone"] = time.perf_counter() - start

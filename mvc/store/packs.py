@@ -37,7 +37,7 @@ import numpy as np
 
 from .. import hashing
 from ..errors import CorruptObject, PackDamaged, PackMissing
-from . import packformat
+from . import idarray, packformat
 from .fs import WRITEBACK_BYTES, fsync_dir, open_file, start_writeback
 from .packformat import (ENTRY, ENTRY_V2, FOOTER, HEADER, HEADER_V2, NAME_BYTES, NO_BASE, RECORD_HEAD, SEAL,  # noqa: F401
                          Location, coded_location)
@@ -138,7 +138,8 @@ class PackWriter:
 
 def read_trailer(path: Path) -> list:
     """The (id, offset, stored length) entries a sealed pack lists; CorruptObject if damaged."""
-    return [(cid, loc.offset, loc.length) for cid, loc in read_locations(path)]
+    table = read_trailer_table(path)  # no Location per record: gc reads every pack's trailer
+    return list(zip(idarray.ids(table["id"]), table["offset"].tolist(), table["length"].tolist()))
 
 
 pack_version = packformat.version

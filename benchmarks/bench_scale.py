@@ -26,9 +26,12 @@ Times are best of ``--repeat`` on a shared machine; the fit uses the best.
 """
 
 import argparse
+import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -64,6 +67,30 @@ def _plan_push(repo, remote: str) -> int:
         conn.close()
 
 
+_PEAK = """
+import json, sys
+import mvc
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+repo = mvc.Repository.open(sys.argv[1])
+repo.resolve("HEAD")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # Linux: the peak resident size starts again from the current one
+before = status("VmRSS")
+repo.fsck(quick=True) if sys.argv[2] == "fsck" else repo.gc(dry_run=True)
+print(json.dumps(status("VmHWM") - before))
+"""
+
+
+def _peak_bytes(path: Path, op: str) -> int:
+    """How far ``op`` ("fsck" or "gc", planning only) raises a fresh process's peak resident memory."""
+    out = subprocess.run([sys.executable, "-c", _PEAK, str(path), op], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
 def _index_bytes(repo) -> int:
     return (repo.dir / "index" / "data.mdb").stat().st_size
 
@@ -80,8 +107,9 @@ def _db_bytes(index_dir: Path, name: str) -> int:
         env.close()
 
 
-def chunk_series(n: int, work: Path, repeat: int) -> dict:
-    """Measurements of a repository with ``n`` chunk entries in 10 commits."""
+def chunk_series(n: int, work: Path, repeat: int, remote_too: bool = True) -> dict:
+    """Measurements of a repository with ``n`` chunk entries in 10 commits (push and
+    lazy clone only with ``remote_too``)."""
     repo = mvc.Repository.init(work / f"chunks-{n}", chunk_size=CHUNK)
     g = torch.Generator().manual_seed(n)
     per_tensor = n // 10 // PER_COMMIT_TENSORS * CHUNK
@@ -95,7 +123,23 @@ def chunk_series(n: int, work: Path, repeat: int) -> dict:
     out = dict(n=n, build=build, index_bytes_per_chunk=_index_bytes(repo) / n)
     out["fsck_quick"] = _best(lambda: repo.fsck(quick=True), repeat)
     out["gc_plan"] = _best(lambda: repo.gc(dry_run=True), repeat)
+    out["fsck_mem_per_chunk"] = _peak_bytes(repo.dir.parent, "fsck") / n
+    out["gc_mem_per_chunk"] = _peak_bytes(repo.dir.parent, "gc") / n
     remote = work / f"remote-{n}"
+    if remote_too:
+        _remote_part(repo, remote, work / f"clone-{n}", g, repeat, out)
+    repo.close()
+    out["chunk_db_per_chunk"] = _db_bytes(repo.dir / "index", "chunks") / n
+    out["tensor_db_per_chunk"] = _db_bytes(repo.dir / "index", "tensors") / n
+    assert chunks >= n * 0.99
+    shutil.rmtree(work / f"chunks-{n}", ignore_errors=True)
+    shutil.rmtree(remote, ignore_errors=True)
+    shutil.rmtree(work / f"clone-{n}", ignore_errors=True)
+    return out
+
+
+def _remote_part(repo, remote: Path, clone: Path, g, repeat: int, out: dict) -> None:
+    """Push planning, the push, planning one more commit, a lazy clone and opening it."""
     repo.remotes.add("origin", str(remote))
     out["push_plan_all"] = _best(lambda: _plan_push(repo, "origin"), repeat)
     start = time.perf_counter()
@@ -104,7 +148,6 @@ def chunk_series(n: int, work: Path, repeat: int) -> dict:
     repo.commit({"new": torch.randint(0, 256, (CHUNK * 10,), dtype=torch.uint8, generator=g)}, "one more")
     out["push_plan_one"] = _best(lambda: _plan_push(repo, "origin"), repeat)
     repo.remotes.push("origin")
-    clone = work / f"clone-{n}"
     start = time.perf_counter()
     cloned = mvc.Repository.clone(str(remote), clone, lazy=True)
     out["lazy_clone"] = time.perf_counter() - start
@@ -115,14 +158,6 @@ def chunk_series(n: int, work: Path, repeat: int) -> dict:
         r.resolve("HEAD")
         r.close()
     out["lazy_open"] = _best(open_clone, repeat)
-    repo.close()
-    out["chunk_db_per_chunk"] = _db_bytes(repo.dir / "index", "chunks") / n
-    out["tensor_db_per_chunk"] = _db_bytes(repo.dir / "index", "tensors") / n
-    assert chunks >= n * 0.99
-    shutil.rmtree(work / f"chunks-{n}", ignore_errors=True)
-    shutil.rmtree(remote, ignore_errors=True)
-    shutil.rmtree(clone, ignore_errors=True)
-    return out
 
 
 def commit_series(c: int, work: Path, repeat: int) -> dict:
@@ -162,6 +197,9 @@ def tensor_series(t: int, work: Path, repeat: int) -> dict:
 
 def fit(rows: list, key: str) -> tuple:
     """(a, b) of t = a * n^b, least squares in log-log over the rows (b = 1.0 for one row)."""
+    rows = [r for r in rows if key in r]
+    if not rows:
+        return float("nan"), float("nan")
     pts = [(math.log(r["n"]), math.log(max(r[key], 1e-6))) for r in rows]
     if len(pts) < 2:
         return math.exp(pts[0][1]) / rows[0]["n"], 1.0
@@ -186,10 +224,10 @@ def _human(seconds: float) -> str:
 def table(title: str, rows: list, keys: list) -> list:
     lines = [title, f"{'n':>10} " + " ".join(f"{k:>14}" for k in keys)]
     for r in rows:
-        lines.append(f"{r['n']:>10.0e} " + " ".join(f"{r[k]:>14.4g}" for k in keys))
+        lines.append(f"{r['n']:>10.0e} " + " ".join(f"{r.get(k, float('nan')):>14.4g}" for k in keys))
     fits = [fit(rows, k) for k in keys]
     lines.append(f"{'growth b':>10} " + " ".join(f"{b:>14.2f}" for _, b in fits))
-    flagged = [k for k, (_, b) in zip(keys, fits) if b > 1.15 and len(rows) > 1]
+    flagged = [k for k, (_, b) in zip(keys, fits) if b > 1.15 and sum(k in r for r in rows) > 1]
     if flagged:
         lines.append("SUPERLINEAR: " + ", ".join(flagged))
     return lines
@@ -204,7 +242,8 @@ def projection(chunks: list, commits: list, tensors: list) -> list:
              f"(every chunk new each checkpoint), {PROJECT['tensors']:.0e} tensors per checkpoint "
              "(fit t = a*n^b from the runs above; the chunk series' fits carry the chunk count)"]
     for name, rows, n, keys in (("chunks", chunks, PROJECT["chunks"],
-                                 ["index_bytes_per_chunk", "fsck_quick", "gc_plan", "push_plan_all",
+                                 ["index_bytes_per_chunk", "fsck_quick", "gc_plan", "fsck_mem_per_chunk",
+                                  "gc_mem_per_chunk", "push_plan_all",
                                   "push_plan_one", "lazy_clone", "lazy_open"]),
                                 ("commits", commits, PROJECT["commits"], ["log_all", "fsck_quick", "gc_plan"]),
                                 ("tensors", tensors, PROJECT["tensors"], ["commit", "commit_again", "load"])):
@@ -212,11 +251,25 @@ def projection(chunks: list, commits: list, tensors: list) -> list:
             continue
         for key in keys:
             a, b = fit(rows, key)
-            value = a * n ** b
-            shown = f"{value:.0f} B per chunk, {value * n / 1e9:.0f} GB of index" \
-                if key == "index_bytes_per_chunk" else _human(value)
-            lines.append(f"  {name:8} {key:22} b={b:5.2f}  -> {shown}")
+            if math.isnan(b):
+                continue
+            last = max((r for r in rows if key in r), key=lambda r: r["n"])
+            lines.append(f"  {name:8} {key:22} b={b:5.2f}  -> {_projected(key, a * n ** b, n)}"
+                         f"   (linear from n={last['n']:.0e}: {_projected(key, _linear(key, last, n), n)})")
     return lines
+
+
+def _linear(key: str, row: dict, n: int) -> float:
+    """``row[key]`` carried to ``n`` in proportion (per-chunk figures stay as they are)."""
+    return row[key] if key.endswith("per_chunk") else row[key] * n / row["n"]
+
+
+def _projected(key: str, value: float, n: int) -> str:
+    if key == "index_bytes_per_chunk":
+        return f"{value:.0f} B per chunk, {value * n / 1e9:.0f} GB of index"
+    if key.endswith("_mem_per_chunk"):
+        return f"{value:.0f} B per chunk, {value * n / 1e9:.0f} GB"
+    return _human(value)
 
 
 def _shown(row: dict) -> dict:
@@ -231,18 +284,20 @@ def main():
     ap.add_argument("--commits", default="1e3,3e3,1e4", help="commits of the commit series")
     ap.add_argument("--tensors", default="1e4,3e4,1e5", help="tensors of the tensor series")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-remote", action="store_true", help="chunk series without push and lazy clone")
     ap.add_argument("--dir", default=None, help="scratch folder (default: a temporary one)")
     args = ap.parse_args()
     work = Path(args.dir or tempfile.mkdtemp(prefix="mvc-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        chunks = [_shown(chunk_series(n, work, args.repeat)) for n in _sizes(args.chunks)]
+        chunks = [_shown(chunk_series(n, work, args.repeat, not args.no_remote)) for n in _sizes(args.chunks)]
         commits = [_shown(commit_series(c, work, args.repeat)) for c in _sizes(args.commits)]
         tensors = [_shown(tensor_series(t, work, args.repeat)) for t in _sizes(args.tensors)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     lines = table("chunk series (seconds; index bytes per chunk; build = 10 commits writing them)", chunks,
-                  ["build", "index_bytes_per_chunk", "chunk_db_per_chunk", "tensor_db_per_chunk", "fsck_quick", "gc_plan", "push_plan_all", "push_s",
+                  ["build", "index_bytes_per_chunk", "chunk_db_per_chunk", "tensor_db_per_chunk", "fsck_quick", "gc_plan",
+                   "fsck_mem_per_chunk", "gc_mem_per_chunk", "push_plan_all", "push_s",
                    "push_plan_one", "lazy_clone", "lazy_open"]) if chunks else []
     lines += table("commit series (seconds)", commits, ["build", "log_all", "fsck_quick", "gc_plan",
                                                         "push_plan_all"]) if commits else []

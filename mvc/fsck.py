@@ -23,18 +23,22 @@ checks only the structure (objects, index entries, pack trailers).
 
 import os
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
+
+import numpy as np
 
 from . import reach, scratch
 from .errors import CorruptObject
 from .reach import (CORRUPT_COMMIT, CORRUPT_REF, CORRUPT_REFLOG, CORRUPT_TENSOR, CORRUPT_TREE,  # noqa: F401
                     MISSING_COMMIT, MISSING_TENSOR, MISSING_TREE, REFLOG, Finding)
 from .store import chunks as chunkstore
+from .store import idarray
 from .store.fs import entries
-from .store.packs import PACK_NAME, RECORD_HEAD, TMP_NAME, pack_filename, read_locations, read_trailer, salvage_records
+from .store.index import location_row
+from .store.packs import (NAME_BYTES, PACK_NAME, RECORD_HEAD, TMP_NAME, pack_filename, read_locations,
+                          read_trailer_table, salvage_records)
 
 # Kinds of damage, as they appear in reports (the walk's own kinds are in mvc.reach).
 MISSING_CHUNK, BAD_INDEX_ENTRY = "missing-chunk", "bad-index-entry"
@@ -117,11 +121,11 @@ class RebuildReport:
 
 @dataclass
 class _Pack:
-    """A file in .mvc/packs: its size and, if sealed and intact, its records by offset."""
+    """A file in .mvc/packs: its size and, if sealed and intact, its records sorted by offset."""
 
     path: Path
     size: int
-    records: Optional[dict] = None  # offset -> (chunk id, length)
+    records: Optional[np.ndarray] = None  # packs.TRAILER: id, offset, length
     error: str = ""
 
 
@@ -161,83 +165,123 @@ def scan_packs(directory: Path) -> tuple:
             continue
         pack = _Pack(path, size)
         try:
-            pack.records = {off: (cid, n) for cid, off, n in read_trailer(path)}
+            table = read_trailer_table(path)
+            pack.records = table[np.argsort(table["offset"], kind="stable")]
         except (CorruptObject, FileNotFoundError) as exc:
             pack.error = str(exc)
         packs[bytes.fromhex(match.group(1))] = pack
     return packs, tmps, odd
 
 
+def _by_pack(names: np.ndarray, rows: np.ndarray) -> Iterator[tuple]:
+    """(pack name, the ``rows`` whose pack it is), grouping ``rows`` by ``names`` (V16 pack names)."""
+    if not len(rows):
+        return
+    unique, which = np.unique(names, return_inverse=True)
+    order = np.argsort(which, kind="stable")
+    cuts = np.cumsum(np.bincount(which, minlength=len(unique)))[:-1]
+    raw = unique.tobytes()
+    for k, group in enumerate(np.split(rows[order], cuts)):
+        yield raw[k * NAME_BYTES:(k + 1) * NAME_BYTES], group
+
+
 class _Checker:
-    """One fsck run: the walk's Reach, where reachable chunks are, what is broken."""
+    """One fsck run: the walk's Reach, where reachable chunks are, what is broken.
+
+    Reachable chunks are rows of the walk's sorted id array; ``ok`` marks the
+    rows whose index entry was found and agrees with the tensor's length."""
 
     def __init__(self, found: reach.Reach):
         self.reach = found
-        self.locations: dict = {}  # reachable chunk id -> Location
+        self.ok = np.zeros(len(found.chunk_length), dtype=bool)
+        self.used: dict = {}  # pack name -> sorted offsets of the located chunks' records there
 
     def find(self, kind, what, detail, **where) -> None:
         self.reach.find(kind, what, detail, **where)
 
-    def locate_chunks(self, txn, elsewhere=frozenset()) -> None:
-        for cid, length in self.reach.chunk_length.items():
-            what = f"chunk {_short(cid)}"
-            try:
-                loc = txn.chunk(cid)
-            except CorruptObject as exc:
-                self.find(BAD_INDEX_ENTRY, what, str(exc), chunks={cid})
-                continue
-            if loc is None and cid in elsewhere:  # evicted or never fetched: the chunk store reads it from a remote
-                continue
-            if loc is None:
-                self.find(MISSING_CHUNK, what, "the chunk is missing from the chunk index", chunks={cid})
-            elif loc.size != length:
-                self.find(BAD_INDEX_ENTRY, what, f"the index gives it {loc.size} bytes, its tensor needs "
-                          f"{length}", chunks={cid})
-            else:
-                self.locations[cid] = loc
+    def cid(self, row: int) -> bytes:
+        return idarray.one(self.reach.chunk_length.ids, row)
+
+    def locate_chunks(self, elsewhere: Callable[[list], set]) -> set:
+        """Check every reachable chunk's index entry (from the walk's pass over the index);
+        returns the ids not indexed here that ``elsewhere`` (a remote) holds."""
+        r = self.reach
+        locs, lengths = r.locations, r.chunk_length.lengths
+        bad = r.located & locs["bad"]
+        wrong = r.located & ~locs["bad"] & (locs["size"] != lengths)
+        self.ok = r.located & ~bad & ~wrong
+        missing = [self.cid(i) for i in np.flatnonzero(~r.located).tolist()]
+        away = elsewhere(missing) if missing else set()  # evicted or never fetched: read from a remote
+        for cid in missing:
+            if cid not in away:
+                self.find(MISSING_CHUNK, f"chunk {_short(cid)}", "the chunk is missing from the chunk index",
+                          chunks={cid})
+        for i in np.flatnonzero(bad).tolist():
+            cid = self.cid(i)
+            self.find(BAD_INDEX_ENTRY, f"chunk {_short(cid)}", r.bad_entries.get(cid, "damaged"), chunks={cid})
+        for i in np.flatnonzero(wrong).tolist():
+            cid = self.cid(i)
+            self.find(BAD_INDEX_ENTRY, f"chunk {_short(cid)}", f"the index gives it {int(locs['size'][i])} bytes, "
+                      f"its tensor needs {int(lengths[i])}", chunks={cid})
+        rows = np.flatnonzero(self.ok)
+        for name, group in _by_pack(locs["pack"][rows], rows):
+            self.used[name] = np.sort(locs["offset"][group])
+        return away
 
     # -- packs -------------------------------------------------------------
 
-    def check_packed(self, packs: dict) -> dict:
-        """{chunk id: Location} of the chunks whose pack lists them; the rest become findings."""
-        ok, missing, damaged = {}, defaultdict(set), defaultdict(set)
-        for cid, loc in self.locations.items():
-            pack = packs.get(loc.pack)
-            if pack is None:
-                missing[loc.pack].add(cid)
-            elif pack.records is None:
-                damaged[loc.pack].add(cid)
-            elif pack.records.get(loc.offset) != (cid, loc.length):
-                self.find(NOT_IN_PACK, f"chunk {_short(cid)}", f"sealed pack {pack_filename(loc.pack)} does "
-                          f"not list it at offset {loc.offset}", chunks={cid})
-            else:
-                ok[cid] = loc
-        for name, cids in missing.items():
-            self.find(MISSING_PACK, f"pack {pack_filename(name)}", f"the pack file is missing; it held "
-                      f"{_chunks(len(cids))}", chunks=cids)
-        for name, cids in damaged.items():
-            self.find(DAMAGED_PACK, f"pack {pack_filename(name)}", f"{packs[name].error}; it holds "
-                      f"{_chunks(len(cids))}", chunks=cids)
-        return ok
+    def check_packed(self, packs: dict) -> np.ndarray:
+        """Rows of the located chunks whose pack lists them; the rest become findings."""
+        r, locs = self.reach, self.reach.locations
+        good = np.zeros(len(self.ok), dtype=bool)
+        rows = np.flatnonzero(self.ok)
+        for name, group in _by_pack(locs["pack"][rows], rows):
+            pack = packs.get(name)
+            if pack is None or pack.records is None:
+                kind, detail = (MISSING_PACK, "the pack file is missing; it held") if pack is None else \
+                    (DAMAGED_PACK, f"{pack.error}; it holds")
+                cids = {self.cid(i) for i in group.tolist()}
+                self.find(kind, f"pack {pack_filename(name)}", f"{detail} {_chunks(len(cids))}", chunks=cids)
+                continue
+            table = pack.records
+            at = np.minimum(np.searchsorted(table["offset"], locs["offset"][group]), max(len(table) - 1, 0))
+            listed = np.zeros(len(group), dtype=bool)
+            if len(table):
+                listed = (table["offset"][at] == locs["offset"][group]) & (table["id"][at] == r.chunk_length.ids[group]) \
+                    & (table["length"][at] == locs["length"][group])
+            good[group[listed]] = True
+            for i in group[~listed].tolist():
+                self.find(NOT_IN_PACK, f"chunk {_short(self.cid(i))}", f"sealed pack {pack_filename(name)} does "
+                          f"not list it at offset {int(locs['offset'][i])}", chunks={self.cid(i)})
+        return good
+
+    def jobs(self, good: np.ndarray) -> dict:
+        """{chunk id: Location} of the ``good`` rows, for reading and re-hashing their data."""
+        r, out = self.reach, {}
+        for i in np.flatnonzero(good).tolist():
+            cid = self.cid(i)
+            out[cid] = location_row(r.locations, i, r.deltas.get(cid))
+        return out
 
     def unreferenced(self, packs: dict, tmps: list, indexed_packs: set) -> list:
-        used = {(loc.pack, loc.offset) for loc in self.locations.values()}
         out = [Unreferenced(TMP_PACK, name, 0, size) for name, size in tmps]
         for name, pack in packs.items():
             fname = pack_filename(name)
+            used = self.used.get(name)
             if pack.records is None:
-                if not any(loc.pack == name for loc in self.locations.values()):
+                if used is None:
                     out.append(Unreferenced(UNREACHABLE_DAMAGED_PACK, fname, 0, pack.size))
                 continue
-            if name not in indexed_packs:
+            if name not in indexed_packs and used is None:
                 out.append(Unreferenced(UNINDEXED_PACK, fname, len(pack.records), pack.size))
                 continue
-            unused = [n for off, (_, n) in pack.records.items() if (name, off) not in used]
-            if unused and len(unused) == len(pack.records):
+            offsets = pack.records["offset"]
+            unused = pack.records["length"][~np.isin(offsets, used)] if used is not None else pack.records["length"]
+            if len(unused) and len(unused) == len(pack.records):
                 out.append(Unreferenced(UNUSED_PACK, fname, len(unused), pack.size))
-            elif unused:
+            elif len(unused):
                 out.append(Unreferenced(UNUSED_RECORDS, fname, len(unused),
-                                        sum(n + RECORD_HEAD.size for n in unused)))
+                                        int(unused.sum(dtype=np.int64)) + len(unused) * RECORD_HEAD.size))
         return out
 
     # -- consequences ------------------------------------------------------
@@ -286,19 +330,17 @@ def fsck(repo, quick: bool = False, threads: Optional[int] = None,
 def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
     start = time.perf_counter()
     with repo.index.read() as txn:
-        checker = _Checker(reach.walk(txn, repo.objects, reach.COLLECT))
-        elsewhere = repo.chunks.remote_only(checker.reach.chunk_length, txn)
-        checker.locate_chunks(txn, elsewhere)
-        unverified = {cid for cid in elsewhere if cid not in checker.locations}
+        checker = _Checker(reach.walk(txn, repo.objects, reach.COLLECT, locate=True))
+        unverified = checker.locate_chunks(lambda ids: repo.chunks.remote_only(ids, txn))
         # Scanned after the snapshot was taken: every pack it names was sealed before.
         packs, tmps, odd = scan_packs(repo.dir / "packs")
-        indexed = _indexed_packs(txn, packs, checker.locations)
     for name in odd:
         checker.find(NOT_REGULAR, f"packs/{name}", "it is not a regular file (a symlink, FIFO or device); "
                      "mvc never reads it: remove it")
-    jobs = checker.check_packed(packs)
+    good = checker.check_packed(packs)
     verified = 0
-    if not quick and jobs:
+    if not quick and good.any():
+        jobs = checker.jobs(good)
         total, done = sum(loc.length for loc in jobs.values()), 0
 
         def step(n):
@@ -311,31 +353,10 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
     r = checker.reach
     return FsckReport(quick, len(r.parents), r.trees, r.tensors, len(r.chunk_length),
                       len(packs), verified, time.perf_counter() - start, checker.damage(),
-                      tuple(checker.unreferenced(packs, tmps, indexed)),
+                      tuple(checker.unreferenced(packs, tmps, r.indexed_packs)),
                       unverified=len(unverified), unverified_bytes=sum(r.chunk_length[cid] for cid in unverified),
                       unverified_remote=getattr(repo.chunks, "name", None) if unverified else None,
                       leftovers=tuple(p.relative_to(repo.dir).as_posix() for p in scratch.leftovers(repo.dir)))
-
-
-def _indexed_packs(txn, packs: dict, locations: dict) -> set:
-    """Names of the sealed packs some chunk index entry points into.
-
-    Packs holding a reachable chunk are indexed by definition; only the
-    others are looked up, record by record, until one entry points there.
-    """
-    names = {loc.pack for loc in locations.values()}
-    for name, pack in packs.items():
-        if name in names or pack.records is None:
-            continue
-        for cid, _ in pack.records.values():
-            try:
-                loc = txn.chunk(cid)
-            except CorruptObject:  # damaged entries of reachable chunks are findings already
-                continue
-            if loc is not None and loc.pack == name:
-                names.add(name)
-                break
-    return names
 
 
 def rebuild_index(repo) -> RebuildReport:

@@ -42,10 +42,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from . import reach, refs, scratch
 from .errors import BadInput, CorruptObject, MvcError, ProtectedRef, UnknownRevision
-from .store.index import reflog_entry
-from .store.packs import PACK_NAME, RECORD_HEAD, read_trailer
+from .store import idarray
+from .store.index import location_row, reflog_entry
+from .store.packs import NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, read_trailer
 
 # Rewrite a pack when less than this share of its record bytes is live. A pack
 # is rewritten once: its live records land in a new pack that is all live, so a
@@ -302,7 +305,7 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
             expired.append((ref, seq))
     sweep.reflog_expired = len(expired)
     # The one walk fsck makes too; damage stops gc before anything is deleted.
-    live = reach.walk(txn, objects, reach.RAISE, prune=prune, skip_reflog=expired)
+    live = reach.walk(txn, objects, reach.RAISE, prune=prune, skip_reflog=expired, locate=True)
     writes = sweep.writes  # retention's notes first: a sweep cut short leaves pruned commits, never lost ones
     note = {"time": time.time_ns() // 1000, "policy": policy.describe()}
     writes += [("put_pruned", (oid, note)) for oid in prune] + [(refs.forget, ([e],)) for e in expired]
@@ -311,24 +314,36 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
         dead = [oid for oid in txn.ids(kind) if oid not in ids]
         sweep.removed[kind] = len(dead)
         writes += [("delete", (kind, oid)) for oid in dead]
-    dead_chunks = []
-    for cid, loc in txn.chunks():
-        sweep.indexed_packs.add(loc.pack)
-        if cid in live.chunk_length:
-            sweep.live_locs[cid] = loc
-        else:
-            dead_chunks.append(cid)
-    missing = live.chunk_length.keys() - sweep.live_locs.keys()
-    missing -= chunks.remote_only(missing, txn) if chunks is not None and missing else set()  # held by a remote
-    if missing:
-        raise CorruptObject(f"gc stopped, nothing was deleted: {len(missing)} live chunks (e.g. "
-                            f"{next(iter(missing)).hex()[:12]}) are not in the chunk index", id=next(iter(missing)))
-    sweep.removed["chunks"] = len(dead_chunks)
-    writes += [("delete_chunk", (cid,)) for cid in dead_chunks]
+    _sweep_chunks(sweep, live, txn, chunks, dry_run)
     writes += [("delete_pruned", (oid,)) for oid in txn.ids("pruned") if oid not in live.commits]
     if apply and not dry_run:
         _write(txn, writes)
     return sweep
+
+
+def _sweep_chunks(sweep: _Sweep, live: reach.Reach, txn, chunks, dry_run: bool) -> None:
+    """The chunk part of the sweep, from the walk's one pass over the chunk index:
+    where each live chunk lies, which packs the index names, which entries are garbage."""
+    for cid, why in live.bad_entries.items():
+        raise CorruptObject(f"gc stopped, nothing was deleted: chunk {cid.hex()[:12]}: {why}; run 'mvc fsck'", id=cid)
+    sweep.indexed_packs = live.indexed_packs
+    ids, locs = live.chunk_length.ids, live.locations
+    rows = np.flatnonzero(live.located)
+    names = locs["pack"][rows].tobytes()
+    for k, (cid, offset, length) in enumerate(zip(idarray.ids(ids[rows]), locs["offset"][rows].tolist(),
+                                                  locs["length"][rows].tolist())):
+        if locs["kind"][rows[k]] or cid in live.deltas:  # an encoded record: all its fields
+            sweep.live_locs[cid] = location_row(locs, int(rows[k]), live.deltas.get(cid))
+        else:  # plan_packs takes Locations
+            sweep.live_locs[cid] = Location(names[k * NAME_BYTES:(k + 1) * NAME_BYTES], offset, length)
+    missing = [idarray.one(ids, i) for i in np.flatnonzero(~live.located).tolist()]
+    missing = set(missing) - (chunks.remote_only(missing, txn) if chunks is not None and missing else set())
+    if missing:  # not even a remote holds them
+        raise CorruptObject(f"gc stopped, nothing was deleted: {len(missing)} live chunks (e.g. "
+                            f"{next(iter(missing)).hex()[:12]}) are not in the chunk index", id=next(iter(missing)))
+    sweep.removed["chunks"] = sum(len(d) for d in live.dead)
+    if not dry_run:
+        sweep.writes += [("delete_chunk", (cid,)) for d in live.dead for cid in idarray.ids(d)]
 
 
 def _write(txn, writes: list) -> None:

@@ -34,12 +34,16 @@ damage policy: ``RAISE`` lets its error stop the walk, ``COLLECT`` with a
 """
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Optional
 
+import numpy as np
+
 from .errors import CorruptObject, MvcError
 from .objects import TensorLeaf
-from .store.index import reflog_entry
+from .store import idarray
+from .store.index import LOCATIONS, reflog_entry
 from .store.objectstore import CORRUPT, MISSING
 from .traverse import format_path, walk as walk_tree
 
@@ -139,6 +143,69 @@ class Finding:
     refs: set = field(default_factory=set)
 
 
+class ChunkLengths(Mapping):
+    """Live chunk id -> length, held as a sorted id array and a length array
+    (about 40 bytes per chunk, against some 150 for a dict of bytes)."""
+
+    def __init__(self, ids: Optional[np.ndarray] = None, lengths: Optional[np.ndarray] = None):
+        self.ids = idarray.pack([]) if ids is None else ids
+        self.lengths = np.zeros(0, dtype=np.int64) if lengths is None else lengths
+
+    def __getitem__(self, cid: bytes) -> int:
+        i = idarray.contains(self.ids, cid) if type(cid) is bytes else -1
+        if i < 0:
+            raise KeyError(cid)
+        return int(self.lengths[i])
+
+    def __contains__(self, cid) -> bool:
+        return type(cid) is bytes and idarray.contains(self.ids, cid) >= 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(idarray.ids(self.ids))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def items(self):
+        return zip(idarray.ids(self.ids), self.lengths.tolist())
+
+    def merged(self, more: dict) -> "ChunkLengths":
+        """These and ``more`` ({id: length} of ids not here)."""
+        if not more:
+            return self
+        ids = np.concatenate([self.ids, idarray.pack(list(more))])
+        lengths = np.concatenate([self.lengths, np.array(list(more.values()), dtype=np.int64)])
+        order = np.argsort(ids, kind="stable")
+        return ChunkLengths(ids[order], lengths[order])
+
+
+class ChunkTensors:
+    """Chunk id -> ids of the live tensors that hold it, for naming what damage breaks.
+
+    Every (chunk, tensor) pair as two arrays sorted by chunk id (36 bytes a
+    pair); delta bases, held by the tensors of the chunks that depend on
+    them, in a dict of their own (``extra``)."""
+
+    def __init__(self, chunks: Optional[np.ndarray] = None, owners: Optional[np.ndarray] = None,
+                 tensors: Optional[list] = None):
+        self.chunks = idarray.pack([]) if chunks is None else chunks
+        self.owners = np.zeros(0, dtype=np.int32) if owners is None else owners
+        self.tensors = tensors or []
+        self.extra = defaultdict(set)
+
+    def get(self, cid: bytes, default=None) -> set:
+        held = set()
+        if type(cid) is bytes and len(cid) == idarray.WIDTH:
+            needle = np.frombuffer(cid, dtype=idarray.ID)
+            lo, hi = np.searchsorted(self.chunks, needle, "left")[0], np.searchsorted(self.chunks, needle, "right")[0]
+            held = {self.tensors[k] for k in self.owners[lo:hi].tolist()}
+        held |= self.extra.get(cid, set())
+        return held if held else (set() if default is None else default)
+
+    def __getitem__(self, cid: bytes) -> set:
+        return self.get(cid)
+
+
 @dataclass
 class Reach:
     """What a walk found: live ids, where each is used, and the damage met."""
@@ -149,11 +216,19 @@ class Reach:
     tree_commits: dict = field(default_factory=lambda: defaultdict(set))  # live tree id -> commits
     tensor_trees: dict = field(default_factory=lambda: defaultdict(set))
     tensor_paths: dict = field(default_factory=lambda: defaultdict(set))
-    chunk_tensors: dict = field(default_factory=lambda: defaultdict(set))
-    chunk_length: dict = field(default_factory=dict)  # live chunk id -> length
+    chunk_tensors: ChunkTensors = field(default_factory=ChunkTensors)  # filled by COLLECT walks only (fsck)
+    chunk_length: ChunkLengths = field(default_factory=ChunkLengths)  # live chunk id -> length
     trees: int = 0  # intact live trees
     tensors: int = 0  # intact live tensors
     findings: list = field(default_factory=list)
+    # What the one pass over the chunk index found (``walk(locate=True)``). Aligned with
+    # ``chunk_length.ids``: ``located`` (the index has an entry), ``locations`` (LOCATIONS).
+    located: Optional[np.ndarray] = None
+    locations: Optional[np.ndarray] = None
+    deltas: dict = field(default_factory=dict)  # live chunk id -> (base id, depth) of its delta record
+    bad_entries: dict = field(default_factory=dict)  # chunk id -> why its index value does not decode (any chunk)
+    indexed_packs: set = field(default_factory=set)  # pack names some chunk index entry names
+    dead: list = field(default_factory=list)  # id arrays of the chunk index entries nothing live uses
 
     def find(self, kind: str, what: str, detail: str, **where) -> None:
         self.findings.append(Finding(kind, what, detail, **{k: set(v) for k, v in where.items()}))
@@ -262,33 +337,128 @@ class _Walker:
                 self.reach.tensor_paths[leaf.id].add(format_path(path) or "<root>")
 
     def tensors(self) -> None:
+        ids, lengths, owners, held = [], [], [], []
         for tid in list(self.reach.tensor_trees):
             obj = self.get("tensors", tid, tensors={tid})
             if obj is None:
                 continue
             self.reach.tensors += 1
-            for cid, _, length in obj.chunk_spans():
-                self.reach.chunk_tensors[cid].add(tid)
-                self.reach.chunk_length.setdefault(cid, length)
+            ids.append(b"".join(obj.chunks))  # one buffer per tensor, not a bytes object per chunk
+            lengths.append(_lengths(obj))
+            owners.append(np.full(len(obj.chunks), len(held), dtype=np.int32))
+            held.append(tid)
+        every = np.frombuffer(b"".join(ids), dtype=idarray.ID)
+        lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        owners = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int32)
+        order = np.argsort(every, kind="stable")  # stable: an id's first occurrence gives its length
+        ordered = every[order]
+        first = np.ones(len(ordered), dtype=bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        self.reach.chunk_length = ChunkLengths(ordered[first], lengths[order[first]])
+        if self.policy == COLLECT:  # only a report of damage names tensors (RAISE stops instead)
+            self.reach.chunk_tensors = ChunkTensors(ordered, owners[order], held)
 
-    def bases(self) -> None:
-        """Add the delta bases of live chunks (and theirs) to the live chunks."""
-        todo = list(self.reach.chunk_length)
+    def index(self, locate: bool) -> None:
+        """One pass over the chunk index, in id order, merged with the sorted live ids:
+        the delta bases of live chunks and, with ``locate``, where each live chunk lies,
+        which packs the index names and which entries are garbage."""
+        r, live = self.reach, self.reach.chunk_length.ids
+        located = np.zeros(len(live), dtype=bool)
+        locations = np.zeros(len(live) if locate else 0, dtype=LOCATIONS)
+        for batch in self.txn.chunk_batches():
+            pos = idarray.find(live, batch.ids)
+            hit = pos >= 0
+            located[pos[hit]] = True
+            for row, why in batch.bad.items():
+                r.bad_entries[idarray.one(batch.ids, row)] = why
+            for row, delta in batch.bases.items():
+                if pos[row] >= 0:
+                    r.deltas[idarray.one(batch.ids, row)] = delta
+            if locate:
+                locations[pos[hit]] = batch.locs[hit]
+                packs = np.unique(batch.locs["pack"][~batch.locs["bad"]])
+                raw = packs.tobytes()
+                r.indexed_packs.update(raw[i:i + 16] for i in range(0, len(raw), 16))
+                r.dead.append(batch.ids[~hit])
+        if locate:
+            r.located, r.locations = located, locations
+        self.bases(locate)
+
+    def bases(self, locate: bool) -> None:
+        """Add the delta bases of live chunks (and theirs) to the live chunks.
+
+        The pass over the index gave each live delta record's base; a base
+        that nothing else holds is looked up on its own (the only random
+        lookups left, one per such base)."""
+        r = self.reach
+        added, found = {}, {}  # base id not live otherwise -> length; -> its Location, if indexed
+        todo = list(r.deltas)
         while todo:
             cid = todo.pop()
-            try:
-                loc = self.txn.chunk(cid)
-            except CorruptObject:  # a damaged entry: fsck names it when it locates the chunk
+            base = r.deltas.get(cid, (None,))[0]
+            if base is None:
                 continue
-            if loc is None or loc.base is None:
-                continue
-            users = self.reach.chunk_tensors[cid]
-            held = self.reach.chunk_tensors[loc.base]
-            new = loc.base not in self.reach.chunk_length
-            if new or not users <= held:
-                held |= users
-                self.reach.chunk_length.setdefault(loc.base, loc.size)
-                todo.append(loc.base)
+            users = r.chunk_tensors.get(cid)
+            new = base not in added and base not in r.chunk_length
+            if new or not users <= r.chunk_tensors.get(base):
+                r.chunk_tensors.extra[base] |= users
+                if new:
+                    added[base] = self._size(cid, found)
+                    loc = self._lookup(base)
+                    if loc is not None:
+                        found[base] = loc
+                        if loc.base is not None:
+                            r.deltas[base] = (loc.base, loc.depth)
+                todo.append(base)
+        if added:
+            self._add(added, found, locate)
+
+    def _size(self, cid: bytes, found: dict) -> int:
+        """The decoded size of live chunk ``cid``'s record (its base decodes to as many bytes)."""
+        if cid in found:
+            return found[cid].size
+        if self.reach.located is not None:
+            i = idarray.contains(self.reach.chunk_length.ids, cid)
+            if i >= 0 and self.reach.located[i]:
+                return int(self.reach.locations["size"][i])
+        loc = self._lookup(cid)
+        return loc.size if loc is not None else self.reach.chunk_length[cid]
+
+    def _lookup(self, cid: bytes):
+        try:
+            return self.txn.chunk(cid)
+        except CorruptObject:  # a damaged entry: fsck names it when it locates the chunk
+            return None
+
+    def _add(self, added: dict, found: dict, locate: bool) -> None:
+        """Make the bases in ``added`` live: in the lengths, and located where the index has them."""
+        r = self.reach
+        old = r.chunk_length.ids
+        r.chunk_length = r.chunk_length.merged(added)
+        if r.located is None:
+            return
+        where = idarray.find(r.chunk_length.ids, old)  # old rows' places among the new
+        located = np.zeros(len(r.chunk_length), dtype=bool)
+        located[where] = r.located
+        locations = np.zeros(len(r.chunk_length), dtype=LOCATIONS)
+        locations[where] = r.locations
+        for cid, loc in found.items():
+            i = idarray.contains(r.chunk_length.ids, cid)
+            located[i] = True
+            locations[i] = (loc.pack, loc.offset, loc.length, loc.size, loc.kind, False)
+        r.located, r.locations = located, locations
+        made_live = np.sort(idarray.pack(list(added)))
+        r.dead = [d[idarray.find(made_live, d) < 0] for d in r.dead]
+
+
+def _lengths(obj) -> np.ndarray:
+    """The length of each of a tensor object's chunks, in ``obj.chunks`` order."""
+    if obj.shards:  # each shard's stream ends in a short chunk of its own
+        return np.fromiter((n for _, _, n in obj.chunk_spans()), dtype=np.int64, count=len(obj.chunks))
+    out = np.full(len(obj.chunks), obj.chunk_size, dtype=np.int64)
+    if len(out):
+        out[-1] = obj.nbytes - obj.chunk_size * (len(out) - 1)
+    return out
 
 
 def reflog_ids(raw: bytes, name: str) -> Optional[list]:
@@ -297,19 +467,22 @@ def reflog_ids(raw: bytes, name: str) -> Optional[list]:
     return None if entry is None else [entry[k] for k in ("old", "new") if entry.get(k) is not None]
 
 
-def walk(txn, objects, policy: str = COLLECT, prune: Iterable[bytes] = (), skip_reflog: Iterable = ()) -> Reach:
+def walk(txn, objects, policy: str = COLLECT, prune: Iterable[bytes] = (), skip_reflog: Iterable = (),
+         locate: bool = False) -> Reach:
     """Everything reachable from refs and the reflog, in the index transaction ``txn``.
 
     ``prune``: commits to treat as pruned (gc's retention, before it marks
     them). ``skip_reflog``: (ref, sequence) entries not to count as roots
-    (expiring ones). With ``RAISE``, CorruptObject at the first damage.
+    (expiring ones). ``locate``: also keep what the pass over the chunk
+    index found (Reach's ``located`` ... ``dead``). With ``RAISE``,
+    CorruptObject at the first damage.
     """
     walker = _Walker(txn, objects, policy, set(prune), set(skip_reflog))
     walker.roots()
     walker.commits()
     walker.trees()
     walker.tensors()
-    walker.bases()
+    walker.index(locate)
     return walker.reach
 
 

@@ -17,6 +17,7 @@ block. This is the only module that imports ``lmdb``.
 """
 
 import errno
+import itertools
 import os
 import struct
 import threading
@@ -26,18 +27,22 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import lmdb
+import numpy as np
 
 from .. import encoding, hashing
 from ..errors import BadInput, CorruptObject, MvcError, ReadOnlyRepository
+from . import idarray
 from .fs import check_file, open_file
-from .packs import Location, decode_location, encode_location
+from .packs import INDEX_RAW, Location, decode_location, encode_location
 
 OBJECT_KINDS = ("tensors", "trees", "commits")
 DB_NAMES = ("chunks",) + OBJECT_KINDS + ("refs", "reflog", "locks", "meta", "pruned")
 _SEQ = struct.Struct(">Q")
 DIRECT, SYMBOLIC = 0, 1
 FLAG_PROTECTED = 1
-MAP_SIZE = 1 << 36  # address space only; the file grows as it is used
+# Address space only (the file grows as it is used): 1 TiB, because a repository of 4e8
+# chunk entries (a 1 TB model, 100 checkpoints: docs/scale.md) needs an index of about 125 GB.
+MAP_SIZE = 1 << 40
 MIN_MAP_SIZE = 1 << 26  # tried when the address space for MAP_SIZE is refused (ulimit -v)
 MAX_KEY = 480  # LMDB's key limit is 511 bytes; a reflog key adds 9 to a ref name
 LOCK_FILE_BYTES = 8192  # what LMDB makes of lock.mdb for its 126 reader slots
@@ -119,6 +124,64 @@ def _location(raw: bytes) -> Location:
     return decode_location(raw)  # 28 bytes (raw record) or 66 (encoded): packs.py
 
 
+SCAN_BATCH = 1 << 16  # chunk entries a scan holds at once: about 6 MB
+# A chunk index value of a raw record as numpy reads it (INDEX_RAW's layout, 28 bytes).
+_RAW_VALUE = np.dtype([("pack", "V16"), ("offset", "<u8"), ("length", "<u4")])
+assert _RAW_VALUE.itemsize == INDEX_RAW.size
+# Locations as columns: ``size`` is the decoded size, ``bad`` marks a value that does not decode.
+LOCATIONS = np.dtype([("pack", "V16"), ("offset", "<u8"), ("length", "<u4"), ("size", "<i8"), ("kind", "u1"),
+                      ("bad", "?")])
+
+
+@dataclass
+class ChunkBatch:
+    """Consecutive entries of the chunk table, in id order, as arrays.
+
+    ``ids``: an id array (``idarray``); ``locs``: their locations (LOCATIONS);
+    ``bases``: {row: (base id, depth)} of the delta records among them; ``bad``: {row:
+    why} of the values that do not decode (their ``locs`` row is zero).
+    """
+
+    ids: np.ndarray
+    locs: np.ndarray
+    bases: dict
+    bad: dict
+
+
+def location_row(locs: np.ndarray, i: int, delta: Optional[tuple] = None) -> Location:
+    """Row ``i`` of a LOCATIONS array as a Location; ``delta`` is its (base id, depth), if any."""
+    row = locs[i]
+    kind = int(row["kind"])
+    base, depth = delta or (None, 0)
+    return Location(locs["pack"][i:i + 1].tobytes(), int(row["offset"]), int(row["length"]), kind,
+                    int(row["size"]) if kind else -1, depth, base)
+
+
+def _batch(keys: list, values: list) -> ChunkBatch:
+    """The ChunkBatch of raw keys and values read from the chunk table."""
+    n = len(values)
+    locs = np.zeros(n, dtype=LOCATIONS)
+    raw = np.fromiter(map(len, values), dtype=np.int64, count=n) == INDEX_RAW.size
+    plain = np.flatnonzero(raw)
+    if len(plain):
+        parsed = np.frombuffer(b"".join(values if len(plain) == n else [values[i] for i in plain]), _RAW_VALUE)
+        for name in ("pack", "offset", "length"):
+            locs[name][plain] = parsed[name]
+        locs["size"][plain] = parsed["length"]
+    bases, bad = {}, {}
+    for i in np.flatnonzero(~raw).tolist():  # encoded records (repack) and damage: one at a time
+        try:
+            loc = decode_location(values[i])
+        except CorruptObject as exc:
+            locs["bad"][i] = True
+            bad[i] = str(exc)
+            continue
+        locs[i] = (loc.pack, loc.offset, loc.length, loc.size, loc.kind, False)
+        if loc.base is not None:
+            bases[i] = (loc.base, loc.depth)
+    return ChunkBatch(idarray.pack(keys), locs, bases, bad)
+
+
 class Txn:
     """One LMDB transaction, speaking in mvc's types."""
 
@@ -141,6 +204,26 @@ class Txn:
     def chunks(self) -> Iterator[tuple]:
         for key, raw in self._txn.cursor(db=self._dbs["chunks"]):
             yield key, _location(raw)
+
+    def chunk_batches(self, batch: Optional[int] = None) -> Iterator[ChunkBatch]:
+        """The whole chunk table in id order, ``batch`` (default SCAN_BATCH) entries at a time.
+
+        One cursor pass: LMDB reads its B-tree's leaves in order, where a
+        ``chunk`` call per id would land on a random leaf each time (a cache
+        miss per tree level once the table outgrows the caches, a disk read
+        once it outgrows memory). A key that is not 32 bytes long is no
+        chunk id and is left out.
+        """
+        entries, batch = self._txn.cursor(db=self._dbs["chunks"]).iternext(), batch or SCAN_BATCH
+        while True:
+            rows = list(itertools.islice(entries, batch))
+            if not rows:
+                return
+            if len(b"".join(k for k, _ in rows)) != idarray.WIDTH * len(rows):
+                rows = [(k, v) for k, v in rows if len(k) == idarray.WIDTH]
+            if rows:
+                keys, values = zip(*rows)
+                yield _batch(list(keys), list(values))
 
     def drop_chunks(self) -> None:
         """Empty the chunk index (before rebuilding it from packs)."""
@@ -447,7 +530,7 @@ class Index:
             if self._grow():
                 raise MvcError("the index filled the space this process may map; it was grown: "
                                "run the command again") from None
-            raise MvcError("the index reached its 64 GiB limit; nothing was changed") from None
+            raise MvcError(f"the index reached its {MAP_SIZE >> 30} GiB limit; nothing was changed") from None
         except lmdb.ReadersFullError:
             raise MvcError("too many processes and threads are reading the index at once (126); "
                            "try again when some have finished") from None

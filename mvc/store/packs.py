@@ -34,8 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+import numpy as np
+
+from .. import hashing
 from ..errors import CorruptObject, PackDamaged, PackMissing
-from . import packformat
+from . import idarray, packformat
 from .verify import intact
 from .fs import WRITEBACK_BYTES, entries, fsync_dir, open_file, start_writeback
 from .packformat import (ENTRY, ENTRY_V2, FOOTER, HEADER, HEADER_V2, NAME_BYTES, NO_BASE, RECORD_HEAD, SEAL,  # noqa: F401
@@ -174,7 +177,8 @@ class PackWriter:
 
 def read_trailer(path: Path) -> list:
     """The (id, offset, stored length) entries a sealed pack lists; CorruptObject if damaged."""
-    return [(cid, loc.offset, loc.length) for cid, loc in read_locations(path)]
+    table = read_trailer_table(path)  # no Location per record: gc reads every pack's trailer
+    return list(zip(idarray.ids(table["id"]), table["offset"].tolist(), table["length"].tolist()))
 
 
 pack_version = packformat.version
@@ -183,6 +187,12 @@ pack_version = packformat.version
 def read_locations(path: Path, name: bytes = NO_BASE[:NAME_BYTES]) -> list:
     """(id, Location in pack ``name``) for each record a sealed pack lists, in
     order; CorruptObject if the pack is damaged."""
+    body, footer, what, version = _trailer_bytes(path)
+    return packformat.parse_trailer(body, footer, what, name, version)
+
+
+def _trailer_bytes(path: Path) -> tuple:
+    """(trailer, footer, what, version) of a sealed pack; PackDamaged if it is not one."""
     what = f"pack {path.name}"
     with os.fdopen(open_file(path), "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -194,7 +204,36 @@ def read_locations(path: Path, name: bytes = NO_BASE[:NAME_BYTES]) -> list:
         start, stop = packformat.trailer_span(footer, size, what)
         f.seek(start)
         body = f.read(stop - start)
-    return packformat.parse_trailer(body, footer, what, name, version)
+    return body, footer, what, version
+
+
+# A trailer's entries as columns (fsck's metadata pass over millions of records).
+TRAILER = np.dtype([("id", "S32"), ("offset", "<u8"), ("length", "<u4")])
+_ENTRY_V1 = np.dtype([("id", "S32"), ("offset", "<u8"), ("length", "<u4")])
+assert _ENTRY_V1.itemsize == ENTRY.size
+
+
+def read_trailer_table(path: Path) -> np.ndarray:
+    """The (id, offset, stored length) entries a sealed pack lists, as a TRAILER array in
+    listed order; CorruptObject if the pack is damaged (as ``read_locations``).
+
+    A version 1 trailer is checked and read as one array; a version 2 one
+    goes through ``read_locations``, which checks each entry's coding."""
+    body, footer, what, version = _trailer_bytes(path)
+    if version != 1:
+        rows = packformat.parse_trailer(body, footer, what, NO_BASE[:NAME_BYTES], version)
+        return np.array([(cid, loc.offset, loc.length) for cid, loc in rows], dtype=TRAILER)
+    digest, trailer_offset, _ = FOOTER.unpack(footer[-FOOTER.size:])
+    if hashing.digest(body) != digest:
+        raise packformat._damaged(what, "has a damaged trailer (checksum mismatch)")
+    count = packformat.COUNT.unpack_from(body)[0] if len(body) >= packformat.COUNT.size else -1
+    if count < 0 or len(body) != packformat.COUNT.size + count * ENTRY.size:
+        raise packformat._damaged(what, "trailer length does not match its count")
+    table = np.frombuffer(body, dtype=_ENTRY_V1, offset=packformat.COUNT.size).astype(TRAILER)
+    ends = table["offset"] + table["length"]
+    if ((table["offset"] < len(HEADER) + RECORD_HEAD.size) | (ends > trailer_offset)).any():
+        raise packformat._damaged(what, "lists a record outside its data")
+    return table
 
 
 def salvage_records(path: Path, limit: int = 1 << 32) -> Iterator[tuple]:

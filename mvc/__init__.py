@@ -26,3 +26,4 @@ __all__ = [
     "RefConflict", "RepositoryExists", "UnknownRevision", "UnsupportedFormat", "__version__",
 ]
 __all__ += ["BadRecipe", "MergeError", "MergeMismatch", "MergeRefused", "check_ref_name"]
+__all__ += ["fsck", "history", "reader"]  # verb modules that take a repository (see the README, "What moved")

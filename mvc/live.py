@@ -31,7 +31,6 @@ and every chunk is read and verified before any live tensor changes, so a
 mismatch or a corrupt chunk changes nothing.
 """
 
-import fnmatch
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -129,32 +128,6 @@ def remember(records: "LiveRecords", slots: list, prints: dict, chunk_size: int)
 
 
 # -- partial loads --------------------------------------------------------------
-
-def select(root, only: str):
-    """The tree ``root`` cut to the leaves whose dotted key matches the glob ``only``.
-
-    Dicts keep only keys that lead to a match; a list or tuple that leads to
-    one keeps its length, with None for items that lead to none. The root
-    itself is always kept (empty when nothing matches).
-    """
-    def cut(node, path):
-        if not is_container(node):
-            return node if fnmatch.fnmatchcase(format_path(path), only) else _NONE
-        if type(node) is dict:
-            kept = {k: cut(v, path + (k,)) for k, v in node.items()}
-            kept = {k: v for k, v in kept.items() if v is not _NONE}
-            return kept if kept or not path else _NONE
-        items = [cut(v, path + (i,)) for i, v in enumerate(node)]
-        if all(v is _NONE for v in items) and path:
-            return _NONE
-        items = [None if v is _NONE else v for v in items]
-        return tuple(items) if type(node) is tuple else items
-    out = cut(root, ())
-    return out if out is not _NONE else None
-
-
-_NONE = object()
-
 
 # -- the live switch --------------------------------------------------------------
 

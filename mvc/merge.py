@@ -465,7 +465,7 @@ class _Input:
 
 
 def _read_input(repo, txn, rev: str, only: Optional[str]) -> _Input:
-    from .live import select  # the same glob rules as load(only=) and diff --only
+    from .traverse import select  # the same glob rules as load(only=) and diff --only
     oid = repo.refs.resolve(txn, rev)
     root = repo.objects.commit_tree(txn, oid).root
     if only is not None:

@@ -8,8 +8,8 @@ windows, a live switch's changed chunks, merge's slices). Built on them:
 ``load`` (a whole state or the keys ``only`` selects), ``load_keys`` (top
 level keys of a dict state), ``read_leaves`` (given tree leaves, in a
 transaction of its own: export), ``read_pieces`` (byte ranges of shards:
-the DCP reader), ``read_chunk`` (one chunk), ``load_into`` (a live switch,
-``mvc.live``).
+the DCP reader), ``read_chunk`` (one chunk); ``mvc.live`` (a live switch, ``load_into``) reads
+through ``read_tensors`` and ``read_runs``.
 
 Readers hold ``gc_lock.shared()`` and one index read transaction, so gc in
 another process cannot move a pack between reading a location and reading
@@ -25,7 +25,7 @@ from . import refs, sharded
 from .errors import BadInput
 from .objects import TensorLeaf, TensorObject
 from .store.chunks import Request
-from .traverse import format_path, walk
+from .traverse import format_path, select, walk
 
 
 def read_runs(repo, txn, requests: list, progress=None, threads=None) -> None:
@@ -42,7 +42,7 @@ def load(repo, rev: str = refs.HEAD, map_location=None,
 
     ``map_location`` (a device or device string) moves tensors after loading.
     ``only`` (a glob on dotted keys, as ``diff --only``) reads and verifies
-    only the matching leaves; see ``mvc.live.select`` for the shape of
+    only the matching leaves; see ``mvc.traverse.select`` for the shape of
     what comes back. Every object and chunk is verified against its id;
     ChecksumMismatch names the tensor's key path and the commit.
     CommitPruned if gc retention deleted its tensors. ``progress(done,
@@ -54,30 +54,10 @@ def load(repo, rev: str = refs.HEAD, map_location=None,
         oid = repo.refs.resolve(txn, rev)
         root = repo.objects.commit_tree(txn, oid).root
         if only is not None:
-            from . import live  # torch
-            root = live.select(root, only)
+            root = select(root, only)
         leaves = [(p, leaf) for p, leaf in walk(root) if isinstance(leaf, TensorLeaf)]
         tensors = read_tensors(repo, txn, leaves, oid, progress)
     return states.materialize(root, tensors, map_location)
-
-
-def load_into(repo, targets: dict, rev: str = refs.HEAD, *, check_live: bool = True):
-    """Update live tensors in place to commit ``rev``, reading only what differs.
-
-    ``targets`` is shaped like part of the committed state: its leaves
-    are live tensors, or objects with state_dict/load_state_dict (a
-    module, an optimizer). Only the keys given are touched; a chunk is
-    skipped only when its bytes provably still hold what the commit
-    needs (``mvc.live``). ``check_live=False`` is the caller's promise
-    that no write bypassed torch's version counter (``.data``, numpy,
-    DLPack) since mvc last loaded these tensors: then their
-    unchanged chunks are skipped without reading a live byte.
-    Raises BadInput on a missing key, dtype or shape mismatch,
-    ChecksumMismatch on a corrupt chunk: before any live tensor
-    changes. Returns a ``mvc.live.Switch``.
-    """
-    from . import live  # torch
-    return live.load_into(repo, targets, rev, check_live)
 
 
 def read_leaves(repo, rev: str, leaves: list, progress=None, into: Optional[dict] = None) -> dict:

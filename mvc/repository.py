@@ -6,7 +6,7 @@ Every verb lives in a module that takes this core as its narrow input:
 read of tensor bytes), ``mvc.diff``, ``mvc.exchange`` (export, import),
 ``mvc.fsck``, ``mvc.gc``, ``mvc.repack``, ``mvc.merge``, ``mvc.history``.
 Verbs that come in families are grouped as attributes: ``remotes`` and
-``cache`` (``mvc.remote.verbs``), ``shards`` (``mvc.sharded``), ``bisect``
+``cache`` (``mvc.remote.verbs``), ``shards`` (``mvc.shards``), ``bisect``
 (``mvc.bisect``), ``trust`` (signatures and audits, ``mvc.audit``),
 ``locks`` (branch write locks, ``mvc.writelocks``) and ``reflog``
 (``mvc.refverbs``, which also holds the branch and tag verbs). ``docs/architecture.md``
@@ -29,7 +29,7 @@ from .records import Commit, Entry, Export, Head, Ref, Status
 from .refverbs import Reflog
 from .remote import sync, tiers
 from .remote.verbs import Cache, Remotes, setting
-from .sharded import Shards
+from .shards import Shards
 from .store import fs
 from .store.chunks import PackStore
 from .store.index import Index, read_only
@@ -187,8 +187,9 @@ class Repository:
         return reader.load(self, rev, map_location, progress, only)
 
     def load_into(self, targets: dict, rev: str = refs.HEAD, *, check_live: bool = True):
-        """Update live tensors in place to commit ``rev``, reading only what differs; see ``mvc.reader.load_into``."""
-        return reader.load_into(self, targets, rev, check_live=check_live)
+        """Update live tensors in place to commit ``rev``, reading only what differs; see ``mvc.live.load_into``."""
+        from . import live  # torch (see mvc.commits)
+        return live.load_into(self, targets, rev, check_live)
 
     def diff(self, a: str, b=None, only=None, read_data: bool = True) -> "diffs.Diff":
         """Compare commit ``a`` with ``b`` (default HEAD); see ``mvc.diff.diff``."""

@@ -10,6 +10,7 @@ with dots (``format_path``). Dicts are visited in canonical key order
 state mvc stores can also be read back, checked and exported.
 """
 
+import fnmatch
 import sys
 from typing import Any, Callable, Iterator
 
@@ -94,3 +95,29 @@ def storage_key(t) -> Any:
     if t.is_nested or t.numel() == 0 or t.layout != sys.modules["torch"].strided:  # a tensor exists: torch is loaded
         return None
     return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def select(root, only: str):
+    """The tree ``root`` cut to the leaves whose dotted key matches the glob ``only``.
+
+    Dicts keep only keys that lead to a match; a list or tuple that leads to
+    one keeps its length, with None for items that lead to none. The root
+    itself is always kept (empty when nothing matches).
+    """
+    def cut(node, path):
+        if not is_container(node):
+            return node if fnmatch.fnmatchcase(format_path(path), only) else _NONE
+        if type(node) is dict:
+            kept = {k: cut(v, path + (k,)) for k, v in node.items()}
+            kept = {k: v for k, v in kept.items() if v is not _NONE}
+            return kept if kept or not path else _NONE
+        items = [cut(v, path + (i,)) for i, v in enumerate(node)]
+        if all(v is _NONE for v in items) and path:
+            return _NONE
+        items = [None if v is _NONE else v for v in items]
+        return tuple(items) if type(node) is tuple else items
+    out = cut(root, ())
+    return out if out is not _NONE else None
+
+
+_NONE = object()

@@ -6,6 +6,8 @@ adds a cycle or a second home, whatever the tests that run code cover.
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import mvc
@@ -13,9 +15,7 @@ import mvc
 ROOT = Path(mvc.__file__).parent
 
 # Cycles through an import inside a function that a change under way removes; each names why it is here.
-KNOWN_CYCLES = {
-    frozenset({"mvc.merge", "mvc.repository"}),  # merge imports repository._record until repository.py's split
-}
+KNOWN_CYCLES = set()
 
 
 def modules() -> dict:
@@ -153,3 +153,14 @@ def test_only_the_store_lists_its_packs_folder():
                for lines in [_lists_packs(tree)] if lines}
     assert listers == {}
     assert _lists_packs(ast.parse('entries(repo.dir / "packs")')) == [1]
+
+
+def test_the_repository_reaches_its_layers_through_ordinary_imports():
+    source = (ROOT / "repository.py").read_text()
+    assert "importlib" not in source and "_remote(" not in source and "_state_module" not in source
+
+
+def test_import_mvc_does_not_import_torch():
+    """Why commits, reader and repository import state, live and merge inside functions."""
+    code = "import sys, mvc; r = mvc.Repository; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -467,3 +467,17 @@ def test_fetch_does_not_make_a_tag_named_like_a_local_branch(origin, tmp_path):
         assert clone.reflog.entries("HEAD")[-1][1]["message"] == f"clone: {tmp_path / 'remote'}"
     finally:
         clone.close()
+
+
+def test_removing_a_remote_drops_its_tracking_refs_and_their_reflogs(origin, tmp_path):
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
+    clone.remotes.fetch()
+    assert [r.name for r in clone.remotes.branches()] == ["origin/main"]
+    with clone.index.read() as txn:
+        assert list(txn.reflog_raw("remotes/origin/main"))  # the clone's fetch logged the tracking ref
+    clone.remotes.remove("origin")
+    assert clone.remotes.list() == [] and clone.remotes.branches() == []
+    with clone.index.read() as txn:
+        assert list(txn.reflog_raw("remotes/origin/main")) == []
+    assert clone.load() is not None and clone.fsck().ok  # the local branch and its data stay
+    clone.close()

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 from .. import hashing
-from ..errors import ChecksumMismatch, ObjectNotFound
+from ..errors import RemoteCorrupt
 from ..store.chunks import Request
 from . import layout
 from .bucket import NotFound, RemoteError, RemoteUnreachable
@@ -63,8 +63,8 @@ def fetch_chunks(bucket, locations: dict, deliver: Callable, what: Callable = la
         for cid, loc in items:
             piece = data[loc.offset - start:loc.offset - start + loc.length]
             if hashing.digest(piece) != cid:
-                raise ChecksumMismatch(f"chunk {cid.hex()[:12]}{what(cid)} read from remote pack {key} is corrupt "
-                                       "(BLAKE3 mismatch); nothing was stored: run 'mvc fsck --remote'", id=cid)
+                raise RemoteCorrupt(f"chunk {cid.hex()[:12]}{what(cid)} read from remote pack {key} is corrupt "
+                                    "(BLAKE3 mismatch); nothing was stored", key=key, id=cid)
             deliver(cid, piece)
         if progress:
             progress(sum(loc.length for _, loc in items))
@@ -220,10 +220,11 @@ def read_pack_records(bucket, key: str, entries: list) -> dict:
     for oid, offset, length in entries:
         piece = data[offset:offset + length]
         if len(piece) != length:
-            raise ObjectNotFound(f"remote pack {key} is shorter than its trailer says; run 'mvc fsck --remote'")
+            raise RemoteCorrupt(f"remote pack {key} is shorter than its trailer says; nothing was stored", key=key,
+                                id=oid)
         if hashing.digest(piece) != oid:
-            raise ChecksumMismatch(f"object {oid.hex()[:12]} in remote pack {key} is corrupt (BLAKE3 mismatch); "
-                                   "nothing was stored: run 'mvc fsck --remote'", id=oid)
+            raise RemoteCorrupt(f"object {oid.hex()[:12]} in remote pack {key} is corrupt (BLAKE3 mismatch); "
+                                "nothing was stored", key=key, id=oid)
         out[oid] = bytes(piece)
     return out
 

@@ -397,8 +397,7 @@ class PackStore(ChunkStore):
         for req in requests:
             loc = self.locate(req.id, txn, req.what)
             if loc.size != memoryview(req.buffer).nbytes:
-                raise CorruptObject(f"{_named(req.id, req.what)} has the wrong length in the index; "
-                                    "run 'mvc fsck'", id=req.id)
+                raise CorruptObject(f"{_named(req.id, req.what)} has the wrong length in the index", id=req.id)
             if loc.base is not None:  # each alone, with its chain of bases looked up here, in the transaction's thread
                 coded.append([(loc, req, self.chain(req.id, loc, txn, req.what))])
             elif loc.coded:
@@ -462,12 +461,11 @@ class PackStore(ChunkStore):
                     raise CorruptObject("the delta record names another base than the index")
             codec.decode_chain([(link.kind, data) for link, data in links], loc.size, out)
         except CorruptObject as exc:
-            raise CorruptObject(f"{_named(cid, what)} cannot be decoded ({exc}); run 'mvc fsck'", id=cid) from None
+            raise CorruptObject(f"{_named(cid, what)} cannot be decoded ({exc})", id=cid) from None
         if hashing.digest(out) != cid:
             broken = [b for b, _ in chain if not self._intact(b, chain)]
             why = f" (its delta base {broken[0].hex()[:12]} is damaged)" if broken else ""
-            raise ChecksumMismatch(f"{_named(cid, what)} is corrupt (BLAKE3 mismatch){why}; run 'mvc fsck'",
-                                   id=cid)
+            raise ChecksumMismatch(f"{_named(cid, what)} is corrupt (BLAKE3 mismatch){why}", id=cid)
 
     def _intact(self, base_id: bytes, chain: list) -> bool:
         at = [i for i, (b, _) in enumerate(chain) if b == base_id][0]
@@ -508,8 +506,7 @@ class PackStore(ChunkStore):
         self.packs.read_run([loc for loc, _ in run], [req.buffer for _, req in run])
         for loc, req in run:
             if hashing.digest(req.buffer) != req.id:
-                raise ChecksumMismatch(f"{_named(req.id, req.what)} is corrupt (BLAKE3 mismatch); "
-                                       "run 'mvc fsck'", id=req.id)
+                raise ChecksumMismatch(f"{_named(req.id, req.what)} is corrupt (BLAKE3 mismatch)", id=req.id)
 
     # -- checking ------------------------------------------------------------
 

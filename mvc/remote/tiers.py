@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .. import refs as refnames
-from ..errors import CorruptObject, LockHeld, NotConfigured, ObjectNotFound, RemoteDamaged
+from ..errors import CorruptObject, LockHeld, NotConfigured, NotFound, ObjectNotFound, RemoteDamaged
 from ..objects import TensorLeaf
 from ..store import fs
 from ..store.chunks import THREADS, ChunkStore, Forwarding
@@ -151,10 +151,24 @@ class CacheStore(Forwarding):
         for req in requests:
             by_id.setdefault(req.id, []).append(req)
         located = self.conn.catalogue.chunks(by_id)
-        if len(located) < len(by_id):
+        listed = len(located) < len(by_id)
+        if listed:
             # the catalogue may be stale (a push from elsewhere): list the remote once, then decide
             self.conn.catalogue.refresh(self.conn.bucket)
             located = self.conn.catalogue.chunks(by_id)
+        try:
+            self._fetch_located(by_id, located, progress)
+        except NotFound:
+            if listed:
+                raise
+            # a pack the catalogue names is gone: the remote was repaired or gc'd since it was
+            # listed, and its records live in other packs now; list it once and read from those
+            self.conn.catalogue.refresh(self.conn.bucket)
+            self._fetch_located(by_id, self.conn.catalogue.chunks(by_id), progress)
+
+    def _fetch_located(self, by_id: dict, located: dict, progress) -> None:
+        """Read ``by_id``'s chunks (id -> Requests) from their remote Locations, verified, into
+        the requests' buffers, keeping them in a new batch of ``inner`` (unless read-only)."""
         for cid, reqs in by_id.items():
             loc = located.get(cid)
             if loc is None:

@@ -205,26 +205,10 @@ class ReadOnlyRepository(MvcError):
 
 
 # -- remotes (issue 23: lifecycle, repair, trust) ---------------------------------------
-# RemoteError lives here so these can extend it; mvc.remote.bucket re-exports it and the bucket errors.
+# RemoteError lives here so these can extend it; mvc.remote.bucket re-exports it.
 
 class RemoteError(MvcError):
     """The remote failed, or cannot be used as it is (one line saying what to do)."""
-
-
-class NotFound(RemoteError):
-    """The key names no object on the remote; ``key`` is that key."""
-
-    def __init__(self, message: str = "", *, key: str = ""):
-        super().__init__(message)
-        self.key = key
-
-
-class PreconditionFailed(RemoteError):
-    """A conditional put lost: the object at ``key`` changed (or appeared) since it was read."""
-
-    def __init__(self, message: str = "", *, key: str = ""):
-        super().__init__(message)
-        self.key = key
 
 
 class RemoteUnreachable(RemoteError):
@@ -346,6 +330,22 @@ class ScanFoundDamage(CorruptObject):
 
 # -- the library names no commands (issue 20): classes that carry what the CLI's advice needs --
 # mvc/cli/base.py (advice) adds the command to run per class; messages say only what went wrong.
+
+class NotFound(RemoteError):
+    """The key names no object on the remote; ``key`` is that key."""
+
+    def __init__(self, message: str = "", *, key: str = ""):
+        super().__init__(message)
+        self.key = key
+
+
+class PreconditionFailed(RemoteError):
+    """A conditional put lost: the object at ``key`` changed (or appeared) since it was read."""
+
+    def __init__(self, message: str = "", *, key: str = ""):
+        super().__init__(message)
+        self.key = key
+
 
 class UnknownRemote(MvcError):
     """No remote ``name`` is configured (``name`` None: none at all, or several and none

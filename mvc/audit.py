@@ -126,7 +126,7 @@ def verify_stored_commit(txn, oid: bytes, allowed: Optional[list]) -> tuple:
     """(CommitVerification, CommitObject or None) for commit ``oid`` as the index holds it."""
     data = txn.get("commits", oid)
     if data is None:
-        raise ObjectNotFound(f"commit {oid.hex()[:12]} is missing from the index; run 'mvc fsck'", id=oid)
+        raise ObjectNotFound(f"commit {oid.hex()[:12]} is missing from the index", id=oid)
     return verify_commit_bytes(oid, data, allowed)
 
 
@@ -637,7 +637,7 @@ def raise_for(report: ScanReport) -> None:
     if report.problems:
         first = report.problems[0]
         raise ScanFoundDamage(f"integrity scan found {len(report.problems)} damaged record(s), first in "
-                              f"{first.pack}: {first.detail}; run 'mvc fsck' to see what it breaks",
+                              f"{first.pack}: {first.detail}",
                               problems=tuple((p.pack, p.chunk, p.kind) for p in report.problems))
 
 

@@ -41,7 +41,8 @@ from typing import Callable, Optional
 from . import encoding, scratch
 from .store import fs
 from .diff import Diff, diff
-from .errors import BadInput, CommitPruned, CorruptObject, MvcError
+from .errors import (BadInput, BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped, CommitPruned,
+                     CorruptObject, MetricNotRecorded, MvcError, NoBisect, VerdictContradicts)
 from .files import FORMATS, write_checkpoint
 from .objects import ID_SIZE
 from .records import Commit
@@ -121,7 +122,7 @@ def _not_descendant(repo, bad, bad_id, good, good_id) -> str:
     message = (f"BAD {bad} ({bad_id[:12]}) is not a descendant of GOOD {good} ({good_id[:12]}) "
                "along first parents")
     if any(c.id == bad_id for c in repo.log(good_id)):
-        return message + "; they look swapped: the order is 'mvc bisect start BAD GOOD'"
+        return message + "; they look swapped: BAD comes first, then GOOD"
     return message + "; give a GOOD commit from BAD's own history"
 
 
@@ -129,15 +130,15 @@ def _read_state(repo) -> dict:
     try:
         data = _state_path(repo).read_bytes()
     except FileNotFoundError:
-        raise MvcError("no bisect in progress; start one with 'mvc bisect start BAD GOOD'") from None
+        raise NoBisect("no bisect in progress") from None
     try:
         state = encoding.unpack(data, "the bisect state")
         problem = _state_problem(state)
     except CorruptObject as exc:
         problem = str(exc)
     if problem:
-        raise CorruptObject(f"the bisect state .mvc/{STATE_FILE} is damaged ({problem}); "
-                            "run 'mvc bisect reset' and start again")
+        raise BisectStateDamaged(f"the bisect state .mvc/{STATE_FILE} is damaged ({problem})",
+                                 path=str(_state_path(repo)), problem=problem)
     return state
 
 
@@ -234,9 +235,8 @@ def _with_verdict(state: dict, verdict: str, cid: bytes) -> dict:
                        f"the bad {state['path'][-1].hex()[:12]} commit being bisected")
     new = dict(state, marks=state["marks"] + [[verdict, cid]])
     if _bounds(new) is None:
-        raise BadInput(f"commit {cid.hex()[:12]} cannot be {verdict}: {_contradiction(state, verdict)}; "
-                       "bisect assumes good commits come before bad ones: see 'mvc bisect log', "
-                       "or 'mvc bisect reset' and start again")
+        raise VerdictContradicts(f"commit {cid.hex()[:12]} cannot be {verdict}: {_contradiction(state, verdict)}; "
+                                 "bisect assumes good commits come before bad ones", id=cid, verdict=verdict)
     return new
 
 
@@ -262,8 +262,8 @@ def start(repo, bad: str, good: str, branch: Optional[str] = None) -> BisectStat
     """
     if in_progress(repo):
         state = _read_state(repo)
-        raise MvcError(f"a bisect is already in progress (bad {state['path'][-1].hex()[:12]}, good "
-                       f"{state['good'].hex()[:12]}); finish it or run 'mvc bisect reset'")
+        raise BisectInProgress(f"a bisect is already in progress (bad {state['path'][-1].hex()[:12]}, good "
+                               f"{state['good'].hex()[:12]})", good=state["good"].hex(), bad=state["path"][-1].hex())
     state = _new_state(repo, bad, good, branch)
     _write_state(repo, state)
     return _status(repo, state)
@@ -280,7 +280,7 @@ def mark(repo, verdict: str, rev: Optional[str] = None) -> BisectStatus:
     if rev is None:
         status = _status(repo, state, changes=False)
         if status.candidate is None:
-            raise MvcError("the bisect is finished; give a revision to judge, or run 'mvc bisect reset'")
+            raise BisectFinished("the bisect is finished: there is no candidate left to judge")
         rev = status.candidate.id
     state = _with_verdict(state, verdict, bytes.fromhex(repo.resolve(rev)))
     _write_state(repo, state)
@@ -484,9 +484,8 @@ class _Judge:
             return self.timeout_verdict
         verdict = verdict_of(code)
         if verdict is None:
-            raise MvcError(f"evaluation of {commit.short_id} (step {commit.step}) {_how(code)}; bisect stopped "
-                           "with every earlier verdict kept: judge this commit with 'mvc bisect good|bad|skip' "
-                           "or fix the command and run 'mvc bisect run' again")
+            raise BisectStopped(f"evaluation of {commit.short_id} (step {commit.step}) {_how(code)}; bisect stopped "
+                                "with every earlier verdict kept", id=commit.id, code=code)
         return verdict
 
 
@@ -527,8 +526,8 @@ def run_metric(repo, metric: str, threshold: float, higher_is_worse: bool = Fals
     commits = [repo.get_commit(cid.hex()) for cid in state["path"][lo + 1:hi]]
     if commits and not any(metric in c.metrics for c in commits):
         known = sorted({name for c in commits for name in c.metrics})
-        raise BadInput(f"no commit left to judge records metric {metric!r}; recorded: "
-                       f"{', '.join(known) if known else 'none'}")
+        raise MetricNotRecorded(f"no commit left to judge records metric {metric!r}; recorded: "
+                                f"{', '.join(known) if known else 'none'}", metric=metric, recorded=known)
     return _drive(repo, state, lambda c: _judge_metric(c, metric, threshold, higher_is_worse), True, progress,
                   skip_pruned=False)
 

@@ -27,11 +27,25 @@ class RepositoryExists(MvcError):
 
 
 class UnknownRevision(MvcError):
-    """A revision names no commit, branch or tag."""
+    """A revision names no commit, branch or tag. ``rev`` is the revision (or name) asked for,
+    ``reason`` says why, one of: "unknown" (no such name or id), "short-prefix" (an id
+    prefix under 4 digits), "unborn" (a branch with no commits), "no-parent" (``~``/``^``
+    past a root), "no-such-parent" (``^N`` past the last parent), "few-ancestors" (``~N``
+    past the root), "reflog" (``@{N}`` past its reflog), "malformed" (empty, a control
+    character, no base); None where not said."""
+
+    def __init__(self, message: str = "", *, rev=None, reason=None):
+        super().__init__(message)
+        self.rev, self.reason = rev, reason
 
 
 class AmbiguousRevision(MvcError):
-    """An id prefix matches more than one commit."""
+    """An id prefix ``prefix`` matches more than one commit (``matches``: their hex ids, or a
+    ref and a commit: the ref's name among them)."""
+
+    def __init__(self, message: str = "", *, prefix=None, matches=()):
+        super().__init__(message)
+        self.prefix, self.matches = prefix, tuple(matches)
 
 
 class ObjectNotFound(MvcError):
@@ -39,7 +53,12 @@ class ObjectNotFound(MvcError):
 
 
 class CommitPruned(ObjectNotFound):
-    """The commit's record is kept but gc retention deleted its tensors; ``id`` is the commit."""
+    """The commit's record is kept but gc retention deleted its tensors; ``id`` is the commit,
+    ``policy`` the retention that pruned it (as gc described it)."""
+
+    def __init__(self, message: str = "", *, id=None, policy=None):
+        super().__init__(message, id=id)
+        self.policy = policy
 
 
 class CorruptObject(MvcError):
@@ -51,7 +70,13 @@ class ChecksumMismatch(CorruptObject):
 
 
 class RefConflict(MvcError):
-    """A ref moved between reading it and updating it (compare-and-swap failed)."""
+    """A ref moved between reading it and updating it (compare-and-swap failed), or cannot
+    be made or moved as asked. ``ref`` names it when known; for a failed compare-and-swap
+    ``expected`` and ``found`` are the hex ids (None: no commit) it should and did name."""
+
+    def __init__(self, message: str = "", *, ref=None, expected=None, found=None):
+        super().__init__(message)
+        self.ref, self.expected, self.found = ref, expected, found
 
 
 class LockHeld(MvcError):
@@ -59,11 +84,20 @@ class LockHeld(MvcError):
 
 
 class ProtectedRef(MvcError):
-    """A protected ref would be moved or deleted without ``force``."""
+    """A protected ref would be moved or deleted without ``force``; ``ref`` names it
+    (``heads/NAME``, ``tags/NAME``) and ``action`` what was refused ("commit", "move", …)."""
+
+    def __init__(self, message: str = "", *, ref=None, action=None, id=None):
+        super().__init__(message, id=id)
+        self.ref, self.action = ref, action
 
 
 class InvalidRefName(MvcError):
-    """A branch or tag name breaks the ref-name rules."""
+    """A branch or tag name ``name`` breaks the ref-name rules; ``problem`` says which."""
+
+    def __init__(self, message: str = "", *, name=None, problem=None):
+        super().__init__(message)
+        self.name, self.problem = name, problem
 
 
 class UnsupportedFormat(MvcError):
@@ -148,11 +182,13 @@ class NotRegular(CorruptObject):
 
 class PackDamaged(CorruptObject):
     """A pack (a local file, or an object on a remote) cannot be parsed: no header, not
-    sealed, a damaged trailer, a record cut short. ``pack`` is its file name or remote key."""
+    sealed, a damaged trailer, a record cut short. ``pack`` is its file name or remote key,
+    ``problem`` one of "header", "unsealed", "trailer-checksum", "trailer-count", "outside"
+    (a record listed outside the data), "truncated", "missing" (PackMissing)."""
 
-    def __init__(self, message: str = "", *, pack=None, id=None):
+    def __init__(self, message: str = "", *, pack=None, id=None, problem=None):
         super().__init__(message, id=id)
-        self.pack = pack
+        self.pack, self.problem = pack, problem
 
 
 class PackMissing(PackDamaged):
@@ -169,26 +205,10 @@ class ReadOnlyRepository(MvcError):
 
 
 # -- remotes (issue 23: lifecycle, repair, trust) ---------------------------------------
-# RemoteError lives here so these can extend it; mvc.remote.bucket re-exports it and the bucket errors.
+# RemoteError lives here so these can extend it; mvc.remote.bucket re-exports it.
 
 class RemoteError(MvcError):
     """The remote failed, or cannot be used as it is (one line saying what to do)."""
-
-
-class NotFound(RemoteError):
-    """The key names no object on the remote; ``key`` is that key."""
-
-    def __init__(self, message: str = "", *, key: str = ""):
-        super().__init__(message)
-        self.key = key
-
-
-class PreconditionFailed(RemoteError):
-    """A conditional put lost: the object at ``key`` changed (or appeared) since it was read."""
-
-    def __init__(self, message: str = "", *, key: str = ""):
-        super().__init__(message)
-        self.key = key
 
 
 class RemoteUnreachable(RemoteError):
@@ -320,3 +340,173 @@ class HashMismatch(ChecksumMismatch):
         super().__init__(message, id=id)
         self.what, self.where = what, where
         self.base = base.hex() if isinstance(base, (bytes, bytearray)) else base
+
+
+# -- the library names no commands (issue 20): classes that carry what the CLI's advice needs --
+# mvc/cli/base.py (advice) adds the command to run per class; messages say only what went wrong.
+
+class NotFound(RemoteError):
+    """The key names no object on the remote; ``key`` is that key."""
+
+    def __init__(self, message: str = "", *, key: str = ""):
+        super().__init__(message)
+        self.key = key
+
+
+class PreconditionFailed(RemoteError):
+    """A conditional put lost: the object at ``key`` changed (or appeared) since it was read."""
+
+    def __init__(self, message: str = "", *, key: str = ""):
+        super().__init__(message)
+        self.key = key
+
+
+class UnknownRemote(MvcError):
+    """No remote ``name`` is configured (``name`` None: none at all, or several and none
+    named; ``known`` lists those configured)."""
+
+    def __init__(self, message: str = "", *, name=None, known=()):
+        super().__init__(message)
+        self.name, self.known = name, tuple(known)
+
+
+class RemoteExists(BadInput):
+    """A remote named ``name`` is configured already."""
+
+    def __init__(self, message: str = "", *, name: str = ""):
+        super().__init__(message)
+        self.name = name
+
+
+class NotConfigured(BadInput):
+    """A setting the verb needs is not set; ``setting`` names it (``cache.remote``, ``cache.max-bytes``)."""
+
+    def __init__(self, message: str = "", *, setting: str = ""):
+        super().__init__(message)
+        self.setting = setting
+
+
+class RefRejected(RefConflict):
+    """A remote ref moved to commits this repository lacks (or diverged): fetch first.
+    ``remote`` names the remote, ``refs`` the refs not moved."""
+
+    def __init__(self, message: str = "", *, remote: str = "", refs=()):
+        super().__init__(message)
+        self.remote, self.refs = remote, tuple(refs)
+
+
+class Diverged(RefConflict):
+    """Local branch ``branch`` and ``remote``'s branch of that name have diverged: a pull
+    cannot fast-forward, and mvc does not merge."""
+
+    def __init__(self, message: str = "", *, branch: str = "", remote: str = ""):
+        super().__init__(message)
+        self.branch, self.remote = branch, remote
+
+
+class BranchLocked(LockHeld):
+    """Branch ``branch``'s write lock is held by ``owner`` (on ``host``; ``named``: a lock a
+    person took, not a running process), in this repository or, with ``remote``, on that remote."""
+
+    def __init__(self, message: str = "", *, branch: str = "", owner: str = "", host: str = "",
+                 named: bool = False, here: bool = True, remote=None):
+        super().__init__(message)
+        self.branch, self.owner, self.host, self.named, self.here, self.remote = branch, owner, host, named, here, remote
+
+
+class LockDamaged(CorruptObject):
+    """The record of branch ``branch``'s write lock does not decode (on ``remote`` when given)."""
+
+    def __init__(self, message: str = "", *, branch: str = "", remote=None):
+        super().__init__(message)
+        self.branch, self.remote = branch, remote
+
+
+class HeadMissing(CorruptObject):
+    """HEAD is missing from the index."""
+
+
+class WalkDamaged(CorruptObject):
+    """gc's walk of what is live met damage, so nothing was deleted: ``kind`` is the kind of
+    damage (``mvc.reach``'s: missing-commit, corrupt-reflog …), ``what`` the object, ``id`` its id."""
+
+    def __init__(self, message: str = "", *, kind: str = "", what: str = "", id=None):
+        super().__init__(message, id=id)
+        self.kind, self.what = kind, what
+
+
+class RemoteCorrupt(HashMismatch):
+    """Bytes read from a remote do not hash to their id, or are cut short; nothing was stored.
+    ``id`` is the chunk or object, ``key`` the remote object (a pack) they came from."""
+
+    def __init__(self, message: str = "", *, key: str = "", id=None, what: str = "", where: str = "", base=None):
+        super().__init__(message, id=id, what=what, where=where or f"remote pack {key}", base=base)
+        self.key = key
+
+
+class NoBisect(MvcError):
+    """No bisect is in progress."""
+
+
+class BisectInProgress(MvcError):
+    """A bisect is in progress already, between ``good`` and ``bad`` (hex ids)."""
+
+    def __init__(self, message: str = "", *, good: str = "", bad: str = ""):
+        super().__init__(message)
+        self.good, self.bad = good, bad
+
+
+class BisectFinished(MvcError):
+    """The bisect has found its first bad commit: nothing is left to judge without a revision."""
+
+
+class BisectStopped(MvcError):
+    """``bisect run``'s command ended as no verdict (a crash, a signal); ``id`` is the commit it
+    judged, ``code`` its exit code. Every earlier verdict is kept."""
+
+    def __init__(self, message: str = "", *, id=None, code=None):
+        super().__init__(message, id=id)
+        self.code = code
+
+
+class BisectStateDamaged(CorruptObject):
+    """The bisect state file (``path``) does not decode; ``problem`` says how."""
+
+    def __init__(self, message: str = "", *, path: str = "", problem: str = ""):
+        super().__init__(message)
+        self.path, self.problem = path, problem
+
+
+class VerdictContradicts(BadInput):
+    """Verdict ``verdict`` on commit ``id`` contradicts earlier verdicts (a good commit after a bad one)."""
+
+    def __init__(self, message: str = "", *, id=None, verdict: str = ""):
+        super().__init__(message, id=id)
+        self.verdict = verdict
+
+
+class RefExists(RefConflict):
+    """Ref ``ref`` exists already where ``action`` ("create-and-checkout", …) would make it."""
+
+    def __init__(self, message: str = "", *, ref: str = "", action: str = ""):
+        super().__init__(message)
+        self.ref, self.action = ref, action
+
+
+class GcLockBusy(LockHeld):
+    """The gc lock could not be taken within ``timeout`` seconds: ``waited_for`` is "gc" (a gc
+    runs; ``holder`` says which, as "pid P on HOST, started T") or "commits" (commits and
+    loads kept running, so gc could not start)."""
+
+    def __init__(self, message: str = "", *, waited_for: str = "", holder: str = "", timeout: float = 0.0):
+        super().__init__(message)
+        self.waited_for, self.holder, self.timeout = waited_for, holder, timeout
+
+
+class MetricNotRecorded(BadInput):
+    """No commit the verb looks at records metric ``metric``; ``recorded`` lists the metrics they
+    do record, ``branches`` the branches concerned (gc retention), when it is about branches."""
+
+    def __init__(self, message: str = "", *, metric: str = "", recorded=(), branches=()):
+        super().__init__(message)
+        self.metric, self.recorded, self.branches = metric, tuple(recorded), tuple(branches)

@@ -420,7 +420,7 @@ def prune_lost(repo) -> tuple:
     """Mark the commits fsck finds with lost data as pruned; their hex ids (see Repository.prune_lost)."""
     report = repo.fsck()
     lost = {c for d in report.damage if d.kind in PRUNABLE for c in d.commits}
-    note = {"time": time.time_ns() // 1000, "policy": "data lost (mvc fsck found it missing or corrupt)"}
+    note = {"time": time.time_ns() // 1000, "policy": "data lost (fsck found it missing or corrupt)"}
     with repo.index.write() as txn:
         for cid in lost:
             oid = bytes.fromhex(cid)

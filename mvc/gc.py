@@ -45,7 +45,7 @@ from typing import Optional
 import numpy as np
 
 from . import reach, refs, scratch
-from .errors import BadInput, CorruptObject, MvcError, ProtectedRef, UnknownRevision
+from .errors import BadInput, CorruptObject, MetricNotRecorded, MvcError, ProtectedRef, UnknownRevision
 from .store import idarray
 from .store.index import location_row, reflog_entry
 from .store.packs import NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, read_trailer
@@ -232,9 +232,10 @@ def _retention(txn, objects, policy: Retention, force: bool) -> tuple:
     tips = {name[len(refs.BRANCHES):]: v for name, v in txn.refs(refs.BRANCHES) if v.id is not None}
     if policy.branch is not None:
         if policy.branch not in tips:
-            raise UnknownRevision(f"branch {policy.branch!r} does not exist")
+            raise UnknownRevision(f"branch {policy.branch!r} does not exist", rev=policy.branch, reason="unknown")
         if tips[policy.branch].protected and not force:
-            raise ProtectedRef(f"branch {policy.branch!r} is protected; pass --force to prune its history")
+            raise ProtectedRef(f"branch {policy.branch!r} is protected; pass --force to prune its history",
+                               ref=refs.BRANCHES + policy.branch, action="prune")
         scope = [policy.branch]
     else:
         scope = [b for b, v in tips.items() if force or not v.protected]
@@ -267,9 +268,10 @@ def _retention(txn, objects, policy: Retention, force: bool) -> tuple:
         # a mistyped metric, or a branch that never records it, must not turn
         # "keep the best" into "keep none" there
         known = ", ".join(sorted(set().union(*lacking.values()))) or "none"
-        raise BadInput(f"no commit on branch {', '.join(map(repr, sorted(lacking)))} records metric "
-                       f"{policy.keep_best!r} (recorded: {known}); nothing was pruned: pick branches "
-                       "with --branch")
+        raise MetricNotRecorded(f"no commit on branch {', '.join(map(repr, sorted(lacking)))} records metric "
+                                f"{policy.keep_best!r} (recorded: {known}); nothing was pruned: pick branches "
+                                "with --branch", metric=policy.keep_best,
+                                recorded=sorted(set().union(*lacking.values())), branches=sorted(lacking))
     return {oid for oid in candidates - kept if not pruned(oid)}, skipped
 
 

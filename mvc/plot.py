@@ -17,7 +17,7 @@ last component when it has none (``model.embed.weight`` -> ``model.embed``).
 import math
 from pathlib import Path
 
-from .errors import BadInput, MvcError
+from .errors import BadInput, MetricNotRecorded, MvcError
 
 INSTALL_HINT = "pip install 'mvc-checkpoints[plot]'"
 MAX_ROWS = 80
@@ -166,8 +166,8 @@ def plot_metric(commits, metric: str, path, title: str = "") -> Path:
     points = [c for c in commits if metric in c.metrics]
     if not points:
         known = sorted({name for c in commits for name in c.metrics})
-        raise BadInput(f"no commit records metric {metric!r}; recorded metrics: "
-                       f"{', '.join(known) if known else 'none'}")
+        raise MetricNotRecorded(f"no commit records metric {metric!r}; recorded metrics: "
+                                f"{', '.join(known) if known else 'none'}", metric=metric, recorded=known)
     by_step = all(c.step is not None for c in points)
     xs = [c.step if by_step else commits.index(c) for c in points]
     fig = _figure(8, 4.5)

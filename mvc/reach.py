@@ -40,7 +40,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from .errors import CorruptObject, MvcError
+from .errors import CorruptObject, MvcError, WalkDamaged
 from .objects import TensorLeaf
 from .store import idarray
 from .store.index import LOCATIONS, reflog_entry
@@ -250,9 +250,7 @@ class _Walker:
 
     def damage(self, kind: str, what: str, detail: str, oid=None, **where) -> None:
         if self.policy == RAISE:
-            raise CorruptObject(f"gc stopped, nothing was deleted: {what}: {detail}; run 'mvc fsck'"
-                                + (" and 'mvc reflog expire --damaged'" if kind == CORRUPT_REFLOG else
-                                   " (its --prune-lost lets gc run again without the lost commits)"), id=oid)
+            raise WalkDamaged(f"gc stopped, nothing was deleted: {what}: {detail}", kind=kind, what=what, id=oid)
         self.reach.find(kind, what, detail, **where)
 
     def get(self, kind: str, oid: bytes, **where):

@@ -17,7 +17,7 @@ import re
 import unicodedata
 from typing import Callable, Optional
 
-from .errors import (AmbiguousRevision, CorruptObject, InvalidRefName, ProtectedRef, RefConflict, RevisionTooLong,
+from .errors import (AmbiguousRevision, HeadMissing, InvalidRefName, ProtectedRef, RefConflict, RefExists, RevisionTooLong,
                      UnknownRevision)
 from . import reach
 from .store import locks
@@ -51,7 +51,7 @@ def check_name(name: str, what: str = "ref", existing: bool = False) -> str:
     rules apply."""
     problem = _name_problem(name, existing)
     if problem:
-        raise InvalidRefName(f"{what} name {name!r} is not valid: {problem}")
+        raise InvalidRefName(f"{what} name {name!r} is not valid: {problem}", name=name, problem=problem)
     return name
 
 
@@ -94,13 +94,14 @@ def split_revision(rev: str) -> tuple:
     UnknownRevision if malformed (empty, a control character, no base),
     RevisionTooLong past MAX_REVISION characters."""
     if not isinstance(rev, str) or not rev:
-        raise UnknownRevision("empty revision")
+        raise UnknownRevision("empty revision", rev=rev, reason="malformed")
     if len(rev) > MAX_REVISION:
         raise RevisionTooLong(f"revision {rev[:40]!r}... is {len(rev)} characters long; a revision is at most "
                               f"{MAX_REVISION} (a name of at most {MAX_NAME} bytes and its ~N / ^N steps)",
                               length=len(rev))
     if _CONTROL.search(rev):
-        raise UnknownRevision(f"revision {rev!r} holds a control character; no name or id does")
+        raise UnknownRevision(f"revision {rev!r} holds a control character; no name or id does", rev=rev,
+                              reason="malformed")
     start = len(rev)  # the suffix is the longest tail of ~, ^ and digits that starts with ~ or ^
     while start > 0 and rev[start - 1] in _SUFFIX_CHARS:
         start -= 1
@@ -108,7 +109,7 @@ def split_revision(rev: str) -> tuple:
         start += 1
     base, suffix = rev[:start], rev[start:]
     if not base:
-        raise UnknownRevision(f"revision {rev!r} has no base")
+        raise UnknownRevision(f"revision {rev!r} has no base", rev=rev, reason="malformed")
     ops = []
     for part in _SUFFIX.findall(suffix):
         digits = part[1:]
@@ -157,7 +158,7 @@ class Refs:
         """(branch ref name or None, commit id or None) that HEAD names."""
         head = txn.ref(HEAD)
         if head is None:
-            raise CorruptObject("HEAD is missing from the index; run 'mvc checkout BRANCH' to set it again")
+            raise HeadMissing("HEAD is missing from the index; check out a branch to set it again")
         if head.target is None:
             return None, head.id
         ref = txn.ref(head.target)
@@ -198,7 +199,8 @@ class Refs:
                 parents = self.objects.commit(txn, oid).parents
                 if len(parents) < n:
                     raise UnknownRevision(f"{rev}: commit {oid.hex()[:12]} has "
-                                          f"{len(parents) or 'no'} parent{'' if len(parents) == 1 else 's'}")
+                                          f"{len(parents) or 'no'} parent{'' if len(parents) == 1 else 's'}",
+                                          rev=rev, reason="no-such-parent" if parents else "no-parent")
                 oid = parents[n - 1]
         return oid
 
@@ -209,10 +211,10 @@ class Refs:
         for done, (found, _) in enumerate(itertools.islice(line, n + 1)):
             pass
         if done == 0 and n:
-            raise UnknownRevision(f"{rev}: commit {oid.hex()[:12]} has no parent")
+            raise UnknownRevision(f"{rev}: commit {oid.hex()[:12]} has no parent", rev=rev, reason="no-parent")
         if done < n:
             raise UnknownRevision(f"{rev}: {base} has only {done} ancestor{'' if done == 1 else 's'} "
-                                  "along first parents")
+                                  "along first parents", rev=rev, reason="few-ancestors")
         return found
 
     def _at(self, txn, name: str, n: int) -> bytes:
@@ -223,15 +225,17 @@ class Refs:
             ref = next((r for r in (BRANCHES + name, TAGS + name, name) if r.startswith((BRANCHES, TAGS))
                         and txn.ref(r) is not None), None)
             if ref is None:
-                raise UnknownRevision(f"unknown revision {name + '@{' + str(n) + '}'!r}: no branch or tag {name!r}")
+                raise UnknownRevision(f"unknown revision {name + '@{' + str(n) + '}'!r}: no branch or tag {name!r}",
+                                      rev=f"{name}@{{{n}}}", reason="unknown")
         entries = self.reflog(txn, ref)
         shown = "HEAD" if ref == HEAD else short_name(ref)
         if n >= len(entries):
             raise UnknownRevision(f"{shown}@{{{n}}}: the reflog of {shown} has only {len(entries)} "
-                                  f"entr{'y' if len(entries) == 1 else 'ies'} ('mvc reflog {shown}' lists them)")
+                                  f"entr{'y' if len(entries) == 1 else 'ies'}", rev=f"{name}@{{{n}}}", reason="reflog")
         new = entries[n][1].get("new")
         if not isinstance(new, bytes):
-            raise UnknownRevision(f"{shown}@{{{n}}}: that reflog entry names no commit")
+            raise UnknownRevision(f"{shown}@{{{n}}}: that reflog entry names no commit", rev=f"{name}@{{{n}}}",
+                                  reason="reflog")
         return new
 
     def _base(self, txn, base: str) -> bytes:
@@ -241,7 +245,8 @@ class Refs:
         if base in (HEAD, "@"):
             branch, oid = self.head(txn)
             if oid is None:
-                raise UnknownRevision(f"HEAD: branch {short_name(branch)!r} has no commits yet")
+                raise UnknownRevision(f"HEAD: branch {short_name(branch)!r} has no commits yet", rev=base,
+                                      reason="unborn")
             return oid
         lower = base.lower()
         if len(base) == 64 and _is_hex(lower):
@@ -257,15 +262,16 @@ class Refs:
         if _is_hex(lower):
             if len(base) < MIN_PREFIX:
                 raise UnknownRevision(f"unknown revision {base!r}: no branch or tag by that name, and an id "
-                                      f"prefix needs at least {MIN_PREFIX} hex digits")
+                                      f"prefix needs at least {MIN_PREFIX} hex digits", rev=base, reason="short-prefix")
             matches = self._prefix_matches(txn, lower)
             if len(matches) == 1:
                 return matches[0]
             if len(matches) > 1:
                 shown = ", ".join(m.hex()[:12] for m in matches[:5])
                 raise AmbiguousRevision(f"id prefix {base!r} matches {len(matches)} commits ({shown}); "
-                                        "give more digits")
-        raise UnknownRevision(f"unknown revision {base!r}: no commit, branch or tag by that name")
+                                        "give more digits", prefix=base, matches=[m.hex() for m in matches])
+        raise UnknownRevision(f"unknown revision {base!r}: no commit, branch or tag by that name", rev=base,
+                              reason="unknown")
 
     def _not_also_a_prefix(self, txn, base: str, ref: str, oid: bytes) -> None:
         """AmbiguousRevision if ``base`` names ref ``ref`` and is also the id prefix of another commit."""
@@ -276,7 +282,7 @@ class Refs:
         if others:
             raise AmbiguousRevision(f"{base!r} is {human(ref)} and also the start of commit {others[0].hex()[:12]}'s "
                                     f"id; say {ref!r} for the {human(ref).split()[0]}, or give more digits for the "
-                                    "commit")
+                                    "commit", prefix=base, matches=[ref] + [m.hex() for m in others])
 
     @staticmethod
     def _prefix_matches(txn, prefix: str) -> list:
@@ -301,7 +307,7 @@ class Refs:
         other = (TAGS if ref.startswith(BRANCHES) else BRANCHES) + name
         if txn.ref(other) is not None:
             raise RefConflict(f"{human(other)} exists, and {human(ref)} of the same name would make {name!r} mean "
-                              "two things; choose another name")
+                              "two things; choose another name", ref=ref, found=txn.ref(other).id.hex())
 
     def check_commit(self, txn, ref: Optional[str], me) -> None:
         """ProtectedRef / LockHeld if a commit may not move ``ref``; RefConflict
@@ -310,8 +316,8 @@ class Refs:
             self.check_new(txn, ref)
             value = txn.ref(ref)
             if value is not None and value.protected:
-                raise ProtectedRef(f"{human(ref)} is protected; nothing was committed: unprotect it "
-                                   "first (mvc branch --unprotect NAME)")
+                raise ProtectedRef(f"{human(ref)} is protected; nothing was committed",
+                                   ref=ref, action="commit")
         self.check_writer(txn, ref, me)
 
     # -- moving ---------------------------------------------------------------
@@ -331,7 +337,8 @@ class Refs:
             name = short_name(ref) if ref else "HEAD"
             raise RefConflict(f"branch {name!r} moved from {old.hex()[:12] if old else 'nothing'} to "
                               f"{tip.hex()[:12] if tip else 'nothing'} while this commit was written; "
-                              "nothing was committed: commit again on top of the new tip")
+                              "nothing was committed: commit again on top of the new tip", ref=ref or HEAD,
+                              expected=old.hex() if old else None, found=tip.hex() if tip else None)
         return old
 
     def _move(self, txn, ref: str, old: Optional[bytes], new: Optional[bytes], why: str,
@@ -359,8 +366,9 @@ class Refs:
         self.check_writer(txn, ref, me)
         if current is not None and not force and current.id != oid:
             if current.protected:
-                raise ProtectedRef(f"{human(ref)} is protected; pass --force to move it")
-            raise RefConflict(f"{human(ref)} already exists at {current.id.hex()[:12]}; pass --force to move it")
+                raise ProtectedRef(f"{human(ref)} is protected; pass --force to move it", ref=ref, action="move")
+            raise RefConflict(f"{human(ref)} already exists at {current.id.hex()[:12]}; pass --force to move it",
+                              ref=ref, found=current.id.hex())
         self._move(txn, ref, current.id if current else None, oid, why, protect)
         return oid, txn.ref(ref).protected
 
@@ -368,12 +376,12 @@ class Refs:
         """Delete ``ref`` and, as Git does, its reflog (so gc can reclaim its history)."""
         current = txn.ref(ref)
         if current is None:
-            raise UnknownRevision(f"{human(ref)} does not exist")
+            raise UnknownRevision(f"{human(ref)} does not exist", rev=ref, reason="unknown")
         if current.protected and not force:
-            raise ProtectedRef(f"{human(ref)} is protected; pass --force to delete it")
+            raise ProtectedRef(f"{human(ref)} is protected; pass --force to delete it", ref=ref, action="delete")
         self.check_writer(txn, ref, me)
         if self.head(txn)[0] == ref:
-            raise RefConflict(f"{human(ref)} is checked out; check out another branch first")
+            raise RefConflict(f"{human(ref)} is checked out; check out another branch first", ref=ref)
         self.drop(txn, ref)
 
     @staticmethod
@@ -396,7 +404,7 @@ class Refs:
     def protect(self, txn, ref: str, protected: bool) -> bytes:
         current = txn.ref(ref)
         if current is None:
-            raise UnknownRevision(f"{human(ref)} does not exist")
+            raise UnknownRevision(f"{human(ref)} does not exist", rev=ref, reason="unknown")
         txn.set_ref(ref, RefValue(id=current.id, protected=protected))
         return current.id
 
@@ -406,14 +414,15 @@ class Refs:
         exists (unless ``force`` and it is not protected), LockHeld."""
         current = txn.ref(old)
         if current is None or current.id is None:
-            raise UnknownRevision(f"{human(old)} does not exist")
+            raise UnknownRevision(f"{human(old)} does not exist", rev=old, reason="unknown")
         if current.protected and not force:
-            raise ProtectedRef(f"{human(old)} is protected; pass --force to rename it")
+            raise ProtectedRef(f"{human(old)} is protected; pass --force to rename it", ref=old, action="rename")
         taken = txn.ref(new)
         if taken is not None and old != new:
             if taken.protected or not force:
                 raise RefConflict(f"{human(new)} already exists at {taken.id.hex()[:12]}; "
-                                  + ("it is protected" if taken.protected else "pass --force to replace it"))
+                                  + ("it is protected" if taken.protected else "pass --force to replace it"),
+                                  ref=new, found=taken.id.hex())
         self.check_writer(txn, old, me)
         self.check_writer(txn, new, me)
         self.check_new(txn, new)
@@ -434,7 +443,7 @@ class Refs:
         """Create branch ``ref`` at ``rev`` and put HEAD on it (``checkout -b``); RefConflict if it exists."""
         taken = txn.ref(ref)
         if taken is not None:
-            raise RefConflict(f"{human(ref)} already exists; 'mvc checkout {short_name(ref)}' switches to it")
+            raise RefExists(f"{human(ref)} already exists", ref=ref, action="create-and-checkout")
         self.check_writer(txn, ref, me)
         oid = self.resolve(txn, rev)
         self._move(txn, ref, None, oid, f"branch: created from {rev}")

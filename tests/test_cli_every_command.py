@@ -97,3 +97,47 @@ def test_the_cli_adds_fsck_advice_the_library_leaves_out(workdir, monkeypatch, t
     monkeypatch.chdir(copy)
     result = CliRunner().invoke(main, ["export", "HEAD", "-o", str(tmp_path / "x.pt")])
     assert result.exit_code == 1 and "run 'mvc fsck'" in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("error, hint", [
+    (lambda E: E.UnknownRemote("no remote named 'up'", name="up"), "add it with 'mvc remote add up URL'"),
+    (lambda E: E.UnknownRemote("several remotes", known=("a", "b")), None),
+    (lambda E: E.RemoteExists("remote 'up' already exists", name="up"), "'mvc remote remove up'"),
+    (lambda E: E.NotConfigured("no remote is cached", setting="cache.remote"), "'mvc config cache.remote VALUE'"),
+    (lambda E: E.RefRejected("rejected", remote="up", refs=("heads/main",)), "'mvc fetch up'"),
+    (lambda E: E.Diverged("diverged", branch="b", remote="up"), "'mvc branch --force b up/b'"),
+    (lambda E: E.RefExists("exists", ref="heads/exp", action="create-and-checkout"), "'mvc checkout exp'"),
+    (lambda E: E.ProtectedRef("protected", ref="heads/main", action="commit"), "'mvc branch --unprotect main'"),
+    (lambda E: E.ProtectedRef("protected; pass --force to move it", ref="tags/v1", action="move"), None),
+    (lambda E: E.BranchLocked("locked", branch="main", owner="alice", named=True), "ask alice to run 'mvc unlock main'"),
+    (lambda E: E.BranchLocked("locked", branch="main", here=False), "'mvc unlock --force main'"),
+    (lambda E: E.BranchLocked("locked", branch="main", remote="up", named=True), "'mvc remote unlock up main'"),
+    (lambda E: E.LockDamaged("damaged", branch="main"), "'mvc unlock --force main'"),
+    (lambda E: E.LockDamaged("damaged", branch="main", remote="up"), "'mvc remote unlock --force up main'"),
+    (lambda E: E.HeadMissing("HEAD is missing"), "'mvc checkout BRANCH'"),
+    (lambda E: E.NoBisect("no bisect in progress"), "'mvc bisect start BAD GOOD'"),
+    (lambda E: E.BisectInProgress("in progress"), "'mvc bisect reset'"),
+    (lambda E: E.BisectFinished("finished"), "'mvc bisect reset'"),
+    (lambda E: E.BisectStopped("stopped", code=3), "'mvc bisect run' again"),
+    (lambda E: E.BisectStateDamaged("damaged"), "'mvc bisect reset' and start again"),
+    (lambda E: E.VerdictContradicts("contradicts", verdict="good"), "'mvc bisect log'"),
+    (lambda E: E.RemoteDamaged("damaged", remote="up", ids=(b"\1" * 32,)), "'mvc fsck --remote up'"),
+    (lambda E: E.RemoteCorrupt("corrupt", key="packs/x.pack", id=b"\1" * 32), "'mvc fsck --remote'"),
+    (lambda E: E.WalkDamaged("gc stopped", kind="corrupt-reflog"), "'mvc reflog expire --damaged'"),
+    (lambda E: E.WalkDamaged("gc stopped", kind="missing-tree", id=b"\1" * 32), "--prune-lost"),
+    (lambda E: E.ChecksumMismatch("corrupt", id=b"\1" * 32), "run 'mvc fsck'"),
+    (lambda E: E.CommitPruned("pruned", id=b"\1" * 32), None),
+    (lambda E: E.CorruptObject("a setting is damaged"), None),  # no stored object named: fsck would not find it
+])
+def test_the_cli_adds_the_command_to_run(error, hint):
+    """The library's message says what went wrong; the CLI (base.advice) adds what to run, by class and attributes."""
+    from mvc import errors
+    from mvc.cli.base import advice
+    exc = error(errors)
+    assert "'mvc " not in str(exc)
+    said = advice(exc)
+    assert said.startswith(str(exc))
+    if hint is None:
+        assert said == str(exc)
+    else:
+        assert hint in said and said.count("; ") == str(exc).count("; ") + 1

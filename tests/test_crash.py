@@ -123,8 +123,9 @@ def check(repo, last, exact: bool, lines=()):
 def check_history(repo) -> None:
     for c in repo.log():
         if c.pruned:
-            with pytest.raises(mvc.ObjectNotFound, match="pruned"):
+            with pytest.raises(mvc.CommitPruned) as err:
                 repo.load(c.id)
+            assert err.value.id == c.id
         else:
             assert_state(repo.load(c.id), c.step)
 

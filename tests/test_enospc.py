@@ -56,8 +56,9 @@ def test_writes_failing(one, after):
 
 def test_short_write_then_full(one):
     repo, first = one
-    with short_writes(), failing(os, "write"), pytest.raises(OSError, match="No space left"):
+    with short_writes(), failing(os, "write"), pytest.raises(OSError) as err:
         repo.commit(state(1), "disk full")
+    assert err.value.errno == errno.ENOSPC
     assert assert_as_before(repo, first).unreferenced == ()
 
 
@@ -95,8 +96,9 @@ def test_gc_rewrite_failing_leaves_everything_loadable(repo):
     shared = torch.arange(20, dtype=torch.float32)
     repo.commit({"big": torch.arange(2000.0), "shared": shared}, "one")
     kept = repo.commit({"big": torch.arange(2000.0) + 1, "shared": shared}, "two")
-    with failing(os, "writev", after=1), pytest.raises(OSError, match="No space left"):
+    with failing(os, "writev", after=1), pytest.raises(OSError) as err:
         repo.gc(keep_last=1)  # the sweep is done; copying the live records out of the old pack fails
+    assert err.value.errno == errno.ENOSPC
     assert not list((repo.dir / "packs").glob("*.tmp"))
     assert repo.fsck().ok and repo.resolve("main") == kept.id
     assert torch.equal(repo.load("main")["shared"], shared)

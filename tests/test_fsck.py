@@ -280,8 +280,10 @@ def test_rebuild_index_after_dropping_it(two):
     before = _all_states(repo)
     with repo.index.write() as txn:
         txn.drop_chunks()
-    with pytest.raises(mvc.ObjectNotFound, match="missing from the index"):
+    with pytest.raises(mvc.ObjectNotFound) as err:
         repo.load(c2)
+    with repo.index.read() as txn:
+        assert err.value.id is not None and txn.chunk(bytes.fromhex(err.value.id)) is None  # a chunk the index lost
     dropped = repo.fsck()
     assert {d.kind for d in dropped.damage} == {F.MISSING_CHUNK}
     assert {u.kind for u in dropped.unreferenced} == {F.UNINDEXED_PACK}

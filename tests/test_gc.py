@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 import mvc
 from mvc.cli import main
+from mvc.errors import MetricNotRecorded, WalkDamaged
 from mvc.store.packs import PackWriter
 
 from damage import flip_bit, pack_files
@@ -53,8 +54,9 @@ def test_keep_last_prunes_old_data_and_keeps_history(repo):
     assert [c.pruned for c in log] == [False] * 3 + [True] * 5
     for c in commits[5:]:
         assert same(repo.load(c.id), state(c.step))
-    with pytest.raises(mvc.ObjectNotFound, match="pruned by gc .keep-last 3 on every branch"):
+    with pytest.raises(mvc.CommitPruned) as err:
         repo.load(commits[0].id)
+    assert err.value.id == commits[0].id and err.value.policy == "keep-last 3 on every branch"
     assert repo.get_commit(commits[0].id).pruned
     assert assert_clean(repo).unreferenced == ()
     assert repo.gc(keep_last=3).pruned == ()  # nothing more to do
@@ -71,8 +73,9 @@ def test_best_checkpoint_survives_rotation(repo):
     assert same(repo.load(best.id), state(2))
     repo.gc(keep_last=1, keep_best="acc", mode="max", top=1)  # acc is best where loss is lowest
     assert [c.step for c in repo.log() if not c.pruned] == [9, 2]
-    with pytest.raises(mvc.BadInput, match="branch 'main' records metric 'lsos'.*recorded: acc, loss"):
+    with pytest.raises(MetricNotRecorded) as err:
         repo.gc(keep_last=1, keep_best="lsos")  # a typo must not prune the best checkpoint
+    assert (err.value.metric, err.value.recorded, err.value.branches) == ("lsos", ("acc", "loss"), ("main",))
     assert [c.step for c in repo.log() if not c.pruned] == [9, 2]
     assert_clean(repo)
 
@@ -97,8 +100,9 @@ def test_never_prunes_tips_tags_head_or_other_histories(repo):
 def test_protected_branch_history_needs_force(repo):
     commits = train(repo, 4)
     repo.set_protected("main")
-    with pytest.raises(mvc.ProtectedRef, match="--force"):
+    with pytest.raises(mvc.ProtectedRef) as err:
         repo.gc(keep_last=1, branch="main")
+    assert (err.value.ref, err.value.action) == ("heads/main", "prune")
     report = repo.gc(keep_last=1)
     assert report.pruned == () and report.skipped_branches == ("main",)
     report = repo.gc(keep_last=1, force=True)
@@ -199,8 +203,9 @@ def test_gc_refuses_to_delete_anything_when_live_data_is_missing(repo):
     with repo.index.write() as txn:
         txn.delete("trees", tree)
     before = repo.status()
-    with pytest.raises(mvc.CorruptObject, match="gc stopped, nothing was deleted"):
+    with pytest.raises(WalkDamaged) as err:
         repo.gc(keep_last=1)
+    assert (err.value.kind, err.value.id) == ("missing-tree", tree.hex())
     assert repo.status() == before and not any(c.pruned for c in repo.log())
 
 
@@ -253,8 +258,9 @@ def test_keep_best_refuses_a_branch_that_never_records_the_metric(repo):
     repo.create_branch("exp", "HEAD~3")
     for i in range(4, 7):
         repo.commit(state(i), f"exp {i}", step=i, metrics={"acc": 0.5}, branch="exp")
-    with pytest.raises(mvc.BadInput, match="branch 'exp' records metric 'loss'"):
+    with pytest.raises(MetricNotRecorded) as err:
         repo.gc(keep_best="loss", top=1)
+    assert err.value.branches == ("exp",) and err.value.recorded == ("acc",)
     assert not any(c.pruned for b in ("main", "exp") for c in repo.log(b))
     repo.gc(keep_best="loss", top=1, branch="main")  # naming the branch that records it works
     # newest first: the tip stays, main 2 goes, main 1 (best loss) stays, root is exp's history too

@@ -18,6 +18,7 @@ import torch
 
 import mvc
 from mvc.store.index import MAX_KEY
+from mvc.errors import WalkDamaged
 from mvc.store.fs import NotRegular
 from mvc.store.packs import pack_filename
 
@@ -102,8 +103,9 @@ def test_a_damaged_reflog_entry_fsck_reports_and_gc_refuses(repo):
         key = next(iter(txn.ids("reflog")))
         txn._txn.put(key, b"\xc1" + bytes(8) + b"\x92\x01", db=txn._dbs["reflog"])
     assert [d.kind for d in repo.fsck().damage] == ["corrupt-reflog"]
-    with pytest.raises(mvc.CorruptObject, match="gc stopped, nothing was deleted.*reflog expire"):
+    with pytest.raises(WalkDamaged) as err:
         repo.gc()
+    assert err.value.kind == "corrupt-reflog"
     assert repo.reflog.expire(damaged=True) == 1
     assert repo.fsck().ok and repo.gc().commits_removed == 0
 
@@ -118,8 +120,9 @@ def test_gc_gate_as_a_symlink_is_refused_and_its_target_untouched(repo, tmp_path
     if gate.exists():
         gate.unlink()
     gate.symlink_to(target)
-    with pytest.raises(NotRegular, match="symlink"):
+    with pytest.raises(NotRegular) as err:
         repo.gc()
+    assert err.value.path == str(gate)
     with pytest.raises(mvc.MvcError):
         repo.load()
     assert target.read_text() == "keep me"
@@ -286,8 +289,9 @@ def test_commits_whose_data_is_lost_can_be_pruned_so_gc_runs_again(repo):
         txn.delete("tensors", bytes.fromhex(lost.tensor_id))
     report = repo.fsck()
     assert not report.ok and {c2.id} == {c for d in report.damage for c in d.commits}
-    with pytest.raises(mvc.CorruptObject, match="gc stopped"):
+    with pytest.raises(WalkDamaged) as err:
         repo.gc()
+    assert (err.value.kind, err.value.id) == ("missing-tensor", lost.tensor_id)
     assert mvc.fsck.prune_lost(repo) == (c2.id,)
     assert repo.fsck().ok
     repo.gc(grace=0)
@@ -359,8 +363,9 @@ def test_a_small_address_space_limit_still_opens_the_index(tmp_path):
 
 def test_an_overlong_branch_name_is_refused_before_anything_is_written(repo):
     name = "b" * (MAX_KEY + 1)
-    with pytest.raises(mvc.InvalidRefName, match="long"):
+    with pytest.raises(mvc.InvalidRefName) as err:
         repo.commit({"w": torch.ones(2)}, "m", branch=name)
+    assert err.value.name == name and "longer than" in err.value.problem
     assert list((repo.dir / "packs").iterdir()) == []
 
 

@@ -164,3 +164,42 @@ def test_import_mvc_does_not_import_torch():
     """Why commits, reader and repository import state, live and merge inside functions."""
     code = "import sys, mvc; r = mvc.Repository; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def _docstrings(tree) -> set:
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+
+
+def _names_commands(tree, commands) -> list:
+    """Line numbers of strings (not docstrings) that tell the user to run ``mvc COMMAND``."""
+    import re
+    said = re.compile(r"['(`]mvc (%s)\b" % "|".join(sorted(commands)))
+    docs = _docstrings(tree)
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs and said.search(n.value)]
+
+
+def test_the_library_names_no_command():
+    """Library messages say what went wrong (error classes with attributes); mvc/cli adds the
+    command to run (cli/base.py HINTS). The web pages are a client of their own, as the CLI is."""
+    from mvc.cli import main
+    commands = set(main.commands)
+    named = {name: lines for name, (_, tree) in modules().items()
+             if not name.startswith(("mvc.cli", "mvc.web"))
+             for lines in [_names_commands(tree, commands)] if lines}
+    assert named == {}
+    assert _names_commands(ast.parse("raise X(\"no remote; run 'mvc remote add'\")"), commands) == [1]
+
+
+def test_every_error_class_lives_in_errors():
+    """Classes that extend an exception are defined in mvc/errors.py (a private one that never
+    leaves its module, like sharded._Clash, aside)."""
+    import mvc.errors
+    known = {name for name, value in vars(mvc.errors).items() if isinstance(value, type)} | {"Exception"}
+    outside = {f"{name}.{node.name}" for name, (_, tree) in modules().items() if name != "mvc.errors"
+               for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
+               and any((getattr(b, "id", None) or getattr(b, "attr", None)) in known
+                       or (getattr(b, "id", None) or getattr(b, "attr", "")).endswith("Error") for b in node.bases)}
+    assert outside == set()

@@ -5,7 +5,7 @@ import struct
 import pytest
 
 from mvc import hashing
-from mvc.errors import CorruptObject
+from mvc.errors import PackDamaged, PackMissing
 from mvc.store.packs import (ENTRY, FOOTER, HEADER, RECORD_HEAD, SEAL, Location, PackReader, PackWriter,
                        pack_filename, read_trailer)
 
@@ -79,10 +79,12 @@ def test_reader_errors(tmp_path):
     _, locs, path = write_pack(tmp_path)
     reader = PackReader(tmp_path)
     try:
-        with pytest.raises(CorruptObject, match="truncated"):
+        with pytest.raises(PackDamaged) as err:
             reader.read(Location(locs[0].pack, path.stat().st_size - 2, 10))
-        with pytest.raises(CorruptObject, match="missing"):
+        assert (err.value.pack, err.value.problem) == (path.name, "truncated")
+        with pytest.raises(PackMissing) as err:
             reader.read(Location(b"\x00" * 16, 44, 1))
+        assert err.value.pack == pack_filename(b"\x00" * 16)
     finally:
         reader.close()
 
@@ -96,21 +98,22 @@ def damage(path, at, new_bytes=None, truncate=None):
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("how, message", [
+@pytest.mark.parametrize("how, problem", [
     (lambda p, n: damage(p, 0, b"X"), "header"),
-    (lambda p, n: damage(p, None, truncate=n - 1), "not sealed"),
-    (lambda p, n: damage(p, None, truncate=30), "truncated"),
-    (lambda p, n: damage(p, n - 8, b"MVCSEAL2"), "not sealed"),
-    (lambda p, n: damage(p, n - 48 - 10, bytes([0xff])), "checksum"),  # a bit in the trailer's entries
-    (lambda p, n: damage(p, n - 48, bytes([0x00])), "checksum"),  # the footer's digest itself
-    (lambda p, n: damage(p, n - 16, struct.pack("<Q", n)), "not sealed"),  # trailer offset past the end
-    (lambda p, n: damage(p, n - 16, struct.pack("<Q", 2)), "not sealed"),  # trailer offset inside header
+    (lambda p, n: damage(p, None, truncate=n - 1), "unsealed"),
+    (lambda p, n: damage(p, None, truncate=30), "header"),  # shorter than the smallest pack
+    (lambda p, n: damage(p, n - 8, b"MVCSEAL2"), "unsealed"),
+    (lambda p, n: damage(p, n - 48 - 10, bytes([0xff])), "trailer-checksum"),  # a bit in the trailer's entries
+    (lambda p, n: damage(p, n - 48, bytes([0x00])), "trailer-checksum"),  # the footer's digest itself
+    (lambda p, n: damage(p, n - 16, struct.pack("<Q", n)), "unsealed"),  # trailer offset past the end
+    (lambda p, n: damage(p, n - 16, struct.pack("<Q", 2)), "unsealed"),  # trailer offset inside header
 ])
-def test_damaged_packs_are_detected(tmp_path, how, message):
+def test_damaged_packs_are_detected(tmp_path, how, problem):
     _, _, path = write_pack(tmp_path)
     how(path, path.stat().st_size)
-    with pytest.raises(CorruptObject, match=message):
+    with pytest.raises(PackDamaged) as err:
         read_trailer(path)
+    assert (err.value.pack, err.value.problem) == (path.name, problem)
 
 
 def forge_trailer(path, entries, count=None):
@@ -126,16 +129,18 @@ def test_trailer_count_must_match_length(tmp_path):
     _, _, path = write_pack(tmp_path)
     entries = read_trailer(path)
     forge_trailer(path, entries, count=5)
-    with pytest.raises(CorruptObject, match="does not match its count"):
+    with pytest.raises(PackDamaged) as err:
         read_trailer(path)
+    assert err.value.problem == "trailer-count"
 
 
 @pytest.mark.parametrize("offset, length", [(43, 1), (44, 10**6), (2**63, 1)])
 def test_trailer_entries_must_lie_inside_the_records(tmp_path, offset, length):
     _, _, path = write_pack(tmp_path)
     forge_trailer(path, [(b"\x01" * 32, offset, length)])
-    with pytest.raises(CorruptObject, match="outside"):
+    with pytest.raises(PackDamaged) as err:
         read_trailer(path)
+    assert err.value.problem == "outside"
 
 
 def test_read_run_reads_back_to_back_records_in_one_call(tmp_path):
@@ -148,8 +153,9 @@ def test_read_run_reads_back_to_back_records_in_one_call(tmp_path):
     reader.prefetch([locs])
     reader.read_run(locs, buffers)
     assert [bytes(b) for b in buffers] == chunks
-    with pytest.raises(CorruptObject, match="truncated"):  # a run that claims more than the pack holds
+    with pytest.raises(PackDamaged) as err:  # a run that claims more than the pack holds
         reader.read_run([Location(locs[0].pack, locs[2].offset, 10**6)], [bytearray(10**6)])
+    assert err.value.problem == "truncated"
     reader.close()
 
 

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 import mvc
 from mvc import plot
+from mvc.errors import MetricNotRecorded
 from mvc.cli import main
 from conftest import run_cli as cli
 
@@ -73,8 +74,9 @@ def test_plot_metric(history, tmp_path):
     pytest.importorskip("matplotlib")
     out = plot.plot_metric(history.log(), "loss", tmp_path / "loss.png")
     assert out.read_bytes().startswith(PNG)
-    with pytest.raises(mvc.BadInput, match="recorded metrics: loss"):
+    with pytest.raises(MetricNotRecorded) as err:
         plot.plot_metric(history.log(), "accuracy", tmp_path / "acc.png")
+    assert (err.value.metric, err.value.recorded) == ("accuracy", ("loss",))
 
 
 def test_cli_diff_plot(history, tmp_path):

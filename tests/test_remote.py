@@ -15,8 +15,8 @@ from click.testing import CliRunner
 import mvc
 from mvc.cli import main
 from mvc.remote import layout
-from mvc.remote.bucket import FolderBucket, PreconditionFailed, RemoteError
-from mvc.remote.sync import REJECTED
+from mvc.errors import BranchLocked, Diverged, RefRejected, RemoteCorrupt, RemoteDamaged, UntrustedAnswer
+from mvc.remote.bucket import FolderBucket, PreconditionFailed
 
 SMALL = 64
 
@@ -127,8 +127,9 @@ def test_two_pushers_one_wins_the_other_is_rejected(origin, tmp_path):
     s["step"] = 200
     theirs = other.commit(s, "theirs")
     other.remotes.push()
-    with pytest.raises(mvc.RefConflict, match=REJECTED):
+    with pytest.raises(RefRejected) as err:
         origin.remotes.push()
+    assert (err.value.remote, err.value.refs) == ("origin", ("heads/main",))
     assert other.remotes.fetch().refs[0].status == "up to date"
     origin.remotes.fetch()
     assert origin.resolve("origin/main") == theirs.id  # their update is not lost
@@ -155,8 +156,11 @@ class IgnoresConditions(FolderBucket):
 
 
 def test_a_store_without_conditional_writes_is_refused(tmp_path):
-    with pytest.raises(RemoteError, match="does not honour conditional writes"):
-        IgnoresConditions(tmp_path / "r", create=True).check_conditional()
+    bucket = IgnoresConditions(tmp_path / "r", create=True)
+    with pytest.raises(UntrustedAnswer) as err:
+        bucket.check_conditional()
+    assert err.value.url == bucket.url and err.value.key.startswith("tmp/probe-")
+    assert bucket.list("tmp/") == []  # the probe is removed
 
 
 def test_lazy_clone_reads_on_demand_verified_and_keeps_them(origin, tmp_path):
@@ -185,8 +189,9 @@ def test_a_cache_write_that_fails_fails_the_read_and_keeps_nothing(origin, tmp_p
                 raise OSError(28, "No space left on device (injected)")
             return real(self, cid, data)
         monkeypatch.setattr(PackBatch, "add", full_disk)
-        with pytest.raises(OSError, match="No space left"):
+        with pytest.raises(OSError) as err:
             lazy.load("main")
+        assert err.value.errno == 28
         assert lazy.status().chunks == 0 and lazy.fsck().ok
         assert not list((tmp_path / "lz" / ".mvc" / "packs").glob("*.tmp"))
         monkeypatch.setattr(PackBatch, "add", real)
@@ -252,9 +257,9 @@ def test_flipped_byte_on_the_remote_is_found_and_refused(origin, tmp_path):
     _flip_byte(biggest, 200)
     report = origin.remotes.fsck()
     assert not report.ok and any(biggest.name in p.object for p in report.problems)
-    with pytest.raises(mvc.HashMismatch) as err:
+    with pytest.raises(RemoteCorrupt) as err:
         full.remotes.fetch()
-    assert err.value.where.startswith("remote pack ") and biggest.name in err.value.where and err.value.id
+    assert err.value.key == f"packs/{biggest.name}" and err.value.id is not None
     assert full.remotes.branches() == [] and full.status().chunks == 0  # nothing indexed, no ref moved
     with pytest.raises(mvc.ChecksumMismatch):
         lazy.load("main")
@@ -272,8 +277,9 @@ def test_deleted_remote_pack_is_named(origin, tmp_path):
     assert not report.ok and any(p.kind == "missing-chunk" and "heads/main" in p.refs[0] for p in report.problems)
     fresh = mvc.Repository.init(tmp_path / "fresh", chunk_size=SMALL)
     fresh.remotes.add("origin", str(tmp_path / "remote"))
-    with pytest.raises(mvc.CorruptObject, match="missing on remote"):
+    with pytest.raises(RemoteDamaged) as err:
         fresh.remotes.fetch()
+    assert err.value.remote == "origin" and err.value.ids
     fresh.close()
 
 
@@ -294,8 +300,9 @@ def test_protected_and_locked_remote_refs(origin, tmp_path):
     other.commit(s, "bob's", author="bob")
     os.environ["MVC_AUTHOR"] = "bob"
     try:
-        with pytest.raises(mvc.LockHeld, match="alice"):
+        with pytest.raises(BranchLocked) as err:
             other.remotes.push()
+        assert (err.value.branch, err.value.owner, err.value.remote) == ("main", "alice", "origin")
     finally:
         del os.environ["MVC_AUTHOR"]
     assert origin.remotes.unlock("main", owner="alice")
@@ -315,8 +322,9 @@ def test_pull_refuses_diverged_history(origin, tmp_path):
     origin.remotes.push()
     s["step"] = 2
     other.commit(s, "b")
-    with pytest.raises(mvc.RefConflict, match="diverged"):
+    with pytest.raises(Diverged) as err:
         other.remotes.pull()
+    assert (err.value.branch, err.value.remote) == ("main", "origin")
     other.close()
 
 

@@ -267,3 +267,25 @@ def test_a_large_object_goes_up_in_parts_and_a_pack_in_one_put(s3, monkeypatch):
     small = os.urandom(6 << 20)  # at the limit: one PUT
     bucket.put("small.bin", small)
     assert calls == [] and bucket.get("small.bin") == small
+
+
+def test_a_lazy_clone_reads_on_after_its_remote_was_repaired(pushed_sw, tmp_path, seaweedfs):
+    """A repair moves the records of a damaged pack to new packs and removes it: a lazy clone listed
+    the remote before, so its catalogue names the removed pack. Its read lists the remote once more
+    and reads from the new packs, bit for bit, with no 'mvc fetch' first."""
+    repo, url = pushed_sw
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=seaweedfs.endpoint)
+    try:
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        client = seaweedfs.client()
+        key = max(client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/packs/")["Contents"],
+                  key=lambda o: o["Size"])["Key"]
+        data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        data[8 + 36 + 10] ^= 0x10  # inside the first record's bytes
+        client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+        report = repo.remotes.repair()
+        assert any(key.endswith(removed) or removed.endswith(key.rpartition("/")[2]) for removed in report.packs_removed)
+        assert same(lazy.load("main"), repo.load("main"))
+        assert lazy.fsck().ok and repo.remotes.fsck().ok
+    finally:
+        lazy.close()

@@ -17,7 +17,11 @@ import time
 
 import click
 
-from ..errors import CommitPruned, CorruptObject, MvcError, NotRegular, ObjectNotFound, PackDamaged
+from ..errors import (BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped, BranchLocked, CommitPruned,
+                      CorruptObject, Diverged, HeadMissing, LockDamaged, MvcError, NoBisect, NotARepository,
+                      NotConfigured, NotRegular, ObjectNotFound, PackDamaged, ProtectedRef, RefExists, RefRejected,
+                      RemoteCorrupt, RemoteDamaged, RemoteExists, ScanFoundDamage, UnknownRemote, VerdictContradicts,
+                      WalkDamaged)
 
 
 class Group(click.Group):
@@ -52,10 +56,64 @@ def advice(exc: MvcError) -> str:
     text = str(exc)
     if "'mvc " in text:  # the message already says which command
         return text
-    damaged = isinstance(exc, (CorruptObject, ObjectNotFound)) and not isinstance(exc, (CommitPruned, NotRegular))
-    if damaged and (exc.id is not None or isinstance(exc, PackDamaged)):  # a stored object or pack: fsck names all
-        return f"{text}; run 'mvc fsck'"
-    return text
+    hint = next((hint(exc) for kind, hint in HINTS if isinstance(exc, kind)), "")
+    return f"{text}; {hint}" if hint else text
+
+
+def _lock_hint(exc: BranchLocked) -> str:
+    b = exc.branch
+    if exc.remote is not None:
+        return f"ask them to run 'mvc remote unlock {exc.remote} {b}'"
+    if exc.named:
+        return f"ask {exc.owner} to run 'mvc unlock {b}', or free it with 'mvc unlock --force {b}'"
+    if not exc.here:
+        return f"if it is gone, free the lock with 'mvc unlock --force {b}'"
+    return f"wait for that process to finish, or free the lock with 'mvc unlock --force {b}'"
+
+
+def _damage_hint(exc) -> str:
+    """A stored object or pack that is missing or damaged: fsck names everything it breaks."""
+    if isinstance(exc, (CommitPruned, NotRegular)) or (exc.id is None and not isinstance(exc, PackDamaged)):
+        return ""
+    return "run 'mvc fsck'"
+
+
+def _walk_hint(exc: WalkDamaged) -> str:
+    if exc.kind == "corrupt-reflog":
+        return "run 'mvc fsck' and 'mvc reflog expire --damaged'"
+    return "run 'mvc fsck' (its --prune-lost lets gc run again without the lost commits)"
+
+
+# (error class, advice for it), the first class that matches wins: what to run about each error
+HINTS = (
+    (NotARepository, lambda e: "run 'mvc init' first"),
+    (UnknownRemote, lambda e: "" if e.known else f"add it with 'mvc remote add {e.name or 'origin'} URL'"),
+    (RemoteExists, lambda e: f"remove it first ('mvc remote remove {e.name}')"),
+    (NotConfigured, lambda e: f"set it with 'mvc config {e.setting} VALUE'"),
+    (RefRejected, lambda e: f"run 'mvc fetch {e.remote}', then build on {e.remote}/BRANCH"),
+    (Diverged, lambda e: f"keep yours on a new branch ('mvc branch NAME {e.branch}'), then "
+                         f"'mvc branch --force {e.branch} {e.remote}/{e.branch}'"),
+    (RefExists, lambda e: f"'mvc checkout {e.ref.split('/', 1)[-1]}' switches to it"
+                          if e.action == "create-and-checkout" else ""),
+    (ProtectedRef, lambda e: f"unprotect it first ('mvc branch --unprotect {e.ref.split('/', 1)[-1]}')"
+                             if e.action == "commit" else ""),
+    (BranchLocked, _lock_hint),
+    (LockDamaged, lambda e: f"remove it with 'mvc remote unlock --force {e.remote} {e.branch}'" if e.remote
+                            else f"remove it with 'mvc unlock --force {e.branch}'"),
+    (HeadMissing, lambda e: "run 'mvc checkout BRANCH' to set it again"),
+    (NoBisect, lambda e: "start one with 'mvc bisect start BAD GOOD'"),
+    (BisectInProgress, lambda e: "finish it or run 'mvc bisect reset'"),
+    (BisectFinished, lambda e: "give a revision to judge, or run 'mvc bisect reset'"),
+    (BisectStopped, lambda e: "judge this commit with 'mvc bisect good|bad|skip' or fix the command and run "
+                              "'mvc bisect run' again"),
+    (BisectStateDamaged, lambda e: "run 'mvc bisect reset' and start again"),
+    (VerdictContradicts, lambda e: "see 'mvc bisect log', or 'mvc bisect reset' and start again"),
+    (RemoteDamaged, lambda e: f"run 'mvc fsck --remote {e.remote}'".rstrip()),
+    (RemoteCorrupt, lambda e: "run 'mvc fsck --remote'"),
+    (WalkDamaged, _walk_hint),
+    (ScanFoundDamage, lambda e: "run 'mvc fsck' to see what it breaks"),
+    ((CorruptObject, ObjectNotFound), _damage_hint),
+)
 
 
 BUG = 70  # exit code of an unexpected exception (sysexits' EX_SOFTWARE)

@@ -10,7 +10,7 @@ import re
 import secrets
 from typing import Optional
 
-from ..errors import BadInput, PreconditionFailed, RemoteError
+from ..errors import BadInput, PreconditionFailed, UntrustedAnswer
 
 _KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 _LISTENERS: list = []
@@ -86,9 +86,9 @@ class Bucket:
                     self.put(key, b"2", **kwargs)
                 except PreconditionFailed:
                     continue
-                raise RemoteError(f"{self.url} does not honour conditional writes (If-None-Match / If-Match); "
-                                  "mvc cannot move refs there without risking lost updates: use a store "
-                                  "that does (AWS S3, SeaweedFS 4.48 or later, MinIO)")
+                raise UntrustedAnswer(f"{self.url} does not honour conditional writes (If-None-Match / If-Match); "
+                                      "mvc cannot move refs there without risking lost updates: use a store "
+                                      "that does (AWS S3, SeaweedFS 4.48 or later, MinIO)", url=self.url, key=key)
             self.put(key, b"3", if_match=etag)
         finally:
             self.delete(key)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .. import encoding
-from ..errors import BadInput, CorruptObject, MvcError
+from ..errors import BadInput, CorruptObject, RemoteExists, UnknownRemote  # noqa: F401  (UnknownRemote re-exported)
 from .bucket import parse_url
 
 PREFIX = "remote/"
@@ -22,10 +22,6 @@ CACHE_REMOTE, CACHE_MAX, PIN = "cache.remote", "cache.max-bytes", "cache.pin/"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?", re.IGNORECASE)
 SETTINGS = (CACHE_REMOTE, CACHE_MAX)
-
-
-class UnknownRemote(MvcError):
-    """No remote by that name is configured."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +41,7 @@ def check_name(name: str) -> str:
 def get(txn, name: str) -> RemoteInfo:
     raw = txn.meta(PREFIX + check_name(name))
     if raw is None:
-        raise UnknownRemote(f"no remote named {name!r}; add it with 'mvc remote add {name} URL'")
+        raise UnknownRemote(f"no remote named {name!r}", name=name)
     value = encoding.unpack(raw, f"settings of remote {name!r}")
     if type(value) is not dict or not isinstance(value.get("url"), str):
         raise CorruptObject(f"the settings of remote {name!r} are damaged; remove and add it again")
@@ -63,7 +59,7 @@ def add(txn, name: str, url: str, endpoint_url: Optional[str]) -> RemoteInfo:
     if kind == "folder":
         url = where  # absolute: a relative path would change meaning with the working directory
     if txn.meta(PREFIX + name) is not None:
-        raise BadInput(f"remote {name!r} already exists; remove it first (mvc remote remove {name})")
+        raise RemoteExists(f"remote {name!r} already exists", name=name)
     if endpoint_url is not None and not re.match(r"https?://", endpoint_url):
         raise BadInput(f"--endpoint-url {endpoint_url!r} must start with http:// or https://")
     info = RemoteInfo(name, url, endpoint_url)
@@ -83,8 +79,8 @@ def default(txn, name: Optional[str]) -> str:
     if "origin" in known or len(known) == 1:
         return "origin" if "origin" in known else known[0]
     if not known:
-        raise UnknownRemote("no remote is configured; add one with 'mvc remote add origin URL'")
-    raise UnknownRemote(f"several remotes are configured ({', '.join(known)}); name the one to use")
+        raise UnknownRemote("no remote is configured")
+    raise UnknownRemote(f"several remotes are configured ({', '.join(known)}); name the one to use", known=known)
 
 
 def remove(txn, name: str) -> None:

@@ -20,7 +20,7 @@ import secrets
 from typing import Optional
 
 from .. import encoding, hashing, refs as refnames
-from ..errors import CorruptObject, InvalidRefName
+from ..errors import CorruptObject, InvalidRefName, LockDamaged
 from ..store import packformat
 from ..store.packformat import FOOTER, HEADER, RECORD_HEAD  # noqa: F401 (FOOTER: callers size a pack's tail with it)
 from .backend import _KEY
@@ -169,10 +169,10 @@ def encode_lock(owner: str, host: str, since: float) -> bytes:
     return encoding.pack({"owner": owner, "host": host, "since": float(since)})
 
 
-def decode_lock(data: bytes, key: str) -> dict:
+def decode_lock(data: bytes, key: str, remote: str = "") -> dict:
     value = encoding.unpack(data, f"remote lock {key}")
     if type(value) is not dict or not isinstance(value.get("owner"), str):
-        raise CorruptObject(f"remote lock {key} is damaged; remove it with 'mvc remote unlock --force'")
+        raise LockDamaged(f"remote lock {key} is damaged", branch=key.removeprefix(LOCKS), remote=remote)
     return value
 
 

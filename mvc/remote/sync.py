@@ -29,7 +29,8 @@ from typing import Optional
 from .. import audit as _audit
 from .. import reach
 from .. import refs as refnames
-from ..errors import BadInput, CorruptObject, LockHeld, ProtectedRef, RefConflict, RemoteDamaged, UntrustedAnswer
+from ..errors import (BadInput, BranchLocked, CorruptObject, Diverged, LockHeld, ProtectedRef,  # noqa: F401
+                      RefRejected, RemoteDamaged, UntrustedAnswer)  # RefRejected re-exported
 from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
 from ..store import locks as locking
 from ..traverse import walk as walk_tree
@@ -39,10 +40,6 @@ from .catalogue import Catalogue, read_trailer
 
 REMOTES = refnames.REMOTES
 REJECTED = "rejected: remote has commits you lack; fetch first"
-
-
-class RefRejected(RefConflict):
-    """The remote ref moved to commits this repository lacks (or has diverged): fetch first."""
 
 
 @dataclass(frozen=True)
@@ -313,7 +310,7 @@ def _delete_refs(repo, conn: Connection, names: tuple, force: bool, held) -> lis
             conn.bucket.put(layout.ref_key(ref), layout.encode_tombstone(time.time()), if_match=etag)
         except (PreconditionFailed, NotFound):
             raise RefRejected(f"{REJECTED}: {refnames.short_name(ref)} moved on {conn.name!r} meanwhile; "
-                              "nothing was deleted") from None
+                              "nothing was deleted", remote=conn.name, refs=(ref,)) from None
         _untrack(repo, conn.name, ref)
         updates.append(RefUpdate(ref, _hex(old), None, "deleted"))
     return updates
@@ -426,9 +423,9 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
             pass
     if rejected:
         names = ", ".join(refnames.short_name(r) for r in rejected)
-        raise RefRejected(f"{REJECTED} ('mvc fetch {conn.name}', then build on {conn.name}/BRANCH): "
-                          f"{names} on {conn.name!r} not moved"
-                          + (f"; moved: {', '.join(refnames.short_name(u.ref) for u in updates)}" if updates else ""))
+        raise RefRejected(f"{REJECTED}: {names} on {conn.name!r} not moved"
+                          + (f"; moved: {', '.join(refnames.short_name(u.ref) for u in updates)}" if updates else ""),
+                          remote=conn.name, refs=rejected)
     return updates
 
 
@@ -455,7 +452,7 @@ def _check_landed(repo, conn: Connection, key: str, body: bytes, etag: str, tip:
             pass
     raise UntrustedAnswer(f"{key} on remote {conn.name!r} does not hold what this push wrote under the etag "
                           "the store returned: the store did not honour If-Match, and a racing push may have "
-                          "replaced this one's commit; check the remote's branch ('mvc fetch') and push again "
+                          "replaced this one's commit; fetch to check the remote's branch, and push again "
                           "only to a store that honours conditional writes", url=conn.bucket.url, key=key)
 
 
@@ -487,10 +484,11 @@ def _check_remote_lock(conn: Connection, ref: str, me: str) -> None:
     current = conn.bucket.get_versioned(layout.LOCKS + branch)
     if current is None:
         return
-    holder = layout.decode_lock(current[0], layout.LOCKS + branch)
+    holder = layout.decode_lock(current[0], layout.LOCKS + branch, conn.name)
     if holder["owner"] != me:
-        raise LockHeld(f"cannot push branch {branch!r}: it is locked on remote {conn.name!r} by {holder['owner']} "
-                       f"(from {holder.get('host', '?')}); ask them to run 'mvc remote unlock {conn.name} {branch}'")
+        raise BranchLocked(f"cannot push branch {branch!r}: it is locked on remote {conn.name!r} by {holder['owner']} "
+                           f"(from {holder.get('host', '?')})", branch=branch, owner=holder["owner"],
+                           host=holder.get("host", "?"), named=True, here=False, remote=conn.name)
 
 
 def _track(repo, remote: str, ref: str, oid: bytes, why: str) -> None:
@@ -518,7 +516,7 @@ def lock(repo, name: Optional[str], branch: str, owner: Optional[str] = None) ->
         key = layout.LOCKS + refnames.check_name(branch, "branch")
         current = conn.bucket.get_versioned(key)
         if current is not None:
-            holder = layout.decode_lock(current[0], key)
+            holder = layout.decode_lock(current[0], key, conn.name)
             if holder["owner"] != me:
                 raise LockHeld(f"branch {branch!r} is already locked on remote {conn.name!r} by {holder['owner']}")
             return me
@@ -539,7 +537,7 @@ def unlock(repo, name: Optional[str], branch: str, force: bool = False, owner: O
         current = conn.bucket.get_versioned(key)
         if current is None:
             return False
-        holder = layout.decode_lock(current[0], key) if not force else {"owner": None}
+        holder = layout.decode_lock(current[0], key, conn.name) if not force else {"owner": None}
         if not force and holder["owner"] != (owner or locking.default_author()):
             raise LockHeld(f"branch {branch!r} is locked on remote {conn.name!r} by {holder['owner']}; "
                            "pass --force to remove the lock anyway")
@@ -594,8 +592,8 @@ class _Incoming:
     chunks: dict = field(default_factory=dict)  # id -> length, reachable and not local
 
 
-def _closure(repo, txn, tips: list, fetched: dict) -> _Incoming:
-    """What the local repository lacks of the closures of ``tips``; CorruptObject if the remote lacks it too."""
+def _closure(repo, txn, tips: list, fetched: dict, remote: str) -> _Incoming:
+    """What the local repository lacks of the closures of ``tips``; RemoteDamaged if remote ``remote`` lacks it too."""
     decoded, pruned_notes = {}, {}
     for oid, data in fetched.items():
         kind, obj = _classify(data, oid)
@@ -613,8 +611,8 @@ def _closure(repo, txn, tips: list, fetched: dict) -> _Incoming:
             if oid not in seen:
                 inc.objects.append((kind, oid, data))
             return obj
-        raise CorruptObject(f"{kind[:-1]} {oid.hex()[:12]} is missing on the remote and here; the remote is "
-                            "damaged: run 'mvc fsck --remote'")
+        raise RemoteDamaged(f"{kind[:-1]} {oid.hex()[:12]} is missing on the remote and here; the remote is "
+                            "damaged", remote=remote, ids=(oid,))
     todo = list(tips)
     while todo:
         oid = todo.pop()
@@ -679,7 +677,7 @@ def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> tuple:
         try:
             fetched = _incoming_objects(repo, conn)
             with repo.index.read() as txn:
-                inc = _closure(repo, txn, tips, fetched)
+                inc = _closure(repo, txn, tips, fetched, conn.name)
                 absent = _absent_chunks(repo, txn, conn, tips, inc, fetched) if lazy else \
                     [cid for cid in inc.chunks if not conn.catalogue.has_chunk(cid)]
             if absent:
@@ -787,7 +785,7 @@ def _download_group(repo, conn: Connection, located: dict, progress=None) -> int
 def pull(repo, name: Optional[str] = None, branch: Optional[str] = None, progress=None) -> PullReport:
     """fetch, then fast-forward local ``branch`` (default HEAD's) to ``NAME/branch``.
 
-    Raises RefConflict when they have diverged (mvc does not merge
+    Raises Diverged (a RefConflict) when they have diverged (mvc does not merge
     checkpoints), ProtectedRef / LockHeld as a commit would.
     """
     report = fetch(repo, name, progress)
@@ -808,9 +806,8 @@ def pull(repo, name: Optional[str] = None, branch: Optional[str] = None, progres
         if mine is not None and not _is_ancestor(txn, repo.objects, mine, new):
             if _is_ancestor(txn, repo.objects, new, mine):
                 return PullReport(report, branch, _hex(mine), _hex(mine), "up to date")
-            raise RefConflict(f"branch {branch!r} and {report.remote}/{branch} have diverged; mvc does not merge "
-                              f"checkpoints: keep yours on a new branch (mvc branch NAME {branch}), then "
-                              f"'mvc branch --force {branch} {report.remote}/{branch}'")
+            raise Diverged(f"branch {branch!r} and {report.remote}/{branch} have diverged; mvc does not merge "
+                           "checkpoints", branch=branch, remote=report.remote)
         repo.refs.check_commit(txn, ref, locking.this_process(locking.default_author()))
         repo.refs.set_if_equals(txn, ref, mine, new, f"pull: {report.remote}/{branch}")
     return PullReport(report, branch, _hex(mine), new.hex(), "new" if mine is None else "fast-forward")

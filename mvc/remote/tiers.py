@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .. import refs as refnames
-from ..errors import CorruptObject, LockHeld, ObjectNotFound
+from ..errors import CorruptObject, LockHeld, NotConfigured, NotFound, ObjectNotFound, RemoteDamaged
 from ..objects import TensorLeaf
 from ..store import fs
 from ..store.chunks import THREADS, ChunkStore, Forwarding
@@ -151,18 +151,32 @@ class CacheStore(Forwarding):
         for req in requests:
             by_id.setdefault(req.id, []).append(req)
         located = self.conn.catalogue.chunks(by_id)
-        if len(located) < len(by_id):
+        listed = len(located) < len(by_id)
+        if listed:
             # the catalogue may be stale (a push from elsewhere): list the remote once, then decide
             self.conn.catalogue.refresh(self.conn.bucket)
             located = self.conn.catalogue.chunks(by_id)
+        try:
+            self._fetch_located(by_id, located, progress)
+        except NotFound:
+            if listed:
+                raise
+            # a pack the catalogue names is gone: the remote was repaired or gc'd since it was
+            # listed, and its records live in other packs now; list it once and read from those
+            self.conn.catalogue.refresh(self.conn.bucket)
+            self._fetch_located(by_id, self.conn.catalogue.chunks(by_id), progress)
+
+    def _fetch_located(self, by_id: dict, located: dict, progress) -> None:
+        """Read ``by_id``'s chunks (id -> Requests) from their remote Locations, verified, into
+        the requests' buffers, keeping them in a new batch of ``inner`` (unless read-only)."""
         for cid, reqs in by_id.items():
             loc = located.get(cid)
             if loc is None:
                 raise ObjectNotFound(f"chunk {cid.hex()[:12]} of {reqs[0].what or 'a tensor'} is neither here nor on "
                                      f"remote {self.name!r}", id=cid)
             if any(memoryview(r.buffer).nbytes != loc.length for r in reqs):
-                raise CorruptObject(f"chunk {cid.hex()[:12]} of {reqs[0].what} has another length on remote "
-                                    f"{self.name!r}; run 'mvc fsck --remote {self.name}'", id=cid)
+                raise RemoteDamaged(f"chunk {cid.hex()[:12]} of {reqs[0].what} has another length on remote "
+                                    f"{self.name!r}", remote=self.name, ids=(cid,))
         batch = None if self.index.readonly else self.inner.writer()  # read-only: verified, not kept
         keep = None if batch is None else _Keeper(batch)
 
@@ -327,14 +341,13 @@ def evict(repo, budget: Optional[int] = None) -> EvictReport:
     lock, RemoteError if the remote cannot be listed (nothing is evicted
     on the strength of an old listing).
     """
-    from ..errors import BadInput
     with repo.index.read() as txn:
         name = config.cache_remote(txn)
         budget = config.cache_max(txn) if budget is None else budget
     if name is None:
-        raise BadInput("no remote is cached: set one with 'mvc config cache.remote NAME'")
+        raise NotConfigured("no remote is cached (setting cache.remote)", setting=config.CACHE_REMOTE)
     if budget is None:
-        raise BadInput("no cache budget: set one with 'mvc config cache.max-bytes SIZE' or give one")
+        raise NotConfigured("no cache budget (setting cache.max-bytes) and none given", setting=config.CACHE_MAX)
     conn = Connection(repo, name)
     try:
         conn.catalogue.refresh(conn.bucket)

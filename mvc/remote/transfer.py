@@ -14,7 +14,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
-from ..errors import ObjectNotFound
+from ..errors import RemoteCorrupt
 from ..store.chunks import Request
 from ..store.verify import intact, verified
 from . import layout
@@ -62,7 +62,7 @@ def fetch_chunks(bucket, locations: dict, deliver: Callable, what: Callable = la
         data = memoryview(bucket.get_range(key, start, stop))
         for cid, loc in items:
             piece = data[loc.offset - start:loc.offset - start + loc.length]
-            deliver(cid, verified(cid, piece, what(cid).removeprefix(" of "), f"remote pack {key}"))
+            deliver(cid, verified(cid, piece, what(cid).removeprefix(" of "), f"remote pack {key}", key=key))
         if progress:
             progress(sum(loc.length for _, loc in items))
         return stop - start
@@ -247,7 +247,8 @@ def read_pack_records(bucket, key: str, entries: list) -> dict:
     for oid, offset, length in entries:
         piece = data[offset:offset + length]
         if len(piece) != length:
-            raise ObjectNotFound(f"remote pack {key} is shorter than its trailer says; run 'mvc fsck --remote'")
-        out[oid] = bytes(verified(oid, piece, where=f"remote pack {key}", noun="object"))
+            raise RemoteCorrupt(f"remote pack {key} is shorter than its trailer says; nothing was stored", key=key,
+                                id=oid)
+        out[oid] = bytes(verified(oid, piece, where=f"remote pack {key}", noun="object", key=key))
     return out
 

@@ -426,8 +426,7 @@ class PackStore(ChunkStore):
         for req in requests:
             loc = self.locate(req.id, txn, req.what)
             if loc.size != memoryview(req.buffer).nbytes:
-                raise CorruptObject(f"{_named(req.id, req.what)} has the wrong length in the index; "
-                                    "run 'mvc fsck'", id=req.id)
+                raise CorruptObject(f"{_named(req.id, req.what)} has the wrong length in the index", id=req.id)
             if req.id in first:
                 copies.append((first[req.id], req))
                 continue
@@ -514,7 +513,7 @@ class PackStore(ChunkStore):
                     raise CorruptObject("the delta record names another base than the index")
             codec.decode_chain([(link.kind, data) for link, data in links], loc.size, out, start)
         except CorruptObject as exc:
-            raise CorruptObject(f"{_named(cid, what)} cannot be decoded ({exc}); run 'mvc fsck'", id=cid) from None
+            raise CorruptObject(f"{_named(cid, what)} cannot be decoded ({exc})", id=cid) from None
         if not intact(cid, out):
             broken = [b for b, _ in chain if not self._intact(b, chain)]
             raise mismatch(cid, what, _where(loc), broken[0] if broken else None)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from ..errors import CorruptObject, LockHeld
+from ..errors import BranchLocked, CorruptObject, GcLockBusy, LockDamaged, LockHeld
 from .fs import ensure_dir, open_file, read_small
 
 GC_LOCK = "gc.lock"
@@ -149,8 +149,7 @@ def process_alive(pid: int, started: Optional[str]) -> bool:
 def _decode(branch: str, value) -> BranchLock:
     if type(value) is not dict or set(value) != set(_FIELDS) or not all(
             isinstance(value[k], t) for k, t in _FIELDS.items()):
-        raise CorruptObject(f"the lock on branch {branch!r} is damaged; remove it with "
-                            f"'mvc unlock --force {branch}'")
+        raise LockDamaged(f"the lock on branch {branch!r} is damaged", branch=branch)
     lock = BranchLock(branch, value["host"], value["pid"], value["since"], value["owner"],
                       value["started"], value["named"])
     stale = not lock.named and lock.host == socket.gethostname() and not process_alive(lock.pid, lock.started)
@@ -179,15 +178,10 @@ def owns(lock: BranchLock, me: Holder) -> bool:
 
 
 def _refuse(lock: BranchLock, doing: str) -> LockHeld:
-    b = lock.branch
-    if lock.named:
-        advice = f"ask {lock.owner} to run 'mvc unlock {b}', or free it with 'mvc unlock --force {b}'"
-    elif lock.host != socket.gethostname():
-        advice = (f"mvc cannot tell from here whether it still runs; if it is gone, free the lock "
-                  f"with 'mvc unlock --force {b}'")
-    else:
-        advice = f"wait for that process to finish, or free the lock with 'mvc unlock --force {b}'"
-    return LockHeld(f"cannot {doing} branch {b!r}: it is locked by {lock.describe()}; {advice}")
+    here = lock.host == socket.gethostname()
+    unsure = "" if lock.named or here else "; whether it still runs cannot be told from here"
+    return BranchLocked(f"cannot {doing} branch {lock.branch!r}: it is locked by {lock.describe()}{unsure}",
+                        branch=lock.branch, owner=lock.owner, host=lock.host, named=lock.named, here=here)
 
 
 def acquire(txn, branch: str, me: Holder, named: bool) -> BranchLock:
@@ -291,8 +285,9 @@ def shared_gc_lock(lock_dir: Path, timeout: float) -> Iterator[None]:
                 gate = None
                 yield
                 return
-        raise LockHeld(f"gc is running ({_gc_holder(lock_dir)}) and did not finish within {timeout:.0f} s; "
-                       "try again when it is done")
+        holder = _gc_holder(lock_dir)
+        raise GcLockBusy(f"gc is running ({holder}) and did not finish within {timeout:.0f} s; "
+                         "try again when it is done", waited_for="gc", holder=holder, timeout=timeout)
     finally:
         for fd in (gate, lock):
             if fd is not None:
@@ -311,7 +306,9 @@ def exclusive_gc_lock(lock_dir: Path, timeout: float) -> Iterator[None]:
     lock = None
     try:
         if not _try_flock(gate, fcntl.LOCK_EX, timeout):
-            raise LockHeld(f"another gc is running ({_gc_holder(lock_dir)}); try again when it is done")
+            holder = _gc_holder(lock_dir)
+            raise GcLockBusy(f"another gc is running ({holder}); try again when it is done", waited_for="gc",
+                             holder=holder, timeout=timeout)
         try:  # who runs gc, for the commits that wait; gc must still run on a full disk
             os.ftruncate(gate, 0)
             os.pwrite(gate, f"{os.getpid()} {socket.gethostname()} {time.time()}\n".encode(), 0)
@@ -319,8 +316,8 @@ def exclusive_gc_lock(lock_dir: Path, timeout: float) -> Iterator[None]:
             pass
         lock = _open(lock_dir / GC_LOCK)
         if not _try_flock(lock, fcntl.LOCK_EX, timeout):
-            raise LockHeld(f"commits kept running for {timeout:.0f} s, so gc could not start; "
-                           "run it again between checkpoints")
+            raise GcLockBusy(f"commits kept running for {timeout:.0f} s, so gc could not start; "
+                             "run it again between checkpoints", waited_for="commits", timeout=timeout)
         yield
     finally:
         for fd in (lock, gate):

@@ -89,5 +89,5 @@ class ObjectStore:
             when = time.strftime("%Y-%m-%d", time.localtime(note.get("time", 0) / 1e6))
             raise CommitPruned(f"commit {oid.hex()[:12]} was pruned by gc ({note.get('policy', 'retention')}) "
                                f"on {when}: its record is kept but its tensors are gone; load a kept commit",
-                               id=oid)
+                               id=oid, policy=note.get("policy", "retention"))
         return self.tree(txn, obj.tree)

@@ -69,9 +69,9 @@ def coded_location(pack, offset, length, kind, size, depth, base, what: str) -> 
     return Location(pack, offset, length, kind, size, depth, base if delta else None)
 
 
-def _damaged(what: str, detail: str) -> PackDamaged:
+def _damaged(what: str, detail: str, problem: str) -> PackDamaged:
     # ``what`` is "<noun> <name>" ("pack pack-….pack", "remote pack packs/….pack"): the name is the attribute
-    return PackDamaged(f"{what} {detail}", pack=what.rpartition(" ")[2])
+    return PackDamaged(f"{what} {detail}", pack=what.rpartition(" ")[2], problem=problem)
 
 
 def version(header: bytes) -> int:
@@ -85,10 +85,10 @@ def trailer_span(footer: bytes, size: int, what: str) -> tuple:
     """(start, stop) of the trailer of a pack of ``size`` bytes whose last
     FOOTER.size bytes are ``footer``; PackDamaged if it is not sealed."""
     if size < SMALLEST or len(footer) < FOOTER.size:
-        raise _damaged(what, "has no valid header or is truncated")
+        raise _damaged(what, "has no valid header or is truncated", "header")
     _, trailer_offset, seal = FOOTER.unpack(footer[-FOOTER.size:])
     if seal != SEAL or not len(HEADER) <= trailer_offset <= size - FOOTER.size - COUNT.size:
-        raise _damaged(what, "is not sealed (truncated or damaged trailer)")
+        raise _damaged(what, "is not sealed (truncated or damaged trailer)", "unsealed")
     return trailer_offset, size - FOOTER.size
 
 
@@ -103,19 +103,19 @@ def parse_trailer(body: bytes, footer: bytes, what: str, pack: bytes = NO_BASE[:
     """
     digest, trailer_offset, _ = FOOTER.unpack(footer[-FOOTER.size:])
     if hashing.digest(body) != digest:
-        raise _damaged(what, "has a damaged trailer (checksum mismatch)")
+        raise _damaged(what, "has a damaged trailer (checksum mismatch)", "trailer-checksum")
     if len(body) < COUNT.size:
-        raise _damaged(what, "trailer length does not match its count")
+        raise _damaged(what, "trailer length does not match its count", "trailer-count")
     (count,) = COUNT.unpack_from(body)
     versions = [pack_version] if pack_version else [v for v, e in ENTRIES.items() if len(body) == 4 + count * e.size]
     if len(versions) != 1 or len(body) != COUNT.size + count * ENTRIES[versions[0]].size:
-        raise _damaged(what, "trailer length does not match its count")
+        raise _damaged(what, "trailer length does not match its count", "trailer-count")
     entry, out = ENTRIES[versions[0]], []
     for i in range(count):
         fields = entry.unpack_from(body, COUNT.size + i * entry.size)
         cid, offset, length = fields[:3]
         if offset < len(HEADER) + RECORD_HEAD.size or offset + length > trailer_offset:
-            raise _damaged(what, "lists a record outside its data")
+            raise _damaged(what, "lists a record outside its data", "outside")
         if entry is ENTRY_V2:
             out.append((cid, coded_location(pack, *fields[1:], what=f"an entry of {what}")))
         else:
@@ -127,7 +127,7 @@ def parse(data: bytes, what: str, pack: bytes = NO_BASE[:NAME_BYTES]) -> list:
     """(id, Location) of every record of a whole pack's bytes; PackDamaged if damaged."""
     v = version(data[:len(HEADER)])
     if not v or len(data) < SMALLEST:
-        raise _damaged(what, "has no valid header or is truncated")
+        raise _damaged(what, "has no valid header or is truncated", "header")
     start, stop = trailer_span(data[-FOOTER.size:], len(data), what)
     return parse_trailer(data[start:stop], data[-FOOTER.size:], what, pack, v)
 

@@ -198,7 +198,7 @@ def _trailer_bytes(path: Path) -> tuple:
         size = os.fstat(f.fileno()).st_size
         version = pack_version(f.read(len(HEADER))) if size >= packformat.SMALLEST else 0
         if not version:
-            raise PackDamaged(f"{what} has no valid header or is truncated", pack=path.name)
+            raise PackDamaged(f"{what} has no valid header or is truncated", pack=path.name, problem="header")
         f.seek(size - FOOTER.size)
         footer = f.read(FOOTER.size)
         start, stop = packformat.trailer_span(footer, size, what)
@@ -319,7 +319,7 @@ class PackReader:
         try:
             fd = open_file(path)
         except FileNotFoundError:
-            raise PackMissing(f"pack {path.name} is missing", pack=path.name) from None
+            raise PackMissing(f"pack {path.name} is missing", pack=path.name, problem="missing") from None
         if hasattr(os, "posix_fadvise"):  # loads read runs in order: a larger readahead window
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         with self._lock:
@@ -359,7 +359,7 @@ class PackReader:
             got = os.preadv(fd, iov, start)
         if got != want:
             raise PackDamaged(f"pack {pack_filename(locs[0].pack)} is truncated at offset {locs[0].offset}",
-                              pack=pack_filename(locs[0].pack))
+                              pack=pack_filename(locs[0].pack), problem="truncated")
         return heads
 
     def prefetch(self, runs: list, gap: int = 1 << 20, budget: int = PREFETCH_BYTES) -> None:

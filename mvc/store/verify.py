@@ -15,7 +15,7 @@ same test as a value, for checkers that collect damage instead of stopping.
 """
 
 from .. import hashing
-from ..errors import HashMismatch
+from ..errors import HashMismatch, RemoteCorrupt
 
 
 def intact(cid: bytes, data) -> bool:
@@ -23,18 +23,23 @@ def intact(cid: bytes, data) -> bool:
     return hashing.digest(data) == cid
 
 
-def mismatch(cid: bytes, what: str = "", where: str = "", base: bytes = None, noun: str = "chunk") -> HashMismatch:
+def mismatch(cid: bytes, what: str = "", where: str = "", base: bytes = None, noun: str = "chunk",
+             key: str = None) -> HashMismatch:
     """The error for bytes that do not hash to ``cid`` (``base``: a damaged delta base that explains it;
-    ``noun``: "chunk" or "object")."""
+    ``noun``: "chunk" or "object"; ``key``: the remote object they came from, which makes it a
+    RemoteCorrupt)."""
     named = f"{noun} {cid.hex()[:12]}" + (f" of {what}" if what else "")
     read = f" read from {where}" if where else ""
     why = f" (its delta base {base.hex()[:12]} is damaged)" if base else ""
-    return HashMismatch(f"{named}{read} is corrupt (BLAKE3 mismatch){why}", id=cid, what=what, where=where,
-                        base=base)
+    message = f"{named}{read} is corrupt (BLAKE3 mismatch){why}"
+    if key is not None:
+        return RemoteCorrupt(message + "; nothing was stored", key=key, id=cid, what=what, where=where, base=base)
+    return HashMismatch(message, id=cid, what=what, where=where, base=base)
 
 
-def verified(cid: bytes, data, what: str = "", where: str = "", noun: str = "chunk"):
-    """``data``, once it is proven to hash to ``cid``; HashMismatch naming ``what`` and ``where`` if not."""
+def verified(cid: bytes, data, what: str = "", where: str = "", noun: str = "chunk", key: str = None):
+    """``data``, once it is proven to hash to ``cid``; HashMismatch naming ``what`` and ``where`` if not
+    (RemoteCorrupt naming ``key`` too, for bytes read from a remote)."""
     if hashing.digest(data) != cid:
-        raise mismatch(cid, what, where, noun=noun)
+        raise mismatch(cid, what, where, noun=noun, key=key)
     return data

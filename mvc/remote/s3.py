@@ -292,14 +292,21 @@ class S3Bucket(Bucket):
 
 class _Body:
     """A read-only file over a memoryview: boto3 streams it (and can rewind it
-    to retry) without a copy of the whole object."""
+    to retry) without a copy of the whole object.
+
+    ``read`` hands out views, not copies: the body is read in 16 KiB blocks
+    to be sent and in 1 MiB blocks for its CRC32 (and, over plain HTTP,
+    botocore's SHA-256), and a copy of each block was a fifth of the client's
+    CPU on an upload here. Every reader (zlib, hashlib, the socket) takes a
+    view, and the bytes behind it do not change until the upload returned.
+    """
 
     def __init__(self, view: memoryview):
         self.view, self.pos = view, 0
 
-    def read(self, n: int = -1) -> bytes:
+    def read(self, n: int = -1) -> memoryview:
         end = len(self.view) if n is None or n < 0 else min(len(self.view), self.pos + n)
-        out = bytes(self.view[self.pos:end])
+        out = self.view[self.pos:end]
         self.pos = end
         return out
 

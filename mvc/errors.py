@@ -19,7 +19,11 @@ class MvcError(Exception):
 
 
 class NotARepository(MvcError):
-    """No ``.mvc`` directory was found where one was expected."""
+    """No ``.mvc`` directory was found where one was expected; ``path`` is where it was looked for."""
+
+    def __init__(self, message: str = "", *, path: str = ""):
+        super().__init__(message)
+        self.path = path
 
 
 class RepositoryExists(MvcError):

@@ -45,7 +45,7 @@ from typing import Optional
 import numpy as np
 
 from . import reach, refs, scratch
-from .errors import BadInput, CorruptObject, MetricNotRecorded, MvcError, ProtectedRef, UnknownRevision
+from .errors import BadInput, CorruptObject, MetricNotRecorded, MvcError, ProtectedRef, UnknownRevision, WalkDamaged
 from .store import idarray
 from .store.index import location_row, reflog_entry
 from .store.packs import NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, read_trailer
@@ -327,7 +327,8 @@ def _sweep_chunks(sweep: _Sweep, live: reach.Reach, txn, chunks, dry_run: bool) 
     """The chunk part of the sweep, from the walk's one pass over the chunk index:
     where each live chunk lies, which packs the index names, which entries are garbage."""
     for cid, why in live.bad_entries.items():
-        raise CorruptObject(f"gc stopped, nothing was deleted: chunk {cid.hex()[:12]}: {why}; run 'mvc fsck'", id=cid)
+        raise WalkDamaged(f"gc stopped, nothing was deleted: chunk {cid.hex()[:12]}: {why}", kind="bad-chunk-entry",
+                          what=f"chunk {cid.hex()[:12]}", id=cid)
     sweep.indexed_packs = live.indexed_packs
     ids, locs = live.chunk_length.ids, live.locations
     rows = np.flatnonzero(live.located)

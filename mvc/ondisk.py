@@ -47,7 +47,7 @@ def find_root(path) -> Path:
     for candidate in (start, *start.parents):
         if (candidate / MVC_DIR).is_dir():  # .mvc itself may be a link (to another disk); nothing inside may
             return candidate
-    raise NotARepository(f"not an mvc repository (nor is any parent): {start}; run 'mvc init' first")
+    raise NotARepository(f"not an mvc repository (nor is any parent): {start}", path=str(start))
 
 
 def read_format(mvc_dir: Path) -> tuple:
@@ -55,7 +55,8 @@ def read_format(mvc_dir: Path) -> tuple:
     try:
         lines = fs.read_small(mvc_dir / "FORMAT", 1 << 16).decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError, CorruptObject):
-        raise NotARepository(f"{mvc_dir} has no readable FORMAT file; it is not an mvc repository") from None
+        raise NotARepository(f"{mvc_dir} has no readable FORMAT file; it is not an mvc repository",
+                              path=str(mvc_dir)) from None
     pairs = [line.partition(" ")[::2] for line in lines if line.strip()]
     fields = dict(pairs)
     if len(fields) != len(pairs):

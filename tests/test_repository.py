@@ -383,8 +383,9 @@ def test_open_finds_the_repository_above(repo, tmp_path):
 
 
 def test_open_outside_a_repository(tmp_path):
-    with pytest.raises(NotARepository, match="mvc init"):
+    with pytest.raises(NotARepository) as err:
         mvc.Repository.open(tmp_path)
+    assert err.value.path == str(tmp_path.resolve())
 
 
 @pytest.mark.parametrize("text, message", [

@@ -83,21 +83,38 @@ def first_parents(commit: Callable, start: Optional[bytes], stop=frozenset(), po
         oid = obj.parents[0] if obj.parents else None
 
 
-def ancestry(commit: Callable, starts: Iterable[bytes], policy: str = RAISE,
-             damaged: Optional[list] = None, stop=frozenset()) -> dict:
-    """{id: commit object} of ``starts`` and every commit reachable from them through any parent,
-    not going into ``stop`` (commits already known)."""
-    seen, todo = {}, list(starts)
+def ancestors(commit: Callable, starts: Iterable[bytes], policy: str = RAISE,
+              damaged: Optional[list] = None, stop=frozenset()) -> Iterator[tuple]:
+    """(id, commit object) of ``starts`` and every commit reachable from them through any parent,
+    depth first, each id read once, lazily (a caller may stop at what it looks for). Does not go
+    into ``stop`` (commits already known: ``in`` is all it needs). ``commit(id)`` returning None
+    means the commit is not here (not damage): that line ends there."""
+    seen, todo = set(), list(starts)
     while todo:
         oid = todo.pop()
         if oid in seen or oid in stop:
             continue
+        seen.add(oid)
         obj = _read(commit, oid, policy, damaged)
         if obj is None:
             continue
-        seen[oid] = obj
+        yield oid, obj
         todo.extend(obj.parents)
-    return seen
+
+
+def ancestry(commit: Callable, starts: Iterable[bytes], policy: str = RAISE,
+             damaged: Optional[list] = None, stop=frozenset()) -> dict:
+    """{id: commit object} of ``ancestors``."""
+    return dict(ancestors(commit, starts, policy, damaged, stop))
+
+
+def reached(commit: Callable, starts: Iterable[bytes]) -> set:
+    """The ids the walk from ``starts`` reaches: the commits it reads and the parents they name,
+    held here or not."""
+    out = set(starts)
+    for _, obj in ancestors(commit, list(out)):
+        out.update(obj.parents)
+    return out
 
 
 def closure(get: Callable, tips: Iterable[bytes], pruned: Callable = lambda oid: False) -> Iterator[tuple]:

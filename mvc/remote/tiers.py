@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .. import refs as refnames
+from .. import reach, refs as refnames
 from ..errors import CorruptObject, LockHeld, NotConfigured, NotFound, ObjectNotFound, RemoteDamaged
 from ..objects import TensorLeaf
 from ..store import fs
@@ -306,15 +306,11 @@ def _unpushed(repo, txn, remote: str) -> set:
     """Commits local branches and tags reach that no branch of ``remote`` (as last fetched or pushed)
     reaches. The remote keeps only what its refs need (a remote gc deletes the rest), so a chunk such
     a commit shares with the remote's packs today is not safe there tomorrow: it stays local."""
+    def commit(oid):  # one not held here ends its line
+        return repo.objects.commit(txn, oid) if txn.get("commits", oid) is not None else None
+
     def history(tips, stop=frozenset()) -> set:
-        seen, todo = set(), [t for t in tips if t not in stop]
-        while todo:
-            oid = todo.pop()
-            if oid in seen or oid in stop or txn.get("commits", oid) is None:
-                continue
-            seen.add(oid)
-            todo += repo.objects.commit(txn, oid).parents
-        return seen
+        return set(reach.ancestry(commit, tips, stop=stop))
     tracked = history([v.id for _, v in txn.refs(f"{refnames.REMOTES}{remote}/") if v.id is not None])
     mine = [v.id for name, v in txn.refs() if v.id is not None and name.startswith((refnames.BRANCHES, refnames.TAGS))]
     return history(mine, tracked)

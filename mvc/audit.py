@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from . import reach
 from . import refs as refnames
 from . import signing
 from .errors import (BadInput, CorruptObject, HistoryRewritten, ObjectNotFound, ScanFoundDamage,
@@ -285,23 +286,21 @@ def audit(repo, rev: str, objects: bool = False) -> AuditReport:
         start = repo.refs.resolve(txn, rev)
         path = signing.get_setting(txn, signing.ALLOWED)
         allowed = allowed_signers(repo, txn)
-        entries, roots, seen, todo = [], [], set(), [start]
-        while todo:
-            oid = todo.pop()
-            if oid in seen:
-                continue
-            seen.add(oid)
-            verdict, obj = verify_stored_commit(txn, oid, allowed)
+        entries, roots, verdicts = [], [], {}
+
+        def commit(oid):  # a damaged one is listed with no record, and its line ends there
+            verdicts[oid], obj = verify_stored_commit(txn, oid, allowed)
             if obj is None:
-                entries.append(AuditEntry(oid.hex(), (), "", 0.0, "", None, None, {}, {}, "", verdict))
-                continue
+                entries.append(AuditEntry(oid.hex(), (), "", 0.0, "", None, None, {}, {}, "", verdicts[oid]))
+            return obj
+        for oid, obj in reach.ancestors(commit, [start]):
+            verdict = verdicts[oid]
             raw = (txn.get("commits", oid), obj.payload(), obj.signature) if objects else (b"", b"", b"")
             entries.append(AuditEntry(oid.hex(), tuple(p.hex() for p in obj.parents), obj.author, obj.time / 1e6,
                                       obj.message, obj.step, obj.epoch, dict(obj.metrics), highlights(obj.context),
                                       obj.tree.hex(), verdict, txn.pruned(oid) is not None, *raw))
             if not obj.parents:
                 roots.append(oid.hex())
-            todo += obj.parents
     entries.sort(key=lambda e: -e.time)
     return AuditReport(rev, start.hex(), tuple(entries), tuple(roots), path)
 
@@ -317,37 +316,32 @@ def check_commit_policy(txn, ref: Optional[str], key) -> None:
 
 
 def _ancestors(get: Callable, tip: Optional[bytes]) -> set:
-    """Every commit ``tip`` reaches (itself included); ``get(oid)`` gives a CommitObject or None."""
-    out, todo = set(), [tip] if tip is not None else []
-    while todo:
-        oid = todo.pop()
-        if oid in out:
-            continue
-        out.add(oid)
-        obj = get(oid)
-        if obj is not None:
-            todo += obj.parents
-    return out
+    """Every commit ``tip`` reaches (itself included, and ids held nowhere that a commit names as a
+    parent); ``get(oid)`` gives a CommitObject or None."""
+    return reach.reached(get, [tip] if tip is not None else [])
 
 
 def _first_failure(new: bytes, old: Optional[bytes], data_of: Callable, get: Callable,
                    allowed) -> Optional[CommitVerification]:
     """The first commit ``new`` reaches that ``old`` does not whose verdict is not good (None: all good)."""
-    known = _ancestors(get, old)
-    todo, seen = [new], set()
-    while todo:
-        oid = todo.pop()
-        if oid in seen or oid in known:
-            continue
-        seen.add(oid)
+    failed = []
+
+    def commit(oid):  # the first failure ends the walk: nothing after it is read
+        if failed:
+            return None
         data = data_of(oid)
         if data is None:
-            return CommitVerification(oid.hex(), signing.BAD, reason="the commit is missing")
+            failed.append(CommitVerification(oid.hex(), signing.BAD, reason="the commit is missing"))
+            return None
         verdict, obj = verify_commit_bytes(oid, data, allowed)
         if not verdict.good:
-            return verdict
-        todo += obj.parents
-    return None
+            failed.append(verdict)
+            return None
+        return obj
+    for _ in reach.ancestors(commit, [new], stop=_ancestors(get, old)):
+        if failed:
+            break
+    return failed[0] if failed else None
 
 
 def check_ref_move(repo, txn, ref: str, old: Optional[bytes], new: bytes, where: str,

@@ -177,13 +177,7 @@ def _outgoing(txn, objects, tips: list, conn: Connection) -> _Outgoing:
     """What the remote lacks of the closures of ``tips``: walks until it meets what it has."""
     out, seen = _Outgoing(), set()
     has = conn.catalogue.has_objects
-    todo = [t for t in tips if t not in has(tips)]
-    while todo:
-        oid = todo.pop()
-        if oid in seen:
-            continue
-        seen.add(oid)
-        commit = objects.commit(txn, oid)  # verified
+    for oid, commit in reach.ancestors(lambda c: objects.commit(txn, c), tips, stop=_OnRemote(has)):  # verified
         out.records.append((oid, txn.get("commits", oid)))
         out.commits += 1
         note = objects.pruned(txn, oid)
@@ -192,8 +186,17 @@ def _outgoing(txn, objects, tips: list, conn: Connection) -> _Outgoing:
             out.records.append((object_id(data), data))
         elif not has([commit.tree]):
             _outgoing_tree(txn, objects, commit.tree, out, seen, has, conn)
-        todo += [p for p in commit.parents if p not in seen and not has([p])]
     return out
+
+
+class _OnRemote:
+    """``id in`` it: whether the remote holds object ``id`` (its catalogue as last listed): where the push's walk stops."""
+
+    def __init__(self, has):
+        self.has = has
+
+    def __contains__(self, oid: bytes) -> bool:
+        return bool(self.has([oid]))
 
 
 def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has, conn) -> None:

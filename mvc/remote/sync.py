@@ -239,16 +239,9 @@ def _targets(repo, txn, names: tuple) -> dict:
 
 def _is_ancestor(txn, objects, old: bytes, new: bytes) -> bool:
     """Whether commit ``old`` is ``new`` or one of its ancestors (both local)."""
-    seen, todo = set(), [new]
-    while todo:
-        oid = todo.pop()
-        if oid == old:
-            return True
-        if oid in seen or txn.get("commits", oid) is None:
-            continue
-        seen.add(oid)
-        todo += objects.commit(txn, oid).parents
-    return False
+    def commit(oid):
+        return objects.commit(txn, oid) if txn.get("commits", oid) is not None else None
+    return old == new or any(old in obj.parents for _, obj in reach.ancestors(commit, [new]))
 
 
 def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = False, progress=None,

@@ -456,21 +456,15 @@ def _remote_descends(repo, conn: Connection, new: bytes, old: bytes) -> bool:
     """Whether commit ``new`` (on the remote, maybe not here) is ``old`` or descends from it."""
     conn.catalogue.refresh(conn.bucket)
     fetched = _incoming_objects(repo, conn)
-    seen, todo = set(), [new]
     with repo.index.read() as txn:
-        while todo:
-            oid = todo.pop()
-            if oid == old:
-                return True
-            if oid in seen:
-                continue
-            seen.add(oid)
+        def commit(oid):  # here, or among the remote's objects; anything else ends the line
             if txn.get("commits", oid) is not None:
-                todo += repo.objects.commit(txn, oid).parents
-            elif oid in fetched:
+                return repo.objects.commit(txn, oid)
+            if oid in fetched:
                 kind, obj = _classify(fetched[oid], oid)
-                todo += obj.parents if kind == "commits" else []
-    return False
+                return obj if kind == "commits" else None
+            return None
+        return new == old or any(old in obj.parents for _, obj in reach.ancestors(commit, [new]))
 
 
 def _check_remote_lock(conn: Connection, ref: str, me: str) -> None:

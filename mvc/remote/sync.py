@@ -591,43 +591,21 @@ def _closure(repo, txn, tips: list, fetched: dict, remote: str) -> _Incoming:
             pruned_notes[obj["commit"]] = {"time": obj.get("time", 0), "policy": obj.get("policy", "retention")}
         else:
             decoded[oid] = (kind, obj, data)
-    inc, seen = _Incoming(), set()
+    inc = _Incoming()
 
-    def get(kind: str, oid: bytes):
+    def get(kind: str, oid: bytes):  # the walk asks for each object once
         if txn.get(kind, oid) is not None:
             return None  # local: its closure is local too (or readable through the cache)
         if oid in decoded and decoded[oid][0] == kind:
             _, obj, data = decoded[oid]
-            if oid not in seen:
-                inc.objects.append((kind, oid, data))
+            inc.objects.append((kind, oid, data))
             return obj
         raise RemoteDamaged(f"{kind[:-1]} {oid.hex()[:12]} is missing on the remote and here; the remote is "
                             "damaged", remote=remote, ids=(oid,))
-    todo = list(tips)
-    while todo:
-        oid = todo.pop()
-        if oid in seen:
-            continue
-        commit = get("commits", oid)
-        seen.add(oid)
-        if commit is None:
-            continue
-        todo += commit.parents
-        if oid in pruned_notes:
-            inc.pruned[oid] = pruned_notes[oid]
-            continue
-        tree = get("trees", commit.tree)
-        if tree is None or commit.tree in seen:
-            continue
-        seen.add(commit.tree)
-        for _, leaf in walk_tree(tree.root):
-            if isinstance(leaf, TensorLeaf) and leaf.id not in seen:
-                tensor = get("tensors", leaf.id)
-                seen.add(leaf.id)
-                if tensor is not None:
-                    for cid, _, n in tensor.chunk_spans():
-                        if txn.chunk(cid) is None:
-                            inc.chunks[cid] = n
+    for cid, n in reach.closure(get, tips, pruned_notes.__contains__):
+        if txn.chunk(cid) is None:
+            inc.chunks[cid] = n
+    inc.pruned = {oid: pruned_notes[oid] for kind, oid, _ in inc.objects if kind == "commits" and oid in pruned_notes}
     return inc
 
 

@@ -501,6 +501,26 @@ def walk(txn, objects, policy: str = COLLECT, prune: Iterable[bytes] = (), skip_
     return walker.reach
 
 
+def parents_first(parents: dict, roots: Iterable[bytes]) -> list:
+    """``roots`` and the commits they reach through ``parents`` (id -> parent ids, a walk's
+    ``Reach.parents``), each after its parents: depth first from each root in turn. A parent
+    with no entry in ``parents`` is left out."""
+    order, seen = [], set()
+    for root in roots:
+        stack = [(root, False)]
+        while stack:
+            oid, expanded = stack.pop()
+            if oid in seen and not expanded:
+                continue
+            if expanded:
+                order.append(oid)
+                continue
+            seen.add(oid)
+            stack.append((oid, True))
+            stack += [(p, False) for p in parents.get(oid, ()) if p in parents and p not in seen]
+    return order
+
+
 def reachable_from(parents: dict, roots: dict) -> dict:
     """{label: commit ids reachable from that label's roots} over a parents map."""
     out = {}

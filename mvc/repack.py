@@ -160,19 +160,8 @@ def _plan(txn, objects, chunks) -> list:
     """Per live commit, newest first: the _Items of its local raw chunks not seen in a newer one
     (a chunk read from a remote, ``chunks.remote_only``, has no local record to re-encode)."""
     live = reach.walk(txn, objects, reach.RAISE)
-    order, seen = [], set()
-    for root in sorted(live.commits, key=lambda oid: live.commits[oid].time):
-        stack = [(root, False)]
-        while stack:  # parents before children; reversed below: bases are decided before their users
-            oid, expanded = stack.pop()
-            if oid in seen and not expanded:
-                continue
-            if expanded:
-                order.append(oid)
-                continue
-            seen.add(oid)
-            stack.append((oid, True))
-            stack += [(p, False) for p in live.parents.get(oid, ()) if p in live.commits and p not in seen]
+    # parents before children; reversed below: bases are decided before their users
+    order = reach.parents_first(live.parents, sorted(live.commits, key=lambda oid: live.commits[oid].time))
     kept = [oid for oid in order if live.commits[oid].tree in live.tree_commits]  # pruned: its tensors are gone
     child = {}  # commit -> its newest kept child on a first-parent line: whose chunks are its bases
     for oid in kept:

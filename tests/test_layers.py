@@ -125,6 +125,35 @@ def test_one_first_parent_iterator():
     assert _first_parent_loops(ast.parse("while c:\n    c = obj.parents[0]\n")) == [1]
 
 
+GROWERS = {"extend", "append", "appendleft", "add", "update", "heappush", "put"}
+
+
+def _parent_worklists(tree) -> list:
+    """Line numbers of ``while`` loops that grow a worklist with something naming ``.parents``:
+    ``todo += obj.parents``, ``stack.extend(...parents...)`` (a graph walk of its own)."""
+    found = []
+    for loop in ast.walk(tree):
+        if not isinstance(loop, ast.While):
+            continue
+        grown = [n.value for n in ast.walk(loop) if isinstance(n, ast.AugAssign)]
+        grown += [arg for n in ast.walk(loop) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                  and n.func.attr in GROWERS for arg in n.args]
+        if any(isinstance(n, ast.Attribute) and n.attr == "parents" for g in grown for n in ast.walk(g)):
+            found.append(loop.lineno)
+    return found
+
+
+def test_one_closure_walk():
+    """Walks over commit parents go through reach (ancestors, ancestry, closure, walk, parents_first):
+    push, fetch, the remote checks, the cache's unpushed commits, audit, history, repack."""
+    loops = {name: lines for name, (_, tree) in modules().items() if name != "mvc.reach"
+             for lines in [_parent_worklists(tree)] if lines}
+    assert loops == {}
+    assert _parent_worklists(ast.parse("while todo:\n    todo += repo.objects.commit(txn, todo.pop()).parents\n")) == [1]
+    assert _parent_worklists(ast.parse("while s:\n    s.extend(p for p in live.parents.get(s.pop(), ()))\n")) == [1]
+    assert _parent_worklists(ast.parse("while q:\n    q.append(q.pop().tree)\n")) == []
+
+
 LISTING = {"entries", "listdir", "scandir", "walk", "glob", "rglob", "iterdir", "scan_packs", "disk_usage"}
 # Modules that still list the packs folder themselves, each until the change named.
 KNOWN_PACK_LISTERS = {

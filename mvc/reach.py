@@ -25,12 +25,18 @@ the strength of a walk that could not see everything could delete live
 data. So fsck and gc always agree: gc refuses to run exactly when fsck
 reports damage that the walk meets, including a malformed reflog entry.
 
-Two smaller walks over commits only serve history, log and retention:
-``first_parents`` (the first-parent line of a commit) and ``ancestry``
-(every commit reachable through any parent). Both take ``commit(id)``, the
-caller's way to read one commit (memoised, or wrapping its error), and a
-damage policy: ``RAISE`` lets its error stop the walk, ``COLLECT`` with a
-``damaged`` list records the id and error and ends that line there.
+Smaller walks over commits serve everything else that follows parents:
+``first_parents`` (the first-parent line of a commit: ``~N``, log,
+retention), ``ancestors`` (every commit reachable through any parent,
+lazily, not into ``stop``, the commits already known: push, audit, the
+cache's unpushed commits), with ``ancestry`` (the same as a dict: history,
+merge) and ``reached`` (the ids it meets, held or not). They take
+``commit(id)``, the caller's way to read one commit (memoised, verifying,
+or wrapping its error); None from it means "not here" and ends that line.
+And a damage policy: ``RAISE`` lets its error stop the walk, ``COLLECT``
+with a ``damaged`` list records the id and error and ends that line there.
+``closure`` is the remote code's walk down to chunks (fetch, the remote
+check and gc), ``parents_first`` orders a walk's commits (repack).
 """
 
 from collections import defaultdict

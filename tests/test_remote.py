@@ -255,6 +255,8 @@ def test_flipped_byte_on_the_remote_is_found_and_refused(origin, tmp_path):
     with pytest.raises(mvc.HashMismatch) as err:
         full.fetch()
     assert err.value.where.startswith("remote pack ") and biggest.name in err.value.where and err.value.id
+    from mvc.cli.base import advice
+    assert advice(err.value).endswith("run 'mvc fsck --remote'")  # the CLI, not the library, names the command
     assert full.remote_branches() == [] and full.status().chunks == 0  # nothing indexed, no ref moved
     with pytest.raises(mvc.ChecksumMismatch):
         lazy.load("main")

@@ -17,7 +17,7 @@ import time
 
 import click
 
-from ..errors import CommitPruned, CorruptObject, MvcError, NotRegular, ObjectNotFound, PackDamaged
+from ..errors import CommitPruned, CorruptObject, HashMismatch, MvcError, NotRegular, ObjectNotFound, PackDamaged
 
 
 class Group(click.Group):
@@ -52,6 +52,8 @@ def advice(exc: MvcError) -> str:
     text = str(exc)
     if "'mvc " in text:  # the message already says which command
         return text
+    if isinstance(exc, HashMismatch) and exc.where.startswith("remote pack"):  # the remote's copy is bad
+        return f"{text}; nothing was stored: run 'mvc fsck --remote'"
     damaged = isinstance(exc, (CorruptObject, ObjectNotFound)) and not isinstance(exc, (CommitPruned, NotRegular))
     if damaged and (exc.id is not None or isinstance(exc, PackDamaged)):  # a stored object or pack: fsck names all
         return f"{text}; run 'mvc fsck'"

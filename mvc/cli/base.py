@@ -18,7 +18,7 @@ import time
 import click
 
 from ..errors import (BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped, BranchLocked, CommitPruned,
-                      CorruptObject, Diverged, HeadMissing, LockDamaged, MvcError, NoBisect, NotARepository,
+                      CorruptObject, Diverged, HashMismatch, HeadMissing, LockDamaged, MvcError, NoBisect, NotARepository,
                       NotConfigured, NotRegular, ObjectNotFound, PackDamaged, ProtectedRef, RefExists, RefRejected,
                       RemoteCorrupt, RemoteDamaged, RemoteExists, ScanFoundDamage, UnknownRemote, VerdictContradicts,
                       WalkDamaged)
@@ -110,6 +110,7 @@ HINTS = (
     (VerdictContradicts, lambda e: "see 'mvc bisect log', or 'mvc bisect reset' and start again"),
     (RemoteDamaged, lambda e: f"run 'mvc fsck --remote {e.remote}'".rstrip()),
     (RemoteCorrupt, lambda e: "run 'mvc fsck --remote'"),
+    (HashMismatch, lambda e: "run 'mvc fsck --remote'" if e.where.startswith("remote pack") else _damage_hint(e)),
     (WalkDamaged, _walk_hint),
     (ScanFoundDamage, lambda e: "run 'mvc fsck' to see what it breaks"),
     ((CorruptObject, ObjectNotFound), _damage_hint),

@@ -415,7 +415,8 @@ class BranchLocked(LockHeld):
     def __init__(self, message: str = "", *, branch: str = "", owner: str = "", host: str = "",
                  named: bool = False, here: bool = True, remote=None):
         super().__init__(message)
-        self.branch, self.owner, self.host, self.named, self.here, self.remote = branch, owner, host, named, here, remote
+        self.branch, self.owner, self.host = branch, owner, host
+        self.named, self.here, self.remote = named, here, remote
 
 
 class LockDamaged(CorruptObject):

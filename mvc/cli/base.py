@@ -18,10 +18,10 @@ import time
 import click
 
 from ..errors import (BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped, BranchLocked, CommitPruned,
-                      CorruptObject, Diverged, HashMismatch, HeadMissing, LockDamaged, MvcError, NoBisect, NotARepository,
-                      NotConfigured, NotRegular, ObjectNotFound, PackDamaged, ProtectedRef, RefExists, RefRejected,
-                      RemoteCorrupt, RemoteDamaged, RemoteExists, ScanFoundDamage, UnknownRemote, VerdictContradicts,
-                      WalkDamaged)
+                      CorruptObject, Diverged, HashMismatch, HeadMissing, LockDamaged, MvcError, NoBisect,
+                      NotARepository, NotConfigured, NotRegular, ObjectNotFound, PackDamaged, ProtectedRef, RefExists,
+                      RefRejected, RemoteCorrupt, RemoteDamaged, RemoteExists, ScanFoundDamage, UnknownRemote,
+                      VerdictContradicts, WalkDamaged)
 
 
 class Group(click.Group):

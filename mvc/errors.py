@@ -515,3 +515,15 @@ class MetricNotRecorded(BadInput):
     def __init__(self, message: str = "", *, metric: str = "", recorded=(), branches=()):
         super().__init__(message)
         self.metric, self.recorded, self.branches = metric, tuple(recorded), tuple(branches)
+
+
+class Unstorable(BadInput):
+    """A state holds something mvc does not store: ``key`` is its dotted key path ("<root>"
+    for the state itself; None for the whole state), ``reason`` one of "type" (not a tensor
+    or plain value; ``type`` names it), "key-type" (a dict key neither str nor int),
+    "int-range" (an int beyond 64 bits), "nested-tensor", "layout" (sparse …), "meta" (a
+    meta-device tensor), "depth" (nested too deeply, or contains itself)."""
+
+    def __init__(self, message: str = "", *, key=None, reason: str = "", type=None):
+        super().__init__(message)
+        self.key, self.reason, self.type = key, reason, type

@@ -87,7 +87,8 @@ def _walk_hint(exc: WalkDamaged) -> str:
 # (error class, advice for it), the first class that matches wins: what to run about each error
 HINTS = (
     (NotARepository, lambda e: "run 'mvc init' first"),
-    (UnknownRemote, lambda e: "" if e.known else f"add it with 'mvc remote add {e.name or 'origin'} URL'"),
+    (UnknownRemote, lambda e: "" if e.known else f"add it with 'mvc remote add {e.name} URL'" if e.name
+                              else "add one with 'mvc remote add origin URL'"),
     (RemoteExists, lambda e: f"remove it first ('mvc remote remove {e.name}')"),
     (NotConfigured, lambda e: f"set it with 'mvc config {e.setting} VALUE'"),
     (RefRejected, lambda e: f"run 'mvc fetch {e.remote}', then build on {e.remote}/BRANCH"),

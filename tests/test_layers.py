@@ -90,3 +90,19 @@ def test_import_mvc_does_not_import_torch():
     """Why commits, reader and repository import state, live and merge inside functions."""
     code = "import sys, mvc; r = mvc.Repository; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_repository_and_its_verb_groups_form_no_reference_cycle(tmp_path):
+    """Dropped without close, a repository is freed at once (refcount), not at the next cyclic gc."""
+    import gc
+    import weakref
+    repo = mvc.Repository.init(tmp_path)
+    groups = [repo.remotes, repo.cache, repo.shards, repo.bisect, repo.trust, repo.locks, repo.reflog]
+    assert all(g.repo is repo for g in groups)
+    gone = weakref.ref(repo)
+    del repo, groups
+    gc.disable()
+    try:
+        assert gone() is None
+    finally:
+        gc.enable()

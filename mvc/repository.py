@@ -32,7 +32,6 @@ from .store.chunks import PackStore
 from .store.index import Index, read_only
 from .store.locks import GcLock
 from .store.objectstore import ObjectStore
-from .store.packs import PACK_NAME
 from .traverse import walk
 from .writelocks import Locks
 
@@ -244,10 +243,9 @@ class Repository:
             ref, oid = self.refs.head(txn)
             counts = [sum(1 for _ in it) for it in (txn.refs(refs.BRANCHES), txn.refs(refs.TAGS),
                                                     txn.ids("commits"), txn.ids("chunks"))]
-        packs = [self.dir / "packs" / name for name, regular in fs.entries(self.dir / "packs")
-                 if regular and PACK_NAME.fullmatch(name)]
+        packs = [f for f in self.chunks.pack_files() if f.pack is not None and f.regular]
         head = Head(refs.short_name(ref) if ref else None, oid.hex() if oid else None)
-        return Status(str(self.root), head, *counts, len(packs), sum(p.stat().st_size for p in packs), self.chunk_size)
+        return Status(str(self.root), head, *counts, len(packs), sum(f.size for f in packs), self.chunk_size)
 
     # -- refs --------------------------------------------------------------
 

@@ -127,10 +127,7 @@ def test_one_first_parent_iterator():
 
 LISTING = {"entries", "listdir", "scandir", "walk", "glob", "rglob", "iterdir", "scan_packs", "disk_usage"}
 # Modules that still list the packs folder themselves, each until the change named.
-KNOWN_PACK_LISTERS = {
-    "mvc.repository",  # the split of repository.py (verify_packs lists packs/)
-    "mvc.fsck",  # fsck's scan_packs, in the speed work on fsck.py
-}
+KNOWN_PACK_LISTERS = set()
 
 
 def _lists_packs(tree) -> list:

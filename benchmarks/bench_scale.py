@@ -8,7 +8,8 @@ entries take megabytes of tensor data and minutes, not terabytes and days:
   chunk distinct). Measured: index bytes per chunk (``data.mdb`` over N; and the pages of the
   chunk table and of the tensor objects, which list every chunk id), ``fsck --quick`` (the
   metadata part: the reachability walk, every chunk located in the index, the packs listed),
-  ``gc`` planning (``--dry-run``: the live set, the sweep, the pack plan), push planning
+  ``gc`` planning (``--dry-run``: the live set, the sweep, the pack plan), the peak memory
+  each of those two adds to a fresh process (per chunk), push planning
   against a folder remote (what the remote lacks: everything, then one new commit), a lazy
   clone (metadata only) and opening it.
 - **commit series**: C commits of a small state (one 256-byte tensor that changes, metrics).
@@ -22,7 +23,9 @@ anything above 1.15 is printed as SUPERLINEAR. The last table projects every mea
 every chunk changes each time, as in dense pre-training; 1e4 tensors per checkpoint).
 ``docs/scale.md`` holds a run's output and what it means.
 
-Times are best of ``--repeat`` on a shared machine; the fit uses the best.
+Times are best of ``--repeat`` on a shared machine; the fit uses the best. ``--no-remote``
+leaves out push and lazy clone (for the largest sizes); ``--rows FILE`` prints the tables of
+earlier runs' ``measured`` lines together, measuring nothing.
 """
 
 import argparse

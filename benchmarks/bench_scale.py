@@ -8,7 +8,8 @@ entries take megabytes of tensor data and minutes, not terabytes and days:
   chunk distinct). Measured: index bytes per chunk (``data.mdb`` over N; and the pages of the
   chunk table and of the tensor objects, which list every chunk id), ``fsck --quick`` (the
   metadata part: the reachability walk, every chunk located in the index, the packs listed),
-  ``gc`` planning (``--dry-run``: the live set, the sweep, the pack plan), push planning
+  ``gc`` planning (``--dry-run``: the live set, the sweep, the pack plan), the peak memory
+  each of those two adds to a fresh process (per chunk), push planning
   against a folder remote (what the remote lacks: everything, then one new commit), a lazy
   clone (metadata only) and opening it.
 - **commit series**: C commits of a small state (one 256-byte tensor that changes, metrics).
@@ -22,7 +23,9 @@ anything above 1.15 is printed as SUPERLINEAR. The last table projects every mea
 every chunk changes each time, as in dense pre-training; 1e4 tensors per checkpoint).
 ``docs/scale.md`` holds a run's output and what it means.
 
-Times are best of ``--repeat`` on a shared machine; the fit uses the best.
+Times are best of ``--repeat`` on a shared machine; the fit uses the best. ``--no-remote``
+leaves out push and lazy clone (for the largest sizes); ``--rows FILE`` prints the tables of
+earlier runs' ``measured`` lines together, measuring nothing.
 """
 
 import argparse
@@ -201,8 +204,8 @@ def fit(rows: list, key: str) -> tuple:
     if not rows:
         return float("nan"), float("nan")
     pts = [(math.log(r["n"]), math.log(max(r[key], 1e-6))) for r in rows]
-    if len(pts) < 2:
-        return math.exp(pts[0][1]) / rows[0]["n"], 1.0
+    if len(pts) < 2:  # one size: assume linear (a per-chunk figure: constant)
+        return (rows[0][key], 0.0) if key.endswith("per_chunk") else (rows[0][key] / rows[0]["n"], 1.0)
     mx = sum(x for x, _ in pts) / len(pts)
     my = sum(y for _, y in pts) / len(pts)
     b = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
@@ -278,23 +281,7 @@ def _shown(row: dict) -> dict:
     return row
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--chunks", default="1e5,3e5,1e6", help="chunk entries of the chunk series (comma separated)")
-    ap.add_argument("--commits", default="1e3,3e3,1e4", help="commits of the commit series")
-    ap.add_argument("--tensors", default="1e4,3e4,1e5", help="tensors of the tensor series")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--no-remote", action="store_true", help="chunk series without push and lazy clone")
-    ap.add_argument("--dir", default=None, help="scratch folder (default: a temporary one)")
-    args = ap.parse_args()
-    work = Path(args.dir or tempfile.mkdtemp(prefix="mvc-bench-scale-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        chunks = [_shown(chunk_series(n, work, args.repeat, not args.no_remote)) for n in _sizes(args.chunks)]
-        commits = [_shown(commit_series(c, work, args.repeat)) for c in _sizes(args.commits)]
-        tensors = [_shown(tensor_series(t, work, args.repeat)) for t in _sizes(args.tensors)]
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+def report(chunks: list, commits: list, tensors: list) -> list:
     lines = table("chunk series (seconds; index bytes per chunk; build = 10 commits writing them)", chunks,
                   ["build", "index_bytes_per_chunk", "chunk_db_per_chunk", "tensor_db_per_chunk", "fsck_quick", "gc_plan",
                    "fsck_mem_per_chunk", "gc_mem_per_chunk", "push_plan_all", "push_s",
@@ -303,7 +290,42 @@ def main():
                                                         "push_plan_all"]) if commits else []
     lines += table("tensor series (seconds)", tensors, ["commit", "commit_again", "load"]) if tensors else []
     lines += projection(chunks, commits, tensors)
-    print("\n".join(lines))
+    return lines
+
+
+def _read_rows(path: Path) -> tuple:
+    """(chunk, commit, tensor series rows) of the 'measured' lines in ``path``, told apart by their keys."""
+    series = ([], [], [])
+    for line in path.read_text().splitlines():
+        if line.startswith("measured "):
+            row = {k: float(v) for k, v in (item.split("=") for item in line.split()[1:])}
+            series[0 if "gc_plan" in row and "log_all" not in row else 1 if "log_all" in row else 2].append(row)
+    return tuple(sorted(rows, key=lambda r: r["n"]) for rows in series)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chunks", default="1e5,3e5,1e6", help="chunk entries of the chunk series (comma separated)")
+    ap.add_argument("--commits", default="1e3,3e3,1e4", help="commits of the commit series")
+    ap.add_argument("--tensors", default="1e4,3e4,1e5", help="tensors of the tensor series")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-remote", action="store_true", help="chunk series without push and lazy clone")
+    ap.add_argument("--dir", default=None, help="scratch folder (default: a temporary one)")
+    ap.add_argument("--rows", default=None, help="print the tables of the 'measured' lines of earlier runs' "
+                    "output (a file), measuring nothing")
+    args = ap.parse_args()
+    if args.rows:
+        print("\n".join(report(*_read_rows(Path(args.rows)))))
+        return
+    work = Path(args.dir or tempfile.mkdtemp(prefix="mvc-bench-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        chunks = [_shown(chunk_series(n, work, args.repeat, not args.no_remote)) for n in _sizes(args.chunks)]
+        commits = [_shown(commit_series(c, work, args.repeat)) for c in _sizes(args.commits)]
+        tensors = [_shown(tensor_series(t, work, args.repeat)) for t in _sizes(args.tensors)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n".join(report(chunks, commits, tensors)))
 
 
 if __name__ == "__main__":

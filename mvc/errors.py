@@ -415,7 +415,8 @@ class BranchLocked(LockHeld):
     def __init__(self, message: str = "", *, branch: str = "", owner: str = "", host: str = "",
                  named: bool = False, here: bool = True, remote=None):
         super().__init__(message)
-        self.branch, self.owner, self.host, self.named, self.here, self.remote = branch, owner, host, named, here, remote
+        self.branch, self.owner, self.host = branch, owner, host
+        self.named, self.here, self.remote = named, here, remote
 
 
 class LockDamaged(CorruptObject):
@@ -514,3 +515,15 @@ class MetricNotRecorded(BadInput):
     def __init__(self, message: str = "", *, metric: str = "", recorded=(), branches=()):
         super().__init__(message)
         self.metric, self.recorded, self.branches = metric, tuple(recorded), tuple(branches)
+
+
+class Unstorable(BadInput):
+    """A state holds something mvc does not store: ``key`` is its dotted key path ("<root>"
+    for the state itself; None for the whole state), ``reason`` one of "type" (not a tensor
+    or plain value; ``type`` names it), "key-type" (a dict key neither str nor int),
+    "int-range" (an int beyond 64 bits), "nested-tensor", "layout" (sparse …), "meta" (a
+    meta-device tensor), "depth" (nested too deeply, or contains itself)."""
+
+    def __init__(self, message: str = "", *, key=None, reason: str = "", type=None):
+        super().__init__(message)
+        self.key, self.reason, self.type = key, reason, type

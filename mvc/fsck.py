@@ -35,9 +35,8 @@ from .reach import (CORRUPT_COMMIT, CORRUPT_REF, CORRUPT_REFLOG, CORRUPT_TENSOR,
                     MISSING_COMMIT, MISSING_TENSOR, MISSING_TREE, REFLOG, Finding)
 from .store import chunks as chunkstore
 from .store import idarray
-from .store.fs import entries
 from .store.index import location_row
-from .store.packs import (NAME_BYTES, PACK_NAME, RECORD_HEAD, TMP_NAME, pack_filename, read_locations,
+from .store.packs import (NAME_BYTES, RECORD_HEAD, pack_filename, read_locations,
                           read_trailer_table, salvage_records)
 
 # Kinds of damage, as they appear in reports (the walk's own kinds are in mvc.reach).
@@ -137,39 +136,31 @@ def _chunks(n: int) -> str:
     return f"{n} reachable chunk{'' if n == 1 else 's'}"
 
 
-def scan_packs(directory: Path) -> tuple:
-    """({pack name: _Pack} of sealed packs, [(file name, size)] of .tmp leftovers, [names not regular files]).
+def scan_packs(repo) -> tuple:
+    """({pack name: _Pack} of sealed packs, [(file name, size)] of .tmp leftovers, [names not regular files]),
+    from the store's own listing of its pack files.
 
     A symlink, FIFO or device under a pack's name is never opened: it is
     listed as damage instead.
     """
     packs, tmps, odd = {}, [], []
     try:
-        listing = entries(directory)
+        files = repo.chunks.pack_files()
     except FileNotFoundError:  # every pack is missing: the findings will say what that breaks
         return packs, tmps, odd
-    for name, regular in listing:
-        path = Path(directory) / name
-        match = PACK_NAME.fullmatch(name)
-        if not (match or TMP_NAME.fullmatch(name)):
-            continue
-        if not regular:
-            odd.append(name)
-            continue
-        try:
-            size = os.lstat(path).st_size
-        except FileNotFoundError:  # a commit renamed its .tmp pack meanwhile: seen under its new name
-            continue
-        if not match:
-            tmps.append((name, size))
-            continue
-        pack = _Pack(path, size)
-        try:
-            table = read_trailer_table(path)
-            pack.records = table[np.argsort(table["offset"], kind="stable")]
-        except (CorruptObject, FileNotFoundError) as exc:
-            pack.error = str(exc)
-        packs[bytes.fromhex(match.group(1))] = pack
+    for f in files:
+        if not f.regular:
+            odd.append(f.path.name)
+        elif f.pack is None:
+            tmps.append((f.path.name, f.size))
+        else:
+            pack = _Pack(f.path, f.size)
+            try:
+                table = read_trailer_table(f.path)
+                pack.records = table[np.argsort(table["offset"], kind="stable")]
+            except (CorruptObject, FileNotFoundError) as exc:
+                pack.error = str(exc)
+            packs[f.pack] = pack
     return packs, tmps, odd
 
 
@@ -333,7 +324,7 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
         checker = _Checker(reach.walk(txn, repo.objects, reach.COLLECT, locate=True))
         unverified = checker.locate_chunks(lambda ids: repo.chunks.remote_only(ids, txn))
         # Scanned after the snapshot was taken: every pack it names was sealed before.
-        packs, tmps, odd = scan_packs(repo.dir / "packs")
+        packs, tmps, odd = scan_packs(repo)
     for name in odd:
         checker.find(NOT_REGULAR, f"packs/{name}", "it is not a regular file (a symlink, FIFO or device); "
                      "mvc never reads it: remove it")
@@ -376,7 +367,7 @@ def _rebuild_index(repo) -> RebuildReport:
         # Listed inside the write transaction: a commit indexes its pack only
         # after sealing it, so every pack a later commit needs is found here
         # or indexed by that commit itself.
-        packs, _, _ = scan_packs(repo.dir / "packs")
+        packs, _, _ = scan_packs(repo)
         dropped = sum(1 for _ in txn.ids("chunks"))
         txn.drop_chunks()
         chunks = duplicates = 0

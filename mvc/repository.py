@@ -1,16 +1,13 @@
-"""The repository's core: the index, chunk store, object store, refs and
-locks of one ``.mvc`` folder, composed, and the entry points of its verbs.
+"""The repository's core: the index, chunk store, object store, refs and locks
+of one ``.mvc`` folder, composed, and the entry points of its verbs.
 
-Every verb lives in a module that takes this core as its narrow input:
-``mvc.commits`` (commit), ``mvc.reader`` (load, load_into, and every other
-read of tensor bytes), ``mvc.diff``, ``mvc.exchange`` (export, import),
-``mvc.fsck``, ``mvc.gc``, ``mvc.repack``, ``mvc.merge``, ``mvc.history``.
-Verbs that come in families are grouped as attributes: ``remotes`` and
-``cache`` (``mvc.remote.verbs``), ``shards`` (``mvc.shards``), ``bisect``
-(``mvc.bisect``), ``trust`` (signatures and audits, ``mvc.audit``),
-``locks`` (branch write locks, ``mvc.writelocks``) and ``reflog``
-(``mvc.refverbs``, which also holds the branch and tag verbs). ``docs/architecture.md``
-draws the map; the README's "What moved" lists the old method names.
+Every verb lives in a module that takes this core as its narrow input
+(``mvc.commits``, ``mvc.reader``, ``mvc.live``, ``mvc.diff``, ``mvc.exchange``,
+``mvc.fsck``, ``mvc.gc``, ``mvc.repack``, ``mvc.merge``, ``mvc.history``,
+``mvc.refverbs``); families of verbs are groups: ``remotes`` and ``cache``
+(``mvc.remote.verbs``), ``shards``, ``bisect``, ``trust`` (``mvc.audit``),
+``locks`` (``mvc.writelocks``), ``reflog`` (``mvc.refverbs``). The README's
+"What moved" lists the old method names; ``docs/architecture.md`` the map.
 """
 
 import itertools
@@ -35,9 +32,19 @@ from .store.chunks import PackStore
 from .store.index import Index, read_only
 from .store.locks import GcLock
 from .store.objectstore import ObjectStore
-from .store.packs import PACK_NAME
 from .traverse import walk
 from .writelocks import Locks
+
+
+class _Group:
+    """A verb group, made on each access (a repository that held its groups would
+    be a reference cycle, its index and packs freed only by the cyclic gc)."""
+
+    def __init__(self, cls):
+        self.cls = cls
+
+    def __get__(self, repo, owner=None):
+        return self if repo is None else self.cls(repo)
 
 
 class Repository:
@@ -50,6 +57,9 @@ class Repository:
     from several threads; commits and ref changes come from one thread at
     a time.
     """
+
+    remotes, cache, shards = _Group(Remotes), _Group(Cache), _Group(Shards)
+    bisect, trust, locks, reflog = _Group(Bisect), _Group(Trust), _Group(Locks), _Group(Reflog)
 
     def __init__(self, root):
         self.root = Path(root)
@@ -76,8 +86,6 @@ class Repository:
             # this mvc writes sealed values: say so first, so an older mvc refuses clearly
             write_format(self.dir, extensions | {SEALED_VALUES})
         self.chunks = tiers.chunk_store(self)  # a CacheStore in front of PackStore when a remote is cached
-        self.remotes, self.cache, self.shards = Remotes(self), Cache(self), Shards(self)
-        self.bisect, self.trust, self.locks, self.reflog = Bisect(self), Trust(self), Locks(self), Reflog(self)
 
     @property
     def lock_timeout(self) -> float:
@@ -144,10 +152,7 @@ class Repository:
                                      pruned=self.objects.pruned(txn, oid) is not None)
 
     def log(self, rev: Optional[str] = None, n: Optional[int] = None) -> Iterator[Commit]:
-        """Commits from ``rev`` (default HEAD) along first parents, newest first.
-
-        An unborn HEAD (no commits yet) gives an empty log.
-        """
+        """Commits from ``rev`` (default HEAD) along first parents, newest first; none on an unborn HEAD."""
         with self.index.read() as txn:
             oid = self.refs.head(txn)[1] if rev is None else self.refs.resolve(txn, rev)
             line = reach.first_parents(lambda c: self.objects.commit(txn, c), oid)
@@ -160,10 +165,7 @@ class Repository:
             return self.objects.tensor(txn, bytes.fromhex(tensor_id))
 
     def entries(self, rev: str = refs.HEAD) -> list:
-        """Every leaf of the tree at ``rev``, in key order (no tensor data is read).
-
-        CommitPruned if gc retention deleted its tensors.
-        """
+        """Every leaf of the tree at ``rev``, in key order, no tensor data read; CommitPruned if gc pruned it."""
         with self.index.read() as txn:
             tree = self.objects.commit_tree(txn, self.refs.resolve(txn, rev))
             out = []
@@ -241,10 +243,9 @@ class Repository:
             ref, oid = self.refs.head(txn)
             counts = [sum(1 for _ in it) for it in (txn.refs(refs.BRANCHES), txn.refs(refs.TAGS),
                                                     txn.ids("commits"), txn.ids("chunks"))]
-        packs = [self.dir / "packs" / name for name, regular in fs.entries(self.dir / "packs")
-                 if regular and PACK_NAME.fullmatch(name)]
+        packs = [f for f in self.chunks.pack_files() if f.pack is not None and f.regular]
         head = Head(refs.short_name(ref) if ref else None, oid.hex() if oid else None)
-        return Status(str(self.root), head, *counts, len(packs), sum(p.stat().st_size for p in packs), self.chunk_size)
+        return Status(str(self.root), head, *counts, len(packs), sum(f.size for f in packs), self.chunk_size)
 
     # -- refs --------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import dtypes, encoding, traverse
-from .errors import BadInput, TooLarge
+from .errors import BadInput, TooLarge, Unstorable
 from .objects import TensorLeaf, shape_problem
 from .traverse import format_path, storage_key
 
@@ -167,11 +167,13 @@ def _as_base(base: type, value):
 def _check_tensor(t: torch.Tensor, path: tuple) -> str:
     where = format_path(path) or "<root>"
     if t.is_nested:
-        raise BadInput(f"tensor at {where!r} is a nested tensor; store its components (t.unbind()) instead")
+        raise Unstorable(f"tensor at {where!r} is a nested tensor; store its components (t.unbind()) instead",
+                         key=where, reason="nested-tensor")
     if t.layout != torch.strided:
-        raise BadInput(f"tensor at {where!r} has layout {t.layout}; only dense tensors can be stored")
+        raise Unstorable(f"tensor at {where!r} has layout {t.layout}; only dense tensors can be stored", key=where,
+                         reason="layout")
     if t.device.type == "meta":
-        raise BadInput(f"tensor at {where!r} is on the meta device and holds no data")
+        raise Unstorable(f"tensor at {where!r} is on the meta device and holds no data", key=where, reason="meta")
     name = dtypes.name_of(t.dtype, where)
     problem = shape_problem(name, tuple(t.shape))
     if problem:  # what a read would refuse is refused before any chunk is written
@@ -186,7 +188,8 @@ def _items(node, path=()) -> list:
     for key in node:
         if type(key) not in (int, str):
             where = f" at {format_path(path)!r}" if path else ""
-            raise BadInput(f"dict key {key!r}{where} is a {type(key).__name__}; keys must be str or int")
+            raise Unstorable(f"dict key {key!r}{where} is a {type(key).__name__}; keys must be str or int",
+                             key=format_path(path) or "<root>", reason="key-type", type=type(key).__name__)
     return [(k, node[k]) for k in sorted(node, key=encoding.key_order)]
 
 
@@ -215,8 +218,9 @@ def flatten(state) -> tuple:
     try:
         return _flatten(state)
     except RecursionError:
-        raise BadInput("the state is nested too deeply or contains itself; "
-                       "a state is a tree of dicts, lists and tuples a few hundred levels deep at most") from None
+        raise Unstorable("the state is nested too deeply or contains itself; "
+                         "a state is a tree of dicts, lists and tuples a few hundred levels deep at most",
+                         reason="depth") from None
 
 
 def _flatten(state) -> tuple:
@@ -246,15 +250,17 @@ def _flatten(state) -> tuple:
         if isinstance(node, int) and not isinstance(node, bool):
             node = int(node)
             if not encoding.INT_MIN <= node <= encoding.INT_MAX:
-                raise BadInput(f"integer at {format_path(path)!r} does not fit in 64 bits")
+                raise Unstorable(f"integer at {format_path(path)!r} does not fit in 64 bits", key=format_path(path),
+                                 reason="int-range")
             return node
         for base in _PLAIN:
             if isinstance(node, base):  # subclasses (numpy floats, str enums) store as the base
                 return node if type(node) is base else _as_base(base, node)
         where = format_path(path) or "<root>"
-        raise BadInput(
+        raise Unstorable(
             f"cannot store {type(node).__module__}.{type(node).__qualname__} at {where!r}: "
-            "a state holds only tensors, dicts, lists, tuples, None, bool, int, float, str and bytes"
+            "a state holds only tensors, dicts, lists, tuples, None, bool, int, float, str and bytes",
+            key=where, reason="type", type=f"{type(node).__module__}.{type(node).__qualname__}"
         )
 
     root = visit(state, ())
@@ -263,8 +269,8 @@ def _flatten(state) -> tuple:
 
 def _check_depth(state) -> None:
     if traverse.depth(state) > traverse.MAX_DEPTH:
-        raise BadInput(f"the state is nested more than {traverse.MAX_DEPTH} levels deep or contains itself; "
-                       "a state is a tree of dicts, lists and tuples")
+        raise Unstorable(f"the state is nested more than {traverse.MAX_DEPTH} levels deep or contains itself; "
+                         "a state is a tree of dicts, lists and tuples", reason="depth")
 
 
 def tree_root(node) -> Any:

@@ -260,6 +260,8 @@ def test_flipped_byte_on_the_remote_is_found_and_refused(origin, tmp_path):
     with pytest.raises(RemoteCorrupt) as err:
         full.remotes.fetch()
     assert err.value.key == f"packs/{biggest.name}" and err.value.id is not None
+    from mvc.cli.base import advice
+    assert advice(err.value).endswith("run 'mvc fsck --remote'")  # the CLI, not the library, names the command
     assert full.remotes.branches() == [] and full.status().chunks == 0  # nothing indexed, no ref moved
     with pytest.raises(mvc.ChecksumMismatch):
         lazy.load("main")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from mvc.errors import BadInput
+from mvc.errors import Unstorable
 from mvc.objects import TensorLeaf
 from mvc.state import TensorSlot, empty_tensor, flatten, rebuild, tensor_bytes, tree_root
 
@@ -85,21 +85,23 @@ def test_two_tied_pairs_get_distinct_groups():
     (object(), "<root>"),
 ])
 def test_unsupported_objects_name_the_key_path(state, where):
-    with pytest.raises(BadInput, match=f"at '{where}'"):
+    with pytest.raises(Unstorable) as err:
         flatten(state)
+    assert (err.value.key, err.value.reason) == (where, "type") and err.value.type
 
 
 @pytest.mark.parametrize("key", [1.5, None, (1, 2), b"k", True])
 def test_bad_dict_keys_name_the_path(key):
-    with pytest.raises(BadInput, match="keys must be str or int") as info:
+    with pytest.raises(Unstorable) as info:
         flatten({"model": {"layer": {key: torch.ones(1)}}})
-    assert "model.layer" in str(info.value)
+    assert (info.value.key, info.value.reason, info.value.type) == ("model.layer", "key-type", type(key).__name__)
 
 
 @pytest.mark.parametrize("value", [2**64, -(2**63) - 1, 10**30])
 def test_ints_beyond_64_bits_refused_with_path(value):
-    with pytest.raises(BadInput, match="'a.0' does not fit in 64 bits"):
+    with pytest.raises(Unstorable) as err:
         flatten({"a": [value]})
+    assert (err.value.key, err.value.reason) == ("a.0", "int-range")
 
 
 def test_64_bit_extremes_accepted():
@@ -108,10 +110,12 @@ def test_64_bit_extremes_accepted():
 
 
 def test_sparse_and_meta_tensors_refused():
-    with pytest.raises(BadInput, match="'s'.*only dense"):
+    with pytest.raises(Unstorable) as err:
         flatten({"s": torch.eye(3).to_sparse()})
-    with pytest.raises(BadInput, match="'m'.*meta device"):
+    assert (err.value.key, err.value.reason) == ("s", "layout")
+    with pytest.raises(Unstorable) as err:
         flatten({"m": torch.empty(2, device="meta")})
+    assert (err.value.key, err.value.reason) == ("m", "meta")
 
 
 class Colour(str, enum.Enum):
@@ -154,12 +158,14 @@ def test_too_deep_or_self_containing_states_are_bad_input():
     deep = 1
     for _ in range(5000):
         deep = [deep]
-    with pytest.raises(BadInput, match="nested more than"):
+    with pytest.raises(Unstorable) as err:
         flatten({"x": deep})
+    assert err.value.reason == "depth"
     loop = {"a": []}
     loop["a"].append(loop)
-    with pytest.raises(BadInput, match="contains itself"):
+    with pytest.raises(Unstorable) as err:
         flatten(loop)
+    assert err.value.reason == "depth"
 
 
 def test_empty_views_with_any_strides_have_no_bytes():

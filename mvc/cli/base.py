@@ -18,10 +18,10 @@ import time
 import click
 
 from ..errors import (BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped, BranchLocked, CommitPruned,
-                      CorruptObject, Diverged, HeadMissing, LockDamaged, MvcError, NoBisect, NotARepository,
-                      NotConfigured, NotRegular, ObjectNotFound, PackDamaged, ProtectedRef, RefExists, RefRejected,
-                      RemoteCorrupt, RemoteDamaged, RemoteExists, ScanFoundDamage, UnknownRemote, VerdictContradicts,
-                      WalkDamaged)
+                      CorruptObject, Diverged, HashMismatch, HeadMissing, LockDamaged, MvcError, NoBisect,
+                      NotARepository, NotConfigured, NotRegular, ObjectNotFound, PackDamaged, ProtectedRef, RefExists,
+                      RefRejected, RemoteCorrupt, RemoteDamaged, RemoteExists, ScanFoundDamage, UnknownRemote,
+                      VerdictContradicts, WalkDamaged)
 
 
 class Group(click.Group):
@@ -87,7 +87,8 @@ def _walk_hint(exc: WalkDamaged) -> str:
 # (error class, advice for it), the first class that matches wins: what to run about each error
 HINTS = (
     (NotARepository, lambda e: "run 'mvc init' first"),
-    (UnknownRemote, lambda e: "" if e.known else f"add it with 'mvc remote add {e.name or 'origin'} URL'"),
+    (UnknownRemote, lambda e: "" if e.known else f"add it with 'mvc remote add {e.name} URL'" if e.name
+                              else "add one with 'mvc remote add origin URL'"),
     (RemoteExists, lambda e: f"remove it first ('mvc remote remove {e.name}')"),
     (NotConfigured, lambda e: f"set it with 'mvc config {e.setting} VALUE'"),
     (RefRejected, lambda e: f"run 'mvc fetch {e.remote}', then build on {e.remote}/BRANCH"),
@@ -110,6 +111,7 @@ HINTS = (
     (VerdictContradicts, lambda e: "see 'mvc bisect log', or 'mvc bisect reset' and start again"),
     (RemoteDamaged, lambda e: f"run 'mvc fsck --remote {e.remote}'".rstrip()),
     (RemoteCorrupt, lambda e: "run 'mvc fsck --remote'"),
+    (HashMismatch, lambda e: "run 'mvc fsck --remote'" if e.where.startswith("remote pack") else _damage_hint(e)),
     (WalkDamaged, _walk_hint),
     (ScanFoundDamage, lambda e: "run 'mvc fsck' to see what it breaks"),
     ((CorruptObject, ObjectNotFound), _damage_hint),

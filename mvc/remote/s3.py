@@ -295,10 +295,10 @@ class _Body:
     to retry) without a copy of the whole object.
 
     ``read`` hands out views, not copies: the body is read in 16 KiB blocks
-    to be sent and in 1 MiB blocks for its CRC32 (and, over plain HTTP,
-    botocore's SHA-256), and a copy of each block was a fifth of the client's
-    CPU on an upload here. Every reader (zlib, hashlib, the socket) takes a
-    view, and the bytes behind it do not change until the upload returned.
+    to be sent and in 1 MiB blocks for its CRC32, and a copy of each block
+    was a fifth of the client's CPU on an upload here. Every reader (zlib,
+    hashlib, the socket) takes a view, and the bytes behind it do not
+    change until the upload returned.
     """
 
     def __init__(self, view: memoryview):

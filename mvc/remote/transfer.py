@@ -207,7 +207,7 @@ def upload_chunks(repo, bucket, catalogue, chunks: list, progress=None) -> tuple
             # footer's BLAKE3) covers only its trailer, so a record's bytes
             # are proven by nothing but their id, and bytes that rotted on
             # this disk would become the remote's copy, the one a user falls
-            # back on. One BLAKE3 pass (about 0.4 s of CPU per GiB here, on
+            # back on. One BLAKE3 pass (0.5-0.7 s of CPU per GiB here, on
             # bytes the read just brought into the CPU cache) is the cheapest
             # proof; pack files cannot go up whole anyway, as a remote pack
             # holds only what the remote lacks.

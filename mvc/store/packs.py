@@ -225,14 +225,14 @@ def read_trailer_table(path: Path) -> np.ndarray:
         return np.array([(cid, loc.offset, loc.length) for cid, loc in rows], dtype=TRAILER)
     digest, trailer_offset, _ = FOOTER.unpack(footer[-FOOTER.size:])
     if hashing.digest(body) != digest:
-        raise packformat._damaged(what, "has a damaged trailer (checksum mismatch)")
+        raise packformat._damaged(what, "has a damaged trailer (checksum mismatch)", "trailer-checksum")
     count = packformat.COUNT.unpack_from(body)[0] if len(body) >= packformat.COUNT.size else -1
     if count < 0 or len(body) != packformat.COUNT.size + count * ENTRY.size:
-        raise packformat._damaged(what, "trailer length does not match its count")
+        raise packformat._damaged(what, "trailer length does not match its count", "trailer-count")
     table = np.frombuffer(body, dtype=_ENTRY_V1, offset=packformat.COUNT.size).astype(TRAILER)
     ends = table["offset"] + table["length"]
     if ((table["offset"] < len(HEADER) + RECORD_HEAD.size) | (ends > trailer_offset)).any():
-        raise packformat._damaged(what, "lists a record outside its data")
+        raise packformat._damaged(what, "lists a record outside its data", "outside")
     return table
 
 

@@ -86,8 +86,8 @@ def _ext_hook(code: int, data: bytes) -> Ext:
     return Ext(code, data)
 
 
-def unpack(data: bytes, what: str = "object") -> Any:
-    """Decode canonical msgpack; CorruptObject on anything malformed.
+def unpack(data: bytes, what: str = "object", kind=None, field=None) -> Any:
+    """Decode canonical msgpack; CorruptObject (with ``kind`` and ``field``) on anything malformed.
 
     msgpack bounds every length field by the size of the input, so hostile
     bytes cannot make it allocate more than the input holds.
@@ -97,4 +97,4 @@ def unpack(data: bytes, what: str = "object") -> Any:
             data, raw=False, strict_map_key=False, use_list=True, ext_hook=_ext_hook
         )
     except Exception as exc:  # msgpack raises many types; callers get one
-        raise CorruptObject(f"{what} does not decode: {exc.__class__.__name__}: {exc}") from None
+        raise CorruptObject(f"{what} does not decode: {exc.__class__.__name__}: {exc}", kind=kind, field=field) from None

@@ -66,7 +66,16 @@ class CommitPruned(ObjectNotFound):
 
 
 class CorruptObject(MvcError):
-    """Stored bytes do not decode, or do not match their id."""
+    """Stored bytes do not decode, or do not match their id. Where the raiser knows them:
+    ``kind`` is what was found damaged ("tensor", "tree", "commit", "tag": an object;
+    "index": the index or a value in it; "ref": a ref's value), ``field`` the part of it at
+    fault (an object's field: "dtype", "shape", "chunks", "root", "parents" …, "type" for
+    another kind of object, "fields" for missing or extra ones; in the index: "chunk_size",
+    "location"), ``name`` the ref it concerns. None where not said."""
+
+    def __init__(self, message: str = "", *, id=None, kind=None, field=None, name=None):
+        super().__init__(message, id=id)
+        self.kind, self.field, self.name = kind, field, name
 
 
 class ChecksumMismatch(CorruptObject):

@@ -114,7 +114,13 @@ class InvalidRefName(MvcError):
 
 
 class UnsupportedFormat(MvcError):
-    """The repository uses a format version or extension this mvc does not know."""
+    """The repository uses a format version or extension this mvc does not know. ``problem``
+    is "damaged" (FORMAT does not parse), "newer" (``version``: the format it names) or
+    "extensions" (``extensions``: the unknown ones, sorted); None where not said."""
+
+    def __init__(self, message: str = "", *, problem=None, version=None, extensions=()):
+        super().__init__(message)
+        self.problem, self.version, self.extensions = problem, version, tuple(extensions)
 
 
 class BadInput(MvcError):

@@ -110,7 +110,7 @@ def _decode_ref(name: str, raw: bytes) -> RefValue:
         return RefValue(target=raw[1:].decode("utf-8", "replace"))
     if raw[:1] == bytes([DIRECT]) and len(raw) == 34:
         return RefValue(id=raw[1:33], protected=bool(raw[33] & FLAG_PROTECTED))
-    raise CorruptObject(f"ref {name!r} has a damaged value in the index")
+    raise CorruptObject(f"ref {name!r} has a damaged value in the index", kind="ref", name=name)
 
 
 def check_key(name: str) -> None:
@@ -377,7 +377,7 @@ def _new_env(path: Path, create: bool) -> tuple:
             except FileNotFoundError:
                 if name == "data.mdb":
                     raise CorruptObject(f"the index at {path} cannot be opened: it has no data.mdb; restore "
-                                        ".mvc/index from a backup") from None
+                                        ".mvc/index from a backup", kind="index") from None
     readonly = not create and not os.access(path, os.W_OK)
     if not readonly:
         _allocate_lock_file(path)
@@ -468,10 +468,11 @@ def _damaged(path: Path, exc) -> Exception:
     if _disk_full(path, exc):
         return _full(path)
     if isinstance(exc, (lmdb.ReadonlyError,)) or "Permission denied" in str(exc):
-        return CorruptObject(f"the index at {path} cannot be opened: {exc}; check the folder's permissions")
+        return CorruptObject(f"the index at {path} cannot be opened: {exc}; check the folder's permissions",
+                             kind="index")
     return CorruptObject(f"the index at {path} cannot be opened ({exc}): it is damaged or was written by "
                          "another mvc version; restore .mvc/index from a backup (commits and refs live "
-                         "there; the packs hold only chunk data)")
+                         "there; the packs hold only chunk data)", kind="index")
 
 
 def _close_env(key: str) -> None:
@@ -540,7 +541,7 @@ class Index:
         except lmdb.Error as exc:
             if _disk_full(self.path, exc):
                 raise _full(self.path, "its transaction was rolled back") from None
-            raise CorruptObject(f"the index failed: {exc}") from None
+            raise CorruptObject(f"the index failed: {exc}", kind="index") from None
 
     def _grow(self) -> bool:
         """Double the map (after a MapFullError below MAP_SIZE); False if at the limit or refused."""

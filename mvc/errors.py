@@ -542,3 +542,16 @@ class Unstorable(BadInput):
     def __init__(self, message: str = "", *, key=None, reason: str = "", type=None):
         super().__init__(message)
         self.key, self.reason, self.type = key, reason, type
+
+
+# -- errors as data (issue 20): what tests and callers assert on instead of message text --
+
+class TargetMismatch(BadInput):
+    """``load_into``'s targets do not fit commit ``id``; nothing was loaded. ``key`` is the
+    dotted key path, ``problem`` one of "no-key" (the commit has no such key), "dtype-shape"
+    (``here`` and ``committed``: (dtype name, shape) of the live and the stored tensor),
+    "kind" (a tensor on one side, a plain value or container on the other), "not-dense"."""
+
+    def __init__(self, message: str = "", *, id=None, key=None, problem=None, here=None, committed=None):
+        super().__init__(message, id=id)
+        self.key, self.problem, self.here, self.committed = key, problem, here, committed

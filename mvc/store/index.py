@@ -75,13 +75,16 @@ def seal(db: str, key: bytes, inner: bytes) -> bytes:
 def unseal(db: str, key: bytes, raw: bytes, what: str) -> bytes:
     """The inner value of a sealed value (legacy unsealed values pass as they are).
 
-    CorruptObject naming ``what`` if its checksum does not match.
+    CorruptObject naming ``what`` if its checksum does not match (``field`` "checksum"; a ref's:
+    ``kind`` "ref" and ``name`` the ref, others ``kind`` "index").
     """
     if not raw or raw[0] != SEALED:
         return raw
     inner = raw[1 + CHECK_BYTES:]
     if len(raw) < 1 + CHECK_BYTES or raw[1:1 + CHECK_BYTES] != _check(db, key, inner):
-        raise CorruptObject(f"{what} is damaged in the index (checksum mismatch)")
+        ref = db == "refs"
+        raise CorruptObject(f"{what} is damaged in the index (checksum mismatch)", kind="ref" if ref else "index",
+                            field="checksum", name=key.decode("utf-8", "replace") if ref else None)
     return inner
 
 

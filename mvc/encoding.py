@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from .errors import BadInput, CorruptObject
+from .errors import BadInput, CorruptObject, Unstorable
 
 INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
@@ -59,20 +59,20 @@ def _normalize(value: Any) -> Any:
         return value
     if t is int:
         if not INT_MIN <= value <= INT_MAX:
-            raise BadInput(f"integer {value} does not fit in 64 bits")
+            raise Unstorable(f"integer {value} does not fit in 64 bits", reason="int-range")
         return value
     if isinstance(value, Ext):
         return msgpack.ExtType(value.code, value.data)
     if isinstance(value, dict):
         for k in value:
             if type(k) not in (int, str):
-                raise BadInput(f"map key {k!r} is not a str or int")
+                raise Unstorable(f"map key {k!r} is not a str or int", reason="key-type", type=type(k).__name__)
             if type(k) is int and not INT_MIN <= k <= INT_MAX:
-                raise BadInput(f"map key {k} does not fit in 64 bits")
+                raise Unstorable(f"map key {k} does not fit in 64 bits", reason="int-range")
         return {k: _normalize(value[k]) for k in sorted(value, key=key_order)}
     if isinstance(value, (list, tuple)):
         return [_normalize(v) for v in value]
-    raise BadInput(f"cannot encode a value of type {t.__name__}")
+    raise Unstorable(f"cannot encode a value of type {t.__name__}", reason="type", type=t.__name__)
 
 
 def pack(value: Any) -> bytes:

@@ -534,7 +534,7 @@ class MetricNotRecorded(BadInput):
 
 class Unstorable(BadInput):
     """A state holds something mvc does not store: ``key`` is its dotted key path ("<root>"
-    for the state itself; None for the whole state), ``reason`` one of "type" (not a tensor
+    for the state itself; None for the whole state, or where the encoder does not know it), ``reason`` one of "type" (not a tensor
     or plain value; ``type`` names it), "key-type" (a dict key neither str nor int),
     "int-range" (an int beyond 64 bits), "nested-tensor", "layout" (sparse …), "meta" (a
     meta-device tensor), "depth" (nested too deeply, or contains itself)."""
@@ -555,3 +555,23 @@ class TargetMismatch(BadInput):
     def __init__(self, message: str = "", *, id=None, key=None, problem=None, here=None, committed=None):
         super().__init__(message, id=id)
         self.key, self.problem, self.here, self.committed = key, problem, here, committed
+
+
+class BadRange(BadInput):
+    """GOOD and BAD do not bound a bisect: ``bad`` and ``good`` are their hex ids, ``branch``
+    the branch asked for (None: BAD's history), ``problem`` one of "same" (one commit),
+    "not-on-branch" (BAD is not on the branch's first-parent history), "not-descendant"
+    (BAD does not descend from GOOD along first parents)."""
+
+    def __init__(self, message: str = "", *, bad=None, good=None, branch=None, problem=None):
+        super().__init__(message)
+        self.bad, self.good, self.branch, self.problem = bad, good, branch, problem
+
+
+class BadVerdict(BadInput):
+    """A verdict that is none of good, bad, skip: ``verdict`` is what was given (for
+    ``bisect.find``, is_good's answer), ``id`` the commit judged when known."""
+
+    def __init__(self, message: str = "", *, verdict=None, id=None):
+        super().__init__(message, id=id)
+        self.verdict = verdict

@@ -168,11 +168,12 @@ class RevisionTooLong(UnknownRevision):
 
 
 class Unreadable(BadInput):
-    """An object would not decode once stored (``kind``: tensor, tree, commit; ``reason``: the decoder's)."""
+    """An object would not decode once stored (``kind``: tensor, tree, commit; ``reason``: the decoder's;
+    ``field``: the field the decoder refused, as CorruptObject's)."""
 
-    def __init__(self, message: str = "", *, kind=None, reason=None):
+    def __init__(self, message: str = "", *, kind=None, reason=None, field=None):
         super().__init__(message)
-        self.kind, self.reason = kind, reason
+        self.kind, self.reason, self.field = kind, reason, field
 
 
 # -- DCP checkpoint ids (hooks/dcp.py) -------------------------------------------------
@@ -575,3 +576,30 @@ class BadVerdict(BadInput):
     def __init__(self, message: str = "", *, verdict=None, id=None):
         super().__init__(message, id=id)
         self.verdict = verdict
+
+
+class ProtectedFolder(BadInput):
+    """A forced export would replace folder ``path``, which a replace must never remove:
+    ``reason`` is "current-folder" (it is the current folder or holds it) or "git-work-tree"."""
+
+    def __init__(self, message: str = "", *, path=None, reason=None):
+        super().__init__(message)
+        self.path, self.reason = None if path is None else str(path), reason
+
+
+class UnsafeName(BadInput):
+    """A model folder layout names a file ``name`` that export refuses to write: ``problem``
+    is "outside" (an absolute path, "." or ".." parts), "control-character" or "reserved"
+    (inside .mvc, .git or .cache)."""
+
+    def __init__(self, message: str = "", *, name=None, problem=None):
+        super().__init__(message)
+        self.name, self.problem = name, problem
+
+
+class CannotHold(BadInput):
+    """File format ``format`` cannot hold tensor ``key`` of dtype ``dtype`` (``shape`` its shape)."""
+
+    def __init__(self, message: str = "", *, format=None, key=None, dtype=None, shape=None):
+        super().__init__(message)
+        self.format, self.key, self.dtype, self.shape = format, key, dtype, shape

@@ -69,7 +69,7 @@ def _readable(data: bytes, decode, kind: str, check: bool = True) -> bytes:
         decode(data)
     except CorruptObject as exc:
         raise Unreadable(f"this {kind} could not be read back once stored ({exc}); nothing was written",
-                         kind=kind, reason=str(exc)) from None
+                         kind=kind, reason=str(exc), field=exc.field) from None
     return data
 
 

@@ -603,3 +603,24 @@ class CannotHold(BadInput):
     def __init__(self, message: str = "", *, format=None, key=None, dtype=None, shape=None):
         super().__init__(message)
         self.format, self.key, self.dtype, self.shape = format, key, dtype, shape
+
+
+class PiecesDoNotTile(BadInput):
+    """The pieces the ranks saved of tensor ``where`` (its key path, as the save names it) do
+    not make one tensor of ``shape`` (they overlap, leave gaps, or lie outside); ``field`` is
+    the field the tensor decoder refused ("shards", "chunks" …)."""
+
+    def __init__(self, message: str = "", *, where=None, shape=None, field=None):
+        super().__init__(message)
+        self.where, self.shape, self.field = where, shape, field
+
+
+class BadChunkLocation(BadInput):
+    """A chunk location a rank reported cannot be adopted; nothing was committed. ``pack`` is
+    the pack file's name, ``id`` the chunk, ``problem`` one of "malformed", "missing-pack"
+    (not in the packs folder), "unreadable" (its trailer), "not-listed" (the pack does not
+    hold the chunk there)."""
+
+    def __init__(self, message: str = "", *, pack=None, id=None, problem=None):
+        super().__init__(message, id=id)
+        self.pack, self.problem = pack, problem

@@ -624,3 +624,12 @@ class BadChunkLocation(BadInput):
     def __init__(self, message: str = "", *, pack=None, id=None, problem=None):
         super().__init__(message, id=id)
         self.pack, self.problem = pack, problem
+
+
+class MissingExtra(MvcError):
+    """A feature needs package ``package``, which is not installed; ``extra`` is the
+    optional-dependency group of mvc-checkpoints that installs it ("plot" …)."""
+
+    def __init__(self, message: str = "", *, package: str = "", extra: str = ""):
+        super().__init__(message)
+        self.package, self.extra = package, extra

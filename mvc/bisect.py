@@ -41,7 +41,7 @@ from typing import Callable, Optional
 from . import encoding, scratch
 from .store import fs
 from .diff import Diff, diff
-from .errors import (BadInput, BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped, CommitPruned,
+from .errors import (BadInput, BadRange, BadVerdict, BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped, CommitPruned,
                      CorruptObject, MetricNotRecorded, MvcError, NoBisect, VerdictContradicts)
 from .files import FORMATS, write_checkpoint
 from .objects import ID_SIZE
@@ -103,15 +103,18 @@ def in_progress(repo) -> bool:
 def _new_state(repo, bad: str, good: str, branch: Optional[str]) -> dict:
     bad_id, good_id = repo.resolve(bad), repo.resolve(good)
     if bad_id == good_id:
-        raise BadInput(f"BAD {bad} and GOOD {good} are the same commit {bad_id[:12]}; "
-                       "give a good commit older than the bad one")
+        raise BadRange(f"BAD {bad} and GOOD {good} are the same commit {bad_id[:12]}; "
+                       "give a good commit older than the bad one", bad=bad_id, good=good_id, branch=branch,
+                       problem="same")
     history = list(repo.log(branch if branch is not None else bad_id))
     ids = [c.id for c in history]
     if bad_id not in ids:
-        raise BadInput(f"BAD {bad} ({bad_id[:12]}) is not on the first-parent history of {branch!r}")
+        raise BadRange(f"BAD {bad} ({bad_id[:12]}) is not on the first-parent history of {branch!r}",
+                       bad=bad_id, good=good_id, branch=branch, problem="not-on-branch")
     ids = ids[ids.index(bad_id):]
     if good_id not in ids:
-        raise BadInput(_not_descendant(repo, bad, bad_id, good, good_id))
+        raise BadRange(_not_descendant(repo, bad, bad_id, good, good_id), bad=bad_id, good=good_id, branch=branch,
+                       problem="not-descendant")
     path = ids[:ids.index(good_id)][::-1]
     return {"version": STATE_VERSION, "branch": branch, "good": bytes.fromhex(good_id),
             "path": [bytes.fromhex(c) for c in path],
@@ -229,7 +232,7 @@ def _with_changes(repo, status: BisectStatus) -> BisectStatus:
 
 def _with_verdict(state: dict, verdict: str, cid: bytes) -> dict:
     if verdict not in VERDICTS:
-        raise BadInput(f"verdict {verdict!r} is not one of {', '.join(VERDICTS)}")
+        raise BadVerdict(f"verdict {verdict!r} is not one of {', '.join(VERDICTS)}", verdict=verdict, id=cid)
     if cid not in state["path"] and cid != state["good"]:
         raise BadInput(f"commit {cid.hex()[:12]} is not between the good {state['good'].hex()[:12]} and "
                        f"the bad {state['path'][-1].hex()[:12]} commit being bisected")
@@ -562,7 +565,8 @@ def bisect(repo, good: str, bad: str, is_good: Callable, branch: Optional[str] =
             return "skip"
         if isinstance(answer, bool):
             return "good" if answer else "bad"
-        raise BadInput(f"is_good returned {answer!r} for {commit.short_id}; return True, False or None")
+        raise BadVerdict(f"is_good returned {answer!r} for {commit.short_id}; return True, False or None",
+                         verdict=answer, id=commit.id)
     return _drive(repo, _new_state(repo, bad, good, branch), decide, False, progress)
 
 

@@ -61,7 +61,7 @@ def __getattr__(name):
 def check_name(name) -> str:
     """``name`` if it is in the vocabulary; CorruptObject otherwise."""
     if not isinstance(name, str) or name not in VOCABULARY:
-        raise CorruptObject(f"unknown dtype {name!r} in a tensor object")
+        raise CorruptObject(f"unknown dtype {name!r} in a tensor object", kind="tensor", field="dtype")
     return name
 
 

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from .errors import BadInput, CorruptObject
+from .errors import BadInput, CorruptObject, Unstorable
 
 INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
@@ -59,20 +59,20 @@ def _normalize(value: Any) -> Any:
         return value
     if t is int:
         if not INT_MIN <= value <= INT_MAX:
-            raise BadInput(f"integer {value} does not fit in 64 bits")
+            raise Unstorable(f"integer {value} does not fit in 64 bits", reason="int-range")
         return value
     if isinstance(value, Ext):
         return msgpack.ExtType(value.code, value.data)
     if isinstance(value, dict):
         for k in value:
             if type(k) not in (int, str):
-                raise BadInput(f"map key {k!r} is not a str or int")
+                raise Unstorable(f"map key {k!r} is not a str or int", reason="key-type", type=type(k).__name__)
             if type(k) is int and not INT_MIN <= k <= INT_MAX:
-                raise BadInput(f"map key {k} does not fit in 64 bits")
+                raise Unstorable(f"map key {k} does not fit in 64 bits", reason="int-range")
         return {k: _normalize(value[k]) for k in sorted(value, key=key_order)}
     if isinstance(value, (list, tuple)):
         return [_normalize(v) for v in value]
-    raise BadInput(f"cannot encode a value of type {t.__name__}")
+    raise Unstorable(f"cannot encode a value of type {t.__name__}", reason="type", type=t.__name__)
 
 
 def pack(value: Any) -> bytes:
@@ -86,8 +86,8 @@ def _ext_hook(code: int, data: bytes) -> Ext:
     return Ext(code, data)
 
 
-def unpack(data: bytes, what: str = "object") -> Any:
-    """Decode canonical msgpack; CorruptObject on anything malformed.
+def unpack(data: bytes, what: str = "object", kind=None, field=None) -> Any:
+    """Decode canonical msgpack; CorruptObject (with ``kind`` and ``field``) on anything malformed.
 
     msgpack bounds every length field by the size of the input, so hostile
     bytes cannot make it allocate more than the input holds.
@@ -97,4 +97,4 @@ def unpack(data: bytes, what: str = "object") -> Any:
             data, raw=False, strict_map_key=False, use_list=True, ext_hook=_ext_hook
         )
     except Exception as exc:  # msgpack raises many types; callers get one
-        raise CorruptObject(f"{what} does not decode: {exc.__class__.__name__}: {exc}") from None
+        raise CorruptObject(f"{what} does not decode: {exc.__class__.__name__}: {exc}", kind=kind, field=field) from None

@@ -66,7 +66,16 @@ class CommitPruned(ObjectNotFound):
 
 
 class CorruptObject(MvcError):
-    """Stored bytes do not decode, or do not match their id."""
+    """Stored bytes do not decode, or do not match their id. Where the raiser knows them:
+    ``kind`` is what was found damaged ("tensor", "tree", "commit", "tag": an object;
+    "index": the index or a value in it; "ref": a ref's value), ``field`` the part of it at
+    fault (an object's field: "dtype", "shape", "chunks", "root", "parents" …, "type" for
+    another kind of object, "fields" for missing or extra ones; in the index: "chunk_size",
+    "location"), ``name`` the ref it concerns. None where not said."""
+
+    def __init__(self, message: str = "", *, id=None, kind=None, field=None, name=None):
+        super().__init__(message, id=id)
+        self.kind, self.field, self.name = kind, field, name
 
 
 class ChecksumMismatch(CorruptObject):
@@ -105,7 +114,13 @@ class InvalidRefName(MvcError):
 
 
 class UnsupportedFormat(MvcError):
-    """The repository uses a format version or extension this mvc does not know."""
+    """The repository uses a format version or extension this mvc does not know. ``problem``
+    is "damaged" (FORMAT does not parse), "newer" (``version``: the format it names) or
+    "extensions" (``extensions``: the unknown ones, sorted); None where not said."""
+
+    def __init__(self, message: str = "", *, problem=None, version=None, extensions=()):
+        super().__init__(message)
+        self.problem, self.version, self.extensions = problem, version, tuple(extensions)
 
 
 class BadInput(MvcError):
@@ -153,11 +168,12 @@ class RevisionTooLong(UnknownRevision):
 
 
 class Unreadable(BadInput):
-    """An object would not decode once stored (``kind``: tensor, tree, commit; ``reason``: the decoder's)."""
+    """An object would not decode once stored (``kind``: tensor, tree, commit; ``reason``: the decoder's;
+    ``field``: the field the decoder refused, as CorruptObject's)."""
 
-    def __init__(self, message: str = "", *, kind=None, reason=None):
+    def __init__(self, message: str = "", *, kind=None, reason=None, field=None):
         super().__init__(message)
-        self.kind, self.reason = kind, reason
+        self.kind, self.reason, self.field = kind, reason, field
 
 
 # -- DCP checkpoint ids (hooks/dcp.py) -------------------------------------------------
@@ -519,7 +535,7 @@ class MetricNotRecorded(BadInput):
 
 class Unstorable(BadInput):
     """A state holds something mvc does not store: ``key`` is its dotted key path ("<root>"
-    for the state itself; None for the whole state), ``reason`` one of "type" (not a tensor
+    for the state itself; None for the whole state, or where the encoder does not know it), ``reason`` one of "type" (not a tensor
     or plain value; ``type`` names it), "key-type" (a dict key neither str nor int),
     "int-range" (an int beyond 64 bits), "nested-tensor", "layout" (sparse …), "meta" (a
     meta-device tensor), "depth" (nested too deeply, or contains itself)."""
@@ -527,3 +543,93 @@ class Unstorable(BadInput):
     def __init__(self, message: str = "", *, key=None, reason: str = "", type=None):
         super().__init__(message)
         self.key, self.reason, self.type = key, reason, type
+
+
+# -- errors as data (issue 20): what tests and callers assert on instead of message text --
+
+class TargetMismatch(BadInput):
+    """``load_into``'s targets do not fit commit ``id``; nothing was loaded. ``key`` is the
+    dotted key path, ``problem`` one of "no-key" (the commit has no such key), "dtype-shape"
+    (``here`` and ``committed``: (dtype name, shape) of the live and the stored tensor),
+    "kind" (a tensor on one side, a plain value or container on the other), "not-dense"."""
+
+    def __init__(self, message: str = "", *, id=None, key=None, problem=None, here=None, committed=None):
+        super().__init__(message, id=id)
+        self.key, self.problem, self.here, self.committed = key, problem, here, committed
+
+
+class BadRange(BadInput):
+    """GOOD and BAD do not bound a bisect: ``bad`` and ``good`` are their hex ids, ``branch``
+    the branch asked for (None: BAD's history), ``problem`` one of "same" (one commit),
+    "not-on-branch" (BAD is not on the branch's first-parent history), "not-descendant"
+    (BAD does not descend from GOOD along first parents)."""
+
+    def __init__(self, message: str = "", *, bad=None, good=None, branch=None, problem=None):
+        super().__init__(message)
+        self.bad, self.good, self.branch, self.problem = bad, good, branch, problem
+
+
+class BadVerdict(BadInput):
+    """A verdict that is none of good, bad, skip: ``verdict`` is what was given (for
+    ``bisect.find``, is_good's answer), ``id`` the commit judged when known."""
+
+    def __init__(self, message: str = "", *, verdict=None, id=None):
+        super().__init__(message, id=id)
+        self.verdict = verdict
+
+
+class ProtectedFolder(BadInput):
+    """A forced export would replace folder ``path``, which a replace must never remove:
+    ``reason`` is "current-folder" (it is the current folder or holds it) or "git-work-tree"."""
+
+    def __init__(self, message: str = "", *, path=None, reason=None):
+        super().__init__(message)
+        self.path, self.reason = None if path is None else str(path), reason
+
+
+class UnsafeName(BadInput):
+    """A model folder layout names a file ``name`` that export refuses to write: ``problem``
+    is "outside" (an absolute path, "." or ".." parts), "control-character" or "reserved"
+    (inside .mvc, .git or .cache)."""
+
+    def __init__(self, message: str = "", *, name=None, problem=None):
+        super().__init__(message)
+        self.name, self.problem = name, problem
+
+
+class CannotHold(BadInput):
+    """File format ``format`` cannot hold tensor ``key`` of dtype ``dtype`` (``shape`` its shape)."""
+
+    def __init__(self, message: str = "", *, format=None, key=None, dtype=None, shape=None):
+        super().__init__(message)
+        self.format, self.key, self.dtype, self.shape = format, key, dtype, shape
+
+
+class PiecesDoNotTile(BadInput):
+    """The pieces the ranks saved of tensor ``where`` (its key path, as the save names it) do
+    not make one tensor of ``shape`` (they overlap, leave gaps, or lie outside); ``field`` is
+    the field the tensor decoder refused ("shards", "chunks" …)."""
+
+    def __init__(self, message: str = "", *, where=None, shape=None, field=None):
+        super().__init__(message)
+        self.where, self.shape, self.field = where, shape, field
+
+
+class BadChunkLocation(BadInput):
+    """A chunk location a rank reported cannot be adopted; nothing was committed. ``pack`` is
+    the pack file's name, ``id`` the chunk, ``problem`` one of "malformed", "missing-pack"
+    (not in the packs folder), "unreadable" (its trailer), "not-listed" (the pack does not
+    hold the chunk there)."""
+
+    def __init__(self, message: str = "", *, pack=None, id=None, problem=None):
+        super().__init__(message, id=id)
+        self.pack, self.problem = pack, problem
+
+
+class MissingExtra(MvcError):
+    """A feature needs package ``package``, which is not installed; ``extra`` is the
+    optional-dependency group of mvc-checkpoints that installs it ("plot" …)."""
+
+    def __init__(self, message: str = "", *, package: str = "", extra: str = ""):
+        super().__init__(message)
+        self.package, self.extra = package, extra

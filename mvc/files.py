@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from .errors import BadInput, InsideRepository, MvcError
+from .errors import BadInput, CannotHold, InsideRepository, MvcError
 from .scratch import gone
 from .store import fs
 from .traverse import format_path, walk
@@ -537,8 +537,9 @@ def safetensors_header(specs: dict, metadata: Optional[dict]) -> tuple:
     element size, as safetensors does. BadInput for a dtype safetensors cannot hold."""
     for key, (name, shape, _, _) in specs.items():
         if name not in SAFETENSORS_DTYPES or (name in SAFETENSORS_NAMES and not shape):
-            raise BadInput(f"tensor {key!r} is {name}{'' if shape else ' with no dimensions'}, which "
-                           "safetensors cannot hold; export as pt")
+            raise CannotHold(f"tensor {key!r} is {name}{'' if shape else ' with no dimensions'}, which "
+                             "safetensors cannot hold; export as pt", format="safetensors", key=key, dtype=name,
+                             shape=tuple(shape))
     meta = {"format": "pt"} if metadata is None else metadata
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise BadInput("safetensors metadata must map text to text")

@@ -35,7 +35,7 @@ import stat
 from pathlib import Path
 from typing import Callable, Optional
 
-from .errors import BadInput, FolderLink, InsideRepository
+from .errors import BadInput, FolderLink, InsideRepository, ProtectedFolder, UnsafeName
 from .files import (REPOSITORY_DIR, read_safetensors, remove_leftovers, repository_around, tensors_by_key,
                     write_bytes, _safetensors_layout, _save_safetensors)
 from .store.fs import fsync_dir
@@ -151,13 +151,14 @@ def _layout(state) -> tuple:
     for name in list(files) + list(shards):
         parts = name.split("/")
         if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise BadInput(f"the model folder names a file {name!r} outside itself; refusing to write it")
+            raise UnsafeName(f"the model folder names a file {name!r} outside itself; refusing to write it",
+                             name=name, problem="outside")
         if any(ord(c) < 0x20 or c == "\x7f" for c in name):
-            raise BadInput(f"the model folder names a file {name!r} with a control character (a NUL byte, a "
-                           "newline); refusing to write it")
+            raise UnsafeName(f"the model folder names a file {name!r} with a control character (a NUL byte, a "
+                             "newline); refusing to write it", name=name, problem="control-character")
         if any(p in SKIPPED_DIRS for p in parts):
-            raise BadInput(f"the model folder names a file {name!r} inside {REPOSITORY_DIR}, .git or .cache, "
-                           "which a folder commit never holds; refusing to write it")
+            raise UnsafeName(f"the model folder names a file {name!r} inside {REPOSITORY_DIR}, .git or .cache, "
+                             "which a folder commit never holds; refusing to write it", name=name, problem="reserved")
     return files, {k: (v["keys"], v.get("metadata", {})) for k, v in shards.items()}
 
 
@@ -259,9 +260,11 @@ def _folder_target(out: Path, force: bool) -> Path:
         # a replace removes what the commit lacks: never the folder a user works in
         here = Path(os.path.abspath(os.getcwd()))
         if out == here or out in here.parents or os.path.lexists(out / ".git"):
-            what = "holds a Git work tree" if os.path.lexists(out / ".git") else "is the current folder or holds it"
-            raise BadInput(f"cannot replace the folder {out}: it {what}, and a replace removes the files the "
-                           "commit does not hold; export to a new folder")
+            git = os.path.lexists(out / ".git")
+            what = "holds a Git work tree" if git else "is the current folder or holds it"
+            raise ProtectedFolder(f"cannot replace the folder {out}: it {what}, and a replace removes the files the "
+                                  "commit does not hold; export to a new folder", path=out,
+                                  reason="git-work-tree" if git else "current-folder")
     return out
 
 

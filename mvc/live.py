@@ -38,7 +38,7 @@ from typing import Any, Optional
 import torch
 
 from . import dtypes, fingerprint, hashing, reader, sharded, state as states
-from .errors import BadInput
+from .errors import BadInput, TargetMismatch
 from .objects import TensorLeaf
 from .store.chunks import THREADS, Request
 from .traverse import format_path, is_container, walk
@@ -188,8 +188,9 @@ def _at(root, path: tuple, commit: str):
             else:
                 raise KeyError(key)
         except KeyError:
-            raise BadInput(f"commit {commit[:12]} has no key {format_path(path[:i + 1])!r}; "
-                           "nothing was loaded") from None
+            raise TargetMismatch(f"commit {commit[:12]} has no key {format_path(path[:i + 1])!r}; "
+                                 "nothing was loaded", id=commit, key=format_path(path[:i + 1]),
+                                 problem="no-key") from None
     return node
 
 
@@ -214,8 +215,9 @@ def load_into(repo, targets, rev: str, check_live: bool = True) -> Switch:
         for path, live, _ in tensors:
             leaf = _at(tree.root, path, commit)
             if not isinstance(leaf, TensorLeaf):
-                raise BadInput(f"{format_path(path)!r} is a tensor here but a {type(leaf).__name__} in commit "
-                               f"{commit[:12]}; nothing was loaded")
+                raise TargetMismatch(f"{format_path(path)!r} is a tensor here but a {type(leaf).__name__} in "
+                                     f"commit {commit[:12]}; nothing was loaded", id=commit, key=format_path(path),
+                                     problem="kind")
             key = LiveRecords.key(live)
             if key in seen:  # tied weights given twice: one storage, loaded once
                 continue
@@ -233,11 +235,13 @@ def load_into(repo, targets, rev: str, check_live: bool = True) -> Switch:
 def _check(target: _Target, commit: str) -> None:
     obj, live, where = target.obj, target.live, format_path(target.path)
     if live.layout != torch.strided or live.device.type == "meta":
-        raise BadInput(f"{where!r} is not a dense tensor with data; nothing was loaded")
+        raise TargetMismatch(f"{where!r} is not a dense tensor with data; nothing was loaded", id=commit,
+                             key=where, problem="not-dense")
     name = dtypes.name_of(live.dtype, where)
     if name != obj.dtype or tuple(live.shape) != tuple(obj.shape):
-        raise BadInput(f"{where!r} is {name} {list(live.shape)} here but {obj.dtype} {list(obj.shape)} in commit "
-                       f"{commit[:12]}; nothing was loaded")
+        raise TargetMismatch(f"{where!r} is {name} {list(live.shape)} here but {obj.dtype} {list(obj.shape)} in "
+                             f"commit {commit[:12]}; nothing was loaded", id=commit, key=where, problem="dtype-shape",
+                             here=(name, tuple(live.shape)), committed=(obj.dtype, tuple(obj.shape)))
 
 
 def _values(root, values: list, commit: str) -> list:
@@ -246,8 +250,8 @@ def _values(root, values: list, commit: str) -> list:
     for path, _, owner in values:
         saved = _at(root, path, commit)
         if isinstance(saved, TensorLeaf) or is_container(saved):
-            raise BadInput(f"{format_path(path)!r} is a plain value here but not in commit {commit[:12]}; "
-                           "nothing was loaded")
+            raise TargetMismatch(f"{format_path(path)!r} is a plain value here but not in commit {commit[:12]}; "
+                                 "nothing was loaded", id=commit, key=format_path(path), problem="kind")
         out.append((path, saved, owner))
     return out
 

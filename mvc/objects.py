@@ -69,13 +69,13 @@ def _readable(data: bytes, decode, kind: str, check: bool = True) -> bytes:
         decode(data)
     except CorruptObject as exc:
         raise Unreadable(f"this {kind} could not be read back once stored ({exc}); nothing was written",
-                         kind=kind, reason=str(exc)) from None
+                         kind=kind, reason=str(exc), field=exc.field) from None
     return data
 
 
-def _check(cond: bool, what: str) -> None:
+def _check(cond: bool, what: str, kind=None, field=None) -> None:
     if not cond:
-        raise CorruptObject(what)
+        raise CorruptObject(what, kind=kind, field=field)
 
 
 def _is_id(value) -> bool:
@@ -83,14 +83,14 @@ def _is_id(value) -> bool:
 
 
 def _decode_map(data: bytes, kind: str) -> dict:
-    value = encoding.unpack(data, f"{kind} object")
-    _check(type(value) is dict, f"{kind} object is not a map")
-    _check(value.get("type") == kind, f"object is not a {kind} (type {value.get('type')!r})")
+    value = encoding.unpack(data, f"{kind} object", kind)
+    _check(type(value) is dict, f"{kind} object is not a map", kind)
+    _check(value.get("type") == kind, f"object is not a {kind} (type {value.get('type')!r})", kind, "type")
     return value
 
 
 def _fields(value: dict, kind: str, names: set) -> None:
-    _check(set(value) == names, f"{kind} object has fields {sorted(map(str, value))}, expected {sorted(names)}")
+    _check(set(value) == names, f"{kind} object has fields {sorted(map(str, value))}, expected {sorted(names)}", kind, "fields")
 
 
 @dataclass(frozen=True)
@@ -152,16 +152,17 @@ class TensorObject:
         _fields(v, "tensor", base | {"shards"} if "shards" in v else base)
         dtype, shape, size, chunks = v["dtype"], v["shape"], v["chunk_size"], v["chunks"]
         dtypes.check_name(dtype)
-        _check(type(shape) is list and len(shape) <= MAX_DIMS, "tensor shape is not a list of dims")
-        _check(all(type(d) is int and d >= 0 for d in shape), "tensor shape has a bad dimension")
-        _check(type(size) is int and 0 < size <= MAX_READ_CHUNK, "tensor chunk_size is not between 1 and 2**32-1")
+        _check(type(shape) is list and len(shape) <= MAX_DIMS, "tensor shape is not a list of dims", "tensor", "shape")
+        _check(all(type(d) is int and d >= 0 for d in shape), "tensor shape has a bad dimension", "tensor", "shape")
+        _check(type(size) is int and 0 < size <= MAX_READ_CHUNK, "tensor chunk_size is not between 1 and 2**32-1",
+               "tensor", "chunk_size")
         problem = shape_problem(dtype, shape)
-        _check(not problem, f"tensor shape is not readable: {problem}")
-        _check(type(chunks) is list and all(_is_id(c) for c in chunks), "tensor chunks are not ids")
+        _check(not problem, f"tensor shape is not readable: {problem}", "tensor", "shape")
+        _check(type(chunks) is list and all(_is_id(c) for c in chunks), "tensor chunks are not ids", "tensor", "chunks")
         shards = _decode_shards(v["shards"], tuple(shape)) if "shards" in v else ()
         obj = cls(dtype, tuple(shape), size, tuple(chunks), shards)
         expected = sum(-(-n // size) for _, _, _, n, _ in obj.pieces())
-        _check(len(chunks) == expected, "tensor chunk count does not match its size")
+        _check(len(chunks) == expected, "tensor chunk count does not match its size", "tensor", "chunks")
         return obj
 
 
@@ -174,19 +175,19 @@ def _contiguous(offsets: tuple, sizes: tuple, shape: tuple) -> bool:
 
 def _decode_shards(value, shape: tuple) -> tuple:
     """Shards as ((offsets, sizes), ...), checked to tile the tensor exactly."""
-    _check(type(value) is list and len(value) >= 2, "tensor shards are not a list of at least two boxes")
+    _check(type(value) is list and len(value) >= 2, "tensor shards are not a list of at least two boxes", "tensor", "shards")
     boxes = []
     for box in value:
         _check(type(box) is list and len(box) == 2 and all(type(p) is list and len(p) == len(shape) for p in box),
-               "a tensor shard is not [offsets, sizes] with one entry per dimension")
+               "a tensor shard is not [offsets, sizes] with one entry per dimension", "tensor", "shards")
         offsets, sizes = box
-        _check(all(type(x) is int for x in offsets + sizes), "a tensor shard has a non-integer bound")
+        _check(all(type(x) is int for x in offsets + sizes), "a tensor shard has a non-integer bound", "tensor", "shards")
         _check(all(o >= 0 and z >= 1 and o + z <= d for o, z, d in zip(offsets, sizes, shape)),
-               "a tensor shard is empty or lies outside the tensor")
+               "a tensor shard is empty or lies outside the tensor", "tensor", "shards")
         boxes.append((tuple(offsets), tuple(sizes)))
-    _check(boxes == sorted(boxes), "tensor shards are not sorted by offsets")
-    _check(sum(math.prod(z) for _, z in boxes) == math.prod(shape), "tensor shards do not add up to the tensor")
-    _check(not _overlap(boxes, shape), "tensor shards overlap")
+    _check(boxes == sorted(boxes), "tensor shards are not sorted by offsets", "tensor", "shards")
+    _check(sum(math.prod(z) for _, z in boxes) == math.prod(shape), "tensor shards do not add up to the tensor", "tensor", "shards")
+    _check(not _overlap(boxes, shape), "tensor shards overlap", "tensor", "shards")
     return tuple(boxes)
 
 
@@ -242,20 +243,20 @@ def _decode_node(node) -> Any:
     if t is list:
         return [_decode_node(v) for v in node]
     if t is dict:
-        _check(all(type(k) in (int, str) for k in node), "tree has a map key that is not str or int")
+        _check(all(type(k) in (int, str) for k in node), "tree has a map key that is not str or int", "tree", "root")
         return {k: _decode_node(v) for k, v in node.items()}
     if t is Ext:
         if node.code == EXT_TUPLE:
-            inner = encoding.unpack(node.data, "tuple in tree")
-            _check(type(inner) is list, "tuple in tree is not an array")
+            inner = encoding.unpack(node.data, "tuple in tree", "tree", "root")
+            _check(type(inner) is list, "tuple in tree is not an array", "tree", "root")
             return tuple(_decode_node(v) for v in inner)
         if node.code == EXT_TENSOR:
-            _check(len(node.data) == ID_SIZE, "tensor leaf has a bad id")
+            _check(len(node.data) == ID_SIZE, "tensor leaf has a bad id", "tree", "root")
             return TensorLeaf(node.data)
         if node.code == EXT_SHARED_TENSOR:
-            _check(len(node.data) == ID_SIZE + 4, "shared tensor leaf has a bad payload")
+            _check(len(node.data) == ID_SIZE + 4, "shared tensor leaf has a bad payload", "tree", "root")
             return TensorLeaf(node.data[:ID_SIZE], struct.unpack(">I", node.data[ID_SIZE:])[0])
-    raise CorruptObject(f"tree holds an unknown value ({t.__name__})")
+    raise CorruptObject(f"tree holds an unknown value ({t.__name__})", kind="tree", field="root")
 
 
 @dataclass(frozen=True)
@@ -275,11 +276,11 @@ class TreeObject:
     def decode(cls, data: bytes) -> "TreeObject":
         v = _decode_map(data, "tree")
         _fields(v, "tree", {"type", "root", "dcp"} if "dcp" in v else {"type", "root"})
-        _check("dcp" not in v or type(v["dcp"]) is dict, "tree dcp metadata is not a map")
+        _check("dcp" not in v or type(v["dcp"]) is dict, "tree dcp metadata is not a map", "tree", "dcp")
         try:
             return cls(_decode_node(v["root"]), v.get("dcp"))
         except RecursionError:
-            raise CorruptObject("tree object is nested too deeply") from None
+            raise CorruptObject("tree object is nested too deeply", kind="tree", field="root") from None
 
 
 _COMMIT_FIELDS = {"type", "tree", "parents", "message", "author", "time",
@@ -323,17 +324,18 @@ class CommitObject:
     def decode(cls, data: bytes) -> "CommitObject":
         v = _decode_map(data, "commit")
         _fields(v, "commit", _COMMIT_FIELDS | {"signature"} if "signature" in v else _COMMIT_FIELDS)
-        _check("signature" not in v or _is_signature(v["signature"]), "commit signature is not a signature blob")
-        _check(_is_id(v["tree"]), "commit tree is not an id")
-        _check(type(v["parents"]) is list and all(_is_id(p) for p in v["parents"]), "commit parents are not ids")
-        _check(type(v["message"]) is str and type(v["author"]) is str, "commit message or author is not text")
-        _check(type(v["time"]) is int, "commit time is not an int")
+        _check("signature" not in v or _is_signature(v["signature"]), "commit signature is not a signature blob", "commit", "signature")
+        _check(_is_id(v["tree"]), "commit tree is not an id", "commit", "tree")
+        _check(type(v["parents"]) is list and all(_is_id(p) for p in v["parents"]), "commit parents are not ids", "commit", "parents")
+        _check(type(v["message"]) is str and type(v["author"]) is str, "commit message or author is not text", "commit",
+               "message" if type(v["message"]) is not str else "author")
+        _check(type(v["time"]) is int, "commit time is not an int", "commit", "time")
         for name in ("step", "epoch"):
-            _check(v[name] is None or type(v[name]) is int, f"commit {name} is not an int")
+            _check(v[name] is None or type(v[name]) is int, f"commit {name} is not an int", "commit", name)
         metrics = v["metrics"]
         _check(type(metrics) is dict and all(type(k) is str and type(x) in (int, float) for k, x in metrics.items()),
-               "commit metrics are not a map of numbers")
-        _check(type(v["context"]) is dict, "commit context is not a map")
+               "commit metrics are not a map of numbers", "commit", "metrics")
+        _check(type(v["context"]) is dict, "commit context is not a map", "commit", "context")
         return cls(v["tree"], tuple(v["parents"]), v["message"], v["author"], v["time"],
                    v["step"], v["epoch"], metrics, v["context"], v.get("signature", b""))
 
@@ -379,8 +381,8 @@ class TagObject:
         v = _decode_map(data, "tag")
         _fields(v, "tag", _TAG_FIELDS | {"signature"} if "signature" in v else _TAG_FIELDS)
         _check(type(v["name"]) is str and type(v["tagger"]) is str and type(v["message"]) is str,
-               "tag name, tagger or message is not text")
-        _check(_is_id(v["target"]), "tag target is not an id")
-        _check(type(v["time"]) is int, "tag time is not an int")
-        _check("signature" not in v or _is_signature(v["signature"]), "tag signature is not a signature blob")
+               "tag name, tagger or message is not text", "tag")
+        _check(_is_id(v["target"]), "tag target is not an id", "tag", "target")
+        _check(type(v["time"]) is int, "tag time is not an int", "tag", "time")
+        _check("signature" not in v or _is_signature(v["signature"]), "tag signature is not a signature blob", "tag", "signature")
         return cls(v["name"], v["target"], v["tagger"], v["time"], v["message"], v.get("signature", b""))

@@ -60,17 +60,18 @@ def read_format(mvc_dir: Path) -> tuple:
     pairs = [line.partition(" ")[::2] for line in lines if line.strip()]
     fields = dict(pairs)
     if len(fields) != len(pairs):
-        raise UnsupportedFormat(f"{mvc_dir}/FORMAT is damaged: a key appears twice")
+        raise UnsupportedFormat(f"{mvc_dir}/FORMAT is damaged: a key appears twice", problem="damaged")
     version = fields.get("mvc-format", "")
     if not (version.isascii() and version.isdigit()) or int(version) < 1:
-        raise UnsupportedFormat(f"{mvc_dir}/FORMAT is damaged: no 'mvc-format N' line")
+        raise UnsupportedFormat(f"{mvc_dir}/FORMAT is damaged: no 'mvc-format N' line", problem="damaged")
     if int(version) > FORMAT_VERSION:
         raise UnsupportedFormat(f"repository format {version} is newer than this mvc reads "
-                                f"({FORMAT_VERSION}); upgrade mvc")
+                                f"({FORMAT_VERSION}); upgrade mvc", problem="newer", version=int(version))
     extensions = set(fields.get("extensions", "").split())
     unknown = extensions - KNOWN_EXTENSIONS
     if unknown:
-        raise UnsupportedFormat(f"repository uses extensions this mvc does not know: {sorted(unknown)}")
+        raise UnsupportedFormat(f"repository uses extensions this mvc does not know: {sorted(unknown)}",
+                                problem="extensions", extensions=sorted(unknown))
     return int(version), extensions
 
 

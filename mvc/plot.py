@@ -17,7 +17,7 @@ last component when it has none (``model.embed.weight`` -> ``model.embed``).
 import math
 from pathlib import Path
 
-from .errors import BadInput, MetricNotRecorded, MvcError
+from .errors import BadInput, MetricNotRecorded, MissingExtra
 
 INSTALL_HINT = "pip install 'mvc-checkpoints[plot]'"
 MAX_ROWS = 80
@@ -26,11 +26,12 @@ STATUS_COLOURS = {"changed": "#3b6fb6", "added": "#2e9d5b", "removed": "#c8453c"
 
 
 def require_matplotlib():
-    """The matplotlib module; MvcError saying how to install it if it is missing."""
+    """The matplotlib module; MissingExtra (an MvcError) saying how to install it if it is missing."""
     try:
         import matplotlib
     except ImportError:
-        raise MvcError(f"plotting needs matplotlib, which is not installed; install it with: {INSTALL_HINT}") from None
+        raise MissingExtra(f"plotting needs matplotlib, which is not installed; install it with: {INSTALL_HINT}",
+                           package="matplotlib", extra="plot") from None
     return matplotlib
 
 

@@ -80,7 +80,7 @@ class Repository:
             raw = txn.meta("chunk_size")
         if raw is None or len(raw) != 8:
             raise CorruptObject(f"the index in {self.dir} has no valid chunk_size setting; it is damaged: "
-                                "restore .mvc/index from a backup")
+                                "restore .mvc/index from a backup", kind="index", field="chunk_size")
         self.chunk_size = int.from_bytes(raw, "little")
         if SEALED_VALUES not in extensions and not self.index.readonly:
             # this mvc writes sealed values: say so first, so an older mvc refuses clearly

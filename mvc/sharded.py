@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import dtypes, ondisk
-from .errors import BadInput, CorruptObject, Unreadable
+from .errors import BadInput, CorruptObject, PiecesDoNotTile, Unreadable
 from .objects import ID_SIZE, TensorObject
 
 EXTENSION = ondisk.SHARDED  # the FORMAT extension a repository with sharded commits names
@@ -100,8 +100,8 @@ def tensor_object(t: ShardedTensor, chunk_size: int, where: str) -> TensorObject
     try:
         return TensorObject.decode(obj.encode())  # the decoder's checks: the pieces tile the tensor
     except (CorruptObject, Unreadable) as exc:  # encode() runs the decoder's checks too
-        raise BadInput(f"{where}: the ranks' pieces do not make a tensor of shape {shape}: "
-                       f"{getattr(exc, 'reason', exc)}") from None
+        raise PiecesDoNotTile(f"{where}: the ranks' pieces do not make a tensor of shape {shape}: "
+                              f"{getattr(exc, 'reason', exc)}", where=where, shape=shape, field=exc.field) from None
 
 
 def nest(leaves: dict) -> Any:

@@ -95,8 +95,9 @@ def test_api_skips_can_leave_suspects(history):
 
 
 def test_api_rejects_other_answers(history):
-    with pytest.raises(mvc.BadInput, match="return True, False or None"):
+    with pytest.raises(mvc.errors.BadVerdict) as err:
         history.bisect.find("HEAD~63", "HEAD", lambda state: "yes")
+    assert err.value.verdict == "yes" and err.value.id is not None
 
 
 def test_start_mark_log_reset(history):
@@ -123,10 +124,12 @@ def test_branch_option_and_side_branches(history):
     status = bisect.start(history, "side", "main~60", branch="side")
     assert status.branch == "side" and status.remaining == 12  # steps 4..13 and side 0..1
     bisect.reset(history)
-    with pytest.raises(mvc.BadInput, match="not on the first-parent history of 'side'"):
+    with pytest.raises(mvc.errors.BadRange) as err:
         bisect.start(history, "main", "main~60", branch="side")
-    with pytest.raises(mvc.BadInput, match="not a descendant of GOOD main~10"):
+    assert (err.value.problem, err.value.branch, err.value.bad) == ("not-on-branch", "side", history.resolve("main"))
+    with pytest.raises(mvc.errors.BadRange) as err:
         bisect.start(history, "side", "main~10")
+    assert (err.value.problem, err.value.good) == ("not-descendant", history.resolve("main~10"))
     assert not bisect.in_progress(history)
 
 

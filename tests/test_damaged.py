@@ -131,23 +131,26 @@ def test_packs_directory_missing(copy):
 def test_garbage_index(copy):
     data = copy / ".mvc" / "index" / "data.mdb"
     data.write_bytes(random.Random(0).randbytes(data.stat().st_size))
-    with pytest.raises(mvc.CorruptObject, match="index"):
+    with pytest.raises(mvc.CorruptObject) as exc:
         _open(copy)
+    assert exc.value.kind == "index"
     for args in (("log",), ("fsck",), ("status",)):
         _cli_error(copy, *args, match="index")
 
 
 def test_garbage_index_header(copy):
     overwrite(copy / ".mvc" / "index" / "data.mdb", 0, b"\xde\xad" * 4096)
-    with pytest.raises(mvc.CorruptObject, match="index"):
+    with pytest.raises(mvc.CorruptObject) as exc:
         _open(copy)
+    assert exc.value.kind == "index"
     _cli_error(copy, "fsck", match="index")
 
 
 def test_missing_index(copy):
     shutil.rmtree(copy / ".mvc" / "index")
-    with pytest.raises(mvc.CorruptObject, match="index"):
+    with pytest.raises(mvc.CorruptObject) as exc:
         _open(copy)
+    assert exc.value.kind == "index"
     _cli_error(copy, "log", match="index")
 
 
@@ -198,8 +201,9 @@ def test_damaged_chunk_size_setting(copy):
     with _open(copy) as repo:
         with repo.index.write() as txn:
             txn.put_meta("chunk_size", b"\x01")
-    with pytest.raises(mvc.CorruptObject, match="chunk_size"):
+    with pytest.raises(mvc.CorruptObject) as exc:
         _open(copy)
+    assert (exc.value.kind, exc.value.field) == ("index", "chunk_size")
     _cli_error(copy, "log", match="chunk_size")
 
 
@@ -208,8 +212,9 @@ def test_damaged_ref_value(copy):
         with repo.index.write() as txn:
             txn.delete_ref("heads/main")
             txn.put("refs", b"heads/main", b"\x00short")
-        with pytest.raises(mvc.CorruptObject, match="heads/main"):
+        with pytest.raises(mvc.CorruptObject) as exc:
             repo.log()
+        assert (exc.value.kind, exc.value.name) == ("ref", "heads/main")
         assert {d.kind for d in repo.fsck().damage} == {F.CORRUPT_REF}
     _cli_error(copy, "log", match="damaged")
 
@@ -251,15 +256,17 @@ def test_missing_commit_object(copy):
 
 # -- FORMAT ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, error, match", [
-    ("mvc-format 999\nextensions\n", mvc.UnsupportedFormat, "newer than this mvc"),
-    ("mvc-format 1\nextensions zstd-packs\n", mvc.UnsupportedFormat, "zstd-packs"),
-    ("hello\n", mvc.UnsupportedFormat, "FORMAT is damaged"),
-    ("", mvc.UnsupportedFormat, "FORMAT is damaged"),
-    (b"\xff\xfe\x00garbage", mvc.NotARepository, "FORMAT"),
-    (None, mvc.NotARepository, "FORMAT"),
+@pytest.mark.parametrize("text, error, attrs, match", [  # match: what the CLI's one line says
+    ("mvc-format 999\nextensions\n", mvc.UnsupportedFormat, {"problem": "newer", "version": 999},
+     "newer than this mvc"),
+    ("mvc-format 1\nextensions zstd-packs\n", mvc.UnsupportedFormat,
+     {"problem": "extensions", "extensions": ("zstd-packs",)}, "zstd-packs"),
+    ("hello\n", mvc.UnsupportedFormat, {"problem": "damaged"}, "FORMAT is damaged"),
+    ("", mvc.UnsupportedFormat, {"problem": "damaged"}, "FORMAT is damaged"),
+    (b"\xff\xfe\x00garbage", mvc.NotARepository, {"path": ".mvc"}, "FORMAT"),
+    (None, mvc.NotARepository, {"path": ".mvc"}, "FORMAT"),
 ])
-def test_bad_format_file(copy, text, error, match):
+def test_bad_format_file(copy, text, error, attrs, match):
     fmt = copy / ".mvc" / "FORMAT"
     if text is None:
         fmt.unlink()
@@ -267,8 +274,11 @@ def test_bad_format_file(copy, text, error, match):
         fmt.write_bytes(text)
     else:
         fmt.write_text(text)
-    with pytest.raises(error, match=match):
+    with pytest.raises(error) as exc:
         _open(copy)
+    if "path" in attrs:  # the .mvc folder it looked in
+        attrs = {"path": str(copy / attrs["path"])}
+    assert {name: getattr(exc.value, name) for name in attrs} == attrs
     for args in (("log",), ("fsck",)):
         _cli_error(copy, *args, match=match)
 

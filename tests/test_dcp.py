@@ -160,10 +160,12 @@ def test_one_whole_piece_is_a_plain_tensor_object_shared_with_commit(repo):
 
 def test_pieces_that_do_not_tile_the_tensor_are_refused(repo):
     full = torch.arange(64, dtype=torch.float32).reshape(8, 8)
-    with pytest.raises(mvc.BadInput, match="do not make a tensor"):
+    with pytest.raises(mvc.errors.PiecesDoNotTile) as exc:
         shard_commit(repo, full, [((0, 0), (5, 8)), ((4, 0), (4, 8))])  # overlap, and 72 elements
-    with pytest.raises(mvc.BadInput, match="do not make a tensor"):
+    assert (exc.value.shape, exc.value.field) == ((8, 8), "shards")
+    with pytest.raises(mvc.errors.PiecesDoNotTile) as exc:
         shard_commit(repo, full, [((0, 0), (3, 8))])  # rows 3..8 missing
+    assert exc.value.shape == (8, 8) and exc.value.field is not None
     assert repo.head().id is None
 
 
@@ -174,8 +176,9 @@ def test_a_location_no_pack_lists_is_refused(repo):
         cid = next(iter(locations))
         pack, offset, length = locations[cid]
         locations[cid] = [pack, offset + 1, length]
-    with pytest.raises(mvc.BadInput, match="does not hold chunk"):
+    with pytest.raises(mvc.errors.BadChunkLocation) as exc:
         shard_commit(repo, full, [((0,), (64,))], locations_hook=lie)
+    assert exc.value.problem == "not-listed" and exc.value.id is not None
     assert repo.head().id is None
 
 
@@ -185,8 +188,9 @@ def test_a_pack_that_is_gone_is_refused_and_nothing_is_committed(repo):
     def remove(locations):
         for name in {loc[0] for loc in locations.values()}:
             os.unlink(repo.dir / "packs" / f"pack-{name.hex()}.pack")
-    with pytest.raises(mvc.BadInput, match="is not in"):
+    with pytest.raises(mvc.errors.BadChunkLocation) as exc:
         shard_commit(repo, full, [((0,), (32,)), ((32,), (32,))], locations_hook=remove)
+    assert exc.value.problem == "missing-pack" and exc.value.pack.startswith("pack-")
     assert repo.head().id is None and repo.fsck().ok
 
 

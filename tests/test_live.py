@@ -103,16 +103,20 @@ def test_shape_or_dtype_mismatch_changes_nothing(repo):
     live = _live()
     live["head.weight"] = torch.zeros(4, 9)
     before = {k: v.clone() for k, v in live.items()}
-    with pytest.raises(mvc.BadInput, match="head.weight"):
+    with pytest.raises(mvc.errors.TargetMismatch) as err:
         repo.load_into({"model": live}, a)
+    assert (err.value.key, err.value.problem, err.value.id) == ("model.head.weight", "dtype-shape", a)
+    assert (err.value.here, err.value.committed) == (("F32", (4, 9)), ("F32", (4, 8)))
     assert _equal(live, before)
     live["head.weight"] = before["head.weight"] = torch.zeros(4, 8, dtype=torch.float64)
-    with pytest.raises(mvc.BadInput, match="F64"):
+    with pytest.raises(mvc.errors.TargetMismatch) as err:
         repo.load_into({"model": live}, a)
+    assert (err.value.key, err.value.here, err.value.committed) == ("model.head.weight", ("F64", (4, 8)), ("F32", (4, 8)))
     assert _equal(live, before)
     live["head.weight"] = before["head.weight"] = torch.zeros(4, 8)
-    with pytest.raises(mvc.BadInput, match="model.nope"):
+    with pytest.raises(mvc.errors.TargetMismatch) as err:
         repo.load_into({"model": {**live, "nope": torch.zeros(1)}}, a)
+    assert (err.value.key, err.value.problem) == ("model.nope", "no-key")
     assert _equal(live, before)
 
 
@@ -164,8 +168,9 @@ def test_load_only_reads_and_verifies_just_the_matching_tensors(repo):
     path, _, off, _ = next(r for r in records(repo) if r[1] == target)
     flip_bit(path, off)
     assert torch.equal(repo.load(a, only="model.head.weight")["model"]["head.weight"], full["model"]["head.weight"])
-    with pytest.raises(mvc.ChecksumMismatch, match="backbone"):
+    with pytest.raises(mvc.ChecksumMismatch) as err:
         repo.load(a, only="model.backbone.*")
+    assert (err.value.id, err.value.what) == (target.hex(), f"tensor 'model.backbone.weight' in commit {a[:12]}")
 
 
 def test_only_keeps_list_positions(repo):

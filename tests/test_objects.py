@@ -51,31 +51,33 @@ def test_zero_dim_and_empty_tensors():
     assert TensorObject.decode(empty.encode()) == empty and list(empty.chunk_spans()) == []
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"type": "tree"}, "not a tensor"),
-    ({"dtype": "F99"}, "unknown dtype"),
-    ({"dtype": 4}, "unknown dtype"),
-    ({"shape": [2, -3]}, "bad dimension"),
-    ({"shape": [2.0, 3]}, "bad dimension"),
+@pytest.mark.parametrize("changes, field", [
+    ({"type": "tree"}, "type"),
+    ({"dtype": "F99"}, "dtype"),
+    ({"dtype": 4}, "dtype"),
+    ({"shape": [2, -3]}, "shape"),
+    ({"shape": [2.0, 3]}, "shape"),
     ({"shape": "23"}, "shape"),
     ({"shape": [1] * 65, "chunks": [ID_A]}, "shape"),
     ({"chunk_size": 0}, "chunk_size"),
     ({"chunk_size": True}, "chunk_size"),
-    ({"chunks": [ID_A]}, "chunk count"),
-    ({"chunks": [ID_A, b"short"]}, "not ids"),
-    ({"chunks": [ID_A, "aa" * 32]}, "not ids"),
+    ({"chunks": [ID_A]}, "chunks"),
+    ({"chunks": [ID_A, b"short"]}, "chunks"),
+    ({"chunks": [ID_A, "aa" * 32]}, "chunks"),
     ({"extra": 1}, "fields"),
 ])
-def test_tensor_decode_rejects(changes, message):
-    with pytest.raises(CorruptObject, match=message):
+def test_tensor_decode_rejects(changes, field):
+    with pytest.raises(CorruptObject) as exc:
         TensorObject.decode(encoding.pack(tensor_map(**changes)))
+    assert (exc.value.kind, exc.value.field) == ("tensor", field)
 
 
 def test_tensor_decode_rejects_missing_field():
     m = tensor_map()
     del m["chunk_size"]
-    with pytest.raises(CorruptObject, match="fields"):
+    with pytest.raises(CorruptObject) as exc:
         TensorObject.decode(encoding.pack(m))
+    assert (exc.value.kind, exc.value.field) == ("tensor", "fields")
 
 
 @pytest.mark.parametrize("data", [b"", b"\x90", encoding.pack([1]), encoding.pack("tensor"), b"\xc1"])
@@ -142,24 +144,27 @@ def test_tree_id_independent_of_insertion_order(d, rnd):
     assert TreeObject({"m": dict(items)}).encode() == TreeObject({"m": d}).encode()
 
 
-@pytest.mark.parametrize("root, message", [
-    (Ext(9, b""), "unknown value"),
-    (Ext(2, b"\x00" * 31), "bad id"),
-    (Ext(3, b"\x00" * 32), "bad payload"),
-    (Ext(1, encoding.pack({"a": 1})), "not an array"),
-    (Ext(1, b"\xc1"), "does not decode"),
+@pytest.mark.parametrize("root", [
+    Ext(9, b""),  # an unknown value
+    Ext(2, b"\x00" * 31),  # a tensor leaf with a bad id
+    Ext(3, b"\x00" * 32),  # a shared tensor leaf with a bad payload
+    Ext(1, encoding.pack({"a": 1})),  # a tuple that is not an array
+    Ext(1, b"\xc1"),  # a tuple that does not decode
 ])
-def test_tree_decode_rejects(root, message):
+def test_tree_decode_rejects(root):
     data = encoding.pack({"type": "tree", "root": root})
-    with pytest.raises(CorruptObject, match=message):
+    with pytest.raises(CorruptObject) as exc:
         TreeObject.decode(data)
+    assert (exc.value.kind, exc.value.field) == ("tree", "root")
 
 
 def test_tree_decode_rejects_extra_fields_and_wrong_type():
-    with pytest.raises(CorruptObject, match="fields"):
+    with pytest.raises(CorruptObject) as exc:
         TreeObject.decode(encoding.pack({"type": "tree", "root": 1, "x": 2}))
-    with pytest.raises(CorruptObject, match="not a tree"):
+    assert (exc.value.kind, exc.value.field) == ("tree", "fields")
+    with pytest.raises(CorruptObject) as exc:
         TreeObject.decode(encoding.pack(commit_map()))
+    assert (exc.value.kind, exc.value.field) == ("tree", "type")
 
 
 def test_deeply_nested_tuples_are_corrupt_not_a_crash():
@@ -197,12 +202,12 @@ def test_commit_metadata_order_does_not_change_id():
     assert a.encode() == b.encode()
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"tree": b"x"}, "tree is not an id"),
+@pytest.mark.parametrize("changes, field", [
+    ({"tree": b"x"}, "tree"),
     ({"parents": [b"x"]}, "parents"),
     ({"parents": ID_A}, "parents"),
-    ({"message": b"m"}, "message or author"),
-    ({"author": None}, "message or author"),
+    ({"message": b"m"}, "message"),
+    ({"author": None}, "author"),
     ({"time": 1.5}, "time"),
     ({"step": "1"}, "step"),
     ({"epoch": 1.0}, "epoch"),
@@ -210,9 +215,10 @@ def test_commit_metadata_order_does_not_change_id():
     ({"metrics": {"ok": True}}, "metrics"),
     ({"metrics": {1: 1.0}}, "metrics"),
     ({"context": [1]}, "context"),
-    ({"type": "tensor"}, "not a commit"),
+    ({"type": "tensor"}, "type"),
     ({"extra": 1}, "fields"),
 ])
-def test_commit_decode_rejects(changes, message):
-    with pytest.raises(CorruptObject, match=message):
+def test_commit_decode_rejects(changes, field):
+    with pytest.raises(CorruptObject) as exc:
         CommitObject.decode(encoding.pack(commit_map(**changes)))
+    assert (exc.value.kind, exc.value.field) == ("commit", field)

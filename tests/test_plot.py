@@ -90,8 +90,9 @@ def test_cli_diff_plot(history, tmp_path):
 
 def test_without_matplotlib_plot_says_how_to_install(history, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes 'import matplotlib' fail
-    with pytest.raises(mvc.MvcError, match=r"pip install 'mvc-checkpoints\[plot\]'"):
+    with pytest.raises(mvc.errors.MissingExtra) as exc:
         plot.plot_diff(history.diff("HEAD~1"), tmp_path / "x.png")
+    assert (exc.value.package, exc.value.extra) == ("matplotlib", "plot")
     target = tmp_path / "cli.png"
     out = cli(history, "diff", "HEAD~1", "--plot", str(target))
     assert out.exit_code == 1

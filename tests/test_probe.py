@@ -149,12 +149,14 @@ def test_a_replace_never_removes_the_folder_a_user_works_in(two_folders, tmp_pat
     (project / "notes.txt").write_text("keep me")
     before = listing(project)
     monkeypatch.chdir(project)
-    with pytest.raises(mvc.BadInput, match="current folder"):
+    with pytest.raises(mvc.errors.ProtectedFolder) as exc:
         repo.export(old.id, project, force=True)
+    assert (exc.value.reason, exc.value.path) == ("current-folder", str(project))
     monkeypatch.chdir(tmp_path)
     (project / ".git").mkdir()
-    with pytest.raises(mvc.BadInput, match="Git work tree"):
+    with pytest.raises(mvc.errors.ProtectedFolder) as exc:
         repo.export(old.id, project, force=True)
+    assert (exc.value.reason, exc.value.path) == ("git-work-tree", str(project))
     assert {k: v for k, v in listing(project).items() if not k.startswith(".git")} == before
 
 
@@ -251,8 +253,9 @@ def test_a_tensor_no_read_accepts_is_refused_before_anything_is_written(repo, tm
     assert [c.id for c in repo.log()] == [first.id] and sorted((repo.dir / "packs").iterdir()) == packs
     # the class, not the instance: every object is checked by its own decoder before it is written
     from mvc.objects import TensorObject
-    with pytest.raises(mvc.errors.Unreadable, match="could not be read back"):
+    with pytest.raises(mvc.errors.Unreadable) as exc:
         TensorObject("F32", (2, 3), 64, ()).encode()  # chunks that do not cover it
+    assert (exc.value.kind, exc.value.field) == ("tensor", "chunks")
     assert repo.fsck().ok
 
 
@@ -318,8 +321,9 @@ def test_bad_revisions_plot_names_and_folder_names_are_one_line_errors(optimizer
     for name in ("a\x00b", ".mvc/FORMAT"):
         crafted = {**folder, "__folder__": {**folder["__folder__"], "files": {name: b"x"}}}
         c = repo.commit(crafted, "crafted")
-        with pytest.raises(mvc.BadInput, match="refusing to write it"):
+        with pytest.raises(mvc.errors.UnsafeName) as exc:
             repo.export(c.id, tmp_path / "out")
+        assert (exc.value.name, exc.value.problem) == (name, {"a\x00b": "control-character"}.get(name, "reserved"))
         out = cli(repo.root, "export", c.id, "-o", tmp_path / "out")
         assert out.exit_code == 1 and "Traceback" not in out.output
     assert not (tmp_path / "out").exists()
@@ -527,8 +531,9 @@ def test_safetensors_dtypes_imported_can_be_exported_back(repo, tmp_path):
         for k in st:
             t = f.get_tensor(k)
             assert t.dtype == st[k].dtype and torch.equal(t.view(torch.uint8), st[k].view(torch.uint8))
-    with pytest.raises(mvc.BadInput, match="safetensors cannot hold"):
+    with pytest.raises(mvc.errors.CannotHold) as exc:
         repo.export(repo.commit({"x": torch.zeros(2, dtype=torch.complex128)}).id, tmp_path / "c128.safetensors")
+    assert (exc.value.format, exc.value.key, exc.value.dtype) == ("safetensors", "x", "C128")
 
 
 # -- 6. a full disk: one line that says so, and gc gets the user out ---------------------------------

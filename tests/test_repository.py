@@ -390,18 +390,20 @@ def test_open_outside_a_repository(tmp_path):
     assert err.value.path == str(tmp_path.resolve())
 
 
-@pytest.mark.parametrize("text, message", [
-    ("mvc-format 2\nextensions\n", "newer"),
-    ("mvc-format 0\nextensions\n", "damaged"),
-    ("mvc-format x\n", "damaged"),
-    ("mvc-format ²\n", "damaged"),
-    ("extensions\n", "damaged"),
-    ("mvc-format 1\nextensions sparse-packs\n", "extensions this mvc does not know"),
+@pytest.mark.parametrize("text, problem, version, extensions", [
+    ("mvc-format 2\nextensions\n", "newer", 2, ()),
+    ("mvc-format 0\nextensions\n", "damaged", None, ()),
+    ("mvc-format x\n", "damaged", None, ()),
+    ("mvc-format ²\n", "damaged", None, ()),
+    ("extensions\n", "damaged", None, ()),
+    ("mvc-format 1\nmvc-format 1\n", "damaged", None, ()),
+    ("mvc-format 1\nextensions sparse-packs\n", "extensions", None, ("sparse-packs",)),
 ])
-def test_unknown_formats_are_refused(repo, tmp_path, text, message):
+def test_unknown_formats_are_refused(repo, tmp_path, text, problem, version, extensions):
     (tmp_path / ".mvc" / "FORMAT").write_text(text, encoding="utf-8")
-    with pytest.raises(UnsupportedFormat, match=message):
+    with pytest.raises(UnsupportedFormat) as exc:
         mvc.Repository.open(tmp_path)
+    assert (exc.value.problem, exc.value.version, exc.value.extensions) == (problem, version, extensions)
 
 
 @pytest.mark.parametrize("size", [0, -1, 2**32, 1.5, "64"])

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from .. import hashing
-from ..errors import BadInput, ChecksumMismatch, CorruptObject, HashMismatch, ObjectNotFound, PackMissing
+from ..errors import (BadChunkLocation, ChecksumMismatch, CorruptObject, HashMismatch, ObjectNotFound,
+                      PackMissing)
 from . import codec
 from .verify import intact, mismatch, verified
 from .compact import Compacted, compact
@@ -389,25 +390,25 @@ class PackStore(ChunkStore):
             if not (type(cid) is bytes and len(cid) == hashing.DIGEST_SIZE and type(where) in (list, tuple) and len(where) == 3
                     and type(where[0]) is bytes and len(where[0]) == NAME_BYTES
                     and all(type(x) is int and x >= 0 for x in where[1:])):
-                raise BadInput(f"a rank reported a malformed chunk location for {cid!r:.40}")
+                raise BadChunkLocation(f"a rank reported a malformed chunk location for {cid!r:.40}", problem="malformed")
             by_pack.setdefault(where[0], {})[cid] = Location(*where)
         present = {name for name, regular in entries(self.directory) if regular and PACK_NAME.fullmatch(name)}
         out = {}
         for name, locs in by_pack.items():
             fname = pack_filename(name)
             if fname not in present:
-                raise BadInput(f"pack {fname} that a rank wrote is not in {self.directory} (not sealed, or gc "
-                               "removed it while the save ran longer than gc's grace period); nothing was "
-                               "committed, save again")
+                raise BadChunkLocation(f"pack {fname} that a rank wrote is not in {self.directory} (not sealed, or "
+                                       "gc removed it while the save ran longer than gc's grace period); nothing "
+                                       "was committed, save again", pack=fname, problem="missing-pack")
             try:
                 listed = {(cid, off, n) for cid, off, n in read_trailer(self.directory / fname)}
             except (CorruptObject, OSError) as exc:
-                raise BadInput(f"pack {fname} that a rank wrote cannot be read: {exc}; nothing was committed") \
-                    from None
+                raise BadChunkLocation(f"pack {fname} that a rank wrote cannot be read: {exc}; nothing was committed",
+                                       pack=fname, problem="unreadable") from None
             for cid, loc in locs.items():
                 if (cid, loc.offset, loc.length) not in listed:
-                    raise BadInput(f"pack {fname} does not hold chunk {cid.hex()[:12]} where its rank said; "
-                                   "nothing was committed")
+                    raise BadChunkLocation(f"pack {fname} does not hold chunk {cid.hex()[:12]} where its rank said; "
+                                           "nothing was committed", pack=fname, id=cid, problem="not-listed")
                 out[cid] = loc
         return _Adopted(out)
 

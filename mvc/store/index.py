@@ -75,13 +75,16 @@ def seal(db: str, key: bytes, inner: bytes) -> bytes:
 def unseal(db: str, key: bytes, raw: bytes, what: str) -> bytes:
     """The inner value of a sealed value (legacy unsealed values pass as they are).
 
-    CorruptObject naming ``what`` if its checksum does not match.
+    CorruptObject naming ``what`` if its checksum does not match (``field`` "checksum"; a ref's:
+    ``kind`` "ref" and ``name`` the ref, others ``kind`` "index").
     """
     if not raw or raw[0] != SEALED:
         return raw
     inner = raw[1 + CHECK_BYTES:]
     if len(raw) < 1 + CHECK_BYTES or raw[1:1 + CHECK_BYTES] != _check(db, key, inner):
-        raise CorruptObject(f"{what} is damaged in the index (checksum mismatch)")
+        ref = db == "refs"
+        raise CorruptObject(f"{what} is damaged in the index (checksum mismatch)", kind="ref" if ref else "index",
+                            field="checksum", name=key.decode("utf-8", "replace") if ref else None)
     return inner
 
 
@@ -110,7 +113,7 @@ def _decode_ref(name: str, raw: bytes) -> RefValue:
         return RefValue(target=raw[1:].decode("utf-8", "replace"))
     if raw[:1] == bytes([DIRECT]) and len(raw) == 34:
         return RefValue(id=raw[1:33], protected=bool(raw[33] & FLAG_PROTECTED))
-    raise CorruptObject(f"ref {name!r} has a damaged value in the index")
+    raise CorruptObject(f"ref {name!r} has a damaged value in the index", kind="ref", name=name)
 
 
 def check_key(name: str) -> None:
@@ -377,7 +380,7 @@ def _new_env(path: Path, create: bool) -> tuple:
             except FileNotFoundError:
                 if name == "data.mdb":
                     raise CorruptObject(f"the index at {path} cannot be opened: it has no data.mdb; restore "
-                                        ".mvc/index from a backup") from None
+                                        ".mvc/index from a backup", kind="index") from None
     readonly = not create and not os.access(path, os.W_OK)
     if not readonly:
         _allocate_lock_file(path)
@@ -468,10 +471,11 @@ def _damaged(path: Path, exc) -> Exception:
     if _disk_full(path, exc):
         return _full(path)
     if isinstance(exc, (lmdb.ReadonlyError,)) or "Permission denied" in str(exc):
-        return CorruptObject(f"the index at {path} cannot be opened: {exc}; check the folder's permissions")
+        return CorruptObject(f"the index at {path} cannot be opened: {exc}; check the folder's permissions",
+                             kind="index")
     return CorruptObject(f"the index at {path} cannot be opened ({exc}): it is damaged or was written by "
                          "another mvc version; restore .mvc/index from a backup (commits and refs live "
-                         "there; the packs hold only chunk data)")
+                         "there; the packs hold only chunk data)", kind="index")
 
 
 def _close_env(key: str) -> None:
@@ -540,7 +544,7 @@ class Index:
         except lmdb.Error as exc:
             if _disk_full(self.path, exc):
                 raise _full(self.path, "its transaction was rolled back") from None
-            raise CorruptObject(f"the index failed: {exc}") from None
+            raise CorruptObject(f"the index failed: {exc}", kind="index") from None
 
     def _grow(self) -> bool:
         """Double the map (after a MapFullError below MAP_SIZE); False if at the limit or refused."""

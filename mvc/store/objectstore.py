@@ -40,7 +40,7 @@ class ObjectStore:
             raise ObjectNotFound(f"{_noun(kind)} {oid.hex()[:12]} is missing from the index",
                                  id=oid)
         if verdict == CORRUPT:
-            raise CorruptObject(f"{_noun(kind)} {oid.hex()[:12]} is corrupt ({value})", id=oid)
+            raise CorruptObject(f"{_noun(kind)} {oid.hex()[:12]} is corrupt ({value})", id=oid, kind=_noun(kind))
         return value
 
     def check(self, txn, kind: str, oid: bytes) -> tuple:

@@ -101,7 +101,7 @@ def decode_location(raw: bytes) -> Location:
         return Location(*INDEX_RAW.unpack(raw))
     if len(raw) == INDEX_CODED.size:
         return coded_location(*INDEX_CODED.unpack(raw), what="a chunk location in the index")
-    raise CorruptObject("a chunk location in the index is damaged")
+    raise CorruptObject("a chunk location in the index is damaged", kind="index", field="location")
 
 
 def pack_filename(name: bytes) -> str:

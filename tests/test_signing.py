@@ -317,7 +317,7 @@ def test_cli_commit_sign_verify_log_and_tag(signed_repo, key, tmp_path):
 
 @pytest.mark.slow  # importing lightning and fitting take about 20 s here
 def test_the_lightning_callback_signs_every_commit(tmp_path, key):
-    lightning_tests = pytest.importorskip("test_hooks_lightning")  # its tiny real Trainer run
+    import test_hooks_lightning as lightning_tests  # its tiny real Trainer run (skips there without lightning)
     lightning_tests.fit(tmp_path, 1, monitor="train_loss", save_top_k=1, sign=key)
     with mvc.Repository.open(tmp_path / "repo") as repo:
         verdicts = [repo.trust.verify_commit(c.id) for c in repo.log("lightning")]
@@ -325,7 +325,7 @@ def test_the_lightning_callback_signs_every_commit(tmp_path, key):
 
 
 def test_the_trainer_callback_signs_every_commit(tmp_path, key):
-    hf_tests = pytest.importorskip("test_hooks_transformers")  # its tiny real Trainer run
+    import test_hooks_transformers as hf_tests  # its tiny real Trainer run (skips there without transformers)
     run = hf_tests.trainer(tmp_path, "run", hf_tests.MvcCallback(tmp_path / "repo", chunk_size=64, sign=key),
                            max_steps=hf_tests.SAVE)
     run.train()

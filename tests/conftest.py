@@ -1,5 +1,7 @@
 """Shared fixtures. A tiny chunk size makes small test tensors span many chunks."""
 
+import os
+
 import pytest
 
 import mvc
@@ -22,10 +24,24 @@ def repo(tmp_path):
 
 
 def run_cli(repo, *args):
-    """``mvc -C REPO ARGS`` through click's runner (stdout and stderr apart)."""
+    """``mvc -C REPO ARGS`` through click's runner (stdout and stderr apart); ``repo`` is a
+    Repository or its folder."""
     from click.testing import CliRunner
     from mvc.cli import main
-    return CliRunner().invoke(main, ["-C", str(repo.root), *args])
+    folder = repo if isinstance(repo, (str, os.PathLike)) else repo.root
+    return CliRunner().invoke(main, ["-C", str(folder), *map(str, args)])
+
+
+def pushed_repo(path, url: str, endpoint, commits, chunk_size: int):
+    """A new repository at ``path`` with one commit per (state, message) of ``commits``,
+    remote origin at ``url`` (``endpoint`` for S3) and main pushed there."""
+    import mvc
+    repo = mvc.Repository.init(path, chunk_size=chunk_size)
+    for state, message in commits:
+        repo.commit(state, message)
+    repo.remotes.add("origin", url, endpoint)
+    repo.remotes.push()
+    return repo
 
 
 from s3server import moto, moto_bucket, moto_server, s3, s3_bucket, s3_server, s3_url, seaweedfs  # noqa: E402,F401  (the session's SeaweedFS, for tests/test_remote*.py)

@@ -12,12 +12,11 @@ import time
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 import mvc
 
-from conftest import same
-from mvc.cli import main
+from conftest import pushed_repo, same
+from conftest import run_cli as cli
 from mvc.errors import RemoteBusy
 from mvc.remote import layout
 from mvc.remote.bucket import open_bucket
@@ -30,17 +29,10 @@ def state(seed: int, n: int = 8 * 1024) -> dict:
     return {"w": torch.randn(n, generator=g), "step": seed}
 
 
-def cli(repo_dir, *args):
-    return CliRunner().invoke(main, ["-C", str(repo_dir), *map(str, args)])
-
-
 @pytest.fixture
 def pushed(tmp_path, s3):
     url = s3.url()
-    repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
-    repo.commit(state(0), "first")
-    repo.remotes.add("origin", url, s3.endpoint)
-    repo.remotes.push()
+    repo = pushed_repo(tmp_path / "a", url, s3.endpoint, [(state(0), "first")], CHUNK)
     yield repo, url
     repo.close()
 

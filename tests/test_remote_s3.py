@@ -23,7 +23,7 @@ import torch
 
 import mvc
 
-from conftest import same
+from conftest import pushed_repo, same
 from mvc.remote.sync import REJECTED
 
 CHUNK = 1024
@@ -41,11 +41,7 @@ def mvc_cli(*args, env=None, **kw):
 
 def _pushed(tmp_path, server):
     url = server.url()
-    repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
-    repo.commit(state(0), "first")
-    repo.remotes.add("origin", url, server.endpoint)
-    repo.remotes.push()
-    return repo, url
+    return pushed_repo(tmp_path / "a", url, server.endpoint, [(state(0), "first")], CHUNK), url
 
 
 @pytest.fixture
@@ -169,15 +165,21 @@ def test_server_killed_mid_push_then_restarted(pushed_sw, tmp_path, seaweedfs):
     clone.close()
 
 
-def test_flipped_byte_on_s3_is_named_and_refused(pushed, tmp_path, s3):
-    repo, url = pushed
+def _flip_biggest_pack(server, url: str) -> str:
+    """Flip a bit inside the first record of the remote's biggest pack; its key."""
     bucket, _, prefix = url[len("s3://"):].partition("/")
-    client = s3.client()
+    client = server.client()
     key = max(client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/packs/")["Contents"],
               key=lambda o: o["Size"])["Key"]
     data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
-    data[8 + 36 + 10] ^= 0x10  # inside the first record's bytes
+    data[8 + 36 + 10] ^= 0x10
     client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    return key
+
+
+def test_flipped_byte_on_s3_is_named_and_refused(pushed, tmp_path, s3):
+    repo, url = pushed
+    key = _flip_biggest_pack(s3, url)
     report = repo.remotes.fsck()
     assert not report.ok and any(key.rpartition("/")[2] in p.object for p in report.problems)
     fresh = mvc.Repository.init(tmp_path / "f", chunk_size=CHUNK)
@@ -276,13 +278,7 @@ def test_a_lazy_clone_reads_on_after_its_remote_was_repaired(pushed_sw, tmp_path
     repo, url = pushed_sw
     lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=seaweedfs.endpoint)
     try:
-        bucket, _, prefix = url[len("s3://"):].partition("/")
-        client = seaweedfs.client()
-        key = max(client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/packs/")["Contents"],
-                  key=lambda o: o["Size"])["Key"]
-        data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
-        data[8 + 36 + 10] ^= 0x10  # inside the first record's bytes
-        client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+        key = _flip_biggest_pack(seaweedfs, url)
         report = repo.remotes.repair()
         assert any(key.endswith(removed) or removed.endswith(key.rpartition("/")[2]) for removed in report.packs_removed)
         assert same(lazy.load("main"), repo.load("main"))

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 import mvc
 
-from conftest import same
+from conftest import pushed_repo, same
+from conftest import run_cli as cli
 from mvc.cli import main
 from mvc.remote import config, layout
 
@@ -26,19 +27,11 @@ def state(seed: int, n: int = 16 * 1024) -> dict:
     return {"w": torch.randn(n, generator=g), "b": torch.arange(256, dtype=torch.int64), "step": seed}
 
 
-def cli(repo_dir, *args):
-    return CliRunner().invoke(main, ["-C", str(repo_dir), *map(str, args)])
-
-
 @pytest.fixture
 def pushed(tmp_path, s3):
     """(repository with two commits on main pushed to S3 remote origin, its URL)."""
     url = s3.url()
-    repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
-    repo.commit(state(0), "first")
-    repo.commit(state(1), "second")
-    repo.remotes.add("origin", url, s3.endpoint)
-    repo.remotes.push()
+    repo = pushed_repo(tmp_path / "a", url, s3.endpoint, [(state(0), "first"), (state(1), "second")], CHUNK)
     yield repo, url
     repo.close()
 
@@ -218,10 +211,8 @@ def test_a_server_that_answers_suffix_ranges_with_the_first_bytes(tmp_path, moto
 
 def test_a_store_that_stops_honouring_if_match_is_caught_at_the_push(tmp_path, moto, proxy):
     url = moto.url()
-    repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
-    repo.commit(state(0), "first")
-    repo.remotes.add("origin", url, proxy.endpoint)
-    repo.remotes.push()  # the store honoured conditional writes then: remembered in the remote's settings
+    # the store honours conditional writes at this push: remembered in the remote's settings
+    repo = pushed_repo(tmp_path / "a", url, proxy.endpoint, [(state(0), "first")], CHUNK)
     a = mvc.Repository.clone(url, tmp_path / "x", endpoint_url=proxy.endpoint)
     b = mvc.Repository.clone(url, tmp_path / "y", endpoint_url=proxy.endpoint)
     a.commit(state(1), "from x")

@@ -24,16 +24,13 @@ import numpy as np
 from . import refs, sharded
 from .errors import BadInput
 from .objects import TensorLeaf, TensorObject
-from .store.chunks import Request
+from .store.chunks import THREADS, Request
 from .traverse import format_path, select, walk
 
 
-def read_runs(repo, txn, requests: list, progress=None, threads=None) -> None:
+def read_runs(repo, txn, requests: list, progress=None, threads: int = THREADS) -> None:
     """Read each ``Request`` (chunk id, writable buffer, what it is for) verified into its buffer."""
-    if threads is None:
-        repo.chunks.read(requests, txn, progress)
-    else:
-        repo.chunks.read(requests, txn, progress, threads=threads)
+    repo.chunks.read(requests, txn, progress, threads=threads)
 
 
 def load(repo, rev: str = refs.HEAD, map_location=None,
@@ -112,7 +109,7 @@ def read_chunk(repo, chunk_id: bytes, what: str = "") -> bytes:
     so gc in another process cannot move a pack meanwhile.
     """
     with repo.index.read() as txn:
-        return repo.chunks.read_one(chunk_id, txn, what.removeprefix(" of "))
+        return repo.chunks.read_one(chunk_id, txn, what)
 
 
 def read_pieces(repo, ranges: list, what: str = "") -> list:

@@ -186,7 +186,7 @@ class CacheStore(Forwarding):
             if keep is not None:
                 keep.put(cid, by_id[cid][0].buffer)
         try:
-            transfer.fetch_chunks(self.conn.bucket, located, deliver, lambda cid: f" of {by_id[cid][0].what}",
+            transfer.fetch_chunks(self.conn.bucket, located, deliver, lambda cid: by_id[cid][0].what,
                                   progress)
             self.fetched += sum(loc.length for loc in located.values())
             if keep is None:

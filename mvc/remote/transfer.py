@@ -49,7 +49,8 @@ def fetch_chunks(bucket, locations: dict, deliver: Callable, what: Callable = la
                  progress: Optional[Callable[[int], None]] = None, threads: int = THREADS) -> int:
     """Read every chunk {id: remote Location}, verify it, and call ``deliver(id, bytes)``.
 
-    ``deliver`` may run in several threads at once. Returns the bytes read
+    ``what(id)`` names what a chunk is for in errors (a tensor's key path and
+    commit). ``deliver`` may run in several threads at once. Returns the bytes read
     from the remote (chunk data plus the gaps read along). Raises
     ChecksumMismatch naming the remote pack when bytes do not hash to their
     id (nothing of that chunk is delivered), NotFound / RemoteError.
@@ -62,7 +63,7 @@ def fetch_chunks(bucket, locations: dict, deliver: Callable, what: Callable = la
         data = memoryview(bucket.get_range(key, start, stop))
         for cid, loc in items:
             piece = data[loc.offset - start:loc.offset - start + loc.length]
-            deliver(cid, verified(cid, piece, what(cid).removeprefix(" of "), f"remote pack {key}", key=key))
+            deliver(cid, verified(cid, piece, what(cid), f"remote pack {key}", key=key))
         if progress:
             progress(sum(loc.length for _, loc in items))
         return stop - start

@@ -24,12 +24,16 @@ CorruptObject, whatever the payload holds.
 """
 
 import struct
-import sys
 
 import numpy as np
 import zstandard
 
 from ..errors import CorruptObject
+
+try:
+    from . import _planes  # compiled at install where a C compiler is at hand (setup.py)
+except ImportError:
+    _planes = None
 
 RAW, GROUPED, DELTA = 0, 1, 2
 KINDS = (RAW, GROUPED, DELTA)
@@ -56,6 +60,14 @@ MIN_SAVING = 1 / 32
 # few rows: the delta is tiny) but not for dense ones (every weight moved:
 # XOR saves a few percent and chains would multiply the decoding work).
 DELTA_GAIN = 0.5
+# A plane is stored compressed only when that saves at least this share of
+# it. zstd decodes these literal-heavy planes at about 0.85 GB/s, a sixth of
+# the speed of the rest of a read (hashing, copying, un-grouping), so a plane
+# costs the same to decode whatever it saves. Measured on bench_storage.py's
+# frozen run: the low mantissa byte of freshly initialised fp32 weights
+# compresses to 0.84 and took half of the load's decoding for 4% of the
+# chunk; exponent planes compress to 0.23-0.39 and stay compressed.
+PLANE_SAVING = 1 / 4
 ENTROPY_SKIP = 7.9  # bits per byte above which a plane is not worth trying to compress
 
 _local = None
@@ -100,7 +112,7 @@ def group(data: np.ndarray, width: int) -> bytes:
         body, mode = plane, PLANE_RAW
         if n >= 64 and _entropy(plane) < ENTROPY_SKIP:
             packed = comp.compress(plane)
-            if len(packed) < n - n // 64:
+            if len(packed) <= n - n * PLANE_SAVING:
                 body, mode = packed, PLANE_ZSTD
         head.append(PLANE_HEAD.pack(mode, len(body)))
         bodies.append(body)
@@ -256,52 +268,21 @@ def _plane(body: memoryview, mode: int, n: int) -> np.ndarray:
     return plane
 
 
-# Unsigned integers by size: two planes side by side are one number of twice the width.
-_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-# Widths un-grouped by arithmetic. On a quiet core (bench_codec.py): width 2 at 4.1-4.7 GB/s
-# against 1.8-1.9 for the strided copy, width 4 1.9-2.1 against 1.7-1.9, but width 8
-# (three levels) slower, 1.1-1.2 against 1.7-1.8: it keeps the strided copy.
-ARITHMETIC = (2, 4)
-
-
 def interleave(planes: list, out: np.ndarray) -> None:
     """Write byte j of element i from ``planes[j][i]`` into ``out`` (w planes of n bytes, out of n*w).
 
-    The inverse of grouping. Done by arithmetic, not by a strided copy per
-    plane: on a little-endian machine the bytes (a, b) of two neighbouring
-    planes are the 16-bit number a + 256*b, two such are one 32-bit number,
-    and so on; numpy computes each level with SIMD over whole arrays
-    (``benchmarks/bench_codec.py`` times both; see ``ARITHMETIC``). Other widths, big-endian
-    machines and unaligned outputs take the strided copy.
+    The inverse of grouping: the compiled kernel (``_planes.c``, about 11 GB/s
+    per core here, without the GIL) where it was built at install, else
+    ``interleave_numpy`` (about 3 GB/s; ``benchmarks/bench_codec.py`` times both).
     """
-    width = len(planes)
-    n = len(planes[0])
-    if width == 1:
-        out[:] = planes[0]
-        return
-    if width not in ARITHMETIC or sys.byteorder != "little" or out.ctypes.data % width:
-        whole = out.reshape(n, width)
-        for j, plane in enumerate(planes):
-            whole[:, j] = plane
-        return
-    level, bits = planes, 8
-    while len(level) > 1:
-        kind = _UINT[2 * bits // 8]
-        last = len(level) == 2
-        joined = []
-        for lo, hi in zip(level[::2], level[1::2]):
-            dst = out.view(kind) if last else _scratch(kind, n, len(joined))
-            np.multiply(hi, 1 << bits, out=dst, dtype=kind)  # hi's bytes moved up, casting inside the loop
-            np.add(dst, lo, out=dst)
-            joined.append(dst)
-        level, bits = joined, 2 * bits
+    if _planes is not None:
+        _planes.interleave(planes, out)
+    else:
+        interleave_numpy(planes, out)
 
 
-def _scratch(kind, n: int, slot: int) -> np.ndarray:
-    """A per-thread array of n numbers of ``kind``, reused between records."""
-    key = (kind, slot)
-    cache = _thread().__dict__.setdefault("scratch", {})
-    buf = cache.get(key)
-    if buf is None or len(buf) < n:
-        buf = cache[key] = np.empty(n, kind)
-    return buf[:n]
+def interleave_numpy(planes: list, out: np.ndarray) -> None:
+    """``interleave`` without the compiled kernel: one strided copy per plane."""
+    whole = out.reshape(len(planes[0]), len(planes))
+    for j, plane in enumerate(planes):
+        whole[:, j] = plane

@@ -57,13 +57,10 @@ class Mvc:
 
     def decode(self, record, out: np.ndarray) -> None:
         kind, payload = record
-        if self.numpy:
-            saved, codec.interleave = codec.interleave, codec.interleave_numpy
-        try:
+        if self.numpy and kind == codec.GROUPED:
+            codec.ungroup(memoryview(payload), len(out), out, codec.interleave_numpy)
+        else:
             codec.decode(kind, payload, len(out), out)
-        finally:
-            if self.numpy:
-                codec.interleave = saved
 
     @staticmethod
     def size(record) -> int:

@@ -170,7 +170,7 @@ def decode(kind: int, payload, size: int, out, base=None) -> None:
         apply_delta(payload, size, target)
         return
     if kind == GROUPED:
-        _ungroup(memoryview(payload), size, target)
+        ungroup(memoryview(payload), size, target)
         return
     raise CorruptObject(f"unknown record kind {kind}")
 
@@ -220,10 +220,12 @@ def apply_delta(payload, size: int, out: np.ndarray) -> None:
     out[n * width:] ^= tail
 
 
-def _ungroup(payload: memoryview, size: int, out: np.ndarray) -> None:
+def ungroup(payload: memoryview, size: int, out: np.ndarray, join=None) -> None:
+    """Decode a GROUPED payload into ``out``; ``join`` puts the planes together (default
+    ``interleave``; ``bench_codec.py`` passes ``interleave_numpy`` to time that path)."""
     width, n, planes, tail = _parts(payload, size)
     if n:
-        interleave(planes, out[:n * width])
+        (join or interleave)(planes, out[:n * width])
     out[n * width:] = tail
 
 

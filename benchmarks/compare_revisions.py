@@ -4,7 +4,8 @@ Run ``python benchmarks/compare_revisions.py --old REV [--new REV] [--rounds 3]
 bench_core.py --size-mb 256 --repeat 1``. Each revision is exported from git
 into a scratch folder (``git archive``; nothing in the work tree changes) and
 the benchmark script *of that revision* runs against *that revision's* code,
-so a script that calls a renamed API still measures what it measured then.
+so a script that calls a renamed API still measures what it measured then;
+a revision with a ``setup.py`` gets its compiled part built in place first.
 Rounds alternate old, new, old, new, ... so both see the same background load
 on a shared machine, and the best round of each counts.
 
@@ -31,6 +32,8 @@ from pathlib import Path
 CORE = re.compile(r"^(?P<label>\S.*?)\s+(?P<mine>[\d.]+)(?:s|MiB)\s+.+?\s+[\d.]+(?:s|MiB)\s+(?P<ratio>[\d.]+)\s+<=")
 # bench_remote: "<label>   mvc   1.23 s   boto3   1.40 s   ratio  0.88 ..."
 REMOTE = re.compile(r"^(?P<label>\S.*?)\s+mvc\s+(?P<mine>[\d.]+) s\s+\S+\s+[\d.]+ s\s+ratio\s+(?P<ratio>[\d.]+)")
+# bench_storage: "dense    warm  2.60x (0.130 s vs 0.050 s)  cold  2.14x (...)": two measurements a line
+STORAGE = re.compile(r"^(?P<run>\w+)\s+warm\s+(?P<warm>[\d.]+)x .*?\s+cold\s+(?P<cold>[\d.]+)x")
 
 
 def ratios(output: str) -> dict:
@@ -40,6 +43,10 @@ def ratios(output: str) -> dict:
         match = CORE.match(line) or REMOTE.match(line)
         if match:
             found[match["label"].strip()] = float(match["ratio"])
+        match = STORAGE.match(line)
+        if match:
+            found[f"{match['run']} load after repack, warm"] = float(match["warm"])
+            found[f"{match['run']} load after repack, cold"] = float(match["cold"])
     return found
 
 
@@ -52,6 +59,9 @@ def export(repo: Path, rev: str, into: Path) -> Path:
     with tarfile.open(tar) as t:
         t.extractall(into, filter="data")
     tar.unlink()
+    if (into / "setup.py").exists():  # its compiled part, as pip would build it
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=into, check=True,
+                       capture_output=True)
     return into
 
 

@@ -26,6 +26,8 @@ the best of each kept. Cold: the files' pages are dropped from the page cache fi
 root and leaves other processes' cache alone (dropping the whole cache would need root and would
 disturb everyone else on a shared machine). ``verified decode`` is the store's read of every chunk
 of the last checkpoint (decoded, BLAKE3-checked) into one warm buffer with the store's threads.
+``floor`` is the least a verified load can cost on this machine's cores (``_floor``): torch.load's
+time plus decoding and BLAKE3 of every chunk, timed on one thread and divided by the cores.
 Times come from a shared machine: compare ratios, not seconds.
 """
 
@@ -219,6 +221,7 @@ def measure(name: str, build, scale: float, ckpts: int, work: Path) -> dict:
         _evict(packs)
         cold_mvc = min(cold_mvc, _timed(lambda: repo.load(ids[-1]))[0])
     decode = _decode_speed(repo, ids[-1])
+    floor = _floor(repo, ids[-1], load_torch)
     live = {"model": model.state_dict()}
     repo.load_into(live, ids[-2])
     switch = min(_timed(lambda k=k: repo.load_into(live, ids[-1 - k % 2]))[0] for k in range(4))
@@ -238,7 +241,7 @@ def measure(name: str, build, scale: float, ckpts: int, work: Path) -> dict:
                 encode_at_commit=(commit_s[-1] + encode_s) / save_s[-1], repack_s=repack_s,
                 load=load_mvc / load_torch, load_raw=load_raw / load_torch0, switch=switch / load_torch,
                 cold=cold_mvc / cold_torch, cold_s=(cold_mvc, cold_torch), warm_s=(load_mvc, load_torch),
-                decode=decode,
+                decode=decode, floor=floor,
                 load_cpu=cpu_mvc / cpu_torch,
                 promised=promised / load_torch,
                 deltas=report.deltas, grouped=report.grouped, entropy=entropy)
@@ -271,6 +274,31 @@ def _decode_speed(repo, commit_id: str, rounds: int = 5) -> float:
             at += n
         best = min(_timed(lambda: repo.chunks.read(requests, txn, threads=THREADS))[0] for _ in range(rounds))
     return at / best / 1e9
+
+
+def _floor(repo, commit_id: str, load_torch: float) -> float:
+    """The least a verified load of ``commit_id`` can cost here, as a multiple of ``load_torch``
+    (torch.load's warm time): torch.load's own work (reading the file into fresh tensors, which
+    mvc's load does as well) plus the work only mvc does, decoding each record that decodes
+    alone and BLAKE3 of every chunk, timed on one thread with the records already in memory
+    (best of 3) and spread perfectly over THREADS cores. A lower bound: no bookkeeping, no
+    reads, no delta chains, perfect scaling."""
+    import numpy as np
+    from mvc import hashing
+    chunk_ids = dict.fromkeys(cid for e in repo.entries(commit_id) if e.kind == "tensor" for cid in e.chunks)
+    with repo.index.read() as txn:
+        stored = [repo.chunks.read_stored(cid, txn) for cid in chunk_ids]
+    outs = [np.empty(loc.size, np.uint8) for loc, _ in stored]
+    for (loc, payload), out in zip(stored, outs):
+        out[:] = 0  # warm: the load's fresh pages are torch.load's cost too
+
+    def work():
+        for (loc, payload), out in zip(stored, outs):
+            if loc.coded and loc.base is None:
+                codec.decode(loc.kind, payload, loc.size, out)
+            hashing.digest(out)
+    only_mvc = min(_timed(work)[0] for _ in range(3))
+    return (load_torch + only_mvc / THREADS) / load_torch
 
 
 def _plane_entropy(tensors: list) -> float:
@@ -368,7 +396,10 @@ def main():
         (mw, tw), (mc, tc) = r["warm_s"], r["cold_s"]
         print(f"{r['name']:8} warm {r['load']:5.2f}x ({mw:.3f} s vs {tw:.3f} s)  cold {r['cold']:5.2f}x "
               f"({mc:.3f} s vs {tc:.3f} s)  CPU (all threads) warm {r['load_cpu']:.2f}x  "
-              f"verified decode {r['decode']:.2f} GB/s ({THREADS} threads, into a warm buffer)")
+              f"verified decode {r['decode']:.2f} GB/s ({THREADS} threads, into a warm buffer)  "
+              f"floor {r['floor']:.2f}x")
+    print(f"floor = the least a verified load can cost on {THREADS} cores: torch.load's time plus decoding and "
+          "BLAKE3 of every chunk on one thread, divided by the cores, over torch.load's time")
     print(f"bf16 weights after repack: {ratio16:.3f}x raw")
     if args.codec_mib:
         import bench_codec  # this folder is on sys.path when run as a script

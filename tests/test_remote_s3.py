@@ -190,6 +190,19 @@ def test_flipped_byte_on_s3_is_named_and_refused(pushed, tmp_path, s3):
     fresh.close()
 
 
+def test_a_lazy_read_of_a_flipped_remote_pack_raises_and_keeps_nothing(pushed, tmp_path, s3):
+    repo, url = pushed
+    key = _flip_biggest_pack(s3, url)
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
+    try:
+        with pytest.raises(mvc.ChecksumMismatch) as err:  # received in place, checked there, refused
+            lazy.load()
+        assert err.value.key == key.partition("/")[2] and err.value.id is not None
+        assert lazy.status().chunks == 0 and lazy.chunks.fetched == 0
+    finally:
+        lazy.close()
+
+
 # Loads v0, v1, v2 in turn: at least argv[3] loads, then on until the parent
 # writes argv[2]/stop (it has seen evictions land between loads), at most
 # argv[4] loads so a broken eviction ends in a failed assertion, not a hang.

@@ -258,15 +258,17 @@ class CacheStore(Forwarding):
         batch = None if self.index.readonly else self.inner.writer(durable=False)  # read-only: verified, not kept
         keep = None if batch is None else _Keeper(batch)
 
-        def deliver(cid, data):
-            for req in by_id[cid]:
-                memoryview(req.buffer).cast("B")[:] = data
+        def done(cid):  # the first request's buffer holds the verified bytes
+            first, *rest = by_id[cid]
+            for req in rest:
+                memoryview(req.buffer).cast("B")[:] = memoryview(first.buffer).cast("B")
             if keep is not None:
-                keep.put(cid, by_id[cid][0].buffer)
+                keep.put(cid, first.buffer)
         try:
-            transfer.fetch_chunks(self.conn.bucket, located, deliver, lambda cid: by_id[cid][0].what,
-                                  progress)
-            self.fetched += sum(loc.length for loc in located.values())
+            transfer.fetch_into(self.conn.bucket, located, {cid: reqs[0].buffer for cid, reqs in by_id.items()},
+                                done, lambda cid: by_id[cid][0].what, progress)
+            with self._lock:
+                self.fetched += sum(loc.length for loc in located.values())
             if keep is None:
                 return
             keep.finish()

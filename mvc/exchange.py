@@ -10,6 +10,7 @@ written back by a safetensors export.
 """
 
 import os
+import threading
 from collections import deque
 from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
@@ -24,9 +25,9 @@ from .records import Export
 from .store.chunks import batches
 from .traverse import walk
 
-# A safetensors export reads this many tensor bytes at a time, one group
-# ahead of the writer: reading (from packs, or fetching from a remote) and
-# writing overlap, and memory stays near three groups, not the whole model.
+# Exports read tensors in groups of a quarter of this many bytes, FILLERS at
+# once, ahead of the writer: reading (from packs, or fetching from a remote)
+# and writing overlap, and memory stays near a few groups, not the whole model.
 STREAM_BYTES = 128 << 20
 AHEAD_BYTES = 2 * STREAM_BYTES  # a streamed pt export's filled storages not yet written, at most
 FILLERS = 3  # a streamed pt export reads groups of STREAM_BYTES / 4 (32 MiB), this many at once
@@ -107,8 +108,8 @@ def _export_safetensors(repo, commit: str, path, force: bool, only, strip_prefix
                         write_progress) -> Export:
     """A commit (or its ``only`` subtree) as one safetensors file, streamed:
     the header comes from the tensor objects, then the tensors are read in
-    groups of about STREAM_BYTES, each verified, while the previous group is
-    written."""
+    groups of about STREAM_BYTES / 4, FILLERS at once, each verified, while
+    the groups before them are written."""
     view = repo.shards.view(commit)  # the tree and its tensor objects, read once
     root, folder_files = _file_part(view["root"])
     flat = _files.flat_paths(root)
@@ -119,27 +120,30 @@ def _export_safetensors(repo, commit: str, path, force: bool, only, strip_prefix
     specs = {key: (o.dtype, tuple(o.shape), dtypes.itemsize(o.dtype), o.nbytes) for key, o in objs.items()}
     order, header = _files.safetensors_header(specs, safetensors_metadata(repo.get_commit(commit)))
     total = sum(o.nbytes for o in objs.values())
-    groups = batches(order, lambda key: objs[key].nbytes, STREAM_BYTES)
-    done = [0]
+    # groups of a quarter of STREAM_BYTES, FILLERS read at once ahead of the writer (as a pt export's)
+    groups = batches(order, lambda key: objs[key].nbytes, max(1, STREAM_BYTES // 4))
+    done, guard = [0], threading.Lock()
     if progress:
         progress(0, total)
 
     def read(group: list) -> list:
         got = reader.read_leaves(repo, commit, [tensors[key] for key in group])
-        done[0] += sum(objs[key].nbytes for key in group)
+        with guard:
+            done[0] += sum(objs[key].nbytes for key in group)
+            now = done[0]
         if progress:
-            progress(done[0], total)
+            progress(now, total)
         return [got[tensors[key][1].id] for key in group]
 
     def stream():
-        with ThreadPoolExecutor(1) as pool:  # one reader, one group ahead of the writer
-            ahead = None
+        with ThreadPoolExecutor(FILLERS) as pool:
+            pending: deque = deque()
             for group in groups:
-                current, ahead = ahead, pool.submit(read, group)
-                if current is not None:
-                    yield from current.result()
-            if ahead is not None:
-                yield from ahead.result()
+                pending.append(pool.submit(read, group))
+                if len(pending) > FILLERS:
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
     written = _files.write_safetensors(path, force, header, stream(), total, write_progress)
     return Export(commit, written, "safetensors", len(flat) - len(tensors), folder_files)
 

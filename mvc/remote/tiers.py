@@ -46,10 +46,10 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .. import reach, refs as refnames
-from ..errors import CorruptObject, HashMismatch, LockHeld, NotConfigured, NotFound, ObjectNotFound, RemoteDamaged
+from ..errors import CorruptObject, LockHeld, NotConfigured, NotFound, ObjectNotFound, RemoteDamaged
 from ..objects import TensorLeaf
 from ..store import fs
-from ..store.chunks import THREADS, ChunkStore, Forwarding, Request
+from ..store.chunks import THREADS, ChunkStore, Forwarding
 from ..traverse import walk as walk_tree
 from . import config, transfer
 from .catalogue import Catalogue
@@ -172,31 +172,21 @@ class CacheStore(Forwarding):
         failed = self._failing(requests, txn, threads)  # {request index: its error}, each read again
         if not failed:
             return  # every one read intact this time: all buffers hold verified bytes
-        # a delta record kept only here decodes through a base: a damaged base the remote holds heals too
-        bases = {i: bytes.fromhex(exc.base) for i, exc in failed.items()
-                 if isinstance(exc, HashMismatch) and exc.base is not None}
-        wanted = {requests[i].id for i in failed} | set(bases.values())
-        located = self.conn.catalogue.chunks(wanted)
-        if len(located) < len(wanted):
-            self.conn.catalogue.refresh(self.conn.bucket)  # pushed from elsewhere since it was listed?
-            located = self.conn.catalogue.chunks(wanted)
+        # (a local delta record whose base is a damaged cached chunk would need its base healed;
+        # repack makes older versions deltas against newer ones, so a chunk only here never has
+        # a base only the remote holds, and that case is not handled)
         by_id: dict = {}
-        again = []  # requests to read here again once their base is healed
         for i, exc in failed.items():
-            req = requests[i]
-            if req.id in located:
-                by_id.setdefault(req.id, []).append(req)
-            elif bases.get(i) in located:
-                base = bases[i]
-                by_id.setdefault(base, [Request(base, bytearray(located[base].length), f"the delta base of {req.what}")])
-                again.append(req)
-            else:
+            by_id.setdefault(requests[i].id, []).append(requests[i])
+        located = self.conn.catalogue.chunks(by_id)
+        if len(located) < len(by_id):
+            self.conn.catalogue.refresh(self.conn.bucket)  # pushed from elsewhere since it was listed?
+            located = self.conn.catalogue.chunks(by_id)
+        for i, exc in failed.items():
+            if requests[i].id not in located:
                 raise exc  # held only here (unpushed): its last copy is damaged, nothing can heal it
-        self._fetch_located(by_id, {cid: located[cid] for cid in by_id}, None, heal=True)
+        self._fetch_located(by_id, located, None, heal=True)
         self.healed += len(by_id)
-        if again:
-            with self.index.read() as fresh:  # the healed bases' new entries
-                self.inner.read(again, fresh, None, threads)
 
     def _failing(self, requests: list, txn, threads: int) -> dict:
         """{index: error} of the requests that fail to read from the local packs, found after a

@@ -367,6 +367,7 @@ def test_a_damaged_chunk_the_remote_lacks_is_not_healed(pushed_sw, tmp_path, sea
         lazy.close()
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names an fd's file through /proc (Linux)")
 def test_cache_packs_skip_fsync_and_commit_packs_keep_it(pushed_sw, tmp_path, seaweedfs, monkeypatch):
     repo, url = pushed_sw
     lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=seaweedfs.endpoint)

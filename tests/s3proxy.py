@@ -5,6 +5,8 @@ Modes (attributes, changeable while it runs):
 - ``suffix_quirk``: a suffix range ``Range: bytes=-N`` is sent on as
   ``bytes=0-(N-1)``, so the answer is the object's first N bytes with a
   Content-Range saying so: what s3rver (npm) does.
+- ``ignore_ranges``: ``Range`` headers are dropped from GETs, so the answer
+  is the whole object (200, no Content-Range): a server without ranges.
 - ``ignore_conditions``: ``If-Match`` and ``If-None-Match`` are dropped from
   writes: a store that does not honour conditional writes.
 - ``delay_listings``: seconds to hold back the next answer to a chunk
@@ -30,6 +32,7 @@ class S3Proxy:
         self.upstream = urlparse(upstream)
         self.suffix_quirk = False
         self.ignore_conditions = False
+        self.ignore_ranges = False
         self.delay_listings = 0.0
         self.suffix_requests = 0
         proxy = self
@@ -67,6 +70,8 @@ class S3Proxy:
             n = int(rng[len("bytes=-"):])
             for k in [k for k in headers if k.lower() == "range"]:
                 headers[k] = f"bytes=0-{n - 1}"
+        if self.ignore_ranges and req.command == "GET":
+            headers = {k: v for k, v in headers.items() if k.lower() != "range"}
         if self.ignore_conditions and req.command == "PUT":
             headers = {k: v for k, v in headers.items() if k.lower() not in ("if-match", "if-none-match")}
         query = parse_qs(urlparse(req.path).query)

@@ -190,6 +190,19 @@ def test_flipped_byte_on_s3_is_named_and_refused(pushed, tmp_path, s3):
     fresh.close()
 
 
+def test_a_lazy_read_of_a_flipped_remote_pack_raises_and_keeps_nothing(pushed, tmp_path, s3):
+    repo, url = pushed
+    key = _flip_biggest_pack(s3, url)
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
+    try:
+        with pytest.raises(mvc.ChecksumMismatch) as err:  # received in place, checked there, refused
+            lazy.load()
+        assert err.value.key == key.partition("/")[2] and err.value.id is not None
+        assert lazy.status().chunks == 0 and lazy.chunks.fetched == 0
+    finally:
+        lazy.close()
+
+
 # Loads v0, v1, v2 in turn: at least argv[3] loads, then on until the parent
 # writes argv[2]/stop (it has seen evictions land between loads), at most
 # argv[4] loads so a broken eviction ends in a failed assertion, not a hang.
@@ -283,5 +296,93 @@ def test_a_lazy_clone_reads_on_after_its_remote_was_repaired(pushed_sw, tmp_path
         assert any(key.endswith(removed) or removed.endswith(key.rpartition("/")[2]) for removed in report.packs_removed)
         assert same(lazy.load("main"), repo.load("main"))
         assert lazy.fsck().ok and repo.remotes.fsck().ok
+    finally:
+        lazy.close()
+
+
+# -- a lazy clone's cache is a copy: not fsynced, healed from the remote -----------
+
+def _damage(path, how: str) -> None:
+    """Damage a cache pack as a power loss before writeback can: a flipped bit, the file cut
+    in half, its second half zeroed, or the file gone."""
+    size = path.stat().st_size
+    if how == "missing":
+        path.unlink()
+        return
+    with open(path, "r+b") as f:
+        if how == "flip":
+            f.seek(size // 2)
+            byte = f.read(1)[0]
+            f.seek(size // 2)
+            f.write(bytes([byte ^ 0x08]))
+        elif how == "short":
+            f.truncate(size // 2)
+        elif how == "zeros":
+            f.seek(size // 2)
+            f.write(bytes(size - size // 2))
+
+
+def _cache_packs(folder) -> list:
+    return sorted((folder / ".mvc" / "packs").glob("pack-*.pack"))
+
+
+@pytest.mark.parametrize("how", ["flip", "short", "zeros", "missing"])
+def test_a_torn_cache_pack_is_fetched_again_from_the_remote(pushed_sw, tmp_path, seaweedfs, how):
+    repo, url = pushed_sw
+    want = repo.load()
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=seaweedfs.endpoint)
+    assert same(lazy.load(), want)
+    (pack,) = _cache_packs(tmp_path / "lz")
+    lazy.close()
+    _damage(pack, how)
+    lazy = mvc.Repository.open(tmp_path / "lz")  # a fresh process's view: nothing of the old file held open
+    try:
+        assert same(lazy.load(), want)  # every byte verified: the damaged ones came from the remote again
+        assert lazy.chunks.healed > 0 and lazy.chunks.fetched > 0
+        healed = lazy.chunks.healed
+        assert same(lazy.load(), want) and lazy.chunks.healed == healed  # kept anew: read here now
+        if how in ("short", "zeros"):  # its trailer is gone: fsck names the pack (its first half still serves
+            # reads) until fsck --repair refetches what it listed
+            assert [d.kind for d in lazy.fsck().damage] == ["damaged-pack"]
+            assert lazy.cache.repair().after.ok
+        assert lazy.fsck().ok
+    finally:
+        lazy.close()
+
+
+def test_a_damaged_chunk_the_remote_lacks_is_not_healed(pushed_sw, tmp_path, seaweedfs):
+    repo, url = pushed_sw
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=seaweedfs.endpoint)
+    before = set(_cache_packs(tmp_path / "lz"))
+    lazy.commit(state(7), "not pushed")  # its chunks are only here: the commit's pack is their last copy
+    (mine,) = set(_cache_packs(tmp_path / "lz")) - before
+    lazy.close()
+    _damage(mine, "flip")
+    lazy = mvc.Repository.open(tmp_path / "lz")
+    try:
+        with pytest.raises(mvc.ChecksumMismatch) as err:
+            lazy.load()
+        assert err.value.id is not None and lazy.chunks.healed == 0
+    finally:
+        lazy.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names an fd's file through /proc (Linux)")
+def test_cache_packs_skip_fsync_and_commit_packs_keep_it(pushed_sw, tmp_path, seaweedfs, monkeypatch):
+    repo, url = pushed_sw
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=seaweedfs.endpoint)
+    synced, real = [], os.fsync
+
+    def fsync(fd):  # the real fsync, noting which pack files it was asked for
+        name = os.readlink(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}") else ""
+        if ".pack" in name:
+            synced.append(name)
+        return real(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    try:
+        lazy.load()
+        assert _cache_packs(tmp_path / "lz") and synced == []  # fetched: copies of the remote's bytes
+        lazy.commit(state(9), "mine")
+        assert len(synced) == 1  # committed: the last good copy, fsynced before its index entries
     finally:
         lazy.close()

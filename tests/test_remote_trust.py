@@ -209,6 +209,22 @@ def test_a_server_that_answers_suffix_ranges_with_the_first_bytes(tmp_path, moto
     repo.close()
 
 
+def test_a_lazy_read_from_a_server_that_ignores_ranges_takes_the_part_asked_for(tmp_path, moto, proxy):
+    url = moto.url()
+    repo = mvc.Repository.init(tmp_path / "a", chunk_size=CHUNK)
+    big = state(8, n=64 * 1024)
+    repo.commit(big, "big")
+    repo.remotes.add("origin", url, moto.endpoint)
+    repo.remotes.push()
+    lazy = mvc.Repository.clone(url, tmp_path / "c", lazy=True, endpoint_url=proxy.endpoint)
+    proxy.ignore_ranges = True  # ranged reads of packs now get whole objects: received whole, then cut
+    assert same(lazy.load(), big) and lazy.chunks.fetched > 0
+    proxy.ignore_ranges = False
+    assert lazy.fsck().ok
+    lazy.close()
+    repo.close()
+
+
 def test_a_store_that_stops_honouring_if_match_is_caught_at_the_push(tmp_path, moto, proxy):
     url = moto.url()
     # the store honours conditional writes at this push: remembered in the remote's settings

@@ -46,6 +46,15 @@ class Bucket:
         """Bytes [start, stop) of the object; NotFound; RemoteError if it is shorter."""
         raise NotImplementedError
 
+    def get_range_into(self, key: str, start: int, stop: int, sinks: list) -> None:
+        """Bytes [start, stop) of the object written into ``sinks`` (writable byte views, in order,
+        their lengths summing to ``stop - start``); raises as ``get_range``. A store that can
+        receive straight into them (S3) saves a buffer and a copy of every byte."""
+        data, pos = memoryview(self.get_range(key, start, stop)), 0
+        for sink in sinks:
+            sink[:] = data[pos:pos + len(sink)]
+            pos += len(sink)
+
     def get_tail(self, key: str, n: int) -> tuple:
         """(the last ``n`` bytes (fewer if the object is smaller), the object's size); NotFound."""
         raise NotImplementedError

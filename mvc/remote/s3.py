@@ -22,7 +22,7 @@ from typing import Optional
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError, NoCredentialsError
 
 from ..errors import BadInput, NotFound, PreconditionFailed, RemoteError, RemoteUnreachable, UntrustedAnswer
 from .backend import Bucket, notify
@@ -181,7 +181,38 @@ class S3Bucket(Bucket):
     def get_range(self, key: str, start: int, stop: int) -> bytes:
         if stop <= start:
             return b""
-        answer = self._get(key, f"bytes={start}-{stop - 1}")
+        return self._ranged(key, start, stop, self._get(key, f"bytes={start}-{stop - 1}"))
+
+    def get_range_into(self, key: str, start: int, stop: int, sinks: list) -> None:
+        if stop <= start:
+            return
+
+        def get_into(**kw):  # inside the retried call: a cut-off body is read again from its start
+            answer = self.client.get_object(**kw)
+            got = _content_range(answer)
+            if got is None or got[:2] != (start, stop - 1) or answer.get("ContentLength") != stop - start:
+                answer["data"] = answer["Body"].read()  # not the range asked for: judged as get_range does
+                return answer
+            body = answer["Body"]
+            for sink in sinks:
+                done = 0
+                while done < len(sink):
+                    n = body.readinto(sink[done:])
+                    if not n:
+                        raise IncompleteReadError(actual_bytes=done, expected_bytes=len(sink))
+                    done += n
+            body.read()  # nothing left: lets the connection go back to the pool, checks the length
+            answer["data"] = None
+            return answer
+        answer = self._call(key, get_into, Key=_join(self.prefix, key), Range=f"bytes={start}-{stop - 1}")
+        if answer["data"] is not None:
+            data, pos = memoryview(self._ranged(key, start, stop, answer)), 0
+            for sink in sinks:
+                sink[:] = data[pos:pos + len(sink)]
+                pos += len(sink)
+
+    def _ranged(self, key: str, start: int, stop: int, answer: dict) -> bytes:
+        """Bytes [start, stop) from the answer to a ranged GET, once its Content-Range and length say so."""
         got = _content_range(answer)
         data = answer["data"]
         if got is None and answer["ResponseMetadata"].get("HTTPStatusCode") == 200 and len(data) >= stop:

@@ -20,6 +20,20 @@ Vocabulary:
   must keep is rewritten with only those, through the store's compaction).
   A chunk that a local delta record which stays decodes through is kept.
 
+- **healed chunk**: one held here whose local copy fails to read (a missing
+  or short pack, bytes that do not hash to its id) while the remote's
+  catalogue lists it: it is read again from the remote, verified, kept in a
+  new pack whose index entry replaces the damaged one, and counted in
+  ``CacheStore.healed``. A chunk the remote does not hold (an unpushed
+  commit's) is never healed: its error stands.
+
+Fetched chunks are copies of what the remote holds, so their packs are
+written without fsync (``writer(durable=False)``): a power loss before the
+kernel wrote them back may leave such a pack missing, short or zeroed,
+while the index (which is fsynced) still names it. Every read verifies,
+so such damage is found, and healed from the remote. Packs written by
+commit (the last good copy of unpushed chunks) are fsynced as before.
+
 Eviction holds the exclusive gc lock, so no load reads a pack it deletes;
 it drops index entries in one transaction and deletes pack files after,
 so a crash in between leaves only unreferenced packs that gc reclaims.
@@ -97,6 +111,7 @@ class CacheStore(Forwarding):
         self._lock = threading.Lock()
         self._used: set = set()
         self.fetched = 0  # chunk bytes fetched from the remote by this store
+        self.healed = 0  # chunks whose local copy failed to read, read again from the remote
 
     @property
     def conn(self) -> Connection:
@@ -142,9 +157,60 @@ class CacheStore(Forwarding):
             else:
                 away.append(req)
         if here:
-            self.inner.read(here, txn, progress, threads)
+            self._read_here(here, txn, progress, threads)
         if away:
             self._fetch(away, progress)
+
+    def _read_here(self, requests: list, txn, progress, threads: int) -> None:
+        """``inner.read`` of chunks held here; those whose local copy fails and that the remote
+        holds are healed (read again from the remote, verified, kept anew)."""
+        try:
+            self.inner.read(requests, txn, progress, threads)
+            return
+        except CorruptObject:
+            pass
+        failed = self._failing(requests, txn, threads)  # {request index: its error}, each read again
+        if not failed:
+            return  # every one read intact this time: all buffers hold verified bytes
+        # (a local delta record whose base is a damaged cached chunk would need its base healed;
+        # repack makes older versions deltas against newer ones, so a chunk only here never has
+        # a base only the remote holds, and that case is not handled)
+        by_id: dict = {}
+        for i, exc in failed.items():
+            by_id.setdefault(requests[i].id, []).append(requests[i])
+        located = self.conn.catalogue.chunks(by_id)
+        if len(located) < len(by_id):
+            self.conn.catalogue.refresh(self.conn.bucket)  # pushed from elsewhere since it was listed?
+            located = self.conn.catalogue.chunks(by_id)
+        for i, exc in failed.items():
+            if requests[i].id not in located:
+                raise exc  # held only here (unpushed): its last copy is damaged, nothing can heal it
+        self._fetch_located(by_id, located, None, heal=True)
+        self.healed += len(by_id)
+
+    def _failing(self, requests: list, txn, threads: int) -> dict:
+        """{index: error} of the requests that fail to read from the local packs, found after a
+        read of them all failed: each pack's requests are read together again, and those of a
+        pack that fails one by one (only after damage, so the slow way is fine)."""
+        by_pack: dict = {}
+        for i, req in enumerate(requests):
+            try:
+                by_pack.setdefault(self.inner.locate(req.id, txn, req.what).pack, []).append(i)
+            except CorruptObject:
+                by_pack.setdefault(None, []).append(i)
+        failed = {}
+        for indices in by_pack.values():
+            try:
+                self.inner.read([requests[i] for i in indices], txn, None, threads)
+                continue
+            except CorruptObject:
+                pass
+            for i in indices:
+                try:
+                    self.inner.read([requests[i]], txn, None, 1)
+                except CorruptObject as exc:
+                    failed[i] = exc
+        return failed
 
     def _fetch(self, requests: list, progress) -> None:
         by_id: dict = {}
@@ -166,9 +232,11 @@ class CacheStore(Forwarding):
             self.conn.catalogue.refresh(self.conn.bucket)
             self._fetch_located(by_id, self.conn.catalogue.chunks(by_id), progress)
 
-    def _fetch_located(self, by_id: dict, located: dict, progress) -> None:
+    def _fetch_located(self, by_id: dict, located: dict, progress, heal: bool = False) -> None:
         """Read ``by_id``'s chunks (id -> Requests) from their remote Locations, verified, into
-        the requests' buffers, keeping them in a new batch of ``inner`` (unless read-only)."""
+        the requests' buffers, keeping them in a new batch of ``inner`` (unless read-only).
+        The batch is not fsynced: the remote holds every byte of it (see the module's
+        docstring). ``heal``: their index entries (damaged copies) are replaced."""
         for cid, reqs in by_id.items():
             loc = located.get(cid)
             if loc is None:
@@ -177,18 +245,20 @@ class CacheStore(Forwarding):
             if any(memoryview(r.buffer).nbytes != loc.length for r in reqs):
                 raise RemoteDamaged(f"chunk {cid.hex()[:12]} of {reqs[0].what} has another length on remote "
                                     f"{self.name!r}", remote=self.name, ids=(cid,))
-        batch = None if self.index.readonly else self.inner.writer()  # read-only: verified, not kept
+        batch = None if self.index.readonly else self.inner.writer(durable=False)  # read-only: verified, not kept
         keep = None if batch is None else _Keeper(batch)
 
-        def deliver(cid, data):
-            for req in by_id[cid]:
-                memoryview(req.buffer).cast("B")[:] = data
+        def done(cid):  # the first request's buffer holds the verified bytes
+            first, *rest = by_id[cid]
+            for req in rest:
+                memoryview(req.buffer).cast("B")[:] = memoryview(first.buffer).cast("B")
             if keep is not None:
-                keep.put(cid, by_id[cid][0].buffer)
+                keep.put(cid, first.buffer)
         try:
-            transfer.fetch_chunks(self.conn.bucket, located, deliver, lambda cid: by_id[cid][0].what,
-                                  progress)
-            self.fetched += sum(loc.length for loc in located.values())
+            transfer.fetch_into(self.conn.bucket, located, {cid: reqs[0].buffer for cid, reqs in by_id.items()},
+                                done, lambda cid: by_id[cid][0].what, progress)
+            with self._lock:
+                self.fetched += sum(loc.length for loc in located.values())
             if keep is None:
                 return
             keep.finish()
@@ -199,7 +269,11 @@ class CacheStore(Forwarding):
                 batch.abort()
             raise
         with self.index.write() as txn:  # kept: the next read of these finds them here
-            batch.publish(txn)
+            if heal:
+                for cid, loc in batch.locations.items():
+                    txn.put_chunk(cid, loc, overwrite=True)
+            else:
+                batch.publish(txn)
         self._used.update(loc.pack for loc in batch.locations.values())
 
     def close(self) -> None:

@@ -16,7 +16,8 @@ from typing import Callable, Optional
 
 from ..errors import RemoteCorrupt
 from ..store.chunks import Request
-from ..store.verify import intact, verified
+from ..store.packformat import RECORD_HEAD
+from ..store.verify import intact, mismatch, verified
 from . import layout
 from .bucket import NotFound, RemoteError, RemoteUnreachable
 
@@ -67,6 +68,45 @@ def fetch_chunks(bucket, locations: dict, deliver: Callable, what: Callable = la
         if progress:
             progress(sum(loc.length for _, loc in items))
         return stop - start
+    if len(work) <= 1 or threads <= 1:
+        return sum(one(span) for span in work)
+    with ThreadPoolExecutor(min(threads, len(work))) as pool:
+        return sum(pool.map(one, work))
+
+
+def fetch_into(bucket, locations: dict, buffers: dict, done: Callable, what: Callable = lambda cid: "",
+               progress: Optional[Callable[[int], None]] = None, threads: int = THREADS) -> int:
+    """Read every chunk {id: remote Location} straight into ``buffers[id]`` (a writable buffer of
+    its length), verify it there, and call ``done(id)``; returns the bytes read from the remote.
+
+    ``fetch_chunks`` without its buffer per ranged read and its copy of every
+    byte: the record headers and gaps of a span go to a scratch buffer, each
+    record into its chunk's buffer. A chunk whose bytes do not hash to its id
+    is zeroed again (no unverified bytes are left in a caller's buffer) and
+    raises ChecksumMismatch naming the remote pack; NotFound / RemoteError.
+    """
+    def one(span):
+        name, start, stop, items = span
+        key = layout.pack_key(layout.CHUNK_PACKS, name)
+        sinks, pos, scratch = [], start, None
+        for cid, loc in items:  # in offset order
+            if loc.offset > pos:
+                if scratch is None or len(scratch) < loc.offset - pos:
+                    scratch = memoryview(bytearray(max(loc.offset - pos, RECORD_HEAD.size)))
+                sinks.append(scratch[:loc.offset - pos])
+            sinks.append(memoryview(buffers[cid]).cast("B"))
+            pos = loc.offset + loc.length
+        bucket.get_range_into(key, start, stop, sinks)
+        for cid, loc in items:
+            view = memoryview(buffers[cid]).cast("B")
+            if not intact(cid, view):
+                view[:] = bytes(len(view))
+                raise mismatch(cid, what(cid), f"remote pack {key}", key=key)
+            done(cid)
+        if progress:
+            progress(sum(loc.length for _, loc in items))
+        return stop - start
+    work = spans(locations)
     if len(work) <= 1 or threads <= 1:
         return sum(one(span) for span in work)
     with ThreadPoolExecutor(min(threads, len(work))) as pool:

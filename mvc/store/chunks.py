@@ -21,7 +21,8 @@ Call order of a write (what "finished" means):
 1. ``w = store.writer()``; ``w.add(id, data)`` for each chunk the caller
    found ``missing``. Nothing is visible to any reader yet.
 2. ``w.seal()``: the bytes are durable (fsynced) but still unreferenced;
-   a crash now leaves only garbage that gc reclaims.
+   a crash now leaves only garbage that gc reclaims. (A ``writer(durable=False)``
+   batch, a remote's cache, skips the fsync: its reader fetches a torn copy again.)
 3. ``w.publish(txn)`` inside the caller's index write transaction: the
    chunks become readable exactly when that transaction commits, together
    with the objects that reference them.
@@ -254,8 +255,9 @@ class Forwarding(ChunkStore):
     def pack_files(self):
         return self.inner.pack_files()
 
-    def writer(self):
-        return self.inner.writer()
+    def writer(self, durable: bool = True):
+        # asked plainly when durable, so a wrapper whose writer() takes no argument still works
+        return self.inner.writer(durable) if not durable else self.inner.writer()
 
     def adopt(self, locations):
         return self.inner.adopt(locations)
@@ -371,10 +373,11 @@ class PackStore(ChunkStore):
     def pack_files(self) -> list:
         return list_packs(self.directory)
 
-    def writer(self) -> "PackBatch":
+    def writer(self, durable: bool = True) -> "PackBatch":
+        """``durable`` False: a batch of copies of bytes safe elsewhere (a remote's cache), not fsynced."""
         if self.readonly:
             raise read_only(self.directory.parent)
-        return PackBatch(self.directory, self.pack_version)
+        return PackBatch(self.directory, self.pack_version, durable)
 
     def accept_encoded(self) -> None:
         self.pack_version = 2
@@ -652,9 +655,10 @@ class PackStore(ChunkStore):
 class PackBatch(ChunkWriter):
     """New chunks appended to one new pack of this process."""
 
-    def __init__(self, directory: Path, version: int = 1):
+    def __init__(self, directory: Path, version: int = 1, durable: bool = True):
         self.directory = directory
         self.version = version
+        self.durable = durable  # False: not fsynced (``PackWriter``)
         self._writer: Optional[PackWriter] = None
         self._locs: dict = {}
         self.bytes = 0
@@ -671,7 +675,7 @@ class PackBatch(ChunkWriter):
         if cid in self._locs:
             return False
         if self._writer is None:
-            self._writer = PackWriter(self.directory, self.version)
+            self._writer = PackWriter(self.directory, self.version, self.durable)
         self._locs[cid] = self._writer.add(cid, payload, kind, size, depth, base)
         self.bytes += self._locs[cid].length
         return True

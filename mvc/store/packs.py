@@ -114,11 +114,17 @@ class PackWriter:
     Call order: ``add`` any number of times, then ``seal`` once (or
     ``abort``). Nothing is visible under a ``.pack`` name before ``seal``
     returns; a writer that is never sealed leaves only a ``.tmp`` file.
+
+    ``durable`` False: a pack of copies of bytes that are safe elsewhere
+    (a cache of a remote): no early writeback, no fsync of the file or its
+    folder at ``seal``. After a power loss such a pack may be missing,
+    short or hold zeros; its reader must be able to fetch it again.
     """
 
-    def __init__(self, directory: Path, version: int = 1):
+    def __init__(self, directory: Path, version: int = 1, durable: bool = True):
         self.directory = Path(directory)
         self.version = version
+        self.durable = durable
         self.name = secrets.token_bytes(NAME_BYTES)
         self.tmp_path = self.directory / (pack_filename(self.name) + ".tmp")
         self.fd = open_file(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
@@ -137,7 +143,7 @@ class PackWriter:
             rest = b"".join(bytes(b) for b in buffers)[written:]
             written += os.write(self.fd, rest)
         self.offset += total
-        if self.offset - self._written_back >= WRITEBACK_BYTES:
+        if self.durable and self.offset - self._written_back >= WRITEBACK_BYTES:
             start_writeback(self.fd, self._written_back, self.offset - self._written_back)
             self._written_back = self.offset
 
@@ -154,14 +160,16 @@ class PackWriter:
         return loc
 
     def seal(self) -> Path:
-        """Write the trailer, fsync, and rename into place; returns the path."""
+        """Write the trailer, fsync (if ``durable``), and rename into place; returns the path."""
         self._write([packformat.trailer(self.entries, self.offset, self.version)])
-        os.fsync(self.fd)
+        if self.durable:
+            os.fsync(self.fd)
         os.close(self.fd)
         self.fd = None
         final = self.directory / pack_filename(self.name)
         os.rename(self.tmp_path, final)
-        fsync_dir(self.directory)
+        if self.durable:
+            fsync_dir(self.directory)
         return final
 
     def abort(self) -> None:

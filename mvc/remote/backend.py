@@ -50,10 +50,7 @@ class Bucket:
         """Bytes [start, stop) of the object written into ``sinks`` (writable byte views, in order,
         their lengths summing to ``stop - start``); raises as ``get_range``. A store that can
         receive straight into them (S3) saves a buffer and a copy of every byte."""
-        data, pos = memoryview(self.get_range(key, start, stop)), 0
-        for sink in sinks:
-            sink[:] = data[pos:pos + len(sink)]
-            pos += len(sink)
+        scatter(self.get_range(key, start, stop), sinks)
 
     def get_tail(self, key: str, n: int) -> tuple:
         """(the last ``n`` bytes (fewer if the object is smaller), the object's size); NotFound."""
@@ -104,3 +101,11 @@ class Bucket:
 
     def close(self) -> None:
         pass
+
+
+def scatter(data, sinks: list) -> None:
+    """Copy ``data`` into ``sinks`` (writable byte views, in order, their lengths summing to its length)."""
+    view, pos = memoryview(data), 0
+    for sink in sinks:
+        sink[:] = view[pos:pos + len(sink)]
+        pos += len(sink)

@@ -25,7 +25,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError, NoCredentialsError
 
 from ..errors import BadInput, NotFound, PreconditionFailed, RemoteError, RemoteUnreachable, UntrustedAnswer
-from .backend import Bucket, notify
+from .backend import Bucket, notify, scatter
 
 PART_BYTES = 16 << 20  # multipart part size
 # Objects up to this size go up in one PUT, so a pack (``layout.PACK_BYTES``
@@ -206,10 +206,7 @@ class S3Bucket(Bucket):
             return answer
         answer = self._call(key, get_into, Key=_join(self.prefix, key), Range=f"bytes={start}-{stop - 1}")
         if answer["data"] is not None:
-            data, pos = memoryview(self._ranged(key, start, stop, answer)), 0
-            for sink in sinks:
-                sink[:] = data[pos:pos + len(sink)]
-                pos += len(sink)
+            scatter(self._ranged(key, start, stop, answer), sinks)
 
     def _ranged(self, key: str, start: int, stop: int, answer: dict) -> bytes:
         """Bytes [start, stop) from the answer to a ranged GET, once its Content-Range and length say so."""

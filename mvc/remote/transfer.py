@@ -56,8 +56,6 @@ def fetch_chunks(bucket, locations: dict, deliver: Callable, what: Callable = la
     ChecksumMismatch naming the remote pack when bytes do not hash to their
     id (nothing of that chunk is delivered), NotFound / RemoteError.
     """
-    work = spans(locations)
-
     def one(span):
         name, start, stop, items = span
         key = layout.pack_key(layout.CHUNK_PACKS, name)
@@ -68,10 +66,7 @@ def fetch_chunks(bucket, locations: dict, deliver: Callable, what: Callable = la
         if progress:
             progress(sum(loc.length for _, loc in items))
         return stop - start
-    if len(work) <= 1 or threads <= 1:
-        return sum(one(span) for span in work)
-    with ThreadPoolExecutor(min(threads, len(work))) as pool:
-        return sum(pool.map(one, work))
+    return _each_span(locations, one, threads)
 
 
 def fetch_into(bucket, locations: dict, buffers: dict, done: Callable, what: Callable = lambda cid: "",
@@ -106,6 +101,11 @@ def fetch_into(bucket, locations: dict, buffers: dict, done: Callable, what: Cal
         if progress:
             progress(sum(loc.length for _, loc in items))
         return stop - start
+    return _each_span(locations, one, threads)
+
+
+def _each_span(locations: dict, one: Callable, threads: int) -> int:
+    """``one(span)`` for every ranged read of ``spans(locations)``, in threads; the sum of what they return."""
     work = spans(locations)
     if len(work) <= 1 or threads <= 1:
         return sum(one(span) for span in work)

@@ -21,6 +21,7 @@ pack and re-hashes the data with BLAKE3 in parallel threads; ``quick``
 checks only the structure (objects, index entries, pack trailers).
 """
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -62,6 +63,9 @@ class Damage:
     tensors: tuple = ()  # key paths of the tensors that hold it
     commits: tuple = ()
     refs: tuple = ()
+    # remotes whose last listing holds every chunk named here: the local copy is damaged, the
+    # data is not lost ('mvc fsck --repair' reads it again); those copies are not verified here
+    remotes: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,11 @@ class FsckReport:
     def ok(self) -> bool:
         """True when nothing that was checked is damaged (unreferenced bytes are fine)."""
         return not self.damage
+
+    @property
+    def lost(self) -> tuple:
+        """The damage no remote holds a copy of: what cannot be loaded intact."""
+        return tuple(d for d in self.damage if not d.remotes)
 
     @property
     def verified(self) -> bool:
@@ -342,12 +351,30 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
             checker.find(p.kind, f"chunk {_short(p.id)}", p.detail, chunks={p.id})
         verified = total
     r = checker.reach
-    return FsckReport(quick, len(r.parents), r.trees, r.tensors, len(r.chunk_length),
+    report = FsckReport(quick, len(r.parents), r.trees, r.tensors, len(r.chunk_length),
                       len(packs), verified, time.perf_counter() - start, checker.damage(),
                       tuple(checker.unreferenced(packs, tmps, r.indexed_packs)),
                       unverified=len(unverified), unverified_bytes=sum(r.chunk_length[cid] for cid in unverified),
                       unverified_remote=getattr(repo.chunks, "name", None) if unverified else None,
                       leftovers=tuple(p.relative_to(repo.dir).as_posix() for p in scratch.leftovers(repo.dir)))
+    with repo.index.read() as txn:  # a lazy clone's damaged cached chunk is still on its remote
+        return mark_restorable(report, lambda ids: repo.chunks.copies_elsewhere(ids, txn))
+
+
+def mark_restorable(report: FsckReport, copies: Callable[[set], dict]) -> FsckReport:
+    """``report`` with each chunk damage whose every chunk ``copies`` finds on a remote marked
+    with those remotes (``Damage.remotes``); ``copies`` maps chunk ids to a remote's name."""
+    ids = {bytes.fromhex(c) for d in report.damage if not d.remotes for c in d.chunks}
+    found = copies(ids) if ids else {}
+    if not found:
+        return report
+
+    def mark(d: Damage) -> Damage:
+        where = {found.get(bytes.fromhex(c)) for c in d.chunks}
+        if d.remotes or not d.chunks or None in where:
+            return d
+        return dataclasses.replace(d, remotes=tuple(sorted(where)))
+    return dataclasses.replace(report, damage=tuple(mark(d) for d in report.damage))
 
 
 def rebuild_index(repo) -> RebuildReport:
@@ -407,10 +434,18 @@ PRUNABLE = {MISSING_TREE, CORRUPT_TREE, MISSING_TENSOR, CORRUPT_TENSOR, MISSING_
             MISSING_PACK, DAMAGED_PACK, NOT_IN_PACK, BAD_RECORD, CHECKSUM, NOT_REGULAR}
 
 
-def prune_lost(repo) -> tuple:
-    """Mark the commits fsck finds with lost data as pruned; their hex ids (see Repository.prune_lost)."""
+def prune_lost(repo, copies: Optional[Callable[[set], dict]] = None) -> tuple:
+    """Mark the commits fsck finds with lost data as pruned (their records stay, gc can run
+    again); their hex ids.
+
+    Damage a remote can restore is not lost: a damaged chunk the cached remote holds, or one
+    ``copies`` (chunk ids -> a remote's name, e.g. ``repo.cache.restorable``) finds, spares
+    its commits ('mvc fsck --repair' restores them).
+    """
     report = repo.fsck()
-    lost = {c for d in report.damage if d.kind in PRUNABLE for c in d.commits}
+    if copies is not None:
+        report = mark_restorable(report, copies)
+    lost = {c for d in report.lost if d.kind in PRUNABLE for c in d.commits}
     note = {"time": time.time_ns() // 1000, "policy": "data lost (fsck found it missing or corrupt)"}
     with repo.index.write() as txn:
         for cid in lost:

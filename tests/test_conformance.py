@@ -373,6 +373,32 @@ def v_fsck(k):
     k.check_all()
 
 
+def v_fsck_damaged_copy(k):
+    """A flipped bit in a chunk held here: fsck names it. Where the cached remote lists a copy it
+    is not lost (--prune-lost keeps every commit, a read heals it); elsewhere it is lost."""
+    from mvc.remote.tiers import commit_chunks
+    from mvc.store.packs import pack_filename
+    k.repo.load(k.main[-1])  # a lazy clone holds it here now
+    with k.repo.index.read() as txn:
+        held = sorted(c for c in commit_chunks(k.repo, txn, {bytes.fromhex(k.main[-1])}) if txn.chunk(c) is not None)
+        loc = txn.chunk(held[0])
+    path = k.repo.dir / "packs" / pack_filename(loc.pack)
+    original = path.read_bytes()
+    flipped = bytearray(original)
+    flipped[loc.offset + loc.length - 1] ^= 0x10  # the record's last data byte
+    path.write_bytes(bytes(flipped))
+    report = k.repo.fsck()
+    assert held[0].hex() in {c for d in report.damage for c in d.chunks}, (k.name, report.damage)
+    if k.name in CACHED:
+        assert not report.lost and {d.remotes for d in report.damage} == {("origin",)}
+        assert mvc.fsck.prune_lost(k.repo) == ()
+        k.check_all()  # every read of it heals it from the remote, and fsck is clean after
+    else:
+        assert report.lost and not any(d.remotes for d in report.damage)
+        path.write_bytes(original)
+        k.check_all()
+
+
 def _gc(k, **kwargs):
     if _refuses_when_read_only(k, lambda: k.repo.gc(grace=0, **kwargs)):
         return
@@ -584,7 +610,7 @@ def test_every_verb_under_a_fault_fails_cleanly_or_succeeds(kind, verb, fault):
 
 # -- the same verbs on a lazy clone of an S3 remote (the session's SeaweedFS) -----------------
 
-S3_VERBS = ["load", "push_clone", "evict", "gc_keep_last", "repack", "fsck"]
+S3_VERBS = ["load", "push_clone", "evict", "gc_keep_last", "repack", "fsck", "fsck_damaged_copy"]
 
 
 @pytest.mark.parametrize("verb", S3_VERBS)

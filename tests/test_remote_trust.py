@@ -6,6 +6,7 @@ tests/s3server.py), deleted and zero-byte objects. Small states and a
 1 KiB chunk size keep each test to a few seconds.
 """
 
+import json
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from conftest import pushed_repo, same
 from conftest import run_cli as cli
 from mvc.cli import main
 from mvc.remote import config, layout
+from mvc.store.packs import pack_filename
 
 CHUNK = 1024
 
@@ -153,6 +155,70 @@ def test_repair_moves_intact_records_out_of_a_damaged_pack(pushed, tmp_path, s3)
     lazy.remotes.fetch()  # learns that the damaged pack is gone and where its records went
     assert same(lazy.load("main"), state(1))
     lazy.close()
+
+
+def flip_local_chunk(repo_dir, cid: bytes) -> str:
+    """Flip a bit inside chunk ``cid``'s record in the local packs of the repository at ``repo_dir``; the pack's name."""
+    with mvc.Repository.open(repo_dir) as repo, repo.index.read() as txn:
+        loc = repo.chunks.locate(cid, txn)
+    path = repo_dir / ".mvc" / "packs" / pack_filename(loc.pack)
+    data = bytearray(path.read_bytes())
+    data[loc.offset + loc.length - 1] ^= 0x10  # the record's last byte: inside its data
+    path.write_bytes(bytes(data))
+    return path.name
+
+
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "full"])
+def test_a_damaged_local_copy_a_remote_holds_is_not_lost(pushed, tmp_path, s3, lazy):
+    """A torn or flipped local chunk that the remote still lists: fsck says so and exits 1, but
+    --prune-lost keeps the commit (pruning it would drop history the remote can restore) and
+    --repair brings the chunk back."""
+    repo, url = pushed
+    clone = mvc.Repository.clone(url, tmp_path / "c", lazy=lazy, endpoint_url=s3.endpoint)
+    try:
+        assert same(clone.load("main~1"), state(0)) and same(clone.load("main"), state(1))  # held here now
+        first = only_in(clone, "main~1", "main")[0]
+        first_commit = clone.resolve("main~1")
+    finally:
+        clone.close()
+    pack = flip_local_chunk(tmp_path / "c", first)
+    result = cli(tmp_path / "c", "fsck")
+    assert result.exit_code == 1 and "checksum-mismatch" in result.output and pack in result.output
+    assert "not lost: remote origin lists a copy" in result.output and "cannot be loaded intact" not in result.output
+    result = cli(tmp_path / "c", "fsck", "--json")
+    out = json.loads(result.output)
+    assert result.exit_code == 1 and out["damaged"] and not out["lost"]
+    assert [d["remotes"] for d in out["damage"]] == [["origin"]] and out["damage"][0]["chunks"] == [first.hex()]
+    result = cli(tmp_path / "c", "fsck", "--prune-lost")
+    assert "marked 0 commits" in result.output, result.output
+    with mvc.Repository.open(tmp_path / "c") as clone:
+        assert mvc.fsck.prune_lost(clone, clone.cache.restorable) == ()
+        oldest = list(clone.log())[-1]
+        assert oldest.id == first_commit and not oldest.pruned
+        if lazy:  # the read heals it from the remote (a full clone reads local packs only)
+            assert same(clone.load("main~1"), state(0)) and clone.chunks.healed == 1
+    if not lazy:
+        result = cli(tmp_path / "c", "fsck", "--repair")
+        assert result.exit_code == 0 and "repaired 1 chunks" in result.output, result.output
+    result = cli(tmp_path / "c", "fsck")
+    assert result.exit_code == 0 and "ok: no damage found" in result.output, result.output
+
+
+def test_a_damaged_chunk_no_remote_holds_is_lost(tmp_path):
+    """The other side: with no remote, the same flipped chunk is lost, and --prune-lost says so."""
+    repo = mvc.Repository.init(tmp_path / "r", chunk_size=CHUNK)
+    try:
+        repo.commit(state(0), "first")
+        repo.commit(state(1), "second")
+        first = only_in(repo, "main~1", "main")[0]
+        first_commit = repo.resolve("main~1")
+    finally:
+        repo.close()
+    flip_local_chunk(tmp_path / "r", first)
+    result = cli(tmp_path / "r", "fsck", "--json")
+    assert result.exit_code == 1 and json.loads(result.output)["lost"]
+    result = cli(tmp_path / "r", "fsck", "--prune-lost")
+    assert f"marked 1 commit with lost data as pruned: {first_commit[:12]}" in result.output, result.output
 
 
 def test_fetch_in_a_lazy_clone_notices_a_deleted_remote_pack(pushed, tmp_path, s3):

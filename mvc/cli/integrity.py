@@ -30,6 +30,8 @@ def _show_damage(d) -> None:
                                 ("commits", d.commits, True), ("refs", d.refs, False)):
         if items and not (label == "chunks" and len(items) == 1 and d.object.startswith("chunk")):
             click.echo(f"    {label}: {_some(list(items), short)}")
+    if d.remotes:
+        click.echo(f"    not lost: remote {', '.join(d.remotes)} lists a copy; 'mvc fsck --repair' restores it")
 
 
 def _show_report(rep, fates) -> None:
@@ -60,8 +62,11 @@ def _show_report(rep, fates) -> None:
         click.echo(f"not verified here: {rep.unverified} reachable chunk{'' if rep.unverified == 1 else 's'} "
                    f"({human_bytes(rep.unverified_bytes)}) held only by {where}; 'mvc fsck --remote{name}' "
                    "verifies that remote, 'mvc fsck --fetch' reads them back and checks them")
-    if not rep.ok:
+    if rep.lost:
         click.echo("fsck found damage: the commits and refs listed above cannot be loaded intact")
+    elif not rep.ok:
+        click.echo("fsck found damage here, and a remote lists a copy of every damaged chunk: "
+                   "'mvc fsck --repair' restores them")
     elif rep.unverified:
         click.echo("no damage found in what was checked, but not everything reachable was verified")
     else:
@@ -96,7 +101,8 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remot
     Unreferenced pack bytes are reported separately: they are harmless. Damage that cannot be
     repaired (no backup, no remote) blocks gc; --prune-lost marks the commits
     whose tensors are lost as pruned, as retention would, so the rest of
-    the repository can be collected again.
+    the repository can be collected again. Damage a remote lists a copy of
+    is not lost: --prune-lost spares it and --repair restores it.
     """
     if read_subset is not None and remote_name is None:
         raise click.UsageError("--read-subset N/T goes with --remote NAME")
@@ -112,12 +118,13 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remot
     with open_repo() as repo:
         rebuilt = checks.rebuild_index(repo) if rebuild_index else None
         if prune_lost:
-            lost = checks.prune_lost(repo)
+            lost = checks.prune_lost(repo, repo.cache.restorable)
             if not as_json:
                 click.echo(f"marked {len(lost)} commit{'' if len(lost) == 1 else 's'} with lost data as pruned"
                            + (f": {', '.join(c[:12] for c in lost)}" if lost else ""))
         with Progress("verifying") as progress:
             report = repo.fsck(quick=quick, progress=progress)
+        report = checks.mark_restorable(report, repo.cache.restorable)
         if fetch_remote and report.unverified:
             report = repo.cache.fsck_fetch(report)
         fates = [(u, collection.unreferenced_fate(repo.dir / "packs", u.kind, u.pack, u.records, u.bytes))
@@ -126,6 +133,7 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remot
         out = to_jsonable(report)
         out["ok"] = report.verified  # nothing damaged, and every reachable chunk verified
         out["damaged"] = not report.ok
+        out["lost"] = bool(report.lost)  # damaged, and no remote lists a copy
         out["unreferenced_bytes"] = report.unreferenced_bytes
         out["gc_keeps"] = [to_jsonable(left) for _, left in fates if left is not None]
         if rebuilt is not None:

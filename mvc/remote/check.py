@@ -307,6 +307,21 @@ def _damaged(repo) -> tuple:
     return chunks, objects
 
 
+def restorable(repo, ids) -> dict:
+    """{chunk id: remote name} of the ``ids`` some remote's last listing holds (the cached
+    remote first), from the local catalogues: nothing is read from the remotes."""
+    with repo.index.read() as txn:
+        names, cached = config.names(txn), config.cache_remote(txn)
+    found, wanted = {}, set(ids)
+    for name in sorted(names, key=lambda n: n != cached):
+        conn = Connection(repo, name)
+        try:
+            found.update(dict.fromkeys(conn.catalogue.chunks(wanted - found.keys()), name))
+        finally:
+            conn.close()
+    return found
+
+
 def repair(repo) -> RepairReport:
     """Refetch damaged or missing local chunks and objects from the remotes that hold them."""
     chunks, objects = _damaged(repo)

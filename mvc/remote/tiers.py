@@ -139,6 +139,9 @@ class CacheStore(Forwarding):
                 pass
         return set(self.conn.catalogue.chunks(absent)) if absent else set()
 
+    def copies_elsewhere(self, ids, txn) -> dict:
+        return dict.fromkeys(self.conn.catalogue.chunks(ids), self.name)
+
     def locate(self, cid: bytes, txn, what: str = ""):
         if self.inner.has(cid, txn):
             return self.inner.locate(cid, txn, what)

@@ -153,6 +153,10 @@ class Cache:
         see ``mvc.remote.check.fsck_fetch``."""
         return check.fsck_fetch(self.repo, report)
 
+    def restorable(self, ids) -> dict:
+        """{chunk id: remote name} of the ``ids`` a remote holds; see ``mvc.remote.check.restorable``."""
+        return check.restorable(self.repo, ids)
+
     def repair(self):
         """Refetch damaged or missing local chunks and objects from remotes; see ``mvc.remote.check.repair``."""
         return check.repair(self.repo)

@@ -149,6 +149,13 @@ class ChunkStore(ABC):
         """
         return set()
 
+    def copies_elsewhere(self, ids: Iterable[bytes], txn) -> dict:
+        """{id: where} of the ids among ``ids`` that a second copy this store reads through holds
+        (a cached remote, named): a damaged or missing local copy of those loses nothing, and
+        ``mvc fsck --repair`` reads them again. Taken on that copy's last listing, not read here.
+        """
+        return {}
+
     @abstractmethod
     def locate(self, cid: bytes, txn, what: str = "") -> Location:
         """Where chunk ``cid``'s record lies: its stored length (``length``) and
@@ -245,6 +252,9 @@ class Forwarding(ChunkStore):
 
     def remote_only(self, ids, txn):
         return self.inner.remote_only(ids, txn)
+
+    def copies_elsewhere(self, ids, txn):
+        return self.inner.copies_elsewhere(ids, txn)
 
     def locate(self, cid, txn, what=""):
         return self.inner.locate(cid, txn, what)

@@ -37,7 +37,6 @@ import errno
 import math
 import os
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -48,7 +47,7 @@ from . import reach, refs, scratch
 from .errors import BadInput, CorruptObject, MetricNotRecorded, MvcError, ProtectedRef, UnknownRevision, WalkDamaged
 from .store import idarray
 from .store.index import location_row, reflog_entry
-from .store.packs import NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, read_trailer
+from .store.packs import PACK_NAME, RECORD_HEAD, read_trailer_table
 
 # Rewrite a pack when less than this share of its record bytes is live. A pack
 # is rewritten once: its live records land in a new pack that is all live, so a
@@ -171,7 +170,7 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
             if dry_run or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             sweep = _sweep_on_a_full_disk(repo, policy, force)
-        plan = plan_packs(repo.chunks.pack_files(), sweep.live_locs, sweep.indexed_packs, grace, repack)
+        plan = plan_packs(repo.chunks.pack_files(), sweep.live, sweep.indexed_packs, grace, repack)
         if dry_run:
             saved = plan.reclaimable()
             return sweep.report(True, before, before - saved, packs_before, packs_before - saved, plan)
@@ -281,7 +280,7 @@ class _Sweep:
     skipped: tuple
     reflog_expired: int = 0
     removed: dict = field(default_factory=dict)  # kind -> count
-    live_locs: dict = field(default_factory=dict)  # live chunk id -> Location
+    live: Optional["LiveRecords"] = None  # where the live chunks lie
     indexed_packs: set = field(default_factory=set)  # pack names any chunk entry named before the sweep
     writes: list = field(default_factory=list)  # (Txn method or function of txn, args): the index writes, in order
 
@@ -330,15 +329,8 @@ def _sweep_chunks(sweep: _Sweep, live: reach.Reach, txn, chunks, dry_run: bool) 
         raise WalkDamaged(f"gc stopped, nothing was deleted: chunk {cid.hex()[:12]}: {why}", kind="bad-chunk-entry",
                           what=f"chunk {cid.hex()[:12]}", id=cid)
     sweep.indexed_packs = live.indexed_packs
-    ids, locs = live.chunk_length.ids, live.locations
-    rows = np.flatnonzero(live.located)
-    names = locs["pack"][rows].tobytes()
-    for k, (cid, offset, length) in enumerate(zip(idarray.ids(ids[rows]), locs["offset"][rows].tolist(),
-                                                  locs["length"][rows].tolist())):
-        if locs["kind"][rows[k]] or cid in live.deltas:  # an encoded record: all its fields
-            sweep.live_locs[cid] = location_row(locs, int(rows[k]), live.deltas.get(cid))
-        else:  # plan_packs takes Locations
-            sweep.live_locs[cid] = Location(names[k * NAME_BYTES:(k + 1) * NAME_BYTES], offset, length)
+    sweep.live = LiveRecords(live)
+    ids = live.chunk_length.ids
     missing = [idarray.one(ids, i) for i in np.flatnonzero(~live.located).tolist()]
     missing = set(missing) - (chunks.remote_only(missing, txn) if chunks is not None and missing else set())
     if missing:  # not even a remote holds them
@@ -430,12 +422,48 @@ def _mostly_live(path: Path, garbage: int, total: int) -> LeftAlone:
                      f"{100 * (1 - REWRITE_BELOW):.0f}%, so that live data is not copied on every run")
 
 
-def plan_packs(files: list, live_locs: dict, indexed: set, grace: float, repack: bool = False) -> _PackPlan:
+class LiveRecords:
+    """Where the live chunks lie, kept as the walk's arrays (``locate=True``) rather than an
+    object per chunk: gc plans with each pack's live bytes and makes Locations only for the
+    records of the packs it rewrites (a Location and a dict entry per live chunk were most of
+    gc planning's memory, about 300 bytes a chunk; docs/scale.md)."""
+
+    def __init__(self, live: reach.Reach):
+        self._ids, self._locs, self._deltas = live.chunk_length.ids, live.locations, live.deltas
+        rows = np.flatnonzero(live.located)
+        names, which = np.unique(self._locs["pack"][rows], return_inverse=True)
+        self._packs = {names[k:k + 1].tobytes(): k for k in range(len(names))}
+        self._bytes = np.bincount(which, weights=self._locs["length"][rows], minlength=len(names))
+        order = np.argsort(which, kind="stable")
+        self._rows = rows[order]  # grouped by pack
+        self._cuts = np.searchsorted(which[order], np.arange(len(names) + 1))
+
+    def __contains__(self, pack: bytes) -> bool:
+        """Whether ``pack`` (a 16-byte name) holds a live record."""
+        return pack in self._packs
+
+    def live_bytes(self, pack: bytes) -> int:
+        """Stored bytes of the live records in ``pack`` (a 16-byte name); 0 if none."""
+        k = self._packs.get(pack)
+        return 0 if k is None else int(self._bytes[k])
+
+    def records(self, pack: bytes) -> list:
+        """(chunk id, Location) of the live records in ``pack``, by offset."""
+        k = self._packs.get(pack)
+        if k is None:
+            return []
+        rows = self._rows[self._cuts[k]:self._cuts[k + 1]]
+        rows = rows[np.argsort(self._locs["offset"][rows], kind="stable")]
+        out = []
+        for i in rows.tolist():
+            cid = idarray.one(self._ids, i)
+            out.append((cid, location_row(self._locs, i, self._deltas.get(cid))))
+        return out
+
+
+def plan_packs(files: list, live: LiveRecords, indexed: set, grace: float, repack: bool = False) -> _PackPlan:
     """What gc does with each of ``files``, the chunk store's PackFiles (``ChunkStore.pack_files``)."""
     plan, small = _PackPlan(), []
-    live_by_pack = defaultdict(list)
-    for cid, loc in live_locs.items():
-        live_by_pack[loc.pack].append((cid, loc))
     now = time.time()
     for f in files:
         path = f.path
@@ -448,8 +476,7 @@ def plan_packs(files: list, live_locs: dict, indexed: set, grace: float, repack:
             else:
                 plan.left.append(_young(path, grace))
             continue
-        live = live_by_pack.get(f.pack)
-        if not live:
+        if f.pack not in live:
             # a pack no entry ever named may be a writer's that is about to index it
             if f.pack in indexed or now - f.mtime > grace:
                 plan.delete.append(path)
@@ -457,17 +484,17 @@ def plan_packs(files: list, live_locs: dict, indexed: set, grace: float, repack:
                 plan.left.append(_young(path, grace))
             continue
         try:
-            total = sum(length for _, _, length in read_trailer(path))
+            total = int(read_trailer_table(path)["length"].sum(dtype=np.int64))
         except (CorruptObject, OSError) as exc:
             plan.notes.append(f"{path.name} left alone: {exc}")
             continue
-        live_bytes = sum(loc.length for _, loc in live)
+        live_bytes = live.live_bytes(f.pack)
         if should_rewrite(live_bytes, total, repack):
-            plan.rewrite.append((path, sorted(live, key=lambda item: item[1].offset)))
+            plan.rewrite.append((path, live.records(f.pack)))
         elif live_bytes < total:
             plan.left.append(_mostly_live(path, total - live_bytes, total))
         elif repack and total < SMALL_PACK:
-            small.append((path, sorted(live, key=lambda item: item[1].offset)))
+            small.append((path, live.records(f.pack)))
     if len(small) > 1:  # many small all-live packs (one per commit): merged into one
         plan.rewrite += small
     return plan
@@ -486,7 +513,7 @@ def unreferenced_fate(directory: Path, kind: str, pack: str, records: int, garba
     if kind != "unused-records":
         return None
     try:
-        total = sum(length for _, _, length in read_trailer(path))
+        total = int(read_trailer_table(path)["length"].sum(dtype=np.int64))
     except (CorruptObject, OSError):
         return None
     data = garbage - records * RECORD_HEAD.size

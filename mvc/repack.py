@@ -306,9 +306,8 @@ def _publish(repo, batch, old: dict):
         for cid, loc in new.items():
             if txn.chunk(cid) == old[cid]:
                 txn.put_chunk(cid, loc, overwrite=True)
-        live = reach.walk(txn, repo.objects, reach.RAISE)
-        live_locs = {cid: loc for cid, loc in repo.chunks.records(txn) if cid in live.chunk_length}
-    plan = _gc.plan_packs(repo.chunks.pack_files(), live_locs, before, _gc.GRACE_S, repack=True)
+        live = _gc.LiveRecords(reach.walk(txn, repo.objects, reach.RAISE, locate=True))
+    plan = _gc.plan_packs(repo.chunks.pack_files(), live, before, _gc.GRACE_S, repack=True)
     _gc.compact(repo, plan)
     return plan
 

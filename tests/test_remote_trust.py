@@ -157,6 +157,42 @@ def test_repair_moves_intact_records_out_of_a_damaged_pack(pushed, tmp_path, s3)
     lazy.close()
 
 
+def test_a_lazy_clone_that_repairs_its_remote_still_reads_from_it(pushed, tmp_path, s3):
+    """The repairer's own catalogue listed the new pack before the damaged one went: the records
+    both held must stay listed (they were dropped with the damaged pack, and loads failed)."""
+    repo, url = pushed
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
+    try:
+        assert same(lazy.load("main~1"), state(0)) and same(lazy.load("main"), state(1))
+        key = flip_chunk(s3, url, only_in(lazy, "main", "main~1")[0])
+        lazy.checkout("main~1")
+        evicted = lazy.cache.evict(0)  # main's chunks go, but the flipped one: its remote copy is bad
+        assert evicted.chunks_evicted > 0 and evicted.kept_unverified == 1
+        report = lazy.remotes.repair()  # uploads the flipped chunk, moves the others out of its pack
+        assert report.ok and report.packs_removed == (key,), report
+        assert same(lazy.load("main"), state(1)) and lazy.chunks.fetched > 0
+        assert lazy.fsck().ok
+    finally:
+        lazy.close()
+
+
+def test_a_torn_cached_chunk_heals_after_the_remote_was_repaired(pushed, tmp_path, s3):
+    """The cache names a remote pack that a repair has since removed: the heal lists the remote
+    again and reads the chunk from where it lies now."""
+    repo, url = pushed
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
+    try:
+        assert same(lazy.load("main"), state(1))
+        cid = only_in(lazy, "main", "main~1")[0]
+        flip_chunk(s3, url, cid)
+        assert repo.remotes.repair().ok  # from the full repository: the flipped pack is replaced
+    finally:
+        lazy.close()
+    flip_local_chunk(tmp_path / "lz", cid)
+    with mvc.Repository.open(tmp_path / "lz") as lazy:
+        assert same(lazy.load("main"), state(1)) and lazy.chunks.healed == 1
+
+
 def flip_local_chunk(repo_dir, cid: bytes) -> str:
     """Flip a bit inside chunk ``cid``'s record in the local packs of the repository at ``repo_dir``; the pack's name."""
     with mvc.Repository.open(repo_dir) as repo, repo.index.read() as txn:

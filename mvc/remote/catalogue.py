@@ -115,20 +115,25 @@ class Catalogue:
                     txn.put_chunk(cid, Location(name, offset, length))
             txn.put_meta("pack:" + key, encoding.pack([cid for cid, _, _ in entries]))
 
-    def _drop_pack(self, txn, key: str) -> None:
+    def _drop_pack(self, txn, key: str) -> set:
+        """Forget pack ``key``; the ids whose entries pointed into it (now unlisted)."""
         name = layout.pack_name(key)
         raw = txn.meta("pack:" + key)
         ids = encoding.unpack(raw, "catalogue entry") if raw else []
+        orphans = set()
         for cid in ids:
             if key.startswith(layout.OBJECT_PACKS):
                 raw_loc = txn.get(OBJECTS_DB, cid)
                 if raw_loc is not None and _LOC.unpack(raw_loc)[0] == name:
                     txn.delete(OBJECTS_DB, cid)
+                    orphans.add(cid)
             else:
                 loc = txn.chunk(cid)
                 if loc is not None and loc.pack == name:
                     txn.delete_chunk(cid)
+                    orphans.add(cid)
         txn.delete("meta", ("pack:" + key).encode())
+        return orphans
 
     def refresh(self, bucket) -> int:
         """List the remote's packs; read the trailers of new ones, forget vanished ones.
@@ -140,10 +145,11 @@ class Catalogue:
                   for key, size in bucket.list(folder) if layout.pack_name(key) is not None}
         known = self.pack_keys()
         gone = known - listed.keys()
+        orphans = set()
         if gone:
             with self.index.write() as txn:
                 for key in gone:
-                    self._drop_pack(txn, key)
+                    orphans |= self._drop_pack(txn, key)
         new = [key for key in listed if key not in known]
 
         def read(key):
@@ -157,7 +163,26 @@ class Catalogue:
             for key, entries in pool.map(read, new):
                 if entries is not None:
                     self.add_pack(key, entries)
+        self._relist(bucket, listed, orphans)
         return len(new)
+
+    def _relist(self, bucket, listed: dict, orphans: set) -> None:
+        """Point ``orphans`` (ids a forgotten pack listed) at another known pack that lists them.
+
+        An id is indexed at the first pack that listed it, so when that pack goes (a remote gc
+        or repair rewrote it) while a pack known since holds the id too (the rewrite itself,
+        catalogued as it was uploaded), the id would be lost from the catalogue: its holders'
+        trailers are read again. Rare, so the scan of every pack's id list is fine."""
+        with self.index.read() as txn:
+            still = {i for i in orphans if txn.chunk(i) is None and txn.get(OBJECTS_DB, i) is None}
+        if not still:
+            return
+        for key, ids in self.pack_ids().items():
+            if key in listed and still & set(ids):
+                try:
+                    self.add_pack(key, read_trailer(bucket, key, listed[key]))
+                except (CorruptObject, NotFound):
+                    continue
 
     def touch(self, packs: Iterable[bytes]) -> None:
         """Note that local packs ``packs`` were just read (LRU order for eviction)."""

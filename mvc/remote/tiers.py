@@ -188,7 +188,13 @@ class CacheStore(Forwarding):
         for i, exc in failed.items():
             if requests[i].id not in located:
                 raise exc  # held only here (unpushed): its last copy is damaged, nothing can heal it
-        self._fetch_located(by_id, located, None, heal=True)
+        try:
+            self._fetch_located(by_id, located, None, heal=True)
+        except NotFound:
+            # a pack the catalogue names is gone (the remote was repaired or gc'd since it was
+            # listed): list it once and read from the packs that hold the records now
+            self.conn.catalogue.refresh(self.conn.bucket)
+            self._fetch_located(by_id, self.conn.catalogue.chunks(by_id), None, heal=True)
         self.healed += len(by_id)
 
     def _failing(self, requests: list, txn, threads: int) -> dict:

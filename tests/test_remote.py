@@ -369,6 +369,54 @@ def test_cli_remote_commands(tmp_path):
     assert run("branch", "-r").strip() == ""
 
 
+def test_evict_keeps_a_branch_the_remote_deleted_after_the_last_fetch(origin, tmp_path):
+    """The tracking ref of a branch deleted on the remote lingers until a fetch --prune: eviction
+    must ask the remote what its refs reach now, or a remote gc takes the last copy."""
+    s = state(5)
+    origin.commit(s, "an experiment", branch="exp")
+    origin.remotes.push(refs=("exp",))
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        lazy.create_branch("exp", "origin/exp")
+        assert same(lazy.load("exp"), s)  # cached here
+        origin.remotes.push(delete=("exp",))
+        lazy.remotes.fetch()  # no --prune: origin/exp stays
+        assert lazy.resolve("origin/exp")
+        report = lazy.cache.evict(0)  # exp's chunks stay: the remote's refs no longer reach them
+        assert report.chunks_evicted == 0 and report.kept_pinned > 0
+        origin.remotes.gc(grace=0)  # the remote drops what only exp needed
+        assert same(lazy.load("exp"), s) and lazy.fsck().ok
+    finally:
+        lazy.close()
+
+
+def test_a_lazy_clone_learns_what_the_remotes_retention_pruned(origin, tmp_path):
+    """After a remote gc with retention, the clone's fetch used to fail ("the remote is damaged")
+    and loads named missing chunks. Now a commit the remote pruned is pruned here too, unless
+    this clone holds all of its data."""
+    from mvc.errors import CommitPruned
+    third = state(3)
+    origin.commit(third, "third")
+    origin.remotes.push()
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        first, second = lazy.resolve("main~2"), lazy.resolve("main~1")
+        held = lazy.load("main~1")  # held whole here
+        report = origin.remotes.gc(keep_last=1, grace=0)
+        assert set(report.pruned) == {first, second}
+        fetched = lazy.remotes.fetch()
+        assert fetched.pruned == (first,)
+        with pytest.raises(CommitPruned) as err:
+            lazy.load("main~2")
+        assert err.value.policy.startswith("keep-last 1") and "1970" not in str(err.value)
+        assert same(lazy.load("main~1"), held) and same(lazy.load("main"), third)
+        assert lazy.fsck().ok and lazy.remotes.fetch().pruned == ()
+        result = CliRunner().invoke(main, ["-C", str(tmp_path / "lz"), "cache", "status"])
+        assert result.exit_code == 0 and "neither here nor there" not in result.output
+    finally:
+        lazy.close()
+
+
 def test_a_tag_kept_local_survives_eviction_and_loads_with_the_remote_gone(origin, tmp_path):
     runner = CliRunner()
 

@@ -199,6 +199,10 @@ def _show_fetch(report) -> None:
     for ref in report.damaged_refs:
         click.echo(f"  ! {ref.split('/', 1)[1]:<24} left out: its object on the remote does not decode "
                    "('mvc push --force' replaces it)")
+    if report.pruned:
+        click.echo(f"  {len(report.pruned)} commit{'' if len(report.pruned) == 1 else 's'} the remote's retention "
+                   f"pruned, not whole here, now pruned here too: {', '.join(c[:12] for c in report.pruned[:5])}"
+                   + (" ..." if len(report.pruned) > 5 else ""))
 
 
 @main.command()
@@ -298,7 +302,9 @@ def status_lines(s) -> list:
     budget = f", budget {human_bytes(s.budget)}" if s.budget is not None else ""
     return [f"local: {human_bytes(s.local_bytes)} of packs, {s.local_chunks} chunks{budget}",
             f"remote {s.remote}: {s.remote_chunks} chunks, {human_bytes(s.remote_bytes)} (as last listed); "
-            f"{s.only_remote} reachable chunks only there, {s.only_local} only here (not pushed)"]
+            f"{s.only_remote} reachable chunks only there, {s.only_local} only here (not pushed)"] + \
+        ([f"{s.lost} reachable chunks neither here nor there (as last listed): 'mvc fsck' names what they break"]
+         if s.lost else [])
 
 
 @cache.command("evict")

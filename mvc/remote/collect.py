@@ -22,6 +22,7 @@ records are partly needed are kept whole (no rewrite: a lazy clone's
 catalogue may point into them).
 """
 
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -131,8 +132,9 @@ def gc_remote(repo, name: Optional[str] = None, keep_last: Optional[int] = None,
                 view = _View(refs, {oid: obj for oid, (kind, obj) in objects.items() if kind == "commits"}, pruned)
                 prune, _ = local_gc._retention(view, view, policy, force)
             if prune and not dry_run:  # the notes are durable before any data goes
+                note = {"time": time.time_ns() // 1000, "policy": policy.describe()}  # as local gc writes it
                 records = [(object_id(data), data) for data in
-                           (layout.encode_pruned(oid, {"policy": policy.describe()}) for oid in sorted(prune))]
+                           (layout.encode_pruned(oid, note) for oid in sorted(prune))]
                 transfer.upload_objects(conn.bucket, conn.catalogue, records)
                 notes.update({oid: rid for oid, (rid, _) in zip(sorted(prune), records)})
             tips = [oid for oid, _, _ in refs.values()]

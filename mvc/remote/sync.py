@@ -74,6 +74,9 @@ class FetchReport:
     bytes_received: int = 0
     lazy: bool = False  # chunks were left on the remote (a cache / --lazy clone)
     damaged_refs: tuple = ()  # remote refs whose object does not decode (left out)
+    # commits held here whose data the cached remote's retention pruned and that are not whole here:
+    # marked pruned here too (hex ids)
+    pruned: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -578,8 +581,10 @@ def _classify(data: bytes, oid: bytes):
 @dataclass
 class _Incoming:
     objects: list = field(default_factory=list)  # (kind, id, bytes)
-    pruned: dict = field(default_factory=dict)  # commit id -> note
+    pruned: dict = field(default_factory=dict)  # commit id -> note, to mark pruned here
     chunks: dict = field(default_factory=dict)  # id -> length, reachable and not local
+    notes: dict = field(default_factory=dict)  # commit id -> note: every commit the remote pruned
+    pruned_here: tuple = ()  # ids of commits held here that inc.pruned marks (see FetchReport.pruned)
 
 
 def _closure(repo, txn, tips: list, fetched: dict, remote: str) -> _Incoming:
@@ -606,7 +611,23 @@ def _closure(repo, txn, tips: list, fetched: dict, remote: str) -> _Incoming:
         if txn.chunk(cid) is None:
             inc.chunks[cid] = n
     inc.pruned = {oid: pruned_notes[oid] for kind, oid, _ in inc.objects if kind == "commits" and oid in pruned_notes}
+    inc.notes = pruned_notes
     return inc
+
+
+def _pruned_away(repo, txn, notes: dict) -> dict:
+    """{commit id: note} of the commits held here (not pruned here) that a cached remote pruned and
+    whose chunks are not all here: their data is gone, so they are pruned here too (a load then
+    says so, instead of naming a missing chunk). One held whole here keeps its data."""
+    out = {}
+    for oid, note in notes.items():
+        if txn.get("commits", oid) is None or txn.pruned(oid) is not None:
+            continue
+        tree = repo.objects.tree(txn, repo.objects.commit(txn, oid).tree)
+        leaves = (leaf for _, leaf in walk_tree(tree.root) if isinstance(leaf, TensorLeaf))
+        if any(txn.chunk(cid) is None for leaf in leaves for cid in repo.objects.tensor(txn, leaf.id).chunks):
+            out[oid] = note
+    return out
 
 
 def fetch(repo, name: Optional[str] = None, progress=None, prune: bool = False) -> FetchReport:
@@ -632,7 +653,7 @@ def fetch(repo, name: Optional[str] = None, progress=None, prune: bool = False) 
             received = 0 if lazy else download(repo, conn, inc.chunks, progress)
             updates = _store_fetch(repo, conn, inc, remote, prune)
         return FetchReport(conn.name, tuple(updates), len(inc.objects), 0 if lazy else len(inc.chunks),
-                           received, lazy, tuple(sorted(conn.damaged)))
+                           received, lazy, tuple(sorted(conn.damaged)), inc.pruned_here)
     finally:
         conn.close()
 
@@ -646,6 +667,10 @@ def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> tuple:
             fetched = _incoming_objects(repo, conn)
             with repo.index.read() as txn:
                 inc = _closure(repo, txn, tips, fetched, conn.name)
+                if lazy:
+                    away = _pruned_away(repo, txn, inc.notes)
+                    inc.pruned.update(away)
+                    inc.pruned_here = tuple(sorted(oid.hex() for oid in away))
                 absent = _absent_chunks(repo, txn, conn, tips, inc, fetched) if lazy else \
                     [cid for cid in inc.chunks if not conn.catalogue.has_chunk(cid)]
             if absent:
@@ -662,7 +687,7 @@ def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetc
     """Chunks the closures of ``tips`` need that are neither here nor listed on the remote: a lazy
     clone reads them from there, so a pack deleted there is noticed at the next fetch."""
     decoded = {oid: _classify(data, oid) for _, oid, data in inc.objects}
-    pruned = set(inc.pruned)
+    pruned = set(inc.pruned) | set(inc.notes)  # the remote's retention, not damage
 
     def get(kind: str, oid: bytes):
         if oid in decoded and decoded[oid][0] == kind:

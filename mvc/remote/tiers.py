@@ -65,7 +65,7 @@ class EvictReport:
     packs_rewritten: int = 0
     chunks_evicted: int = 0
     kept_base: int = 0  # chunks kept because a local delta record that stays decodes through them
-    kept_pinned: int = 0  # chunks kept because a pinned commit uses them
+    kept_pinned: int = 0  # chunks the remote holds, kept because a pinned commit uses them
     kept_local: int = 0  # chunks kept because the remote does not hold them
     kept_unverified: int = 0  # chunks kept because their remote copy did not read back intact
     unverified: tuple = ()  # (chunk hex, remote pack key, why) of those, the first few
@@ -81,6 +81,7 @@ class CacheStatus:
     remote_bytes: int
     only_remote: int  # reachable chunks held only on the remote
     only_local: int  # reachable chunks not yet on the remote (never evicted)
+    lost: int = 0  # reachable chunks neither here nor on the remote (as last listed): fsck names them
 
 
 def chunk_store(repo) -> ChunkStore:
@@ -385,16 +386,18 @@ def pinned_commits(repo, txn) -> set:
     return out
 
 
-def _unpushed(repo, txn, remote: str) -> set:
-    """Commits local branches and tags reach that no branch of ``remote`` (as last fetched or pushed)
-    reaches. The remote keeps only what its refs need (a remote gc deletes the rest), so a chunk such
-    a commit shares with the remote's packs today is not safe there tomorrow: it stays local."""
+def _unpushed(repo, txn, remote_tips: list) -> set:
+    """Commits local branches and tags reach that no ref of the remote reaches (``remote_tips``:
+    its refs as it holds them now, not the tracking refs: a branch deleted there since the last
+    fetch keeps its tracking ref here). The remote keeps only what its refs need (a remote gc deletes
+    the rest), so a chunk such a commit shares with the remote's packs today is not safe there
+    tomorrow: it stays local."""
     def commit(oid):  # one not held here ends its line
         return repo.objects.commit(txn, oid) if txn.get("commits", oid) is not None else None
 
     def history(tips, stop=frozenset()) -> set:
         return set(reach.ancestry(commit, tips, stop=stop))
-    tracked = history([v.id for _, v in txn.refs(f"{refnames.REMOTES}{remote}/") if v.id is not None])
+    tracked = history(remote_tips)
     mine = [v.id for name, v in txn.refs() if v.id is not None and name.startswith((refnames.BRANCHES, refnames.TAGS))]
     return history(mine, tracked)
 
@@ -430,13 +433,14 @@ def evict(repo, budget: Optional[int] = None) -> EvictReport:
     conn = Connection(repo, name)
     try:
         conn.catalogue.refresh(conn.bucket)
+        tips = [oid for oid, _, _ in conn.remote_refs().values()]  # its branches and tags keep their data there
         with repo.gc_lock.exclusive():
-            return _evict(repo, conn, budget)
+            return _evict(repo, conn, budget, tips)
     finally:
         conn.close()
 
 
-def _evict(repo, conn: Connection, budget: int) -> EvictReport:
+def _evict(repo, conn: Connection, budget: int, remote_tips: list) -> EvictReport:
     catalogue = conn.catalogue
     packs = local_packs(repo)
     before = total = sum(size for _, size in packs.values())
@@ -449,7 +453,7 @@ def _evict(repo, conn: Connection, budget: int) -> EvictReport:
         by_pack: dict = {}
         for cid, loc in repo.chunks.records(txn):
             by_pack.setdefault(loc.pack, []).append((cid, loc))
-        pinned = commit_chunks(repo, txn, pinned_commits(repo, txn) | _unpushed(repo, txn, conn.name))
+        pinned = commit_chunks(repo, txn, pinned_commits(repo, txn) | _unpushed(repo, txn, remote_tips))
     users: dict = {}  # delta base -> the local records that decode through it
     for items in by_pack.values():
         for cid, loc in items:
@@ -471,7 +475,7 @@ def _evict(repo, conn: Connection, budget: int) -> EvictReport:
         dropped = _bases_kept(drop - set(bad), users, gone)
         drop = [(cid, loc) for cid, loc in items if cid in dropped]
         keep = [(cid, loc) for cid, loc in items if cid not in dropped]
-        report["kept_pinned"] += sum(1 for cid, _ in keep if cid in pinned)
+        report["kept_pinned"] += sum(1 for cid, _ in keep if cid in pinned and cid in remote)
         report["kept_local"] += sum(1 for cid, _ in keep if cid not in remote)
         report["kept_base"] += sum(1 for cid, _ in keep if cid in remote and cid not in pinned and cid not in bad)
         gone |= dropped
@@ -509,16 +513,18 @@ def status(repo) -> CacheStatus:
         local_chunks = sum(1 for _ in txn.ids("chunks"))
         live = reach.walk(txn, repo.objects).chunk_length if name else {}
         here = {cid for cid in live if txn.chunk(cid) is not None}
-    remote_chunks = remote_bytes = only_remote = only_local = 0
+    remote_chunks = remote_bytes = only_remote = only_local = lost = 0
     if name is not None and os.path.isdir(repo.dir / "remotes" / name):  # never listed: nothing known yet
         catalogue = Catalogue(repo.dir, name)
         try:
             remote_chunks, remote_bytes = catalogue.remote_bytes()
             on_remote = set(catalogue.chunks(live))
-            only_remote = len(set(live) - here)
+            away = set(live) - here
+            only_remote = len(away & on_remote)
+            lost = len(away - on_remote)
             only_local = len(here - on_remote)
         finally:
             catalogue.close()
     return CacheStatus(name, budget, local_bytes(repo), local_chunks, remote_chunks, remote_bytes,
-                       only_remote, only_local)
+                       only_remote, only_local, lost)
 

@@ -658,6 +658,7 @@ def _remotes(repo) -> str:
              ("local packs", human_bytes(cs.local_bytes)), ("local chunks", cs.local_chunks),
              ("remote holds", f"{cs.remote_chunks} chunks, {human_bytes(cs.remote_bytes)} (as last listed)"),
              ("reachable chunks only on the remote", cs.only_remote),
-             ("reachable chunks not yet on the remote", cs.only_local)]
+             ("reachable chunks not yet on the remote", cs.only_local)] + \
+        ([("reachable chunks neither here nor on the remote", cs.lost)] if cs.lost else [])
     out.append(table(["", ""], [[esc(k), esc(v)] for k, v in facts], "facts", " id=cache"))
     return "".join(out)

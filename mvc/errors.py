@@ -415,6 +415,16 @@ class RefRejected(RefConflict):
         self.remote, self.refs = remote, tuple(refs)
 
 
+class PrunedOnRemote(RefConflict):
+    """A push would point remote ``remote``'s ref ``ref`` at commit ``id`` (hex), which that remote's
+    retention pruned: the remote keeps its record, not its data, and a ref there must not name a
+    commit without data. ``policy`` is the retention that pruned it."""
+
+    def __init__(self, message: str = "", *, remote: str = "", ref=None, id=None, policy=None):
+        super().__init__(message, ref=ref)
+        self.remote, self.id, self.policy = remote, id, policy
+
+
 class Diverged(RefConflict):
     """Local branch ``branch`` and ``remote``'s branch of that name have diverged: a pull
     cannot fast-forward, and mvc does not merge."""

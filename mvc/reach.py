@@ -123,12 +123,14 @@ def reached(commit: Callable, starts: Iterable[bytes]) -> set:
     return out
 
 
-def closure(get: Callable, tips: Iterable[bytes], pruned: Callable = lambda oid: False) -> Iterator[tuple]:
+def closure(get: Callable, tips: Iterable[bytes], pruned: Callable = lambda oid: False,
+            seen: Optional[set] = None) -> Iterator[tuple]:
     """The closures of ``tips`` as the remote code walks them, through ``get(kind, id)`` ("commits",
     "trees", "tensors"), which reads one object and returns None when it is missing (the caller records
     that; the walk goes on without it) or raises to stop. Yields (chunk id, length) once per chunk. A
-    commit for which ``pruned(id)`` is true gives only its record and parents."""
-    seen, todo = set(), list(tips)
+    commit for which ``pruned(id)`` is true gives only its record and parents. ``seen``: ids an earlier
+    walk went through (it is added to), skipped here."""
+    seen, todo = set() if seen is None else seen, list(tips)
     while todo:
         oid = todo.pop()
         if oid in seen:

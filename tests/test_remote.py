@@ -417,6 +417,54 @@ def test_a_lazy_clone_learns_what_the_remotes_retention_pruned(origin, tmp_path)
         lazy.close()
 
 
+def test_a_push_never_points_a_remote_ref_at_a_commit_its_retention_pruned(origin, tmp_path):
+    """The push walk stops at commits the remote holds: a branch at one the remote pruned would
+    send no data and leave a remote ref naming a commit without data. It is refused."""
+    from mvc.errors import PrunedOnRemote
+    origin.commit(state(3), "third")
+    origin.remotes.push()
+    second = origin.resolve("main~1")
+    assert second in origin.remotes.gc(keep_last=1, grace=0).pruned
+    origin.create_branch("keep", "main~1")
+    with pytest.raises(PrunedOnRemote) as err:
+        origin.remotes.push(refs=("keep",))
+    assert (err.value.remote, err.value.ref, err.value.id) == ("origin", "heads/keep", second)
+    assert err.value.policy.startswith("keep-last 1")
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "push", "origin", "keep"])
+    assert result.exit_code == 1 and "pruned on remote 'origin'" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "c")
+    try:
+        with pytest.raises(mvc.UnknownRevision):
+            clone.resolve("origin/keep")  # the remote has no such ref
+        assert same(clone.load("main"), state(3)) and clone.fsck().ok
+    finally:
+        clone.close()
+    assert origin.remotes.push().chunks == 0  # main, already there, still pushes
+
+
+def test_a_lazy_fetch_says_when_refs_here_need_chunks_the_remote_no_longer_has(origin, tmp_path):
+    """A branch deleted on the remote and collected there, that this clone never read: fetch
+    succeeds (the remote is not damaged), and says how many chunks refs here lost."""
+    s = state(6)
+    origin.commit(s, "an experiment", branch="exp")
+    origin.remotes.push(refs=("exp",))
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        lazy.create_branch("exp", "origin/exp")  # never read here
+        assert lazy.remotes.fetch().lost == 0
+        origin.remotes.push(delete=("exp",))
+        origin.remotes.gc(grace=0)
+        report = lazy.remotes.fetch()
+        assert report.lost > 0 and report.pruned == ()
+        damage = lazy.fsck().damage
+        assert damage and all("heads/exp" in d.refs and "heads/main" not in d.refs for d in damage)
+    finally:
+        lazy.close()
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "lz"), "fetch"])
+    assert result.exit_code == 0 and "that refs here need are neither here nor on origin" in result.output
+
+
 def test_a_tag_kept_local_survives_eviction_and_loads_with_the_remote_gone(origin, tmp_path):
     runner = CliRunner()
 

@@ -199,6 +199,9 @@ def _show_fetch(report) -> None:
     for ref in report.damaged_refs:
         click.echo(f"  ! {ref.split('/', 1)[1]:<24} left out: its object on the remote does not decode "
                    "('mvc push --force' replaces it)")
+    if report.lost:
+        click.echo(f"  ! {report.lost} chunk{'' if report.lost == 1 else 's'} that refs here need are neither here "
+                   f"nor on {report.remote} (a branch deleted and collected there?): 'mvc fsck' names what they break")
     if report.pruned:
         click.echo(f"  {len(report.pruned)} commit{'' if len(report.pruned) == 1 else 's'} the remote's retention "
                    f"pruned, not whole here, now pruned here too: {', '.join(c[:12] for c in report.pruned[:5])}"

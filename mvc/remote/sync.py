@@ -29,8 +29,8 @@ from typing import Optional
 from .. import audit as _audit
 from .. import reach
 from .. import refs as refnames
-from ..errors import (BadInput, BranchLocked, CorruptObject, Diverged, LockHeld, ProtectedRef,  # noqa: F401
-                      RefRejected, RemoteDamaged, UntrustedAnswer)  # RefRejected re-exported
+from ..errors import (BadInput, BranchLocked, CorruptObject, Diverged, LockHeld, MvcError, ProtectedRef,  # noqa: F401
+                      PrunedOnRemote, RefRejected, RemoteDamaged, UntrustedAnswer)  # RefRejected re-exported
 from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
 from ..store import locks as locking
 from ..traverse import walk as walk_tree
@@ -77,6 +77,8 @@ class FetchReport:
     # commits held here whose data the cached remote's retention pruned and that are not whole here:
     # marked pruned here too (hex ids)
     pruned: tuple = ()
+    # chunks refs here need (beyond the remote's refs) that are neither here nor on the cached remote
+    lost: int = 0
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,7 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
                 with repo.index.read() as txn:
                     targets = _targets(repo, txn, names)
                     out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn)
+                _refuse_pruned_tips(repo, conn, targets)
                 _audit.check_push_targets(repo, conn.remote_refs, targets, conn.name)  # before any upload
                 chunks = _in_pack_order(repo, out.chunks)
                 packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress)
@@ -287,6 +290,28 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
                           sum(out.chunks.values()), packs + opacks, sent + osent)
     finally:
         conn.close()
+
+
+def _refuse_pruned_tips(repo, conn: Connection, targets: dict) -> None:
+    """PrunedOnRemote if a ref would move to a commit the remote holds but its retention pruned.
+
+    The walk of the push stops at commits the remote holds, so such a commit's data would not be
+    sent, and the remote ref would name a commit without data (which its next gc keeps that way).
+    Only a tip the remote already holds can be one: its notes are read then, not on every push."""
+    held = [(ref, oid) for ref, (oid, _) in targets.items() if conn.catalogue.has_objects([oid])]
+    if not held:
+        return
+    notes = {}
+    for oid, data in _incoming_objects(repo, conn).items():
+        kind, obj = _classify(data, oid)
+        if kind == "pruned":
+            notes[obj["commit"]] = obj.get("policy", "retention")
+    for ref, oid in held:
+        if oid in notes:
+            raise PrunedOnRemote(f"commit {oid.hex()[:12]} was pruned on remote {conn.name!r} by its retention "
+                                 f"({notes[oid]}): it keeps the record, not the data, so {ref} there would name a "
+                                 "commit without data; commit that state again to keep it there",
+                                 remote=conn.name, ref=ref, id=oid.hex(), policy=notes[oid])
 
 
 def _delete_refs(repo, conn: Connection, names: tuple, force: bool, held) -> list:
@@ -585,6 +610,7 @@ class _Incoming:
     chunks: dict = field(default_factory=dict)  # id -> length, reachable and not local
     notes: dict = field(default_factory=dict)  # commit id -> note: every commit the remote pruned
     pruned_here: tuple = ()  # ids of commits held here that inc.pruned marks (see FetchReport.pruned)
+    lost: int = 0  # see FetchReport.lost
 
 
 def _closure(repo, txn, tips: list, fetched: dict, remote: str) -> _Incoming:
@@ -653,7 +679,7 @@ def fetch(repo, name: Optional[str] = None, progress=None, prune: bool = False) 
             received = 0 if lazy else download(repo, conn, inc.chunks, progress)
             updates = _store_fetch(repo, conn, inc, remote, prune)
         return FetchReport(conn.name, tuple(updates), len(inc.objects), 0 if lazy else len(inc.chunks),
-                           received, lazy, tuple(sorted(conn.damaged)), inc.pruned_here)
+                           received, lazy, tuple(sorted(conn.damaged)), inc.pruned_here, inc.lost)
     finally:
         conn.close()
 
@@ -671,8 +697,11 @@ def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> tuple:
                     away = _pruned_away(repo, txn, inc.notes)
                     inc.pruned.update(away)
                     inc.pruned_here = tuple(sorted(oid.hex() for oid in away))
-                absent = _absent_chunks(repo, txn, conn, tips, inc, fetched) if lazy else \
+                seen: set = set()
+                absent = _absent_chunks(repo, txn, conn, tips, inc, fetched, seen) if lazy else \
                     [cid for cid in inc.chunks if not conn.catalogue.has_chunk(cid)]
+                if lazy and not absent:
+                    inc.lost = _lost_here(repo, txn, conn, inc, fetched, seen)
             if absent:
                 raise RemoteDamaged(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on "
                                     f"remote {conn.name!r}; it is damaged", remote=conn.name, ids=absent)
@@ -683,9 +712,22 @@ def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> tuple:
             conn.catalogue.refresh(conn.bucket)
 
 
-def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetched: dict) -> list:
+def _lost_here(repo, txn, conn: Connection, inc: _Incoming, fetched: dict, seen: set) -> int:
+    """How many chunks the refs here need (past what the remote's refs need, ``seen``) that are
+    neither here nor on the remote: a branch the remote deleted, then collected, say. Not the
+    remote's damage; fetch says so, fsck names what they break. Damage here is fsck's to find."""
+    mine = [v.id for _, v in txn.refs() if v.id is not None]
+    try:
+        return len(_absent_chunks(repo, txn, conn, mine, inc, fetched, seen))
+    except MvcError:
+        return 0
+
+
+def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetched: dict,
+                   seen: Optional[set] = None) -> list:
     """Chunks the closures of ``tips`` need that are neither here nor listed on the remote: a lazy
-    clone reads them from there, so a pack deleted there is noticed at the next fetch."""
+    clone reads them from there, so a pack deleted there is noticed at the next fetch. ``seen``:
+    as ``reach.closure``'s."""
     decoded = {oid: _classify(data, oid) for _, oid, data in inc.objects}
     pruned = set(inc.pruned) | set(inc.notes)  # the remote's retention, not damage
 
@@ -694,7 +736,7 @@ def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetc
             return decoded[oid][1]
         return getattr(repo.objects, kind[:-1])(txn, oid)
     out = [cid for cid, _ in reach.closure(get, tips, lambda oid: oid in pruned or
-                                           repo.objects.pruned(txn, oid) is not None)]
+                                           repo.objects.pruned(txn, oid) is not None, seen)]
     known = conn.catalogue.chunks(cid for cid in out if txn.chunk(cid) is None)
     return [cid for cid in out if txn.chunk(cid) is None and cid not in known]
 

@@ -587,7 +587,8 @@ def _scan(repo, budget: str, kind: str, amount: float, progress) -> ScanReport:
                 break
     done = visited = 0
     for piece in _pieces(lap, 16 << 20):
-        found = repo.chunks.verify({cid: loc for _, cid, loc in piece}, threads=1)
+        with repo.index.read() as txn:  # a delta's base may lie outside this piece: the index says where
+            found = repo.chunks.verify({cid: loc for _, cid, loc in piece}, txn, threads=1)
         pack_of = {cid: key[0] for key, cid, _ in piece}
         problems += [ScanProblem(pack_filename(bytes.fromhex(pack_of[p.id])), p.id.hex(), p.kind, p.detail)
                      for p in found]

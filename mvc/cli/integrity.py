@@ -106,6 +106,11 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remot
     """
     if read_subset is not None and remote_name is None:
         raise click.UsageError("--read-subset N/T goes with --remote NAME")
+    others = [flag for flag, on in (("--quick", quick), ("--rebuild-index", rebuild_index), ("--prune-lost", prune_lost),
+                                    ("--remote", remote_name is not None), ("--repair", repair),
+                                    ("--fetch", fetch_remote)) if on]
+    if budget is not None and others:
+        raise click.UsageError(f"--budget runs a scheduled scan on its own; it does not go with {', '.join(others)}")
     if remote_name is not None or repair:
         from .remote import fsck_remote_or_repair  # noqa: PLC0415  (the remote layer's commands)
         ctx.exit(fsck_remote_or_repair(remote_name, repair, as_json, read_subset))

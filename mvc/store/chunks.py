@@ -577,7 +577,8 @@ class PackStore(ChunkStore):
     def verify(self, locations: dict, txn=None, threads: int = THREADS, progress=None) -> list:
         """Re-read and re-hash chunks {id: Location}, headers included; the Problems found.
 
-        Reads go through the same runs as ``read``, into a scratch buffer per thread.
+        Reads go through the same runs as ``read``, into a scratch buffer per thread. With
+        ``txn``, a delta base not among ``locations`` is located in the index.
         """
         jobs = sorted(((loc, cid) for cid, loc in locations.items()), key=lambda j: (j[0].pack, j[0].offset))
         pieces = runs([job for job in jobs if not job[0].coded]) + [[job] for job in jobs if job[0].coded]
@@ -585,7 +586,7 @@ class PackStore(ChunkStore):
         def work(task):
             found = []
             for run in task:
-                found += self._verify_coded(*run[0], locations) if run[0][0].coded else self._verify_run(run)
+                found += self._verify_coded(*run[0], locations, txn) if run[0][0].coded else self._verify_run(run)
             return found, sum(loc.length for run in task for loc, _ in run)
         problems = []
         tasks = batches(pieces, lambda run: sum(loc.length for loc, _ in run))
@@ -629,8 +630,10 @@ class PackStore(ChunkStore):
                                         "id (BLAKE3 mismatch)"))
         return problems
 
-    def _verify_coded(self, loc: Location, cid: bytes, locations: dict) -> list:
-        """The Problems of one encoded record: its header, its bases, its decoded bytes."""
+    def _verify_coded(self, loc: Location, cid: bytes, locations: dict, txn=None) -> list:
+        """The Problems of one encoded record: its header, its bases, its decoded bytes. A base
+        not among ``locations`` is looked up in the index (``txn``), where one is given: a
+        scan verifies a slice of the packs, and a delta's base may lie outside it."""
         buffer = bytearray(loc.length)
         where = f"offset {loc.offset} in {pack_filename(loc.pack)}"
         try:
@@ -643,6 +646,11 @@ class PackStore(ChunkStore):
         chain, at = [], loc
         while at.base is not None:
             base = locations.get(at.base)
+            if base is None and txn is not None:
+                try:
+                    base = txn.chunk(at.base)
+                except CorruptObject:
+                    base = None
             if base is None or len(chain) >= codec.MAX_DEPTH or at.base == cid:
                 return [Problem(BROKEN_BASE, cid, f"its delta base {at.base.hex()[:12]} cannot be read "
                                 "(missing, or the chain is too deep or loops)")]

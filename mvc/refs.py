@@ -451,10 +451,12 @@ class Refs:
         return oid
 
     def checkout(self, txn, rev: str) -> None:
-        """Move HEAD onto branch ``rev`` or, for any other revision, detached at its commit."""
+        """Move HEAD onto branch ``rev`` or, for any other revision, detached at its commit.
+        ``HEAD`` (or ``@``) on a branch stays on it, as in Git."""
         head = txn.ref(HEAD)
         old = None if head is None else self.head(txn)[1]  # checkout repairs a lost HEAD
-        ref = self.branch_ref(txn, rev)
+        on_branch = head is not None and head.target is not None and txn.ref(head.target) is not None
+        ref = head.target if rev in (HEAD, "@") and on_branch else self.branch_ref(txn, rev)
         if ref is not None:
             txn.set_ref(HEAD, RefValue(target=ref))
             new = txn.ref(ref).id

@@ -229,6 +229,17 @@ def test_checkout_branch_and_detached(repo, chain):
     with pytest.raises(UnknownRevision):
         repo.checkout("nope")
     assert repo.head() == mvc.Head(None, c2)
+    assert repo.checkout("HEAD") == mvc.Head(None, c2)  # detached stays detached
+    repo.checkout("main")
+    assert repo.checkout("HEAD") == mvc.Head("main", c3) == repo.checkout("@")  # as in Git: still on main
+
+
+def test_cli_checkout_of_an_empty_revision_is_an_error(repo, chain):
+    from conftest import run_cli
+    for args in (["checkout", ""], ["branch", "x", ""], ["tag", "t", ""]):
+        result = run_cli(repo, *args)
+        assert result.exit_code == 1 and "empty revision" in result.output, (args, result.output)
+    assert repo.head() == mvc.Head("main", chain[2])
 
 
 def test_commit_on_detached_head_moves_only_head(repo, chain):

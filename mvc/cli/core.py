@@ -362,7 +362,7 @@ def checkout(rev, new_branch, output, fmt, force, only, strip_prefix):
             raise click.UsageError("--format, --force, --only and --strip-prefix need -o/--output")
         with open_repo() as repo:
             before = repo.head()
-            head = repo.checkout(rev or "HEAD", new_branch=new_branch)
+            head = repo.checkout("HEAD" if rev is None else rev, new_branch=new_branch)
             lost = history.left_behind(repo, before.id) if before.branch is None and before.id else []
         _warn_left_behind(lost)
         if new_branch:
@@ -373,7 +373,7 @@ def checkout(rev, new_branch, output, fmt, force, only, strip_prefix):
         return
     if new_branch:
         raise click.UsageError("-b moves HEAD; it does not go with -o/--output")
-    _export(rev or "HEAD", output, fmt, force, only, strip_prefix)
+    _export("HEAD" if rev is None else rev, output, fmt, force, only, strip_prefix)
 
 
 def _warn_left_behind(lost) -> None:
@@ -450,7 +450,7 @@ def _ref_command(kind: str, name, rev, delete, force, protect, as_json, move=Fal
             click.echo(f"{'Protected' if protect else 'Unprotected'} {kind} {ref.name}")
         else:
             create = repo.create_branch if kind == "branch" else repo.create_tag
-            ref = create(name, rev or "HEAD", force=force, protect=protect)
+            ref = create(name, "HEAD" if rev is None else rev, force=force, protect=protect)
             click.echo(f"{kind.capitalize()} {ref.name} at {ref.id[:12]}"
                        f"{' (protected)' if ref.protected else ''}")
 
@@ -501,7 +501,7 @@ def tag(name, rev, delete, force, protect, as_json, keep_local=None, sign=False,
         if name is None or delete:
             raise click.UsageError("-s signs a new tag: mvc tag -s NAME [REV]")
         with open_repo() as repo:
-            ref = repo.create_tag(name, rev or "HEAD", protect=protect, force=force,
+            ref = repo.create_tag(name, "HEAD" if rev is None else rev, protect=protect, force=force,
                                   sign=load_signer(repo, sign, signing_key), message=message)
         click.echo(f"Signed tag {ref.name} at {ref.id[:12]}{' (protected)' if ref.protected else ''}")
     elif not pin_only:

@@ -1,9 +1,9 @@
 """``log --graph``: the columns Git draws beside each commit.
 
-Each column waits for one commit (the parent of a commit drawn above it). A
-commit takes the first column waiting for it; other columns waiting for it
-(branches that forked there) fold into it with a ``|/`` line, as in Git. A
-merge commit opens a column for each further parent with a ``|\\`` line.
+Each column waits for one commit (the parent of a commit drawn above it). When
+a commit's parent is one another column already waits for (branches that forked
+there), its column folds into that one with a ``|/`` line right after it, as in
+Git. A merge commit opens a column for each further parent with a ``|\\`` line.
 """
 
 
@@ -17,10 +17,6 @@ def layout(commits) -> list:
             columns.append(c.id)
         here = columns.index(c.id)
         head = " ".join("*" if i == here else "|" for i in range(len(columns)))
-        folds = []
-        for j in reversed([i for i, x in enumerate(columns) if x == c.id and i != here]):
-            folds.append(_fold(j, len(columns)))
-            del columns[j]
         parents, spread = list(c.parents), ""
         if parents:
             columns[here] = parents[0]
@@ -31,8 +27,21 @@ def layout(commits) -> list:
         else:
             del columns[here]
         body = " ".join("|" for _ in columns) if columns else ""
-        rows.append((head, body, folds, spread))
+        rows.append((head, body, _fold_waiting(columns), spread))
     return rows
+
+
+def _fold_waiting(columns: list) -> list:
+    """Fold columns that now wait for the same commit into the first of them, as Git draws
+    a fork: the ``|/`` line comes right after the commit whose parent another column
+    already waits for, before that parent's own line. Changes ``columns``."""
+    folds = []
+    for target in list(dict.fromkeys(columns)):
+        waiting = [i for i, x in enumerate(columns) if x == target]
+        for j in reversed(waiting[1:]):
+            folds.append(_fold(j, len(columns)))
+            del columns[j]
+    return folds
 
 
 def _spread(here: int, opened: int, right: int) -> str:

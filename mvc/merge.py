@@ -46,7 +46,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from . import commits, dtypes, hashing, history, reader
+from . import audit, commits, dtypes, hashing, history, reader
 from .errors import BadInput, BadRecipe, MergeMismatch, MergeRefused
 from .objects import TensorLeaf, TensorObject, TreeObject, object_id
 from .store.chunks import Request
@@ -694,7 +694,7 @@ def _inputs_of(repo, revs) -> list:
 def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=None, base: Optional[str] = None,
           params: Optional[dict] = None, only: Optional[str] = None, rules=None, branch: Optional[str] = None,
           message: Optional[str] = None, author: Optional[str] = None,
-          progress: Optional[Callable[[int, int], None]] = None) -> Merged:
+          progress: Optional[Callable[[int, int], None]] = None, sign=None) -> Merged:
     """Merge the checkpoints at ``revs`` (revisions or ``A..B`` ranges) into one
     merge commit on ``branch`` (default HEAD's). Its parents are the branch's
     tip (if any), then the inputs that it and the other inputs do not already
@@ -704,9 +704,12 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
     recipe file; the keyword options (when not None) take precedence over it.
     Raises, before any chunk is read or written: BadRecipe (strategy,
     parameters, weights, rules), MergeMismatch (keys, dtypes or shapes differ),
-    MergeRefused (optimizer state), UnknownRevision, ProtectedRef / LockHeld.
+    MergeRefused (optimizer state), UnknownRevision, ProtectedRef / LockHeld,
+    SigningKeyError / SignatureRequired (as ``commit``'s ``sign``: a SigningKey, a key
+    file path, or True for setting ``signing.key``).
     ChecksumMismatch if a chunk read is corrupt (nothing is committed then).
     """
+    signer = audit.signer(repo, sign)
     if isinstance(recipe, (str, Path)):
         recipe = load_recipe(recipe)
     recipe = make_recipe(recipe, strategy=strategy, weights=weights, base=base, params=params, only=only,
@@ -722,6 +725,7 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
             ref = commits.target_ref(repo, txn, branch)
             tip = repo.refs.tip(txn, ref)
             repo.refs.check_commit(txn, ref, me)
+            audit.check_commit_policy(txn, ref, signer)  # before any chunk is read
             inputs = [_read_input(repo, txn, rev, recipe.only) for rev in revs]
             base_in = _read_input(repo, txn, recipe.base, recipe.only) if recipe.base is not None else None
             if not inputs[0].leaves:
@@ -747,7 +751,7 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
             joined = _joined(repo, txn, tip, [x.id for x in inputs])
         with repo.index.write() as wtxn:
             oid, obj = commits.land(repo, wtxn, ref, tip, False, me, record, batch.publish, merger.tensors, tree_data,
-                                   merged=joined)
+                                   merged=joined, signer=signer)
     from .refs import short_name
     commit = replace(commits.to_commit(oid, obj), branch=short_name(ref) if ref else None)
     c = merger.counts

@@ -4,6 +4,8 @@ clone, and the CLI (merge, average, show, log --graph, diff per parent)."""
 
 import json
 import math
+import shutil
+import subprocess
 
 import blake3
 import pytest
@@ -425,6 +427,33 @@ def test_cli_merge_show_log_graph_and_diff_against_each_parent(repo, three):
         assert d.exit_code == 0 and "tensors changed" in d.stdout
     js = json.loads(run_cli(repo, "merge", "a", "c", "-b", "soup", "--json").stdout)
     assert js["report"]["inputs"] == [three["a"], three["c"]] and js["commit"]["branch"] == "soup"
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")
+def test_a_merge_to_a_branch_that_requires_signatures_is_signed(repo, three, tmp_path):
+    """A branch under signing.require took no merge: merge and average had no way to sign."""
+    from mvc import signing
+    from mvc.errors import SignatureRequired
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
+    key = signing.load_key(tmp_path / "k")
+    (tmp_path / "allowed").write_text(f"me@example.com {key.public_line()}\n")
+    repo.config(signing.ALLOWED, str(tmp_path / "allowed"))
+    repo.config(signing.REQUIRE, "main")
+    tip = repo.resolve("main")
+    with pytest.raises(SignatureRequired):
+        repo.merge(["a", "b"])
+    assert repo.resolve("main") == tip  # refused before anything was written
+    merged = repo.merge(["a", "b"], sign=key).commit
+    assert repo.trust.verify_commit(merged.id).good
+    r = run_cli(repo, "average", "b", "c")
+    assert r.exit_code == 1 and "requires signed commits" in r.stderr
+    r = run_cli(repo, "average", "b", "c", "--signing-key", tmp_path / "k")
+    assert r.exit_code == 0, r.output
+    assert repo.trust.verify_commit("main").good and repo.get_commit("main").parents[0] == merged.id
+    repo.config(signing.KEY, str(tmp_path / "k"))
+    r = run_cli(repo, "merge", "a", "c", "-S", "--json")
+    assert r.exit_code == 0 and repo.trust.verify_commit("main").good
+    assert run_cli(repo, "audit", "main").exit_code == 1  # the unsigned base and fine-tunes below it
 
 
 def test_cli_average_and_its_errors(repo, three):

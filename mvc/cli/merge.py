@@ -3,6 +3,7 @@
 import click
 
 from ..errors import MergeRefused
+from .audit import load_signer
 from .base import Progress, echo_json, fail, human_bytes, main, open_repo, parse_pairs
 
 STRATEGY_NAMES = ("average", "linear", "slerp", "task-arithmetic", "ties", "dare")
@@ -20,6 +21,8 @@ def _options(command):
         click.option("--recipe", "recipe_file", metavar="FILE", type=click.Path(dir_okay=False), default=None,
                      help="A JSON or TOML recipe (strategy, weights, base, params, only, rules); flags win."),
         click.option("--json", "as_json", is_flag=True, help="Print the commit and the report as JSON."),
+        click.option("-S", "--sign", "sign", is_flag=True, help="Sign the merge commit with the key in signing.key."),
+        click.option("--signing-key", metavar="KEYFILE", default=None, help="Sign with this key file (implies -S)."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -35,7 +38,8 @@ def _options(command):
 @click.option("--param", "params", multiple=True, metavar="K=V",
               help="A strategy parameter (repeatable): t, density, normalize, rescale, consensus, seed.")
 @_options
-def merge(revs, strategy, base, params, weights, only, branch, message, recipe_file, as_json):
+def merge(revs, strategy, base, params, weights, only, branch, message, recipe_file, as_json, sign=False,
+          signing_key=None):
     """Merge the checkpoints at REV... (or A..B ranges) into a merge commit.
 
     The commit's parents are the branch's tip, then the inputs; it records
@@ -43,23 +47,26 @@ def merge(revs, strategy, base, params, weights, only, branch, message, recipe_f
     shapes are checked before any work; tensors are merged one at a time.
     """
     _run(revs, strategy, base, parse_pairs(params, "--param") or None, weights, only, branch, message,
-         recipe_file, as_json)
+         recipe_file, as_json, (sign, signing_key))
 
 
 @main.command()
 @click.argument("revs", nargs=-1, required=True, metavar="A..B | REV...")
 @_options
-def average(revs, weights, only, branch, message, recipe_file, as_json):
+def average(revs, weights, only, branch, message, recipe_file, as_json, sign=False, signing_key=None):
     """Average checkpoints: the commits of a range (e.g. main~4..main) or the REVs given."""
     _run(revs, "linear" if weights else "average", None, None, weights, only, branch, message,
-         recipe_file, as_json)
+         recipe_file, as_json, (sign, signing_key))
 
 
-def _run(revs, strategy, base, params, weights, only, branch, message, recipe_file, as_json):
+def _run(revs, strategy, base, params, weights, only, branch, message, recipe_file, as_json, signing=(False, None)):
+    with open_repo() as repo:
+        signer = load_signer(repo, *signing)  # before the progress bar: it may ask for a passphrase
     with open_repo() as repo, Progress("merging") as bar:
         try:
             commit, report = repo.merge(revs, recipe_file, strategy=strategy, weights=weights, base=base,
-                                        params=params, only=only, branch=branch, message=message, progress=bar)
+                                        params=params, only=only, branch=branch, message=message, progress=bar,
+                                        sign=signer)
         except MergeRefused as exc:
             fail(f"{exc}; merge the model alone (--only 'model.*') or take them from one input "
                  "(a recipe rule with take = 0)")

@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 
 from .errors import BadInput, MetricNotRecorded, MissingExtra
+from .files import check_not_in_repository
 
 INSTALL_HINT = "pip install 'mvc-checkpoints[plot]'"
 MAX_ROWS = 80
@@ -134,6 +135,7 @@ def check_image_path(path) -> None:
 
 def _save(fig, path) -> None:
     check_image_path(path)
+    check_not_in_repository(path)  # as checkout -o: mvc never writes into a .mvc
     fig.savefig(path, dpi=110)
 
 

@@ -86,6 +86,9 @@ def test_cli_diff_plot(history, tmp_path):
     assert out.exit_code == 0, out.output
     assert target.read_bytes().startswith(PNG)
     assert "11 of 25 tensors changed" in out.output  # layer 0 moves by 0
+    inside = history.dir / "plot.png"
+    out = cli(history, "diff", "HEAD~4", "--plot", str(inside))  # mvc never writes into .mvc
+    assert out.exit_code == 1 and "inside the repository" in out.output and not inside.exists()
 
 
 def test_without_matplotlib_plot_says_how_to_install(history, tmp_path, monkeypatch):

@@ -79,6 +79,17 @@ def test_pages_answer_with_the_repository_s_data(made):
         assert status == 400
 
 
+def test_a_pruned_commit_page_says_why_and_offers_no_export(repo):
+    first = repo.commit({"w": torch.zeros(8)}, "first")
+    repo.commit({"w": torch.ones(8)}, "second")
+    repo.gc(keep_last=1, grace=0)
+    with served(repo.root) as server:
+        status, _, body = fetch(server.url.rstrip("/") + f"/commit?rev={first.id}")
+    page = body.decode()
+    assert status == 200 and "was pruned (keep-last 1" in page and "1970" not in page
+    assert "mvc export" not in page
+
+
 def test_repository_strings_are_escaped_in_every_page(made):
     path, _ = made
     with served(path) as server:

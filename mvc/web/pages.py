@@ -321,7 +321,11 @@ def _brief(value, limit: int = 300) -> str:
 def _tree(view: View, c) -> str:
     repo = view.repo
     if c.pruned:
-        return "<h2>Tensors</h2><p class=muted>gc retention pruned this commit: its record stays, its tensors are gone.</p>"
+        with repo.index.read() as txn:
+            note = repo.objects.pruned(txn, bytes.fromhex(c.id)) or {}
+        why = note.get("policy", "retention")
+        return (f"<h2>Tensors</h2><p class=muted>This commit was pruned ({esc(why)}) on "
+                f"{esc(when(note.get('time', 0) / 1e6))}: its record stays, its tensors are gone.</p>")
     entries = repo.entries(c.id)
     try:
         parent_chunks = {cid for e in repo.entries(c.parents[0]) if e.kind == "tensor" for cid in e.chunks} \
@@ -376,6 +380,8 @@ def _svg_bar(share: float, width: int = 60) -> str:
 
 
 def _export(c) -> str:
+    if c.pruned:
+        return ""  # nothing to export: its tensors are gone
     cid = c.short_id
     lines = [f"mvc export {cid} -o model.safetensors",
              f"mvc export {cid} -o checkpoint.pt",

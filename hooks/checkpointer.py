@@ -525,10 +525,12 @@ class Checkpointer:
         payload = distributed.broadcast_state(payload)
         if payload is None:
             return 0
-        commit, state = payload["commit"], payload["state"]
+        commit, state, fork = payload["commit"], payload["state"], payload.get("fork")
         before = self._check_and_load_per_rank(state, f"commit {commit.short_id} (step {commit.step})", strict)
         try:
             self._restore(state, commit.id)
+            if fork is not None:  # resume(rev) on a new branch: made only once the resume succeeded
+                self._make_branch(fork)
         except BaseException:
             self.per_rank.load(before)  # all or nothing: the data position goes back too
             raise
@@ -538,13 +540,25 @@ class Checkpointer:
         self.tracker = policies.Tracker(time.monotonic(), self._committed_step)
         return self._committed_step + 1
 
+    def _make_branch(self, at: str) -> None:
+        """Create the run's branch at ``at`` (rank 0; an error is raised on every rank)."""
+        error = None
+        if self.root:
+            try:
+                self.repo.create_branch(self.branch, at)
+            except Exception as exc:
+                error = exc
+        _raise_together(error)
+
     def _read(self, rev: Optional[str]) -> Optional[dict]:
         tip = next((b.id for b in self.repo.branches() if b.name == self.branch), None)
+        fork = None
         if rev is not None:
             target = self.repo.resolve(rev)
             if tip is None:
-                self.repo.create_branch(self.branch, target)
-                tip = target
+                # the branch is made after the commit loads and checks: a failed resume leaves none
+                # behind at a commit it could not resume from (which would block every later resume)
+                tip = fork = target
             elif tip != target:
                 raise mvc.BadInput(f"branch {self.branch!r} is at {tip[:12]}, not {rev!r}: resume {rev!r} "
                                    "on a new branch (branch=...) to fork the run from it")
@@ -552,8 +566,9 @@ class Checkpointer:
             return None
         if self.sharded:  # the model and optimizer come through DCP on every rank, in _restore
             keys = ("mvc_hooks", "world_size", "ranks", "progress", "extra", "scheduler", "scaler", "stateful")
-            return {"commit": self.repo.get_commit(tip), "state": mvc.reader.load_keys(self.repo, tip, keys)}
-        return {"commit": self.repo.get_commit(tip), "state": self.repo.load(tip)}
+            return {"commit": self.repo.get_commit(tip), "state": mvc.reader.load_keys(self.repo, tip, keys),
+                    "fork": fork}
+        return {"commit": self.repo.get_commit(tip), "state": self.repo.load(tip), "fork": fork}
 
     def _check(self, state: dict, where: str, strict: bool) -> None:
         if not isinstance(state, dict) or state.get("mvc_hooks") != LAYOUT:
@@ -615,8 +630,20 @@ class Checkpointer:
             self.extra.update(state["extra"])
         progress = state["progress"]
         self.epoch, self.batch = progress["epoch"], progress["batch"]
+        if self.epoch is not None and self._pass_ended(state):
+            # the checkpoint closed its epoch and the loader starts a fresh pass: a loop that
+            # starts at ckpt.epoch must not run (or, with set_epoch, reshuffle) that epoch again
+            self.epoch += 1
         if self._same_world(state):
             rng.restore(state["ranks"][self.rank]["rng"])  # last: loading must not draw from the restored generators
+
+    def _pass_ended(self, state: dict) -> bool:
+        """Whether the checkpoint's step was the last batch of its loader's pass (``loader=``)."""
+        if self.loader is None:
+            return False
+        ranks = state.get("ranks") or [{}]
+        saved = ranks[self.rank if self._same_world(state) else 0].get("loader")
+        return isinstance(saved, dict) and saved.get("ended") is True
 
     def _same_world(self, state: dict) -> bool:
         return state["world_size"] == self.world_size

@@ -355,8 +355,10 @@ class LoaderTracker:
         else:  # between passes: the next one starts from the RNG the resume restores
             start = {"rng": None, "generators": [g.get_state() for g in _generators(self.loader)],
                      "sampler": None, "epoch": None}
+        # the loop trained on the pass's last batch: a resume starts the next pass, in the next epoch
+        ended = position is not None and length is not None and position >= length
         state = {"position": position if mid else None, "per_step": self.per_step, "start": start,
-                 "length": length,
+                 "length": length, "ended": ended,
                  "dataset": _dataset_length(self.loader), "batch_size": self.loader.batch_size,
                  "num_workers": self.loader.num_workers, "loop_skips": self.loop_skips}
         return state

@@ -282,3 +282,18 @@ def test_resume_from_another_commit_forks_a_new_branch(tmp_path):
     with Checkpointer(tmp_path, model=model) as ckpt:
         with pytest.raises(mvc.BadInput, match="fork the run"):
             ckpt.resume(rev=middle.id)
+
+
+def test_a_failed_resume_from_another_commit_leaves_no_branch(tmp_path):
+    """resume(rev) of a commit it cannot resume from (pruned here) made the new branch first, at
+    that commit: every later resume of the branch failed, and another rev was refused."""
+    model, opt, sched = parts()
+    with Checkpointer(tmp_path, model=model, every_n_steps=1, async_save=False) as ckpt:
+        train(model, opt, sched, ckpt, 0, 6)
+        ckpt.repo.gc(keep_last=2)
+    with Checkpointer(tmp_path, model=model, branch="fork") as ckpt:
+        with pytest.raises(mvc.CommitPruned):
+            ckpt.resume(rev="main~4")
+        assert "fork" not in [b.name for b in ckpt.repo.branches()]
+        assert ckpt.resume(rev="main~1") == ckpt.repo.get_commit("main~1").step + 1
+        assert ckpt.repo.resolve("fork") == ckpt.repo.resolve("main~1")

@@ -65,8 +65,11 @@ def train(parts, style, start, stop, ckpt=None, batches=BATCHES, epochs=EPOCHS):
     ``batches`` per epoch (of this rank's shard), ``epochs`` in all."""
     model, opt, sampler, loader = parts["model"], parts["opt"], parts["sampler"], parts["loader"]
     losses = {}
-    first = 0 if style == "skip-all" else start // batches
-    step = first * batches if style != "positioned" else start
+    if style == "readme":  # the README's loop: epochs from ckpt.epoch, the loader positioned by resume()
+        first, step = (ckpt.epoch or 0) if ckpt is not None else 0, start
+    else:
+        first = 0 if style == "skip-all" else start // batches
+        step = first * batches if style != "positioned" else start
     for epoch in range(first, epochs):
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
@@ -90,7 +93,7 @@ def train(parts, style, start, stop, ckpt=None, batches=BATCHES, epochs=EPOCHS):
 def checkpointer(path, parts, style, every):
     sampler = parts["sampler"] if isinstance(parts["sampler"], ResumableSampler) else None
     return Checkpointer(path, model=parts["model"], optimizer=parts["opt"], sampler=sampler,
-                        loader=parts["loader"], loop_skips=style != "positioned", every_n_steps=every,
+                        loader=parts["loader"], loop_skips=style not in ("positioned", "readme"), every_n_steps=every,
                         async_save=False)
 
 
@@ -143,6 +146,19 @@ def test_a_resume_at_an_epoch_boundary_continues_bit_for_bit(tmp_path, kind, sty
         pytest.importorskip("torchdata.stateful_dataloader")
     want_losses, want_params = straight(kind, 0, style)
     losses, params = stop_and_resume(tmp_path, kind, 0, style, every=8, stop=13)  # resumes at step 8
+    assert losses == want_losses
+    assert all(torch.equal(a, b) for a, b in zip(params, want_params))
+
+
+@pytest.mark.parametrize("kind", ["plain", "distributed", "resumable"])
+@pytest.mark.parametrize("every, stop", [(8, 13), (5, 13)], ids=["epoch-end", "mid-epoch"])
+def test_the_readme_loop_resumes_bit_for_bit(tmp_path, kind, every, stop):
+    """``for epoch in range(ckpt.epoch or 0, epochs)``: a checkpoint at an epoch's last batch
+    (step 7 of 8) made ckpt.epoch that finished epoch, so the loop ran it again (with set_epoch,
+    reshuffled as that epoch); it is the next epoch now, the loader's fresh pass."""
+    want_losses, want_params = straight(kind, 0, "readme")
+    losses, params = stop_and_resume(tmp_path, kind, 0, "readme", every=every, stop=stop)
+    assert sorted(losses) == list(range(TOTAL))
     assert losses == want_losses
     assert all(torch.equal(a, b) for a, b in zip(params, want_params))
 

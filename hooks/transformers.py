@@ -34,6 +34,7 @@ waits for the last push.
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
 from typing import Optional
@@ -94,6 +95,7 @@ class MvcCallback(TrainerCallback):
         if state.is_world_process_zero and self.repo is None:
             self.repo, self._pusher = open_run(self.repo_path, self.chunk_size, self.branch, self.remote)
             self._signer = self.repo.trust.signer(self.sign)
+            self._committed |= _committed_folders(self.repo, self.branch, args.output_dir)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.repo is not None:
@@ -180,6 +182,20 @@ class MvcCallback(TrainerCallback):
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return out
+
+
+def _committed_folders(repo, branch: str, output_dir) -> set:
+    """Steps of the checkpoint-N folders in ``output_dir`` that ``branch`` holds as this callback's
+    commits: an earlier process of the run (killed, or resumed from) wrote and committed them, so
+    they are removed as this process's own are, not left behind for good."""
+    try:
+        names = os.listdir(output_dir)
+    except OSError:
+        return set()
+    steps = {int(m.group(1)) for name in names if (m := re.fullmatch(r"checkpoint-(\d+)", name))}
+    if not steps or branch not in {b.name for b in repo.branches()}:
+        return set()
+    return {c.step for c in repo.log(branch) if c.step in steps and c.message == f"hf checkpoint-{c.step}"}
 
 
 def _swap_in(staging: str, out: str) -> None:

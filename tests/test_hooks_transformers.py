@@ -111,6 +111,7 @@ def test_a_trainer_resumed_from_a_commit_is_bit_exact(tmp_path):
         assert torch.equal(a, b), name
     with mvc.Repository.open(tmp_path / "repo") as repo:
         assert [c.step for c in repo.log("hf")] == [12, 10, 5]
+    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-12"]  # the first process's folder went too
 
 
 def test_checkout_of_another_commit_is_refused(tmp_path):

@@ -540,6 +540,9 @@ def safetensors_header(specs: dict, metadata: Optional[dict]) -> tuple:
             raise CannotHold(f"tensor {key!r} is {name}{'' if shape else ' with no dimensions'}, which "
                              "safetensors cannot hold; export as pt", format="safetensors", key=key, dtype=name,
                              shape=tuple(shape))
+    if "__metadata__" in specs:  # the header's own key: a tensor by that name makes a file nobody can read
+        raise CannotHold("tensor '__metadata__' has the name safetensors gives its header's metadata; rename it "
+                         "or export as pt", format="safetensors", key="__metadata__")
     meta = {"format": "pt"} if metadata is None else metadata
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise BadInput("safetensors metadata must map text to text")

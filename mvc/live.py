@@ -32,6 +32,7 @@ mismatch or a corrupt chunk changes nothing.
 """
 
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -82,15 +83,26 @@ class LiveRecords:
 
     @staticmethod
     def key(t: torch.Tensor):
-        return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype,
+                t.is_conj(), t.is_neg())
 
     def get(self, t: torch.Tensor) -> Optional[_Record]:
+        """The record of ``t``: one kept for the storage ``t`` uses now. A tensor made later at the
+        freed address of a recorded one (a new model each round) is not that tensor: no record."""
         with self._lock:
-            return self._records.get(self.key(t))
+            entry = self._records.get(self.key(t))
+        if entry is None:
+            return None
+        storage, record = entry
+        return record if storage is not None and storage() is t.untyped_storage() else None
 
     def put(self, t: torch.Tensor, record: _Record) -> None:
+        try:  # torch keeps one Python object per live storage: it dies with the storage
+            storage = weakref.ref(t.untyped_storage())
+        except TypeError:
+            storage = None  # never trusted (get gives None): its chunks are read again
         with self._lock:
-            self._records[self.key(t)] = record
+            self._records[self.key(t)] = (storage, record)
 
     def forget(self, t: torch.Tensor) -> None:
         with self._lock:
@@ -366,7 +378,13 @@ def _apply(records: LiveRecords, plan: list, scratch: dict, new_values: list, sa
             chunks_read += len(items)
             bytes_read += sum(n for _, _, _, n, _ in items)
         skipped += target.obj.nbytes - (sum(n for _, _, _, n, _ in got[1]) if got else 0)
-        record = _Record(target.obj.chunk_size, target.obj.chunks, tuple(prints), version_of(target.live))
+        # the version is trusted (check_live=False) only where the commit's chunks lie where a plain
+        # commit of this tensor would put them: a sharded commit's pieces restart their chunking, and
+        # column shards stream in another order, so chunk i is not at the tensor's i-th chunk offset
+        plain = target.obj.in_c_order and all(off == i * target.obj.chunk_size
+                                              for i, (_, off, _) in enumerate(target.obj.chunk_spans()))
+        record = _Record(target.obj.chunk_size, target.obj.chunks, tuple(prints),
+                         version_of(target.live) if plain else -1)
         records.put(target.live, record)
     return Switch(commit, given, updated, chunks_read, bytes_read, skipped,
                   _set_values(new_values, saved, targets, owners))

@@ -94,7 +94,9 @@ def storage_key(t) -> Any:
     storage (tied weights); None for tensors that cannot be tied."""
     if t.is_nested or t.numel() == 0 or t.layout != sys.modules["torch"].strided:  # a tensor exists: torch is loaded
         return None
-    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+    # a conjugate or negative view reads the same memory as other values: not the same tensor
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype,
+            t.is_conj(), t.is_neg())
 
 
 def select(root, only: str):

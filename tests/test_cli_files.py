@@ -81,6 +81,19 @@ def test_safetensors_metadata_survives_commit_and_export(cli, tmp_path):
         assert all(torch.equal(f.get_tensor(k), v) and f.get_tensor(k).dtype == v.dtype for k, v in tensors.items())
 
 
+def test_a_tensor_named_like_the_safetensors_metadata_is_refused(tmp_path):
+    """A tensor keyed '__metadata__' took the header's metadata slot: the file could not be read back."""
+    import mvc
+    repo = mvc.Repository.init(tmp_path / "r")
+    repo.commit({"__metadata__": torch.ones(2), "w": torch.zeros(3)})
+    with pytest.raises(mvc.errors.CannotHold) as err:
+        repo.export("HEAD", tmp_path / "x.safetensors")
+    assert err.value.key == "__metadata__" and not (tmp_path / "x.safetensors").exists()
+    repo.export("HEAD", tmp_path / "x.pt")  # pt holds it
+    assert torch.equal(torch.load(tmp_path / "x.pt", weights_only=True)["__metadata__"], torch.ones(2))
+    repo.close()
+
+
 def test_a_bare_tensor_file_is_named_root_and_round_trips(cli, tmp_path):
     t = torch.arange(12, dtype=torch.int32).reshape(3, 4)
     torch.save(t, tmp_path / "t.pt")

@@ -264,6 +264,42 @@ def test_the_promise_does_not_cover_what_a_commit_last_saw(repo, monkeypatch):
     assert switch.tensors_updated == 1 and _equal(live, repo.load(a)["model"])
 
 
+def test_the_promise_does_not_cover_a_new_tensor_at_a_freed_one_s_address(repo):
+    """A record is of a storage, not of an address: a tensor made later over the same memory (a new
+    model each evaluation round, where malloc hands back the freed block) was never loaded by mvc."""
+    import numpy as np
+    a = repo.commit({"w": torch.arange(4096, dtype=torch.float32)}, "a").id
+    buf = np.zeros(4096, dtype=np.float32)
+    first = torch.from_numpy(buf)
+    repo.load_into({"w": first}, a, check_live=False)
+    del first  # its storage goes; the memory stays (numpy's)
+    buf[:] = 7.0  # what a new model's init would leave there
+    second = torch.from_numpy(buf)  # same address, shape, dtype and version counter as the record's
+    switch = repo.load_into({"w": second}, a, check_live=False)
+    assert switch.bytes_read == 4096 * 4 and torch.equal(second, torch.arange(4096, dtype=torch.float32))
+
+
+def test_the_promise_does_not_pair_a_sharded_commit_s_chunks_with_other_offsets(tmp_path):
+    """Pieces of a sharded commit restart their chunking: its chunk i is not at offset i * chunk_size,
+    so after loading it only fingerprints may say a chunk of a plain commit is already there."""
+    from mvc.sharded import ShardedTensor
+    repo = mvc.Repository.init(tmp_path, chunk_size=1024)
+    sharded = torch.zeros(1000)
+    sharded[506:] = 1.0
+    start = repo.shards.begin()
+    one, two = repo.shards.write([sharded[:250].contiguous()]), repo.shards.write([sharded[250:].contiguous()])
+    leaf = ShardedTensor("F32", (1000,), [([0], [250], one["tensors"][0]["chunks"]),
+                                          ([250], [750], two["tensors"][0]["chunks"])])
+    s = repo.shards.commit(start, {("w",): leaf}, {**one["locations"], **two["locations"]}, message="rows").id
+    plain = repo.commit({"w": torch.zeros(1000)}).id  # its chunk 1: 1024 zero bytes, as the shards' chunk 1
+    live = {"w": torch.full((1000,), 5.0)}
+    repo.load_into(live, s, check_live=False)
+    assert torch.equal(live["w"], sharded)
+    repo.load_into(live, plain, check_live=False)
+    assert torch.equal(live["w"], torch.zeros(1000))
+    repo.close()
+
+
 def test_inference_tensors_have_no_counter_and_are_checked(repo):
     a, _ = _commit_two(repo)
     with torch.inference_mode():

@@ -68,6 +68,14 @@ def test_views_of_one_storage_with_different_shapes_are_not_tied():
     assert len(slots) == 3 and all(s.group is None for s in slots)
 
 
+def test_conjugate_and_negative_views_are_not_tied_to_their_base():
+    """c.conj() reads c's memory with other values (so does c.conj().imag against c.imag): tying
+    them stored one slot for both, and one came back with the other's values."""
+    c = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    root, slots = flatten({"a": c.conj(), "b": c, "i": c.imag, "j": c.conj().imag})
+    assert len(slots) == 4 and all(s.group is None for s in slots)
+
+
 def test_two_tied_pairs_get_distinct_groups():
     x, y = torch.ones(2), torch.ones(2)
     root, _ = flatten({"a": x, "b": x, "c": y, "d": y})

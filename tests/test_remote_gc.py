@@ -100,6 +100,46 @@ def _orphan_pack(url, s3) -> str:
     return key
 
 
+HOLDER = textwrap.dedent("""
+    import sys, time, mvc
+    from mvc.remote import lease
+    from mvc.remote.sync import Connection
+    repo = mvc.Repository.open(sys.argv[1])
+    conn = Connection(repo, "origin")
+    with lease.held(conn, sys.argv[2]):
+        print("READY", flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("kind", ["gc", "push"])
+def test_the_lease_of_a_killed_process_does_not_block_the_next_command(pushed, tmp_path, s3, kind):
+    """A remote gc or repair (or push) killed by SIGKILL left its lease for its 300 s to run out:
+    every push, gc and repair was refused meanwhile, naming a dead process as busy. A lease of a
+    process of this host that no longer runs counts as expired; one from another host still waits."""
+    repo, url = pushed
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "a"), kind], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "READY"
+        with pytest.raises(RemoteBusy):  # alive: it holds the remote
+            repo.remotes.gc(grace=0)
+    finally:
+        child.kill()
+        child.wait()
+    repo.commit(state(6), "after the kill")
+    repo.remotes.push()  # at once, not in five minutes
+    repo.remotes.gc(grace=0)
+    from mvc.remote import lease
+    bucket = open_bucket(url, s3.endpoint)
+    key = f"{lease.FOLDER}gc-{'ab' * 8}"
+    bucket.put(key, mvc.encoding.pack({"kind": "gc", "owner": "x", "host": "another-host", "pid": 1,
+                                       "started": "boot/1", "since": time.time(), "expires": time.time() + 60.0}))
+    bucket.close()
+    with pytest.raises(RemoteBusy):  # another host's process: it cannot be seen from here, so it waits
+        repo.remotes.push()
+
+
 def test_a_push_and_a_remote_gc_exclude_each_other(pushed, tmp_path, s3):
     repo, url = pushed
     from mvc.remote import lease

@@ -257,6 +257,42 @@ def test_a_damaged_chunk_no_remote_holds_is_lost(tmp_path):
     assert f"marked 1 commit with lost data as pruned: {first_commit[:12]}" in result.output, result.output
 
 
+class Killed(Exception):
+    """Stands for a SIGKILL at that point (a real one leaves the lease too, which the lease tests cover)."""
+
+
+@pytest.mark.parametrize("folder", ["chunks", "objects"])
+def test_a_repair_cut_short_before_its_delete_is_finished_by_the_next(pushed, tmp_path, s3, monkeypatch, folder):
+    """The first repair uploaded the healed copy and stopped before deleting the damaged pack; the
+    next one saw the record held intact elsewhere, not 'healed' by itself, kept the damaged pack
+    and said ok, and fsck --remote reported the damage for good (a clone failed on object packs)."""
+    from mvc.remote import check
+    repo, url = pushed
+    if folder == "chunks":
+        key = flip_chunk(s3, url, only_in(repo, "main", "main~1")[0])
+    else:
+        key = [k for k, _ in s3.keys(url, layout.OBJECT_PACKS)][0]
+        _, offset, length = records(s3, url, key)[0]
+        s3.flip(url, key, offset + length // 2)
+
+    def killed(*args):
+        raise Killed()
+    real = check._remove_broken
+    monkeypatch.setattr(check, "_remove_broken", killed)
+    with pytest.raises(Killed):
+        repo.remotes.repair()
+    monkeypatch.setattr(check, "_remove_broken", real)
+    assert not repo.remotes.fsck().ok  # the damaged pack is still there
+    report = repo.remotes.repair()
+    assert report.ok and report.packs_removed == (key,), report
+    assert repo.remotes.fsck().ok
+    fresh = mvc.Repository.clone(url, tmp_path / "fresh", endpoint_url=s3.endpoint)
+    try:
+        assert same(fresh.load("main"), state(1)) and fresh.fsck().verified
+    finally:
+        fresh.close()
+
+
 def test_fetch_in_a_lazy_clone_notices_a_deleted_remote_pack(pushed, tmp_path, s3):
     repo, url = pushed
     lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)

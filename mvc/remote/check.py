@@ -461,9 +461,13 @@ def repair_remote(repo, name: Optional[str] = None) -> RemoteRepairReport:
             lacking = {cid: n for cid, n in chunks.items() if cid not in seen.chunks and cid not in salvaged}
             supplied = _local_chunks(repo, lacking)
             healed, needed = supplied.keys() | local_objects.keys(), chunks.keys() | objects.keys()
+            # a damaged record is healed by this run's upload, or by an intact copy in another pack (a
+            # repair killed after its upload and before the delete left one): either way the pack can go
+            elsewhere = seen.chunks | seen.objects.keys()
             doomed = [key for key in seen.broken
                       if seen.listed.get(key) is None
-                      or all(i in healed or i not in needed for i in seen.listed[key] - seen.broken[key].keys())]
+                      or all(i in healed or i in elsewhere or i not in needed
+                             for i in seen.listed[key] - seen.broken[key].keys())]
             def moved(folder: str) -> dict:  # the intact records of the doomed packs, to new packs of their kind
                 return {i: raw for key in doomed if key.startswith(folder) for i, raw in seen.broken[key].items()}
             upload = {**moved(layout.CHUNK_PACKS), **supplied}

@@ -7,6 +7,8 @@ Vocabulary:
   host and process and an expiry time (``TTL`` seconds ahead, renewed by a
   thread every ``TTL / 3`` while the work runs). A lease past its expiry is
   **expired**: its writer died or stalled, and nobody has to wait for it.
+  A lease whose writer is a process of this host that no longer runs (its
+  pid and start token say so) counts as expired at once.
 - **kinds**: ``push`` (a push, an upload of shards) and ``gc`` (a remote
   gc or repair: anything that deletes packs). Any number of push leases may
   live together; a gc lease excludes every other live lease.
@@ -53,7 +55,17 @@ def ttl() -> float:
 
 def encode(kind: str, owner: str, expires: float) -> bytes:
     return encoding.pack({"kind": kind, "owner": owner, "host": socket.gethostname(), "pid": os.getpid(),
-                          "since": time.time(), "expires": float(expires)})
+                          "started": locking.start_token(os.getpid()), "since": time.time(),
+                          "expires": float(expires)})
+
+
+def _gone(lease: dict) -> bool:
+    """Whether the lease's writer is a process of this host that is no longer running (killed):
+    its lease is as good as expired, as a branch lock of a dead process is stale."""
+    pid, started = lease.get("pid"), lease.get("started")
+    if lease.get("host") != socket.gethostname() or type(pid) is not int or started is None:
+        return False  # another host's, or written before the start token was recorded: wait for expiry
+    return not locking.process_alive(pid, started)
 
 
 def decode(data: bytes, key: str) -> Optional[dict]:
@@ -94,7 +106,7 @@ class Lease:
             other = decode(current[0], key) if current else None
             if other is None:
                 continue
-            if other["expires"] < now:
+            if other["expires"] < now or _gone(other):
                 if self.kind == GC:  # its writer died or stalled: it checks its lease before acting
                     _delete_if_unchanged(bucket, key, current[1])
                 continue

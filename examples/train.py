@@ -14,6 +14,7 @@ middle of an epoch resumes bit for bit as if never stopped.
 import argparse
 import random
 import sys
+import threading
 import time
 
 import numpy as np
@@ -46,6 +47,16 @@ def build(args):
     return model, optimizer, scheduler, scaler, loader
 
 
+_OUT = threading.Lock()
+
+
+def say(text: str) -> None:
+    """Print one whole line: the commit callback runs in the save thread, beside the loop's lines."""
+    with _OUT:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
 def run(parts, ckpt, step: int, stop: int, log_every: int = 0, sleep: float = 0.0) -> dict:
     """Train from ``step`` up to ``stop``, reporting each step to ``ckpt``; {step: loss}."""
     model, optimizer, scheduler, scaler, loader = parts
@@ -60,7 +71,7 @@ def run(parts, ckpt, step: int, stop: int, log_every: int = 0, sleep: float = 0.
             scheduler.step()
             losses[step] = loss.item()
             if log_every and step % log_every == 0:
-                print(f"step {step} loss {loss.item()!r}", flush=True)
+                say(f"step {step} loss {loss.item()!r}")
             ckpt.step(step, loss=loss.item(), epoch=step // len(loader))
             step += 1
             time.sleep(sleep)
@@ -74,8 +85,8 @@ def train(args) -> int:
     model, optimizer, scheduler, scaler, loader = parts
 
     def committed(commit):
-        print(f"committed step {commit.step}: {commit.short_id} "
-              f"({commit.stats.bytes_new} new bytes of {commit.stats.bytes_total})", flush=True)
+        say(f"committed step {commit.step}: {commit.short_id} "
+            f"({commit.stats.bytes_new} new bytes of {commit.stats.bytes_total})")
 
     with Checkpointer(args.repo, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                       loader=loader, branch=args.branch, every_n_steps=args.every,
@@ -83,17 +94,16 @@ def train(args) -> int:
                       context={"batch_size": BATCH, "grad_accumulation": 1, "seed": args.seed}) as ckpt:
         start = ckpt.resume()
         if start:
-            print(f"resumed from step {start} (commit {ckpt.resumed_from.short_id})", flush=True)
+            say(f"resumed from step {start} (commit {ckpt.resumed_from.short_id})")
         try:
             run(parts, ckpt, start, args.steps, args.log_every, args.sleep)
             ckpt.save(args.steps - 1)  # the last step, unless the policy committed it already
         except KeyboardInterrupt:
             ckpt.close()  # lets the save in flight finish
             last = f"step {ckpt.last_commit.step}" if ckpt.last_commit else "none yet"
-            print(f"\ninterrupted; the last commit is {last}: run the same command again to resume",
-                  flush=True)
+            say(f"\ninterrupted; the last commit is {last}: run the same command again to resume")
             return 130
-    print(f"done: {args.steps} steps, last commit {ckpt.last_commit.short_id}", flush=True)
+    say(f"done: {args.steps} steps, last commit {ckpt.last_commit.short_id}")
     return 0
 
 

@@ -162,11 +162,12 @@ def test_sigkill_after_a_commit_then_resume_in_a_new_process(tmp_path, straight)
 
 
 SLOW_DISK = """
-import time, mvc
+import sys, time, mvc
 _commit = mvc.Repository.commit
 def slow_commit(self, state, *args, **kwargs):
     if kwargs.get("step") == {step}:
-        print("SAVING", flush=True)
+        sys.stdout.write("SAVING\\n")  # one write: the loop prints its lines meanwhile
+        sys.stdout.flush()
         time.sleep(120)  # a disk this slow: the kill lands while the save is in flight
     return _commit(self, state, *args, **kwargs)
 mvc.Repository.commit = slow_commit

@@ -242,10 +242,12 @@ def write_chunks(repo, slots: list, progress) -> tuple:
             work = batches(spans, lambda s: s[2], HASH_BYTES)
             for piece, digests in zip(work, _ahead(pool, hash_batch, work, 2 * THREADS)):
                 for (slot, off, n), (cid, fp, reused) in zip(piece, digests):
-                    present = repo.chunks.has(cid, txn)
+                    # kept here, not merely listed on a cached remote: a remote gc since its listing
+                    # may have taken it, and the commit would name a chunk nobody holds
+                    present = repo.chunks.keeps(cid, txn)
                     if reused and not present:  # gc took it: the bytes must be written, under their own id
                         cid = hashing.digest(slot.bytes()[off:off + n])
-                        present = repo.chunks.has(cid, txn)
+                        present = repo.chunks.keeps(cid, txn)
                     slot.chunks.append(cid)
                     prints[id(slot)].append(fp)
                     if not present and batch.add(cid, slot.bytes()[off:off + n]):

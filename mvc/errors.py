@@ -239,6 +239,15 @@ class RemoteUnreachable(RemoteError):
         self.url, self.attempts = url, attempts
 
 
+class RemoteVanished(RemoteError):
+    """Remote ``remote`` (at ``url``) holds no mvc remote, though this repository pushed to or fetched
+    from it before: it moved, or its disk is not mounted. Nothing is created there."""
+
+    def __init__(self, message: str = "", remote: str = "", url: str = ""):
+        super().__init__(message)
+        self.remote, self.url = remote, url
+
+
 class UntrustedAnswer(RemoteError):
     """The server answered a request with something else than was asked (a wrong byte range, a
     conditional write it did not honour); ``url``, ``key``."""

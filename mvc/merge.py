@@ -663,7 +663,7 @@ class _Merger:
             start = j * self.size - lo
             piece = data[start:start + self.size]
             cid = hashing.digest(piece)
-            if not self.repo.chunks.has(cid, self.txn) and self.batch.add(cid, piece):
+            if not self.repo.chunks.keeps(cid, self.txn) and self.batch.add(cid, piece):
                 self.counts["written"] += len(piece)
             out.append(cid)
         self._advance(len(data))

@@ -205,10 +205,11 @@ def test_lazy_clone_commits_and_pushes(origin, tmp_path):
     s = origin.load()
     s["model"]["w"][:16] = 9.0
     c = lazy.commit(s, "from the lazy clone")
-    assert c.stats.chunks_new == 1  # the rest is deduplicated against the remote, never fetched
-    assert lazy.status().chunks == 1
+    # held here whole, not deduplicated against the remote's listing: until it is pushed, a remote
+    # gc may delete what only the remote's old commits used, and this is the last good copy
+    assert c.stats.chunks_new == c.stats.chunks and lazy.status().chunks == c.stats.chunks
     report = lazy.remotes.push()
-    assert report.chunks == 1
+    assert report.chunks == 1  # the push still sends only what the remote lacks
     origin.remotes.pull()
     assert same(origin.load(), s)
     lazy.close()
@@ -463,6 +464,61 @@ def test_a_lazy_fetch_says_when_refs_here_need_chunks_the_remote_no_longer_has(o
         lazy.close()
     result = CliRunner().invoke(main, ["-C", str(tmp_path / "lz"), "fetch"])
     assert result.exit_code == 0 and "that refs here need are neither here nor on origin" in result.output
+
+
+def test_a_push_never_makes_a_remote_again_where_one_it_used_has_gone(origin, tmp_path):
+    """The remote's folder moved away (or its disk is not mounted, leaving an empty mount point):
+    a push made a fresh empty remote there, took the pushes, and a cache budget evicted against it."""
+    from mvc.errors import RemoteVanished
+    remote = tmp_path / "remote"
+    remote.rename(tmp_path / "elsewhere")
+    origin.commit(state(7), "third")
+    with pytest.raises(mvc.errors.RemoteError):
+        origin.remotes.push()
+    assert not remote.exists()  # nothing was made there
+    remote.mkdir()  # the mount point, without its disk
+    with pytest.raises(RemoteVanished) as err:
+        origin.remotes.push()
+    assert err.value.remote == "origin" and list(remote.iterdir()) == []
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "push"])
+    assert result.exit_code == 1 and "used it before" in result.output and "Traceback" not in result.output
+    remote.rmdir()
+    (tmp_path / "elsewhere").rename(remote)  # back in place: the push goes through
+    assert origin.remotes.push().commits == 1
+    origin.remotes.add("fresh", str(tmp_path / "fresh"))
+    assert origin.remotes.push("fresh").commits == 3  # a remote never used is still made by the first push
+
+
+def test_a_state_the_remote_pruned_is_stored_again_by_a_commit_and_a_push(origin, tmp_path):
+    """After a remote gc pruned commit P (its chunks deleted, its tree and tensor objects kept in a
+    pack kept whole), committing P's state again wrote nothing in a lazy clone (the stale listing
+    still showed the chunks) and a push sent no chunk (the remote had the tree): both named data
+    nobody held."""
+    second, third = state(0), state(0)
+    second["model"]["w"][:16] = 3.0
+    third["model"]["w"][:16] = 2.0
+    for s, message in ((second, "second"), (third, "third")):  # each changed chunk in a pack of its own
+        origin.commit(s, message)
+        origin.remotes.push()
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        assert origin.remotes.gc(keep_last=1, grace=0).packs_deleted  # second's own pack goes
+        again = lazy.commit(second, "second again", branch="again", start="main")
+        assert again.stats.bytes_new > 0  # written here: the listing is no proof the remote holds it
+        assert same(lazy.load("again"), second)
+        assert lazy.remotes.push(refs=("again",)).chunks > 0  # the remote holds its tree, not its chunk
+        mine = origin.commit(second, "second once more", branch="more", start="main")
+        assert mine.stats.bytes_new == 0  # the full repository holds every chunk itself
+        assert origin.remotes.push(refs=("more",)).chunks == 0  # the lazy clone's push sent it
+        assert origin.remotes.fsck().ok
+    finally:
+        lazy.close()
+    fresh = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "fresh")
+    try:
+        assert same(fresh.load("origin/again"), second) and same(fresh.load("origin/more"), second)
+        assert fresh.fsck().verified
+    finally:
+        fresh.close()
 
 
 def test_a_tag_kept_local_survives_eviction_and_loads_with_the_remote_gone(origin, tmp_path):

@@ -30,7 +30,7 @@ from .. import audit as _audit
 from .. import reach
 from .. import refs as refnames
 from ..errors import (BadInput, BranchLocked, CorruptObject, Diverged, LockHeld, MvcError, ProtectedRef,  # noqa: F401
-                      PrunedOnRemote, RefRejected, RemoteDamaged, UntrustedAnswer)  # RefRejected re-exported
+                      PrunedOnRemote, RefRejected, RemoteDamaged, RemoteVanished, UntrustedAnswer)  # RefRejected re-exported
 from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
 from ..store import locks as locking
 from ..traverse import walk as walk_tree
@@ -117,6 +117,14 @@ class Connection:
             with self.repo.index.write() as txn:
                 config.put(txn, self.info)
 
+    def known(self) -> bool:
+        """Whether this repository used the remote before (it holds tracking refs of it, or a listing
+        of its packs): a push must then find it there, not make a new one where it was."""
+        with self.repo.index.read() as txn:
+            if any(True for _ in txn.refs(f"{REMOTES}{self.name}/")):
+                return True
+        return bool(self.catalogue.pack_keys())
+
     def marker(self, create: bool) -> Optional[int]:
         """The remote's chunk size from MVCREMOTE; with ``create``, write it if absent."""
         current = self.bucket.get_versioned(layout.MARKER)
@@ -189,7 +197,7 @@ def _outgoing(txn, objects, tips: list, conn: Connection) -> _Outgoing:
         if note is not None:
             data = layout.encode_pruned(oid, note)
             out.records.append((object_id(data), data))
-        elif not has([commit.tree]):
+        else:
             _outgoing_tree(txn, objects, commit.tree, out, seen, has, conn)
     return out
 
@@ -205,18 +213,24 @@ class _OnRemote:
 
 
 def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has, conn) -> None:
+    """The records and chunks of tree ``tree_id`` the remote lacks. A tree or tensor object the remote
+    holds is no proof that it holds the chunks: a remote gc keeps the objects of a commit its
+    retention pruned (in packs it keeps whole) and deletes their chunks, so a new commit of the same
+    state would otherwise send none. Every chunk is asked of the listing (taken under the lease)."""
     if tree_id in seen:
         return
     seen.add(tree_id)
     tree = objects.tree(txn, tree_id)
-    out.records.append((tree_id, txn.get("trees", tree_id)))
+    if not has([tree_id]):
+        out.records.append((tree_id, txn.get("trees", tree_id)))
     leaves = [tid for tid in dict.fromkeys(leaf.id for _, leaf in walk_tree(tree.root) if isinstance(leaf, TensorLeaf))
               if tid not in seen]
     present = has(leaves)
-    for tid in (t for t in leaves if t not in present):  # in tree order, so chunks keep their neighbours
+    for tid in leaves:  # in tree order, so chunks keep their neighbours
         seen.add(tid)
         tensor = objects.tensor(txn, tid)
-        out.records.append((tid, txn.get("tensors", tid)))
+        if tid not in present:
+            out.records.append((tid, txn.get("tensors", tid)))
         spans = {cid: n for cid, _, n in tensor.chunk_spans() if cid not in out.chunks}
         known = conn.catalogue.chunks(spans)
         out.chunks.update({cid: n for cid, n in spans.items() if cid not in known})
@@ -265,10 +279,17 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
     """
     delete = tuple(delete) + tuple(n[1:] for n in names if n.startswith(":"))
     names = tuple(n for n in names if not n.startswith(":"))
-    conn = Connection(repo, name, create=not delete or bool(names))
+    conn = Connection(repo, name)
     try:
+        # a remote used before is never made again where it was: an empty folder there (an
+        # unmounted disk) would take the pushes, and the cache would evict against it
+        conn.create = first = (not delete or bool(names)) and not conn.known()
+        if not first and conn.marker(create=False) is None:
+            raise RemoteVanished(f"remote {conn.name!r} ({conn.info.url}) holds no mvc remote, though this "
+                                 "repository used it before: it moved or its disk is not mounted; nothing was "
+                                 "written there", remote=conn.name, url=conn.info.url)
         conn.ensure_conditional()  # first: a refused store is left as it was (no MVCREMOTE)
-        conn.marker(create=not delete or bool(names))
+        conn.marker(create=first)
         with lease.held(conn, lease.PUSH) as held:
             if delete and not names:
                 return PushReport(conn.name, tuple(_delete_refs(repo, conn, delete, force, held)))

@@ -140,6 +140,9 @@ class CacheStore(Forwarding):
                 pass
         return set(self.conn.catalogue.chunks(absent)) if absent else set()
 
+    def keeps(self, cid: bytes, txn) -> bool:
+        return self.inner.has(cid, txn)
+
     def copies_elsewhere(self, ids, txn) -> dict:
         return dict.fromkeys(self.conn.catalogue.chunks(ids), self.name)
 

@@ -149,6 +149,11 @@ class ChunkStore(ABC):
         """
         return set()
 
+    def keeps(self, cid: bytes, txn) -> bool:
+        """Whether this store holds chunk ``cid`` itself, not through a remote: what a writer may skip
+        writing. A cache's remote is no such proof (its listing may be older than a remote gc)."""
+        return self.has(cid, txn)
+
     def copies_elsewhere(self, ids: Iterable[bytes], txn) -> dict:
         """{id: where} of the ids among ``ids`` that a second copy this store reads through holds
         (a cached remote, named): a damaged or missing local copy of those loses nothing, and
@@ -255,6 +260,9 @@ class Forwarding(ChunkStore):
 
     def copies_elsewhere(self, ids, txn):
         return self.inner.copies_elsewhere(ids, txn)
+
+    def keeps(self, cid, txn):
+        return self.inner.keeps(cid, txn)
 
     def locate(self, cid, txn, what=""):
         return self.inner.locate(cid, txn, what)

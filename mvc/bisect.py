@@ -479,7 +479,10 @@ class _Judge:
                 _kill(child)
                 raise
         finally:
-            os.unlink(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:  # the evaluation removed or moved it: its exit code still stands
+                pass
 
     def verdict(self, commit: Commit) -> str:
         code = self.code(commit)

@@ -191,6 +191,18 @@ def test_cli_run_with_a_real_evaluation_script(history, tmp_path):
     assert not list((history.dir / "tmp").glob("bisect-*"))  # checkpoints are cleaned up
 
 
+def test_an_evaluation_that_removes_its_checkpoint_keeps_its_verdict(history, tmp_path):
+    """The script deleted (or moved) $MVC_CHECKPOINT and exited 0: mvc's own cleanup raised
+    FileNotFoundError over the verdict, and the bisect stopped with a misleading error."""
+    script = tmp_path / "evaluate.py"
+    script.write_text(EVAL_PT.replace("sys.exit(", "os.unlink(path)\nsys.exit("))
+    calls = tmp_path / "calls.txt"
+    cli(history, "bisect", "start", "HEAD", "HEAD~63")
+    out = cli(history, "bisect", "run", sys.executable, str(script), "{}", str(calls))
+    assert out.exit_code == 0, out.output
+    assert f"first bad commit: {history.resolve(f'HEAD~{N - 1 - REGRESSION}')}" in out.output
+
+
 def test_cli_run_safetensors(history, tmp_path):
     script = tmp_path / "evaluate.py"
     script.write_text(EVAL_SAFETENSORS)

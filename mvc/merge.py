@@ -49,7 +49,7 @@ import torch
 from . import audit, commits, dtypes, hashing, history, reader
 from .errors import BadInput, BadRecipe, MergeMismatch, MergeRefused
 from .objects import TensorLeaf, TensorObject, TreeObject, object_id
-from .store.chunks import Request
+from .store.chunks import Request, batches
 from .store.locks import default_author, this_process
 from .traverse import format_path, walk
 
@@ -691,6 +691,23 @@ def _inputs_of(repo, revs) -> list:
     return out
 
 
+def _hold_here(repo, root, new_tensors: dict) -> None:
+    """In a lazy clone, read (and so keep here) the chunks the merge commit takes unread from its
+    inputs that only the remote holds: until the merge is pushed, it must not depend on the remote
+    keeping its inputs' data (a remote gc with retention may prune them)."""
+    with repo.index.read() as txn:
+        sizes = {}
+        for _, leaf in walk(root):
+            if isinstance(leaf, TensorLeaf):
+                obj = TensorObject.decode(new_tensors[leaf.id]) if leaf.id in new_tensors \
+                    else repo.objects.tensor(txn, leaf.id)
+                sizes.update((cid, n) for cid, _, n in obj.chunk_spans())
+        away = sorted(repo.chunks.remote_only(sizes, txn))
+        for piece in batches(away, sizes.__getitem__, 64 << 20):
+            repo.chunks.read([Request(cid, bytearray(sizes[cid]), "a chunk the merge takes from an input")
+                              for cid in piece], txn)
+
+
 def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=None, base: Optional[str] = None,
           params: Optional[dict] = None, only: Optional[str] = None, rules=None, branch: Optional[str] = None,
           message: Optional[str] = None, author: Optional[str] = None,
@@ -746,6 +763,7 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
             finally:
                 torch.set_num_threads(threads)
         tree_data = TreeObject(root).encode()
+        _hold_here(repo, root, merger.tensors)
         record = _record(recipe, plan, inputs, base_in, revs, message, record_author)
         with repo.index.read() as txn:
             joined = _joined(repo, txn, tip, [x.id for x in inputs])

@@ -408,6 +408,12 @@ def test_a_lazy_clone_merges_by_fetching_only_what_differs(tmp_path, request, ki
         fetched = lazy.status().chunks
         assert 0 < fetched < everything and report.chunks_reused > 0
         assert lazy.fsck().ok
+        # what it took unread from the inputs is held here too: until the merge is pushed, a remote gc
+        # that prunes the inputs must not take the merge's data with them
+        from mvc.remote.tiers import commit_chunks
+        with lazy.index.read() as txn:
+            mine = commit_chunks(lazy, txn, {bytes.fromhex(commit.id)})
+            assert mine and lazy.chunks.remote_only(mine, txn) == set()
 
 
 # -- the command line ------------------------------------------------------------------------------

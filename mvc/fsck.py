@@ -434,17 +434,14 @@ PRUNABLE = {MISSING_TREE, CORRUPT_TREE, MISSING_TENSOR, CORRUPT_TENSOR, MISSING_
             MISSING_PACK, DAMAGED_PACK, NOT_IN_PACK, BAD_RECORD, CHECKSUM, NOT_REGULAR}
 
 
-def prune_lost(repo, copies: Optional[Callable[[set], dict]] = None) -> tuple:
+def prune_lost(repo) -> tuple:
     """Mark the commits fsck finds with lost data as pruned (their records stay, gc can run
     again); their hex ids.
 
-    Damage a remote can restore is not lost: a damaged chunk the cached remote holds, or one
-    ``copies`` (chunk ids -> a remote's name, e.g. ``repo.cache.restorable``) finds, spares
-    its commits ('mvc fsck --repair' restores them).
+    Damage a remote can restore is not lost (``repo.fsck`` marks the chunks a remote's
+    listing holds): it spares its commits, and 'mvc fsck --repair' restores them.
     """
     report = repo.fsck()
-    if copies is not None:
-        report = mark_restorable(report, copies)
     lost = {c for d in report.lost if d.kind in PRUNABLE for c in d.commits}
     note = {"time": time.time_ns() // 1000, "policy": "data lost (fsck found it missing or corrupt)"}
     with repo.index.write() as txn:

@@ -211,8 +211,10 @@ class Repository:
         return merge.merge(self, revs, recipe, **options)
 
     def fsck(self, quick: bool = False, threads=None, progress=None) -> "checks.FsckReport":
-        """Check everything reachable; see ``mvc.fsck.fsck``."""
-        return checks.fsck(self, quick=quick, threads=threads, progress=progress)
+        """Check everything reachable; see ``mvc.fsck.fsck``. Damage to a chunk a remote's last
+        listing holds is marked with that remote (``Damage.remotes``): not lost."""
+        report = checks.fsck(self, quick=quick, threads=threads, progress=progress)
+        return checks.mark_restorable(report, self.cache.restorable)
 
     def gc(self, *, expire_reflog: Optional[float] = None, dry_run: bool = False, **options) -> "collect.GcReport":
         """Prune by retention, delete what nothing reaches, reclaim pack space; see ``mvc.gc.gc``.

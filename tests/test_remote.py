@@ -393,24 +393,27 @@ def test_evict_keeps_a_branch_the_remote_deleted_after_the_last_fetch(origin, tm
 
 def test_a_lazy_clone_learns_what_the_remotes_retention_pruned(origin, tmp_path):
     """After a remote gc with retention, the clone's fetch used to fail ("the remote is damaged")
-    and loads named missing chunks. Now a commit the remote pruned is pruned here too, unless
-    this clone holds all of its data."""
+    and loads named missing chunks. Now a commit the remote pruned is pruned here too when its data
+    is gone: some chunk neither here nor on the remote. One held whole here, or whose chunks the
+    remote still holds (in a pack it kept whole), keeps its data."""
     from mvc.errors import CommitPruned
-    third = state(3)
-    origin.commit(third, "third")
-    origin.remotes.push()
+    third, fourth = state(3), state(4)
+    for s, message in ((third, "third"), (fourth, "fourth")):  # each in packs of its own
+        origin.commit(s, message)
+        origin.remotes.push()
     lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
     try:
-        first, second = lazy.resolve("main~2"), lazy.resolve("main~1")
-        held = lazy.load("main~1")  # held whole here
+        first, second, gone = lazy.resolve("main~3"), lazy.resolve("main~2"), lazy.resolve("main~1")
+        held = lazy.load("main~2")  # held whole here
         report = origin.remotes.gc(keep_last=1, grace=0)
-        assert set(report.pruned) == {first, second}
+        assert set(report.pruned) == {first, second, gone} and report.packs_deleted  # third's own pack
         fetched = lazy.remotes.fetch()
-        assert fetched.pruned == (first,)
+        assert fetched.pruned == (gone,)
         with pytest.raises(CommitPruned) as err:
-            lazy.load("main~2")
+            lazy.load("main~1")
         assert err.value.policy.startswith("keep-last 1") and "1970" not in str(err.value)
-        assert same(lazy.load("main~1"), held) and same(lazy.load("main"), third)
+        assert same(lazy.load("main~2"), held) and same(lazy.load("main"), fourth)
+        assert same(lazy.load("main~3"), state(0))  # its chunks are still there (a pack kept whole)
         assert lazy.fsck().ok and lazy.remotes.fetch().pruned == ()
         result = CliRunner().invoke(main, ["-C", str(tmp_path / "lz"), "cache", "status"])
         assert result.exit_code == 0 and "neither here nor there" not in result.output
@@ -519,6 +522,26 @@ def test_a_state_the_remote_pruned_is_stored_again_by_a_commit_and_a_push(origin
         assert fresh.fsck().verified
     finally:
         fresh.close()
+
+
+def test_evict_says_when_the_remote_moved_past_this_clone(origin, tmp_path):
+    """Eviction reads the remote's refs; a tip pushed since this clone's last fetch is not held
+    here, so what it reaches cannot be told: nothing is evicted on its strength, and it says so."""
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        lazy.load("main")
+        lazy.load("main~1")
+        lazy.checkout("main~1")
+        origin.commit(state(8), "pushed past the clone")
+        origin.remotes.push()
+        report = lazy.cache.evict(0)
+        assert report.remote_ahead == ("heads/main",) and report.chunks_evicted == 0
+        lazy.remotes.fetch()
+        report = lazy.cache.evict(0)
+        assert report.remote_ahead == () and report.chunks_evicted > 0
+        assert same(lazy.load("origin/main"), state(8))
+    finally:
+        lazy.close()
 
 
 def test_a_tag_kept_local_survives_eviction_and_loads_with_the_remote_gone(origin, tmp_path):

@@ -228,7 +228,7 @@ def test_a_damaged_local_copy_a_remote_holds_is_not_lost(pushed, tmp_path, s3, l
     result = cli(tmp_path / "c", "fsck", "--prune-lost")
     assert "marked 0 commits" in result.output, result.output
     with mvc.Repository.open(tmp_path / "c") as clone:
-        assert mvc.fsck.prune_lost(clone, clone.cache.restorable) == ()
+        assert mvc.fsck.prune_lost(clone) == ()  # the API as the CLI: any remote's copy counts
         oldest = list(clone.log())[-1]
         assert oldest.id == first_commit and not oldest.pruned
         if lazy:  # the read heals it from the remote (a full clone reads local packs only)
@@ -246,6 +246,7 @@ def test_a_damaged_chunk_no_remote_holds_is_lost(tmp_path):
     try:
         repo.commit(state(0), "first")
         repo.commit(state(1), "second")
+        repo.remotes.add("later", str(tmp_path / "later"))  # configured, never pushed to: it holds nothing
         first = only_in(repo, "main~1", "main")[0]
         first_commit = repo.resolve("main~1")
     finally:
@@ -253,6 +254,7 @@ def test_a_damaged_chunk_no_remote_holds_is_lost(tmp_path):
     flip_local_chunk(tmp_path / "r", first)
     result = cli(tmp_path / "r", "fsck", "--json")
     assert result.exit_code == 1 and json.loads(result.output)["lost"]
+    assert not (tmp_path / "r" / ".mvc" / "remotes" / "later").exists()  # a check makes nothing
     result = cli(tmp_path / "r", "fsck", "--prune-lost")
     assert f"marked 1 commit with lost data as pruned: {first_commit[:12]}" in result.output, result.output
 

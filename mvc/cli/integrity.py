@@ -123,13 +123,12 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remot
     with open_repo() as repo:
         rebuilt = checks.rebuild_index(repo) if rebuild_index else None
         if prune_lost:
-            lost = checks.prune_lost(repo, repo.cache.restorable)
+            lost = checks.prune_lost(repo)
             if not as_json:
                 click.echo(f"marked {len(lost)} commit{'' if len(lost) == 1 else 's'} with lost data as pruned"
                            + (f": {', '.join(c[:12] for c in lost)}" if lost else ""))
         with Progress("verifying") as progress:
             report = repo.fsck(quick=quick, progress=progress)
-        report = checks.mark_restorable(report, repo.cache.restorable)
         if fetch_remote and report.unverified:
             report = repo.cache.fsck_fetch(report)
         fates = [(u, collection.unreferenced_fate(repo.dir / "packs", u.kind, u.pack, u.records, u.bytes))

@@ -324,6 +324,10 @@ def cache_evict(max_bytes, as_json):
                f"{human_bytes(r.bytes_before)} -> {human_bytes(r.bytes_after)} (budget {human_bytes(r.budget)})")
     if r.kept_pinned or r.kept_local:
         click.echo(f"kept {r.kept_pinned} chunks of pinned commits and {r.kept_local} not yet on the remote")
+    if r.remote_ahead:
+        click.echo(f"the remote's {', '.join(x.split('/', 1)[-1] for x in r.remote_ahead)} moved past what this "
+                   "clone holds: what they reach is not known here, so nothing they may have left is evicted; "
+                   "'mvc fetch' first")
     if r.kept_unverified:
         click.echo(f"kept {r.kept_unverified} chunks whose remote copy is not intact (the local copy is the last "
                    "good one): 'mvc remote repair' uploads them again")

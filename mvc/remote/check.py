@@ -25,7 +25,7 @@ from ..store.packs import HEADER, RECORD_HEAD
 from ..store.verify import intact as hashes_to
 from . import config, layout, transfer
 from .bucket import NotFound
-from .catalogue import read_trailer
+from .catalogue import folder as catalogue_folder, read_trailer
 from . import lease
 from .sync import Connection, _classify
 
@@ -314,6 +314,8 @@ def restorable(repo, ids) -> dict:
         names, cached = config.names(txn), config.cache_remote(txn)
     found, wanted = {}, set(ids)
     for name in sorted(names, key=lambda n: n != cached):
+        if not catalogue_folder(repo.dir, name).is_dir():
+            continue  # never listed: nothing known of it (and a check must not make its folder)
         conn = Connection(repo, name)
         try:
             found.update(dict.fromkeys(conn.catalogue.chunks(wanted - found.keys()), name))

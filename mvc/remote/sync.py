@@ -283,8 +283,9 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
     try:
         # a remote used before is never made again where it was: an empty folder there (an
         # unmounted disk) would take the pushes, and the cache would evict against it
-        conn.create = first = (not delete or bool(names)) and not conn.known()
-        if not first and conn.marker(create=False) is None:
+        known = conn.known()
+        conn.create = first = (not delete or bool(names)) and not known
+        if known and conn.marker(create=False) is None:
             raise RemoteVanished(f"remote {conn.name!r} ({conn.info.url}) holds no mvc remote, though this "
                                  "repository used it before: it moved or its disk is not mounted; nothing was "
                                  "written there", remote=conn.name, url=conn.info.url)
@@ -662,17 +663,19 @@ def _closure(repo, txn, tips: list, fetched: dict, remote: str) -> _Incoming:
     return inc
 
 
-def _pruned_away(repo, txn, notes: dict) -> dict:
+def _pruned_away(repo, txn, notes: dict, catalogue) -> dict:
     """{commit id: note} of the commits held here (not pruned here) that a cached remote pruned and
-    whose chunks are not all here: their data is gone, so they are pruned here too (a load then
-    says so, instead of naming a missing chunk). One held whole here keeps its data."""
+    whose data is gone: some chunk is neither here nor in the remote's listing (just refreshed).
+    They are pruned here too (a load then says so, instead of naming a missing chunk). One whose
+    every chunk is still here or there keeps its data: pruning it would drop history still held."""
     out = {}
     for oid, note in notes.items():
         if txn.get("commits", oid) is None or txn.pruned(oid) is not None:
             continue
         tree = repo.objects.tree(txn, repo.objects.commit(txn, oid).tree)
         leaves = (leaf for _, leaf in walk_tree(tree.root) if isinstance(leaf, TensorLeaf))
-        if any(txn.chunk(cid) is None for leaf in leaves for cid in repo.objects.tensor(txn, leaf.id).chunks):
+        away = {cid for leaf in leaves for cid in repo.objects.tensor(txn, leaf.id).chunks if txn.chunk(cid) is None}
+        if away and len(catalogue.chunks(away)) < len(away):
             out[oid] = note
     return out
 
@@ -690,6 +693,10 @@ def fetch(repo, name: Optional[str] = None, progress=None, prune: bool = False) 
     conn = Connection(repo, name)
     try:
         if conn.marker(create=False) is None:
+            if conn.known():
+                raise RemoteVanished(f"remote {conn.name!r} ({conn.info.url}) holds no mvc remote, though this "
+                                     "repository used it before: it moved or its disk is not mounted",
+                                     remote=conn.name, url=conn.info.url)
             raise RemoteError(f"{conn.info.url} holds no mvc remote yet (no {layout.MARKER}); push to it first")
         conn.catalogue.refresh(conn.bucket)
         remote = conn.remote_refs()
@@ -715,7 +722,7 @@ def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> tuple:
             with repo.index.read() as txn:
                 inc = _closure(repo, txn, tips, fetched, conn.name)
                 if lazy:
-                    away = _pruned_away(repo, txn, inc.notes)
+                    away = _pruned_away(repo, txn, inc.notes, conn.catalogue)
                     inc.pruned.update(away)
                     inc.pruned_here = tuple(sorted(oid.hex() for oid in away))
                 seen: set = set()

@@ -42,7 +42,7 @@ so a crash in between leaves only unreferenced packs that gc reclaims.
 import os
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from .. import reach, refs as refnames
@@ -69,6 +69,9 @@ class EvictReport:
     kept_local: int = 0  # chunks kept because the remote does not hold them
     kept_unverified: int = 0  # chunks kept because their remote copy did not read back intact
     unverified: tuple = ()  # (chunk hex, remote pack key, why) of those, the first few
+    # remote refs at commits this clone does not hold (pushed since its last fetch): what they reach
+    # cannot be told here, so every commit here counts as not on the remote until a fetch
+    remote_ahead: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -436,9 +439,12 @@ def evict(repo, budget: Optional[int] = None) -> EvictReport:
     conn = Connection(repo, name)
     try:
         conn.catalogue.refresh(conn.bucket)
-        tips = [oid for oid, _, _ in conn.remote_refs().values()]  # its branches and tags keep their data there
+        refs = conn.remote_refs()
+        tips = [oid for oid, _, _ in refs.values()]  # its branches and tags keep their data there
+        with repo.index.read() as txn:
+            ahead = tuple(sorted(ref for ref, (oid, _, _) in refs.items() if txn.get("commits", oid) is None))
         with repo.gc_lock.exclusive():
-            return _evict(repo, conn, budget, tips)
+            return replace(_evict(repo, conn, budget, tips), remote_ahead=ahead)
     finally:
         conn.close()
 

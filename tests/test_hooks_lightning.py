@@ -96,6 +96,36 @@ def test_a_resumed_fit_is_bit_exact_and_keeps_the_top_k_by_retention(tmp_path, s
     assert min(third.losses) == int(best.rsplit("step=", 1)[1][:-5])  # it went on from the best one's step
 
 
+HOLD_SHARED = """
+import sys, time, mvc
+repo = mvc.Repository.open(sys.argv[1])
+with repo.gc_lock.shared():  # as a background push does for its whole upload
+    print("READY", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_retention_never_waits_for_a_push_in_flight(tmp_path):
+    """Retention (a gc after the last tag moves) waited in the training step for the gc lock a
+    background push held, and after a minute GcLockBusy failed the fit. It is left for the next
+    checkpoint instead."""
+    import subprocess
+    import sys
+    mvc.Repository.init(tmp_path / "repo", chunk_size=64).close()
+    child = subprocess.Popen([sys.executable, "-c", HOLD_SHARED, str(tmp_path / "repo")], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "READY"
+        fit(tmp_path, 3, **TOP)
+    finally:
+        child.kill()
+        child.wait()
+    _, callback = fit(tmp_path, 4, ckpt_path="mvc:lightning", **TOP)  # the lock is free: retention runs
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        kept = [c for c in repo.log("lightning") if not c.pruned]
+        assert repo.fsck().ok and len(kept) < len(list(repo.log("lightning")))
+
+
 def test_save_last_link_moves_a_tag_instead_of_committing_twice(tmp_path):
     _, callback = fit(tmp_path, 2, monitor="train_loss", save_top_k=-1, save_last="link")
     with mvc.Repository.open(tmp_path / "repo") as repo:

@@ -308,6 +308,10 @@ class MvcCheckpoint(ModelCheckpoint):
         tag = self._tag(path)
         moved = any(t.name == tag for t in self.repo.tags())  # "last", saved under one name each time
         self.repo.create_tag(tag, commit.id, force=True)
+        if self.repo.cache.remote() is not None:
+            # tags stay local, so no remote ref keeps these: evicted, then pruned by the remote's
+            # retention, a top-k checkpoint would be lost. Kept here whatever the cache budget
+            self.repo.cache.pin(tag)
         _write_pointer(path, {"repository": os.fspath(self.repo.root), "commit": commit.id, "tag": tag})
         self.last_commit = commit
         if moved:
@@ -336,6 +340,8 @@ class MvcCheckpoint(ModelCheckpoint):
         if read_pointer(path) is not None:
             os.unlink(path)
         if any(t.name == tag for t in self.repo.tags()):
+            if self.repo.cache.remote() is not None:
+                self.repo.cache.pin(tag, False)
             self.repo.delete_tag(tag, force=True)
         self._retain()
 

@@ -155,6 +155,28 @@ def test_remote_gets_each_commit_pushed_and_a_clone_loads_the_tip(tmp_path):
         assert clone.load("origin/lightning")["global_step"] == 16
 
 
+def test_in_a_lazy_clone_the_checkpoints_lightning_keeps_are_kept_here(tmp_path):
+    """Lightning's tags stay local, so no remote ref keeps them: eviction, then a remote gc with
+    retention, lost a top-k checkpoint. Its tags are pinned (kept whatever the cache budget)."""
+    from mvc.remote import config
+    with mvc.Repository.init(tmp_path / "src", chunk_size=64) as src:
+        src.commit({"w": torch.zeros(4)}, "a start")
+        src.remotes.add("origin", str(tmp_path / "remote"))
+        src.remotes.push()
+    mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "repo", lazy=True).close()
+    fit(tmp_path, 3, remote="origin", **TOP)
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        tags = {"tags/" + t.name for t in repo.tags() if t.name.startswith("lightning/")}
+        with repo.index.read() as txn:
+            pinned = set(config.pins(txn))
+        assert tags and tags <= pinned and not {p for p in pinned if p.startswith("tags/lightning/")} - tags
+        repo.cache.evict(0)
+        from mvc.remote.tiers import commit_chunks
+        with repo.index.read() as txn:  # their chunks stayed here: no remote gc can take them
+            kept = commit_chunks(repo, txn, {bytes.fromhex(repo.resolve(n[len("tags/"):])) for n in tags})
+            assert kept and repo.chunks.remote_only(kept, txn) == set()
+
+
 def test_a_remote_the_repository_lacks_is_refused_before_training(tmp_path):
     with pytest.raises(mvc.BadInput, match="no remote 'origin'"):
         fit(tmp_path, 1, remote="origin", **TOP)

@@ -529,9 +529,13 @@ class MvcStorageReader(StorageReader):
 
     def prepare_global_plan(self, plans: list) -> list:
         commits = {p.storage_data for p in plans}
-        if len(commits) > 1:  # the ref moved while the ranks resolved it: they would load different states
-            raise mvc.RefConflict(f"{self.rev!r} moved while the ranks resolved it ({len(commits)} different "
-                                  "commits); load again, or load a commit id")
+        if len(commits) > 1:  # they would load different states
+            # each rank resolves the name in its own repository: it moved meanwhile, or the ranks'
+            # repositories differ (clones whose local branch lags their remote's, say)
+            raise mvc.RefConflict(f"{self.rev!r} names {len(commits)} different commits on the ranks (it moved "
+                                  "while they resolved it, or their repositories differ, such as clones whose "
+                                  "own branch lags their remote's); load a commit id, or REMOTE/BRANCH after a "
+                                  "fetch on every rank")
         return plans
 
     def read_data(self, plan: LoadPlan, planner) -> Future:

@@ -110,8 +110,8 @@ def _plain(node):
     return mvc.traverse.map_leaves(node, lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v)
 
 
-
 RETAIN_WAIT_S = 1.0  # how long retention waits for the gc lock before leaving it to the next checkpoint
+
 
 class _MvcCheckpointIO(CheckpointIO):
     """Lightning's checkpoint IO for the callback's paths; any other path goes to the IO it replaced."""
@@ -324,13 +324,13 @@ class MvcCheckpoint(ModelCheckpoint):
         the exclusive gc lock, which a background push holds (shared) for its whole upload: rather
         than stall the step (and fail the fit after a minute), retention waits for the next
         checkpoint; what it would prune is only kept a little longer."""
-        old, self.repo.gc_lock.timeout = self.repo.gc_lock.timeout, RETAIN_WAIT_S
+        old, self.repo.lock_timeout = self.repo.lock_timeout, RETAIN_WAIT_S
         try:
             self.repo.gc(keep_last=self.keep_last, branch=self.branch)
         except mvc.LockHeld:
             pass
         finally:
-            self.repo.gc_lock.timeout = old
+            self.repo.lock_timeout = old
 
     def _forget(self, path: str) -> None:
         """Where ModelCheckpoint deletes a file: drop its tag and let retention prune the commit."""

@@ -351,19 +351,18 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
             checker.find(p.kind, f"chunk {_short(p.id)}", p.detail, chunks={p.id})
         verified = total
     r = checker.reach
-    report = FsckReport(quick, len(r.parents), r.trees, r.tensors, len(r.chunk_length),
+    return FsckReport(quick, len(r.parents), r.trees, r.tensors, len(r.chunk_length),
                       len(packs), verified, time.perf_counter() - start, checker.damage(),
                       tuple(checker.unreferenced(packs, tmps, r.indexed_packs)),
                       unverified=len(unverified), unverified_bytes=sum(r.chunk_length[cid] for cid in unverified),
                       unverified_remote=getattr(repo.chunks, "name", None) if unverified else None,
                       leftovers=tuple(p.relative_to(repo.dir).as_posix() for p in scratch.leftovers(repo.dir)))
-    with repo.index.read() as txn:  # a lazy clone's damaged cached chunk is still on its remote
-        return mark_restorable(report, lambda ids: repo.chunks.copies_elsewhere(ids, txn))
 
 
 def mark_restorable(report: FsckReport, copies: Callable[[set], dict]) -> FsckReport:
     """``report`` with each chunk damage whose every chunk ``copies`` finds on a remote marked
-    with those remotes (``Damage.remotes``); ``copies`` maps chunk ids to a remote's name."""
+    with those remotes (``Damage.remotes``); ``copies`` maps chunk ids to a remote's name
+    (``Repository.fsck`` passes the remotes' listings, ``repo.cache.restorable``)."""
     ids = {bytes.fromhex(c) for d in report.damage if not d.remotes for c in d.chunks}
     found = copies(ids) if ids else {}
     if not found:

@@ -461,6 +461,7 @@ def test_a_lazy_fetch_says_when_refs_here_need_chunks_the_remote_no_longer_has(o
         origin.remotes.gc(grace=0)
         report = lazy.remotes.fetch()
         assert report.lost > 0 and report.pruned == ()
+        assert lazy.cache.status().lost == report.lost  # not counted as held by the remote
         damage = lazy.fsck().damage
         assert damage and all("heads/exp" in d.refs and "heads/main" not in d.refs for d in damage)
     finally:

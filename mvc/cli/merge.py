@@ -62,14 +62,14 @@ def average(revs, weights, only, branch, message, recipe_file, as_json, sign=Fal
 def _run(revs, strategy, base, params, weights, only, branch, message, recipe_file, as_json, signing=(False, None)):
     with open_repo() as repo:
         signer = load_signer(repo, *signing)  # before the progress bar: it may ask for a passphrase
-    with open_repo() as repo, Progress("merging") as bar:
-        try:
-            commit, report = repo.merge(revs, recipe_file, strategy=strategy, weights=weights, base=base,
-                                        params=params, only=only, branch=branch, message=message, progress=bar,
-                                        sign=signer)
-        except MergeRefused as exc:
-            fail(f"{exc}; merge the model alone (--only 'model.*') or take them from one input "
-                 "(a recipe rule with take = 0)")
+        with Progress("merging") as bar:
+            try:
+                commit, report = repo.merge(revs, recipe_file, strategy=strategy, weights=weights, base=base,
+                                            params=params, only=only, branch=branch, message=message,
+                                            progress=bar, sign=signer)
+            except MergeRefused as exc:
+                fail(f"{exc}; merge the model alone (--only 'model.*') or take them from one input "
+                     "(a recipe rule with take = 0)")
     if as_json:
         echo_json({"commit": commit, "report": report})
         return

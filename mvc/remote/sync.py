@@ -125,6 +125,12 @@ class Connection:
                 return True
         return bool(self.catalogue.pack_keys())
 
+    def vanished(self) -> RemoteVanished:
+        """The error for a remote this repository used before that holds no mvc remote now."""
+        return RemoteVanished(f"remote {self.name!r} ({self.info.url}) holds no mvc remote, though this repository "
+                              "used it before: it moved or its disk is not mounted; nothing was written there",
+                              remote=self.name, url=self.info.url)
+
     def marker(self, create: bool) -> Optional[int]:
         """The remote's chunk size from MVCREMOTE; with ``create``, write it if absent."""
         current = self.bucket.get_versioned(layout.MARKER)
@@ -286,9 +292,7 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
         known = conn.known()
         conn.create = first = (not delete or bool(names)) and not known
         if known and conn.marker(create=False) is None:
-            raise RemoteVanished(f"remote {conn.name!r} ({conn.info.url}) holds no mvc remote, though this "
-                                 "repository used it before: it moved or its disk is not mounted; nothing was "
-                                 "written there", remote=conn.name, url=conn.info.url)
+            raise conn.vanished()
         conn.ensure_conditional()  # first: a refused store is left as it was (no MVCREMOTE)
         conn.marker(create=first)
         with lease.held(conn, lease.PUSH) as held:
@@ -694,9 +698,7 @@ def fetch(repo, name: Optional[str] = None, progress=None, prune: bool = False) 
     try:
         if conn.marker(create=False) is None:
             if conn.known():
-                raise RemoteVanished(f"remote {conn.name!r} ({conn.info.url}) holds no mvc remote, though this "
-                                     "repository used it before: it moved or its disk is not mounted",
-                                     remote=conn.name, url=conn.info.url)
+                raise conn.vanished()
             raise RemoteError(f"{conn.info.url} holds no mvc remote yet (no {layout.MARKER}); push to it first")
         conn.catalogue.refresh(conn.bucket)
         remote = conn.remote_refs()

@@ -146,9 +146,6 @@ class CacheStore(Forwarding):
     def keeps(self, cid: bytes, txn) -> bool:
         return self.inner.has(cid, txn)
 
-    def copies_elsewhere(self, ids, txn) -> dict:
-        return dict.fromkeys(self.conn.catalogue.chunks(ids), self.name)
-
     def locate(self, cid: bytes, txn, what: str = ""):
         if self.inner.has(cid, txn):
             return self.inner.locate(cid, txn, what)

@@ -154,13 +154,6 @@ class ChunkStore(ABC):
         writing. A cache's remote is no such proof (its listing may be older than a remote gc)."""
         return self.has(cid, txn)
 
-    def copies_elsewhere(self, ids: Iterable[bytes], txn) -> dict:
-        """{id: where} of the ids among ``ids`` that a second copy this store reads through holds
-        (a cached remote, named): a damaged or missing local copy of those loses nothing, and
-        ``mvc fsck --repair`` reads them again. Taken on that copy's last listing, not read here.
-        """
-        return {}
-
     @abstractmethod
     def locate(self, cid: bytes, txn, what: str = "") -> Location:
         """Where chunk ``cid``'s record lies: its stored length (``length``) and
@@ -257,9 +250,6 @@ class Forwarding(ChunkStore):
 
     def remote_only(self, ids, txn):
         return self.inner.remote_only(ids, txn)
-
-    def copies_elsewhere(self, ids, txn):
-        return self.inner.copies_elsewhere(ids, txn)
 
     def keeps(self, cid, txn):
         return self.inner.keeps(cid, txn)

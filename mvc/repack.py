@@ -129,8 +129,11 @@ def repack(repo, depth: Optional[int] = None, dry_run: bool = False, progress=No
                     for part in _slices(commit_items):
                         _encode(repo, txn, part, decided, cache)
                         for item in part:
-                            locs[item.cid] = txn.chunk(item.cid)
-                            if batch is not None:  # raw ones move too: the old packs empty out
+                            # a chunk that stays raw stays where it is: rewriting it would copy and
+                            # fsync the same bytes on every repack (gc's pack step still compacts
+                            # a pack the encoded chunks left mostly empty)
+                            if batch is not None and item.kind != codec.RAW:
+                                locs[item.cid] = txn.chunk(item.cid)
                                 batch.add_record(item.cid, item.payload, item.kind, item.size, item.depth, item.base)
                             item.payload = None  # written: keep only what the report needs
                             decided.done(item)
@@ -170,6 +173,10 @@ def _plan(txn, objects, chunks) -> list:
             known = child.get(parents[0])
             if known is None or live.commits[known].time <= live.commits[oid].time:
                 child[parents[0]] = oid
+    # A raw record that older deltas already decode through stays as it is: made a delta itself,
+    # it would lengthen their chains past the depth their records carry (and past MAX_DEPTH
+    # after enough commit-and-repack cycles), and older versions would no longer load.
+    bases = {loc.base for _, loc in chunks.records(txn) if loc.base is not None}
     out, taken = [], set()
     for oid in reversed(kept):
         obj = live.commits[oid]
@@ -191,7 +198,7 @@ def _plan(txn, objects, chunks) -> list:
                 if loc is None:
                     raise CorruptObject(f"repack stopped, nothing was changed: chunk {cid.hex()[:12]} of {what} "
                                         "is missing from the chunk index", id=cid)
-                if loc.coded:  # encoded by an earlier repack: kept as it is
+                if loc.coded or cid in bases:  # encoded by an earlier repack, or a base of such: kept as it is
                     continue
                 base = None
                 if same and i < len(old.chunks) and old.chunks[i] != cid and _length(old, i) == n \

@@ -28,12 +28,14 @@ def format_path(path: tuple) -> str:
 
 
 def is_container(node) -> bool:
-    return type(node) in (dict, list, tuple)
+    """Dicts, subclasses too (an ``OrderedDict`` state_dict, as torch.load
+    returns one), lists and tuples."""
+    return isinstance(node, dict) or type(node) in (list, tuple)
 
 
 def children(node) -> list:
     """(key, child) pairs of a container, dict keys in canonical order."""
-    if type(node) is dict:
+    if isinstance(node, dict):
         return [(k, node[k]) for k in sorted(node, key=key_order)]
     return list(enumerate(node))
 

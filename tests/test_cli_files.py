@@ -114,6 +114,13 @@ def test_commit_without_a_message_says_what_it_committed(cli, tmp_path):
     assert json.loads(cli("log", "--json").output)[0]["message"] == ""
 
 
+def test_a_state_dict_file_counts_its_tensors(cli, tmp_path):
+    """torch.save(model.state_dict()) stores an OrderedDict: its tensors are counted as a dict's."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    torch.save(model.state_dict(), tmp_path / "sd.pt")
+    assert "] Import sd.pt: 7 tensors" in cli("commit", "sd.pt").output
+
+
 def test_export_a_subtree_as_a_flat_state_dict(committed, tmp_path):
     committed("checkout", "HEAD", "-o", "model.safetensors", "--only", "model.*", "--strip-prefix", "model.")
     flat = load_file(tmp_path / "model.safetensors")

@@ -40,6 +40,19 @@ def children(node) -> list:
     return list(enumerate(node))
 
 
+def node_at(root, path) -> Any:
+    """The node at key path ``path`` under ``root``; None where no node is there."""
+    node = root
+    for key in path:
+        if type(node) is dict and key in node:
+            node = node[key]
+        elif type(node) in (list, tuple) and type(key) is int and 0 <= key < len(node):
+            node = node[key]
+        else:
+            return None
+    return node
+
+
 def walk(node, path: tuple = ()) -> Iterator[tuple]:
     """(key path, leaf) for every leaf under ``node``, in key order."""
     if is_container(node):

@@ -25,6 +25,7 @@ component's own loader still fails.
 import copy
 
 import threading
+from collections import OrderedDict
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -376,7 +377,8 @@ class Snapshot:
                 memo[key] = out
             return out
         if isinstance(node, dict):
-            return {k: self._copy(v, path + (k,), memo, devices, defer) for k, v in node.items()}
+            return _with_metadata_of(node, {k: self._copy(v, path + (k,), memo, devices, defer)
+                                            for k, v in node.items()})
         if isinstance(node, (list, tuple)):
             items = [self._copy(v, path + (i,), memo, devices, defer) for i, v in enumerate(node)]
             return tuple(items) if isinstance(node, tuple) else items
@@ -397,6 +399,17 @@ class Snapshot:
         if cuda:
             devices.add(source.device)
         return buffer
+
+
+def _with_metadata_of(source: dict, items: dict) -> dict:
+    """``items``, as an OrderedDict with a copy of ``source``'s ``_metadata`` (the
+    module versions of a ``state_dict()``, which a commit keeps) where it has one."""
+    metadata = getattr(source, "__dict__", {}).get("_metadata")
+    if metadata is None:
+        return items
+    out = OrderedDict(items)
+    out._metadata = copy.deepcopy(metadata)
+    return out
 
 
 _alias_key = mvc.traverse.storage_key  # tied tensors stay tied in the copy, as in a commit

@@ -178,14 +178,24 @@ def commit(repo, state, message: str = "", *, step: Optional[int] = None,
         if signer is not None:
             ondisk.require_extension(repo.dir, ondisk.SIGNATURES)
         root, slots = states.flatten(state)
+        metadata = states.dict_metadata(state)
         batch, stats = write_chunks(repo, slots, progress)
         # a failure from here on leaves a sealed, unpublished pack: garbage gc reclaims
         tensors = encode_tensors(slots, repo.chunk_size)
-        tree_data = TreeObject(states.tree_root(root)).encode()
+        tree_data = encode_tree(repo, states.tree_root(root), metadata)
         with repo.index.write() as txn:
             oid, obj = land(repo, txn, ref, parent, rebase, me, rec, batch.publish, tensors, tree_data, fork,
                          signer=signer)
     return replace(to_commit(oid, obj, stats), branch=refs.short_name(ref) if ref else None)
+
+
+def encode_tree(repo, root, dict_metadata: tuple = ()) -> bytes:
+    """The tree object's bytes. A tree that carries dict metadata names its
+    extension in FORMAT first, so an mvc that would drop it refuses the repository."""
+    data = TreeObject(root, dict_metadata=dict_metadata).encode()
+    if dict_metadata:
+        ondisk.require_extension(repo.dir, ondisk.DICT_METADATA)
+    return data
 
 
 def land(repo, txn, ref, parent, rebase: bool, me, record: CommitObject, publish: Callable,

@@ -9,7 +9,9 @@ Vocabulary:
 - **chunk fraction**: the share of B's chunks whose ids differ from A's at
   the same position; what a commit of B on top of A would have to write.
 - **relative change**: ‖B−A‖ / ‖A‖ (L2 over all elements), next to
-  max |B−A| and the cosine similarity of A and B. Computed in float64.
+  max |B−A| and the cosine similarity of A and B. Computed in float64,
+  with sums of squares scaled by powers of two where they would leave its
+  range (elements past about 1e154 or below 1e-154).
 - **elements changed**: elements whose bytes differ (bit-exact, so a NaN
   that stays NaN is unchanged and 0.0 → -0.0 is a change).
 
@@ -282,31 +284,28 @@ class _Loaded:
 
 
 class _Sums:
-    """float64 accumulators for ‖A‖², ‖B‖², ‖B−A‖² and max |B−A|.
+    """Accumulators for ‖A‖², ‖B‖², ‖B−A‖² (each a ``_Squares``) and max |B−A|.
 
     Elements are read in their own numpy dtype and widened to float64
     inside the loops (einsum and subtract with ``dtype``), so no float64
-    copy of a window is made. A·B follows as (‖A‖² + ‖B‖² − ‖B−A‖²) / 2,
-    one pass fewer, and as exact in float64. numpy's loops are
-    single-threaded, so they stay predictable on a busy machine (a
-    threaded BLAS dot was up to 50 times slower there).
+    copy of a window is made unless its squares leave float64's range.
+    A·B follows as (‖A‖² + ‖B‖² − ‖B−A‖²) / 2, one pass fewer. numpy's
+    loops are single-threaded, so they stay predictable on a busy machine
+    (a threaded BLAS dot was up to 50 times slower there).
     """
 
     def __init__(self):
-        self.aa = self.bb = self.dd = self.max = 0.0
+        self.aa, self.bb, self.dd = _Squares(), _Squares(), _Squares()
+        self.max = 0.0
         self.numeric = True
-
-    @property
-    def ab(self) -> float:
-        return (self.aa + self.bb - self.dd) / 2
 
     def same(self, a: Optional[np.ndarray]) -> None:
         if a is None:
             self.numeric = False
             return
-        s = _dot(a, a)
-        self.aa += s
-        self.bb += s
+        s, e = _squares(a)
+        self.aa.add(s, e)
+        self.bb.add(s, e)
 
     def differ(self, a, b, changed: np.ndarray) -> None:
         if a is None or b is None:
@@ -316,28 +315,123 @@ class _Sums:
             self._differ(a, b, changed)
 
     def _differ(self, a, b, changed: np.ndarray) -> None:
-        self.aa += _dot(a, a)
-        self.bb += _dot(b, b)
-        d = np.subtract(b, a, dtype=np.float64)
-        if not changed.all():  # bit-equal elements differ by 0, even NaN or inf ones
-            # complex elements are real pairs: each element's flag covers its values
-            pairs = a.size // changed.size
-            d[~(changed if pairs == 1 else np.repeat(changed, pairs))] = 0.0
-        self.dd += _dot(d, d)
-        top = max(float(d.max()), -float(d.min()))
+        self.aa.add(*_squares(a))
+        self.bb.add(*_squares(b))
+        d = _unchanged_to_zero(np.subtract(b, a, dtype=np.float64), changed)
+        self.dd.add(*_difference_squares(a, b, d, changed))
+        top = _max_abs(d)
         if top != top or top > self.max:  # a NaN, once seen, stays
             self.max = top
 
+    def norms(self) -> dict:
+        return dict(norm_a=self.aa.root(), norm_b=self.bb.root(), norm_diff=self.dd.root(),
+                    relative_change=_relative(self.dd, self.aa), cosine=_cosine(self.aa, self.bb, self.dd))
 
-def _relative(norm_d: float, norm_a: float) -> float:
+
+class _Squares:
+    """A sum of squares held as ``s · 4**e``, ``s`` in [0.5, 2) (or 0, inf,
+    NaN), so it reaches past float64's range (‖x‖² of 1e200 is 1e400) with
+    a float's precision: the scaling of BLAS nrm2 and LAPACK dlassq, by
+    powers of two, so a sum in range has the very bits a plain one has."""
+
+    def __init__(self):
+        self.s, self.e = 0.0, 0
+
+    def add(self, s: float, e: int) -> None:
+        if s == 0:
+            return
+        if self.s == 0:
+            self.s, self.e = s, e
+        else:
+            top = max(self.e, e)
+            self.s, self.e = self.at(top) + math.ldexp(s, 2 * (e - top)), top
+        if math.isfinite(self.s):
+            half = math.frexp(self.s)[1] // 2
+            self.s, self.e = math.ldexp(self.s, -2 * half), self.e + half
+
+    def at(self, e: int) -> float:
+        """The sum over ``4**e``, for an ``e`` no lower than this sum's own."""
+        return math.ldexp(self.s, 2 * (self.e - e)) if self.s else 0.0
+
+    def root(self) -> float:
+        return _ldexp(math.sqrt(self.s), self.e)
+
+
+_TINY = 2.0 ** -960  # a sum of squares below this may have lost elements to underflow
+
+
+def _squares(x: np.ndarray) -> tuple:
+    """‖x‖² as (s, e), meaning ``s · 4**e``: the plain float64 sum where it
+    is in range, else the sum of x scaled by a power of two near max |x|."""
+    s = _dot(x, x)
+    if _TINY <= s < math.inf or s != s:
+        return s, 0
+    if s == 0 and not x.any():  # all zeros (one pass, no copy): nothing was lost
+        return s, 0
+    top = _max_abs(x)
+    if not math.isfinite(top):  # an inf or NaN that the sum rightly shows
+        return s, 0
+    e = math.frexp(top)[1]
+    y = np.ldexp(x.astype(np.float64), -e)
+    return _dot(y, y), e
+
+
+def _difference_squares(a, b, d: np.ndarray, changed: np.ndarray) -> tuple:
+    """‖d‖² for d = B − A, recomputed from scaled A and B where d overflowed."""
+    s, e = _squares(d)
+    if s != math.inf:
+        return s, e
+    top = max(_max_abs(a), _max_abs(b))
+    if not math.isfinite(top):  # A or B holds inf or NaN: the inf is theirs
+        return s, e
+    k = math.frexp(top)[1]
+    d = np.subtract(np.ldexp(b.astype(np.float64), -k), np.ldexp(a.astype(np.float64), -k))
+    s, e = _squares(_unchanged_to_zero(d, changed))
+    return s, e + k
+
+
+def _unchanged_to_zero(d: np.ndarray, changed: np.ndarray) -> np.ndarray:
+    """d with bit-equal elements set to 0, even NaN or inf ones."""
+    if not changed.all():
+        # complex elements are real pairs: each element's flag covers its values
+        pairs = d.size // changed.size
+        d[~(changed if pairs == 1 else np.repeat(changed, pairs))] = 0.0
+    return d
+
+
+def _max_abs(x: np.ndarray) -> float:
+    return max(float(x.max()), -float(x.min()))  # NaN when x holds one: both are NaN then
+
+
+def _relative(dd: _Squares, aa: _Squares) -> float:
     """‖B−A‖ / ‖A‖: 0 when nothing moved in value (0.0 became -0.0), inf when A is zero and B is not."""
-    if norm_d == 0:
+    if dd.s == 0:
         return 0.0
-    return norm_d / norm_a if norm_a else math.inf
+    if aa.s == 0:
+        return math.inf
+    return _ldexp(math.sqrt(dd.s) / math.sqrt(aa.s), dd.e - aa.e)
+
+
+def _cosine(aa: _Squares, bb: _Squares, dd: _Squares) -> Optional[float]:
+    """A·B / (‖A‖ ‖B‖), with 2·A·B = ‖A‖² + ‖B‖² − ‖B−A‖²; None when A or B is all zeros."""
+    if aa.s == 0 or bb.s == 0:
+        return None
+    e = max(aa.e, bb.e, dd.e if dd.s else aa.e)
+    twice = aa.at(e) + bb.at(e) - dd.at(e)  # 2·A·B over 4**e
+    # sqrt of the product, not a product of roots: A == B gives exactly 1.0
+    return _clamp(_ldexp(twice / (2 * math.sqrt(aa.s * bb.s)), 2 * e - aa.e - bb.e))
+
+
+def _ldexp(x: float, n: int) -> float:
+    """x · 2**n; inf past float64's range, where math.ldexp raises."""
+    try:
+        return math.ldexp(x, n)
+    except OverflowError:
+        return math.copysign(math.inf, x)
 
 
 def _dot(x: np.ndarray, y: np.ndarray) -> float:
-    with np.errstate(all="ignore"):  # a sum past float64's range is inf, which the numbers then show
+    with np.errstate(all="ignore"):  # a sum past float64's range is inf; _squares then scales
         return float(np.einsum("i,i->", x, y, dtype=np.float64))
 
 
@@ -424,11 +518,7 @@ def _streamed_diff(ea, eb, obj_a, obj_b, sums: _Sums, elements: int) -> TensorDi
     chunks = _changed_chunks(obj_a, obj_b)
     numbers = {}
     if sums.numeric:
-        norm_a, norm_b, norm_d = math.sqrt(sums.aa), math.sqrt(sums.bb), math.sqrt(sums.dd)
-        numbers = dict(norm_a=norm_a, norm_b=norm_b, norm_diff=norm_d,
-                       relative_change=_relative(norm_d, norm_a),
-                       max_abs_diff=sums.max,
-                       cosine=_clamp(sums.ab / (norm_a * norm_b)) if norm_a and norm_b else None)
+        numbers = dict(sums.norms(), max_abs_diff=sums.max)
     return TensorDiff(eb.key, eb.path, CHANGED, ea.dtype, eb.dtype, tuple(ea.shape), tuple(eb.shape),
                       numel, eb.nbytes, len(eb.chunks), len(chunks), len(chunks) / len(eb.chunks),
                       sum(n for _, n in chunks), elements, **numbers)

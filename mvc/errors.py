@@ -557,7 +557,8 @@ class Unstorable(BadInput):
     for the state itself; None for the whole state, or where the encoder does not know it), ``reason`` one of "type" (not a tensor
     or plain value; ``type`` names it), "key-type" (a dict key neither str nor int),
     "int-range" (an int beyond 64 bits), "nested-tensor", "layout" (sparse …), "meta" (a
-    meta-device tensor), "depth" (nested too deeply, or contains itself)."""
+    meta-device tensor), "depth" (nested too deeply, or contains itself), "metadata" (a
+    dict's ``_metadata`` attribute that is not torch's module prefix -> {name: scalar})."""
 
     def __init__(self, message: str = "", *, key=None, reason: str = "", type=None):
         super().__init__(message)

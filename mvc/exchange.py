@@ -180,7 +180,9 @@ def _export_pt(repo, commit: str, path, force: bool, only, strip_prefix, progres
         return c
     state = _state.materialize(root, firsts, copy=copy)
     if only is not None or strip_prefix is not None:
-        state = _files.select(state, only, strip_prefix)
+        state = _files.select(state, only, strip_prefix)  # a flat dict of its own: no module metadata
+    else:
+        state = _state.with_metadata(state, view["dict_metadata"])
     written = [t for _, t in walk(state) if isinstance(t, torch.Tensor)]
     order = list(dict.fromkeys(source[id(t)] for t in written))  # what to read, as torch.save meets it
     storages = {t.untyped_storage().data_ptr() for t in written if t.nbytes}

@@ -48,10 +48,10 @@ import torch
 
 from . import audit, commits, dtypes, hashing, history, reader
 from .errors import BadInput, BadRecipe, MergeMismatch, MergeRefused
-from .objects import TensorLeaf, TensorObject, TreeObject, object_id
+from .objects import TensorLeaf, TensorObject, object_id
 from .store.chunks import Request, batches
 from .store.locks import default_author, this_process
-from .traverse import format_path, walk
+from .traverse import format_path, node_at, walk
 
 STRATEGIES = ("average", "linear", "slerp", "task-arithmetic", "ties", "dare")
 WITH_BASE = ("task-arithmetic", "ties", "dare")
@@ -462,17 +462,17 @@ class _Input:
     root: object
     leaves: dict  # {path: leaf}
     objs: dict  # {path: TensorObject} for tensor leaves
+    dict_metadata: tuple = ()  # the tree's torch _metadata of its dicts (TreeObject)
 
 
 def _read_input(repo, txn, rev: str, only: Optional[str]) -> _Input:
     from .traverse import select  # the same glob rules as load(only=) and diff --only
     oid = repo.refs.resolve(txn, rev)
-    root = repo.objects.commit_tree(txn, oid).root
-    if only is not None:
-        root = select(root, only)
+    tree = repo.objects.commit_tree(txn, oid)
+    root = tree.root if only is None else select(tree.root, only)
     leaves = dict(walk(root))
     objs = {p: repo.objects.tensor(txn, leaf.id) for p, leaf in leaves.items() if isinstance(leaf, TensorLeaf)}
-    return _Input(rev, oid, root, leaves, objs)
+    return _Input(rev, oid, root, leaves, objs, tree.dict_metadata)
 
 
 def _check_compatible(inputs: list, base: Optional[_Input]) -> None:
@@ -762,7 +762,9 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
                 raise
             finally:
                 torch.set_num_threads(threads)
-        tree_data = TreeObject(root).encode()
+        # input 0's structure, so its dicts' module metadata too
+        metadata = tuple((p, m) for p, m in inputs[0].dict_metadata if type(node_at(root, p)) is dict)
+        tree_data = commits.encode_tree(repo, root, metadata)
         _hold_here(repo, root, merger.tensors)
         record = _record(recipe, plan, inputs, base_in, revs, message, record_author)
         with repo.index.read() as txn:

@@ -12,7 +12,9 @@
 - **tree**: the structure of a state, and for a sharded (DCP) save its
   ``dcp`` metadata as plain values (``mvc/sharded.py``). Dicts (str or int keys), lists,
   tuples and plain values (None, bool, int, float, str, bytes) are kept as
-  they are; each tensor is a ``TensorLeaf`` naming a tensor object.
+  they are; each tensor is a ``TensorLeaf`` naming a tensor object. Dicts
+  that carried torch's ``_metadata`` attribute (a ``Module.state_dict()``)
+  have it in ``dict_metadata``, by key path, as plain values.
 - **commit**: tree id, parent ids, message, author, time and the training
   record (step, epoch, metrics, context); optionally a signature over the
   rest (its **payload**).
@@ -35,7 +37,7 @@ from typing import Any, Iterator
 from . import dtypes, encoding, hashing
 from .encoding import Ext
 from .errors import CorruptObject, Unreadable
-from .traverse import format_path, walk  # noqa: F401  (re-exported: trees are walked with these)
+from .traverse import format_path, node_at, walk  # noqa: F401  (re-exported: trees are walked with these)
 
 ID_SIZE = hashing.DIGEST_SIZE
 EXT_TUPLE = 1
@@ -263,6 +265,8 @@ def _decode_node(node) -> Any:
 class TreeObject:
     root: Any
     dcp: Any = None  # a sharded save's DCP metadata (plain values, see mvc/sharded.py); None otherwise
+    # ((key path of a dict in root, its torch ``_metadata``), ...) in key order; see mvc/state.py
+    dict_metadata: tuple = ()
 
     def encode(self, check: bool = True) -> bytes:
         """The canonical bytes; Unreadable if the decoder would refuse them (``check``
@@ -270,17 +274,49 @@ class TreeObject:
         fields = {"type": "tree", "root": _encode_node(self.root)}
         if self.dcp is not None:
             fields["dcp"] = self.dcp
+        if self.dict_metadata:  # absent when there is none: those trees keep the bytes of format 1
+            fields["dict_metadata"] = [[list(p), m] for p, m in sorted(self.dict_metadata, key=_path_order)]
         return _readable(encoding.pack(fields), TreeObject.decode, "tree", check)
 
     @classmethod
     def decode(cls, data: bytes) -> "TreeObject":
         v = _decode_map(data, "tree")
-        _fields(v, "tree", {"type", "root", "dcp"} if "dcp" in v else {"type", "root"})
+        _fields(v, "tree", {"type", "root"} | ({"dcp"} & v.keys()) | ({"dict_metadata"} & v.keys()))
         _check("dcp" not in v or type(v["dcp"]) is dict, "tree dcp metadata is not a map", "tree", "dcp")
         try:
-            return cls(_decode_node(v["root"]), v.get("dcp"))
+            root = _decode_node(v["root"])
         except RecursionError:
             raise CorruptObject("tree object is nested too deeply", kind="tree", field="root") from None
+        return cls(root, v.get("dcp"), _decode_dict_metadata(v["dict_metadata"], root) if "dict_metadata" in v else ())
+
+
+_SCALARS = (type(None), bool, int, float, str, bytes)
+
+
+def _path_order(item) -> tuple:
+    return tuple(encoding.key_order(k) for k in item[0])
+
+
+def is_dict_metadata(value) -> bool:
+    """Whether ``value`` has the shape of torch's ``_metadata``: str -> {str: scalar}."""
+    return type(value) is dict and all(
+        type(k) is str and type(m) is dict and all(type(n) is str and type(x) in _SCALARS for n, x in m.items())
+        for k, m in value.items())
+
+
+def _decode_dict_metadata(value, root) -> tuple:
+    _check(type(value) is list and len(value) > 0 and all(type(i) is list and len(i) == 2 for i in value),
+           "tree dict_metadata is not a non-empty array of [path, metadata] pairs", "tree", "dict_metadata")
+    pairs = [(i[0], i[1]) for i in value]
+    for path, meta in pairs:
+        _check(type(path) is list and all(type(k) in (int, str) for k in path) and is_dict_metadata(meta),
+               "tree dict_metadata holds a bad path or metadata", "tree", "dict_metadata")
+        _check(type(node_at(root, path)) is dict, f"tree dict_metadata names {format_path(tuple(path))!r}, "
+               "which is not a map of the tree", "tree", "dict_metadata")
+    order = [_path_order(p) for p in pairs]
+    _check(all(a < b for a, b in zip(order, order[1:])), "tree dict_metadata paths are not in key order, or repeat",
+           "tree", "dict_metadata")
+    return tuple((tuple(path), meta) for path, meta in pairs)
 
 
 _COMMIT_FIELDS = {"type", "tree", "parents", "message", "author", "time",

@@ -49,12 +49,11 @@ def load(repo, rev: str = refs.HEAD, map_location=None,
     # gc must not move or delete a pack between reading a location and reading the pack
     with repo.gc_lock.shared(), repo.index.read() as txn:
         oid = repo.refs.resolve(txn, rev)
-        root = repo.objects.commit_tree(txn, oid).root
-        if only is not None:
-            root = select(root, only)
+        tree = repo.objects.commit_tree(txn, oid)
+        root = tree.root if only is None else select(tree.root, only)
         leaves = [(p, leaf) for p, leaf in walk(root) if isinstance(leaf, TensorLeaf)]
         tensors = read_tensors(repo, txn, leaves, oid, progress)
-    return states.materialize(root, tensors, map_location)
+    return states.with_metadata(states.materialize(root, tensors, map_location), tree.dict_metadata)
 
 
 def read_leaves(repo, rev: str, leaves: list, progress=None, into: Optional[dict] = None) -> dict:
@@ -145,10 +144,12 @@ def load_keys(repo, rev: str, keys) -> dict:
     from . import state as states  # torch
     with repo.gc_lock.shared(), repo.index.read() as txn:
         oid = repo.refs.resolve(txn, rev)
-        root = repo.objects.commit_tree(txn, oid).root
+        tree = repo.objects.commit_tree(txn, oid)
+        root = tree.root
         if type(root) is not dict:
             raise BadInput(f"commit {oid.hex()[:12]} holds a {type(root).__name__}, not a dict of keys")
         part = {k: root[k] for k in keys if k in root}
         leaves = [(p, leaf) for p, leaf in walk(part) if isinstance(leaf, TensorLeaf)]
         tensors = read_tensors(repo, txn, leaves, oid)
-    return states.materialize(part, tensors)
+    inside = tuple((p, m) for p, m in tree.dict_metadata if p)  # the root's own is not part of a part
+    return states.with_metadata(states.materialize(part, tensors), inside)

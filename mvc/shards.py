@@ -121,7 +121,8 @@ class Shards:
         """What a sharded load plans with, read once: {"commit": full hex id,
         "dcp": the DCP metadata (None for a commit of ``commit``), "tensors":
         {key path: TensorObject}, "values": {key path: plain leaf}, "root":
-        the tree (tensors as TensorLeaf), to find values that are containers}."""
+        the tree (tensors as TensorLeaf), to find values that are containers,
+        "dict_metadata": the tree's (see ``TreeObject``)}."""
         with self.repo.index.read() as txn:
             oid = self.repo.refs.resolve(txn, rev)
             tree = self.repo.objects.commit_tree(txn, oid)
@@ -131,4 +132,5 @@ class Shards:
                     tensors[path] = self.repo.objects.tensor(txn, leaf.id)
                 else:
                     values[path] = leaf
-        return {"commit": oid.hex(), "dcp": tree.dcp, "tensors": tensors, "values": values, "root": tree.root}
+        return {"commit": oid.hex(), "dcp": tree.dcp, "tensors": tensors, "values": values, "root": tree.root,
+                "dict_metadata": tree.dict_metadata}

@@ -14,6 +14,7 @@ import ctypes
 import mmap
 import sys
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,7 +23,7 @@ import torch
 
 from . import dtypes, encoding, traverse
 from .errors import BadInput, TooLarge, Unstorable
-from .objects import TensorLeaf, shape_problem
+from .objects import TensorLeaf, is_dict_metadata, shape_problem
 from .traverse import format_path, storage_key
 
 _PLAIN = (type(None), bool, str, bytes, float)
@@ -265,6 +266,77 @@ def _flatten(state) -> tuple:
 
     root = visit(state, ())
     return root, slots
+
+
+def dict_metadata(state) -> tuple:
+    """((key path, metadata), ...) for each dict of ``state`` that carries
+    torch's ``_metadata`` attribute: what ``Module.state_dict()`` sets (module
+    prefix -> {"version": N}) and ``load_state_dict`` hands to each module,
+    so that one saved by an older version of it can be migrated. Kept as
+    plain values, never pickled; Unstorable if it holds anything else. For
+    a state ``flatten`` accepted."""
+    out, todo = [], [((), state)]
+    while todo:
+        path, node = todo.pop()
+        if isinstance(node, dict):
+            meta = getattr(node, "__dict__", {}).get("_metadata")  # dict itself has no __dict__
+            if meta is not None:
+                out.append((path, _plain_metadata(meta, path)))
+            todo.extend((path + (k,), v) for k, v in node.items())
+        elif isinstance(node, (list, tuple)):
+            todo.extend((path + (i,), v) for i, v in enumerate(node))
+    return tuple(out)
+
+
+def _plain_metadata(meta, path: tuple) -> dict:
+    """``meta`` as plain dicts; Unstorable unless it is what torch sets (and encodes)."""
+    plain = None
+    if isinstance(meta, dict) and all(isinstance(m, dict) for m in meta.values()):
+        plain = {k: dict(m) for k, m in meta.items()}
+    if plain is None or not is_dict_metadata(plain) or not _encodes(plain):
+        where = format_path(path + ("_metadata",))
+        raise Unstorable(f"{where!r} is not what torch's state_dict() sets (module prefix -> "
+                         "{name: None, bool, int, float, str or bytes}); delete the attribute or make it so",
+                         key=where, reason="metadata", type=type(meta).__name__)
+    return plain
+
+
+def _encodes(value) -> bool:
+    try:
+        encoding.pack(value)
+    except BadInput:  # an int past 64 bits, text that is not Unicode
+        return False
+    return True
+
+
+def with_metadata(state, metadata: tuple):
+    """``state`` with each dict that ``metadata`` names replaced by an
+    ``OrderedDict`` of the same items whose ``_metadata`` is restored, as
+    ``Module.state_dict()`` returns it. Paths that name no dict of ``state``
+    (a load of some keys only) are passed over."""
+    for path, meta in sorted(metadata, key=lambda item: -len(item[0])):  # inner dicts first: outer ones copy them
+        node = traverse.node_at(state, path)
+        if type(node) is dict:
+            state = _replace_at(state, path, _ordered(node, meta))
+    return state
+
+
+def _ordered(node: dict, meta: dict) -> OrderedDict:
+    out = OrderedDict(node)
+    out._metadata = OrderedDict((k, dict(m)) for k, m in meta.items())
+    return out
+
+
+def _replace_at(state, path: tuple, new):
+    if not path:
+        return new
+    parent = traverse.node_at(state, path[:-1])
+    if type(parent) is tuple:  # tuples are immutable: rebuild this one, and so on up
+        items = list(parent)
+        items[path[-1]] = new
+        return _replace_at(state, path[:-1], tuple(items))
+    parent[path[-1]] = new
+    return state
 
 
 def _check_depth(state) -> None:

@@ -28,14 +28,29 @@ def format_path(path: tuple) -> str:
 
 
 def is_container(node) -> bool:
-    return type(node) in (dict, list, tuple)
+    """Dicts, subclasses too (an ``OrderedDict`` state_dict, as torch.load
+    returns one), lists and tuples."""
+    return isinstance(node, dict) or type(node) in (list, tuple)
 
 
 def children(node) -> list:
     """(key, child) pairs of a container, dict keys in canonical order."""
-    if type(node) is dict:
+    if isinstance(node, dict):
         return [(k, node[k]) for k in sorted(node, key=key_order)]
     return list(enumerate(node))
+
+
+def node_at(root, path) -> Any:
+    """The node at key path ``path`` under ``root``; None where no node is there."""
+    node = root
+    for key in path:
+        if type(node) is dict and key in node:
+            node = node[key]
+        elif type(node) in (list, tuple) and type(key) is int and 0 <= key < len(node):
+            node = node[key]
+        else:
+            return None
+    return node
 
 
 def walk(node, path: tuple = ()) -> Iterator[tuple]:

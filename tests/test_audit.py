@@ -287,6 +287,20 @@ def test_a_rewrite_of_a_protected_ref_is_refused_by_push_and_fetch_and_shown_by_
     rogue.close()
 
 
+def test_a_signed_tag_pushes_its_ref_and_its_signature_stays_local(remote_pair):
+    """As the README says: the tag's ref travels, its tag object does not, so a clone
+    verifies the commit's own signature (which travels in the commit) and finds the tag unsigned."""
+    writer, reader = remote_pair
+    c = writer.commit({"w": tensor(9)}, "release", sign=ALICE)
+    writer.create_tag("v1", c.id, sign=ALICE, message="release 1")
+    assert writer.trust.verify_tag("v1").good
+    writer.remotes.push(refs=("main", "v1"))
+    reader.remotes.fetch()
+    assert reader.resolve("v1") == c.id
+    assert reader.trust.verify_commit("v1").good
+    assert reader.trust.verify_tag("v1").status == "unsigned"
+
+
 def test_fetch_refuses_a_forged_history(remote_pair, tmp_path, s3_server):
     writer, reader = remote_pair
     rogue = mvc.Repository.clone(writer.remotes.list()[0].url, tmp_path / "rogue", endpoint_url=s3_server.endpoint)

@@ -114,6 +114,30 @@ def test_commit_without_a_message_says_what_it_committed(cli, tmp_path):
     assert json.loads(cli("log", "--json").output)[0]["message"] == ""
 
 
+def test_a_state_dict_file_counts_its_tensors(cli, tmp_path):
+    """torch.save(model.state_dict()) stores an OrderedDict: its tensors are counted as a dict's."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    torch.save(model.state_dict(), tmp_path / "sd.pt")
+    assert "] Import sd.pt: 7 tensors" in cli("commit", "sd.pt").output
+
+
+def test_a_state_dicts_module_metadata_survives_import_and_export(cli, tmp_path, monkeypatch):
+    """The _metadata torch.save keeps with a state_dict (module versions) comes back
+    in a pt export, streamed or not, as torch.load gives it from the original."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    torch.save({"model": model.state_dict(), "step": 3}, tmp_path / "in.pt")
+    original = torch.load(tmp_path / "in.pt", weights_only=True)
+    cli("commit", "in.pt")
+    cli("export", "-o", "streamed.pt")
+    monkeypatch.setattr("mvc.files.can_stream_torch", lambda: False)
+    cli("export", "-o", "whole.pt")
+    for name in ("streamed.pt", "whole.pt"):
+        back = torch.load(tmp_path / name, weights_only=True)
+        assert back["model"]._metadata == original["model"]._metadata, name
+        assert {k: v.reshape(-1).view(torch.uint8).tolist() for k, v in back["model"].items()} == \
+            {k: v.reshape(-1).view(torch.uint8).tolist() for k, v in original["model"].items()}, name
+
+
 def test_export_a_subtree_as_a_flat_state_dict(committed, tmp_path):
     committed("checkout", "HEAD", "-o", "model.safetensors", "--only", "model.*", "--strip-prefix", "model.")
     flat = load_file(tmp_path / "model.safetensors")

@@ -167,6 +167,39 @@ def test_identical_nan_is_unchanged_and_zero_norm_a_gives_inf(repo):
     assert z.relative_change == math.inf and z.cosine is None
 
 
+@pytest.mark.parametrize("scale", [2.0 ** 600, 2.0 ** -600], ids=["huge", "tiny"])
+def test_numbers_past_the_range_of_float64_squares(repo, scale):
+    """Squares of these elements overflow (or underflow) float64; the sums are
+    scaled by powers of two, as BLAS nrm2 scales them, so every number is
+    what the unscaled vectors [3, 4, 0] and [3, 4, 12] give, times ``scale``.
+    The 3 sits in a 64-byte chunk of its own that stays, so the sums of two
+    windows, one read on one side only, are put together."""
+    a = torch.zeros(16, dtype=torch.float64)
+    a[0], a[8] = 3 * scale, 4 * scale
+    b = a.clone()
+    b[9] = 12 * scale
+    same = torch.tensor([1e200, 1e-200, 0.0], dtype=torch.float64)  # equal values under other bytes:
+    repo.commit({"t": a, "same": same})
+    repo.commit({"t": b, "same": torch.tensor([1e200, 1e-200, -0.0], dtype=torch.float64)})  # 0.0 -> -0.0
+    t, s = by_key(repo.diff("HEAD~1"))["t"], by_key(repo.diff("HEAD~1"))["same"]
+    assert (t.norm_a, t.norm_b, t.norm_diff, t.max_abs_diff) == (5 * scale, 13 * scale, 12 * scale, 12 * scale)
+    assert (t.relative_change, t.cosine) == (12 / 5, 25 / 65)
+    assert (s.status, s.elements_changed) == ("changed", 1)
+    assert (s.norm_a, s.norm_b, s.cosine, s.relative_change, s.max_abs_diff) == (1e200, 1e200, 1.0, 0.0, 0.0)
+
+
+def test_a_difference_past_float64s_range(repo):
+    """B - A overflows (2**1024) while A and B do not: max |B-A| and ‖B-A‖ are
+    inf, their true value rounded, and the ratios stay finite."""
+    a = torch.tensor([2.0 ** 1023, 2.0 ** 1023], dtype=torch.float64)
+    repo.commit({"t": a})
+    repo.commit({"t": a * torch.tensor([-1.0, 1.0], dtype=torch.float64)})
+    t = by_key(repo.diff("HEAD~1"))["t"]
+    assert (t.norm_a, t.norm_b) == (2.0 ** 1023 * math.sqrt(2), 2.0 ** 1023 * math.sqrt(2))
+    assert (t.max_abs_diff, t.norm_diff, t.cosine) == (math.inf, math.inf, 0.0)
+    assert t.relative_change == pytest.approx(math.sqrt(2), rel=1e-15)
+
+
 def test_plain_values_and_commit_record(repo):
     opt = {"param_groups": [{"lr": 0.1, "betas": (0.9, 0.99)}], "state": {}}
     repo.commit({"w": torch.ones(2), "opt": opt, "flag": 1}, "first", step=10, epoch=1,

@@ -71,6 +71,26 @@ def test_tree_object_bytes_and_id():
     assert object_id(data).hex() == "d14359c5568a0ac0a142944b4f89c8f29a460a7f30f65ea37f9936b6e2660806"
 
 
+def test_tree_with_dict_metadata_bytes_and_id():
+    """format.md 7.2.2: torch's _metadata of the dict at key path ["model"]."""
+    expect = (
+        "83"
+        "ad" + b"dict_metadata".hex() + "91" "92"      # dict_metadata: [[path, metadata]]
+        "91a56d6f64656c"                               #   path ["model"]
+        "82" "a0" "81a776657273696f6e01"               #   "": {"version": 1}
+        "a130" "81a776657273696f6e01"                  #   "0": {"version": 1}
+        "a4726f6f74" "82"                              # root:
+        "a56d6f64656c" "81" "a8302e776569676874"       #   "model": {"0.weight":
+        "c72002" + TENSOR_ID +                         #     ext 2 (tensor)}
+        "a473746570" "03"                              #   "step": 3
+        "a474797065" "a474726565"
+    )
+    root = {"model": {"0.weight": TensorLeaf(bytes.fromhex(TENSOR_ID))}, "step": 3}
+    data = TreeObject(root, dict_metadata=((("model",), {"0": {"version": 1}, "": {"version": 1}}),)).encode()
+    assert data.hex() == expect
+    assert object_id(data).hex() == "7900e9edfce3fa5825e8acb1d3580af99ae6d1adbecbf68ac6eb6bc7f92ca7c6"
+
+
 COMMIT_HEX = (
     "8a"
     "a6617574686f72" "a861646140686f7374"                       # author: "ada@host"

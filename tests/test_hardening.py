@@ -441,6 +441,18 @@ def test_a_forged_pt_whose_views_expand_far_beyond_the_file_is_refused(repo, tmp
     assert run_cli(repo, "commit", str(tmp_path / "fine.pt"), "-m", "ok").exit_code == 0
 
 
+def test_a_forged_state_dict_whose_views_expand_is_refused_too(repo, tmp_path):
+    """torch.load gives a state_dict back as an OrderedDict: the guard looks inside it as inside a dict."""
+    from collections import OrderedDict
+
+    from conftest import run_cli
+    huge = torch.zeros(1).as_strided((4096, 8192), (0, 0))  # 128 MiB of float32 named by 4 bytes
+    torch.save(OrderedDict(w=huge), tmp_path / "forged.pt")
+    result = run_cli(repo, "commit", str(tmp_path / "forged.pt"), "-m", "x")
+    assert result.exit_code == 1 and "would expand to" in result.stderr
+    assert repo.head().id is None
+
+
 def test_gc_repack_merges_hundreds_of_small_live_packs_into_one(repo):
     state = {}
     for i in range(120):

@@ -37,6 +37,18 @@ def params(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_the_models_module_metadata_is_committed_sync_or_async(tmp_path, async_save):
+    """state_dict()._metadata (module versions) is in the commit whether the
+    save copies the state first (async) or commits it as it is."""
+    model, opt, sched = parts()
+    with Checkpointer(tmp_path, model=model, optimizer=opt, every_n_steps=1, chunk_size=SMALL_CHUNK,
+                      async_save=async_save) as ckpt:
+        ckpt.save(0)
+        ckpt.wait()
+        assert ckpt.repo.load()["model"]._metadata == model.state_dict()._metadata
+
+
 def test_commits_hold_the_complete_state_and_resume_restores_it(tmp_path):
     path = tmp_path / "fresh" / "dir"  # no repository there yet: created
     model, opt, sched = parts()

@@ -230,6 +230,16 @@ def test_slerp_of_orthogonal_tensors_is_spherical(repo):
     assert torch.allclose(got, torch.tensor([math.sqrt(0.5), 2 * math.sqrt(0.5)]))  # not the lerp (0.5, 1.0)
 
 
+def test_a_merge_keeps_the_module_metadata_of_its_first_input(repo):
+    """A merged state_dict keeps the module versions load_state_dict needs."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    sd = model.state_dict()
+    a = repo.commit({"model": sd}, "a", branch="a")
+    b = repo.commit({"model": {k: v + 1 if v.is_floating_point() else v for k, v in sd.items()}}, "b", branch="b")
+    c, _ = repo.merge([a.id, b.id], strategy="linear", branch="m")
+    assert repo.load(c.id)["model"]._metadata == sd._metadata
+
+
 # -- determinism -----------------------------------------------------------------------
 
 def test_the_same_inputs_and_recipe_give_the_same_tree(repo, three):

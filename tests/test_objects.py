@@ -167,6 +167,38 @@ def test_tree_decode_rejects_extra_fields_and_wrong_type():
     assert (exc.value.kind, exc.value.field) == ("tree", "type")
 
 
+VERSION = {"version": 1}
+
+
+def test_tree_dict_metadata_round_trips_in_key_order():
+    root = {"m": {"w": 1}, "l": [{"a": 2}, ({"b": 3},)], 0: {}}
+    given = ((("m",), {"": VERSION}), ((), {"": VERSION, "x": {"v": None}}), (("l", 1, 0), {"": VERSION}),
+             ((0,), {"": VERSION}), (("l", 0), {"": {"s": "t", "b": b"\x00", "f": 0.5, "t": True}}))
+    tree = TreeObject.decode(TreeObject(root, dict_metadata=given).encode())
+    assert tree.dict_metadata == tuple(sorted(given, key=lambda i: [encoding.key_order(k) for k in i[0]]))
+    assert [p for p, _ in tree.dict_metadata] == [(), (0,), ("l", 0), ("l", 1, 0), ("m",)]
+
+
+@pytest.mark.parametrize("value", [
+    [],  # written only when there is some
+    [[["m"], {"": VERSION}], [["m"], {"": VERSION}]],  # a path twice
+    [[["n"], {"": VERSION}], [["m"], {"": VERSION}]],  # not in key order
+    [[["m", "w"], {"": VERSION}]],  # a path to a leaf, not a map
+    [[["x"], {"": VERSION}]],  # a path to nothing
+    [[["m"], {"": 1}]],  # metadata that is not prefix -> map
+    [[["m"], {"": {"version": [1]}}]],  # a value that is not a scalar
+    [[["m"], {1: VERSION}]],  # an int prefix
+    [[[1.5], {"": VERSION}]],  # a float in a path
+    [["m", {"": VERSION}]],  # a path that is not an array
+    {"m": VERSION},  # not an array of pairs
+])
+def test_tree_decode_rejects_bad_dict_metadata(value):
+    data = encoding.pack({"type": "tree", "root": {"m": {"w": 1}}, "dict_metadata": value})
+    with pytest.raises(CorruptObject) as exc:
+        TreeObject.decode(data)
+    assert (exc.value.kind, exc.value.field) == ("tree", "dict_metadata")
+
+
 def test_deeply_nested_tuples_are_corrupt_not_a_crash():
     payload = encoding.pack([])
     for _ in range(5000):

@@ -270,6 +270,55 @@ def test_bad_metadata_refused(repo, kwargs):
         repo.commit({"w": torch.ones(1)}, **kwargs)
 
 
+# -- torch's module metadata (state_dict._metadata) ---------------------------
+
+
+class Versioned(torch.nn.Linear):
+    """A module at version 7 that notes the version load_state_dict hands it."""
+
+    _version = 7
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args):
+        self.loaded_version = local_metadata.get("version")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
+
+
+def test_a_state_dicts_module_metadata_round_trips(repo):
+    from collections import OrderedDict
+    model = torch.nn.Sequential(Versioned(2, 3), torch.nn.BatchNorm1d(3))
+    sd = model.state_dict()
+    assert sd._metadata == {"": {"version": 1}, "0": {"version": 7}, "1": {"version": 2}}
+    repo.commit({"model": sd, "step": 1}, "nested")
+    repo.commit(sd, "bare")
+    nested, bare = repo.load("HEAD~1"), repo.load("HEAD")
+    assert type(nested) is dict  # a dict that had none stays a dict
+    for back in (nested["model"], bare):
+        assert type(back) is OrderedDict and back._metadata == sd._metadata
+        assert_same(dict(back), dict(sd))
+    fresh = torch.nn.Sequential(Versioned(2, 3), torch.nn.BatchNorm1d(3))
+    fresh.load_state_dict(nested["model"])
+    assert fresh[0].loaded_version == 7
+    assert mvc.reader.load_keys(repo, "HEAD~1", ["model"])["model"]._metadata == sd._metadata
+    assert (repo.dir / "FORMAT").read_bytes() == b"mvc-format 1\nextensions dict-metadata sealed-values\n"
+
+
+@pytest.mark.parametrize("metadata", [{"": {"version": Exploit()}}, {"": {"version": 2**64}}, {"": 1}, [1]])
+def test_module_metadata_that_is_not_plain_is_refused(repo, metadata):
+    sd = torch.nn.Linear(2, 2).state_dict()
+    sd._metadata = metadata
+    with pytest.raises(Unstorable) as err:
+        repo.commit({"model": sd})
+    assert (err.value.key, err.value.reason) == ("model._metadata", "metadata")
+    assert Exploit.calls == [] and packs(repo) == []
+
+
+def test_a_state_without_module_metadata_leaves_the_format_as_it_was(repo):
+    from collections import OrderedDict
+    repo.commit({"model": OrderedDict(w=torch.ones(2))})
+    assert type(repo.load()["model"]) is dict
+    assert (repo.dir / "FORMAT").read_bytes() == b"mvc-format 1\nextensions sealed-values\n"
+
+
 # -- metadata and history ----------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """Branch write locks and the gc lock, with real processes as the other holders."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch
 import mvc
 from conftest import run_cli as cli
 from mvc.errors import GcLockBusy, LockDamaged
+from mvc.store import processes
 
 # A child that does one thing to the repository, says "ready", and lives until its stdin closes.
 HOLDER = r"""
@@ -131,6 +133,126 @@ def test_lock_from_another_host_is_never_assumed_dead(repo):
     assert (err.value.host, err.value.here) == ("gpu-node-7", False) and "cannot be told" in str(err.value)
     repo.locks.unlock("main", force=True)
     repo.commit(state(), "free again")
+
+
+def dead_pid() -> int:
+    """The pid of a process that ran here and was reaped."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    return int(done.stdout)
+
+
+def forge_lock(repo, pid: int, drop=(), **fields):
+    """A process lock on main naming ``pid`` of this host, boot and pid namespace; ``fields``
+    replace fields, ``drop`` leaves some out (as an older mvc did)."""
+    value = {"host": socket.gethostname(), "pid": pid, "since": time.time(), "owner": "x@y",
+             "started": f"{processes.boot_id()}/1", "named": False, "pidns": processes.pid_namespace(), **fields}
+    with repo.index.write() as txn:
+        txn.put_lock("main", {k: v for k, v in value.items() if k not in drop})
+
+
+OTHER_PIDNS = "pid:[4026530000]"
+needs_proc = pytest.mark.skipif(processes.pid_namespace() in (None, OTHER_PIDNS), reason="no /proc/self/ns/pid")
+
+
+@needs_proc
+def test_a_gone_pid_of_another_pid_namespace_is_not_taken_for_dead(repo):
+    # a container sharing this host's name and kernel (docker run --network=host) numbers its own processes:
+    # a pid that runs nothing here may be its live writer
+    pid = dead_pid()
+    forge_lock(repo, pid, pidns=OTHER_PIDNS)
+    lock = repo.locks.get("main")
+    assert not lock.stale
+    assert (lock.host, lock.pidns) == (socket.gethostname(), OTHER_PIDNS)
+    with pytest.raises(mvc.LockHeld) as err:
+        repo.commit(state(), "blocked")
+    assert err.value.here is False and "cannot be told" in str(err.value) and "another container" in str(err.value)
+    with pytest.raises(mvc.LockHeld):
+        repo.locks.lock("main")
+    with pytest.raises(mvc.LockHeld):
+        repo.locks.unlock("main")
+    forge_lock(repo, pid)  # the same lock from this pid namespace: its process is gone
+    assert repo.locks.get("main").stale
+    repo.commit(state(), "taken over")
+    assert repo.locks.lock("main").pidns == processes.pid_namespace()
+
+
+@needs_proc
+def test_an_older_mvcs_lock_without_pid_namespace_holds_until_forced(repo):
+    forge_lock(repo, dead_pid(), drop=("pidns",))
+    lock = repo.locks.get("main")
+    assert not lock.stale and lock.pidns is None
+    with pytest.raises(mvc.LockHeld) as err:
+        repo.commit(state(), "blocked")
+    assert err.value.here is False and "not recorded" in str(err.value)
+    repo.locks.unlock("main", force=True)
+    repo.commit(state(), "free again")
+
+
+def test_an_older_mvcs_lock_from_an_earlier_boot_is_stale(repo, child):
+    other = child("lock", "side")  # a live pid, which the reboot made another process
+    forge_lock(repo, other.pid, drop=("pidns",), started="some-earlier-boot/1")
+    assert repo.locks.get("main").stale
+    assert repo.locks.lock("main").pid == os.getpid()
+
+
+UNSHARE = ["unshare", "--user", "--pid", "--mount-proc", "--kill-child"]
+TRY_LOCK = r"""
+import sys, mvc
+repo = mvc.Repository.open(sys.argv[1])
+try:
+    repo.locks.lock(sys.argv[2])
+    print("took")
+except mvc.LockHeld as exc:
+    print("held", exc.here)
+"""
+
+
+def unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        return subprocess.run(UNSHARE + ["true"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture
+def in_new_pid_namespace():
+    """A function running ``argv`` in a new user and pid namespace (a container's view of this host)."""
+    if not unshare_works():
+        pytest.skip("'unshare --user --pid' is not permitted here")
+    return lambda argv, **kw: subprocess.Popen(UNSHARE + argv, text=True, **kw)
+
+
+@needs_proc
+def test_a_live_holder_in_another_pid_namespace_keeps_its_lock(repo, in_new_pid_namespace):
+    holder = in_new_pid_namespace([sys.executable, "-c", HOLDER, str(repo.root), "lock", "main"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        lock = repo.locks.get("main")
+        assert lock.pid != holder.pid and not lock.stale  # its own pid there names another process here
+        assert lock.host == socket.gethostname() and lock.pidns not in (None, processes.pid_namespace())
+        with pytest.raises(mvc.LockHeld):
+            repo.commit(state(), "blocked")
+        with pytest.raises(mvc.LockHeld):
+            repo.locks.lock("main")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert not repo.locks.get("main").stale  # gone now, but nobody here can tell
+
+
+@needs_proc
+def test_a_writer_in_another_pid_namespace_does_not_break_a_live_lock(repo, in_new_pid_namespace):
+    repo.locks.lock("main")  # this process, whose pid means nothing in the new namespace
+    writer = in_new_pid_namespace([sys.executable, "-c", TRY_LOCK, str(repo.root), "main"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = writer.communicate(timeout=120)
+    assert writer.returncode == 0, err
+    assert out.split() == ["held", "False"]
+    assert repo.locks.get("main").pid == os.getpid()
 
 
 def test_named_lock_outlives_its_process_and_admits_its_owner(repo, child):

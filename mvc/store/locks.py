@@ -4,17 +4,20 @@
   branch. Two kinds:
 
   - a *process lock* (``repo.locks.lock(b)``, what a training run takes)
-    belongs to one process: its host, pid and start time (the start time
-    tells a reused pid from the owner). It lapses when the process dies: on
-    the same host the next writer takes it over; from another host nobody
-    can tell, so it holds until ``mvc unlock --force``.
+    belongs to one process: its host, pid, start time (which tells a reused
+    pid from the owner) and pid namespace. It lapses when the process dies:
+    a writer that sees the same host, boot and pid namespace takes it over,
+    and so does one on the same host after a reboot. Anywhere else nobody
+    can tell, so it holds until ``mvc unlock --force``: another host, or a
+    container that shares this host's name and kernel but has pids of its
+    own (``docker run --network=host``, see ``mvc.store.processes``).
   - a *named lock* (``repo.locks.lock(b, named=True)``, what ``mvc lock``
     takes) belongs to an owner name, by default the commit author
     (``$MVC_AUTHOR`` or ``user@host``). It holds until unlocked, and every
     process committing as that author counts as its owner.
 
 - **holder**: the identity a caller presents: this process (host, pid,
-  start time) and its owner name.
+  start time, pid namespace) and its owner name.
 - **gc lock**: ``.mvc/locks/gc.lock``, taken with ``flock``: shared by every
   commit and load for their whole duration, exclusive by gc. gc first takes
   ``gc.gate`` exclusively, which new commits must pass (shared, briefly), so
@@ -24,7 +27,6 @@
 
 import errno
 import fcntl
-import functools
 import getpass
 import os
 import socket
@@ -36,10 +38,13 @@ from typing import Iterator, Optional
 
 from ..errors import BranchLocked, CorruptObject, GcLockBusy, LockDamaged, LockHeld
 from .fs import ensure_dir, open_file, read_small
+from .processes import Seen, pid_namespace, process_alive, seen, start_token
 
 GC_LOCK = "gc.lock"
 GC_GATE = "gc.gate"
-_FIELDS = {"host": str, "pid": int, "since": float, "owner": str, "started": (str, type(None)), "named": bool}
+_FIELDS = {"host": str, "pid": int, "since": float, "owner": str, "started": (str, type(None)), "named": bool,
+           "pidns": (str, type(None))}
+_OLD_FIELDS = set(_FIELDS) - {"pidns"}  # records of an mvc that did not record the pid namespace
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,8 @@ class BranchLock:
     owner: str  # the owner's name: the commit author, or what ``mvc lock --owner`` said
     started: Optional[str] = None  # the process's start token (boot id / start ticks); None if unknown
     named: bool = False  # held by the owner name until unlocked, not by the process
-    stale: bool = False  # its process is dead (same host): the next writer takes it over
+    pidns: Optional[str] = None  # the process's pid namespace; None if unknown (or an older mvc's lock)
+    stale: bool = False  # its process is gone (judged here): the next writer takes it over
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(self.since))
@@ -71,6 +77,7 @@ class Holder:
     pid: int
     started: Optional[str]
     owner: str
+    pidns: Optional[str] = None
 
 
 def default_author() -> str:
@@ -87,7 +94,7 @@ def default_author() -> str:
 
 def this_process(owner: str) -> Holder:
     pid = os.getpid()
-    return Holder(socket.gethostname(), pid, start_token(pid), owner)
+    return Holder(socket.gethostname(), pid, start_token(pid), owner, pid_namespace())
 
 
 def _ago(seconds: float) -> str:
@@ -98,67 +105,41 @@ def _ago(seconds: float) -> str:
     return f"{seconds} s ago"
 
 
-# -- processes ----------------------------------------------------------------
-
-@functools.lru_cache(maxsize=1)
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _proc_stat(pid: int) -> Optional[tuple]:
-    """(state letter, start time in clock ticks since boot) from /proc; None without /proc."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw.rpartition(")")[2].split()  # the command name may hold spaces and parens
-    if len(fields) < 20:
-        return None
-    return fields[0], fields[19]
-
-
-def start_token(pid: int) -> Optional[str]:
-    """What tells this run of ``pid`` from a later process reusing the number."""
-    stat = _proc_stat(pid)
-    return None if stat is None else f"{_boot_id()}/{stat[1]}"
-
-
-def process_alive(pid: int, started: Optional[str]) -> bool:
-    """Whether process ``pid`` (on this host) still runs and is the one that started at ``started``."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        pass
-    stat = _proc_stat(pid)
-    if stat is None:
-        return True
-    if stat[0] in ("Z", "X"):  # killed but not yet reaped: it will never write again
-        return False
-    return started is None or started == f"{_boot_id()}/{stat[1]}"
-
-
 # -- branch locks (in an index transaction) -----------------------------------
 
 def _decode(branch: str, value) -> BranchLock:
-    if type(value) is not dict or set(value) != set(_FIELDS) or not all(
-            isinstance(value[k], t) for k, t in _FIELDS.items()):
+    if type(value) is not dict or set(value) not in (set(_FIELDS), _OLD_FIELDS) or not all(
+            isinstance(value.get(k), t) for k, t in _FIELDS.items()):
         raise LockDamaged(f"the lock on branch {branch!r} is damaged", branch=branch)
     lock = BranchLock(branch, value["host"], value["pid"], value["since"], value["owner"],
-                      value["started"], value["named"])
-    stale = not lock.named and lock.host == socket.gethostname() and not process_alive(lock.pid, lock.started)
-    return BranchLock(**{**lock.__dict__, "stale": stale})
+                      value["started"], value["named"], value.get("pidns"))
+    return BranchLock(**{**lock.__dict__, "stale": _stale(lock)})
+
+
+def _where(lock: BranchLock) -> Seen:
+    return seen(lock.host, lock.started, lock.pidns)
+
+
+def _stale(lock: BranchLock) -> bool:
+    """Whether the lock's process is known to be gone, so the next writer may take it over.
+
+    Its pid is asked about only where it means the same process (``HERE``).
+    ``ENDED``, a lock of this host from an earlier boot, is stale: the index
+    is LMDB, which only processes of one kernel may share, so the record was
+    written by this machine before it rebooted. A lock of an older mvc (no
+    pid namespace recorded) from this boot cannot be judged: it holds until
+    ``mvc unlock --force``, since taking over a live writer's lock loses
+    history, and process locks have no expiry that would free it later.
+    """
+    if lock.named:
+        return False
+    where = _where(lock)
+    return where is Seen.ENDED or (where is Seen.HERE and not process_alive(lock.pid, lock.started))
 
 
 def _encode(lock: BranchLock) -> dict:
     return {"host": lock.host, "pid": lock.pid, "since": float(lock.since), "owner": lock.owner,
-            "started": lock.started, "named": lock.named}
+            "started": lock.started, "named": lock.named, "pidns": lock.pidns}
 
 
 def get(txn, branch: str) -> Optional[BranchLock]:
@@ -174,14 +155,23 @@ def all_locks(txn) -> list:
 def owns(lock: BranchLock, me: Holder) -> bool:
     if lock.named:
         return lock.owner == me.owner
-    return (lock.host, lock.pid) == (me.host, me.pid) and lock.started in (None, me.started)
+    same = (lock.host, lock.pid, lock.pidns) == (me.host, me.pid, me.pidns)  # pids repeat across containers
+    return same and lock.started in (None, me.started)
 
 
 def _refuse(lock: BranchLock, doing: str) -> LockHeld:
-    here = lock.host == socket.gethostname()
-    unsure = "" if lock.named or here else "; whether it still runs cannot be told from here"
+    here = _where(lock) is Seen.HERE
+    unsure = "" if lock.named or here else f"; whether it still runs cannot be told from here ({_elsewhere(lock)})"
     return BranchLocked(f"cannot {doing} branch {lock.branch!r}: it is locked by {lock.describe()}{unsure}",
                         branch=lock.branch, owner=lock.owner, host=lock.host, named=lock.named, here=here)
+
+
+def _elsewhere(lock: BranchLock) -> str:
+    if lock.host != socket.gethostname():
+        return "another host"
+    if lock.pidns is None:
+        return "its pid namespace was not recorded: an older mvc's lock"
+    return f"it runs in pid namespace {lock.pidns}, another container"
 
 
 def acquire(txn, branch: str, me: Holder, named: bool) -> BranchLock:
@@ -194,7 +184,8 @@ def acquire(txn, branch: str, me: Holder, named: bool) -> BranchLock:
         return current
     if current is not None and not current.stale:
         raise _refuse(current, "lock")
-    lock = BranchLock(branch, me.host, me.pid, time.time(), me.owner, None if named else me.started, named)
+    lock = BranchLock(branch, me.host, me.pid, time.time(), me.owner, None if named else me.started, named,
+                      None if named else me.pidns)
     txn.put_lock(branch, _encode(lock))
     return lock
 

@@ -101,6 +101,12 @@ def _boot_of(started) -> Optional[str]:
     return started.rpartition("/")[0] or None
 
 
+def same_boot(started) -> bool:
+    """Whether the start token ``started`` was taken in this boot of this kernel (False if unknown)."""
+    boot = _boot_of(started)
+    return boot is not None and boot == boot_id()
+
+
 def seen(host, started, pidns) -> Seen:
     """Where a process that recorded ``host``, its start token ``started`` and its pid
     namespace ``pidns`` ran, as seen from this process.

@@ -397,7 +397,7 @@ def run(repo, cmd_args, fmt: str = "pt", progress: Optional[Callable] = None,
     _check_runnable(cmd_args[0])
     scratch.remove_leftovers(repo.dir)  # what killed runs left
     judge = _Judge(repo, cmd_args, fmt, timeout, timeout_verdict)
-    with tempfile.TemporaryDirectory(prefix=f"bisect-{os.getpid()}-", dir=repo.dir / "tmp") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"bisect-{scratch.tag()}-", dir=repo.dir / "tmp") as tmp:
         judge.tmp = tmp
         if check_ends:
             _check_ends(repo, state, judge.code, progress, timeout_verdict)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from .errors import BadInput, CannotHold, InsideRepository, MvcError
-from .scratch import gone
+from .scratch import gone, tag
 from .store import fs
 from .traverse import format_path, walk
 
@@ -330,11 +330,11 @@ def check_not_in_repository(path, repo_dir=None) -> None:
                                "writes into; give a path outside it", path=path, repository=around)
 
 
-_LEFTOVER = re.compile(r"\.(.+)\.tmp(\d+)")
+_LEFTOVER = re.compile(r"\.(.+)\.tmp(\d+)(?:-([0-9a-f]{24}))?")  # .NAME.tmp<scratch tag>; an older mvc's: the pid
 
 
 def remove_leftovers(target: Path, remove: Optional[Callable] = None) -> list:
-    """Remove the temporary ``.NAME.tmpPID`` files and folders that writes to
+    """Remove the temporary ``.NAME.tmp<tag>`` files and folders that writes to
     ``target`` killed before they finished left beside it (their process is
     gone); returns their paths. A live process's are left alone."""
     removed = []
@@ -344,7 +344,7 @@ def remove_leftovers(target: Path, remove: Optional[Callable] = None) -> list:
         return removed
     for name in names:
         found = _LEFTOVER.fullmatch(name)
-        if found is None or found.group(1) != target.name or not gone(int(found.group(2))):
+        if found is None or found.group(1) != target.name or not gone(int(found.group(2)), found.group(3)):
             continue
         path = target.parent / name
         try:
@@ -404,7 +404,7 @@ def atomic_file(target: Path, force: bool):
     mode = target.stat().st_mode & 0o7777 if existed else 0o666
     remove_leftovers(target)
     try:
-        with fs.atomic_file(target, replace=force, tmp=target.with_name(f".{target.name}.tmp{os.getpid()}"),
+        with fs.atomic_file(target, replace=force, tmp=target.with_name(f".{target.name}.tmp{tag()}"),
                             mode=mode) as f:
             if existed:
                 os.fchmod(f.fileno(), mode)  # the umask may have cleared bits the old file had

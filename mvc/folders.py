@@ -38,6 +38,7 @@ from typing import Callable, Optional
 from .errors import BadInput, FolderLink, InsideRepository, ProtectedFolder, UnsafeName
 from .files import (REPOSITORY_DIR, read_safetensors, remove_leftovers, repository_around, tensors_by_key,
                     write_bytes, _safetensors_layout, _save_safetensors)
+from .scratch import tag as scratch_tag
 from .store.fs import fsync_dir
 
 FOLDER_KEY = "__folder__"
@@ -202,7 +203,7 @@ def write_folder(state, out, force: bool = False,
             _write_new(where, name, lambda f, data=data: write_bytes(f, data))
 
     remove_leftovers(out, _remove_tree)
-    staging = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    staging = out.with_name(f".{out.name}.tmp{scratch_tag()}")
     existed = out.is_dir()
     try:
         os.mkdir(staging, 0o700)

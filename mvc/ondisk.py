@@ -94,8 +94,8 @@ def require_extension(mvc_dir: Path, name: str) -> None:
 def _remove_killed_inits(root: Path) -> None:
     """Remove the staging folders of inits in ``root`` that were killed (their process is gone)."""
     for path in root.glob(".mvc-init-*-*"):
-        pid = path.name[len(".mvc-init-"):].split("-", 1)[0]
-        if pid.isdigit() and scratch.gone(int(pid)) and path.is_dir() and not path.is_symlink():
+        made = scratch.maker(path.name[len(".mvc-init-"):])
+        if made is not None and scratch.gone(*made) and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -126,7 +126,7 @@ def create(path, chunk_size: int) -> Path:
     # interrupted init never leaves a half-made .mvc behind.
     root.mkdir(parents=True, exist_ok=True)
     _remove_killed_inits(root)
-    staging = root / f".mvc-init-{os.getpid()}-{secrets.token_hex(8)}"
+    staging = root / f".mvc-init-{scratch.tag()}-{secrets.token_hex(8)}"
     staging.mkdir()  # not mkdtemp: that would make .mvc 0700 whatever the umask says
     try:
         _populate(staging, chunk_size)

@@ -2,13 +2,16 @@
 
 A **write lock** on a branch makes commits to it by anyone but its owner
 raise LockHeld. A process lock lapses when its process exits (a dead
-owner's lock on the same host is taken over); a named lock belongs to
-an owner until unlocked. The records live in the index (``mvc.store.locks``).
+owner's lock on the same host, or of the same kernel with a holder file, is
+taken over); a named lock belongs to an owner until unlocked. The records
+live in the index (``mvc.store.locks``), the holder files of process locks
+in ``.mvc/locks`` (``mvc.store.holderfiles``).
 """
 
 from typing import Optional
 
 from . import refs
+from .store import holderfiles
 from .store import locks as locking
 from .store.locks import BranchLock, default_author
 
@@ -23,15 +26,24 @@ class Locks:
         """Lock ``branch`` for writing; commits by anyone else raise LockHeld.
 
         By default the lock belongs to this process and lapses when it exits
-        (a dead owner's lock on the same host is taken over). ``named=True``
+        (a dead owner's lock is taken over on the same machine, from any pid
+        namespace, and on the same host name after a reboot). ``named=True``
         makes it belong to ``owner`` (default: the commit author) until
         unlocked. Locking again as the owner is a no-op. Raises LockHeld
         naming the holder if another live owner holds it.
         """
         name = refs.check_name(branch, "branch")
         me = locking.this_process(owner or default_author())
-        with self.repo.index.write() as txn:
-            return locking.acquire(txn, name, me, named)
+        flock = None if named else holderfiles.take(self._dir)  # held before any record names it
+        try:
+            with self.repo.index.write() as txn:
+                lock = locking.acquire(txn, name, me, named, flock)
+        except BaseException:
+            holderfiles.drop(self._dir, flock)  # no record names it
+            raise
+        if lock.flock != flock:  # already this process's lock, with its own holder file
+            holderfiles.drop(self._dir, flock)
+        return lock
 
     def unlock(self, branch: str, force: bool = False, owner: Optional[str] = None) -> None:
         """Release ``branch``'s lock (a no-op if unlocked).
@@ -41,7 +53,12 @@ class Locks:
         name = refs.check_name(branch, "branch")
         me = locking.this_process(owner or default_author())
         with self.repo.index.write() as txn:
-            locking.release(txn, name, me, force)
+            flock = locking.release(txn, name, me, force)
+        holderfiles.drop(self._dir, flock)  # only now: had the transaction failed, the lock would still hold
+
+    @property
+    def _dir(self):
+        return self.repo.dir / "locks"
 
     def get(self, branch: str) -> Optional[BranchLock]:
         """Who holds ``branch``'s write lock, or None."""

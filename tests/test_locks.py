@@ -1,6 +1,9 @@
 """Branch write locks and the gc lock, with real processes as the other holders."""
 
+import fcntl
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +16,7 @@ import torch
 import mvc
 from conftest import run_cli as cli
 from mvc.errors import GcLockBusy, LockDamaged
+from mvc.store import holderfiles, processes
 
 # A child that does one thing to the repository, says "ready", and lives until its stdin closes.
 HOLDER = r"""
@@ -131,6 +135,264 @@ def test_lock_from_another_host_is_never_assumed_dead(repo):
     assert (err.value.host, err.value.here) == ("gpu-node-7", False) and "cannot be told" in str(err.value)
     repo.locks.unlock("main", force=True)
     repo.commit(state(), "free again")
+
+
+def dead_pid() -> int:
+    """The pid of a process that ran here and was reaped."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    return int(done.stdout)
+
+
+def forge_lock(repo, pid: int, drop=(), **fields):
+    """A process lock on main naming ``pid`` of this host, boot and pid namespace; ``fields``
+    replace fields, ``drop`` leaves some out (as an older mvc did)."""
+    value = {"host": socket.gethostname(), "pid": pid, "since": time.time(), "owner": "x@y",
+             "started": f"{processes.boot_id()}/1", "named": False, "pidns": processes.pid_namespace(), **fields}
+    with repo.index.write() as txn:
+        txn.put_lock("main", {k: v for k, v in value.items() if k not in drop})
+
+
+OTHER_PIDNS = "pid:[4026530000]"
+needs_proc = pytest.mark.skipif(processes.pid_namespace() in (None, OTHER_PIDNS), reason="no /proc/self/ns/pid")
+
+
+@needs_proc
+def test_a_gone_pid_of_another_pid_namespace_is_not_taken_for_dead(repo):
+    # a container sharing this host's name and kernel (docker run --network=host) numbers its own processes:
+    # a pid that runs nothing here may be its live writer
+    pid = dead_pid()
+    forge_lock(repo, pid, pidns=OTHER_PIDNS)
+    lock = repo.locks.get("main")
+    assert not lock.stale
+    assert (lock.host, lock.pidns) == (socket.gethostname(), OTHER_PIDNS)
+    with pytest.raises(mvc.LockHeld) as err:
+        repo.commit(state(), "blocked")
+    assert err.value.here is False and "cannot be told" in str(err.value) and "another container" in str(err.value)
+    with pytest.raises(mvc.LockHeld):
+        repo.locks.lock("main")
+    with pytest.raises(mvc.LockHeld):
+        repo.locks.unlock("main")
+    forge_lock(repo, pid)  # the same lock from this pid namespace: its process is gone
+    assert repo.locks.get("main").stale
+    repo.commit(state(), "taken over")
+    assert repo.locks.lock("main").pidns == processes.pid_namespace()
+
+
+@needs_proc
+def test_an_older_mvcs_lock_without_pid_namespace_holds_until_forced(repo):
+    forge_lock(repo, dead_pid(), drop=("pidns",))
+    lock = repo.locks.get("main")
+    assert not lock.stale and lock.pidns is None
+    with pytest.raises(mvc.LockHeld) as err:
+        repo.commit(state(), "blocked")
+    assert err.value.here is False and "not recorded" in str(err.value)
+    repo.locks.unlock("main", force=True)
+    repo.commit(state(), "free again")
+
+
+def test_an_older_mvcs_lock_from_an_earlier_boot_is_stale(repo, child):
+    other = child("lock", "side")  # a live pid, which the reboot made another process
+    forge_lock(repo, other.pid, drop=("pidns",), started="some-earlier-boot/1")
+    assert repo.locks.get("main").stale
+    assert repo.locks.lock("main").pid == os.getpid()
+
+
+UNSHARE = ["unshare", "--user", "--pid", "--mount-proc", "--kill-child"]
+TRY_LOCK = r"""
+import sys, mvc
+repo = mvc.Repository.open(sys.argv[1])
+try:
+    repo.locks.lock(sys.argv[2])
+    print("took")
+except mvc.LockHeld as exc:
+    print("held", exc.here)
+"""
+
+
+def unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        return subprocess.run(UNSHARE + ["true"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture
+def in_new_pid_namespace():
+    """A function running ``argv`` in a new user and pid namespace (a container's view of this host)."""
+    if not unshare_works():
+        pytest.skip("'unshare --user --pid' is not permitted here")
+    return lambda argv, **kw: subprocess.Popen(UNSHARE + argv, text=True, **kw)
+
+
+@needs_proc
+def test_a_live_holder_in_another_pid_namespace_keeps_its_lock(repo, in_new_pid_namespace):
+    holder = in_new_pid_namespace([sys.executable, "-c", HOLDER, str(repo.root), "lock", "main"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        lock = repo.locks.get("main")
+        assert lock.pid != holder.pid and not lock.stale  # its own pid there names another process here
+        assert lock.host == socket.gethostname() and lock.pidns not in (None, processes.pid_namespace())
+        with pytest.raises(mvc.LockHeld) as err:
+            repo.commit(state(), "blocked")
+        assert err.value.here is True and "holder file shows that it still runs" in str(err.value)
+        with pytest.raises(mvc.LockHeld):
+            repo.locks.lock("main")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert repo.locks.get("main").stale  # gone now (exited without unlocking): its holder file is free
+    assert holder_files(repo) == []  # and was removed by the one who found it so
+
+
+@needs_proc
+def test_a_writer_in_another_pid_namespace_does_not_break_a_live_lock(repo, in_new_pid_namespace):
+    repo.locks.lock("main")  # this process, whose pid means nothing in the new namespace
+    writer = in_new_pid_namespace([sys.executable, "-c", TRY_LOCK, str(repo.root), "main"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = writer.communicate(timeout=120)
+    assert writer.returncode == 0, err
+    assert out.split() == ["held", "True"]  # told by this process's holder file, not assumed
+    assert repo.locks.get("main").pid == os.getpid()
+
+
+def holder_files(repo) -> list:
+    return sorted(p.name for p in (repo.dir / "locks").glob("holder-*"))
+
+
+def wait_until_free(repo, lock, timeout=60.0) -> None:
+    """Wait for the kernel to drop the flock of a holder killed through its parent (unshare)."""
+    deadline = time.monotonic() + timeout
+    while holderfiles.held(repo.dir / "locks", lock.flock, reap=False):
+        assert time.monotonic() < deadline, "the killed holder's flock was never dropped"
+        time.sleep(0.05)
+
+
+@needs_proc
+@pytest.mark.parametrize("holder_in", ["this pid namespace", "a pid namespace of its own"])
+def test_a_killed_holder_is_taken_over_from_another_pid_namespace(repo, in_new_pid_namespace, holder_in):
+    # a training container OOM-killed and restarted in its pod: same host name and kernel, new pid namespace
+    argv = [sys.executable, "-c", HOLDER, str(repo.root), "lock", "main"]
+    start = (lambda argv, **kw: subprocess.Popen(argv, text=True, **kw)) if holder_in == "this pid namespace" \
+        else in_new_pid_namespace
+    holder = start(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == "ready"
+    killed = repo.locks.get("main")
+    assert not killed.stale and holder_files(repo) == [f"holder-{killed.flock}.lock"]
+    holder.kill()  # SIGKILL (of unshare, whose --kill-child kills the holder in its namespace)
+    holder.wait(timeout=60)
+    wait_until_free(repo, killed)
+    restarted = in_new_pid_namespace([sys.executable, "-c", TRY_LOCK, str(repo.root), "main"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = restarted.communicate(timeout=120)
+    assert restarted.returncode == 0, err
+    assert out.split() == ["took"]
+    left = holder_files(repo)
+    taken = repo.locks.get("main")
+    assert taken.pidns not in (None, processes.pid_namespace()) and taken.flock != killed.flock
+    assert left == [f"holder-{taken.flock}.lock"]  # the killed holder's file went with its lock
+    assert taken.stale and holder_files(repo) == []  # that one exited without unlocking too
+    mine = repo.locks.lock("main")
+    assert mine.pid == os.getpid() and holder_files(repo) == [f"holder-{mine.flock}.lock"]
+    repo.locks.unlock("main")
+    assert holder_files(repo) == []
+
+
+def test_a_stopped_holder_keeps_its_lock(repo, child):
+    holder = child("lock", "main")
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        lock = repo.locks.get("main")
+        assert not lock.stale and lock.pid == holder.pid
+        with pytest.raises(mvc.LockHeld) as err:
+            repo.locks.lock("main")
+        assert err.value.here is True
+        if unshare_works() and processes.pid_namespace() is not None:  # nor from a container's namespace
+            writer = subprocess.run(UNSHARE + [sys.executable, "-c", TRY_LOCK, str(repo.root), "main"],
+                                    capture_output=True, text=True, timeout=120)
+            assert writer.stdout.split() == ["held", "True"], writer.stderr
+        assert holder_files(repo) == [f"holder-{lock.flock}.lock"]
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    holder.stop()
+
+
+def test_no_holder_file_is_left_after_unlock_or_takeover(repo, child):
+    lock = repo.locks.lock("main")
+    assert holder_files(repo) == [f"holder-{lock.flock}.lock"]
+    assert repo.locks.lock("main") == lock and holder_files(repo) == [f"holder-{lock.flock}.lock"]  # idempotent
+    repo.locks.unlock("main")
+    assert holder_files(repo) == []
+    holder = child("lock", "main")
+    holder.proc.kill()
+    holder.proc.wait()
+    dead = repo.locks.get("main")
+    assert dead.stale and holder_files(repo) == []  # found free, so removed
+    repo.locks.lock("main", named=True, owner="alice")  # a takeover by a named lock has no holder file
+    assert holder_files(repo) == []
+    repo.locks.unlock("main", owner="alice")
+    other = child("lock", "main")
+    held = repo.locks.get("main")
+    repo.locks.unlock("main", force=True)  # its process still runs, but its lock is gone: so is its file
+    assert holder_files(repo) == [] and other.proc.poll() is None
+    lock = repo.locks.lock("main")
+    assert holder_files(repo) == [f"holder-{lock.flock}.lock"] and lock.flock != held.flock
+
+
+FORK_HOLDER = r"""
+import os, sys, time, mvc
+repo = mvc.Repository.open(sys.argv[1])
+repo.locks.lock("main")
+pid = os.fork()
+if pid == 0:
+    time.sleep(120)
+    os._exit(0)
+print(pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_forked_child_does_not_keep_its_parents_lock(repo):
+    # a trainer's data loader workers (forked) outlive it for a while: the lock ends with the trainer
+    holder = subprocess.Popen([sys.executable, "-c", FORK_HOLDER, str(repo.root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    forked = int(holder.stdout.readline())
+    try:
+        assert not repo.locks.get("main").stale
+        holder.kill()
+        holder.wait(timeout=60)
+        assert processes.process_alive(forked, None)
+        assert repo.locks.get("main").stale and holder_files(repo) == []
+    finally:
+        os.kill(forked, signal.SIGKILL)
+
+
+def test_holder_files_no_record_names_are_swept_once_free(repo):
+    lock_dir = repo.dir / "locks"
+    orphan, busy = (lock_dir / f"holder-{c * 32}.lock" for c in "ab")
+    orphan.touch()  # what a process killed between making its file and writing its record left
+    busy.touch()
+    fd = os.open(busy, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a process about to write its record
+        lock = repo.locks.lock("main")
+        assert holder_files(repo) == sorted([busy.name, f"holder-{lock.flock}.lock"])
+    finally:
+        os.close(fd)
+    repo.locks.unlock("main")
+    repo.locks.lock("side")
+    assert busy.name not in holder_files(repo)
+
+
+def test_a_holder_file_token_that_names_another_path_is_damage(repo):
+    forge_lock(repo, os.getpid(), flock="../../elsewhere")
+    with pytest.raises(LockDamaged):
+        repo.locks.get("main")
+    repo.locks.unlock("main", force=True)
+    assert repo.locks.get("main") is None
 
 
 def test_named_lock_outlives_its_process_and_admits_its_owner(repo, child):

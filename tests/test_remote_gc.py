@@ -140,6 +140,21 @@ def test_the_lease_of_a_killed_process_does_not_block_the_next_command(pushed, t
         repo.remotes.push()
 
 
+def test_a_lease_is_judged_by_its_pid_only_where_the_pid_means_its_writer():
+    import socket
+    from mvc.remote import lease
+    from mvc.store import processes
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    written = {"kind": "push", "host": socket.gethostname(), "pid": int(gone.stdout),
+               "started": f"{processes.boot_id()}/1", "pidns": processes.pid_namespace(), "expires": time.time() + 60}
+    assert lease._gone(written)  # this host, boot and pid namespace: its writer is gone
+    # each of these waits for the expiry instead: nobody here can tell whether its writer runs
+    assert not lease._gone({**written, "pidns": "pid:[4026530000]"})  # a container sharing this host's name
+    assert not lease._gone({k: v for k, v in written.items() if k != "pidns"})  # an older mvc's
+    assert not lease._gone({**written, "started": "another-boot/1"})  # same name, another machine (or boot)
+    assert not lease._gone({**written, "host": "another-host"})
+
+
 def test_a_push_and_a_remote_gc_exclude_each_other(pushed, tmp_path, s3):
     repo, url = pushed
     from mvc.remote import lease

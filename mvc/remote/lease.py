@@ -7,8 +7,10 @@ Vocabulary:
   host and process and an expiry time (``TTL`` seconds ahead, renewed by a
   thread every ``TTL / 3`` while the work runs). A lease past its expiry is
   **expired**: its writer died or stalled, and nobody has to wait for it.
-  A lease whose writer is a process of this host that no longer runs (its
-  pid and start token say so) counts as expired at once.
+  A lease whose writer is a process that no longer runs counts as expired
+  at once, if its pid can be asked about here: same host, boot and pid
+  namespace (``mvc.store.processes``; a container on this host has pids of
+  its own). Any other lease lives until it expires.
 - **kinds**: ``push`` (a push, an upload of shards) and ``gc`` (a remote
   gc or repair: anything that deletes packs). Any number of push leases may
   live together; a gc lease excludes every other live lease.
@@ -38,6 +40,7 @@ from typing import Iterator, Optional
 from .. import encoding
 from ..errors import CorruptObject, RemoteBusy
 from ..store import locks as locking
+from ..store import processes
 from .bucket import NotFound, PreconditionFailed
 
 FOLDER = "leases/"
@@ -55,17 +58,25 @@ def ttl() -> float:
 
 def encode(kind: str, owner: str, expires: float) -> bytes:
     return encoding.pack({"kind": kind, "owner": owner, "host": socket.gethostname(), "pid": os.getpid(),
-                          "started": locking.start_token(os.getpid()), "since": time.time(),
-                          "expires": float(expires)})
+                          "started": processes.start_token(os.getpid()), "pidns": processes.pid_namespace(),
+                          "since": time.time(), "expires": float(expires)})
 
 
 def _gone(lease: dict) -> bool:
-    """Whether the lease's writer is a process of this host that is no longer running (killed):
-    its lease is as good as expired, as a branch lock of a dead process is stale."""
+    """Whether the lease's writer is a process seen from here that is no longer running (killed):
+    its lease is as good as expired, as a branch lock of a dead process is stale.
+
+    Anything less certain waits for the expiry, which costs at most ``ttl()``:
+    another host's lease, one without a start token or pid namespace (an
+    older mvc's), one from another container on this host, and, unlike a
+    branch lock, one of this host's name from another boot, since many
+    machines share a remote and two of them may carry the same name."""
     pid, started = lease.get("pid"), lease.get("started")
-    if lease.get("host") != socket.gethostname() or type(pid) is not int or started is None:
-        return False  # another host's, or written before the start token was recorded: wait for expiry
-    return not locking.process_alive(pid, started)
+    if type(pid) is not int or not isinstance(started, str):
+        return False
+    if processes.seen(lease.get("host"), started, lease.get("pidns")) is not processes.Seen.HERE:
+        return False
+    return not processes.process_alive(pid, started)
 
 
 def decode(data: bytes, key: str) -> Optional[dict]:

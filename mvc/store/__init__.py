@@ -16,6 +16,8 @@
 - ``objectstore`` commits, trees and tensors by id, verified, with one
                   policy for missing and corrupt objects
 - ``locks``       branch write locks (in the index) and the gc file lock
+- ``holderfiles`` the flocked file a process lock's holder keeps open, which
+                  tells its liveness to every process of the kernel
 
 Above this layer: ``mvc.refs`` (revisions and ref moves), ``mvc.reach``
 (reachability), ``mvc.repository`` (composition and the verbs).

@@ -186,11 +186,15 @@ def _batch(keys: list, values: list) -> ChunkBatch:
 
 
 class Txn:
-    """One LMDB transaction, speaking in mvc's types."""
+    """One LMDB transaction, speaking in mvc's types.
 
-    def __init__(self, txn, dbs: dict):
+    ``repo_dir``: the folder the index lives in (``.mvc``), where the files
+    that records name live (the holder files of branch locks)."""
+
+    def __init__(self, txn, dbs: dict, repo_dir: Path):
         self._txn = txn
         self._dbs = dbs
+        self.repo_dir = repo_dir
 
     # chunks
     def chunk(self, cid: bytes) -> Optional[Location]:
@@ -505,7 +509,7 @@ class Index:
     @contextmanager
     def read(self) -> Iterator[Txn]:
         with self._errors(), self.env.begin(write=False, buffers=False) as txn:
-            yield Txn(txn, self.dbs)
+            yield Txn(txn, self.dbs, self.path.parent)
 
     @property
     def readonly(self) -> bool:
@@ -524,7 +528,7 @@ class Index:
         with self._errors():
             self.env.reader_check()  # a dead reader's slot would pin old pages: clear it first
             with self.env.begin(write=True) as txn:
-                yield Txn(txn, self.dbs)
+                yield Txn(txn, self.dbs, self.path.parent)
 
     @contextmanager
     def _errors(self):

@@ -4,17 +4,28 @@
   branch. Two kinds:
 
   - a *process lock* (``repo.locks.lock(b)``, what a training run takes)
-    belongs to one process: its host, pid and start time (the start time
-    tells a reused pid from the owner). It lapses when the process dies: on
-    the same host the next writer takes it over; from another host nobody
-    can tell, so it holds until ``mvc unlock --force``.
+    belongs to one process: its host, pid, start time (which tells a reused
+    pid from the owner), pid namespace, and the token of its *holder file*
+    (``flock``): ``.mvc/locks/holder-<token>.lock``, which the process keeps
+    flocked while it holds the lock (``mvc.store.holderfiles``). It lapses
+    when the process dies. A writer of the same kernel (the same boot id)
+    tells by the holder file, whatever its pid namespace: a training
+    container restarted in its pod (same host name, new pid namespace)
+    takes its predecessor's lock over. A writer that sees the same host,
+    boot and pid namespace also asks the pid; one on the same host after a
+    reboot takes the lock over. Anywhere else, and for a lock without a
+    holder file (an older mvc's) from another pid namespace, nobody can
+    tell, so it holds until ``mvc unlock --force``: another host, or a
+    container that shares this host's name and kernel but has pids of its
+    own (``docker run --network=host``, see ``mvc.store.processes``).
   - a *named lock* (``repo.locks.lock(b, named=True)``, what ``mvc lock``
     takes) belongs to an owner name, by default the commit author
     (``$MVC_AUTHOR`` or ``user@host``). It holds until unlocked, and every
     process committing as that author counts as its owner.
 
 - **holder**: the identity a caller presents: this process (host, pid,
-  start time) and its owner name.
+  start time, pid namespace) and its owner name. (Its holder file is not
+  part of it: a process is the owner of its lock by pid, as it always was.)
 - **gc lock**: ``.mvc/locks/gc.lock``, taken with ``flock``: shared by every
   commit and load for their whole duration, exclusive by gc. gc first takes
   ``gc.gate`` exclusively, which new commits must pass (shared, briefly), so
@@ -24,7 +35,6 @@
 
 import errno
 import fcntl
-import functools
 import getpass
 import os
 import socket
@@ -35,11 +45,16 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from ..errors import BranchLocked, CorruptObject, GcLockBusy, LockDamaged, LockHeld
+from . import holderfiles
 from .fs import ensure_dir, open_file, read_small
+from .processes import Seen, pid_namespace, process_alive, same_boot, seen, start_token
 
 GC_LOCK = "gc.lock"
 GC_GATE = "gc.gate"
-_FIELDS = {"host": str, "pid": int, "since": float, "owner": str, "started": (str, type(None)), "named": bool}
+_FIELDS = {"host": str, "pid": int, "since": float, "owner": str, "started": (str, type(None)), "named": bool,
+           "pidns": (str, type(None)), "flock": (str, type(None))}
+# records of an mvc that made no holder files, and of one that did not record the pid namespace either
+_KNOWN_FIELDS = (set(_FIELDS), set(_FIELDS) - {"flock"}, set(_FIELDS) - {"flock", "pidns"})
 
 
 @dataclass(frozen=True)
@@ -53,7 +68,9 @@ class BranchLock:
     owner: str  # the owner's name: the commit author, or what ``mvc lock --owner`` said
     started: Optional[str] = None  # the process's start token (boot id / start ticks); None if unknown
     named: bool = False  # held by the owner name until unlocked, not by the process
-    stale: bool = False  # its process is dead (same host): the next writer takes it over
+    pidns: Optional[str] = None  # the process's pid namespace; None if unknown (or an older mvc's lock)
+    flock: Optional[str] = None  # the token of its holder file; None if it has none (or an older mvc's lock)
+    stale: bool = False  # its process is gone (judged here): the next writer takes it over
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(self.since))
@@ -71,6 +88,7 @@ class Holder:
     pid: int
     started: Optional[str]
     owner: str
+    pidns: Optional[str] = None
 
 
 def default_author() -> str:
@@ -87,7 +105,7 @@ def default_author() -> str:
 
 def this_process(owner: str) -> Holder:
     pid = os.getpid()
-    return Holder(socket.gethostname(), pid, start_token(pid), owner)
+    return Holder(socket.gethostname(), pid, start_token(pid), owner, pid_namespace())
 
 
 def _ago(seconds: float) -> str:
@@ -98,122 +116,177 @@ def _ago(seconds: float) -> str:
     return f"{seconds} s ago"
 
 
-# -- processes ----------------------------------------------------------------
-
-@functools.lru_cache(maxsize=1)
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _proc_stat(pid: int) -> Optional[tuple]:
-    """(state letter, start time in clock ticks since boot) from /proc; None without /proc."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw.rpartition(")")[2].split()  # the command name may hold spaces and parens
-    if len(fields) < 20:
-        return None
-    return fields[0], fields[19]
-
-
-def start_token(pid: int) -> Optional[str]:
-    """What tells this run of ``pid`` from a later process reusing the number."""
-    stat = _proc_stat(pid)
-    return None if stat is None else f"{_boot_id()}/{stat[1]}"
-
-
-def process_alive(pid: int, started: Optional[str]) -> bool:
-    """Whether process ``pid`` (on this host) still runs and is the one that started at ``started``."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        pass
-    stat = _proc_stat(pid)
-    if stat is None:
-        return True
-    if stat[0] in ("Z", "X"):  # killed but not yet reaped: it will never write again
-        return False
-    return started is None or started == f"{_boot_id()}/{stat[1]}"
-
-
 # -- branch locks (in an index transaction) -----------------------------------
 
-def _decode(branch: str, value) -> BranchLock:
-    if type(value) is not dict or set(value) != set(_FIELDS) or not all(
-            isinstance(value[k], t) for k, t in _FIELDS.items()):
+def _decode(branch: str, value, lock_dir: Path) -> BranchLock:
+    if type(value) is not dict or set(value) not in _KNOWN_FIELDS or not all(
+            isinstance(value.get(k), t) for k, t in _FIELDS.items()):
         raise LockDamaged(f"the lock on branch {branch!r} is damaged", branch=branch)
+    if value.get("flock") is not None and not holderfiles.valid(value["flock"]):  # it names a path
+        raise LockDamaged(f"the lock on branch {branch!r} is damaged: its holder file token is not one",
+                          branch=branch)
     lock = BranchLock(branch, value["host"], value["pid"], value["since"], value["owner"],
-                      value["started"], value["named"])
-    stale = not lock.named and lock.host == socket.gethostname() and not process_alive(lock.pid, lock.started)
-    return BranchLock(**{**lock.__dict__, "stale": stale})
+                      value["started"], value["named"], value.get("pidns"), value.get("flock"))
+    return BranchLock(**{**lock.__dict__, "stale": _stale(lock, lock_dir)})
+
+
+def _where(lock: BranchLock) -> Seen:
+    return seen(lock.host, lock.started, lock.pidns)
+
+
+def _by_flock(lock: BranchLock) -> bool:
+    """Whether the lock's holder file tells its liveness: it has one, made in this boot of this kernel.
+
+    The index is LMDB, which only processes of one kernel may share, so the
+    holder file sits on a filesystem this kernel's flocks cover, and a free
+    file means a dead holder, whatever host name and pid namespace it had.
+    Another boot id is another kernel (this machine before a reboot, or
+    another that shares its name): its flocks are gone or were never seen here.
+    """
+    return lock.flock is not None and same_boot(lock.started)
+
+
+def _stale(lock: BranchLock, lock_dir: Path) -> bool:
+    """Whether the lock's process is known to be gone, so the next writer may take it over.
+
+    It is alive if its pid runs where the pid means it (``HERE``: a holder
+    that somehow closed its holder file still counts) or if anyone holds
+    its holder file (a holder in another pid namespace; see ``holderfiles``
+    for forked children). Otherwise it is stale if its holder file, made in
+    this boot, is missing or free (``_by_flock``; the file is then removed),
+    or it was written on this host in an earlier boot (``ENDED``: the index
+    is LMDB, which only processes of one kernel may share, so this machine
+    wrote it before it rebooted), or it is ``HERE`` (its pid is gone). Any
+    other lock cannot be judged (one of another machine, or of another pid
+    namespace without a holder file: an older mvc's): it holds until ``mvc
+    unlock --force``, since taking over a live writer's lock loses history,
+    and process locks have no expiry that would free it later.
+    """
+    if lock.named:
+        return False
+    where = _where(lock)
+    if where is Seen.HERE and process_alive(lock.pid, lock.started):
+        return False
+    if lock.flock is not None:
+        held = holderfiles.held(lock_dir, lock.flock, reap=_by_flock(lock))
+        if held:
+            return False
+        if held is False and _by_flock(lock):
+            return True
+    return where in (Seen.ENDED, Seen.HERE)
 
 
 def _encode(lock: BranchLock) -> dict:
     return {"host": lock.host, "pid": lock.pid, "since": float(lock.since), "owner": lock.owner,
-            "started": lock.started, "named": lock.named}
+            "started": lock.started, "named": lock.named, "pidns": lock.pidns, "flock": lock.flock}
+
+
+def lock_dir(txn) -> Path:
+    """Where the holder files of the locks in ``txn``'s index live (beside the gc lock)."""
+    return txn.repo_dir / "locks"
 
 
 def get(txn, branch: str) -> Optional[BranchLock]:
     """The lock on ``branch`` or None; CorruptObject if its record is damaged."""
     value = txn.lock(branch)
-    return None if value is None else _decode(branch, value)
+    return None if value is None else _decode(branch, value, lock_dir(txn))
 
 
 def all_locks(txn) -> list:
-    return [_decode(name, value) for name, value in txn.locks()]
+    return [_decode(name, value, lock_dir(txn)) for name, value in txn.locks()]
 
 
 def owns(lock: BranchLock, me: Holder) -> bool:
     if lock.named:
         return lock.owner == me.owner
-    return (lock.host, lock.pid) == (me.host, me.pid) and lock.started in (None, me.started)
+    same = (lock.host, lock.pid, lock.pidns) == (me.host, me.pid, me.pidns)  # pids repeat across containers
+    return same and lock.started in (None, me.started)
 
 
 def _refuse(lock: BranchLock, doing: str) -> LockHeld:
-    here = lock.host == socket.gethostname()
-    unsure = "" if lock.named or here else "; whether it still runs cannot be told from here"
-    return BranchLocked(f"cannot {doing} branch {lock.branch!r}: it is locked by {lock.describe()}{unsure}",
-                        branch=lock.branch, owner=lock.owner, host=lock.host, named=lock.named, here=here)
+    here = _where(lock) is Seen.HERE or _by_flock(lock)  # its liveness was judged, not assumed
+    return BranchLocked(f"cannot {doing} branch {lock.branch!r}: it is locked by {lock.describe()}"
+                        f"{_liveness(lock, here)}", branch=lock.branch, owner=lock.owner, host=lock.host,
+                        named=lock.named, here=here)
 
 
-def acquire(txn, branch: str, me: Holder, named: bool) -> BranchLock:
+def _liveness(lock: BranchLock, judged: bool) -> str:
+    if lock.named or _where(lock) is Seen.HERE:
+        return ""
+    if judged:  # its pid means nothing here: say why it still counts as running
+        return f"; its holder file shows that it still runs ({_elsewhere(lock)})"
+    return f"; whether it still runs cannot be told from here ({_elsewhere(lock)})"
+
+
+def _elsewhere(lock: BranchLock) -> str:
+    if lock.host != socket.gethostname():
+        return "another host"
+    if lock.pidns is None:
+        return "its pid namespace was not recorded: an older mvc's lock"
+    return f"it runs in pid namespace {lock.pidns}, another container"
+
+
+def acquire(txn, branch: str, me: Holder, named: bool, flock: Optional[str] = None) -> BranchLock:
     """Lock ``branch`` for ``me``; idempotent for its owner, takes over a stale lock.
 
-    Raises LockHeld naming the holder if another live owner holds it.
+    ``flock``: the token of the holder file ``me`` holds (``holderfiles.take``)
+    for a process lock. The lock returned keeps the owner's own token when it
+    was already the owner's: the caller then drops the new one. The holder
+    file of a lock taken over is removed, and so are holder files no record
+    names and no process holds. Raises LockHeld naming the holder if another
+    live owner holds it.
     """
     current = get(txn, branch)
     if current is not None and owns(current, me):
         return current
     if current is not None and not current.stale:
         raise _refuse(current, "lock")
-    lock = BranchLock(branch, me.host, me.pid, time.time(), me.owner, None if named else me.started, named)
+    lock = BranchLock(branch, me.host, me.pid, time.time(), me.owner, None if named else me.started, named,
+                      None if named else me.pidns, None if named else flock)
     txn.put_lock(branch, _encode(lock))
+    # files of dead holders only: should the transaction abort, removing them changed no judgement
+    if current is not None:  # taken over: its holder is dead, so its file says so with or without it
+        holderfiles.drop(lock_dir(txn), current.flock)
+    holderfiles.sweep(lock_dir(txn), _named_flocks(txn))
     return lock
 
 
-def release(txn, branch: str, me: Holder, force: bool) -> None:
+def _named_flocks(txn) -> set:
+    """The holder file tokens the lock records name (damaged records are only skipped here)."""
+    out = set()
+    for name in txn.ids("locks"):
+        try:
+            value = txn.lock(name.decode("utf-8", "replace"))
+        except CorruptObject:
+            continue
+        if isinstance(value, dict):
+            out.add(value.get("flock"))
+    return out
+
+
+def release(txn, branch: str, me: Holder, force: bool) -> Optional[str]:
     """Unlock ``branch``; a no-op if it is not locked.
 
-    Raises LockHeld if another live owner holds it and ``force`` is false.
-    A damaged lock record can only be removed with ``force``.
+    Returns the token of the holder file the removed lock named (or None),
+    for the caller to ``holderfiles.drop`` once the transaction committed:
+    until then the lock is still its holder's. Raises LockHeld if another
+    live owner holds it and ``force`` is false. A damaged lock record can
+    only be removed with ``force`` (its holder file, if any, is swept once free).
     """
     if force:
+        try:
+            current = get(txn, branch)
+        except CorruptObject:
+            current = None
         txn.delete_lock(branch)
-        return
+        return None if current is None else current.flock
     current = get(txn, branch)
     if current is None:
-        return
+        return None
     if not owns(current, me) and not current.stale:
         raise _refuse(current, "unlock")
     txn.delete_lock(branch)
+    return current.flock
 
 
 def check_writer(txn, branch: str, me: Holder) -> None:

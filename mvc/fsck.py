@@ -429,8 +429,11 @@ def _salvage(repo, txn, damaged: list) -> int:
     return batch.count
 
 
+# Damage that loses a commit's data. An encoded record that does not decode, or a delta whose
+# base is damaged, loses its chunk as surely as a checksum mismatch does.
 PRUNABLE = {MISSING_TREE, CORRUPT_TREE, MISSING_TENSOR, CORRUPT_TENSOR, MISSING_CHUNK, BAD_INDEX_ENTRY,
-            MISSING_PACK, DAMAGED_PACK, NOT_IN_PACK, BAD_RECORD, CHECKSUM, NOT_REGULAR}
+            MISSING_PACK, DAMAGED_PACK, NOT_IN_PACK, BAD_RECORD, CHECKSUM, BAD_ENCODING, BROKEN_BASE,
+            NOT_REGULAR}
 
 
 def prune_lost(repo) -> tuple:

@@ -325,3 +325,38 @@ def test_a_load_reads_only_the_records_it_needs(big, monkeypatch):
     got = big.load(first, only="emb")
     assert torch.equal(got["emb"], history[0][1]["emb"])
     assert read and set(read) <= needed and len(read) == len(set(read))
+
+
+def _zstd_plane(repo, loc):
+    """The pack offset of the first zstd-compressed plane of the GROUPED record at ``loc``, or None."""
+    with open(_pack_path(repo, loc), "rb") as f:
+        f.seek(loc.offset)
+        payload = f.read(loc.length)
+    width, _ = codec.GROUP_HEAD.unpack_from(payload)
+    at = codec.GROUP_HEAD.size + width * codec.PLANE_HEAD.size
+    for j in range(width):
+        mode, n = codec.PLANE_HEAD.unpack_from(payload, codec.GROUP_HEAD.size + j * codec.PLANE_HEAD.size)
+        if mode == codec.PLANE_ZSTD:
+            return loc.offset + at
+        at += n
+    return None
+
+
+def test_a_record_that_does_not_decode_is_lost_and_prune_lost_prunes_its_commits(big):
+    """A flipped bit in a compressed plane (the last plane of a grouped record) of a chunk that
+    an older commit's delta uses as its base: both the record and the delta above it are lost;
+    --prune-lost prunes exactly the commits that hold them, and fsck is clean afterwards."""
+    history = _history(big, steps=2)
+    big.repack()
+    kinds = _kinds(big)
+    bases = {loc.base for loc in kinds.values() if loc.kind == codec.DELTA}
+    cid, loc = next((c, x) for c, x in kinds.items() if x.kind == codec.GROUPED and c in bases
+                    and _zstd_plane(big, x) is not None)
+    flip_bit(_pack_path(big, loc), _zstd_plane(big, loc))  # its zstd frame's magic number
+    report = big.fsck()
+    kinds = {d.kind for d in report.lost}
+    assert "bad-encoding" in kinds and kinds <= {"bad-encoding", "broken-delta-base"}
+    lost = {c for d in report.lost for c in d.commits}
+    assert lost == {c for c, _ in history}  # the head holds the record, the older commit its delta
+    assert mvc.fsck.prune_lost(big) == tuple(sorted(lost))
+    assert big.fsck().ok

@@ -115,8 +115,10 @@ class InvalidRefName(MvcError):
 
 class UnsupportedFormat(MvcError):
     """The repository uses a format version or extension this mvc does not know. ``problem``
-    is "damaged" (FORMAT does not parse), "newer" (``version``: the format it names) or
-    "extensions" (``extensions``: the unknown ones, sorted); None where not said."""
+    is "damaged" (FORMAT does not parse), "newer" (``version``: the format it names),
+    "extensions" (``extensions``: the unknown ones, sorted) or "stale" (this process's view
+    of FORMAT predates a change another made: ``version`` is the pack version it writes);
+    None where not said."""
 
     def __init__(self, message: str = "", *, problem=None, version=None, extensions=()):
         super().__init__(message)

@@ -37,7 +37,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from .. import hashing
-from ..errors import CorruptObject, PackDamaged, PackMissing
+from ..errors import CorruptObject, PackDamaged, PackMissing, UnsupportedFormat
 from . import idarray, packformat
 from .verify import intact
 from .fs import WRITEBACK_BYTES, entries, fsync_dir, open_file, start_writeback
@@ -152,8 +152,10 @@ class PackWriter:
         """Append one chunk record (its bytes, or with ``kind`` an encoding of
         them that decodes to ``size`` bytes); returns where its data lies."""
         mv = memoryview(data).cast("B")
-        if kind and self.version < 2:
-            raise ValueError("encoded records go only into version 2 packs")
+        if kind and self.version < 2:  # a caller that did not re-read FORMAT after a repack elsewhere
+            raise UnsupportedFormat(f"chunk {chunk_id.hex()[:12]}: encoded records go only into version 2 packs, "
+                                    "and this process opened the repository before its FORMAT listed "
+                                    "encoded-records: open it again", problem="stale", version=self.version)
         self._write([RECORD_HEAD.pack(chunk_id, len(mv)), mv])
         loc = Location(self.name, self.offset - len(mv), len(mv), kind, size if kind else -1, depth, base)
         self.entries.append((chunk_id, loc))

@@ -373,6 +373,19 @@ class HashMismatch(ChecksumMismatch):
         self.base = base.hex() if isinstance(base, (bytes, bytearray)) else base
 
 
+class BadEncoding(CorruptObject):
+    """A stored record does not decode (a compressed plane that does not decompress, lengths
+    that do not add up). ``id``: the chunk asked for; ``base``: the hex id of the delta base
+    whose own record failed, when that is why (None: the record of ``id`` itself); ``where``:
+    where the failing record lies. ``link``: its place in the chain handed to
+    ``codec.decode_chain`` (0: the first), for the caller that knows the chain's ids."""
+
+    def __init__(self, message: str = "", *, id=None, base=None, where: str = "", link=None):
+        super().__init__(message, id=id)
+        self.base = base.hex() if isinstance(base, (bytes, bytearray)) else base
+        self.where, self.link = where, link
+
+
 # -- the library names no commands (issue 20): classes that carry what the CLI's advice needs --
 # mvc/cli/base.py (advice) adds the command to run per class; messages say only what went wrong.
 

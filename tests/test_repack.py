@@ -360,3 +360,27 @@ def test_a_record_that_does_not_decode_is_lost_and_prune_lost_prunes_its_commits
     assert lost == {c for c, _ in history}  # the head holds the record, the older commit its delta
     assert mvc.fsck.prune_lost(big) == tuple(sorted(lost))
     assert big.fsck().ok
+
+
+def test_a_base_that_does_not_decode_is_blamed_not_the_deltas_above_it(big):
+    """The newest version's record (a zstd plane flipped) is the base of older deltas: a read of
+    an older version names that base, and fsck calls only the base's record undecodable."""
+    history = _history(big, steps=3)
+    big.repack()
+    kinds = _kinds(big)
+    bases = {loc.base for loc in kinds.values() if loc.kind == codec.DELTA}
+    base, loc = next((c, x) for c, x in kinds.items() if x.kind == codec.GROUPED and c in bases
+                     and _zstd_plane(big, x) is not None)
+    flip_bit(_pack_path(big, loc), _zstd_plane(big, loc))
+    above = [c for c, x in kinds.items() if x.base == base]
+    with pytest.raises(mvc.CorruptObject) as err:
+        mvc.reader.read_chunk(big, above[0])
+    assert (err.value.id, getattr(err.value, "base", None)) == (above[0].hex(), base.hex())
+    assert isinstance(err.value, mvc.errors.BadEncoding)
+    assert err.value.where == f"offset {loc.offset} in {_pack_path(big, loc).name}"
+    with pytest.raises(mvc.CorruptObject) as err:  # a load shares decoded bases between records
+        big.load(history[0][0])
+    assert getattr(err.value, "base", None) == base.hex()
+    report = big.fsck()
+    assert [d.chunks for d in report.damage if d.kind == "bad-encoding"] == [(base.hex(),)]
+    assert {c for d in report.damage if d.kind == "broken-delta-base" for c in d.chunks} >= {c.hex() for c in above}

@@ -384,3 +384,35 @@ def test_a_base_that_does_not_decode_is_blamed_not_the_deltas_above_it(big):
     report = big.fsck()
     assert [d.chunks for d in report.damage if d.kind == "bad-encoding"] == [(base.hex(),)]
     assert {c for d in report.damage if d.kind == "broken-delta-base" for c in d.chunks} >= {c.hex() for c in above}
+
+
+def _deleted_packs_open(repo) -> list:
+    """This process's descriptors of files in ``repo``'s packs folder that are deleted."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(repo.dir / "packs")) and target.endswith("(deleted)"):
+            out.append(target)
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_a_long_lived_reader_lets_go_of_packs_another_process_repacked_away(tmp_path):
+    repo = mvc.Repository.init(tmp_path / "r", chunk_size=CHUNK)
+    try:
+        history = _history(repo, steps=3)
+        for cid, state in history:  # descriptors of every pack cached
+            assert _same(repo.load(cid), state)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        done = subprocess.run([sys.executable, "-m", "mvc", "repack"], cwd=repo.root, env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert _deleted_packs_open(repo)  # the old packs, deleted there, still held here
+        for cid, state in history:  # the chunks moved to the repacked pack
+            assert _same(repo.load(cid), state)
+        assert _deleted_packs_open(repo) == []  # their space is free now, not at exit
+    finally:
+        repo.close()

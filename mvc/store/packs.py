@@ -28,6 +28,7 @@ import re
 import secrets
 import struct
 import threading
+import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -292,6 +293,7 @@ def _decode_alone(codec, payload: bytes, limit: int):
 
 
 MAX_OPEN = 128  # pack descriptors kept open: far below the usual 1024 limit, whatever the pack count
+SWEEP_S = 10.0  # at most this long between looks for cached descriptors of deleted packs
 
 
 class PackReader:
@@ -299,7 +301,11 @@ class PackReader:
 
     Keeps at most ``max_open`` descriptors open, least recently used closed
     first, so thousands of packs never exhaust the process's file limit. A
-    descriptor in use by a read is never closed under it.
+    descriptor in use by a read is never closed under it. One of a pack that
+    another process deleted (a repack, gc or eviction there) would keep its
+    disk space until this process exits: such descriptors are closed when a
+    read opens another pack (where the deleted pack's chunks went) and at
+    least every ``SWEEP_S`` seconds of reads, not with a system call per read.
     """
 
     def __init__(self, directory: Path, max_open: int = MAX_OPEN):
@@ -307,10 +313,13 @@ class PackReader:
         self.max_open = max_open
         self._fds: OrderedDict = OrderedDict()  # pack name -> [fd, readers using it]
         self._lock = threading.Lock()
+        self._next_sweep = time.monotonic() + SWEEP_S
 
     @contextmanager
     def _fd(self, name: bytes) -> Iterator[int]:
         with self._lock:
+            if time.monotonic() >= self._next_sweep:
+                self._sweep()
             entry = self._fds.get(name)
             if entry is not None:
                 self._fds.move_to_end(name)
@@ -335,11 +344,20 @@ class PackReader:
         with self._lock:
             entry = self._fds.get(name)
             if entry is None:
+                self._sweep()  # a chunk moved to this pack: the one it left may be deleted
                 entry = self._fds[name] = [fd, 0]
             else:  # another thread opened it first: keep one descriptor
                 os.close(fd)
             entry[1] += 1
             return entry
+
+    def _sweep(self) -> None:
+        """Close the unused cached descriptors of packs whose file is gone (under the lock)."""
+        self._next_sweep = time.monotonic() + SWEEP_S
+        for name, (fd, users) in list(self._fds.items()):
+            if users == 0 and os.fstat(fd).st_nlink == 0:
+                del self._fds[name]
+                os.close(fd)
 
     def _trim(self) -> None:
         for name in list(self._fds):

@@ -20,7 +20,10 @@ Vocabulary (signatures themselves are in ``mvc/signing.py``):
   bytes (``"10%"``) or of time (``"30s"``). With a share of P percent, any
   ``ceil(100 / P)`` consecutive runs verify every record of every pack that
   existed throughout them. Every run also verifies every pack's trailer
-  (its BLAKE3), which is small.
+  (its BLAKE3), which is small. A record the chunk index does not point at
+  is **unused**: garbage nothing reads (gc reclaims it, and may already have
+  dropped the index entry of the base a garbage delta needs), so a scan
+  passes over it without judging it and counts it apart from what it verified.
 """
 
 import json
@@ -486,6 +489,8 @@ class ScanReport:
     runs_to_cover: Optional[int]  # the promise: any this many consecutive runs cover everything (share budgets)
     problems: tuple = ()
     cursor: tuple = ()  # (pack file, offset) where the next run starts
+    unused: int = 0  # records passed over, not verified: the index points at none of them (garbage)
+    unused_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -585,15 +590,18 @@ def _scan(repo, budget: str, kind: str, amount: float, progress) -> ScanReport:
             if taken >= limit:
                 lap = lap[:count]
                 break
-    done = visited = 0
+    done = visited = verified = verified_bytes = 0
     for piece in _pieces(lap, 16 << 20):
         with repo.index.read() as txn:  # a delta's base may lie outside this piece: the index says where
-            found = repo.chunks.verify({cid: loc for _, cid, loc in piece}, txn, threads=1)
-        pack_of = {cid: key[0] for key, cid, _ in piece}
+            live = [item for item in piece if _indexed(txn, item[1], item[2])]
+            found = repo.chunks.verify({cid: loc for _, cid, loc in live}, txn, threads=1)
+        pack_of = {cid: key[0] for key, cid, _ in live}
         problems += [ScanProblem(pack_filename(bytes.fromhex(pack_of[p.id])), p.id.hex(), p.kind, p.detail)
                      for p in found]
-        done += sum(loc.length for _, _, loc in piece)
+        done += sum(loc.length for _, _, loc in piece)  # the budget counts every record passed
         visited += len(piece)
+        verified += len(live)
+        verified_bytes += sum(loc.length for _, _, loc in live)
         if progress:
             progress(done, limit or total)
         if (limit is not None and done >= limit) or (limit is None and time.monotonic() - started >= amount):
@@ -605,8 +613,18 @@ def _scan(repo, budget: str, kind: str, amount: float, progress) -> ScanReport:
     _save_state(state_path, state)
     cover = math.ceil(1 / amount - 1e-9) if kind == "share" else None
     packs = len({key[0] for key, _, _ in lap[:visited]})
-    return ScanReport(budget, packs, visited, done, total, time.monotonic() - started, wrapped, cover,
-                      tuple(problems), (pack_filename(bytes.fromhex(cursor[0])) if cursor[0] else "", cursor[1]))
+    return ScanReport(budget, packs, verified, verified_bytes, total, time.monotonic() - started, wrapped, cover,
+                      tuple(problems), (pack_filename(bytes.fromhex(cursor[0])) if cursor[0] else "", cursor[1]),
+                      visited - verified, done - verified_bytes)
+
+
+def _indexed(txn, cid: bytes, loc) -> bool:
+    """Whether the chunk index points at the record at ``loc``: only such a record is judged."""
+    try:
+        here = txn.chunk(cid)
+    except CorruptObject:  # the damaged entry may have named this record: judged, not passed over
+        return True
+    return here is not None and (here.pack, here.offset) == (loc.pack, loc.offset)
 
 
 def parse_subset(text: str) -> tuple:

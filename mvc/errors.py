@@ -115,8 +115,10 @@ class InvalidRefName(MvcError):
 
 class UnsupportedFormat(MvcError):
     """The repository uses a format version or extension this mvc does not know. ``problem``
-    is "damaged" (FORMAT does not parse), "newer" (``version``: the format it names) or
-    "extensions" (``extensions``: the unknown ones, sorted); None where not said."""
+    is "damaged" (FORMAT does not parse), "newer" (``version``: the format it names),
+    "extensions" (``extensions``: the unknown ones, sorted) or "stale" (this process's view
+    of FORMAT predates a change another made: ``version`` is the pack version it writes);
+    None where not said."""
 
     def __init__(self, message: str = "", *, problem=None, version=None, extensions=()):
         super().__init__(message)
@@ -369,6 +371,19 @@ class HashMismatch(ChecksumMismatch):
         super().__init__(message, id=id)
         self.what, self.where = what, where
         self.base = base.hex() if isinstance(base, (bytes, bytearray)) else base
+
+
+class BadEncoding(CorruptObject):
+    """A stored record does not decode (a compressed plane that does not decompress, lengths
+    that do not add up). ``id``: the chunk asked for; ``base``: the hex id of the delta base
+    whose own record failed, when that is why (None: the record of ``id`` itself); ``where``:
+    where the failing record lies. ``link``: its place in the chain handed to
+    ``codec.decode_chain`` (0: the first), for the caller that knows the chain's ids."""
+
+    def __init__(self, message: str = "", *, id=None, base=None, where: str = "", link=None):
+        super().__init__(message, id=id)
+        self.base = base.hex() if isinstance(base, (bytes, bytearray)) else base
+        self.where, self.link = where, link
 
 
 # -- the library names no commands (issue 20): classes that carry what the CLI's advice needs --

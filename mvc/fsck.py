@@ -66,6 +66,18 @@ class Damage:
     # remotes whose last listing holds every chunk named here: the local copy is damaged, the
     # data is not lost ('mvc fsck --repair' reads it again); those copies are not verified here
     remotes: tuple = ()
+    # for a delta base: ((chunk, commits), ...) of the live chunks whose records decode through a
+    # chunk named here, each with the commits that hold it and none of the chunks named here
+    through: tuple = ()
+    # commits of ``through`` that a remote can restore: it lists every chunk of theirs in
+    # ``through`` ('mvc fsck --repair' fetches those whole, not as deltas on the damaged base)
+    spared: tuple = ()
+
+    @property
+    def lost_commits(self) -> tuple:
+        """The commits whose data this damage loses: none when a remote lists every chunk named
+        here, else all but the ``spared``."""
+        return () if self.remotes else tuple(c for c in self.commits if c not in self.spared)
 
 
 @dataclass(frozen=True)
@@ -105,7 +117,7 @@ class FsckReport:
     @property
     def lost(self) -> tuple:
         """The damage no remote holds a copy of: what cannot be loaded intact."""
-        return tuple(d for d in self.damage if not d.remotes)
+        return tuple(d for d in self.damage if not d.remotes and not (d.commits and not d.lost_commits))
 
     @property
     def verified(self) -> bool:
@@ -195,6 +207,7 @@ class _Checker:
         self.reach = found
         self.ok = np.zeros(len(found.chunk_length), dtype=bool)
         self.used: dict = {}  # pack name -> sorted offsets of the located chunks' records there
+        self._users: Optional[dict] = None  # base id -> ids of the live chunks that are deltas on it
 
     def find(self, kind, what, detail, **where) -> None:
         self.reach.find(kind, what, detail, **where)
@@ -296,19 +309,40 @@ class _Checker:
         tensors = set(f.tensors)
         for cid in f.chunks:
             tensors |= r.chunk_tensors.get(cid, set())
-        trees = set(f.trees)
-        paths = set()
-        for tid in tensors:
-            trees |= r.tensor_trees.get(tid, set())
-            paths |= r.tensor_paths.get(tid, set())
-        commits = set(f.commits)
-        for tid in trees:
-            commits |= r.tree_commits.get(tid, set())
+        paths = {p for tid in tensors for p in r.tensor_paths.get(tid, ())}
+        commits = self._commits(tensors, f.trees, f.commits)
+        held = self._commits({t for cid in f.chunks for t in r.chunk_tensors.holders(cid)}, f.trees, f.commits)
         labels = set(f.refs) | {label for label, ids in reachable.items() if ids & commits}
         # a ref's reflog adds nothing when the ref itself reaches the damage
         labels = {x for x in labels if not (x.startswith(REFLOG) and x[len(REFLOG):] in labels)}
         return Damage(f.kind, f.object, f.detail, tuple(sorted(c.hex() for c in f.chunks)),
-                      tuple(sorted(paths)), tuple(sorted(c.hex() for c in commits)), tuple(sorted(labels)))
+                      tuple(sorted(paths)), tuple(sorted(c.hex() for c in commits)), tuple(sorted(labels)),
+                      through=self._through(f.chunks, held))
+
+    def _commits(self, tensors: set, trees=(), commits=()) -> set:
+        """``commits`` and the live commits whose trees (``trees`` among them) hold ``tensors``."""
+        r = self.reach
+        trees = set(trees).union(*(r.tensor_trees.get(tid, set()) for tid in tensors))
+        return set(commits).union(*(r.tree_commits.get(tid, set()) for tid in trees))
+
+    def _through(self, chunks: set, held: set) -> tuple:
+        """((chunk, commits), ...) hex, of the live chunks that are deltas on ``chunks`` at any
+        depth, each with the commits that hold it and are not in ``held``: such a commit loses
+        nothing of its own when a remote lists its chunk whole (see ``mark_restorable``)."""
+        if self._users is None:
+            self._users = {}
+            for cid, (base, _) in self.reach.deltas.items():
+                self._users.setdefault(base, []).append(cid)
+        out, seen, todo = [], set(chunks), list(chunks)
+        while todo:
+            for cid in self._users.get(todo.pop(), ()):
+                if cid not in seen:
+                    seen.add(cid)
+                    todo.append(cid)
+                    commits = self._commits(self.reach.chunk_tensors.holders(cid)) - held
+                    if commits:
+                        out.append((cid.hex(), tuple(sorted(c.hex() for c in commits))))
+        return tuple(sorted(out))
 
 
 # -- entry points -------------------------------------------------------------
@@ -361,19 +395,30 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
 
 def mark_restorable(report: FsckReport, copies: Callable[[set], dict]) -> FsckReport:
     """``report`` with each chunk damage whose every chunk ``copies`` finds on a remote marked
-    with those remotes (``Damage.remotes``); ``copies`` maps chunk ids to a remote's name
-    (``Repository.fsck`` passes the remotes' listings, ``repo.cache.restorable``)."""
-    ids = {bytes.fromhex(c) for d in report.damage if not d.remotes for c in d.chunks}
+    with those remotes (``Damage.remotes``), and else the commits it spares (``Damage.spared``):
+    those that hold only deltas on a damaged base, every one of which a remote lists whole.
+    ``copies`` maps chunk ids to a remote's name (``Repository.fsck`` passes the remotes'
+    listings, ``repo.cache.restorable``)."""
+    ids = {bytes.fromhex(c) for d in report.damage if not d.remotes
+           for c in d.chunks + tuple(x for x, _ in d.through)}
     found = copies(ids) if ids else {}
     if not found:
         return report
 
     def mark(d: Damage) -> Damage:
         where = {found.get(bytes.fromhex(c)) for c in d.chunks}
-        if d.remotes or not d.chunks or None in where:
+        if d.remotes or not d.chunks:
             return d
-        return dataclasses.replace(d, remotes=tuple(sorted(where)))
+        if None not in where:
+            return dataclasses.replace(d, remotes=tuple(sorted(where)))
+        return dataclasses.replace(d, spared=_spared(d.through, found))
     return dataclasses.replace(report, damage=tuple(mark(d) for d in report.damage))
+
+
+def _spared(through: tuple, found: dict) -> tuple:
+    """The commits of ``through`` none of whose chunks there is missing from ``found``."""
+    lost = {c for x, commits in through if bytes.fromhex(x) not in found for c in commits}
+    return tuple(sorted({c for _, commits in through for c in commits} - lost))
 
 
 def rebuild_index(repo) -> RebuildReport:
@@ -429,8 +474,11 @@ def _salvage(repo, txn, damaged: list) -> int:
     return batch.count
 
 
+# Damage that loses a commit's data. An encoded record that does not decode, or a delta whose
+# base is damaged, loses its chunk as surely as a checksum mismatch does.
 PRUNABLE = {MISSING_TREE, CORRUPT_TREE, MISSING_TENSOR, CORRUPT_TENSOR, MISSING_CHUNK, BAD_INDEX_ENTRY,
-            MISSING_PACK, DAMAGED_PACK, NOT_IN_PACK, BAD_RECORD, CHECKSUM, NOT_REGULAR}
+            MISSING_PACK, DAMAGED_PACK, NOT_IN_PACK, BAD_RECORD, CHECKSUM, BAD_ENCODING, BROKEN_BASE,
+            NOT_REGULAR}
 
 
 def prune_lost(repo) -> tuple:
@@ -438,10 +486,11 @@ def prune_lost(repo) -> tuple:
     again); their hex ids.
 
     Damage a remote can restore is not lost (``repo.fsck`` marks the chunks a remote's
-    listing holds): it spares its commits, and 'mvc fsck --repair' restores them.
+    listing holds): it spares its commits, and 'mvc fsck --repair' restores them. So does a
+    damaged delta base the remote lacks, for the commits whose own chunks it lists whole.
     """
     report = repo.fsck()
-    lost = {c for d in report.lost if d.kind in PRUNABLE for c in d.commits}
+    lost = {c for d in report.lost if d.kind in PRUNABLE for c in d.lost_commits}
     note = {"time": time.time_ns() // 1000, "policy": "data lost (fsck found it missing or corrupt)"}
     with repo.index.write() as txn:
         for cid in lost:

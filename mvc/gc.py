@@ -159,6 +159,7 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
     # a dry run changes nothing: the shared lock keeps packs in place while it looks, and
     # it neither waits for running commits nor writes the exclusive lock's holder note
     with (repo.gc_lock.shared() if dry_run else repo.gc_lock.exclusive()):
+        repo.reread_format()  # a repack elsewhere may have turned on encoded records since open
         before, packs_before = disk_usage(repo.dir), _packs_usage(repo.chunks)
         # what needs no index write goes first: on a full disk it is the room the rest needs
         gone = () if dry_run else tuple(p.relative_to(repo.dir).as_posix()

@@ -219,13 +219,16 @@ class ChunkTensors:
         self.extra = defaultdict(set)
 
     def get(self, cid: bytes, default=None) -> set:
-        held = set()
-        if type(cid) is bytes and len(cid) == idarray.WIDTH:
-            needle = np.frombuffer(cid, dtype=idarray.ID)
-            lo, hi = np.searchsorted(self.chunks, needle, "left")[0], np.searchsorted(self.chunks, needle, "right")[0]
-            held = {self.tensors[k] for k in self.owners[lo:hi].tolist()}
-        held |= self.extra.get(cid, set())
+        held = self.holders(cid) | self.extra.get(cid, set())
         return held if held else (set() if default is None else default)
+
+    def holders(self, cid: bytes) -> set:
+        """The tensors that hold ``cid`` themselves (not through a delta on it)."""
+        if type(cid) is not bytes or len(cid) != idarray.WIDTH:
+            return set()
+        needle = np.frombuffer(cid, dtype=idarray.ID)
+        lo, hi = np.searchsorted(self.chunks, needle, "left")[0], np.searchsorted(self.chunks, needle, "right")[0]
+        return {self.tensors[k] for k in self.owners[lo:hi].tolist()}
 
     def __getitem__(self, cid: bytes) -> set:
         return self.get(cid)

@@ -221,13 +221,20 @@ class Repository:
         ``expire_reflog``: first delete reflog entries older than this many seconds (0: all)."""
         if expire_reflog is not None and not dry_run:
             self.reflog.expire(older_than=expire_reflog)
-        if ENCODED_RECORDS in read_format(self.dir)[1]:  # a repack elsewhere may have turned it on since open
-            self.chunks.accept_encoded()
         return collect.gc(self, dry_run=dry_run, **options)
 
     def repack(self, depth: Optional[int] = None, dry_run: bool = False, progress=None) -> "repacks.RepackReport":
         """Re-encode live raw chunks as byte-grouped zstd or deltas where it pays; see ``mvc.repack.repack``."""
         return repacks.repack(self, depth=depth, dry_run=dry_run, progress=progress)
+
+    def reread_format(self) -> None:
+        """Take up what another process listed in FORMAT since this one opened the repository:
+        a repack there turns on encoded records, and whatever copies records as they are (gc's
+        and eviction's compaction) must then write version 2 packs. Called under the exclusive
+        gc lock, which that repack held while it changed FORMAT. UnsupportedFormat if FORMAT
+        now names what this mvc does not know."""
+        if ENCODED_RECORDS in read_format(self.dir)[1]:
+            self.chunks.accept_encoded()
 
     def enable_encoded_records(self) -> None:
         """List the encoded-records extension in FORMAT; new packs are then version 2 packs."""

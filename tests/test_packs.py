@@ -5,7 +5,7 @@ import struct
 import pytest
 
 from mvc import hashing
-from mvc.errors import PackDamaged, PackMissing
+from mvc.errors import PackDamaged, PackMissing, UnsupportedFormat
 from mvc.store.packs import (ENTRY, FOOTER, HEADER, RECORD_HEAD, SEAL, Location, PackReader, PackWriter,
                        pack_filename, read_trailer)
 
@@ -180,3 +180,12 @@ def test_salvage_skips_a_record_that_does_not_verify_and_keeps_going(tmp_path):
     data[locs[1].offset] ^= 1  # record 1's data is damaged, its header is intact
     path.write_bytes(bytes(data[:-10]))  # and the trailer is lost
     assert [d for _, d in salvage_records(path)] == [chunks[0], chunks[2], chunks[3]]
+
+
+def test_an_encoded_record_in_a_version_1_pack_is_an_error_of_mvc(tmp_path):
+    """A process whose view of FORMAT is stale must fail with an MvcError, not a bare ValueError."""
+    w = PackWriter(tmp_path, version=1)
+    with pytest.raises(UnsupportedFormat) as err:
+        w.add(b"\1" * 32, b"payload", kind=1, size=64)
+    assert err.value.problem == "stale" and err.value.version == 1
+    w.abort()

@@ -601,6 +601,39 @@ def test_evict_keeps_what_an_unpushed_commit_shares_with_the_remote(origin, tmp_
         lazy.close()
 
 
+def test_a_process_opened_before_a_repack_elsewhere_evicts_the_encoded_records(tmp_path):
+    """Another process repacked the lazy clone after this one opened it: eviction (and a push,
+    which keeps the cache budget through it) rewrites packs holding encoded records, so it must
+    take up the FORMAT that repack changed, as gc does, not write them into a version 1 pack."""
+    import subprocess
+    import sys
+    src = mvc.Repository.init(tmp_path / "a", chunk_size=4096)
+    w, ids = torch.randn(4096), []
+    for k in range(3):
+        w[k] += 1
+        ids.append((src.commit({"w": w.clone()}, f"c{k}").id, w.clone()))
+    src.remotes.add("origin", str(tmp_path / "remote"))
+    src.remotes.push()
+    src.close()
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        for cid, _ in ids:
+            lazy.load(cid)  # every chunk local now
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        done = subprocess.run([sys.executable, "-m", "mvc", "repack"], cwd=tmp_path / "lz", env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0 and "deltas" in done.stdout, done.stdout + done.stderr
+        report = lazy.cache.evict(0)
+        assert report.chunks_evicted > 0 and report.packs_rewritten == 1  # the pinned head's records moved
+        with lazy.index.read() as txn:
+            assert any(loc.coded for _, loc in txn.chunks())
+        for cid, want in ids:
+            assert torch.equal(lazy.load(cid)["w"], want)
+        assert lazy.fsck().ok
+    finally:
+        lazy.close()
+
+
 def test_packs_built_in_the_memory_of_sent_ones_are_whole_and_exact(tmp_path, monkeypatch):
     """A push reuses the buffers of pack images already sent (issue 24): packs of
     different sizes built in them hold exactly their own records and trailer

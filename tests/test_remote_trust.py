@@ -259,6 +259,46 @@ def test_a_damaged_chunk_no_remote_holds_is_lost(tmp_path):
     assert f"marked 1 commit with lost data as pruned: {first_commit[:12]}" in result.output, result.output
 
 
+def test_a_damaged_delta_base_loses_only_the_commit_the_remote_lacks(tmp_path):
+    """c0..c2 pushed, c3 not; repack makes c2's chunk a delta on c3's (and c1's on c2's ...), then
+    a bit flips in c3's record. Every commit fails to load, but only c3 is lost: the remote lists
+    c0..c2's own chunks whole. --prune-lost prunes c3 alone; --repair restores c0..c2 bit for bit."""
+    repo = mvc.Repository.init(tmp_path / "r", chunk_size=4096)
+    w, ids, states = torch.randn(1024), [], []
+    for k in range(4):
+        w[k] += 1
+        states.append({"w": w.clone()})
+        ids.append(repo.commit(states[-1], f"c{k}").id)
+        if k == 2:
+            repo.remotes.add("origin", str(tmp_path / "remote"))
+            repo.remotes.push("origin")
+    repo.repack()
+    (cid,) = _chunks(repo, ids[3]) - _chunks(repo, ids[2])
+    with repo.index.read() as txn:
+        assert txn.chunk(next(iter(_chunks(repo, ids[2])))).base == cid
+    try:
+        flip_local_chunk(tmp_path / "r", cid)
+        report = repo.fsck()
+        assert {c for d in report.damage for c in d.commits} == set(ids)
+        assert {c for d in report.lost for c in d.lost_commits} == {ids[3]}
+        (base,) = [d for d in report.damage if d.chunks == (cid.hex(),)]
+        assert not base.remotes and base.spared == tuple(sorted(ids[:3])) and base.lost_commits == (ids[3],)
+        assert mvc.fsck.prune_lost(repo) == (ids[3],)
+        assert [c.pruned for c in repo.log()] == [True, False, False, False]
+        report = repo.fsck()
+        assert report.damage and not report.lost  # the base still breaks c0..c2 here, and loses nothing
+        result = cli(tmp_path / "r", "fsck")
+        assert result.exit_code == 1 and "not lost for commits" in result.output, result.output
+        assert "cannot be loaded intact" not in result.output
+        result = cli(tmp_path / "r", "fsck", "--repair")
+        assert result.exit_code == 0, result.output
+        for k in range(3):
+            assert same(repo.load(ids[k]), states[k])
+        assert repo.fsck().ok
+    finally:
+        repo.close()
+
+
 class Killed(Exception):
     """Stands for a SIGKILL at that point (a real one leaves the lease too, which the lease tests cover)."""
 

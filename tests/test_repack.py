@@ -367,3 +367,94 @@ def test_a_load_reads_only_the_records_it_needs(big, monkeypatch):
     got = big.load(first, only="emb")
     assert torch.equal(got["emb"], history[0][1]["emb"])
     assert read and set(read) <= needed and len(read) == len(set(read))
+
+
+def _zstd_plane(repo, loc):
+    """The pack offset of the first zstd-compressed plane of the GROUPED record at ``loc``, or None."""
+    with open(_pack_path(repo, loc), "rb") as f:
+        f.seek(loc.offset)
+        payload = f.read(loc.length)
+    width, _ = codec.GROUP_HEAD.unpack_from(payload)
+    at = codec.GROUP_HEAD.size + width * codec.PLANE_HEAD.size
+    for j in range(width):
+        mode, n = codec.PLANE_HEAD.unpack_from(payload, codec.GROUP_HEAD.size + j * codec.PLANE_HEAD.size)
+        if mode == codec.PLANE_ZSTD:
+            return loc.offset + at
+        at += n
+    return None
+
+
+def test_a_record_that_does_not_decode_is_lost_and_prune_lost_prunes_its_commits(big):
+    """A flipped bit in a compressed plane (the last plane of a grouped record) of a chunk that
+    an older commit's delta uses as its base: both the record and the delta above it are lost;
+    --prune-lost prunes exactly the commits that hold them, and fsck is clean afterwards."""
+    history = _history(big, steps=2)
+    big.repack()
+    kinds = _kinds(big)
+    bases = {loc.base for loc in kinds.values() if loc.kind == codec.DELTA}
+    cid, loc = next((c, x) for c, x in kinds.items() if x.kind == codec.GROUPED and c in bases
+                    and _zstd_plane(big, x) is not None)
+    flip_bit(_pack_path(big, loc), _zstd_plane(big, loc))  # its zstd frame's magic number
+    report = big.fsck()
+    kinds = {d.kind for d in report.lost}
+    assert "bad-encoding" in kinds and kinds <= {"bad-encoding", "broken-delta-base"}
+    lost = {c for d in report.lost for c in d.commits}
+    assert lost == {c for c, _ in history}  # the head holds the record, the older commit its delta
+    assert mvc.fsck.prune_lost(big) == tuple(sorted(lost))
+    assert big.fsck().ok
+
+
+def test_a_base_that_does_not_decode_is_blamed_not_the_deltas_above_it(big):
+    """The newest version's record (a zstd plane flipped) is the base of older deltas: a read of
+    an older version names that base, and fsck calls only the base's record undecodable."""
+    history = _history(big, steps=3)
+    big.repack()
+    kinds = _kinds(big)
+    bases = {loc.base for loc in kinds.values() if loc.kind == codec.DELTA}
+    base, loc = next((c, x) for c, x in kinds.items() if x.kind == codec.GROUPED and c in bases
+                     and _zstd_plane(big, x) is not None)
+    flip_bit(_pack_path(big, loc), _zstd_plane(big, loc))
+    above = [c for c, x in kinds.items() if x.base == base]
+    with pytest.raises(mvc.CorruptObject) as err:
+        mvc.reader.read_chunk(big, above[0])
+    assert (err.value.id, getattr(err.value, "base", None)) == (above[0].hex(), base.hex())
+    assert isinstance(err.value, mvc.errors.BadEncoding)
+    assert err.value.where == f"offset {loc.offset} in {_pack_path(big, loc).name}"
+    with pytest.raises(mvc.CorruptObject) as err:  # a load shares decoded bases between records
+        big.load(history[0][0])
+    assert getattr(err.value, "base", None) == base.hex()
+    report = big.fsck()
+    assert [d.chunks for d in report.damage if d.kind == "bad-encoding"] == [(base.hex(),)]
+    assert {c for d in report.damage if d.kind == "broken-delta-base" for c in d.chunks} >= {c.hex() for c in above}
+
+
+def _deleted_packs_open(repo) -> list:
+    """This process's descriptors of files in ``repo``'s packs folder that are deleted."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(repo.dir / "packs")) and target.endswith("(deleted)"):
+            out.append(target)
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_a_long_lived_reader_lets_go_of_packs_another_process_repacked_away(tmp_path):
+    repo = mvc.Repository.init(tmp_path / "r", chunk_size=CHUNK)
+    try:
+        history = _history(repo, steps=3)
+        for cid, state in history:  # descriptors of every pack cached
+            assert _same(repo.load(cid), state)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        done = subprocess.run([sys.executable, "-m", "mvc", "repack"], cwd=repo.root, env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert _deleted_packs_open(repo)  # the old packs, deleted there, still held here
+        for cid, state in history:  # the chunks moved to the repacked pack
+            assert _same(repo.load(cid), state)
+        assert _deleted_packs_open(repo) == []  # their space is free now, not at exit
+    finally:
+        repo.close()

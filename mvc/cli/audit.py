@@ -153,6 +153,9 @@ def show_scan(report, as_json: bool) -> None:
     click.echo(f"scan ({report.budget}): verified {report.records} records, {human_bytes(report.bytes_verified)} "
                f"of {human_bytes(report.bytes_total)} ({share:.0%}) in {report.packs} pack(s), "
                f"{report.seconds:.2f} s; next run starts at {report.cursor[0] or '(start)'}:{report.cursor[1]}")
+    if report.unused:
+        click.echo(f"passed over {report.unused} unused record(s), {human_bytes(report.unused_bytes)}, that the "
+                   "chunk index does not point at (garbage: 'mvc gc' reclaims it)")
     if report.runs_to_cover:
         click.echo(f"any {report.runs_to_cover} consecutive runs at this budget verify every pack")
     for p in report.problems:

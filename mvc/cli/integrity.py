@@ -32,6 +32,9 @@ def _show_damage(d) -> None:
             click.echo(f"    {label}: {_some(list(items), short)}")
     if d.remotes:
         click.echo(f"    not lost: remote {', '.join(d.remotes)} lists a copy; 'mvc fsck --repair' restores it")
+    elif d.spared:
+        click.echo(f"    not lost for commits {_some(list(d.spared), True)}: a remote lists their own chunks; "
+                   "'mvc fsck --repair' restores them")
 
 
 def _show_report(rep, fates) -> None:
@@ -65,8 +68,8 @@ def _show_report(rep, fates) -> None:
     if rep.lost:
         click.echo("fsck found damage: the commits and refs listed above cannot be loaded intact")
     elif not rep.ok:
-        click.echo("fsck found damage here, and a remote lists a copy of every damaged chunk: "
-                   "'mvc fsck --repair' restores them")
+        click.echo("fsck found damage here, and a remote lists a copy of every damaged chunk, or of the "
+                   "chunks of every commit it breaks: 'mvc fsck --repair' restores them")
     elif rep.unverified:
         click.echo("no damage found in what was checked, but not everything reachable was verified")
     else:

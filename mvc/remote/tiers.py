@@ -441,6 +441,7 @@ def evict(repo, budget: Optional[int] = None) -> EvictReport:
         with repo.index.read() as txn:
             ahead = tuple(sorted(ref for ref, (oid, _, _) in refs.items() if txn.get("commits", oid) is None))
         with repo.gc_lock.exclusive():
+            repo.reread_format()  # the packs it rewrites may hold records a repack elsewhere encoded
             return replace(_evict(repo, conn, budget, tips), remote_ahead=ahead)
     finally:
         conn.close()

@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from .. import hashing
-from ..errors import (BadChunkLocation, ChecksumMismatch, CorruptObject, HashMismatch, ObjectNotFound,
-                      PackMissing)
+from ..errors import (BadChunkLocation, BadEncoding, ChecksumMismatch, CorruptObject, HashMismatch,
+                      ObjectNotFound, PackMissing)
 from . import codec
 from .verify import intact, mismatch, verified
 from .compact import Compacted, compact
@@ -336,6 +336,15 @@ def _named(cid: bytes, what: str) -> str:
     return f"chunk {cid.hex()[:12]}" + (f" of {what}" if what else "")
 
 
+def _undecodable(cid: bytes, what: str, failed: bytes, where: str, why) -> BadEncoding:
+    """The error for chunk ``cid`` whose chain did not decode: ``failed`` is the record at fault
+    (``cid`` itself or one of its delta bases), lying at ``where``."""
+    if failed == cid:
+        return BadEncoding(f"{_named(cid, what)} cannot be decoded ({why})", id=cid, where=where)
+    return BadEncoding(f"{_named(cid, what)} cannot be decoded: the record of its delta base "
+                       f"{failed.hex()[:12]} at {where} does not decode ({why})", id=cid, base=failed, where=where)
+
+
 class _Bases:
     """The decoded, verified bytes of delta bases that several records of one read need
     (``shared``): each is decoded once per read, not once per record above it. Kept until the
@@ -511,21 +520,28 @@ class PackStore(ChunkStore):
                     start = bases.get(base, base_loc, chain[k + 1:])
                 except HashMismatch:  # named as without the cache: by this record, and its damaged base
                     raise mismatch(cid, what, _where(loc), base) from None
+                except BadEncoding as exc:  # likewise: the record that failed is named, not this one
+                    raise _undecodable(cid, what, bytes.fromhex(exc.base) if exc.base else base, exc.where,
+                                       exc) from None
                 if start is not None:
                     deltas = chain[:k]
                     break
+        # the deepest base first: it decodes alone into ``out``, each delta above it is XORed in there
+        ids = [base for base, _ in reversed(deltas)] + [cid]
+        places = [base_loc for _, base_loc in reversed(deltas)] + [loc]
+        links, at = [], 0
         try:
-            # the deepest base first: it decodes alone into ``out``, each delta above it is XORed in there
-            links = [(base_loc, self.packs.read(base_loc)) for _, base_loc in reversed(deltas)]
-            links.append((loc, self.packs.read(loc) if payload is None else payload))
-            for link, data in links:
-                if link.size != loc.size:
+            for at, place in enumerate(places):
+                data = payload if place is loc and payload is not None else self.packs.read(place)
+                if place.size != loc.size:
                     raise CorruptObject("a delta record's base has another length")
-                if link.kind == codec.DELTA and codec.delta_base(data) != link.base:
+                if place.kind == codec.DELTA and codec.delta_base(data) != place.base:
                     raise CorruptObject("the delta record names another base than the index")
-            codec.decode_chain([(link.kind, data) for link, data in links], loc.size, out, start)
+                links.append((place.kind, data))
+            codec.decode_chain(links, loc.size, out, start)
         except CorruptObject as exc:
-            raise CorruptObject(f"{_named(cid, what)} cannot be decoded ({exc})", id=cid) from None
+            at = exc.link if isinstance(exc, BadEncoding) else at
+            raise _undecodable(cid, what, ids[at], _where(places[at]), exc) from None
         if not intact(cid, out):
             broken = [b for b, _ in chain if not self._intact(b, chain)]
             raise mismatch(cid, what, _where(loc), broken[0] if broken else None)
@@ -660,6 +676,11 @@ class PackStore(ChunkStore):
             broken = exc.base is not None
             return [Problem(BROKEN_BASE if broken else CHECKSUM, cid, f"the record at {where} does not decode to "
                             f"its id ({'a delta base is damaged' if broken else 'BLAKE3 mismatch'})")]
+        except BadEncoding as exc:
+            if exc.base is not None:  # the base's own record is at fault: it is reported as itself
+                return [Problem(BROKEN_BASE, cid, f"the record at {where} is a delta on {exc.base[:12]}, whose "
+                                f"record at {exc.where} does not decode")]
+            return [Problem(BAD_ENCODING, cid, f"the record at {where} cannot be decoded: {exc}")]
         except CorruptObject as exc:
             return [Problem(BAD_ENCODING, cid, f"the record at {where} cannot be decoded: {exc}")]
         return []

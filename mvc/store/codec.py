@@ -28,7 +28,7 @@ import struct
 import numpy as np
 import zstandard
 
-from ..errors import CorruptObject
+from ..errors import BadEncoding, CorruptObject
 
 try:
     from . import _planes  # compiled at install where a C compiler is at hand (setup.py)
@@ -185,22 +185,30 @@ def decode_chain(links: list, size: int, out, start=None) -> None:
     before it, the record wanted last. Every delta is applied in place (``apply_delta``), so
     no link needs a buffer of its own. ``start``: the decoded bytes of the base below the
     first link, when the caller already holds them (then every link is a delta).
-    CorruptObject as ``decode``.
+    BadEncoding as ``decode`` raises CorruptObject, its ``link`` the index in ``links`` of the
+    record that failed (a damaged base must not be blamed on the intact deltas above it).
     """
     target = np.frombuffer(out, dtype=np.uint8) if not isinstance(out, np.ndarray) else out
     if start is not None:
         if len(start) != size or len(target) != size:
             raise CorruptObject("a delta record's base has another length")
         target[:] = np.frombuffer(start, dtype=np.uint8) if not isinstance(start, np.ndarray) else start
-        deltas = links
-    else:
-        (kind, payload), deltas = links[0], links[1:]
+    for k, (kind, payload) in enumerate(links):
+        try:
+            _decode_link(k == 0 and start is None, kind, payload, size, target)
+        except CorruptObject as exc:
+            raise BadEncoding(str(exc), link=k) from None
+
+
+def _decode_link(deepest: bool, kind: int, payload, size: int, target: np.ndarray) -> None:
+    """One link of ``decode_chain``: the deepest record decodes alone, each one above is a delta."""
+    if deepest:
         if kind == DELTA:
             raise CorruptObject("the deepest record of a delta chain is itself a delta")
         decode(kind, payload, size, target)
-    for kind, payload in deltas:
-        if kind != DELTA:
-            raise CorruptObject("a record above the base of a delta chain is not a delta")
+    elif kind != DELTA:
+        raise CorruptObject("a record above the base of a delta chain is not a delta")
+    else:
         apply_delta(payload, size, target)
 
 

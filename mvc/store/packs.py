@@ -28,6 +28,7 @@ import re
 import secrets
 import struct
 import threading
+import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from .. import hashing
-from ..errors import CorruptObject, PackDamaged, PackMissing
+from ..errors import CorruptObject, PackDamaged, PackMissing, UnsupportedFormat
 from . import idarray, packformat
 from .verify import intact
 from .fs import WRITEBACK_BYTES, entries, fsync_dir, open_file, start_writeback
@@ -152,8 +153,10 @@ class PackWriter:
         """Append one chunk record (its bytes, or with ``kind`` an encoding of
         them that decodes to ``size`` bytes); returns where its data lies."""
         mv = memoryview(data).cast("B")
-        if kind and self.version < 2:
-            raise ValueError("encoded records go only into version 2 packs")
+        if kind and self.version < 2:  # a caller that did not re-read FORMAT after a repack elsewhere
+            raise UnsupportedFormat(f"chunk {chunk_id.hex()[:12]}: encoded records go only into version 2 packs, "
+                                    "and this process opened the repository before its FORMAT listed "
+                                    "encoded-records: open it again", problem="stale", version=self.version)
         self._write([RECORD_HEAD.pack(chunk_id, len(mv)), mv])
         loc = Location(self.name, self.offset - len(mv), len(mv), kind, size if kind else -1, depth, base)
         self.entries.append((chunk_id, loc))
@@ -290,6 +293,7 @@ def _decode_alone(codec, payload: bytes, limit: int):
 
 
 MAX_OPEN = 128  # pack descriptors kept open: far below the usual 1024 limit, whatever the pack count
+SWEEP_S = 10.0  # at most this long between looks for cached descriptors of deleted packs
 
 
 class PackReader:
@@ -297,7 +301,11 @@ class PackReader:
 
     Keeps at most ``max_open`` descriptors open, least recently used closed
     first, so thousands of packs never exhaust the process's file limit. A
-    descriptor in use by a read is never closed under it.
+    descriptor in use by a read is never closed under it. One of a pack that
+    another process deleted (a repack, gc or eviction there) would keep its
+    disk space until this process exits: such descriptors are closed when a
+    read opens another pack (where the deleted pack's chunks went) and at
+    least every ``SWEEP_S`` seconds of reads, not with a system call per read.
     """
 
     def __init__(self, directory: Path, max_open: int = MAX_OPEN):
@@ -305,10 +313,13 @@ class PackReader:
         self.max_open = max_open
         self._fds: OrderedDict = OrderedDict()  # pack name -> [fd, readers using it]
         self._lock = threading.Lock()
+        self._next_sweep = time.monotonic() + SWEEP_S
 
     @contextmanager
     def _fd(self, name: bytes) -> Iterator[int]:
         with self._lock:
+            if time.monotonic() >= self._next_sweep:
+                self._sweep()
             entry = self._fds.get(name)
             if entry is not None:
                 self._fds.move_to_end(name)
@@ -333,11 +344,20 @@ class PackReader:
         with self._lock:
             entry = self._fds.get(name)
             if entry is None:
+                self._sweep()  # a chunk moved to this pack: the one it left may be deleted
                 entry = self._fds[name] = [fd, 0]
             else:  # another thread opened it first: keep one descriptor
                 os.close(fd)
             entry[1] += 1
             return entry
+
+    def _sweep(self) -> None:
+        """Close the unused cached descriptors of packs whose file is gone (under the lock)."""
+        self._next_sweep = time.monotonic() + SWEEP_S
+        for name, (fd, users) in list(self._fds.items()):
+            if users == 0 and os.fstat(fd).st_nlink == 0:
+                del self._fds[name]
+                os.close(fd)
 
     def _trim(self) -> None:
         for name in list(self._fds):

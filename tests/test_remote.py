@@ -700,3 +700,22 @@ def test_removing_a_remote_drops_its_tracking_refs_and_their_reflogs(origin, tmp
         assert list(txn.reflog_raw("remotes/origin/main")) == []
     assert clone.load() is not None and clone.fsck().ok  # the local branch and its data stay
     clone.close()
+
+
+def test_a_clone_names_the_extensions_its_history_needs(tmp_path):
+    """A clone of signed history, or of a model's state_dict (module metadata), lists the FORMAT
+    extensions its origin does, so an mvc that would read those objects as damaged refuses it."""
+    from mvc import ondisk, signing
+    src = mvc.Repository.init(tmp_path / "a", chunk_size=SMALL)
+    src.commit(torch.nn.Linear(3, 2).state_dict(), "a module's state_dict")
+    src.commit(state(1), "signed", sign=signing.key_from_seed(bytes(range(32))))
+    src.remotes.add("origin", str(tmp_path / "remote"))
+    src.remotes.push()
+    want = ondisk.read_format(src.dir)[1]
+    src.close()
+    assert {ondisk.DICT_METADATA, ondisk.SIGNATURES} <= want
+    for lazy in (False, True):
+        clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"b{lazy}", lazy=lazy)
+        assert {ondisk.DICT_METADATA, ondisk.SIGNATURES} <= ondisk.read_format(clone.dir)[1]
+        assert clone.fsck().ok
+        clone.close()

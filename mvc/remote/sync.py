@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import audit as _audit
+from .. import ondisk
 from .. import reach
 from .. import refs as refnames
 from ..errors import (BadInput, BranchLocked, CorruptObject, Diverged, LockHeld, MvcError, ProtectedRef,  # noqa: F401
@@ -771,8 +772,29 @@ def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetc
     return [cid for cid in out if txn.chunk(cid) is None and cid not in known]
 
 
+def _extensions_needed(objects: list) -> set:
+    """The FORMAT extensions that incoming objects need here, as a commit made here names them:
+    a clone of signed, sharded or module-metadata history must be refused by an mvc that would
+    read those objects as damaged (and let fsck prune them), as its origin is."""
+    need = set()
+    for kind, _, data in objects:
+        if kind == "trees":
+            tree = TreeObject.decode(data)
+            if tree.dcp is not None:
+                need.add(ondisk.SHARDED)
+            if tree.dict_metadata:
+                need.add(ondisk.DICT_METADATA)
+        elif kind == "tensors" and TensorObject.decode(data).shards:
+            need.add(ondisk.SHARDED)
+        elif kind == "commits" and CommitObject.decode(data).signature:
+            need.add(ondisk.SIGNATURES)
+    return need
+
+
 def _store_fetch(repo, conn: Connection, inc: _Incoming, remote: dict, prune: bool = False) -> list:
     updates = []
+    for name in sorted(_extensions_needed(inc.objects)):  # FORMAT first, then the data that needs it
+        ondisk.require_extension(repo.dir, name)
     with repo.index.write() as txn:
         if prune:
             prefix = REMOTES + conn.name + "/"

@@ -129,6 +129,15 @@ class BadInput(MvcError):
     """A state or an input file cannot be stored (unsupported object, bad file)."""
 
 
+class NoMatch(BadInput):
+    """A key pattern (``only``) matches no key of a commit: a load of nothing
+    would look like a load of what was asked. ``pattern`` and ``commit`` (hex)."""
+
+    def __init__(self, message: str = "", *, pattern=None, commit=None):
+        super().__init__(message)
+        self.pattern, self.commit = pattern, commit
+
+
 # -- hardening (issue 21): targets, links, names, limits ------------------------
 
 class InsideRepository(BadInput):

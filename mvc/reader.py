@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from . import refs, sharded
-from .errors import BadInput
+from .errors import BadInput, NoMatch
 from .objects import TensorLeaf, TensorObject
 from .store.chunks import THREADS, Request
 from .traverse import format_path, select, walk
@@ -51,7 +51,10 @@ def load(repo, rev: str = refs.HEAD, map_location=None,
         oid = repo.refs.resolve(txn, rev)
         tree = repo.objects.commit_tree(txn, oid)
         root = tree.root if only is None else select(tree.root, only)
-        leaves = [(p, leaf) for p, leaf in walk(root) if isinstance(leaf, TensorLeaf)]
+        picked = list(walk(root))
+        if only is not None and not picked:  # a typo must not load as an empty state
+            raise NoMatch(f"no key of commit {oid.hex()[:12]} matches {only!r}", pattern=only, commit=oid.hex())
+        leaves = [(p, leaf) for p, leaf in picked if isinstance(leaf, TensorLeaf)]
         tensors = read_tensors(repo, txn, leaves, oid, progress)
     return states.with_metadata(states.materialize(root, tensors, map_location), tree.dict_metadata)
 

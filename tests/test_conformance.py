@@ -314,6 +314,9 @@ def v_load_only(k):
     for oid, st in k.truth.items():
         got = k.repo.load(oid, only="model.w")
         assert same(got, {"model": {"w": st["model"]["w"]}})
+    with pytest.raises(mvc.errors.NoMatch) as caught:  # a typo is an error, not an empty state
+        k.repo.load(k.main[-1], only="model.head.*")
+    assert (caught.value.pattern, caught.value.commit) == ("model.head.*", k.main[-1])
     k.check_all()
 
 

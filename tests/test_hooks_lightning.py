@@ -235,3 +235,42 @@ def test_dirpath_places_the_repository_and_its_pointers(tmp_path, monkeypatch):
     assert os.path.dirname(callback.best_model_path) == str(tmp_path / "ckpts")
     with mvc.Repository.open(tmp_path / "ckpts") as repo:
         assert repo.get_commit("lightning").step == 8
+
+
+def test_pointers_name_the_repository_by_its_absolute_path(tmp_path, monkeypatch):
+    """A fresh run with a relative dirpath wrote ``{"repository": "ckpts"}``: read from any other
+    folder the pointer named the wrong repository (only a resumed run wrote the absolute path)."""
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    pl.seed_everything(0, verbose=False)
+    callback = MvcCheckpoint(dirpath="ckpts", monitor="train_loss", save_top_k=1, save_last=True, chunk_size=64)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[callback])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Net(), loader())
+    repository = os.path.realpath(tmp_path / "run" / "ckpts")
+    for path in (callback.best_model_path, callback.last_model_path):
+        assert torch.load(path, weights_only=True)["mvc_checkpoint"]["repository"] == repository
+    monkeypatch.chdir(tmp_path)
+    assert load_checkpoint(callback.best_model_path)["global_step"] == 8
+
+
+def test_a_pointer_with_a_relative_path_is_read_against_its_own_folders(tmp_path, monkeypatch):
+    """Pointers written before they held absolute paths name the repository relative to the folder
+    the run started in, which is the pointer's folder or one above it."""
+    fit(tmp_path, 1, **TOP)  # the repository and its pointers in tmp_path/repo
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        commit = repo.resolve("lightning/last")
+    (tmp_path / "ckpts").mkdir()
+    old = {tmp_path / "repo" / "old.ckpt": ".",  # dirpath and repository were one folder, the run's
+           tmp_path / "repo" / "older.ckpt": "repo",  # dirpath "repo", run from tmp_path
+           tmp_path / "ckpts" / "apart.ckpt": "repo"}  # repo="repo", dirpath="ckpts"
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "repo").mkdir(parents=True)  # a folder named like it, nearer the current folder
+    monkeypatch.chdir(elsewhere)
+    for path, relative in old.items():
+        torch.save({"mvc_checkpoint": {"repository": relative, "commit": commit, "tag": "lightning/last"}}, path)
+        assert load_checkpoint(path)["global_step"] == 8, path
+    resumed, _ = fit(tmp_path, 2, ckpt_path=str(tmp_path / "ckpts" / "apart.ckpt"), **TOP)
+    assert min(resumed.losses) == 8

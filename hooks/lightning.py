@@ -25,7 +25,9 @@ commits and every tagged one. The commits' history, metrics and context stay.
 Resume with ``trainer.fit(model, ckpt_path="last")`` (or ``"best"``: a new
 callback finds the best pointer of its ``dirpath`` by the commits' metrics),
 with a path the callback handed out, or with ``ckpt_path="mvc:REV"`` (a
-branch, tag, id or ``REV~N``). The checkpoint also holds the
+branch, tag, id or ``REV~N``; only kept commits load: a save_last=True save
+is two commits, so ``REV~N`` counts commits, and the ones retention pruned
+raise CommitPruned). The checkpoint also holds the
 RNG state of every rank (Lightning saves none), put back when training
 starts, so a run resumed from an epoch-end checkpoint continues bit for
 bit (Lightning restarts the data of an epoch it was stopped in).

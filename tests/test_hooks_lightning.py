@@ -274,3 +274,66 @@ def test_a_pointer_with_a_relative_path_is_read_against_its_own_folders(tmp_path
         assert load_checkpoint(path)["global_step"] == 8, path
     resumed, _ = fit(tmp_path, 2, ckpt_path=str(tmp_path / "ckpts" / "apart.ckpt"), **TOP)
     assert min(resumed.losses) == 8
+
+
+# -- the README's example, as written there -----------------------------------------------
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def readme_lightning_example() -> dict:
+    """The callback's keywords, max_epochs and the ``mvc:`` revision resumed from in the README's
+    Lightning example."""
+    import re
+    with open(README, encoding="utf-8") as f:
+        section = f.read().split("### PyTorch Lightning", 1)[1]
+    block = section.split("```python", 1)[1].split("```", 1)[0]
+    return {"callback": eval("dict(" + re.search(r"MvcCheckpoint\((.*?)\)\n", block)[1] + ")"),
+            "max_epochs": int(re.search(r"max_epochs=(\d+)", block)[1]),
+            "revision": re.search(r'ckpt_path="(mvc:[^"]+)"', block)[1]}
+
+
+class Overfits(Net):
+    """Net with a validation loss that is best at epoch 3 (the run overfits after it), so which
+    checkpoints the top k keeps is known; 100 steps an epoch."""
+
+    def validation_step(self, batch, index):
+        self.log("val_loss", abs(self.current_epoch - 3.0))
+
+    def on_train_start(self):
+        self.started_at = (self.global_step, self.current_epoch)
+
+
+class Data(pl.LightningDataModule):
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(1)
+        return DataLoader(TensorDataset(torch.randn(100, 4, generator=g), torch.randn(100, 1, generator=g)))
+
+    def val_dataloader(self):
+        return DataLoader(TensorDataset(torch.zeros(1, 4), torch.zeros(1, 1)))
+
+
+def test_the_readme_example_resumes_from_the_revision_it_names(tmp_path, monkeypatch):
+    """The README resumed from ``mvc:lightning~2``: with save_top_k=3 and save_last=True each
+    save is two commits (the top-k one, then last) and the older last ones are pruned, so that
+    named a pruned commit (CommitPruned). It now names a checkpoint the callback keeps."""
+    example = readme_lightning_example()
+    monkeypatch.chdir(tmp_path)
+
+    def fit_as_the_readme(ckpt_path=None):
+        pl.seed_everything(0, verbose=False)
+        model, checkpoint = Overfits(), MvcCheckpoint(**example["callback"])
+        trainer = pl.Trainer(callbacks=[checkpoint], max_epochs=example["max_epochs"], accelerator="cpu",
+                             devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model, Data(), ckpt_path=ckpt_path)
+        return model
+
+    fit_as_the_readme()
+    with mvc.Repository.open("ckpts") as repo:
+        state = repo.load(example["revision"][len("mvc:"):])
+        with pytest.raises(mvc.CommitPruned):  # as the README says of lightning~2
+            repo.load("lightning~2")
+    resumed = fit_as_the_readme(example["revision"])
+    assert resumed.started_at == (state["global_step"], state["epoch"] + 1)

@@ -460,3 +460,25 @@ def test_run_checks_both_ends_first_and_stops_on_a_broken_command(history, tmp_p
     always_good.write_text("raise SystemExit(0)\n")
     one_line_error(cli(history, "bisect", "run", sys.executable, str(always_good)), "the bad end", "(good)")
     assert state_bytes(history) == before
+
+
+def test_the_first_bad_commits_record_is_shortened_as_diff_shortens_it(repo):
+    """``bisect run`` printed each record field that changed against the parent in full (a loss
+    curve of every step, whole optimizer param_groups); it shortens them as ``mvc diff
+    --context`` does: long lists by their ends, long values cut."""
+    curve = []
+    for step, loss in enumerate(LOSSES[::-1]):
+        curve += [round(loss + i * 1e-3, 4) for i in range(40)]
+        groups = [{"lr": 1e-3 * (step + 1), "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01,
+                   "amsgrad": False, "params": list(range(12))}]
+        repo.commit({"w": torch.full((4,), loss)}, f"step {step}", step=step, metrics={"loss": loss},
+                    context={"loss": {"curve": list(curve)}, "param_groups": groups})
+    cli(repo, "bisect", "start", "HEAD", "HEAD~7")
+    out = cli(repo, "bisect", "run", "--metric", "loss", "--threshold", "0.3", "--higher-is-worse")
+    assert out.exit_code == 0, out.output
+    report = out.stdout[out.stdout.index("against its parent"):].splitlines()
+    curve_line = next(line for line in report if "context.loss.curve:" in line)
+    assert curve_line.count("(200 items)") == 1 and curve_line.count("(160 items)") == 1
+    groups_line = next(line for line in report if "context.param_groups:" in line)
+    assert "characters)" in groups_line
+    assert max(map(len, report)) < 250, report

@@ -206,7 +206,7 @@ def _render_first_bad(s) -> None:
         click.echo(f"    ... and {len(changed) - TOP_CHANGES} more (mvc diff {s.changes.a.short_id} {c.short_id})")
     for f in s.changes.commit:
         if f.name != "message":
-            click.echo(f"    {f.name}: {f.a!r} -> {f.b!r}")
+            click.echo(f"    {f.name}: {_brief(f.a)} -> {_brief(f.b)}")  # shortened as mvc diff shortens it
 
 
 def _show(status, as_json: bool) -> None:

@@ -8,8 +8,9 @@ branch of an mvc repository and tagged ``BRANCH/NAME``, and the
 **checkpoint path** Lightning keeps for it (``DIRPATH/NAME.ckpt`` in
 ``best_model_path``, ``last_model_path``, the top-k dict) is a real file:
 a **pointer**, a few hundred bytes of ``torch.save`` of
-``{"mvc_checkpoint": {"repository", "commit", "tag"}}``, written after the
-commit. Lightning finds and resumes them as its own files
+``{"mvc_checkpoint": {"repository", "commit", "tag"}}`` (the repository's
+absolute path, so a pointer reads the same from any folder), written after
+the commit. Lightning finds and resumes them as its own files
 (``ckpt_path="last"``, ``"best"``, or any of these paths); for anything
 outside Lightning's Trainer, ``open_checkpoint(path)`` gives the whole
 checkpoint as a file object (``Model.load_from_checkpoint(open_checkpoint(path))``,
@@ -24,7 +25,9 @@ commits and every tagged one. The commits' history, metrics and context stay.
 Resume with ``trainer.fit(model, ckpt_path="last")`` (or ``"best"``: a new
 callback finds the best pointer of its ``dirpath`` by the commits' metrics),
 with a path the callback handed out, or with ``ckpt_path="mvc:REV"`` (a
-branch, tag, id or ``REV~N``). The checkpoint also holds the
+branch, tag, id or ``REV~N``; only kept commits load: a save_last=True save
+is two commits, so ``REV~N`` counts commits, and the ones retention pruned
+raise CommitPruned). The checkpoint also holds the
 RNG state of every rank (Lightning saves none), put back when training
 starts, so a run resumed from an epoch-end checkpoint continues bit for
 bit (Lightning restarts the data of an epoch it was stopped in).
@@ -54,10 +57,12 @@ from .pusher import Pusher
 PREFIX = "mvc:"
 POINTER = "mvc_checkpoint"  # the one key of a pointer file's dict
 POINTER_MAX = 1 << 16  # bytes: a file larger than this is not a pointer
+REPOSITORY_DIR = ".mvc"  # what a folder holding a repository has in it
 
 
 def read_pointer(path) -> Optional[dict]:
-    """The pointer a checkpoint path holds ({"repository", "commit", "tag"}); None if it is not one."""
+    """The pointer a checkpoint path holds ({"repository", "commit", "tag"}, the repository an absolute
+    path); None if it is not one."""
     try:
         if os.path.getsize(path) > POINTER_MAX:
             return None
@@ -66,8 +71,27 @@ def read_pointer(path) -> Optional[dict]:
     except Exception:  # not a file, not torch.save bytes, or holding more than plain values: not a pointer
         return None
     if isinstance(data, dict) and set(data) == {POINTER} and isinstance(data[POINTER], dict):
-        return data[POINTER]
+        pointer = data[POINTER]
+        if isinstance(pointer.get("repository"), str) and not os.path.isabs(pointer["repository"]):
+            pointer = {**pointer, "repository": _written_from(path, pointer["repository"])}
+        return pointer
     return None
+
+
+def _written_from(path, repository: str) -> str:
+    """The repository a pointer written with a relative path names (older versions wrote the path
+    the run was given). It was relative to the run's folder, which held the pointer's folder
+    (``dirpath``) or was it: the nearest of those folders with the repository in it; else the
+    current folder's, as before."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while True:
+        candidate = os.path.join(folder, repository)
+        if os.path.isdir(os.path.join(candidate, REPOSITORY_DIR)):
+            return os.path.realpath(candidate)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return repository
+        folder = parent
 
 
 def _write_pointer(path: str, pointer: dict) -> None:
@@ -312,7 +336,8 @@ class MvcCheckpoint(ModelCheckpoint):
             # tags stay local, so no remote ref keeps these: evicted, then pruned by the remote's
             # retention, a top-k checkpoint would be lost. Kept here whatever the cache budget
             self.repo.cache.pin(tag)
-        _write_pointer(path, {"repository": os.fspath(self.repo.root), "commit": commit.id, "tag": tag})
+        # the repository's absolute, resolved path: a pointer is read from any folder
+        _write_pointer(path, {"repository": os.path.realpath(self.repo.root), "commit": commit.id, "tag": tag})
         self.last_commit = commit
         if moved:
             self._retain()

@@ -28,6 +28,7 @@ Evaluation commands (``run``) follow Git's exit codes: 0 good, 125 skip,
 1-127 otherwise bad, 128 and above or death by a signal stop the bisect.
 """
 
+import functools
 import math
 import os
 import shutil
@@ -41,8 +42,9 @@ from typing import Callable, Optional
 from . import encoding, scratch
 from .store import fs
 from .diff import Diff, diff
-from .errors import (BadInput, BadRange, BadVerdict, BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped, CommitPruned,
-                     CorruptObject, MetricNotRecorded, MvcError, NoBisect, VerdictContradicts)
+from .errors import (BadInput, BadRange, BadVerdict, BisectEndMisjudged, BisectFinished, BisectInProgress,
+                     BisectStateDamaged, BisectStopped, CommitPruned, CorruptObject, MetricNotRecorded, MvcError,
+                     NoBisect, VerdictContradicts)
 from .files import FORMATS, write_checkpoint
 from .objects import ID_SIZE
 from .records import Commit
@@ -381,9 +383,9 @@ def run(repo, cmd_args, fmt: str = "pt", progress: Optional[Callable] = None,
     anything. With ``check_ends`` the command first runs on the newest good
     and the oldest bad commit, which must come out good and bad (see
     ``_check_ends``). Raises BadInput for an unknown format or a
-    command that cannot be run, MvcError when an end comes out wrong, or a
-    command exits with 128 or more or is killed by a signal (every verdict
-    before it is kept).
+    command that cannot be run, BisectEndMisjudged when an end comes out
+    wrong, MvcError when a command exits with 128 or more or is killed by a
+    signal (every verdict before it is kept).
     """
     if fmt not in FORMATS:
         raise BadInput(f"checkpoint format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -404,19 +406,24 @@ def run(repo, cmd_args, fmt: str = "pt", progress: Optional[Callable] = None,
         return _drive(repo, state, judge.verdict, True, progress)
 
 
+def _ends(repo, state: dict) -> tuple:
+    """((newest good commit, "good"), (oldest bad commit, "bad")): what ``run`` and
+    ``run_metric`` check before judging anything between them."""
+    lo, hi, _ = _bounds(state)
+    return ((repo.get_commit((state["good"] if lo < 0 else state["path"][lo]).hex()), "good"),
+            (repo.get_commit(state["path"][hi].hex()), "bad"))
+
+
 def _check_ends(repo, state: dict, run_on: Callable, progress, timeout_verdict: str = "skip") -> None:
     """Run the command on the newest good and the oldest bad commit first.
 
     A command that calls the good end bad (an ImportError, a wrong path)
     would call every candidate bad and name a wrong first bad commit; one
-    that calls the bad end good cannot see the regression. Either is an
-    error before any verdict is recorded. Pruned ends cannot be loaded and
-    are not checked.
+    that calls the bad end good cannot see the regression. Either is
+    BisectEndMisjudged before any verdict is recorded. Pruned ends cannot
+    be loaded and are not checked.
     """
-    lo, hi, _ = _bounds(state)
-    ends = ((state["good"] if lo < 0 else state["path"][lo], "good"), (state["path"][hi], "bad"))
-    for cid, expected in ends:
-        commit = repo.get_commit(cid.hex())
+    for commit, expected in _ends(repo, state):
         if commit.pruned:
             continue
         code = run_on(commit)
@@ -424,7 +431,8 @@ def _check_ends(repo, state: dict, run_on: Callable, progress, timeout_verdict: 
         if progress:
             progress(commit, f"{verdict or 'stop'} (the {expected} end, checked first)")
         if verdict != expected:
-            raise MvcError(_end_problem(commit, expected, code, verdict))
+            raise BisectEndMisjudged(_end_problem(commit, expected, code, verdict), id=commit.id,
+                                     expected=expected, verdict=verdict, code=code)
 
 
 def _end_problem(commit: Commit, expected: str, code: Optional[int], verdict: Optional[str]) -> str:
@@ -523,7 +531,9 @@ def run_metric(repo, metric: str, threshold: float, higher_is_worse: bool = Fals
     A commit is bad when its metric is below ``threshold`` (above it with
     ``higher_is_worse``, e.g. a loss) or NaN, and skipped when it does not
     record the metric. Pruned commits are judged too: their metrics are kept.
-    Raises BadInput if no commit in the range records it.
+    The newest good and the oldest bad commit are judged first (see
+    ``_check_metric_ends``). Raises BadInput if no commit in the range
+    records it, BisectEndMisjudged when an end comes out wrong.
     """
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
         raise BadInput(f"threshold must be a finite number, not {threshold!r}")
@@ -534,8 +544,31 @@ def run_metric(repo, metric: str, threshold: float, higher_is_worse: bool = Fals
         known = sorted({name for c in commits for name in c.metrics})
         raise MetricNotRecorded(f"no commit left to judge records metric {metric!r}; recorded: "
                                 f"{', '.join(known) if known else 'none'}", metric=metric, recorded=known)
-    return _drive(repo, state, lambda c: _judge_metric(c, metric, threshold, higher_is_worse), True, progress,
-                  skip_pruned=False)
+    judge = functools.partial(_judge_metric, metric=metric, threshold=threshold, higher_is_worse=higher_is_worse)
+    _check_metric_ends(repo, state, judge, metric, f"{metric} {'above' if higher_is_worse else 'below'} "
+                       f"{threshold:g} is bad", progress)
+    return _drive(repo, state, judge, True, progress, skip_pruned=False)
+
+
+def _check_metric_ends(repo, state: dict, judge: Callable, metric: str, rule: str, progress) -> None:
+    """Judge the newest good and the oldest bad commit by the rule first, as ``run`` runs its
+    command on them: a good end the rule calls bad (a threshold or direction that does not fit
+    this metric) makes every candidate look good or bad alike and names a wrong first bad
+    commit. BisectEndMisjudged before any verdict is recorded. An end that does not record the
+    metric cannot be checked."""
+    for commit, expected in _ends(repo, state):
+        verdict = judge(commit)
+        if verdict == "skip":
+            continue
+        if progress:
+            progress(commit, f"{verdict} (the {expected} end, checked first)")
+        if verdict != expected:
+            value = commit.metrics[metric]
+            why = ("so the rule would name a wrong first bad commit" if expected == "good" else
+                   "so the rule cannot see this regression")
+            raise BisectEndMisjudged(f"the {expected} end {commit.short_id} records {metric} {value:.4g}, "
+                                     f"{verdict} by the rule '{rule}', {why}; no verdict was recorded",
+                                     id=commit.id, expected=expected, verdict=verdict, metric=metric, value=value)
 
 
 def _judge_metric(commit: Commit, metric: str, threshold: float, higher_is_worse: bool) -> str:

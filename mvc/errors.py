@@ -533,6 +533,19 @@ class BisectStopped(MvcError):
         self.code = code
 
 
+class BisectEndMisjudged(MvcError):
+    """``bisect run`` judged an end of the range (commit ``id``, the newest good or the oldest bad
+    one, ``expected`` "good" or "bad") otherwise: ``verdict`` is what it came out as ("good",
+    "bad", "skip", or None when the command stopped). By a recorded metric, ``metric`` names it
+    and ``value`` is its value there; by a command, ``code`` is the exit code (None: timed out).
+    A search against such an end names a wrong first bad commit, so nothing was recorded."""
+
+    def __init__(self, message: str = "", *, id=None, expected: str = "", verdict=None, code=None,
+                 metric=None, value=None):
+        super().__init__(message, id=id)
+        self.expected, self.verdict, self.code, self.metric, self.value = expected, verdict, code, metric, value
+
+
 class BisectStateDamaged(CorruptObject):
     """The bisect state file (``path``) does not decode; ``problem`` says how."""
 

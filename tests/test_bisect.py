@@ -223,6 +223,41 @@ def test_cli_run_by_recorded_metric(history, args):
     assert result["first_bad"]["step"] == REGRESSION and result["evaluations"] <= 7
 
 
+LOSSES = (0.81, 0.62, 0.47, 0.36, 0.29, 0.22, 0.18, 0.153)  # a run that learns: every step better
+
+
+def falling_loss(repo, losses=LOSSES):
+    for step, loss in enumerate(losses):
+        repo.commit({"w": torch.full((4,), loss)}, f"step {step}", step=step, metrics={"loss": loss})
+    return repo
+
+
+@pytest.mark.parametrize("threshold, end, value", [(0.3, "good", 0.81), (0.9, "bad", 0.153)])
+def test_run_by_metric_checks_both_ends_first(repo, threshold, end, value):
+    """``bisect start HEAD HEAD~7`` on a falling loss: the metric mode judged only the commits
+    between, so a good end the rule calls bad (0.81 > 0.3) or a bad end it calls good (0.153 <
+    0.9) still named a "first bad commit", with no warning. Both ends are judged first, as the
+    command mode runs its command on them."""
+    falling_loss(repo)
+    bisect.start(repo, "HEAD", "HEAD~7")
+    before = state_bytes(repo)
+    with pytest.raises(mvc.errors.BisectEndMisjudged) as err:
+        bisect.run_metric(repo, "loss", threshold, higher_is_worse=True)
+    e = err.value
+    assert (e.expected, e.verdict, e.metric, e.value) == (end, "good" if end == "bad" else "bad", "loss", value)
+    assert e.id == repo.resolve("HEAD~7" if end == "good" else "HEAD")
+    assert state_bytes(repo) == before  # no verdict recorded
+    out = cli(repo, "bisect", "run", "--metric", "loss", "--threshold", threshold, "--higher-is-worse")
+    one_line_error(out, f"the {end} end", f"loss {value}", "no verdict was recorded", "--threshold")
+    assert "first bad commit:" not in out.output and state_bytes(repo) == before
+
+
+def test_run_by_metric_with_ends_that_fit_the_rule(repo):
+    falling_loss(repo, LOSSES[::-1])  # a loss that rises: the regression at the first step above 0.3
+    bisect.start(repo, "HEAD", "HEAD~7")
+    assert bisect.run_metric(repo, "loss", 0.3, higher_is_worse=True).first_bad.step == 4
+
+
 def test_metric_missing_everywhere_is_an_error(history):
     bisect.start(history, "HEAD", "HEAD~63")
     before = state_bytes(history)
@@ -425,3 +460,25 @@ def test_run_checks_both_ends_first_and_stops_on_a_broken_command(history, tmp_p
     always_good.write_text("raise SystemExit(0)\n")
     one_line_error(cli(history, "bisect", "run", sys.executable, str(always_good)), "the bad end", "(good)")
     assert state_bytes(history) == before
+
+
+def test_the_first_bad_commits_record_is_shortened_as_diff_shortens_it(repo):
+    """``bisect run`` printed each record field that changed against the parent in full (a loss
+    curve of every step, whole optimizer param_groups); it shortens them as ``mvc diff
+    --context`` does: long lists by their ends, long values cut."""
+    curve = []
+    for step, loss in enumerate(LOSSES[::-1]):
+        curve += [round(loss + i * 1e-3, 4) for i in range(40)]
+        groups = [{"lr": 1e-3 * (step + 1), "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01,
+                   "amsgrad": False, "params": list(range(12))}]
+        repo.commit({"w": torch.full((4,), loss)}, f"step {step}", step=step, metrics={"loss": loss},
+                    context={"loss": {"curve": list(curve)}, "param_groups": groups})
+    cli(repo, "bisect", "start", "HEAD", "HEAD~7")
+    out = cli(repo, "bisect", "run", "--metric", "loss", "--threshold", "0.3", "--higher-is-worse")
+    assert out.exit_code == 0, out.output
+    report = out.stdout[out.stdout.index("against its parent"):].splitlines()
+    curve_line = next(line for line in report if "context.loss.curve:" in line)
+    assert curve_line.count("(200 items)") == 1 and curve_line.count("(160 items)") == 1
+    groups_line = next(line for line in report if "context.param_groups:" in line)
+    assert "characters)" in groups_line
+    assert max(map(len, report)) < 250, report

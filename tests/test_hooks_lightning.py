@@ -235,3 +235,105 @@ def test_dirpath_places_the_repository_and_its_pointers(tmp_path, monkeypatch):
     assert os.path.dirname(callback.best_model_path) == str(tmp_path / "ckpts")
     with mvc.Repository.open(tmp_path / "ckpts") as repo:
         assert repo.get_commit("lightning").step == 8
+
+
+def test_pointers_name_the_repository_by_its_absolute_path(tmp_path, monkeypatch):
+    """A fresh run with a relative dirpath wrote ``{"repository": "ckpts"}``: read from any other
+    folder the pointer named the wrong repository (only a resumed run wrote the absolute path)."""
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    pl.seed_everything(0, verbose=False)
+    callback = MvcCheckpoint(dirpath="ckpts", monitor="train_loss", save_top_k=1, save_last=True, chunk_size=64)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[callback])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Net(), loader())
+    repository = os.path.realpath(tmp_path / "run" / "ckpts")
+    for path in (callback.best_model_path, callback.last_model_path):
+        assert torch.load(path, weights_only=True)["mvc_checkpoint"]["repository"] == repository
+    monkeypatch.chdir(tmp_path)
+    assert load_checkpoint(callback.best_model_path)["global_step"] == 8
+
+
+def test_a_pointer_with_a_relative_path_is_read_against_its_own_folders(tmp_path, monkeypatch):
+    """Pointers written before they held absolute paths name the repository relative to the folder
+    the run started in, which is the pointer's folder or one above it."""
+    fit(tmp_path, 1, **TOP)  # the repository and its pointers in tmp_path/repo
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        commit = repo.resolve("lightning/last")
+    (tmp_path / "ckpts").mkdir()
+    old = {tmp_path / "repo" / "old.ckpt": ".",  # dirpath and repository were one folder, the run's
+           tmp_path / "repo" / "older.ckpt": "repo",  # dirpath "repo", run from tmp_path
+           tmp_path / "ckpts" / "apart.ckpt": "repo"}  # repo="repo", dirpath="ckpts"
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "repo").mkdir(parents=True)  # a folder named like it, nearer the current folder
+    monkeypatch.chdir(elsewhere)
+    for path, relative in old.items():
+        torch.save({"mvc_checkpoint": {"repository": relative, "commit": commit, "tag": "lightning/last"}}, path)
+        assert load_checkpoint(path)["global_step"] == 8, path
+    resumed, _ = fit(tmp_path, 2, ckpt_path=str(tmp_path / "ckpts" / "apart.ckpt"), **TOP)
+    assert min(resumed.losses) == 8
+
+
+# -- the README's example, as written there -----------------------------------------------
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def readme_lightning_example() -> dict:
+    """The callback's keywords, max_epochs and the ``mvc:`` revision resumed from in the README's
+    Lightning example."""
+    import re
+    with open(README, encoding="utf-8") as f:
+        section = f.read().split("### PyTorch Lightning", 1)[1]
+    block = section.split("```python", 1)[1].split("```", 1)[0]
+    return {"callback": eval("dict(" + re.search(r"MvcCheckpoint\((.*?)\)\n", block)[1] + ")"),
+            "max_epochs": int(re.search(r"max_epochs=(\d+)", block)[1]),
+            "revision": re.search(r'ckpt_path="(mvc:[^"]+)"', block)[1]}
+
+
+class Overfits(Net):
+    """Net with a validation loss that is best at epoch 3 (the run overfits after it), so which
+    checkpoints the top k keeps is known; 100 steps an epoch."""
+
+    def validation_step(self, batch, index):
+        self.log("val_loss", abs(self.current_epoch - 3.0))
+
+    def on_train_start(self):
+        self.started_at = (self.global_step, self.current_epoch)
+
+
+class Data(pl.LightningDataModule):
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(1)
+        return DataLoader(TensorDataset(torch.randn(100, 4, generator=g), torch.randn(100, 1, generator=g)))
+
+    def val_dataloader(self):
+        return DataLoader(TensorDataset(torch.zeros(1, 4), torch.zeros(1, 1)))
+
+
+def test_the_readme_example_resumes_from_the_revision_it_names(tmp_path, monkeypatch):
+    """The README resumed from ``mvc:lightning~2``: with save_top_k=3 and save_last=True each
+    save is two commits (the top-k one, then last) and the older last ones are pruned, so that
+    named a pruned commit (CommitPruned). It now names a checkpoint the callback keeps."""
+    example = readme_lightning_example()
+    monkeypatch.chdir(tmp_path)
+
+    def fit_as_the_readme(ckpt_path=None):
+        pl.seed_everything(0, verbose=False)
+        model, checkpoint = Overfits(), MvcCheckpoint(**example["callback"])
+        trainer = pl.Trainer(callbacks=[checkpoint], max_epochs=example["max_epochs"], accelerator="cpu",
+                             devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model, Data(), ckpt_path=ckpt_path)
+        return model
+
+    fit_as_the_readme()
+    with mvc.Repository.open("ckpts") as repo:
+        state = repo.load(example["revision"][len("mvc:"):])
+        with pytest.raises(mvc.CommitPruned):  # as the README says of lightning~2
+            repo.load("lightning~2")
+    resumed = fit_as_the_readme(example["revision"])
+    assert resumed.started_at == (state["global_step"], state["epoch"] + 1)

@@ -300,7 +300,7 @@ def test_diff_and_bisect_show_an_added_zero_dim_tensor(optimizer_added):
         assert out.exit_code == 0 and "Traceback" not in out.output, out.output
     assert "opt.step  F32 scalar" in cli(repo.root, "diff", a.id, b.id).output
     assert cli(repo.root, "bisect", "start", b.id, a.id).exit_code == 0
-    out = cli(repo.root, "bisect", "run", "--metric", "loss", "--threshold", "1.5")
+    out = cli(repo.root, "bisect", "run", "--metric", "loss", "--threshold", "1.5", "--higher-is-worse")
     assert out.exit_code == 0 and "opt.step  F32 scalar" in out.output, out.output
 
 

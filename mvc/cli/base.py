@@ -17,11 +17,11 @@ import time
 
 import click
 
-from ..errors import (BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped, BranchLocked, CommitPruned,
-                      CorruptObject, Diverged, HashMismatch, HeadMissing, LockDamaged, MvcError, NoBisect,
-                      NotARepository, NotConfigured, NotRegular, ObjectNotFound, PackDamaged, ProtectedRef, RefExists,
-                      RefRejected, RemoteCorrupt, RemoteDamaged, RemoteExists, ScanFoundDamage, UnknownRemote,
-                      VerdictContradicts, WalkDamaged)
+from ..errors import (BisectEndMisjudged, BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped,
+                      BranchLocked, CommitPruned, CorruptObject, Diverged, HashMismatch, HeadMissing, LockDamaged,
+                      MvcError, NoBisect, NotARepository, NotConfigured, NotRegular, ObjectNotFound, PackDamaged,
+                      ProtectedRef, RefExists, RefRejected, RemoteCorrupt, RemoteDamaged, RemoteExists,
+                      ScanFoundDamage, UnknownRemote, VerdictContradicts, WalkDamaged)
 
 
 class Group(click.Group):
@@ -108,6 +108,8 @@ HINTS = (
     (BisectStopped, lambda e: "judge this commit with 'mvc bisect good|bad|skip' or fix the command and run "
                               "'mvc bisect run' again"),
     (BisectStateDamaged, lambda e: "run 'mvc bisect reset' and start again"),
+    (BisectEndMisjudged, lambda e: ("check --threshold and --higher-is-worse" if e.metric else "fix the command")
+                                   + ", or if that end is wrong run 'mvc bisect reset' and start with other ends"),
     (VerdictContradicts, lambda e: "see 'mvc bisect log', or 'mvc bisect reset' and start again"),
     (RemoteDamaged, lambda e: f"run 'mvc fsck --remote {e.remote}'".rstrip()),
     (RemoteCorrupt, lambda e: "run 'mvc fsck --remote'"),

@@ -206,7 +206,7 @@ def _render_first_bad(s) -> None:
         click.echo(f"    ... and {len(changed) - TOP_CHANGES} more (mvc diff {s.changes.a.short_id} {c.short_id})")
     for f in s.changes.commit:
         if f.name != "message":
-            click.echo(f"    {f.name}: {f.a!r} -> {f.b!r}")
+            click.echo(f"    {f.name}: {_brief(f.a)} -> {_brief(f.b)}")  # shortened as mvc diff shortens it
 
 
 def _show(status, as_json: bool) -> None:
@@ -306,7 +306,8 @@ def bisect_run(fmt, metric, threshold, higher_is_worse, no_check_ends, timeout, 
     the bisect. CMD first runs on the newest good and the oldest bad commit:
     if they do not come out good and bad (a broken script calls everything
     bad), the bisect stops before any verdict. Or, with --metric NAME
-    --threshold X, judge each commit by the metric it recorded, running nothing.
+    --threshold X, judge each commit by the metric it recorded, running nothing
+    (the good and the bad end first, by the same rule).
     """
     if metric is None:
         if threshold is not None or higher_is_worse:

@@ -5,6 +5,7 @@ The pages in a real browser are in test_web_browser.py."""
 import hashlib
 import os
 import re
+import socket
 
 import pytest
 import torch
@@ -126,6 +127,42 @@ def test_loopback_needs_a_loopback_host_header(made):
         base = server.url.rstrip("/")
         assert fetch(base + "/")[0] == 200
         assert fetch(base + "/", headers={"Host": "evil.example:80"})[0] == 403  # DNS rebinding
+
+
+def raw(port: int, data: bytes, wait: float = 5.0) -> bytes:
+    """Everything the server sends on one connection after ``data``, until it closes it
+    (or ``wait`` seconds pass with nothing more)."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(data)
+        s.settimeout(wait)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (socket.timeout, ConnectionResetError):
+            pass
+        return out
+
+
+def test_a_refused_request_ends_its_connection_so_its_body_is_never_read_as_a_request(made):
+    path, _ = made
+    inner = b"GET /storage HTTP/1.1\r\nHost: localhost\r\n\r\n"  # would pass the Host check on its own
+    body = b"Content-Length: %d\r\n\r\n" % len(inner) + inner
+    chunked = b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(inner) + inner + b"\r\n0\r\n\r\n"
+    with served(path) as server:
+        port = server.server_address[1]
+        for request, status in [(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + body, b"405"),
+                                (b"PROPFIND / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + body, b"405"),
+                                (b"POST / HTTP/1.1\r\nHost: evil.example\r\n" + body, b"403"),
+                                (b"GET / HTTP/1.1\r\nHost: evil.example\r\n" + body, b"403"),
+                                (b"GET /bisect HTTP/1.1\r\nHost: 127.0.0.1\r\n" + body, b"400"),
+                                (b"GET /bisect HTTP/1.1\r\nHost: 127.0.0.1\r\n" + chunked, b"400"),
+                                (b"GET /bisect HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n", b"403")]:
+            answer = raw(port, request)
+            assert re.findall(rb"HTTP/1\.1 (\d{3}) [A-Z]", answer) == [status], (request, answer[:300])
+            assert b"\r\nConnection: close\r\n" in answer
+        pipelined = raw(port, b"GET /bisect HTTP/1.1\r\nHost: localhost\r\n\r\n" * 2, wait=1)
+        assert re.findall(rb"HTTP/1\.1 (\d{3}) [A-Z]", pipelined) == [b"200", b"200"]  # answered ones keep it open
 
 
 def test_any_other_address_needs_the_token_on_every_request(made):

@@ -284,6 +284,21 @@ def test_record_filters_and_layers():
     assert re.fullmatch(r"\.\./.*", HOSTILE_KEY) and HOSTILE.startswith("<script>")
 
 
+def test_a_long_record_filter_is_refused_and_no_filter_backtracks(made):
+    path, _ = made
+    with served(path) as server:  # the regex this parser replaced took minutes here, holding every page
+        status, _, body = fetch(server.url.rstrip("/") + "/?where=a" + "%20" * 5000 + "b%20c")
+    assert status == 400 and b"at most 1000" in body
+    from mvc.web.pages import split_condition
+    hostile = "a" + " " * 50_000 + "b c"  # hours for that regex; one pass for the parser
+    assert split_condition(hostile) is None and split_condition(" loss  <=  2 ") == ("loss", "<=", "2")
+    assert split_condition("a" + " " * 50_000 + "<" + " " * 50_000 + "1") == ("a", "<", "1")
+    with pytest.raises(mvc.BadInput, match="at most 1000"):
+        parse_condition(hostile)
+    for malformed in ("a b", "<1", "loss!1", "loss<", "loss 1", "=1"):
+        assert split_condition(malformed) is None, malformed
+
+
 def test_the_view_s_walk_grows_as_a_whole_walk_would_order_it(repo):
     from mvc.web import View
     for i in range(3):

@@ -91,6 +91,17 @@ def test_a_pruned_commit_page_says_why_and_offers_no_export(repo):
     assert "mvc export" not in page
 
 
+def test_the_history_page_shows_what_gc_pruned_though_no_ref_moved(repo):
+    for i in range(6):
+        repo.commit({"w": torch.full((8,), float(i))}, f"c{i}", step=i)
+    with served(repo.root) as server:
+        base = server.url.rstrip("/")
+        assert fetch(base + "/")[2].count(b"[pruned]") == 0  # the walk the server keeps
+        repo.gc(keep_last=2, grace=0)
+        assert fetch(base + "/")[2].count(b"[pruned]") == 4
+        assert fetch(base + "/?ref=main")[2].count(b"[pruned]") == 4
+
+
 def test_repository_strings_are_escaped_in_every_page(made):
     path, _ = made
     with served(path) as server:

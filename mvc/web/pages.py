@@ -4,7 +4,8 @@ Vocabulary:
 
 - the **view** holds the open repository and what is worth keeping
   between requests: the history walk and its lanes, keyed by the refs it
-  started from, so paging through 10,000 commits walks them once.
+  started from and the set of pruned commits, so paging through 10,000
+  commits walks them once.
 - a **query** is the request's parameters: {name: [values]}.
 - a **record number** of a commit is a number it records: a metric by its
   name, ``step``, ``epoch``, or a context field as ``context.DOTTED.KEY``.
@@ -24,7 +25,7 @@ from .. import refs as _refs
 from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
 from ..errors import BadInput, CommitPruned, MvcError
 from .. import reach, usage
-from ..history import walk as walk_history
+from ..history import pruned_digest, walk as walk_history
 from . import lanes, svg
 from .html import a, esc, human_bytes, number, page, table, title_of, url, when
 
@@ -50,9 +51,15 @@ class View:
         return (tuple((r.name, r.id) for r in self.repo.branches()), tuple((r.name, r.id) for r in self.repo.tags()),
                 tuple((r.name, r.id) for r in self.repo.remotes.branches()), (head.branch, head.id))
 
+    def state_now(self) -> tuple:
+        """(refs_now(), pruned digest): what a kept walk depends on. gc prunes without
+        moving a ref, and a walk marks each commit pruned or not."""
+        return self.refs_now(), pruned_digest(self.repo)
+
     def walk(self, include: tuple, exclude: tuple, all_refs: bool) -> tuple:
-        """(commits in topological order, their lane Rows), kept while the refs stay where they are."""
-        key = (self.refs_now(), include, exclude, all_refs)
+        """(commits in topological order, their lane Rows), kept while the refs stay where they
+        are and gc prunes nothing."""
+        key = (self.state_now(), include, exclude, all_refs)
         if key not in self._walks:
             commits = walk_history(self.repo, list(include), list(exclude), all_refs) if include or all_refs else []
             self._walks[key] = (commits, lanes.layout(commits))
@@ -69,7 +76,7 @@ class View:
         the order a whole walk gives then, and it costs only what is new.
         """
         tracking = tuple(r.name for r in self.repo.remotes.branches())
-        key = (self.refs_now(), tracking, (), True)
+        key = (self.state_now(), tracking, (), True)
         if key not in self._walks and self._last is not None:
             grown = self._grown(*self._last, tracking)
             if grown is not None:
@@ -80,12 +87,14 @@ class View:
 
     def _grown(self, old_key, old: list, tracking: tuple):
         """(commits, rows) of the last whole walk with the new commits in front, or None
-        when the refs did more than move forward (deleted, moved back, or older commits came)."""
-        if not old:
+        when the refs did more than move forward (deleted, moved back, or older commits came)
+        or gc pruned commits since (the old walk shows them whole)."""
+        (old_refs, old_pruned) = old_key[0]
+        if not old or old_pruned != pruned_digest(self.repo):
             return None
         new = walk_history(self.repo, list(tracking), (), True, known=[c.id for c in old])
         parents = {p for c in new for p in c.parents}
-        now = {cid for group in old_key[0][:3] for _, cid in group} | {old_key[0][3][1]} - {None}
+        now = {cid for group in old_refs[:3] for _, cid in group} | {old_refs[3][1]} - {None}
         tips = {cid for group in self.refs_now()[:3] for _, cid in group} | {self.repo.head().id} - {None}
         if not (now <= tips | parents) or (new and min(c.time for c in new) <= max(c.time for c in old)):
             return None

@@ -102,6 +102,18 @@ def test_the_history_page_shows_what_gc_pruned_though_no_ref_moved(repo):
         assert fetch(base + "/?ref=main")[2].count(b"[pruned]") == 4
 
 
+def test_storage_does_not_wait_for_a_running_gc(repo):
+    repo.commit({"w": torch.ones(8)})
+    with served(repo.root) as server:
+        base = server.url.rstrip("/")
+        with repo.gc_lock.exclusive():  # a gc runs (flock: this handle's lock excludes the server's)
+            status, _, body = fetch(base + "/storage")
+            assert status == 200 and b"gc is running" in body and b"the estimate is not available now" in body
+            assert b"id=packs" in body  # the rest of the page stands
+        body = fetch(base + "/storage")[2]
+        assert b"gc --dry-run" in body and b"gc is running" not in body
+
+
 def test_repository_strings_are_escaped_in_every_page(made):
     path, _ = made
     with served(path) as server:

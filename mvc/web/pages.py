@@ -23,7 +23,7 @@ from collections import OrderedDict
 
 from .. import refs as _refs
 from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
-from ..errors import BadInput, CommitPruned, MvcError
+from ..errors import BadInput, CommitPruned, GcLockBusy, MvcError
 from .. import reach, usage
 from ..history import pruned_digest, walk as walk_history
 from . import lanes, svg
@@ -655,9 +655,12 @@ def storage(view: View, query: dict) -> str:
 
 
 def _gc_estimate(repo) -> str:
-    try:
-        r = repo.gc(dry_run=True)
-    except MvcError as exc:  # e.g. a gc running elsewhere: say so, the rest of the page stands
+    try:  # no wait for a running gc: the page holds the view's lock, and every other page with it
+        r = repo.gc(dry_run=True, wait=0)
+    except GcLockBusy as exc:
+        return (f'<p class=err id=gc>gc is running ({esc(exc.holder)}): the estimate is not available now; '
+                'reload this page when it is done.</p>')
+    except MvcError as exc:  # say what failed; the rest of the page stands
         return f'<p class=err>{esc(exc)}</p>'
     facts = [("bytes", human_bytes(r.bytes_reclaimed)), ("chunks", r.chunks_removed),
              ("commits / trees / tensors", f"{r.commits_removed} / {r.trees_removed} / {r.tensors_removed}"),

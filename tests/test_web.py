@@ -114,6 +114,21 @@ def test_storage_does_not_wait_for_a_running_gc(repo):
         assert b"gc --dry-run" in body and b"gc is running" not in body
 
 
+def test_curves_draw_numbers_at_the_ends_of_float64_s_range(repo):
+    extremes = [{"huge": 1.7e308, "tiny": 5e-324, "big": 1e300, "top": 1.79e308},
+                {"huge": -1.7e308, "tiny": 1e-323, "big": 2e300, "top": 1.7e308}]
+    for i, metrics in enumerate(extremes):
+        repo.commit({"w": torch.full((4,), float(i))}, f"c{i}", step=i, metrics=metrics)
+    with served(repo.root) as server:
+        base = server.url.rstrip("/")
+        for query in ("metric=huge", "metric=tiny", "metric=big&y=log", "metric=top&y=log", "metric=tiny&y=log",
+                      "metric=top"):
+            status, _, body = fetch(base + "/curves?" + query)
+            assert status == 200, (query, body[-300:])
+            chart = re.search(rb'<svg class="chart".*?</svg>', body, re.S).group()
+            assert chart.count(b'class="pt"') == 2 and not re.search(rb"nan|inf", chart), query
+
+
 def test_repository_strings_are_escaped_in_every_page(made):
     path, _ = made
     with served(path) as server:

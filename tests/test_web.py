@@ -239,6 +239,29 @@ def test_a_lazy_clone_is_served_without_fetching_chunks(made):
         assert repo.cache.status().local_chunks > 0  # the norms needed tensor bytes: fetched then
 
 
+def test_errors_say_whose_they_are_in_the_status(tmp_path):
+    """The request's errors are 4xx; a remote that fails is 502, a gc that holds the lock 503."""
+    source = mvc.Repository.init(tmp_path / "src", chunk_size=64)
+    for i in range(2):
+        source.commit({"w": torch.randn(64)}, f"c{i}")
+    source.remotes.add("origin", str(tmp_path / "remote"))
+    source.remotes.push(refs=("main",))
+    mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lazy", lazy=True).close()
+    (tmp_path / "remote").rename(tmp_path / "down")  # the lazy clone's remote is gone
+    numbers = "/diff?a=origin/main~1&b=origin/main&numbers=1"
+    with served(tmp_path / "lazy") as server:
+        base = server.url.rstrip("/")
+        assert fetch(base + numbers)[0] == 502
+        assert fetch(base + "/commit?rev=HEAD~9223372036854775807")[0] == 404
+        assert fetch(base + "/?where=loss<")[0] == 400
+    with served(tmp_path / "src") as server:
+        server.view.repo.lock_timeout = 0.1  # a load waits this long for a running gc
+        with source.gc_lock.exclusive():
+            status, _, body = fetch(server.url.rstrip("/") + "/diff?a=main~1&b=main&numbers=1")
+        assert status == 503 and b"gc is running" in body
+    source.close()
+
+
 def test_serve_command_refuses_a_port_in_use(made):
     import socket
     path, _ = made

@@ -31,7 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ipaddress import ip_address
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import (AmbiguousRevision, BadInput, CommitPruned, MvcError, ObjectNotFound, UnknownRevision)
+from ..errors import (AmbiguousRevision, BadInput, CommitPruned, InvalidRefName, LockHeld, MvcError, ObjectNotFound,
+                      RemoteDamaged, RemoteError, UnknownRevision)
 from . import pages
 from .html import SCRIPT, STYLE, esc, page
 
@@ -45,7 +46,17 @@ POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'sel
 COOKIE = "mvc_token"
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
 TEXT, HTML = "text/plain; charset=utf-8", "text/html; charset=utf-8"
-NOT_FOUND = (UnknownRevision, AmbiguousRevision, ObjectNotFound, CommitPruned)
+# An error's status says whose it is: the request's (4xx: ask otherwise) or what the server
+# relies on (5xx: the same request may work later, or the repository needs care). First match wins.
+STATUS_OF = (((UnknownRevision, AmbiguousRevision, ObjectNotFound, CommitPruned), HTTPStatus.NOT_FOUND),
+             ((BadInput, InvalidRefName), HTTPStatus.BAD_REQUEST),
+             (LockHeld, HTTPStatus.SERVICE_UNAVAILABLE),  # a gc or a remote's lease: busy for now
+             ((RemoteError, RemoteDamaged), HTTPStatus.BAD_GATEWAY),  # a lazy clone's remote failed
+             (MvcError, HTTPStatus.INTERNAL_SERVER_ERROR))  # e.g. damage the page found: its message says so
+
+
+def status_of(exc: MvcError) -> HTTPStatus:
+    return next(status for kinds, status in STATUS_OF if isinstance(exc, kinds))
 
 
 def is_loopback(host: str) -> bool:
@@ -111,10 +122,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             with view.lock:
                 html = route(view, self._query)
-        except NOT_FOUND as exc:
-            return self._error(HTTPStatus.NOT_FOUND, str(exc), extra)
-        except (BadInput, MvcError) as exc:
-            return self._error(HTTPStatus.BAD_REQUEST, str(exc), extra)
+        except MvcError as exc:
+            return self._error(status_of(exc), str(exc), extra)
         except Exception as exc:  # a bug: say so on the page, details on the server's terminal
             self.log_error("error in %s: %r", path, exc)
             return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error: see the terminal running mvc serve",

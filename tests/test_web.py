@@ -129,6 +129,15 @@ def test_curves_draw_numbers_at_the_ends_of_float64_s_range(repo):
             assert chart.count(b'class="pt"') == 2 and not re.search(rb"nan|inf", chart), query
 
 
+def test_curves_options_submit_names_with_spaces_as_they_are(repo):
+    for i in range(2):
+        repo.commit({"w": torch.full((4,), float(i))}, f"c{i}", step=i, metrics={"val  loss": 1.0 + i, " lead": 2.0})
+    with served(repo.root) as server:
+        body = fetch(server.url.rstrip("/") + "/curves?metric=val%20%20loss")[2].decode()
+    assert '<option value="val  loss" selected>' in body and '<option value=" lead">' in body
+    assert body.count('class="pt"') == 2
+
+
 def test_repository_strings_are_escaped_in_every_page(made):
     path, _ = made
     with served(path) as server:

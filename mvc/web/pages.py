@@ -569,7 +569,9 @@ def curves(view: View, query: dict) -> str:
             if y is not None:
                 pts.append((x, y, c.id, f"{b} {c.short_id} step {number(c.step)}: {metric} = {number(y)}\n{title_of(c)}"))
         series.append((b, pts))
-    options = "".join(f'<option{" selected" if n == metric else ""}>{esc(n)}</option>' for n in names)
+    # a value attribute: without one a browser submits the text with its spaces collapsed
+    options = "".join(f'<option value="{esc(n)}"{" selected" if n == metric else ""}>{esc(n)}</option>'
+                      for n in names)
     boxes = "".join(f'<label class=inline><input type=checkbox name=branch value="{esc(b)}"'
                     f'{" checked" if b in chosen else ""}> {esc(b)}</label>' for b in branches)
     xs = "".join(f'<option value={x}{" selected" if x == x_name else ""}>{x}</option>' for x in ("step", "index", "time"))

@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 import socket
+import struct
 
 import pytest
 import torch
@@ -210,6 +211,26 @@ def test_a_refused_request_ends_its_connection_so_its_body_is_never_read_as_a_re
             assert b"\r\nConnection: close\r\n" in answer
         pipelined = raw(port, b"GET /bisect HTTP/1.1\r\nHost: localhost\r\n\r\n" * 2, wait=1)
         assert re.findall(rb"HTTP/1\.1 (\d{3}) [A-Z]", pipelined) == [b"200", b"200"]  # answered ones keep it open
+
+
+def test_a_client_that_goes_away_mid_answer_prints_no_traceback(made, capfd):
+    path, _ = made
+    with served(path) as server:
+        port = server.server_address[1]
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"GET /?per=1000 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        assert fetch(server.url.rstrip("/") + "/bisect")[0] == 200  # answered after the reset ones
+        with pytest.raises(ValueError):  # a real error still shows its traceback
+            try:
+                raise ValueError("a bug")
+            except ValueError:
+                server.handle_error(None, ("127.0.0.1", 1))
+                raise
+    err = capfd.readouterr().err
+    assert "ConnectionResetError" not in err and "BrokenPipeError" not in err
+    assert err.count("Traceback") == 1 and "ValueError: a bug" in err
 
 
 def test_any_other_address_needs_the_token_on_every_request(made):

@@ -206,6 +206,13 @@ class Server(ThreadingHTTPServer):
         self.view, self.token, self.quiet = view, token, quiet
         super().__init__((host, port), Handler)
 
+    def handle_error(self, request, client_address):
+        """A client that went away mid-answer (a closed tab, a cancelled load) is no error
+        of the server's: say nothing. Anything else keeps the standard traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError):  # reset, broken pipe, aborted
+            return
+        super().handle_error(request, client_address)
+
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]

@@ -233,6 +233,18 @@ def test_a_client_that_goes_away_mid_answer_prints_no_traceback(made, capfd):
     assert err.count("Traceback") == 1 and "ValueError: a bug" in err
 
 
+def test_a_silent_connection_is_dropped_after_the_request_timeout(made):
+    path, _ = made
+    with served(path, request_timeout=0.5) as server:
+        port = server.server_address[1]
+        for half_sent in (b"", b"GET / HTTP/1.1\r\nHost: localhost\r\n"):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(half_sent)
+                s.settimeout(20)
+                assert s.recv(100) == b""  # the server closed it (a 20 s wait here would raise)
+        assert fetch(server.url.rstrip("/") + "/bisect")[0] == 200
+
+
 def test_any_other_address_needs_the_token_on_every_request(made):
     path, _ = made
     with served(path, host="0.0.0.0") as server:

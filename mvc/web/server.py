@@ -71,6 +71,12 @@ class Handler(BaseHTTPRequestHandler):
     sys_version = ""
     protocol_version = "HTTP/1.1"
 
+    def setup(self):
+        # each connection holds a thread: without a timeout, idle or half-sent requests
+        # would hold them (and their sockets) for ever
+        self.timeout = self.server.request_timeout
+        super().setup()
+
     # -- the gate every request passes ------------------------------------------
     def parse_request(self) -> bool:
         """Read the request line and headers, then pass the request through the gate: on
@@ -195,15 +201,20 @@ class Handler(BaseHTTPRequestHandler):
         sys.stderr.write(f"{self.address_string()} {line}\n")
 
 
+REQUEST_TIMEOUT = 30.0  # seconds a connection may stay silent (or not read) before it is dropped
+
+
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, view, host: str = "127.0.0.1", port: int = 0, token=None, quiet: bool = False):
+    def __init__(self, view, host: str = "127.0.0.1", port: int = 0, token=None, quiet: bool = False,
+                 request_timeout: float = REQUEST_TIMEOUT):
         """Serve ``view`` on ``host``:``port`` (0: a free port). ``token``: None makes one
-        when ``host`` is not the loopback (and one is always made there)."""
+        when ``host`` is not the loopback (and one is always made there). ``request_timeout``:
+        seconds any read or write on a connection may wait before the connection is dropped."""
         if token is None or (not token and not is_loopback(host)):  # elsewhere a token is not optional
             token = "" if is_loopback(host) else secrets.token_urlsafe(24)
-        self.view, self.token, self.quiet = view, token, quiet
+        self.view, self.token, self.quiet, self.request_timeout = view, token, quiet, request_timeout
         super().__init__((host, port), Handler)
 
     def handle_error(self, request, client_address):

@@ -46,6 +46,7 @@ import numpy as np
 from . import reach, refs, scratch
 from .errors import BadInput, CorruptObject, MetricNotRecorded, MvcError, ProtectedRef, UnknownRevision, WalkDamaged
 from .store import idarray
+from .store.locks import GcLock
 from .store.index import location_row, reflog_entry
 from .store.packs import PACK_NAME, RECORD_HEAD, read_trailer_table
 
@@ -141,12 +142,14 @@ class GcReport:
 
 def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep_best: Optional[str] = None,
        mode: str = "min", top: int = 1, force: bool = False, dry_run: bool = False,
-       grace: float = GRACE_S, repack: bool = False) -> GcReport:
+       grace: float = GRACE_S, repack: bool = False, wait: Optional[float] = None) -> GcReport:
     """Prune by the retention policy (if any), then delete garbage and reclaim pack space.
 
     ``grace``: seconds a ``.tmp`` file or a pack no index entry names is left
     alone (a running writer may be about to index it). ``repack``: rewrite
     every pack that holds any garbage, not only those over a quarter garbage.
+    ``wait``: seconds to wait for the gc lock (None: the repository's
+    ``lock_timeout``; 0: do not wait, as an estimate asked for on a page).
     The report's ``left`` says what was kept on purpose and why.
 
     Raises BadInput for a bad policy, UnknownRevision for an unknown
@@ -158,7 +161,8 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
     policy.check()
     # a dry run changes nothing: the shared lock keeps packs in place while it looks, and
     # it neither waits for running commits nor writes the exclusive lock's holder note
-    with (repo.gc_lock.shared() if dry_run else repo.gc_lock.exclusive()):
+    lock = repo.gc_lock if wait is None else GcLock(repo.gc_lock.dir, wait)
+    with (lock.shared() if dry_run else lock.exclusive()):
         repo.reread_format()  # a repack elsewhere may have turned on encoded records since open
         before, packs_before = disk_usage(repo.dir), _packs_usage(repo.chunks)
         # what needs no index write goes first: on a full disk it is the room the rest needs

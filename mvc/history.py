@@ -17,6 +17,7 @@ import heapq
 from typing import Iterable, Optional
 
 from . import reach, refs
+from .hashing import digest
 from .commits import to_commit
 
 
@@ -52,6 +53,14 @@ def walk(repo, include: Iterable[str] = (), exclude: Iterable[str] = (), all_ref
         found = {oid: obj for oid, obj in _ancestry(repo, txn, starts, stop).items() if oid not in hidden}
         order = _topo_order(found)[:n]
         return [to_commit(oid, found[oid], pruned=txn.pruned(oid) is not None) for oid in order]
+
+
+def pruned_digest(repo) -> bytes:
+    """A digest of the set of commits gc retention pruned. gc prunes without moving a
+    ref, so whoever keeps a walk keyed by the refs keys it by this too (a walk marks
+    each commit pruned or not)."""
+    with repo.index.read() as txn:
+        return digest(b"".join(txn.ids("pruned")))
 
 
 def _topo_order(found: dict) -> list:

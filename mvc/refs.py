@@ -14,6 +14,7 @@ commit or checkout.
 
 import itertools
 import re
+import sys
 import unicodedata
 from typing import Callable, Optional
 
@@ -208,7 +209,8 @@ class Refs:
         """The ``n``-th first-parent ancestor of ``oid`` (``rev``'s ``~n``); UnknownRevision past a root."""
         line = reach.first_parents(lambda c: self.objects.commit(txn, c), oid)
         done, found = -1, oid
-        for done, (found, _) in enumerate(itertools.islice(line, n + 1)):
+        # islice takes at most sys.maxsize; no history is that long, so the walk ends first
+        for done, (found, _) in enumerate(itertools.islice(line, min(n + 1, sys.maxsize))):
             pass
         if done == 0 and n:
             raise UnknownRevision(f"{rev}: commit {oid.hex()[:12]} has no parent", rev=rev, reason="no-parent")

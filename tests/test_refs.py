@@ -80,6 +80,9 @@ def test_revisions_resolve(repo, chain):
 @pytest.mark.parametrize("rev, asked, reason", [
     ("nope", "nope", "unknown"),
     ("main~3", "main~3", "few-ancestors"),
+    ("main~9223372036854775807", "main~9223372036854775807", "few-ancestors"),  # past islice's sys.maxsize
+    ("main~" + "9" * 40, "main~" + "9" * 40, "few-ancestors"),
+    ("main^9223372036854775807", "main^9223372036854775807", "no-such-parent"),
     ("main^2", "main^2", "no-such-parent"),
     ("v1^", "v1^", "no-parent"),
     ("abc", "abc", "short-prefix"),  # a prefix needs 4 digits

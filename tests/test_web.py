@@ -5,6 +5,8 @@ The pages in a real browser are in test_web_browser.py."""
 import hashlib
 import os
 import re
+import socket
+import struct
 
 import pytest
 import torch
@@ -90,6 +92,53 @@ def test_a_pruned_commit_page_says_why_and_offers_no_export(repo):
     assert "mvc export" not in page
 
 
+def test_the_history_page_shows_what_gc_pruned_though_no_ref_moved(repo):
+    for i in range(6):
+        repo.commit({"w": torch.full((8,), float(i))}, f"c{i}", step=i)
+    with served(repo.root) as server:
+        base = server.url.rstrip("/")
+        assert fetch(base + "/")[2].count(b"[pruned]") == 0  # the walk the server keeps
+        repo.gc(keep_last=2, grace=0)
+        assert fetch(base + "/")[2].count(b"[pruned]") == 4
+        assert fetch(base + "/?ref=main")[2].count(b"[pruned]") == 4
+
+
+def test_storage_does_not_wait_for_a_running_gc(repo):
+    repo.commit({"w": torch.ones(8)})
+    with served(repo.root) as server:
+        base = server.url.rstrip("/")
+        with repo.gc_lock.exclusive():  # a gc runs (flock: this handle's lock excludes the server's)
+            status, _, body = fetch(base + "/storage")
+            assert status == 200 and b"gc is running" in body and b"the estimate is not available now" in body
+            assert b"id=packs" in body  # the rest of the page stands
+        body = fetch(base + "/storage")[2]
+        assert b"gc --dry-run" in body and b"gc is running" not in body
+
+
+def test_curves_draw_numbers_at_the_ends_of_float64_s_range(repo):
+    extremes = [{"huge": 1.7e308, "tiny": 5e-324, "big": 1e300, "top": 1.79e308},
+                {"huge": -1.7e308, "tiny": 1e-323, "big": 2e300, "top": 1.7e308}]
+    for i, metrics in enumerate(extremes):
+        repo.commit({"w": torch.full((4,), float(i))}, f"c{i}", step=i, metrics=metrics)
+    with served(repo.root) as server:
+        base = server.url.rstrip("/")
+        for query in ("metric=huge", "metric=tiny", "metric=big&y=log", "metric=top&y=log", "metric=tiny&y=log",
+                      "metric=top"):
+            status, _, body = fetch(base + "/curves?" + query)
+            assert status == 200, (query, body[-300:])
+            chart = re.search(rb'<svg class="chart".*?</svg>', body, re.S).group()
+            assert chart.count(b'class="pt"') == 2 and not re.search(rb"nan|inf", chart), query
+
+
+def test_curves_options_submit_names_with_spaces_as_they_are(repo):
+    for i in range(2):
+        repo.commit({"w": torch.full((4,), float(i))}, f"c{i}", step=i, metrics={"val  loss": 1.0 + i, " lead": 2.0})
+    with served(repo.root) as server:
+        body = fetch(server.url.rstrip("/") + "/curves?metric=val%20%20loss")[2].decode()
+    assert '<option value="val  loss" selected>' in body and '<option value=" lead">' in body
+    assert body.count('class="pt"') == 2
+
+
 def test_repository_strings_are_escaped_in_every_page(made):
     path, _ = made
     with served(path) as server:
@@ -128,6 +177,74 @@ def test_loopback_needs_a_loopback_host_header(made):
         assert fetch(base + "/", headers={"Host": "evil.example:80"})[0] == 403  # DNS rebinding
 
 
+def raw(port: int, data: bytes, wait: float = 5.0) -> bytes:
+    """Everything the server sends on one connection after ``data``, until it closes it
+    (or ``wait`` seconds pass with nothing more)."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(data)
+        s.settimeout(wait)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (socket.timeout, ConnectionResetError):
+            pass
+        return out
+
+
+def test_a_refused_request_ends_its_connection_so_its_body_is_never_read_as_a_request(made):
+    path, _ = made
+    inner = b"GET /storage HTTP/1.1\r\nHost: localhost\r\n\r\n"  # would pass the Host check on its own
+    body = b"Content-Length: %d\r\n\r\n" % len(inner) + inner
+    chunked = b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(inner) + inner + b"\r\n0\r\n\r\n"
+    with served(path) as server:
+        port = server.server_address[1]
+        for request, status in [(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + body, b"405"),
+                                (b"PROPFIND / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + body, b"405"),
+                                (b"POST / HTTP/1.1\r\nHost: evil.example\r\n" + body, b"403"),
+                                (b"GET / HTTP/1.1\r\nHost: evil.example\r\n" + body, b"403"),
+                                (b"GET /bisect HTTP/1.1\r\nHost: 127.0.0.1\r\n" + body, b"400"),
+                                (b"GET /bisect HTTP/1.1\r\nHost: 127.0.0.1\r\n" + chunked, b"400"),
+                                (b"GET /bisect HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n", b"403")]:
+            answer = raw(port, request)
+            assert re.findall(rb"HTTP/1\.1 (\d{3}) [A-Z]", answer) == [status], (request, answer[:300])
+            assert b"\r\nConnection: close\r\n" in answer
+        pipelined = raw(port, b"GET /bisect HTTP/1.1\r\nHost: localhost\r\n\r\n" * 2, wait=1)
+        assert re.findall(rb"HTTP/1\.1 (\d{3}) [A-Z]", pipelined) == [b"200", b"200"]  # answered ones keep it open
+
+
+def test_a_client_that_goes_away_mid_answer_prints_no_traceback(made, capfd):
+    path, _ = made
+    with served(path) as server:
+        port = server.server_address[1]
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"GET /?per=1000 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        assert fetch(server.url.rstrip("/") + "/bisect")[0] == 200  # answered after the reset ones
+        with pytest.raises(ValueError):  # a real error still shows its traceback
+            try:
+                raise ValueError("a bug")
+            except ValueError:
+                server.handle_error(None, ("127.0.0.1", 1))
+                raise
+    err = capfd.readouterr().err
+    assert "ConnectionResetError" not in err and "BrokenPipeError" not in err
+    assert err.count("Traceback") == 1 and "ValueError: a bug" in err
+
+
+def test_a_silent_connection_is_dropped_after_the_request_timeout(made):
+    path, _ = made
+    with served(path, request_timeout=0.5) as server:
+        port = server.server_address[1]
+        for half_sent in (b"", b"GET / HTTP/1.1\r\nHost: localhost\r\n"):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(half_sent)
+                s.settimeout(20)
+                assert s.recv(100) == b""  # the server closed it (a 20 s wait here would raise)
+        assert fetch(server.url.rstrip("/") + "/bisect")[0] == 200
+
+
 def test_any_other_address_needs_the_token_on_every_request(made):
     path, _ = made
     with served(path, host="0.0.0.0") as server:
@@ -162,6 +279,29 @@ def test_a_lazy_clone_is_served_without_fetching_chunks(made):
         assert status == 200 and "‖B−A‖/‖A‖" in body.decode()
     with mvc.Repository.open(lazy) as repo:
         assert repo.cache.status().local_chunks > 0  # the norms needed tensor bytes: fetched then
+
+
+def test_errors_say_whose_they_are_in_the_status(tmp_path):
+    """The request's errors are 4xx; a remote that fails is 502, a gc that holds the lock 503."""
+    source = mvc.Repository.init(tmp_path / "src", chunk_size=64)
+    for i in range(2):
+        source.commit({"w": torch.randn(64)}, f"c{i}")
+    source.remotes.add("origin", str(tmp_path / "remote"))
+    source.remotes.push(refs=("main",))
+    mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lazy", lazy=True).close()
+    (tmp_path / "remote").rename(tmp_path / "down")  # the lazy clone's remote is gone
+    numbers = "/diff?a=origin/main~1&b=origin/main&numbers=1"
+    with served(tmp_path / "lazy") as server:
+        base = server.url.rstrip("/")
+        assert fetch(base + numbers)[0] == 502
+        assert fetch(base + "/commit?rev=HEAD~9223372036854775807")[0] == 404
+        assert fetch(base + "/?where=loss<")[0] == 400
+    with served(tmp_path / "src") as server:
+        server.view.repo.lock_timeout = 0.1  # a load waits this long for a running gc
+        with source.gc_lock.exclusive():
+            status, _, body = fetch(server.url.rstrip("/") + "/diff?a=main~1&b=main&numbers=1")
+        assert status == 503 and b"gc is running" in body
+    source.close()
 
 
 def test_serve_command_refuses_a_port_in_use(made):
@@ -245,6 +385,21 @@ def test_record_filters_and_layers():
         parse_condition("loss<")
     assert layer_of("model.layers.12.attn.weight") == "model.layers.12" and layer_of("embed.weight") == "embed"
     assert re.fullmatch(r"\.\./.*", HOSTILE_KEY) and HOSTILE.startswith("<script>")
+
+
+def test_a_long_record_filter_is_refused_and_no_filter_backtracks(made):
+    path, _ = made
+    with served(path) as server:  # the regex this parser replaced took minutes here, holding every page
+        status, _, body = fetch(server.url.rstrip("/") + "/?where=a" + "%20" * 5000 + "b%20c")
+    assert status == 400 and b"at most 1000" in body
+    from mvc.web.pages import split_condition
+    hostile = "a" + " " * 50_000 + "b c"  # hours for that regex; one pass for the parser
+    assert split_condition(hostile) is None and split_condition(" loss  <=  2 ") == ("loss", "<=", "2")
+    assert split_condition("a" + " " * 50_000 + "<" + " " * 50_000 + "1") == ("a", "<", "1")
+    with pytest.raises(mvc.BadInput, match="at most 1000"):
+        parse_condition(hostile)
+    for malformed in ("a b", "<1", "loss!1", "loss<", "loss 1", "=1"):
+        assert split_condition(malformed) is None, malformed
 
 
 def test_the_view_s_walk_grows_as_a_whole_walk_would_order_it(repo):

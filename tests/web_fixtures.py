@@ -88,10 +88,11 @@ def made(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def served(path, host="127.0.0.1", token=None):
-    """A Server on ``path`` in a thread; yields it (``.url`` is its address)."""
+def served(path, host="127.0.0.1", token=None, **options):
+    """A Server on ``path`` in a thread (``options``: more of Server's arguments); yields it
+    (``.url`` is its address)."""
     repo = mvc.Repository.open(path)
-    server = Server(View(repo), host, 0, token=token, quiet=True)
+    server = Server(View(repo), host, 0, token=token, quiet=True, **options)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -4,7 +4,8 @@ Vocabulary:
 
 - the **view** holds the open repository and what is worth keeping
   between requests: the history walk and its lanes, keyed by the refs it
-  started from, so paging through 10,000 commits walks them once.
+  started from and the set of pruned commits, so paging through 10,000
+  commits walks them once.
 - a **query** is the request's parameters: {name: [values]}.
 - a **record number** of a commit is a number it records: a metric by its
   name, ``step``, ``epoch``, or a context field as ``context.DOTTED.KEY``.
@@ -22,9 +23,9 @@ from collections import OrderedDict
 
 from .. import refs as _refs
 from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
-from ..errors import BadInput, CommitPruned, MvcError
+from ..errors import BadInput, CommitPruned, GcLockBusy, MvcError
 from .. import reach, usage
-from ..history import walk as walk_history
+from ..history import pruned_digest, walk as walk_history
 from . import lanes, svg
 from .html import a, esc, human_bytes, number, page, table, title_of, url, when
 
@@ -50,9 +51,15 @@ class View:
         return (tuple((r.name, r.id) for r in self.repo.branches()), tuple((r.name, r.id) for r in self.repo.tags()),
                 tuple((r.name, r.id) for r in self.repo.remotes.branches()), (head.branch, head.id))
 
+    def state_now(self) -> tuple:
+        """(refs_now(), pruned digest): what a kept walk depends on. gc prunes without
+        moving a ref, and a walk marks each commit pruned or not."""
+        return self.refs_now(), pruned_digest(self.repo)
+
     def walk(self, include: tuple, exclude: tuple, all_refs: bool) -> tuple:
-        """(commits in topological order, their lane Rows), kept while the refs stay where they are."""
-        key = (self.refs_now(), include, exclude, all_refs)
+        """(commits in topological order, their lane Rows), kept while the refs stay where they
+        are and gc prunes nothing."""
+        key = (self.state_now(), include, exclude, all_refs)
         if key not in self._walks:
             commits = walk_history(self.repo, list(include), list(exclude), all_refs) if include or all_refs else []
             self._walks[key] = (commits, lanes.layout(commits))
@@ -69,7 +76,7 @@ class View:
         the order a whole walk gives then, and it costs only what is new.
         """
         tracking = tuple(r.name for r in self.repo.remotes.branches())
-        key = (self.refs_now(), tracking, (), True)
+        key = (self.state_now(), tracking, (), True)
         if key not in self._walks and self._last is not None:
             grown = self._grown(*self._last, tracking)
             if grown is not None:
@@ -80,12 +87,14 @@ class View:
 
     def _grown(self, old_key, old: list, tracking: tuple):
         """(commits, rows) of the last whole walk with the new commits in front, or None
-        when the refs did more than move forward (deleted, moved back, or older commits came)."""
-        if not old:
+        when the refs did more than move forward (deleted, moved back, or older commits came)
+        or gc pruned commits since (the old walk shows them whole)."""
+        (old_refs, old_pruned) = old_key[0]
+        if not old or old_pruned != pruned_digest(self.repo):
             return None
         new = walk_history(self.repo, list(tracking), (), True, known=[c.id for c in old])
         parents = {p for c in new for p in c.parents}
-        now = {cid for group in old_key[0][:3] for _, cid in group} | {old_key[0][3][1]} - {None}
+        now = {cid for group in old_refs[:3] for _, cid in group} | {old_refs[3][1]} - {None}
         tips = {cid for group in self.refs_now()[:3] for _, cid in group} | {self.repo.head().id} - {None}
         if not (now <= tips | parents) or (new and min(c.time for c in new) <= max(c.time for c in old)):
             return None
@@ -154,17 +163,34 @@ def number_names(commits) -> list:
     return sorted(metrics) + ["step", "epoch"] + sorted(context)
 
 
-_CONDITION = re.compile(r"\s*([^<>=!\s]+)\s*(<=|>=|==|!=|<|>|=)?\s*([^\s]*)\s*")
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
         "=": operator.eq, "==": operator.eq, "!=": operator.ne}
+MAX_FILTER = 1000  # characters; a record number's name is far shorter
+_MALFORMED = "write a record number's name, or NAME<VALUE (also <=, >, >=, =, !=)"
+
+
+def split_condition(text: str):
+    """(name, operator, value) of ``NAME`` or ``NAME OP VALUE`` (operator and value "" for
+    the first), or None if malformed. One pass over ``text``, no regular expression:
+    the one it replaces backtracked cubically on runs of spaces."""
+    at = next((i for i, ch in enumerate(text) if ch in "<>=!"), len(text))
+    name, rest = text[:at].strip(), text[at:]
+    op = rest[:2] if rest[:2] in _OPS else rest[:1]
+    value = rest[len(op):].strip()
+    if not name or any(ch.isspace() for ch in name + value) or (op and op not in _OPS) or bool(op) != bool(value):
+        return None
+    return name, op, value
 
 
 def parse_condition(text: str):
-    """``NAME`` (records it) or ``NAME OP NUMBER``; a predicate on commits. BadInput if malformed."""
-    m = _CONDITION.fullmatch(text)
-    if not m or bool(m.group(2)) != bool(m.group(3)):
-        raise BadInput(f"filter {text!r}: write a record number's name, or NAME<VALUE (also <=, >, >=, =, !=)")
-    name, op, raw = m.groups()
+    """``NAME`` (records it) or ``NAME OP NUMBER``; a predicate on commits. BadInput if malformed
+    or longer than MAX_FILTER characters."""
+    if len(text) > MAX_FILTER:
+        raise BadInput(f"filter of {len(text)} characters: at most {MAX_FILTER}; {_MALFORMED}")
+    parts = split_condition(text)
+    if parts is None:
+        raise BadInput(f"filter {text!r}: {_MALFORMED}")
+    name, op, raw = parts
     if not op:
         return name, lambda c: record_number(c, name) is not None
     try:
@@ -543,7 +569,9 @@ def curves(view: View, query: dict) -> str:
             if y is not None:
                 pts.append((x, y, c.id, f"{b} {c.short_id} step {number(c.step)}: {metric} = {number(y)}\n{title_of(c)}"))
         series.append((b, pts))
-    options = "".join(f'<option{" selected" if n == metric else ""}>{esc(n)}</option>' for n in names)
+    # a value attribute: without one a browser submits the text with its spaces collapsed
+    options = "".join(f'<option value="{esc(n)}"{" selected" if n == metric else ""}>{esc(n)}</option>'
+                      for n in names)
     boxes = "".join(f'<label class=inline><input type=checkbox name=branch value="{esc(b)}"'
                     f'{" checked" if b in chosen else ""}> {esc(b)}</label>' for b in branches)
     xs = "".join(f'<option value={x}{" selected" if x == x_name else ""}>{x}</option>' for x in ("step", "index", "time"))
@@ -629,9 +657,12 @@ def storage(view: View, query: dict) -> str:
 
 
 def _gc_estimate(repo) -> str:
-    try:
-        r = repo.gc(dry_run=True)
-    except MvcError as exc:  # e.g. a gc running elsewhere: say so, the rest of the page stands
+    try:  # no wait for a running gc: the page holds the view's lock, and every other page with it
+        r = repo.gc(dry_run=True, wait=0)
+    except GcLockBusy as exc:
+        return (f'<p class=err id=gc>gc is running ({esc(exc.holder)}): the estimate is not available now; '
+                'reload this page when it is done.</p>')
+    except MvcError as exc:  # say what failed; the rest of the page stands
         return f'<p class=err>{esc(exc)}</p>'
     facts = [("bytes", human_bytes(r.bytes_reclaimed)), ("chunks", r.chunks_removed),
              ("commits / trees / tensors", f"{r.commits_removed} / {r.trees_removed} / {r.tensors_removed}"),

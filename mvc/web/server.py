@@ -11,6 +11,9 @@ Vocabulary:
   or the cookie the first tokened request sets), as Jupyter does.
 - the server is **read-only**: GET only (every other method is refused
   with 405), and the pages call only reading verbs.
+- the **gate**: the Host check, the token, the method and a GET's lack of
+  a body, checked for every request before anything else; a request it
+  refuses ends its connection.
 
 Why the standard library's ThreadingHTTPServer: pages are rendered whole
 on the server from data the library returns, so the server's own cost is
@@ -28,7 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ipaddress import ip_address
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import (AmbiguousRevision, BadInput, CommitPruned, MvcError, ObjectNotFound, UnknownRevision)
+from ..errors import (AmbiguousRevision, BadInput, CommitPruned, InvalidRefName, LockHeld, MvcError, ObjectNotFound,
+                      RemoteDamaged, RemoteError, UnknownRevision)
 from . import pages
 from .html import SCRIPT, STYLE, esc, page
 
@@ -41,7 +45,18 @@ POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'sel
           "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 COOKIE = "mvc_token"
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
-NOT_FOUND = (UnknownRevision, AmbiguousRevision, ObjectNotFound, CommitPruned)
+TEXT, HTML = "text/plain; charset=utf-8", "text/html; charset=utf-8"
+# An error's status says whose it is: the request's (4xx: ask otherwise) or what the server
+# relies on (5xx: the same request may work later, or the repository needs care). First match wins.
+STATUS_OF = (((UnknownRevision, AmbiguousRevision, ObjectNotFound, CommitPruned), HTTPStatus.NOT_FOUND),
+             ((BadInput, InvalidRefName), HTTPStatus.BAD_REQUEST),
+             (LockHeld, HTTPStatus.SERVICE_UNAVAILABLE),  # a gc or a remote's lease: busy for now
+             ((RemoteError, RemoteDamaged), HTTPStatus.BAD_GATEWAY),  # a lazy clone's remote failed
+             (MvcError, HTTPStatus.INTERNAL_SERVER_ERROR))  # e.g. damage the page found: its message says so
+
+
+def status_of(exc: MvcError) -> HTTPStatus:
+    return next(status for kinds, status in STATUS_OF if isinstance(exc, kinds))
 
 
 def is_loopback(host: str) -> bool:
@@ -56,44 +71,70 @@ class Handler(BaseHTTPRequestHandler):
     sys_version = ""
     protocol_version = "HTTP/1.1"
 
-    # -- every other method is refused ------------------------------------------
-    def _refuse(self):
-        self._send(HTTPStatus.METHOD_NOT_ALLOWED, "text/plain; charset=utf-8",
-                   b"mvc serve is read-only: only GET is answered\n", {"Allow": "GET"})
+    def setup(self):
+        # each connection holds a thread: without a timeout, idle or half-sent requests
+        # would hold them (and their sockets) for ever
+        self.timeout = self.server.request_timeout
+        super().setup()
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_TRACE = do_CONNECT = _refuse
+    # -- the gate every request passes ------------------------------------------
+    def parse_request(self) -> bool:
+        """Read the request line and headers, then pass the request through the gate: on
+        False the refusal is sent and the connection closed. http.server calls this for
+        every request before it looks at the method, so no method skips the checks."""
+        if not super().parse_request():
+            return False  # http.server answered (400, 414 ...) and closes the connection
+        refusal = self._refusal()
+        if refusal is None:
+            return True
+        self._send(*refusal, close=True)
+        return False
+
+    def _refusal(self):
+        """(status, content type, body, headers) refusing this request, or None to answer it.
+
+        A refused request's body is never read, so its connection is closed: kept
+        alive, the body would be read as the next request, one that passed no check.
+        """
+        if not self._host_ok():
+            return (HTTPStatus.FORBIDDEN, TEXT, b"unexpected Host header: open the address mvc serve printed\n", {})
+        self._query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+        self._cookie = self._authorised(self._query)
+        if self._cookie is False:
+            return (HTTPStatus.FORBIDDEN, HTML, page(
+                "Token needed", "<p>This server needs its token: open the address <code>mvc serve</code> printed "
+                "(it ends in <code>?token=…</code>).</p>", "").encode(), {})
+        if self.command != "GET":
+            return (HTTPStatus.METHOD_NOT_ALLOWED, TEXT, b"mvc serve is read-only: only GET is answered\n",
+                    {"Allow": "GET"})
+        if self._has_body():
+            return HTTPStatus.BAD_REQUEST, TEXT, b"a GET request carries no body\n", {}
+        return None
+
+    def _has_body(self) -> bool:
+        length = self.headers.get("Content-Length", "").strip()
+        return "Transfer-Encoding" in self.headers or (length != "" and (not length.isdigit() or int(length) > 0))
 
     def do_GET(self):
-        parts = urlsplit(self.path)
-        query = parse_qs(parts.query, keep_blank_values=True)
-        if not self._host_ok():
-            return self._send(HTTPStatus.FORBIDDEN, "text/plain; charset=utf-8",
-                              b"unexpected Host header: open the address mvc serve printed\n")
-        cookie = self._authorised(query)
-        if cookie is False:
-            return self._send(HTTPStatus.FORBIDDEN, "text/html; charset=utf-8", page(
-                "Token needed", "<p>This server needs its token: open the address <code>mvc serve</code> printed "
-                "(it ends in <code>?token=…</code>).</p>", "").encode())
-        extra = {"Set-Cookie": cookie} if cookie else {}
-        if parts.path in STATIC:
-            kind, data = STATIC[parts.path]
+        path = urlsplit(self.path).path
+        extra = {"Set-Cookie": self._cookie} if self._cookie else {}
+        if path in STATIC:
+            kind, data = STATIC[path]
             return self._send(HTTPStatus.OK, kind, data, dict(extra, **{"Cache-Control": "max-age=3600"}))
-        route = ROUTES.get(parts.path)
+        route = ROUTES.get(path)
         if route is None:
-            return self._error(HTTPStatus.NOT_FOUND, f"no page at {parts.path}", extra)
+            return self._error(HTTPStatus.NOT_FOUND, f"no page at {path}", extra)
         view = self.server.view
         try:
             with view.lock:
-                html = route(view, query)
-        except NOT_FOUND as exc:
-            return self._error(HTTPStatus.NOT_FOUND, str(exc), extra)
-        except (BadInput, MvcError) as exc:
-            return self._error(HTTPStatus.BAD_REQUEST, str(exc), extra)
+                html = route(view, self._query)
+        except MvcError as exc:
+            return self._error(status_of(exc), str(exc), extra)
         except Exception as exc:  # a bug: say so on the page, details on the server's terminal
-            self.log_error("error in %s: %r", parts.path, exc)
+            self.log_error("error in %s: %r", path, exc)
             return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error: see the terminal running mvc serve",
                                extra)
-        self._send(HTTPStatus.OK, "text/html; charset=utf-8", html.encode(), extra)
+        self._send(HTTPStatus.OK, HTML, html.encode(), extra)
 
     # -- checks ------------------------------------------------------------------------
     def _host_ok(self) -> bool:
@@ -101,7 +142,10 @@ class Handler(BaseHTTPRequestHandler):
         this server through DNS rebinding. Elsewhere the token decides."""
         if self.server.token:
             return True
-        host = self.headers.get("Host", "")
+        hosts = self.headers.get_all("Host", [])
+        if len(hosts) != 1:  # none (HTTP/1.0), or several that a proxy and this server may read apart
+            return False
+        host = hosts[0]
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         return name.lower() in LOOPBACK_NAMES
 
@@ -131,14 +175,17 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, status, message: str, extra: dict):
         body = page(f"{status.value} {status.phrase}", f'<p class=err>{esc(message)}</p><p><a href="/">history</a></p>',
                     self.server.view.where())
-        self._send(status, "text/html; charset=utf-8", body.encode(), extra)
+        self._send(status, HTML, body.encode(), extra)
 
-    def _send(self, status, kind: str, data: bytes, extra: dict = None):
+    def _send(self, status, kind: str, data: bytes, extra: dict = None, close: bool = False):
+        """Answer with ``data``; ``close``: and close the connection after it."""
         self.send_response(status)
         headers = {"Content-Type": kind, "Content-Length": str(len(data)), "Content-Security-Policy": POLICY,
                    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
                    "X-Frame-Options": "DENY", "Cache-Control": "no-store"}
         headers.update(extra or {})
+        if close:
+            headers["Connection"] = "close"  # http.server then ends the connection after this answer
         for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
@@ -154,16 +201,28 @@ class Handler(BaseHTTPRequestHandler):
         sys.stderr.write(f"{self.address_string()} {line}\n")
 
 
+REQUEST_TIMEOUT = 30.0  # seconds a connection may stay silent (or not read) before it is dropped
+
+
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, view, host: str = "127.0.0.1", port: int = 0, token=None, quiet: bool = False):
+    def __init__(self, view, host: str = "127.0.0.1", port: int = 0, token=None, quiet: bool = False,
+                 request_timeout: float = REQUEST_TIMEOUT):
         """Serve ``view`` on ``host``:``port`` (0: a free port). ``token``: None makes one
-        when ``host`` is not the loopback (and one is always made there)."""
+        when ``host`` is not the loopback (and one is always made there). ``request_timeout``:
+        seconds any read or write on a connection may wait before the connection is dropped."""
         if token is None or (not token and not is_loopback(host)):  # elsewhere a token is not optional
             token = "" if is_loopback(host) else secrets.token_urlsafe(24)
-        self.view, self.token, self.quiet = view, token, quiet
+        self.view, self.token, self.quiet, self.request_timeout = view, token, quiet, request_timeout
         super().__init__((host, port), Handler)
+
+    def handle_error(self, request, client_address):
+        """A client that went away mid-answer (a closed tab, a cancelled load) is no error
+        of the server's: say nothing. Anything else keeps the standard traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError):  # reset, broken pipe, aborted
+            return
+        super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:

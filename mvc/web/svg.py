@@ -5,11 +5,13 @@ Content-Security-Policy can forbid inline style; every text is escaped.
 """
 
 import math
+import sys
 
 from .html import esc, number
 
 PALETTE = ("#1f77b4", "#e4572e", "#2ca02c", "#9467bd", "#d4a017", "#17becf", "#e377c2", "#7f7f7f")
 LANE_W, ROW_H, NODE_R = 14, 26, 4.5
+LOG10_MAX = math.log10(sys.float_info.max)  # the largest t for which 10 ** t is a float
 
 
 def lane_x(lane: int) -> float:
@@ -41,13 +43,39 @@ def graph_row(row, width: int, pruned: bool = False) -> str:
 # -- curves ------------------------------------------------------------------
 
 def _ticks(lo: float, hi: float, n: int = 5) -> list:
+    """About ``n`` round values from ``lo`` to ``hi``; only the ends where the span is too
+    small (subnormal) or the values too large for a round step in a float."""
+    raw = hi / n - lo / n  # divided first: hi - lo overflows at the ends of float64's range
     if hi <= lo:
         return [lo]
-    raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
+    if not 0 < raw < math.inf or (mag := 10.0 ** math.floor(math.log10(raw))) == 0:
+        return [lo, hi]
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.ceil(lo / step) * step
-    return [first + i * step for i in range(int((hi - first) / step) + 1)]
+    first, last = math.ceil(lo / step), math.floor(hi / step)
+    return [k * step for k in range(first, last + 1)] if 0 <= last - first <= 4 * n else [lo, hi]
+
+
+def _span(lo: float, hi: float, pad: float) -> tuple:
+    """(lo, hi) widened by ``pad`` of the span on each side (and around a single value),
+    kept within float64's range."""
+    top = sys.float_info.max
+    if hi == lo:
+        lo, hi = max(-top, lo - abs(lo) * 0.1 - 1e-9), min(top, hi + abs(hi) * 0.1 + 1e-9)
+    margin = hi * pad - lo * pad
+    return max(-top, lo - margin), min(top, hi + margin)
+
+
+def _scale(v: float, lo: float, hi: float) -> float:
+    """Where ``v`` lies from ``lo`` (0) to ``hi`` (1); halves first, as hi - lo may overflow."""
+    return (v / 2 - lo / 2) / (hi / 2 - lo / 2)
+
+
+def _log_ticks(lo: float, hi: float, n: int = 8) -> list:
+    """Whole powers of ten from ``lo`` to ``hi`` (log10 values), at most about ``n`` of
+    them, and none that 10 ** t cannot hold in a float."""
+    first, last = max(math.ceil(lo), -323), min(math.floor(hi), math.floor(LOG10_MAX))
+    every = max(1, math.ceil((last - first + 1) / n))
+    return [float(t) for t in range(first, last + 1, every)]
 
 
 def curves(series: list, x_label: str, y_label: str, width: int = 1040, height: int = 380,
@@ -64,27 +92,24 @@ def curves(series: list, x_label: str, y_label: str, width: int = 1040, height: 
     legend = 170  # the series' names, right of the plot
     left, right, top, bottom = 64, 16 + legend, 12, 40
     xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    x0, x1 = min(xs), max(xs)
     if x1 == x0:
         x0, x1 = x0 - 1, x1 + 1
-    if y1 == y0:
-        y0, y1 = y0 - abs(y0) * 0.1 - 1e-9, y1 + abs(y1) * 0.1 + 1e-9
-    pad = (y1 - y0) * 0.05
-    y0, y1 = y0 - pad, y1 + pad
+    y0, y1 = _span(min(ys), max(ys), 0.05)
 
     def sx(x):
-        return left + (x - x0) / (x1 - x0) * (width - left - right)
+        return left + _scale(x, x0, x1) * (width - left - right)
 
     def sy(y):
-        return top + (y1 - y) / (y1 - y0) * (height - top - bottom)
+        return top + (1 - _scale(y, y0, y1)) * (height - top - bottom)
 
     out = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
            f'aria-label="{esc(y_label)} against {esc(x_label)}">',
            f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
            'fill="#fbfcfe" stroke="#d5dae3"/>']
-    y_ticks = [float(t) for t in range(math.ceil(y0), math.floor(y1) + 1)] if log_y else _ticks(y0, y1)
+    y_ticks = _log_ticks(y0, y1) if log_y else _ticks(y0, y1)
     if log_y and len(y_ticks) < 2:
-        y_ticks = _ticks(y0, y1)
+        y_ticks = [t for t in _ticks(y0, y1) if t <= LOG10_MAX]
     for t in y_ticks:
         label = number(_round(10 ** t if log_y else t))
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#eceff4"/>'

@@ -201,6 +201,7 @@ class Handler(BaseHTTPRequestHandler):
         sys.stderr.write(f"{self.address_string()} {line}\n")
 
 
+LOCK_WAIT = 2.0  # seconds a page waits for a running gc before it answers 503
 REQUEST_TIMEOUT = 30.0  # seconds a connection may stay silent (or not read) before it is dropped
 
 
@@ -208,13 +209,16 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, view, host: str = "127.0.0.1", port: int = 0, token=None, quiet: bool = False,
-                 request_timeout: float = REQUEST_TIMEOUT):
+                 request_timeout: float = REQUEST_TIMEOUT, lock_wait: float = LOCK_WAIT):
         """Serve ``view`` on ``host``:``port`` (0: a free port). ``token``: None makes one
         when ``host`` is not the loopback (and one is always made there). ``request_timeout``:
-        seconds any read or write on a connection may wait before the connection is dropped."""
+        seconds any read or write on a connection may wait before the connection is dropped.
+        ``lock_wait``: the most seconds a page waits for a running gc (then 503); pages are
+        answered one at a time, so a longer wait would hold up every other page too."""
         if token is None or (not token and not is_loopback(host)):  # elsewhere a token is not optional
             token = "" if is_loopback(host) else secrets.token_urlsafe(24)
         self.view, self.token, self.quiet, self.request_timeout = view, token, quiet, request_timeout
+        view.repo.lock_timeout = min(view.repo.lock_timeout, lock_wait)
         super().__init__((host, port), Handler)
 
     def handle_error(self, request, client_address):

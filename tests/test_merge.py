@@ -437,7 +437,7 @@ def test_cli_merge_show_log_graph_and_diff_against_each_parent(repo, three):
     assert "Merge:  " in show and "Recipe:" in show and "strategy: ties (consensus=sum, density=0.5" in show
     assert f"base:    {three['base'][:12]}" in show and f"input 1: {three['b'][:12]}" in show
     graph = run_cli(repo, "log", "--graph", "--oneline", "--all").stdout.splitlines()
-    assert graph[0].startswith("* ") and graph[1].startswith("|\\")
+    assert graph[0].startswith("*-.   ") and graph[1].startswith("|\\ \\")  # three parents: Git's octopus
     for parent in ("HEAD^1", "HEAD^2", "HEAD^3"):
         d = run_cli(repo, "diff", parent, "HEAD", "--stat")
         assert d.exit_code == 0 and "tensors changed" in d.stdout

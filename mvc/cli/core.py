@@ -9,7 +9,7 @@ from ..files import FORMATS
 from ..ondisk import DEFAULT_CHUNK_SIZE, MAX_WRITE_CHUNK
 from ..errors import MvcError
 from .audit import load_signer, signature_line
-from .graph import layout as graph_layout
+from .graph import Graph
 from .base import (Progress, echo_json, human_bytes, main, open_repo, parse_pairs, record_line, title,
                    to_jsonable)
 
@@ -140,7 +140,9 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signat
         else:
             include.append(rev)
     with open_repo() as repo:
-        if len(include) == 1 and not exclude and not all_refs:
+        if graph and not include and not all_refs and repo.head().id:
+            include = ["HEAD"]  # a graph follows every parent, as git log --graph does
+        if len(include) == 1 and not exclude and not all_refs and not graph:
             commits = list(repo.log(include[0], n=max_count))
         elif include or all_refs:
             commits = history.walk(repo, include, exclude, all_refs, max_count)
@@ -157,37 +159,39 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signat
         echo_json([{**to_jsonable(c), "signature": to_jsonable(verdicts[c.id])} for c in commits]
                   if show_signature else commits)
         return
-    rows = graph_layout(commits) if graph else [("", "", [], "")] * len(commits)
-    for c, (head, body, folds, spread) in zip(commits, rows):
-        _show_log_entry(c, decorations, oneline, head, body, spread, verdicts.get(c.id))
-        for line in folds:
-            click.echo(line)
+    drawing = Graph({c.id for c in commits}) if graph else None
+    for i, c in enumerate(commits):
+        text = _log_entry(c, decorations, oneline, verdicts.get(c.id))
+        if drawing is None:
+            for line in text + ([] if oneline else [""]):
+                click.echo(line.rstrip())
+            continue
+        drawing.update(c)
+        if i and not oneline:  # the blank line between two commits, drawn as Git does
+            click.echo(drawing.padding().rstrip())
+        *before, node = drawing.to_commit()
+        lines = before + [node + text[0]] + [drawing.next_line() + line for line in text[1:]]
+        for line in lines + drawing.remainder():
+            click.echo(line.rstrip())
 
 
-def _show_log_entry(c, decorations, oneline: bool, head: str, body: str, spread: str = "", verdict=None) -> None:
+def _log_entry(c, decorations, oneline: bool, verdict=None) -> list:
+    """The lines of text ``mvc log`` shows for ``c``."""
     names = decorations.get(c.id)
     deco = f" ({', '.join(names)})" if names else ""
     deco += " [pruned]" if c.pruned else ""
-    lead = f"{head} " if head else ""
     if oneline:
         record = record_line(c, beside=title(c))
         mark = f"[{verdict.status}] " if verdict is not None else ""
-        click.echo(f"{lead}{c.short_id}{deco} {mark}{record + '  ' if record else ''}{title(c)}".rstrip())
-        if spread:
-            click.echo(spread)
-        return
-    pad = f"{body} " if body else ("  " if head else "")
-    lines = [f"Merge:  {' '.join(p[:12] for p in c.parents)}"] if len(c.parents) > 1 else []
+        return [f"{c.short_id}{deco} {mark}{record + '  ' if record else ''}{title(c)}"]
+    lines = [f"commit {c.id}{deco}"]
+    lines += [f"Merge:  {' '.join(p[:12] for p in c.parents)}"] if len(c.parents) > 1 else []
     lines += [signature_line(verdict)] if verdict is not None else []
     lines += [f"Author: {c.author}", f"Date:   {_when(c.time)}"]
     if record_line(c):
         lines.append(f"Record: {record_line(c)}")
     lines.append("")
-    lines += [f"    {line}" for line in (c.message or "(no message)").splitlines()]
-    lines.append("")
-    click.echo(f"{lead}commit {c.id}{deco}")
-    for i, line in enumerate(lines):
-        click.echo(f"{spread.ljust(len(pad)) if spread and i == 0 else pad}{line}".rstrip())
+    return lines + [f"    {line}" for line in (c.message or "(no message)").splitlines()]
 
 
 @main.command()

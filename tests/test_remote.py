@@ -286,6 +286,24 @@ def test_deleted_remote_pack_is_named(origin, tmp_path):
     fresh.close()
 
 
+def test_log_all_takes_in_and_names_remote_tracking_branches(origin, tmp_path):
+    """As git log --all: a commit only origin/main reaches after a fetch is listed, and
+    log decorates it with origin/main (it was left out, and never named)."""
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
+    third = origin.commit(state(3), "third")
+    origin.remotes.push()
+    clone.remotes.fetch()
+    clone.close()
+    runner = CliRunner()
+    lines = runner.invoke(main, ["-C", str(tmp_path / "b"), "log", "--all", "--oneline"]).stdout.splitlines()
+    assert lines[0] == f"{third.short_id} (origin/main) third" and len(lines) == 3, lines
+    assert "(HEAD -> main)" in lines[1]
+    graph = runner.invoke(main, ["-C", str(tmp_path / "b"), "log", "--graph", "--oneline", "origin/main"])
+    assert graph.stdout.splitlines()[0] == f"* {third.short_id} (origin/main) third"
+    with mvc.Repository.open(tmp_path / "b") as again:
+        assert [c.message for c in mvc.history.walk(again, all_refs=True)] == ["third", "second", "first"]
+
+
 def test_repair_refetches_damaged_local_chunks(origin, tmp_path):
     packs = sorted((tmp_path / "a" / ".mvc" / "packs").glob("*.pack"), key=lambda p: p.stat().st_size)
     _flip_byte(packs[-1], 8 + 36 + 3)  # inside the first record's data

@@ -25,17 +25,10 @@ def _count(n: int, noun: str, plural: str = "s") -> str:
 
 
 def _decorations(repo) -> dict:
-    """{commit id: ["HEAD -> main", "tag: v1", ...]} like git log's decorations."""
-    head = repo.head()
-    out: dict = {}
-    for ref in repo.branches():
-        name = f"HEAD -> {ref.name}" if ref.name == head.branch else ref.name
-        out.setdefault(ref.id, []).append(name)
-    for ref in repo.tags():
-        out.setdefault(ref.id, []).append(f"tag: {ref.name}")
-    if head.branch is None and head.id:
-        out.setdefault(head.id, []).insert(0, "HEAD")
-    return out
+    """{commit id: ["HEAD -> main", "tag: v1", "origin/main", ...]} like git log's decorations."""
+    shown = {"HEAD": "HEAD", "current": "HEAD -> {}", "branch": "{}", "tag": "tag: {}", "remote": "{}"}
+    return {cid: [shown[kind].format(name) for kind, name in names]
+            for cid, names in history.decorations(repo).items()}
 
 
 def _flat(mapping: dict, prefix: str = "") -> list:
@@ -111,7 +104,7 @@ def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json
 @main.command()
 @click.argument("revs", nargs=-1, metavar="[REV | A..B]...")
 @click.option("-n", "--max-count", type=click.IntRange(min=0), default=None, help="Show at most N commits.")
-@click.option("--all", "all_refs", is_flag=True, help="Every commit any branch, tag or HEAD reaches.")
+@click.option("--all", "all_refs", is_flag=True, help="Every commit any branch, tag, remote-tracking branch or HEAD reaches.")
 @click.option("--graph", is_flag=True, help="Draw the history as a graph beside the commits.")
 @click.option("--oneline", is_flag=True, help="One line per commit.")
 @click.option("--json", "as_json", is_flag=True, help="Print commits as JSON.")
@@ -123,8 +116,8 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signat
     """Show the history from REV (default HEAD), newest first.
 
     A..B shows the commits B reaches and A does not (as in Git); --all
-    starts from every branch, tag and HEAD; several REVs show what any of
-    them reaches.
+    starts from every branch, tag, remote-tracking branch (origin/main) and
+    HEAD; several REVs show what any of them reaches.
     """
     from .. import plot  # mvc.plot loads matplotlib only when it draws
     from .. import refs

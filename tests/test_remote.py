@@ -388,6 +388,32 @@ def test_cli_remote_commands(tmp_path):
     assert run("branch", "-r").strip() == ""
 
 
+def test_config_names_every_setting_and_lists_those_set(origin):
+    """config's help and its error for an unknown key named only the cache settings, and
+    'mvc config' with no KEY was a usage error: it lists the settings, as git config --list."""
+    from mvc.remote.verbs import SETTINGS
+    runner = CliRunner()
+
+    def run(*args):
+        return runner.invoke(main, ["-C", str(origin.root), *args])
+    keys = ["cache.remote", "cache.max-bytes", "signing.key", "signing.allowed-signers", "signing.require",
+            "signing.fetch"]
+    assert list(SETTINGS) == keys
+    assert all(key in run("config", "--help").stdout for key in keys)
+    assert "refuse" in SETTINGS["signing.fetch"] and "off" in SETTINGS["signing.fetch"]
+    unknown = run("config", "nope")
+    assert unknown.exit_code == 1 and unknown.stderr.endswith(f"known: {', '.join(keys)}\n")
+    empty = run("config")
+    assert empty.exit_code == 0 and empty.stdout == ""
+    assert run("config", "signing.fetch", "off").exit_code == 0
+    run("config", "cache.max-bytes", "1K")
+    listed = run("config")
+    assert listed.exit_code == 0
+    assert listed.stdout.splitlines() == ["cache.remote=origin", "cache.max-bytes=1024", "signing.fetch=off"]
+    assert origin.settings() == {"cache.remote": "origin", "cache.max-bytes": "1024", "signing.fetch": "off"}
+    assert run("config", "--unset").exit_code == 2
+
+
 def test_evict_keeps_a_branch_the_remote_deleted_after_the_last_fetch(origin, tmp_path):
     """The tracking ref of a branch deleted on the remote lingers until a fetch --prune: eviction
     must ask the remote what its refs reach now, or a remote gc takes the last copy."""

@@ -451,7 +451,7 @@ class PrunedOnRemote(RefConflict):
 
 class Diverged(RefConflict):
     """Local branch ``branch`` and ``remote``'s branch of that name have diverged: a pull
-    cannot fast-forward, and mvc does not merge."""
+    cannot fast-forward (``Repository.merge`` can combine the two checkpoints)."""
 
     def __init__(self, message: str = "", *, branch: str = "", remote: str = ""):
         super().__init__(message)

@@ -106,6 +106,7 @@ def test_the_cli_adds_fsck_advice_the_library_leaves_out(workdir, monkeypatch, t
     (lambda E: E.NotConfigured("no remote is cached", setting="cache.remote"), "'mvc config cache.remote VALUE'"),
     (lambda E: E.RefRejected("rejected", remote="up", refs=("heads/main",)), "'mvc fetch up'"),
     (lambda E: E.Diverged("diverged", branch="b", remote="up"), "'mvc branch --force b up/b'"),
+    (lambda E: E.Diverged("diverged", branch="b", remote="up"), "'mvc merge b up/b -b b'"),
     (lambda E: E.RefExists("exists", ref="heads/exp", action="create-and-checkout"), "'mvc checkout exp'"),
     (lambda E: E.ProtectedRef("protected", ref="heads/main", action="commit"), "'mvc branch --unprotect main'"),
     (lambda E: E.ProtectedRef("protected; pass --force to move it", ref="tags/v1", action="move"), None),

@@ -347,6 +347,14 @@ def test_pull_refuses_diverged_history(origin, tmp_path):
         other.remotes.pull()
     assert (err.value.branch, err.value.remote) == ("main", "origin")
     other.close()
+    # the advice names mvc merge (it said "mvc does not merge checkpoints"), and the merge it names works
+    pulled = CliRunner().invoke(main, ["-C", str(tmp_path / "b"), "pull"])
+    assert pulled.exit_code == 1 and "does not merge" not in pulled.stderr
+    assert "'mvc merge main origin/main -b main'" in pulled.stderr and "'mvc branch NAME main'" in pulled.stderr
+    merged = CliRunner().invoke(main, ["-C", str(tmp_path / "b"), "merge", "main", "origin/main", "-b", "main"])
+    assert merged.exit_code == 0, merged.output
+    with mvc.Repository.open(tmp_path / "b") as again:
+        assert again.resolve("origin/main") in again.get_commit("main").parents
 
 
 def test_layout_marker_and_refs_on_the_remote(origin, tmp_path):

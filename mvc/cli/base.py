@@ -92,8 +92,9 @@ HINTS = (
     (RemoteExists, lambda e: f"remove it first ('mvc remote remove {e.name}')"),
     (NotConfigured, lambda e: f"set it with 'mvc config {e.setting} VALUE'"),
     (RefRejected, lambda e: f"run 'mvc fetch {e.remote}', then build on {e.remote}/BRANCH"),
-    (Diverged, lambda e: f"keep yours on a new branch ('mvc branch NAME {e.branch}'), then "
-                         f"'mvc branch --force {e.branch} {e.remote}/{e.branch}'"),
+    (Diverged, lambda e: f"merge the two checkpoints with 'mvc merge {e.branch} {e.remote}/{e.branch} -b {e.branch}' "
+                         f"(a merge commit on {e.branch}), or keep yours on a new branch ('mvc branch NAME {e.branch}') "
+                         f"and then take theirs with 'mvc branch --force {e.branch} {e.remote}/{e.branch}'"),
     (RefExists, lambda e: f"'mvc checkout {e.ref.split('/', 1)[-1]}' switches to it"
                           if e.action == "create-and-checkout" else ""),
     (ProtectedRef, lambda e: f"unprotect it first ('mvc branch --unprotect {e.ref.split('/', 1)[-1]}')"

@@ -872,8 +872,9 @@ def _download_group(repo, conn: Connection, located: dict, progress=None) -> int
 def pull(repo, name: Optional[str] = None, branch: Optional[str] = None, progress=None) -> PullReport:
     """fetch, then fast-forward local ``branch`` (default HEAD's) to ``NAME/branch``.
 
-    Raises Diverged (a RefConflict) when they have diverged (mvc does not merge
-    checkpoints), ProtectedRef / LockHeld as a commit would.
+    Raises Diverged (a RefConflict) when they have diverged (a pull only
+    fast-forwards; ``Repository.merge`` can combine the two), ProtectedRef /
+    LockHeld as a commit would.
     """
     report = fetch(repo, name, progress)
     with repo.index.write() as txn:
@@ -893,8 +894,8 @@ def pull(repo, name: Optional[str] = None, branch: Optional[str] = None, progres
         if mine is not None and not _is_ancestor(txn, repo.objects, mine, new):
             if _is_ancestor(txn, repo.objects, new, mine):
                 return PullReport(report, branch, _hex(mine), _hex(mine), "up to date")
-            raise Diverged(f"branch {branch!r} and {report.remote}/{branch} have diverged; mvc does not merge "
-                           "checkpoints", branch=branch, remote=report.remote)
+            raise Diverged(f"branch {branch!r} and {report.remote}/{branch} have diverged, and a pull only "
+                           "fast-forwards", branch=branch, remote=report.remote)
         repo.refs.check_commit(txn, ref, locking.this_process(locking.default_author()))
         repo.refs.set_if_equals(txn, ref, mine, new, f"pull: {report.remote}/{branch}")
     return PullReport(report, branch, _hex(mine), new.hex(), "new" if mine is None else "fast-forward")

@@ -18,10 +18,10 @@ import time
 import click
 
 from ..errors import (BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped, BranchLocked, CommitPruned,
-                      CorruptObject, Diverged, HashMismatch, HeadMissing, LockDamaged, MvcError, NoBisect,
-                      NotARepository, NotConfigured, NotRegular, ObjectNotFound, PackDamaged, ProtectedRef, RefExists,
-                      RefRejected, RemoteCorrupt, RemoteDamaged, RemoteExists, ScanFoundDamage, UnknownRemote,
-                      VerdictContradicts, WalkDamaged)
+                      CorruptObject, Diverged, HashMismatch, HeadMissing, LockDamaged, MetricNotRecorded, MvcError,
+                      NoBisect, NotARepository, NotConfigured, NotRegular, ObjectNotFound, PackDamaged, ProtectedRef,
+                      RefExists, RefRejected, RemoteCorrupt, RemoteDamaged, RemoteExists, ScanFoundDamage,
+                      UnknownRemote, VerdictContradicts, WalkDamaged)
 
 
 class Group(click.Group):
@@ -53,6 +53,8 @@ class Group(click.Group):
 def advice(exc: MvcError) -> str:
     """The error's message, and what to run about it: the library says what went wrong
     (a type with attributes), only the CLI names commands."""
+    if exc.forced:  # the library says what force=True would do; here that is --force
+        return f"{exc.summary}; pass --force to {exc.forced}"
     text = str(exc)
     if "'mvc " in text:  # the message already says which command
         return text
@@ -100,6 +102,7 @@ HINTS = (
     (ProtectedRef, lambda e: f"unprotect it first ('mvc branch --unprotect {e.ref.split('/', 1)[-1]}')"
                              if e.action == "commit" else ""),
     (BranchLocked, _lock_hint),
+    (MetricNotRecorded, lambda e: "pick branches that record it with --branch" if e.branches else ""),
     (LockDamaged, lambda e: f"remove it with 'mvc remote unlock --force {e.remote} {e.branch}'" if e.remote
                             else f"remove it with 'mvc unlock --force {e.branch}'"),
     (HeadMissing, lambda e: "run 'mvc checkout BRANCH' to set it again"),

@@ -61,7 +61,7 @@ def add(txn, name: str, url: str, endpoint_url: Optional[str]) -> RemoteInfo:
     if txn.meta(PREFIX + name) is not None:
         raise RemoteExists(f"remote {name!r} already exists", name=name)
     if endpoint_url is not None and not re.match(r"https?://", endpoint_url):
-        raise BadInput(f"--endpoint-url {endpoint_url!r} must start with http:// or https://")
+        raise BadInput(f"endpoint URL {endpoint_url!r} must start with http:// or https://")
     info = RemoteInfo(name, url, endpoint_url)
     put(txn, info)
     return info

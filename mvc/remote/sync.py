@@ -353,8 +353,8 @@ def _delete_refs(repo, conn: Connection, names: tuple, force: bool, held) -> lis
             raise BadInput(f"remote {conn.name!r} has no branch or tag {name!r} to delete")
         old, protected, etag = current[ref]
         if protected and not force:
-            raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was deleted "
-                               "(pass --force to delete it)")
+            raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was deleted",
+                               ref=ref, action="delete", forced="delete it")
         _check_remote_lock(conn, ref, me)
         held.check()
         try:
@@ -445,8 +445,8 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
             continue
         _audit.check_push(repo, ref, old, tip, conn.name)  # signing policy: force does not bypass it
         if old is not None and old_protected and not force:
-            raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was moved "
-                               "(pass --force to move it)")
+            raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was moved",
+                               ref=ref, action="move", forced="move it")
         if old is not None and not force:
             with repo.index.read() as txn:
                 ok = ref.startswith(refnames.BRANCHES) and _is_ancestor(txn, repo.objects, old, tip)
@@ -584,8 +584,9 @@ def unlock(repo, name: Optional[str], branch: str, force: bool = False, owner: O
             return False
         holder = layout.decode_lock(current[0], key, conn.name) if not force else {"owner": None}
         if not force and holder["owner"] != (owner or locking.default_author()):
-            raise LockHeld(f"branch {branch!r} is locked on remote {conn.name!r} by {holder['owner']}; "
-                           "pass --force to remove the lock anyway")
+            raise BranchLocked(f"branch {branch!r} is locked on remote {conn.name!r} by {holder['owner']}",
+                               branch=branch, owner=holder["owner"], named=True, remote=conn.name,
+                               forced="remove the lock anyway")
         conn.bucket.delete(key)
         return True
     finally:

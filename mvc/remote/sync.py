@@ -908,10 +908,15 @@ def clone(repo_cls, url: str, path, lazy: bool = False, endpoint_url: Optional[s
 
     ``lazy``: metadata only; chunks stay on the remote until a version is
     read (the repository caches the remote). Checks out the remote's HEAD
-    branch. A failed clone leaves nothing behind.
+    branch. A failed clone leaves nothing behind. An S3 clone with no
+    ``endpoint_url`` keeps the endpoint the environment names
+    (``AWS_ENDPOINT_URL``, see ``config.environment_endpoint``), so later
+    fetches reach the same store without it.
     """
     if not isinstance(path, (str, Path)) or not str(path).strip():
         raise BadInput("clone needs a directory to clone into (an empty name would mean the current one)")
+    if endpoint_url is None and url.startswith("s3://"):
+        endpoint_url = config.environment_endpoint()
     bucket = open_bucket(url, endpoint_url)
     try:
         raw = bucket.get(layout.MARKER)

@@ -247,6 +247,8 @@ def select_flat(flat: dict, only: Optional[str] = None, strip_prefix: Optional[s
     picked = {k: v for k, v in flat.items() if only is None or fnmatch.fnmatchcase(k, only)}
     if not picked:
         raise BadInput(f"no key matches only={only!r} (keys look like {_examples(flat)})")
+    if strip_prefix and not strip_prefix.endswith("."):
+        strip_prefix += "."  # a prefix is whole dotted components: "model" strips "model.", never leaves ".0.bias"
     if strip_prefix:
         lacking = [k for k in picked if not k.startswith(strip_prefix) or k == strip_prefix]
         if lacking:

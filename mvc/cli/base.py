@@ -21,7 +21,7 @@ from ..errors import (BisectFinished, BisectInProgress, BisectStateDamaged, Bise
                       CorruptObject, Diverged, HashMismatch, HeadMissing, LockDamaged, MergeMismatch, MetricNotRecorded,
                       MvcError, NoBisect, NotARepository, NotConfigured, NotRegular, ObjectNotFound, PackDamaged,
                       ProtectedRef, RefExists, RefRejected, RemoteCorrupt, RemoteDamaged, RemoteExists, ScanFoundDamage,
-                      UnknownRemote, VerdictContradicts, WalkDamaged)
+                      SigningKeyError, UnknownRemote, VerdictContradicts, WalkDamaged)
 
 
 class Group(click.Group):
@@ -103,6 +103,8 @@ HINTS = (
     (ProtectedRef, lambda e: f"unprotect it first ('mvc branch --unprotect {e.ref.split('/', 1)[-1]}')"
                              if e.action == "commit" else ""),
     (BranchLocked, _lock_hint),
+    (SigningKeyError, lambda e: "" if e.path else "set one with 'mvc config signing.key KEYFILE', or give one "
+                                                  "with --signing-key KEYFILE"),
     (MergeMismatch, lambda e: "merge only the model's tensors with --only 'model.*' (a training run's "
                               "commits also hold optimizer, RNG and data-loader state)"
                               if any(not k.startswith("model.") for k in e.keys) else ""),

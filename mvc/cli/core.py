@@ -10,7 +10,7 @@ from ..ondisk import DEFAULT_CHUNK_SIZE, MAX_WRITE_CHUNK
 from ..errors import MvcError
 from .audit import load_signer, signature_line
 from .graph import Graph
-from .base import (Progress, echo_json, human_bytes, main, open_repo, parse_pairs, record_line, title,
+from .base import (Progress, advice, echo_json, human_bytes, main, open_repo, parse_pairs, record_line, title,
                    to_jsonable)
 
 
@@ -76,6 +76,9 @@ def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json
     Hugging Face model folder (model.safetensors or its shards, config and
     tokenizer files)."""
     metrics = parse_pairs(metrics, "--metric")
+    for key, value in metrics.items():  # bad usage (exit 2), as a malformed K=V is
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise click.BadParameter(f"{key}={value!r} is not a number", param_hint="--metric")
     context = parse_pairs(context, "--context")
     if orphan and branch is None:
         raise click.UsageError("--orphan starts a new branch: give it with --branch NEW")
@@ -176,7 +179,7 @@ def _log_entry(c, decorations, oneline: bool, verdict=None) -> list:
     if oneline:
         record = record_line(c, beside=title(c))
         mark = f"[{verdict.status}] " if verdict is not None else ""
-        return [f"{c.short_id}{deco} {mark}{record + '  ' if record else ''}{title(c)}"]
+        return [f"{c.short_id}{deco} {mark}{record + '  ' if record else ''}{title(c) or '(no message)'}"]
     lines = [f"commit {c.id}{deco}"]
     lines += [f"Merge:  {' '.join(p[:12] for p in c.parents)}"] if len(c.parents) > 1 else []
     lines += [signature_line(verdict)] if verdict is not None else []
@@ -304,7 +307,7 @@ def _entry_json(e) -> dict:
 def _show_entries(entries) -> None:
     tensors = [e for e in entries if e.kind == "tensor"]
     total = sum(e.nbytes for e in tensors)
-    click.echo(f"\nTree: {len(tensors)} tensors, {human_bytes(total)}")
+    click.echo(f"\nTree: {_count(len(tensors), 'tensor')}, {human_bytes(total)}")
     width = max([len(e.key) for e in entries] + [3])
     for e in entries:
         if e.kind == "tensor":
@@ -324,7 +327,7 @@ _output_options = [
     click.option("--only", metavar="GLOB", default=None,
                  help="Write only the keys matching GLOB (e.g. 'model.*') as a flat state dict."),
     click.option("--strip-prefix", metavar="PREFIX", default=None,
-                 help="Take PREFIX (e.g. 'model.') off every key written."),
+                 help="Take PREFIX (e.g. 'model.'; 'model' means the same) off every key written."),
 ]
 
 
@@ -426,8 +429,14 @@ def _list_refs(items, current=None, as_json=False):
         click.echo(f"{mark} {ref.name:<24} {ref.id[:12]}{flag}")
 
 
-def _ref_command(kind: str, name, rev, delete, force, protect, as_json, move=False) -> None:
-    """What ``mvc branch`` and ``mvc tag`` share: list, create, protect, delete (and rename branches)."""
+def _ref_command(kind: str, name, rev, delete, force, protect, as_json, move=False, more=()) -> None:
+    """What ``mvc branch`` and ``mvc tag`` share: list, create, protect, delete (and rename branches).
+    With -d, every NAME given is deleted (``mvc branch -d a b c``), as Git does."""
+    if delete:
+        _delete_refs(kind, [n for n in (delete, name, rev, *more) if n is not None], force)
+        return
+    if more:
+        raise click.UsageError(f"too many arguments: {' '.join(more)}")
     if move:
         if name is None or rev is None or delete:
             raise click.UsageError("-m takes OLD NEW: mvc branch -m OLD NEW")
@@ -437,10 +446,7 @@ def _ref_command(kind: str, name, rev, delete, force, protect, as_json, move=Fal
         return
     with open_repo() as repo:
         existing = repo.branches() if kind == "branch" else repo.tags()
-        if delete:
-            (repo.delete_branch if kind == "branch" else repo.delete_tag)(delete, force=force)
-            click.echo(f"Deleted {kind} {delete}")
-        elif name is None:
+        if name is None:
             _list_refs(existing, repo.head().branch if kind == "branch" else None, as_json)
         elif protect is not None and rev is None and name in {r.name for r in existing}:
             ref = repo.set_protected(name, protect, kind)
@@ -452,33 +458,53 @@ def _ref_command(kind: str, name, rev, delete, force, protect, as_json, move=Fal
                        f"{' (protected)' if ref.protected else ''}")
 
 
+def _delete_refs(kind: str, names: list, force: bool) -> None:
+    """Delete each named branch or tag; one that cannot be deleted is said and the rest go on (exit 1)."""
+    failed = False
+    with open_repo() as repo:
+        for name in dict.fromkeys(names):
+            try:
+                (repo.delete_branch if kind == "branch" else repo.delete_tag)(name, force=force)
+            except MvcError as exc:
+                click.echo(f"mvc: error: {advice(exc)}", err=True)
+                failed = True
+                continue
+            click.echo(f"Deleted {kind} {name}")
+    if failed:
+        raise click.exceptions.Exit(1)
+
+
 _REF_HELP = """With no NAME, list them. With NAME, point it at REV (default HEAD); with
 --protect/--unprotect and no REV, change the protection of an existing one.
 A protected {kind} is not moved or deleted without --force."""
 
 
-@main.command(help="List branches, create NAME at REV, or delete one with -d.\n\n"
+@main.command(help="List branches, create NAME at REV, or delete them with -d NAME....\n\n"
               + _REF_HELP.format(kind="branch"))
 @click.argument("name", required=False)
 @click.argument("rev", required=False)
-@click.option("-d", "--delete", "delete", metavar="NAME", default=None, help="Delete branch NAME.")
+@click.argument("more", nargs=-1, metavar="")
+@click.option("-d", "--delete", "delete", metavar="NAME", default=None,
+              help="Delete branch NAME, and every other NAME given.")
 @click.option("-m", "--move", is_flag=True, help="Rename branch NAME to REV's place: mvc branch -m OLD NEW "
               "(its protection and reflog go with it; HEAD follows).")
 @click.option("-f", "--force", is_flag=True, help="Move or delete even if protected or existing.")
 @click.option("--protect/--unprotect", default=None, help="Protect NAME from moves and deletion.")
 @click.option("--json", "as_json", is_flag=True, help="List branches as JSON.")
 @click.option("-r", "--remotes", "remotes", is_flag=True, help="List remote-tracking branches (REMOTE/BRANCH).")
-def branch(name, rev, delete, move, force, protect, as_json, remotes=False):
+def branch(name, rev, more, delete, move, force, protect, as_json, remotes=False):
     if remotes:
         with open_repo() as repo:
             return _list_refs(repo.remotes.branches(), as_json=as_json)
-    _ref_command("branch", name, rev, delete, force, protect, as_json, move)
+    _ref_command("branch", name, rev, delete, force, protect, as_json, move, more)
 
 
-@main.command(help="List tags, tag REV as NAME, or delete one with -d.\n\n" + _REF_HELP.format(kind="tag"))
+@main.command(help="List tags, tag REV as NAME, or delete them with -d NAME....\n\n" + _REF_HELP.format(kind="tag"))
 @click.argument("name", required=False)
 @click.argument("rev", required=False)
-@click.option("-d", "--delete", "delete", metavar="NAME", default=None, help="Delete tag NAME.")
+@click.argument("more", nargs=-1, metavar="")
+@click.option("-d", "--delete", "delete", metavar="NAME", default=None,
+              help="Delete tag NAME, and every other NAME given.")
 @click.option("-f", "--force", is_flag=True, help="Move or delete even a protected tag.")
 @click.option("--protect/--unprotect", default=None, help="Protect the tag from moves and deletion.")
 @click.option("--json", "as_json", is_flag=True, help="List tags as JSON.")
@@ -487,7 +513,7 @@ def branch(name, rev, delete, move, force, protect, as_json, remotes=False):
 @click.option("-s", "--sign", "sign", is_flag=True, help="Make a signed tag with the key in signing.key.")
 @click.option("--signing-key", metavar="KEYFILE", default=None, help="Sign with this key file (implies -s).")
 @click.option("-m", "--message", default="", help="The signed tag's message.")
-def tag(name, rev, delete, force, protect, as_json, keep_local=None, sign=False, signing_key=None, message=""):
+def tag(name, rev, more, delete, force, protect, as_json, keep_local=None, sign=False, signing_key=None, message=""):
     if keep_local is not None and (name is None or delete):
         raise click.UsageError("--keep-local takes a tag NAME: mvc tag NAME [REV] --keep-local")
     pin_only = False  # --keep-local alone on an existing tag only pins it
@@ -502,7 +528,7 @@ def tag(name, rev, delete, force, protect, as_json, keep_local=None, sign=False,
                                   sign=load_signer(repo, sign, signing_key), message=message)
         click.echo(f"Signed tag {ref.name} at {ref.id[:12]}{' (protected)' if ref.protected else ''}")
     elif not pin_only:
-        _ref_command("tag", name, rev, delete, force, protect, as_json)
+        _ref_command("tag", name, rev, delete, force, protect, as_json, more=more)
     if keep_local is not None:
         with open_repo() as repo:
             repo.cache.pin(name, keep_local)

@@ -61,7 +61,7 @@ def init(path, chunk_size):
 @click.option("-m", "--message", default=None,
               help="Commit message (default: one naming what was committed, e.g. 'Import a.pt: 12 tensors').")
 @click.option("-b", "--branch", default=None,
-              help="Branch to commit to (default: HEAD's); a new one forks from HEAD, as git checkout -b does.")
+              help="Branch to commit to (default: HEAD's); a new one forks from HEAD, and HEAD stays where it is.")
 @click.option("--orphan", is_flag=True, help="Start a new --branch with a root commit (no parent).")
 @click.option("--step", type=int, default=None, help="Training step of this checkpoint.")
 @click.option("--epoch", type=int, default=None, help="Training epoch of this checkpoint.")

@@ -65,8 +65,8 @@ def signer(repo, sign, passphrase=None) -> Optional[signing.SigningKey]:
         with repo.index.read() as txn:
             path = signing.get_setting(txn, signing.KEY)
         if path is None:
-            raise SigningKeyError("no signing key is set: set signing.key to an Ed25519 key file "
-                                  "(ssh-keygen -t ed25519) or give one")
+            raise SigningKeyError("no signing key is set: setting signing.key names no key file, and none "
+                                  "was given (an Ed25519 key: ssh-keygen -t ed25519)")
         sign = signing.resolve_path(repo.root, path)
     passphrase = passphrase if passphrase is not None else os.environ.get("MVC_SIGNING_PASSPHRASE")
     return signing.load_key(sign, passphrase)

@@ -145,7 +145,7 @@ def diff(repo, a: str, b: Optional[str] = None, only: Optional[str] = None, read
         entries_a, entries_b = _select(all_a, only), _select(all_b, only)
         if only is not None and not entries_a and not entries_b:
             examples = ", ".join(repr(e.key) for e in (all_b or all_a)[:3]) or "none: both are empty"
-            raise BadInput(f"no key of {commit_a.short_id} or {commit_b.short_id} matches --only {only!r} "
+            raise BadInput(f"no key of {commit_a.short_id} or {commit_b.short_id} matches only={only!r} "
                            f"(keys look like {examples}); the glob matches whole dotted keys, e.g. 'model.*'")
         tensors_a = {e.path: e for e in entries_a if e.kind == "tensor"}
         tensors_b = {e.path: e for e in entries_b if e.kind == "tensor"}

@@ -10,12 +10,16 @@ class MvcError(Exception):
     """Root of every error mvc raises on purpose.
 
     ``id`` is the hex id of the object, chunk or commit the error concerns,
-    when there is one (None otherwise).
+    when there is one (None otherwise). ``forced`` says what the call would
+    have done with ``force=True`` ("move it", "overwrite it"), when that is
+    the way past the refusal ("" otherwise); the message then ends with it,
+    and ``summary`` is the message without it.
     """
 
-    def __init__(self, message: str = "", *, id=None):
-        super().__init__(message)
+    def __init__(self, message: str = "", *, id=None, forced: str = ""):
+        super().__init__(f"{message}; force=True would {forced}" if forced else message)
         self.id = id.hex() if isinstance(id, (bytes, bytearray)) else id
+        self.summary, self.forced = message, forced
 
 
 class NotARepository(MvcError):
@@ -87,8 +91,8 @@ class RefConflict(MvcError):
     be made or moved as asked. ``ref`` names it when known; for a failed compare-and-swap
     ``expected`` and ``found`` are the hex ids (None: no commit) it should and did name."""
 
-    def __init__(self, message: str = "", *, ref=None, expected=None, found=None):
-        super().__init__(message)
+    def __init__(self, message: str = "", *, ref=None, expected=None, found=None, forced: str = ""):
+        super().__init__(message, forced=forced)
         self.ref, self.expected, self.found = ref, expected, found
 
 
@@ -100,8 +104,8 @@ class ProtectedRef(MvcError):
     """A protected ref would be moved or deleted without ``force``; ``ref`` names it
     (``heads/NAME``, ``tags/NAME``) and ``action`` what was refused ("commit", "move", …)."""
 
-    def __init__(self, message: str = "", *, ref=None, action=None, id=None):
-        super().__init__(message, id=id)
+    def __init__(self, message: str = "", *, ref=None, action=None, id=None, forced: str = ""):
+        super().__init__(message, id=id, forced=forced)
         self.ref, self.action = ref, action
 
 
@@ -460,7 +464,7 @@ class PrunedOnRemote(RefConflict):
 
 class Diverged(RefConflict):
     """Local branch ``branch`` and ``remote``'s branch of that name have diverged: a pull
-    cannot fast-forward, and mvc does not merge."""
+    cannot fast-forward (``Repository.merge`` can combine the two checkpoints)."""
 
     def __init__(self, message: str = "", *, branch: str = "", remote: str = ""):
         super().__init__(message)
@@ -472,8 +476,8 @@ class BranchLocked(LockHeld):
     person took, not a running process), in this repository or, with ``remote``, on that remote."""
 
     def __init__(self, message: str = "", *, branch: str = "", owner: str = "", host: str = "",
-                 named: bool = False, here: bool = True, remote=None):
-        super().__init__(message)
+                 named: bool = False, here: bool = True, remote=None, forced: str = ""):
+        super().__init__(message, forced=forced)
         self.branch, self.owner, self.host = branch, owner, host
         self.named, self.here, self.remote = named, here, remote
 

@@ -312,7 +312,7 @@ def _export_folder(commit, state, path, fmt, force, only, strip_prefix, write_pr
         raise BadInput(f"commit {commit[:12]} was not committed from a model folder; "
                        "give a file name ending in .pt or .safetensors")
     if only is not None or strip_prefix is not None or fmt is not None:
-        raise BadInput("--only, --strip-prefix and --format write one file; a model folder is written whole")
+        raise BadInput("only, strip_prefix and fmt select what goes into one file; a model folder is written whole")
     shards, files = _folders.folder_summary(state)
     written = _folders.write_folder(state, path, force=force, progress=write_progress)
     return Export(commit, written, "folder", 0, files, shards)

@@ -227,7 +227,7 @@ def flat_paths(state) -> dict:
     for path, leaf in walk(state):
         key = format_path(path)
         if key in out:
-            raise BadInput(f"two entries flatten to the same key {key!r}; export as pt without --only")
+            raise BadInput(f"two entries flatten to the same key {key!r}; export as pt without only=")
         out[key] = (path, leaf)
     return out
 
@@ -246,12 +246,14 @@ def select_flat(flat: dict, only: Optional[str] = None, strip_prefix: Optional[s
     """``select`` on a flat {dotted key: anything} dict."""
     picked = {k: v for k, v in flat.items() if only is None or fnmatch.fnmatchcase(k, only)}
     if not picked:
-        raise BadInput(f"no key matches --only {only!r} (keys look like {_examples(flat)})")
+        raise BadInput(f"no key matches only={only!r} (keys look like {_examples(flat)})")
+    if strip_prefix and not strip_prefix.endswith("."):
+        strip_prefix += "."  # a prefix is whole dotted components: "model" strips "model.", never leaves ".0.bias"
     if strip_prefix:
         lacking = [k for k in picked if not k.startswith(strip_prefix) or k == strip_prefix]
         if lacking:
-            raise BadInput(f"key {lacking[0]!r} does not start with --strip-prefix {strip_prefix!r}; "
-                           "narrow --only to the keys under that prefix")
+            raise BadInput(f"key {lacking[0]!r} does not start with strip_prefix={strip_prefix!r}; "
+                           "narrow only= to the keys under that prefix")
         picked = {k[len(strip_prefix):]: v for k, v in picked.items()}
     return picked
 
@@ -277,8 +279,8 @@ def formats_for(path, fmt: Optional[str]) -> str:
         raise BadInput(f"unknown format {fmt!r}; use pt or safetensors")
     if (fmt == "safetensors" and suffix in TORCH_SUFFIXES) or (fmt == "pt" and suffix == ".safetensors"):
         better = Path(path).with_suffix(".safetensors" if fmt == "safetensors" else ".pt").name
-        raise BadInput(f"--format {fmt} does not match the name {Path(path).name}, which loaders read as "
-                       f"{guessed}; name it {better}, or drop --format")
+        raise BadInput(f"format {fmt} does not match the name {Path(path).name}, which loaders read as "
+                       f"{guessed}; name it {better}, or leave the format to the name")
     return fmt
 
 
@@ -371,13 +373,13 @@ def output_target(path, force: bool, scratch: bool = False) -> Path:
         check_not_in_repository(path)
     if path.is_symlink():
         if not force:
-            raise BadInput(f"{path} is a symbolic link to {os.readlink(path)}; pass --force to overwrite "
-                           "the file it points at (the link stays)")
+            raise BadInput(f"{path} is a symbolic link to {os.readlink(path)}",
+                           forced="overwrite the file it points at (the link stays)")
         path = path.resolve()
     if path.exists() and not path.is_file():
         raise BadInput(f"cannot write {path}: it is not a regular file")
     if path.exists() and not force:
-        raise BadInput(f"{path} already exists; pass --force to overwrite it")
+        raise BadInput(f"{path} already exists", forced="overwrite it")
     if not path.parent.is_dir():
         raise BadInput(f"cannot write {path}: folder {path.parent} does not exist")
     return path
@@ -411,7 +413,7 @@ def atomic_file(target: Path, force: bool):
             yield f
     except OSError as exc:
         if isinstance(exc, FileExistsError) and not force and target.exists():  # appeared meanwhile
-            raise BadInput(f"{target} already exists; pass --force to overwrite it") from None
+            raise BadInput(f"{target} already exists", forced="overwrite it") from None
         raise OSError(exc.errno, f"{exc.strerror or exc} while writing {target}; "
                                  f"{'it is unchanged' if existed else 'nothing was written'}") from None
 

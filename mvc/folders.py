@@ -238,8 +238,8 @@ def _folder_target(out: Path, force: bool) -> Path:
     out = Path(os.path.abspath(out))
     if out.is_symlink():
         if not force:
-            raise BadInput(f"{out} is a symbolic link to {os.readlink(out)}; pass --force to replace the "
-                           "folder it points at (the link stays)")
+            raise BadInput(f"{out} is a symbolic link to {os.readlink(out)}",
+                           forced="replace the folder it points at (the link stays)")
         out = Path(os.path.realpath(out))
     around = repository_around(out)
     if around is not None:
@@ -251,7 +251,7 @@ def _folder_target(out: Path, force: bool) -> Path:
         raise BadInput(f"cannot write {out}: folder {out.parent} does not exist")
     busy = out.is_dir() and any(out.iterdir())
     if busy and not force:
-        raise BadInput(f"{out} already holds files; pass --force to replace the folder with the commit's "
+        raise BadInput(f"{out} already holds files", forced="replace the folder with the commit's "
                        "(files the commit does not hold are removed)")
     if busy:
         held = _repository_inside(out)
@@ -325,7 +325,7 @@ def _swap(staging: Path, out: Path, existed: bool) -> None:
             _remove_tree(staging)
             if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
                 raise BadInput(f"{out} appeared while the model folder was written; nothing was changed: "
-                               "export again (with --force to replace it)") from None
+                               "export again", forced="replace it") from None
             raise
     elif _RENAMEAT2 is not None and _RENAMEAT2(_AT_FDCWD, os.fsencode(staging), _AT_FDCWD, os.fsencode(out),
                                                _RENAME_EXCHANGE) == 0:

@@ -79,11 +79,11 @@ class Retention:
         """BadInput for a policy that makes no sense."""
         for name, n in (("keep-last", self.keep_last), ("top", self.top)):
             if n is not None and (type(n) is not int or n < 1):
-                raise BadInput(f"--{name} must be a whole number of at least 1, not {n!r}")
+                raise BadInput(f"{name} must be a whole number of at least 1, not {n!r}")
         if self.mode not in ("min", "max"):
-            raise BadInput(f"--mode must be 'min' or 'max', not {self.mode!r}")
+            raise BadInput(f"the keep-best mode must be 'min' or 'max', not {self.mode!r}")
         if self.branch is not None and not self.active:
-            raise BadInput("--branch only selects what --keep-last / --keep-best prune; give one of them")
+            raise BadInput("a branch only selects what keep-last / keep-best prune; give one of them")
 
     def describe(self) -> str:
         parts = []
@@ -238,8 +238,8 @@ def _retention(txn, objects, policy: Retention, force: bool) -> tuple:
         if policy.branch not in tips:
             raise UnknownRevision(f"branch {policy.branch!r} does not exist", rev=policy.branch, reason="unknown")
         if tips[policy.branch].protected and not force:
-            raise ProtectedRef(f"branch {policy.branch!r} is protected; pass --force to prune its history",
-                               ref=refs.BRANCHES + policy.branch, action="prune")
+            raise ProtectedRef(f"branch {policy.branch!r} is protected", ref=refs.BRANCHES + policy.branch,
+                               action="prune", forced="prune its history")
         scope = [policy.branch]
     else:
         scope = [b for b, v in tips.items() if force or not v.protected]
@@ -273,8 +273,8 @@ def _retention(txn, objects, policy: Retention, force: bool) -> tuple:
         # "keep the best" into "keep none" there
         known = ", ".join(sorted(set().union(*lacking.values()))) or "none"
         raise MetricNotRecorded(f"no commit on branch {', '.join(map(repr, sorted(lacking)))} records metric "
-                                f"{policy.keep_best!r} (recorded: {known}); nothing was pruned: pick branches "
-                                "with --branch", metric=policy.keep_best,
+                                f"{policy.keep_best!r} (recorded: {known}); nothing was pruned: pick the "
+                                "branches that record it", metric=policy.keep_best,
                                 recorded=sorted(set().union(*lacking.values())), branches=sorted(lacking))
     return {oid for oid in candidates - kept if not pruned(oid)}, skipped
 

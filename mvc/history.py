@@ -26,16 +26,34 @@ def _ancestry(repo, txn, starts: Iterable[bytes], stop=frozenset()) -> dict:
     return reach.ancestry(lambda oid: repo.objects.commit(txn, oid), starts, stop=stop)
 
 
-def _ref_tips(repo, txn, with_head: bool = True) -> list:
-    tips = [oid for prefix in (refs.BRANCHES, refs.TAGS) for _, oid, _ in repo.refs.listed(txn, prefix)]
-    head = repo.refs.head(txn)[1] if with_head else None
+def _ref_tips(repo, txn, remotes: bool = False) -> list:
+    kinds = (refs.BRANCHES, refs.TAGS) + ((refs.REMOTES,) if remotes else ())
+    tips = [oid for prefix in kinds for _, oid, _ in repo.refs.listed(txn, prefix)]
+    head = repo.refs.head(txn)[1]
     return tips + ([head] if head else [])
+
+
+def decorations(repo) -> dict:
+    """{commit id: [(kind, name)]} of every ref that names a commit, as ``git log``
+    decorates it: kind "HEAD" (a detached HEAD, first), "current" (HEAD's branch),
+    "branch", "tag" and "remote" (a remote-tracking branch such as origin/main)."""
+    with repo.index.read() as txn:
+        head_branch, head_id = repo.refs.head(txn)
+        out: dict = {}
+        if head_branch is None and head_id:
+            out[head_id.hex()] = [("HEAD", "HEAD")]
+        for prefix, kind in ((refs.BRANCHES, "branch"), (refs.TAGS, "tag"), (refs.REMOTES, "remote")):
+            for name, oid, _ in repo.refs.listed(txn, prefix):
+                current = kind == "branch" and prefix + name == head_branch
+                out.setdefault(oid.hex(), []).append(("current" if current else kind, name))
+    return out
 
 
 def walk(repo, include: Iterable[str] = (), exclude: Iterable[str] = (), all_refs: bool = False,
          n: Optional[int] = None, known: Iterable[str] = ()) -> list:
     """Commits (``mvc.records.Commit``) in the ancestry of ``include`` (and of
-    every branch, tag and HEAD with ``all_refs``) but not of ``exclude``, in
+    every branch, tag, remote-tracking branch and HEAD with ``all_refs``, as
+    ``git log --all``) but not of ``exclude``, in
     topological order, newest first; at most ``n``.
 
     ``known``: ids of commits the caller already holds with their whole
@@ -47,7 +65,7 @@ def walk(repo, include: Iterable[str] = (), exclude: Iterable[str] = (), all_ref
     with repo.index.read() as txn:
         starts = [repo.refs.resolve(txn, rev) for rev in include]
         if all_refs:
-            starts += _ref_tips(repo, txn)
+            starts += _ref_tips(repo, txn, remotes=True)
         hidden = _ancestry(repo, txn, [repo.refs.resolve(txn, rev) for rev in exclude])
         stop = frozenset(bytes.fromhex(cid) for cid in known)
         found = {oid: obj for oid, obj in _ancestry(repo, txn, starts, stop).items() if oid not in hidden}

@@ -235,7 +235,7 @@ def _spec(strategy: str, params: dict, weights: Optional[tuple], n: int, where: 
     filled = {k: params.get(k, default) for k, default in allowed.items()}
     missing = [k for k, v in filled.items() if v is None]
     if missing:
-        raise BadRecipe(f"{strategy} needs the parameter {missing[0]} ({where}), e.g. --param {missing[0]}=0.5",
+        raise BadRecipe(f"{strategy} needs the parameter {missing[0]} ({where}), e.g. {missing[0]}=0.5",
                         field=missing[0])
     for name in ("normalize", "rescale"):
         if name in filled and type(filled[name]) is not bool:
@@ -254,7 +254,7 @@ def _spec(strategy: str, params: dict, weights: Optional[tuple], n: int, where: 
     if strategy == "slerp" and n != 2:
         raise BadRecipe(f"slerp merges exactly two inputs, not {n}", field="strategy")
     if strategy == "average" and weights is not None and len(set(weights)) > 1:
-        raise BadRecipe("average takes equal weights; use --strategy linear for others", field="weights")
+        raise BadRecipe("average takes equal weights; use the linear strategy for others", field="weights")
     weights = weights or (1.0,) * n
     if len(weights) != n:
         raise BadRecipe(f"{len(weights)} weights for {n} inputs ({where})", field="weights")
@@ -746,7 +746,7 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
             inputs = [_read_input(repo, txn, rev, recipe.only) for rev in revs]
             base_in = _read_input(repo, txn, recipe.base, recipe.only) if recipe.base is not None else None
             if not inputs[0].leaves:
-                raise BadRecipe(f"--only {recipe.only!r} matches no key of {revs[0]}", field="only")
+                raise BadRecipe(f"only={recipe.only!r} matches no key of {revs[0]}", field="only")
             _check_compatible(inputs, base_in)
             plan = _plan(recipe, inputs, base_in)
             batch = repo.chunks.writer()

@@ -368,9 +368,9 @@ class Refs:
         self.check_writer(txn, ref, me)
         if current is not None and not force and current.id != oid:
             if current.protected:
-                raise ProtectedRef(f"{human(ref)} is protected; pass --force to move it", ref=ref, action="move")
-            raise RefConflict(f"{human(ref)} already exists at {current.id.hex()[:12]}; pass --force to move it",
-                              ref=ref, found=current.id.hex())
+                raise ProtectedRef(f"{human(ref)} is protected", ref=ref, action="move", forced="move it")
+            raise RefConflict(f"{human(ref)} already exists at {current.id.hex()[:12]}",
+                              ref=ref, found=current.id.hex(), forced="move it")
         self._move(txn, ref, current.id if current else None, oid, why, protect)
         return oid, txn.ref(ref).protected
 
@@ -380,7 +380,7 @@ class Refs:
         if current is None:
             raise UnknownRevision(f"{human(ref)} does not exist", rev=ref, reason="unknown")
         if current.protected and not force:
-            raise ProtectedRef(f"{human(ref)} is protected; pass --force to delete it", ref=ref, action="delete")
+            raise ProtectedRef(f"{human(ref)} is protected", ref=ref, action="delete", forced="delete it")
         self.check_writer(txn, ref, me)
         if self.head(txn)[0] == ref:
             raise RefConflict(f"{human(ref)} is checked out; check out another branch first", ref=ref)
@@ -418,13 +418,13 @@ class Refs:
         if current is None or current.id is None:
             raise UnknownRevision(f"{human(old)} does not exist", rev=old, reason="unknown")
         if current.protected and not force:
-            raise ProtectedRef(f"{human(old)} is protected; pass --force to rename it", ref=old, action="rename")
+            raise ProtectedRef(f"{human(old)} is protected", ref=old, action="rename", forced="rename it")
         taken = txn.ref(new)
         if taken is not None and old != new:
             if taken.protected or not force:
-                raise RefConflict(f"{human(new)} already exists at {taken.id.hex()[:12]}; "
-                                  + ("it is protected" if taken.protected else "pass --force to replace it"),
-                                  ref=new, found=taken.id.hex())
+                raise RefConflict(f"{human(new)} already exists at {taken.id.hex()[:12]}"
+                                  + ("; it is protected" if taken.protected else ""),
+                                  ref=new, found=taken.id.hex(), forced="" if taken.protected else "replace it")
         self.check_writer(txn, old, me)
         self.check_writer(txn, new, me)
         self.check_new(txn, new)

@@ -25,7 +25,7 @@ from .objects import TensorLeaf, TensorObject
 from .records import Commit, Entry, Export, Head, Ref, Status
 from .refverbs import Reflog
 from .remote import sync, tiers
-from .remote.verbs import Cache, Remotes, setting
+from .remote.verbs import Cache, Remotes, setting, settings
 from .shards import Shards
 from .store import fs
 from .store.chunks import PackStore
@@ -246,6 +246,10 @@ class Repository:
     def config(self, key: str, value: Optional[str] = None, unset: bool = False) -> Optional[str]:
         """Read, set or unset a setting; see ``mvc.remote.verbs.setting``."""
         return setting(self, key, value, unset)
+
+    def settings(self) -> dict:
+        """{key: value} of every setting that is set; see ``mvc.remote.verbs.settings``."""
+        return settings(self)
 
     def status(self) -> Status:
         with self.index.read() as txn:

@@ -52,7 +52,7 @@ def test_stat_totals_count_removed_tensors(two):
 
 def test_only_that_matches_nothing_says_so(two):
     out = cli(two, "diff", "HEAD~1", "--only", "model.*", code=1)
-    assert "no key of" in out.stderr and "matches --only 'model.*'" in out.stderr
+    assert "no key of" in out.stderr and "matches only='model.*'" in out.stderr
     assert out.stderr.count("\n") == 1
     assert "1 of 1 tensors changed" in cli(two, "diff", "HEAD~1", "--only", "mo*").stdout
 

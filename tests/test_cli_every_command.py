@@ -99,6 +99,27 @@ def test_the_cli_adds_fsck_advice_the_library_leaves_out(workdir, monkeypatch, t
     assert result.exit_code == 1 and "run 'mvc fsck'" in result.stderr and "Traceback" not in result.output
 
 
+def test_a_refusal_force_overrides_says_force_true_in_the_library_and_force_in_the_cli(tmp_path):
+    """repo.create_tag on a protected tag said "pass --force to move it" to a Python caller."""
+    from mvc.cli.base import advice
+    repo = mvc.Repository.init(tmp_path)
+    repo.commit({"w": torch.zeros(2)}, "one")
+    repo.commit({"w": torch.ones(2)}, "two")
+    repo.create_tag("best", "main", protect=True)
+    with pytest.raises(mvc.ProtectedRef) as err:
+        repo.create_tag("best", "main~1")
+    assert "--" not in str(err.value) and str(err.value).endswith("; force=True would move it")
+    assert (err.value.ref, err.value.action, err.value.forced) == ("tags/best", "move", "move it")
+    assert advice(err.value) == "tag 'best' is protected; pass --force to move it"
+    result = CliRunner().invoke(main, ["-C", str(tmp_path), "tag", "best", "main~1"])
+    assert result.exit_code == 1 and result.stderr == "mvc: error: tag 'best' is protected; pass --force to move it\n"
+    exported = CliRunner().invoke(main, ["-C", str(tmp_path), "export", "-o", str(tmp_path / "x.pt")])
+    assert exported.exit_code == 0
+    again = CliRunner().invoke(main, ["-C", str(tmp_path), "export", "-o", str(tmp_path / "x.pt")])
+    assert again.stderr == f"mvc: error: {tmp_path / 'x.pt'} already exists; pass --force to overwrite it\n"
+    repo.close()
+
+
 @pytest.mark.parametrize("error, hint", [
     (lambda E: E.UnknownRemote("no remote named 'up'", name="up"), "add it with 'mvc remote add up URL'"),
     (lambda E: E.UnknownRemote("several remotes", known=("a", "b")), None),
@@ -106,6 +127,7 @@ def test_the_cli_adds_fsck_advice_the_library_leaves_out(workdir, monkeypatch, t
     (lambda E: E.NotConfigured("no remote is cached", setting="cache.remote"), "'mvc config cache.remote VALUE'"),
     (lambda E: E.RefRejected("rejected", remote="up", refs=("heads/main",)), "'mvc fetch up'"),
     (lambda E: E.Diverged("diverged", branch="b", remote="up"), "'mvc branch --force b up/b'"),
+    (lambda E: E.Diverged("diverged", branch="b", remote="up"), "'mvc merge b up/b -b b'"),
     (lambda E: E.RefExists("exists", ref="heads/exp", action="create-and-checkout"), "'mvc checkout exp'"),
     (lambda E: E.ProtectedRef("protected", ref="heads/main", action="commit"), "'mvc branch --unprotect main'"),
     (lambda E: E.ProtectedRef("protected; pass --force to move it", ref="tags/v1", action="move"), None),

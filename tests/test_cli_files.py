@@ -62,7 +62,7 @@ def test_export_over_a_private_file_keeps_its_mode(committed, tmp_path):
 
 def test_format_that_contradicts_the_suffix_is_refused(committed, tmp_path):
     one_line(committed("checkout", "HEAD", "-o", "head.pt", "--format", "safetensors", code=1),
-             "--format safetensors does not match the name head.pt")
+             "format safetensors does not match the name head.pt")
     one_line(committed("export", "-o", "w.safetensors", "--format", "pt", code=1), "name it w.pt")
     assert not (tmp_path / "head.pt").exists() and not (tmp_path / "w.safetensors").exists()
     committed("export", "-o", "w.weights", "--format", "safetensors")  # an unknown suffix is the user's call
@@ -146,7 +146,7 @@ def test_export_a_subtree_as_a_flat_state_dict(committed, tmp_path):
     module.load_state_dict({"weight": flat["w"], "bias": flat["b"]})
     committed("export", "-o", "model.pt", "--only", "model.*", "--strip-prefix", "model.")
     assert set(torch.load(tmp_path / "model.pt", weights_only=True)) == {"w", "b"}
-    one_line(committed("export", "-o", "none.pt", "--only", "decoder.*", code=1), "no key matches --only 'decoder.*'")
+    one_line(committed("export", "-o", "none.pt", "--only", "decoder.*", code=1), "no key matches only='decoder.*'")
     one_line(committed("export", "-o", "bad.pt", "--strip-prefix", "model.", code=1), "does not start with")
     assert "need -o/--output" in committed("checkout", "HEAD", "--only", "x", code=2).stderr
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import mvc
+from conftest import run_cli
 
 
 @pytest.fixture
@@ -49,6 +50,52 @@ def test_log_all_graph_and_ranges(forked):
     assert messages(forked, "main", "exp") == ["c2", "e2", "e1", "c1", "c0"]
     assert messages(forked, "--all", "-n", "2") == ["c2", "e2"]
     assert "1 of 1 tensors changed" in forked("diff", "exp..main", "--stat").stdout  # git diff A..B is A B
+
+
+@pytest.fixture
+def octopus(repo, monkeypatch):
+    """main: A - main work - octo, where octo = mvc merge f1 f2 and f1, f2 each fork at A
+    with one commit; one second between commits, so the order is fixed."""
+    from mvc import commits
+    clock = iter(range(10**15, 2 * 10**15, 10**6))
+    monkeypatch.setattr(commits, "now_us", lambda: next(clock))
+    ids = {"A": repo.commit({"w": torch.zeros(4)}, "A").id}
+    ids["f1"] = repo.commit({"w": torch.ones(4)}, "f1 work", branch="f1", start="HEAD").id
+    ids["f2"] = repo.commit({"w": torch.full((4,), 2.0)}, "f2 work", branch="f2", start="HEAD").id
+    ids["main"] = repo.commit({"w": torch.full((4,), 3.0)}, "main work").id
+    result = run_cli(repo, "merge", "f1", "f2", "-m", "octo")
+    assert result.exit_code == 0, result.output
+    ids["octo"] = repo.resolve("main")
+    return repo, {k: v[:12] for k, v in ids.items()}
+
+
+def test_log_graph_draws_an_octopus_merge_as_git(octopus):
+    """What git log --graph --date-order draws for this history: f2's line crosses f1's to
+    reach A (it drew "| |/" alone, joining f2 to f1), and a log of main follows every parent
+    of the merge to A (without --all its lines ran on past the end)."""
+    repo, c = octopus
+    expected = [f"*-.   {c['octo']} (HEAD -> main) octo",
+                "|\\ \\",
+                f"* | | {c['main']} main work",
+                f"| | * {c['f2']} (f2) f2 work",
+                "| |/",
+                "|/|",
+                f"| * {c['f1']} (f1) f1 work",
+                "|/",
+                f"* {c['A']} A"]
+    for args in ((), ("--all",), ("main",)):
+        assert run_cli(repo, "log", "--graph", "--oneline", *args).stdout.splitlines() == expected, args
+    full = run_cli(repo, "log", "--graph").stdout.splitlines()
+    assert full[:3] == [f"*-.   commit {repo.resolve('main')} (HEAD -> main)",
+                        f"|\\ \\  Merge:  {c['main']} {c['f1']} {c['f2']}",
+                        "| | | Author: " + full[2].split("Author: ")[1]]
+    at = full.index(next(line for line in full if f"commit {c['f2']}" in line))
+    assert [line[:6] for line in full[at:at + 3]] == ["| | * ", "| |/  ", "|/|   "]
+    assert full[at + 1][6:].startswith("Author: ") and full[-1] == "      A"
+    # a range draws no line to a parent it leaves out
+    assert run_cli(repo, "log", "--graph", "--oneline", f"{c['A']}..main").stdout.splitlines() == [
+        f"*-.   {c['octo']} (HEAD -> main) octo", "|\\ \\", f"* | | {c['main']} main work",
+        " / /", f"| * {c['f2']} (f2) f2 work", f"* {c['f1']} (f1) f1 work"]  # as Git
 
 
 def test_reflog_and_at_revisions(forked):

@@ -45,3 +45,53 @@ def test_unreadable_files_are_described_in_whole_words(repo, tmp_path):
     assert cut.rstrip().endswith("failed finding central directory)"), cut
     empty = cli(repo, "commit", str(tmp_path / "empty.pt"), code=1).stderr
     assert "(EOFError: the file ends early)" in empty and "EOFError: )" not in empty
+
+
+def test_a_metric_that_is_not_a_number_is_bad_usage(repo, tmp_path):
+    """--metric loss=abc exited 1 (a library error) while every other bad usage exits 2."""
+    torch.save({"w": torch.zeros(2)}, tmp_path / "m.pt")
+    out = cli(repo, "commit", str(tmp_path / "m.pt"), "--metric", "loss=abc", code=2)
+    assert "--metric" in out.stderr and "loss='abc' is not a number" in out.stderr
+    assert repo.head().id is None  # nothing was committed
+    cli(repo, "commit", str(tmp_path / "m.pt"), "--metric", "loss=1.5")
+
+
+def test_sign_without_a_key_names_signing_key(repo):
+    """-S with no signing.key ended "... or give one" without saying how."""
+    repo.commit({"w": torch.zeros(2)}, "a")
+    out = cli(repo, "merge", "HEAD", "HEAD", "-S", code=1)
+    assert out.stderr.rstrip().endswith("set one with 'mvc config signing.key KEYFILE', or give one with "
+                                        "--signing-key KEYFILE")
+
+
+def test_an_empty_message_reads_no_message_in_log_oneline_as_in_show(repo):
+    repo.commit({"w": torch.zeros(2)}, "")
+    assert cli(repo, "log", "--oneline").stdout.rstrip().endswith(" (no message)")
+    assert "(no message)" in cli(repo, "show").stdout
+
+
+def test_a_tree_of_one_tensor_is_one_tensor(repo):
+    repo.commit({"w": torch.zeros(2)}, "one")
+    assert "Tree: 1 tensor, " in cli(repo, "show", "--tensors").stdout
+
+
+def test_branch_d_deletes_every_branch_named(repo):
+    """mvc branch -d a b deleted a and silently ignored b; as git branch -d, each goes."""
+    repo.commit({"w": torch.zeros(2)}, "one")
+    for name in ("a", "b", "c"):
+        repo.create_branch(name)
+    assert cli(repo, "branch", "-d", "a", "b").stdout == "Deleted branch a\nDeleted branch b\n"
+    out = cli(repo, "branch", "-d", "nope", "c", code=1)  # one that cannot go is said; the others go
+    assert out.stdout == "Deleted branch c\n" and "branch 'nope' does not exist" in out.stderr
+    assert [b.name for b in repo.branches()] == ["main"]
+    repo.create_tag("t1")
+    repo.create_tag("t2")
+    assert cli(repo, "tag", "-d", "t1", "t2").stdout == "Deleted tag t1\nDeleted tag t2\n"
+    assert "too many arguments" in cli(repo, "branch", "x", "HEAD", "y", code=2).stderr
+
+
+def test_strip_prefix_takes_whole_dotted_components(repo, tmp_path):
+    """--strip-prefix model (no dot) wrote keys like '.0.bias'."""
+    repo.commit({"model": {"0": {"bias": torch.ones(2)}}, "step": 3}, "one")
+    cli(repo, "checkout", "HEAD", "-o", str(tmp_path / "a.pt"), "--only", "model.*", "--strip-prefix", "model")
+    assert list(torch.load(tmp_path / "a.pt")) == ["0.bias"]

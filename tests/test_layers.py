@@ -219,6 +219,25 @@ def test_the_library_names_no_command():
     assert _names_commands(ast.parse("raise X(\"no remote; run 'mvc remote add'\")"), commands) == [1]
 
 
+def _names_flags(tree) -> list:
+    """Line numbers of strings (not docstrings) that name a command-line flag (``--force``)."""
+    import re
+    flag = re.compile(r"(^|[\s('\"`])--[a-z][a-z-]*")
+    docs = _docstrings(tree)
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs and flag.search(n.value)]
+
+
+def test_the_library_names_no_flag():
+    """A library message that said "pass --force" told a Python caller about a flag it does not
+    have: the library says what ``force=True`` would do (``MvcError.forced``), the CLI says --force."""
+    named = {name: lines for name, (_, tree) in modules().items()
+             if not name.startswith(("mvc.cli", "mvc.web"))
+             for lines in [_names_flags(tree)] if lines}
+    assert named == {}
+    assert _names_flags(ast.parse("raise X(f'{p} exists; pass --force to overwrite it')")) == [1]
+
+
 def test_every_error_class_lives_in_errors():
     """Classes that extend an exception are defined in mvc/errors.py (a private one that never
     leaves its module, like sharded._Clash, aside)."""

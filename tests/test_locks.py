@@ -475,6 +475,7 @@ def test_cli_lock_list_and_unlock(repo):
     import json
     result = cli(repo, "lock", "main", "--owner", "alice")
     assert result.exit_code == 0 and "for alice" in result.output
+    assert "'mvc unlock main --owner alice' releases it" in result.output  # the advice that works
     assert cli(repo, "lock", "main", "--owner", "alice").exit_code == 0  # already hers: no-op
     listed = json.loads(cli(repo, "lock", "--list", "--json").output)
     assert [(x["branch"], x["owner"], x["named"], x["pid"] > 0) for x in listed] == [("main", "alice", True, True)]

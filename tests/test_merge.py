@@ -437,12 +437,27 @@ def test_cli_merge_show_log_graph_and_diff_against_each_parent(repo, three):
     assert "Merge:  " in show and "Recipe:" in show and "strategy: ties (consensus=sum, density=0.5" in show
     assert f"base:    {three['base'][:12]}" in show and f"input 1: {three['b'][:12]}" in show
     graph = run_cli(repo, "log", "--graph", "--oneline", "--all").stdout.splitlines()
-    assert graph[0].startswith("* ") and graph[1].startswith("|\\")
+    assert graph[0].startswith("*-.   ") and graph[1].startswith("|\\ \\")  # three parents: Git's octopus
     for parent in ("HEAD^1", "HEAD^2", "HEAD^3"):
         d = run_cli(repo, "diff", parent, "HEAD", "--stat")
         assert d.exit_code == 0 and "tensors changed" in d.stdout
     js = json.loads(run_cli(repo, "merge", "a", "c", "-b", "soup", "--json").stdout)
     assert js["report"]["inputs"] == [three["a"], three["c"]] and js["commit"]["branch"] == "soup"
+
+
+def test_a_mismatch_outside_the_model_suggests_only_model(repo):
+    """The README's 'mvc average main~4..main' on the training hook's commits stopped at a loader's
+    RNG (a tensor in one, a value in another) with no way on: the CLI suggests --only 'model.*'."""
+    for i, rng in enumerate([torch.zeros(2), None]):
+        repo.commit({"model": {"w": torch.full((4,), float(i))}, "ranks": {"0": {"loader": {"rng": rng}}}}, f"c{i}")
+    refused = run_cli(repo, "average", "main~1..main", "main~1")
+    assert refused.exit_code == 1 and "ranks.0.loader.rng" in refused.stderr
+    assert refused.stderr.rstrip().endswith("merge only the model's tensors with --only 'model.*' (a training run's "
+                                            "commits also hold optimizer, RNG and data-loader state)")
+    assert run_cli(repo, "average", "main~1..main", "main~1", "--only", "model.*").exit_code == 0
+    repo.commit({"model": {"w": torch.zeros(3)}}, "another shape")
+    inside = run_cli(repo, "average", "main~1", "main", "--only", "model.*")
+    assert inside.exit_code == 1 and "--only" not in inside.stderr  # the model itself differs: no such advice
 
 
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")

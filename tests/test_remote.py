@@ -286,6 +286,24 @@ def test_deleted_remote_pack_is_named(origin, tmp_path):
     fresh.close()
 
 
+def test_log_all_takes_in_and_names_remote_tracking_branches(origin, tmp_path):
+    """As git log --all: a commit only origin/main reaches after a fetch is listed, and
+    log decorates it with origin/main (it was left out, and never named)."""
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
+    third = origin.commit(state(3), "third")
+    origin.remotes.push()
+    clone.remotes.fetch()
+    clone.close()
+    runner = CliRunner()
+    lines = runner.invoke(main, ["-C", str(tmp_path / "b"), "log", "--all", "--oneline"]).stdout.splitlines()
+    assert lines[0] == f"{third.short_id} (origin/main) third" and len(lines) == 3, lines
+    assert "(HEAD -> main)" in lines[1]
+    graph = runner.invoke(main, ["-C", str(tmp_path / "b"), "log", "--graph", "--oneline", "origin/main"])
+    assert graph.stdout.splitlines()[0] == f"* {third.short_id} (origin/main) third"
+    with mvc.Repository.open(tmp_path / "b") as again:
+        assert [c.message for c in mvc.history.walk(again, all_refs=True)] == ["third", "second", "first"]
+
+
 def test_repair_refetches_damaged_local_chunks(origin, tmp_path):
     packs = sorted((tmp_path / "a" / ".mvc" / "packs").glob("*.pack"), key=lambda p: p.stat().st_size)
     _flip_byte(packs[-1], 8 + 36 + 3)  # inside the first record's data
@@ -329,6 +347,14 @@ def test_pull_refuses_diverged_history(origin, tmp_path):
         other.remotes.pull()
     assert (err.value.branch, err.value.remote) == ("main", "origin")
     other.close()
+    # the advice names mvc merge (it said "mvc does not merge checkpoints"), and the merge it names works
+    pulled = CliRunner().invoke(main, ["-C", str(tmp_path / "b"), "pull"])
+    assert pulled.exit_code == 1 and "does not merge" not in pulled.stderr
+    assert "'mvc merge main origin/main -b main'" in pulled.stderr and "'mvc branch NAME main'" in pulled.stderr
+    merged = CliRunner().invoke(main, ["-C", str(tmp_path / "b"), "merge", "main", "origin/main", "-b", "main"])
+    assert merged.exit_code == 0, merged.output
+    with mvc.Repository.open(tmp_path / "b") as again:
+        assert again.resolve("origin/main") in again.get_commit("main").parents
 
 
 def test_layout_marker_and_refs_on_the_remote(origin, tmp_path):
@@ -368,6 +394,32 @@ def test_cli_remote_commands(tmp_path):
     assert run("config", "cache.max-bytes").strip() == str(1 << 30)
     run("remote", "remove", "origin")
     assert run("branch", "-r").strip() == ""
+
+
+def test_config_names_every_setting_and_lists_those_set(origin):
+    """config's help and its error for an unknown key named only the cache settings, and
+    'mvc config' with no KEY was a usage error: it lists the settings, as git config --list."""
+    from mvc.remote.verbs import SETTINGS
+    runner = CliRunner()
+
+    def run(*args):
+        return runner.invoke(main, ["-C", str(origin.root), *args])
+    keys = ["cache.remote", "cache.max-bytes", "signing.key", "signing.allowed-signers", "signing.require",
+            "signing.fetch"]
+    assert list(SETTINGS) == keys
+    assert all(key in run("config", "--help").stdout for key in keys)
+    assert "refuse" in SETTINGS["signing.fetch"] and "off" in SETTINGS["signing.fetch"]
+    unknown = run("config", "nope")
+    assert unknown.exit_code == 1 and unknown.stderr.endswith(f"known: {', '.join(keys)}\n")
+    empty = run("config")
+    assert empty.exit_code == 0 and empty.stdout == ""
+    assert run("config", "signing.fetch", "off").exit_code == 0
+    run("config", "cache.max-bytes", "1K")
+    listed = run("config")
+    assert listed.exit_code == 0
+    assert listed.stdout.splitlines() == ["cache.remote=origin", "cache.max-bytes=1024", "signing.fetch=off"]
+    assert origin.settings() == {"cache.remote": "origin", "cache.max-bytes": "1024", "signing.fetch": "off"}
+    assert run("config", "--unset").exit_code == 2
 
 
 def test_evict_keeps_a_branch_the_remote_deleted_after_the_last_fetch(origin, tmp_path):

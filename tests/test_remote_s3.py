@@ -83,6 +83,24 @@ def test_push_clone_lazy_and_dedup_over_s3(pushed, tmp_path, s3):
         lazy.close()
 
 
+def test_a_clone_keeps_the_endpoint_aws_endpoint_url_names(moto, tmp_path, monkeypatch):
+    """A clone reached through AWS_ENDPOINT_URL (boto3 reads it) stored no endpoint, so a fetch
+    without that variable went to AWS: the clone keeps it as the remote's endpoint."""
+    repo, url = _pushed(tmp_path, moto)
+    repo.close()
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
+    clone = mvc.Repository.clone(url, tmp_path / "b", lazy=True)
+    assert [(r.name, r.endpoint_url) for r in clone.remotes.list()] == [("origin", moto.endpoint)]
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    assert clone.remotes.fetch().chunks == 0 and clone.load()  # the same store, without the variable
+    clone.close()
+    given = mvc.Repository.clone(url, tmp_path / "c", endpoint_url=moto.endpoint)
+    assert given.remotes.list()[0].endpoint_url == moto.endpoint
+    given.close()
+
+
 def _two_clones(tmp_path, url, endpoint):
     a = mvc.Repository.clone(url, tmp_path / "x", endpoint_url=endpoint)
     b = mvc.Repository.clone(url, tmp_path / "y", endpoint_url=endpoint)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mvc
-from mvc.cli.graph import layout as text_layout
+from mvc.cli.graph import Graph
 from mvc.web import lanes
 from mvc.web.pages import layer_of, parse_condition
 from web_fixtures import made  # noqa: F401  (the session's trained repository)
@@ -322,8 +322,11 @@ def test_lanes_place_nodes_where_log_graph_draws_the_star(made):
     with mvc.Repository.open(path) as repo:
         commits = mvc.history.walk(repo, all_refs=True)
     rows = lanes.layout(commits)
-    for (head, *_), row in zip(text_layout(commits), rows):
-        assert head.split(" ").index("*") == row.lane
+    drawing = Graph({c.id for c in commits})
+    for c, row in zip(commits, rows):
+        drawing.update(c)
+        assert drawing.to_commit()[-1].index("*") == 2 * row.lane
+        drawing.remainder()
     bottoms = [{b for _, _, b, end in r.segments if end == "bottom"} for r in rows]
     for above, row in zip(bottoms, rows[1:]):  # every lane that enters a row left the row above
         assert {a for a, end, _, _ in row.segments if end == "top"} <= above

@@ -19,9 +19,10 @@ import click
 
 from ..errors import (BisectEndMisjudged, BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped,
                       BranchLocked, CommitPruned, CorruptObject, Diverged, HashMismatch, HeadMissing, LockDamaged,
-                      MvcError, NoBisect, NotARepository, NotConfigured, NotRegular, ObjectNotFound, PackDamaged,
-                      ProtectedRef, RefExists, RefRejected, RemoteCorrupt, RemoteDamaged, RemoteExists,
-                      ScanFoundDamage, UnknownRemote, VerdictContradicts, WalkDamaged)
+                      MergeMismatch, MetricNotRecorded, MvcError, NoBisect, NotARepository, NotConfigured,
+                      NotRegular, ObjectNotFound, PackDamaged, ProtectedRef, RefExists, RefRejected, RemoteCorrupt,
+                      RemoteDamaged, RemoteExists, ScanFoundDamage, SigningKeyError, UnknownRemote,
+                      VerdictContradicts, WalkDamaged)
 
 
 class Group(click.Group):
@@ -53,6 +54,8 @@ class Group(click.Group):
 def advice(exc: MvcError) -> str:
     """The error's message, and what to run about it: the library says what went wrong
     (a type with attributes), only the CLI names commands."""
+    if exc.forced:  # the library says what force=True would do; here that is --force
+        return f"{exc.summary}; pass --force to {exc.forced}"
     text = str(exc)
     if "'mvc " in text:  # the message already says which command
         return text
@@ -92,13 +95,21 @@ HINTS = (
     (RemoteExists, lambda e: f"remove it first ('mvc remote remove {e.name}')"),
     (NotConfigured, lambda e: f"set it with 'mvc config {e.setting} VALUE'"),
     (RefRejected, lambda e: f"run 'mvc fetch {e.remote}', then build on {e.remote}/BRANCH"),
-    (Diverged, lambda e: f"keep yours on a new branch ('mvc branch NAME {e.branch}'), then "
+    (Diverged, lambda e: f"merge the two checkpoints with 'mvc merge {e.branch} {e.remote}/{e.branch} "
+                         f"-b {e.branch}' (a merge commit on {e.branch}), or keep yours on a new branch "
+                         f"('mvc branch NAME {e.branch}') and then take theirs with "
                          f"'mvc branch --force {e.branch} {e.remote}/{e.branch}'"),
     (RefExists, lambda e: f"'mvc checkout {e.ref.split('/', 1)[-1]}' switches to it"
                           if e.action == "create-and-checkout" else ""),
     (ProtectedRef, lambda e: f"unprotect it first ('mvc branch --unprotect {e.ref.split('/', 1)[-1]}')"
                              if e.action == "commit" else ""),
     (BranchLocked, _lock_hint),
+    (SigningKeyError, lambda e: "" if e.path else "set one with 'mvc config signing.key KEYFILE', or give one "
+                                                  "with --signing-key KEYFILE"),
+    (MergeMismatch, lambda e: "merge only the model's tensors with --only 'model.*' (a training run's "
+                              "commits also hold optimizer, RNG and data-loader state)"
+                              if any(not k.startswith("model.") for k in e.keys) else ""),
+    (MetricNotRecorded, lambda e: "pick branches that record it with --branch" if e.branches else ""),
     (LockDamaged, lambda e: f"remove it with 'mvc remote unlock --force {e.remote} {e.branch}'" if e.remote
                             else f"remove it with 'mvc unlock --force {e.branch}'"),
     (HeadMissing, lambda e: "run 'mvc checkout BRANCH' to set it again"),

@@ -9,8 +9,8 @@ from ..files import FORMATS
 from ..ondisk import DEFAULT_CHUNK_SIZE, MAX_WRITE_CHUNK
 from ..errors import MvcError
 from .audit import load_signer, signature_line
-from .graph import layout as graph_layout
-from .base import (Progress, echo_json, human_bytes, main, open_repo, parse_pairs, record_line, title,
+from .graph import Graph
+from .base import (Progress, advice, echo_json, human_bytes, main, open_repo, parse_pairs, record_line, title,
                    to_jsonable)
 
 
@@ -25,17 +25,10 @@ def _count(n: int, noun: str, plural: str = "s") -> str:
 
 
 def _decorations(repo) -> dict:
-    """{commit id: ["HEAD -> main", "tag: v1", ...]} like git log's decorations."""
-    head = repo.head()
-    out: dict = {}
-    for ref in repo.branches():
-        name = f"HEAD -> {ref.name}" if ref.name == head.branch else ref.name
-        out.setdefault(ref.id, []).append(name)
-    for ref in repo.tags():
-        out.setdefault(ref.id, []).append(f"tag: {ref.name}")
-    if head.branch is None and head.id:
-        out.setdefault(head.id, []).insert(0, "HEAD")
-    return out
+    """{commit id: ["HEAD -> main", "tag: v1", "origin/main", ...]} like git log's decorations."""
+    shown = {"HEAD": "HEAD", "current": "HEAD -> {}", "branch": "{}", "tag": "tag: {}", "remote": "{}"}
+    return {cid: [shown[kind].format(name) for kind, name in names]
+            for cid, names in history.decorations(repo).items()}
 
 
 def _flat(mapping: dict, prefix: str = "") -> list:
@@ -68,7 +61,7 @@ def init(path, chunk_size):
 @click.option("-m", "--message", default=None,
               help="Commit message (default: one naming what was committed, e.g. 'Import a.pt: 12 tensors').")
 @click.option("-b", "--branch", default=None,
-              help="Branch to commit to (default: HEAD's); a new one forks from HEAD, as git checkout -b does.")
+              help="Branch to commit to (default: HEAD's); a new one forks from HEAD, and HEAD stays where it is.")
 @click.option("--orphan", is_flag=True, help="Start a new --branch with a root commit (no parent).")
 @click.option("--step", type=int, default=None, help="Training step of this checkpoint.")
 @click.option("--epoch", type=int, default=None, help="Training epoch of this checkpoint.")
@@ -83,6 +76,9 @@ def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json
     Hugging Face model folder (model.safetensors or its shards, config and
     tokenizer files)."""
     metrics = parse_pairs(metrics, "--metric")
+    for key, value in metrics.items():  # bad usage (exit 2), as a malformed K=V is
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise click.BadParameter(f"{key}={value!r} is not a number", param_hint="--metric")
     context = parse_pairs(context, "--context")
     if orphan and branch is None:
         raise click.UsageError("--orphan starts a new branch: give it with --branch NEW")
@@ -111,7 +107,7 @@ def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json
 @main.command()
 @click.argument("revs", nargs=-1, metavar="[REV | A..B]...")
 @click.option("-n", "--max-count", type=click.IntRange(min=0), default=None, help="Show at most N commits.")
-@click.option("--all", "all_refs", is_flag=True, help="Every commit any branch, tag or HEAD reaches.")
+@click.option("--all", "all_refs", is_flag=True, help="Every commit any branch, tag, remote-tracking branch or HEAD reaches.")
 @click.option("--graph", is_flag=True, help="Draw the history as a graph beside the commits.")
 @click.option("--oneline", is_flag=True, help="One line per commit.")
 @click.option("--json", "as_json", is_flag=True, help="Print commits as JSON.")
@@ -123,8 +119,8 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signat
     """Show the history from REV (default HEAD), newest first.
 
     A..B shows the commits B reaches and A does not (as in Git); --all
-    starts from every branch, tag and HEAD; several REVs show what any of
-    them reaches.
+    starts from every branch, tag, remote-tracking branch (origin/main) and
+    HEAD; several REVs show what any of them reaches.
     """
     from .. import plot  # mvc.plot loads matplotlib only when it draws
     from .. import refs
@@ -140,7 +136,9 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signat
         else:
             include.append(rev)
     with open_repo() as repo:
-        if len(include) == 1 and not exclude and not all_refs:
+        if graph and not include and not all_refs and repo.head().id:
+            include = ["HEAD"]  # a graph follows every parent, as git log --graph does
+        if len(include) == 1 and not exclude and not all_refs and not graph:
             commits = list(repo.log(include[0], n=max_count))
         elif include or all_refs:
             commits = history.walk(repo, include, exclude, all_refs, max_count)
@@ -157,37 +155,39 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signat
         echo_json([{**to_jsonable(c), "signature": to_jsonable(verdicts[c.id])} for c in commits]
                   if show_signature else commits)
         return
-    rows = graph_layout(commits) if graph else [("", "", [], "")] * len(commits)
-    for c, (head, body, folds, spread) in zip(commits, rows):
-        _show_log_entry(c, decorations, oneline, head, body, spread, verdicts.get(c.id))
-        for line in folds:
-            click.echo(line)
+    drawing = Graph({c.id for c in commits}) if graph else None
+    for i, c in enumerate(commits):
+        text = _log_entry(c, decorations, oneline, verdicts.get(c.id))
+        if drawing is None:
+            for line in text + ([] if oneline else [""]):
+                click.echo(line.rstrip())
+            continue
+        drawing.update(c)
+        if i and not oneline:  # the blank line between two commits, drawn as Git does
+            click.echo(drawing.padding().rstrip())
+        *before, node = drawing.to_commit()
+        lines = before + [node + text[0]] + [drawing.next_line() + line for line in text[1:]]
+        for line in lines + drawing.remainder():
+            click.echo(line.rstrip())
 
 
-def _show_log_entry(c, decorations, oneline: bool, head: str, body: str, spread: str = "", verdict=None) -> None:
+def _log_entry(c, decorations, oneline: bool, verdict=None) -> list:
+    """The lines of text ``mvc log`` shows for ``c``."""
     names = decorations.get(c.id)
     deco = f" ({', '.join(names)})" if names else ""
     deco += " [pruned]" if c.pruned else ""
-    lead = f"{head} " if head else ""
     if oneline:
         record = record_line(c, beside=title(c))
         mark = f"[{verdict.status}] " if verdict is not None else ""
-        click.echo(f"{lead}{c.short_id}{deco} {mark}{record + '  ' if record else ''}{title(c)}".rstrip())
-        if spread:
-            click.echo(spread)
-        return
-    pad = f"{body} " if body else ("  " if head else "")
-    lines = [f"Merge:  {' '.join(p[:12] for p in c.parents)}"] if len(c.parents) > 1 else []
+        return [f"{c.short_id}{deco} {mark}{record + '  ' if record else ''}{title(c) or '(no message)'}"]
+    lines = [f"commit {c.id}{deco}"]
+    lines += [f"Merge:  {' '.join(p[:12] for p in c.parents)}"] if len(c.parents) > 1 else []
     lines += [signature_line(verdict)] if verdict is not None else []
     lines += [f"Author: {c.author}", f"Date:   {_when(c.time)}"]
     if record_line(c):
         lines.append(f"Record: {record_line(c)}")
     lines.append("")
-    lines += [f"    {line}" for line in (c.message or "(no message)").splitlines()]
-    lines.append("")
-    click.echo(f"{lead}commit {c.id}{deco}")
-    for i, line in enumerate(lines):
-        click.echo(f"{spread.ljust(len(pad)) if spread and i == 0 else pad}{line}".rstrip())
+    return lines + [f"    {line}" for line in (c.message or "(no message)").splitlines()]
 
 
 @main.command()
@@ -307,7 +307,7 @@ def _entry_json(e) -> dict:
 def _show_entries(entries) -> None:
     tensors = [e for e in entries if e.kind == "tensor"]
     total = sum(e.nbytes for e in tensors)
-    click.echo(f"\nTree: {len(tensors)} tensors, {human_bytes(total)}")
+    click.echo(f"\nTree: {_count(len(tensors), 'tensor')}, {human_bytes(total)}")
     width = max([len(e.key) for e in entries] + [3])
     for e in entries:
         if e.kind == "tensor":
@@ -327,7 +327,7 @@ _output_options = [
     click.option("--only", metavar="GLOB", default=None,
                  help="Write only the keys matching GLOB (e.g. 'model.*') as a flat state dict."),
     click.option("--strip-prefix", metavar="PREFIX", default=None,
-                 help="Take PREFIX (e.g. 'model.') off every key written."),
+                 help="Take PREFIX (e.g. 'model.'; 'model' means the same) off every key written."),
 ]
 
 
@@ -429,8 +429,14 @@ def _list_refs(items, current=None, as_json=False):
         click.echo(f"{mark} {ref.name:<24} {ref.id[:12]}{flag}")
 
 
-def _ref_command(kind: str, name, rev, delete, force, protect, as_json, move=False) -> None:
-    """What ``mvc branch`` and ``mvc tag`` share: list, create, protect, delete (and rename branches)."""
+def _ref_command(kind: str, name, rev, delete, force, protect, as_json, move=False, more=()) -> None:
+    """What ``mvc branch`` and ``mvc tag`` share: list, create, protect, delete (and rename branches).
+    With -d, every NAME given is deleted (``mvc branch -d a b c``), as Git does."""
+    if delete:
+        _delete_refs(kind, [n for n in (delete, name, rev, *more) if n is not None], force)
+        return
+    if more:
+        raise click.UsageError(f"too many arguments: {' '.join(more)}")
     if move:
         if name is None or rev is None or delete:
             raise click.UsageError("-m takes OLD NEW: mvc branch -m OLD NEW")
@@ -440,10 +446,7 @@ def _ref_command(kind: str, name, rev, delete, force, protect, as_json, move=Fal
         return
     with open_repo() as repo:
         existing = repo.branches() if kind == "branch" else repo.tags()
-        if delete:
-            (repo.delete_branch if kind == "branch" else repo.delete_tag)(delete, force=force)
-            click.echo(f"Deleted {kind} {delete}")
-        elif name is None:
+        if name is None:
             _list_refs(existing, repo.head().branch if kind == "branch" else None, as_json)
         elif protect is not None and rev is None and name in {r.name for r in existing}:
             ref = repo.set_protected(name, protect, kind)
@@ -455,33 +458,53 @@ def _ref_command(kind: str, name, rev, delete, force, protect, as_json, move=Fal
                        f"{' (protected)' if ref.protected else ''}")
 
 
+def _delete_refs(kind: str, names: list, force: bool) -> None:
+    """Delete each named branch or tag; one that cannot be deleted is said and the rest go on (exit 1)."""
+    failed = False
+    with open_repo() as repo:
+        for name in dict.fromkeys(names):
+            try:
+                (repo.delete_branch if kind == "branch" else repo.delete_tag)(name, force=force)
+            except MvcError as exc:
+                click.echo(f"mvc: error: {advice(exc)}", err=True)
+                failed = True
+                continue
+            click.echo(f"Deleted {kind} {name}")
+    if failed:
+        raise click.exceptions.Exit(1)
+
+
 _REF_HELP = """With no NAME, list them. With NAME, point it at REV (default HEAD); with
 --protect/--unprotect and no REV, change the protection of an existing one.
 A protected {kind} is not moved or deleted without --force."""
 
 
-@main.command(help="List branches, create NAME at REV, or delete one with -d.\n\n"
+@main.command(help="List branches, create NAME at REV, or delete them with -d NAME....\n\n"
               + _REF_HELP.format(kind="branch"))
 @click.argument("name", required=False)
 @click.argument("rev", required=False)
-@click.option("-d", "--delete", "delete", metavar="NAME", default=None, help="Delete branch NAME.")
+@click.argument("more", nargs=-1, metavar="")
+@click.option("-d", "--delete", "delete", metavar="NAME", default=None,
+              help="Delete branch NAME, and every other NAME given.")
 @click.option("-m", "--move", is_flag=True, help="Rename branch NAME to REV's place: mvc branch -m OLD NEW "
               "(its protection and reflog go with it; HEAD follows).")
 @click.option("-f", "--force", is_flag=True, help="Move or delete even if protected or existing.")
 @click.option("--protect/--unprotect", default=None, help="Protect NAME from moves and deletion.")
 @click.option("--json", "as_json", is_flag=True, help="List branches as JSON.")
 @click.option("-r", "--remotes", "remotes", is_flag=True, help="List remote-tracking branches (REMOTE/BRANCH).")
-def branch(name, rev, delete, move, force, protect, as_json, remotes=False):
+def branch(name, rev, more, delete, move, force, protect, as_json, remotes=False):
     if remotes:
         with open_repo() as repo:
             return _list_refs(repo.remotes.branches(), as_json=as_json)
-    _ref_command("branch", name, rev, delete, force, protect, as_json, move)
+    _ref_command("branch", name, rev, delete, force, protect, as_json, move, more)
 
 
-@main.command(help="List tags, tag REV as NAME, or delete one with -d.\n\n" + _REF_HELP.format(kind="tag"))
+@main.command(help="List tags, tag REV as NAME, or delete them with -d NAME....\n\n" + _REF_HELP.format(kind="tag"))
 @click.argument("name", required=False)
 @click.argument("rev", required=False)
-@click.option("-d", "--delete", "delete", metavar="NAME", default=None, help="Delete tag NAME.")
+@click.argument("more", nargs=-1, metavar="")
+@click.option("-d", "--delete", "delete", metavar="NAME", default=None,
+              help="Delete tag NAME, and every other NAME given.")
 @click.option("-f", "--force", is_flag=True, help="Move or delete even a protected tag.")
 @click.option("--protect/--unprotect", default=None, help="Protect the tag from moves and deletion.")
 @click.option("--json", "as_json", is_flag=True, help="List tags as JSON.")
@@ -490,7 +513,7 @@ def branch(name, rev, delete, move, force, protect, as_json, remotes=False):
 @click.option("-s", "--sign", "sign", is_flag=True, help="Make a signed tag with the key in signing.key.")
 @click.option("--signing-key", metavar="KEYFILE", default=None, help="Sign with this key file (implies -s).")
 @click.option("-m", "--message", default="", help="The signed tag's message.")
-def tag(name, rev, delete, force, protect, as_json, keep_local=None, sign=False, signing_key=None, message=""):
+def tag(name, rev, more, delete, force, protect, as_json, keep_local=None, sign=False, signing_key=None, message=""):
     if keep_local is not None and (name is None or delete):
         raise click.UsageError("--keep-local takes a tag NAME: mvc tag NAME [REV] --keep-local")
     pin_only = False  # --keep-local alone on an existing tag only pins it
@@ -505,7 +528,7 @@ def tag(name, rev, delete, force, protect, as_json, keep_local=None, sign=False,
                                   sign=load_signer(repo, sign, signing_key), message=message)
         click.echo(f"Signed tag {ref.name} at {ref.id[:12]}{' (protected)' if ref.protected else ''}")
     elif not pin_only:
-        _ref_command("tag", name, rev, delete, force, protect, as_json)
+        _ref_command("tag", name, rev, delete, force, protect, as_json, more=more)
     if keep_local is not None:
         with open_repo() as repo:
             repo.cache.pin(name, keep_local)

@@ -1,5 +1,7 @@
 """Integrity commands: fsck (and the chunk index rebuild), lock / unlock, gc."""
 
+import shlex
+
 import click
 
 from .. import fsck as checks, gc as collection
@@ -171,8 +173,8 @@ def lock(branch, owner, list_locks, as_json):
     """Lock BRANCH for writing, or list the locks (--list).
 
     The lock belongs to an owner name, not to this short-lived command: it
-    holds until 'mvc unlock BRANCH' run as the same owner, or 'mvc unlock
-    --force BRANCH'. While it holds, commits to BRANCH by any other author
+    holds until 'mvc unlock BRANCH' run as the same owner (with the same
+    --owner NAME, if one was given), or 'mvc unlock --force BRANCH'. While it holds, commits to BRANCH by any other author
     fail with an error naming the holder; commits whose author is the owner
     go through. Locking a branch you already hold does nothing.
 
@@ -192,7 +194,8 @@ def lock(branch, owner, list_locks, as_json):
         for item in held:
             click.echo(_lock_line(item))
     else:
-        click.echo(f"locked branch {branch!r} for {held[0].owner}; 'mvc unlock {branch}' releases it")
+        release = f"mvc unlock {shlex.quote(branch)}" + (f" --owner {shlex.quote(owner)}" if owner else "")
+        click.echo(f"locked branch {branch!r} for {held[0].owner}; '{release}' releases it")
 
 
 @main.command()

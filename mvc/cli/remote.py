@@ -1,12 +1,14 @@
 """Remote commands: remote, push, fetch, pull, clone, config, cache."""
 
-import click
-
+import textwrap
 from contextlib import contextmanager
+
+import click
 
 from .. import Repository
 from ..errors import RemoteDamaged
 from ..remote.backend import on_notice
+from ..remote.verbs import SETTINGS
 from .base import echo_json, fail, human_bytes, main, open_repo, to_jsonable
 
 
@@ -262,17 +264,30 @@ def clone(url, directory, lazy, endpoint_url, as_json):
 
 # -- settings and the cache -------------------------------------------------------------
 
-@main.command()
-@click.argument("key")
+def _config_help() -> str:
+    known = "\n".join(textwrap.fill(f"{key}: {what}.", 76, subsequent_indent="    ") for key, what in SETTINGS.items())
+    return ("Read or set a setting; with no KEY, list the settings that are set (KEY=VALUE).\n\n"
+            f"\b\n{known}\n\n"
+            "A budget never evicts chunks only here, nor those of HEAD, of a locked branch's tip, "
+            "or of pinned refs ('mvc cache pin').")
+
+
+@main.command(help=_config_help())
+@click.argument("key", required=False)
 @click.argument("value", required=False)
 @click.option("--unset", is_flag=True, help="Remove the setting.")
-def config(key, value, unset):
-    """Read or set a setting: cache.max-bytes (e.g. 20G), cache.remote (a remote's name).
-
-    With a budget, chunks that are safely on the cached remote are evicted
-    locally, least recently read first (never chunks only here, never those
-    of HEAD, of a locked branch's tip, or of pinned refs).
-    """
+@click.option("--json", "as_json", is_flag=True, help="With no KEY: print the settings as JSON.")
+def config(key, value, unset, as_json):
+    if key is None:
+        if unset:
+            raise click.UsageError("--unset takes the KEY to remove")
+        with open_repo() as repo:
+            found = repo.settings()
+        if as_json:
+            echo_json(found)
+        for name, setting in ({} if as_json else found).items():
+            click.echo(f"{name}={setting}")
+        return
     with open_repo() as repo:
         out = repo.config(key, value, unset=unset)
     if value is None and not unset:

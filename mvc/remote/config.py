@@ -9,6 +9,7 @@
 - ``cache.pin/REF``: a ref whose chunks are never evicted (value empty).
 """
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -30,6 +31,15 @@ class RemoteInfo:
     url: str
     endpoint_url: Optional[str] = None
     conditional: bool = False
+
+
+def environment_endpoint() -> Optional[str]:
+    """The S3 endpoint the AWS environment names (``AWS_ENDPOINT_URL_S3``, else
+    ``AWS_ENDPOINT_URL``, as boto3 reads them), or None; None too when
+    ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` tells boto3 to ignore them."""
+    if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+        return None
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
 def check_name(name: str) -> str:
@@ -61,7 +71,7 @@ def add(txn, name: str, url: str, endpoint_url: Optional[str]) -> RemoteInfo:
     if txn.meta(PREFIX + name) is not None:
         raise RemoteExists(f"remote {name!r} already exists", name=name)
     if endpoint_url is not None and not re.match(r"https?://", endpoint_url):
-        raise BadInput(f"--endpoint-url {endpoint_url!r} must start with http:// or https://")
+        raise BadInput(f"endpoint URL {endpoint_url!r} must start with http:// or https://")
     info = RemoteInfo(name, url, endpoint_url)
     put(txn, info)
     return info

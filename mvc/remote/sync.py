@@ -353,8 +353,8 @@ def _delete_refs(repo, conn: Connection, names: tuple, force: bool, held) -> lis
             raise BadInput(f"remote {conn.name!r} has no branch or tag {name!r} to delete")
         old, protected, etag = current[ref]
         if protected and not force:
-            raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was deleted "
-                               "(pass --force to delete it)")
+            raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was deleted",
+                               ref=ref, action="delete", forced="delete it")
         _check_remote_lock(conn, ref, me)
         held.check()
         try:
@@ -445,8 +445,8 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
             continue
         _audit.check_push(repo, ref, old, tip, conn.name)  # signing policy: force does not bypass it
         if old is not None and old_protected and not force:
-            raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was moved "
-                               "(pass --force to move it)")
+            raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was moved",
+                               ref=ref, action="move", forced="move it")
         if old is not None and not force:
             with repo.index.read() as txn:
                 ok = ref.startswith(refnames.BRANCHES) and _is_ancestor(txn, repo.objects, old, tip)
@@ -584,8 +584,9 @@ def unlock(repo, name: Optional[str], branch: str, force: bool = False, owner: O
             return False
         holder = layout.decode_lock(current[0], key, conn.name) if not force else {"owner": None}
         if not force and holder["owner"] != (owner or locking.default_author()):
-            raise LockHeld(f"branch {branch!r} is locked on remote {conn.name!r} by {holder['owner']}; "
-                           "pass --force to remove the lock anyway")
+            raise BranchLocked(f"branch {branch!r} is locked on remote {conn.name!r} by {holder['owner']}",
+                               branch=branch, owner=holder["owner"], named=True, remote=conn.name,
+                               forced="remove the lock anyway")
         conn.bucket.delete(key)
         return True
     finally:
@@ -872,8 +873,9 @@ def _download_group(repo, conn: Connection, located: dict, progress=None) -> int
 def pull(repo, name: Optional[str] = None, branch: Optional[str] = None, progress=None) -> PullReport:
     """fetch, then fast-forward local ``branch`` (default HEAD's) to ``NAME/branch``.
 
-    Raises Diverged (a RefConflict) when they have diverged (mvc does not merge
-    checkpoints), ProtectedRef / LockHeld as a commit would.
+    Raises Diverged (a RefConflict) when they have diverged (a pull only
+    fast-forwards; ``Repository.merge`` can combine the two), ProtectedRef /
+    LockHeld as a commit would.
     """
     report = fetch(repo, name, progress)
     with repo.index.write() as txn:
@@ -893,8 +895,8 @@ def pull(repo, name: Optional[str] = None, branch: Optional[str] = None, progres
         if mine is not None and not _is_ancestor(txn, repo.objects, mine, new):
             if _is_ancestor(txn, repo.objects, new, mine):
                 return PullReport(report, branch, _hex(mine), _hex(mine), "up to date")
-            raise Diverged(f"branch {branch!r} and {report.remote}/{branch} have diverged; mvc does not merge "
-                           "checkpoints", branch=branch, remote=report.remote)
+            raise Diverged(f"branch {branch!r} and {report.remote}/{branch} have diverged, and a pull only "
+                           "fast-forwards", branch=branch, remote=report.remote)
         repo.refs.check_commit(txn, ref, locking.this_process(locking.default_author()))
         repo.refs.set_if_equals(txn, ref, mine, new, f"pull: {report.remote}/{branch}")
     return PullReport(report, branch, _hex(mine), new.hex(), "new" if mine is None else "fast-forward")
@@ -906,10 +908,15 @@ def clone(repo_cls, url: str, path, lazy: bool = False, endpoint_url: Optional[s
 
     ``lazy``: metadata only; chunks stay on the remote until a version is
     read (the repository caches the remote). Checks out the remote's HEAD
-    branch. A failed clone leaves nothing behind.
+    branch. A failed clone leaves nothing behind. An S3 clone with no
+    ``endpoint_url`` keeps the endpoint the environment names
+    (``AWS_ENDPOINT_URL``, see ``config.environment_endpoint``), so later
+    fetches reach the same store without it.
     """
     if not isinstance(path, (str, Path)) or not str(path).strip():
         raise BadInput("clone needs a directory to clone into (an empty name would mean the current one)")
+    if endpoint_url is None and url.startswith("s3://"):
+        endpoint_url = config.environment_endpoint()
     bucket = open_bucket(url, endpoint_url)
     try:
         raw = bucket.get(layout.MARKER)

@@ -17,7 +17,7 @@ that does the work: ``sync``, ``check``, ``collect``, ``tiers``, ``config``.
 
 from typing import Optional
 
-from .. import audit
+from .. import audit, signing
 from .. import refs as refnames
 from ..errors import BadInput, MvcError
 from . import catalogue, check, collect, config, sync, tiers
@@ -162,11 +162,29 @@ class Cache:
         return check.repair(self.repo)
 
 
+# Every setting there is, with what its value is: the one list that ``mvc config``'s
+# help, the error for an unknown key and ``settings()`` come from.
+SETTINGS = {
+    config.CACHE_REMOTE: "the remote whose copy the local disk caches (a remote's name)",
+    config.CACHE_MAX: "the budget of local pack bytes (e.g. 20G): beyond it, chunks that are safe on "
+                      "cache.remote are evicted here, least recently read first",
+    signing.KEY: "the OpenSSH Ed25519 private key file that -S signs with",
+    signing.ALLOWED: "the allowed-signers file (ssh-keygen's format) that signatures are checked against",
+    signing.REQUIRE: "the branches and tags (comma-separated globs; tags/PATTERN for tags) "
+                     "that take only signed commits",
+    signing.FETCH: "what fetch does with a remote ref that breaks signing.require: "
+                   "refuse (the default: store nothing), flag (store it and log a warning) or off (check nothing)",
+}
+
+
 def setting(repo, key: str, value: Optional[str] = None, unset: bool = False) -> Optional[str]:
-    """Read a setting (``cache.remote``, ``cache.max-bytes``, ``signing.*``), or set it / unset it.
+    """Read a setting (a key of ``SETTINGS``), or set it / unset it.
 
     Setting ``cache.remote`` takes effect when the repository is next opened.
+    Raises BadInput for an unknown key or a value the setting does not take.
     """
+    if key not in SETTINGS:
+        raise BadInput(f"unknown setting {key!r}; known: {', '.join(SETTINGS)}")
     if key.startswith("signing."):
         return audit.config(repo, key, value, unset)
     if value is None and not unset:
@@ -177,3 +195,9 @@ def setting(repo, key: str, value: Optional[str] = None, unset: bool = False) ->
             name = config.default(txn, None)
             config.set_value(txn, config.CACHE_REMOTE, name)  # a budget needs a remote to evict to
         return config.set_value(txn, key, None if unset else value)
+
+
+def settings(repo) -> dict:
+    """{key: value} of the settings that are set, in ``SETTINGS``' order."""
+    values = {key: setting(repo, key) for key in SETTINGS}
+    return {key: value for key, value in values.items() if value is not None}

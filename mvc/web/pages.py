@@ -25,7 +25,7 @@ from .. import refs as _refs
 from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
 from ..errors import BadInput, CommitPruned, GcLockBusy, MvcError
 from .. import reach, usage
-from ..history import pruned_digest, walk as walk_history
+from ..history import decorations as ref_decorations, pruned_digest, walk as walk_history
 from . import lanes, svg
 from .html import a, esc, human_bytes, number, page, table, title_of, url, when
 
@@ -75,24 +75,23 @@ class View:
         committed), the new commits go in front of the last walk: that is
         the order a whole walk gives then, and it costs only what is new.
         """
-        tracking = tuple(r.name for r in self.repo.remotes.branches())
-        key = (self.state_now(), tracking, (), True)
+        key = (self.state_now(), (), (), True)  # the key walk() gives it
         if key not in self._walks and self._last is not None:
-            grown = self._grown(*self._last, tracking)
+            grown = self._grown(*self._last)
             if grown is not None:
                 self._walks[key] = grown
-        found = self.walk(tracking, (), True)
+        found = self.walk((), (), True)  # --all takes in the remote-tracking branches
         self._last = (key, found[0])
         return found
 
-    def _grown(self, old_key, old: list, tracking: tuple):
+    def _grown(self, old_key, old: list):
         """(commits, rows) of the last whole walk with the new commits in front, or None
         when the refs did more than move forward (deleted, moved back, or older commits came)
         or gc pruned commits since (the old walk shows them whole)."""
         (old_refs, old_pruned) = old_key[0]
         if not old or old_pruned != pruned_digest(self.repo):
             return None
-        new = walk_history(self.repo, list(tracking), (), True, known=[c.id for c in old])
+        new = walk_history(self.repo, [], (), True, known=[c.id for c in old])
         parents = {p for c in new for p in c.parents}
         now = {cid for group in old_refs[:3] for _, cid in group} | {old_refs[3][1]} - {None}
         tips = {cid for group in self.refs_now()[:3] for _, cid in group} | {self.repo.head().id} - {None}
@@ -103,18 +102,10 @@ class View:
 
     def decorations(self) -> dict:
         """{commit id: [(label, css class)]}, as log's decorations."""
-        head = self.repo.head()
-        out: dict = {}
-        if head.branch is None and head.id:
-            out.setdefault(head.id, []).append(("HEAD", "head"))
-        for ref in self.repo.branches():
-            label = f"HEAD → {ref.name}" if ref.name == head.branch else ref.name
-            out.setdefault(ref.id, []).append((label, "head" if ref.name == head.branch else ""))
-        for ref in self.repo.tags():
-            out.setdefault(ref.id, []).append((f"tag: {ref.name}", "tag"))
-        for ref in self.repo.remotes.branches():
-            out.setdefault(ref.id, []).append((ref.name, "remote"))
-        return out
+        shown = {"HEAD": ("HEAD", "head"), "current": ("HEAD → {}", "head"), "branch": ("{}", ""),
+                 "tag": ("tag: {}", "tag"), "remote": ("{}", "remote")}
+        return {cid: [(shown[kind][0].format(name), shown[kind][1]) for kind, name in names]
+                for cid, names in ref_decorations(self.repo).items()}
 
 
 def one(query: dict, name: str, default=None):

@@ -131,7 +131,7 @@ def test_a_refusal_force_overrides_says_force_true_in_the_library_and_force_in_t
     (lambda E: E.RefExists("exists", ref="heads/exp", action="create-and-checkout"), "'mvc checkout exp'"),
     (lambda E: E.ProtectedRef("protected", ref="heads/main", action="commit"), "'mvc branch --unprotect main'"),
     (lambda E: E.ProtectedRef("protected; pass --force to move it", ref="tags/v1", action="move"), None),
-    (lambda E: E.BranchLocked("locked", branch="main", owner="alice", named=True), "ask alice to run 'mvc unlock main'"),
+    (lambda E: E.BranchLocked("locked", branch="main", owner="alice", named=True), "ask alice to run 'mvc unlock main' (or run 'mvc unlock main --owner alice' for them)"),
     (lambda E: E.BranchLocked("locked", branch="main", here=False), "'mvc unlock --force main'"),
     (lambda E: E.BranchLocked("locked", branch="main", remote="up", named=True), "'mvc remote unlock up main'"),
     (lambda E: E.LockDamaged("damaged", branch="main"), "'mvc unlock --force main'"),

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import sys
 import time
 
@@ -68,7 +69,9 @@ def _lock_hint(exc: BranchLocked) -> str:
     if exc.remote is not None:
         return f"ask them to run 'mvc remote unlock {exc.remote} {b}'"
     if exc.named:
-        return f"ask {exc.owner} to run 'mvc unlock {b}', or free it with 'mvc unlock --force {b}'"
+        # the owner's own 'mvc unlock' matches by author; anyone else must name the owner
+        return (f"ask {exc.owner} to run 'mvc unlock {b}' (or run 'mvc unlock {b} --owner "
+                f"{shlex.quote(str(exc.owner))}' for them), or free it with 'mvc unlock --force {b}'")
     if not exc.here:
         return f"if it is gone, free the lock with 'mvc unlock --force {b}'"
     return f"wait for that process to finish, or free the lock with 'mvc unlock --force {b}'"

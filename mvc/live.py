@@ -33,7 +33,7 @@ mismatch or a corrupt chunk changes nothing.
 
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
@@ -238,10 +238,13 @@ def load_into(repo, targets, rev: str, check_live: bool = True) -> Switch:
             _check(target, commit)
             plan.append(target)
         new_values = _values(tree.root, values, commit)
-        saved = _owner_states(tree.root, owners, commit, txn, repo)
+        fresh_reads = [0, 0]
+        saved = _owner_states(tree.root, owners, commit, txn, repo, fresh_reads)
         _plan_reads(repo.live, plan, check_live)
         scratch = _read(repo, txn, plan, commit)
-    return _apply(repo.live, plan, scratch, new_values, saved, targets, owners, commit, len(tensors))
+    switch = _apply(repo.live, plan, scratch, new_values, saved, targets, owners, commit, len(tensors))
+    return replace(switch, chunks_read=switch.chunks_read + fresh_reads[0],
+                   bytes_read=switch.bytes_read + fresh_reads[1])
 
 
 def _check(target: _Target, commit: str) -> None:
@@ -268,9 +271,10 @@ def _values(root, values: list, commit: str) -> list:
     return out
 
 
-def _owner_states(root, owners: list, commit: str, txn, repo) -> dict:
+def _owner_states(root, owners: list, commit: str, txn, repo, fresh_reads: list) -> dict:
     """{owner path: (its committed subtree, {tensor id: tensor} for committed
-    tensors its live state lacks, e.g. a fresh optimizer's moments)}."""
+    tensors its live state lacks, e.g. a fresh optimizer's moments)}; adds the
+    chunks and bytes those reads took to ``fresh_reads`` ([chunks, bytes])."""
     out = {}
     for owner in owners:
         saved = _at(root, owner.path, commit)
@@ -279,6 +283,10 @@ def _owner_states(root, owners: list, commit: str, txn, repo) -> dict:
         absent = [(owner.path + p, leaf) for p, leaf in walk(saved)
                   if isinstance(leaf, TensorLeaf) and owner.path + p not in live_paths]
         out[owner.path] = (saved, reader.read_tensors(repo, txn, absent, bytes.fromhex(commit)) if absent else {})
+        for _, leaf in absent:  # read whole: counted in the Switch as chunks and bytes read
+            obj = repo.objects.tensor(txn, leaf.id)
+            fresh_reads[0] += len(obj.chunks)
+            fresh_reads[1] += obj.nbytes
     return out
 
 

@@ -78,6 +78,13 @@ def test_a_write_of_any_kind_is_never_skipped(repo, how):
     assert _equal(live, repo.load(a)["model"])
 
 
+def _tensors_of(node) -> list:
+    if isinstance(node, torch.Tensor):
+        return [node]
+    items = node.values() if isinstance(node, dict) else node if isinstance(node, (list, tuple)) else ()
+    return [t for v in items for t in _tensors_of(v)]
+
+
 def test_a_module_and_an_optimizer_are_loaded(repo):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
@@ -89,8 +96,11 @@ def test_a_module_and_an_optimizer_are_loaded(repo):
     fresh = torch.nn.Linear(4, 3)
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=5.0)  # no state yet, another lr
     weight = fresh.weight
-    repo.load_into({"model": fresh, "optimizer": fresh_opt}, c1)
+    switch = repo.load_into({"model": fresh, "optimizer": fresh_opt}, c1)
     assert fresh.weight is weight and torch.equal(fresh.weight, saved["model"]["weight"])
+    # the moments the fresh optimizer lacked were read whole: they count as read
+    every = [t for part in ("model", "optimizer") for t in _tensors_of(saved[part])]
+    assert switch.bytes_read == sum(t.nbytes for t in every) and switch.bytes_skipped == 0
     got = fresh_opt.state_dict()
     assert got["param_groups"][0]["lr"] == 1e-3
     for pid, per in saved["optimizer"]["state"].items():

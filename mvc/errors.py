@@ -133,6 +133,18 @@ class BadInput(MvcError):
     """A state or an input file cannot be stored (unsupported object, bad file)."""
 
 
+class ReaderClash(MvcError):
+    """The index cannot take this process as a reader because another live
+    process holds the same pid number: LMDB keys its reader table by pid,
+    and processes in different pid namespaces (containers) that share one
+    repository can have equal pids. Nothing is damaged. ``path`` is the
+    index folder, ``pid`` this process's pid."""
+
+    def __init__(self, message: str = "", *, path=None, pid=None):
+        super().__init__(message)
+        self.path, self.pid = path, pid
+
+
 class NoMatch(BadInput):
     """A key pattern (``only``) matches no key of a commit: a load of nothing
     would look like a load of what was asked. ``pattern`` and ``commit`` (hex)."""

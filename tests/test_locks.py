@@ -496,3 +496,32 @@ def test_cli_lock_list_and_unlock(repo):
 def test_cli_lock_usage_errors_exit_2(repo):
     assert cli(repo, "lock").exit_code == 2
     assert cli(repo, "lock", "main", "--list").exit_code == 2
+
+
+READ_AND_WAIT = r"""
+import sys, mvc
+repo = mvc.Repository.open(sys.argv[1])
+list(repo.log())  # takes a reader slot, which LMDB keys by pid
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+@needs_proc
+def test_a_reader_whose_pid_another_containers_reader_has_is_told_so_not_sent_to_a_backup(repo, in_new_pid_namespace):
+    """Pid 1 of one container reads the repository; pid 1 of another cannot take a reader slot
+    (LMDB's reader table is keyed by pid number): that is a clash to explain, not damage."""
+    holder = in_new_pid_namespace([sys.executable, "-c", READ_AND_WAIT, str(repo.root)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        clash = subprocess.run(UNSHARE + [sys.executable, "-m", "mvc", "log"], cwd=repo.root, env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert clash.returncode == 1, clash.stdout + clash.stderr
+        assert "another live process has its pid number (1)" in clash.stderr and "backup" not in clash.stderr
+        assert "--pid=host" in clash.stderr and "Traceback" not in clash.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert repo.fsck().ok

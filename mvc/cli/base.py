@@ -21,8 +21,8 @@ import click
 from ..errors import (BisectEndMisjudged, BisectFinished, BisectInProgress, BisectStateDamaged, BisectStopped,
                       BranchLocked, CommitPruned, CorruptObject, Diverged, HashMismatch, HeadMissing, LockDamaged,
                       MergeMismatch, MetricNotRecorded, MvcError, NoBisect, NotARepository, NotConfigured,
-                      NotRegular, ObjectNotFound, PackDamaged, ProtectedRef, RefExists, RefRejected, RemoteCorrupt,
-                      RemoteDamaged, RemoteExists, ScanFoundDamage, SigningKeyError, UnknownRemote,
+                      NotRegular, ObjectNotFound, PackDamaged, ProtectedRef, ReaderClash, RefExists, RefRejected,
+                      RemoteCorrupt, RemoteDamaged, RemoteExists, ScanFoundDamage, SigningKeyError, UnknownRemote,
                       VerdictContradicts, WalkDamaged)
 
 
@@ -93,6 +93,9 @@ def _walk_hint(exc: WalkDamaged) -> str:
 # (error class, advice for it), the first class that matches wins: what to run about each error
 HINTS = (
     (NotARepository, lambda e: "run 'mvc init' first"),
+    (ReaderClash, lambda e: "share the host's pid namespace between the containers that use this repository "
+                            "(docker run --pid=host, Kubernetes hostPID or shareProcessNamespace), or run "
+                            "this command again (its pid will differ)"),
     (UnknownRemote, lambda e: "" if e.known else f"add it with 'mvc remote add {e.name} URL'" if e.name
                               else "add one with 'mvc remote add origin URL'"),
     (RemoteExists, lambda e: f"remove it first ('mvc remote remove {e.name}')"),

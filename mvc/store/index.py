@@ -30,7 +30,7 @@ import lmdb
 import numpy as np
 
 from .. import encoding, hashing
-from ..errors import BadInput, CorruptObject, MvcError, ReadOnlyRepository
+from ..errors import BadInput, CorruptObject, MvcError, ReaderClash, ReadOnlyRepository
 from . import idarray
 from .fs import check_file, open_file
 from .packs import INDEX_RAW, Location, decode_location, encode_location
@@ -471,9 +471,25 @@ def _disk_full(path: Path, exc) -> bool:
     return "Input/output error" in text and free is not None and free < FULL_BELOW
 
 
+def _reader_clash(exc) -> bool:
+    """Whether LMDB refused a reader slot because another process holds this pid's:
+    its reader table locks a byte of lock.mdb at the pid's offset, and a process of
+    another pid namespace with the same pid number holds it (EAGAIN)."""
+    return "mdb_txn_begin" in str(exc) and os.strerror(errno.EAGAIN) in str(exc)
+
+
+def _clash(path: Path) -> Exception:
+    return ReaderClash(f"the index at {path} cannot take this process as a reader: another live process "
+                       f"has its pid number ({os.getpid()}), which happens when containers with pid "
+                       "namespaces of their own share a repository; nothing is damaged",
+                       path=str(path), pid=os.getpid())
+
+
 def _damaged(path: Path, exc) -> Exception:
     if _disk_full(path, exc):
         return _full(path)
+    if _reader_clash(exc):
+        return _clash(path)
     if isinstance(exc, (lmdb.ReadonlyError,)) or "Permission denied" in str(exc):
         return CorruptObject(f"the index at {path} cannot be opened: {exc}; check the folder's permissions",
                              kind="index")
@@ -548,6 +564,8 @@ class Index:
         except lmdb.Error as exc:
             if _disk_full(self.path, exc):
                 raise _full(self.path, "its transaction was rolled back") from None
+            if _reader_clash(exc):
+                raise _clash(self.path) from None
             raise CorruptObject(f"the index failed: {exc}", kind="index") from None
 
     def _grow(self) -> bool:

@@ -32,7 +32,9 @@ ENCODED_RECORDS = "encoded-records"
 SIGNATURES = "signatures"  # commit objects may carry a signature field (format.md 7.3.1)
 SHARDED = "sharded"  # commits of sharded saves: trees may carry DCP metadata (format.md 7.2.1)
 DICT_METADATA = "dict-metadata"  # trees may carry torch's _metadata of their dicts (format.md 7.2.2)
-KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES, ENCODED_RECORDS, SHARDED, SIGNATURES, DICT_METADATA})
+LOCK_HOLDERS = "lock-holders"  # lock records carry pidns and flock (format.md 5.5)
+KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES, ENCODED_RECORDS, SHARDED, SIGNATURES, DICT_METADATA,
+                                         LOCK_HOLDERS})
 # 256 KiB, from benchmarks/bench_core.py --chunk-sizes (1 GiB state): commits
 # and loads are as fast as with 1-4 MiB chunks (per-chunk costs show only at
 # 128 KiB and below), while a few touched embedding rows rewrite a quarter

@@ -10,7 +10,7 @@ in ``.mvc/locks`` (``mvc.store.holderfiles``).
 
 from typing import Optional
 
-from . import refs
+from . import ondisk, refs
 from .store import holderfiles
 from .store import locks as locking
 from .store.locks import BranchLock, default_author
@@ -34,6 +34,9 @@ class Locks:
         """
         name = refs.check_name(branch, "branch")
         me = locking.this_process(owner or default_author())
+        # an older mvc reads a record with these fields as damaged and advises --force, which
+        # would break a live lock: FORMAT names them first, so it refuses the repository instead
+        ondisk.require_extension(self.repo.dir, ondisk.LOCK_HOLDERS)
         flock = None if named else holderfiles.take(self._dir)  # held before any record names it
         try:
             with self.repo.index.write() as txn:

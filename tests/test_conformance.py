@@ -489,9 +489,9 @@ def v_push_clone(k):
             assert same(clone.load(oid), k.truth[oid])
         assert clone.fsck().ok
         # the extensions its history needs (sharded trees, say) are named in the clone too;
-        # encoded records are this repository's own (a remote holds records raw)
+        # encoded records and lock records are this repository's own (a remote holds records raw)
         from mvc import ondisk
-        assert ondisk.read_format(k.repo.dir)[1] - {ondisk.ENCODED_RECORDS} <= ondisk.read_format(clone.dir)[1]
+        assert ondisk.read_format(k.repo.dir)[1] - {ondisk.ENCODED_RECORDS, ondisk.LOCK_HOLDERS} <= ondisk.read_format(clone.dir)[1]
     finally:
         clone.close()
     if k.name in CACHED:  # and a commit made here goes back to its own remote, and comes back by fetch

@@ -525,3 +525,16 @@ def test_a_reader_whose_pid_another_containers_reader_has_is_told_so_not_sent_to
         holder.kill()
         holder.wait()
     assert repo.fsck().ok
+
+
+def test_an_older_mvc_refuses_a_repository_whose_locks_name_their_holders(repo, monkeypatch):
+    """An mvc that knows only the six fields of a lock record would read this one as damaged and
+    advise forcing it open while its trainer runs: FORMAT names the new fields before any is written."""
+    from mvc import ondisk
+    assert ondisk.LOCK_HOLDERS not in ondisk.read_format(repo.dir)[1]
+    repo.locks.lock("main")
+    assert ondisk.LOCK_HOLDERS in ondisk.read_format(repo.dir)[1]
+    monkeypatch.setattr(ondisk, "KNOWN_EXTENSIONS", ondisk.KNOWN_EXTENSIONS - {ondisk.LOCK_HOLDERS})
+    with pytest.raises(mvc.UnsupportedFormat) as exc:
+        mvc.Repository.open(repo.root)
+    assert exc.value.problem == "extensions" and ondisk.LOCK_HOLDERS in exc.value.extensions

@@ -23,6 +23,12 @@ bases leads back to the chunk is refused, so chains never loop. Each
 encoding is decoded again and compared with the chunk's bytes before it is
 written.
 
+A raw chunk that deltas of an earlier repack already decode through (its
+**height**: the longest chain of them above it) becomes a delta only when
+its new depth plus its height stays within K; those records are then
+rewritten as they are stored, with their depths raised by its new depth,
+in the same pack, so every record's depth stays the length of its chain.
+
 Order of the steps, each harmless to interrupt:
 
 1. ``FORMAT`` gains the ``encoded-records`` extension (before any index
@@ -79,6 +85,11 @@ class _Item:
     payload: Optional[bytes] = None  # the record's stored bytes, until written
     stored: int = 0
     depth: int = 0
+    above: tuple = ()  # (id, chain length down to this chunk) of the deltas that decode through it
+
+    @property
+    def height(self) -> int:
+        return max((n for _, n in self.above), default=0)
 
 
 class _Cache:
@@ -135,6 +146,7 @@ def repack(repo, depth: Optional[int] = None, dry_run: bool = False, progress=No
                             if batch is not None and item.kind != codec.RAW:
                                 locs[item.cid] = txn.chunk(item.cid)
                                 batch.add_record(item.cid, item.payload, item.kind, item.size, item.depth, item.base)
+                            _deepen(repo.chunks, txn, item, decided, batch, locs)
                             item.payload = None  # written: keep only what the report needs
                             decided.done(item)
                         done += len(part)
@@ -173,10 +185,9 @@ def _plan(txn, objects, chunks) -> list:
             known = child.get(parents[0])
             if known is None or live.commits[known].time <= live.commits[oid].time:
                 child[parents[0]] = oid
-    # A raw record that older deltas already decode through stays as it is: made a delta itself,
-    # it would lengthen their chains past the depth their records carry (and past MAX_DEPTH
-    # after enough commit-and-repack cycles), and older versions would no longer load.
-    bases = {loc.base for _, loc in chunks.records(txn) if loc.base is not None}
+    # A raw record that older deltas already decode through lengthens their chains if made a
+    # delta itself: _Decided.usable bounds it by their height, and _deepen rewrites their depths.
+    users = _users(chunks, txn)
     out, taken = [], set()
     for oid in reversed(kept):
         obj = live.commits[oid]
@@ -198,15 +209,43 @@ def _plan(txn, objects, chunks) -> list:
                 if loc is None:
                     raise CorruptObject(f"repack stopped, nothing was changed: chunk {cid.hex()[:12]} of {what} "
                                         "is missing from the chunk index", id=cid)
-                if loc.coded or cid in bases:  # encoded by an earlier repack, or a base of such: kept as it is
+                above = () if loc.coded else _above(cid, users)
+                if loc.coded or above is None:  # encoded by an earlier repack, or a base we cannot deepen: kept
                     continue
                 base = None
                 if same and i < len(old.chunks) and old.chunks[i] != cid and _length(old, i) == n \
                         and txn.chunk(old.chunks[i]) is not None:  # a base must be local: it is read with the delta
                     base = old.chunks[i]
-                items.append(_Item(cid, n, width, what, base))
+                items.append(_Item(cid, n, width, what, base, above=above))
         out.append(items)
     return out
+
+
+def _users(chunks, txn) -> dict:
+    """Base id -> [(id, Location)] of the delta records that decode straight from it."""
+    out = {}
+    for cid, loc in chunks.records(txn):
+        if loc.base is not None:
+            out.setdefault(loc.base, []).append((cid, loc))
+    return out
+
+
+def _above(cid: bytes, users: dict) -> Optional[tuple]:
+    """(id, chain length down to ``cid``) of every record that decodes through raw chunk ``cid``.
+
+    None when one could not be rewritten with a deeper chain, so the chunk must stay as it is:
+    a record that is not encoded (only version 2 packs hold encoded ones, and only they carry a
+    depth), or whose depth is not its chain's length (an index that fsck would fault)."""
+    out, level = [], [cid]
+    for n in range(1, codec.MAX_DEPTH + 2):
+        level = [(user, loc) for at in level for user, loc in users.get(at, ())]
+        if not level:
+            return tuple(out)
+        if n > codec.MAX_DEPTH or any(not loc.coded or loc.depth != n for _, loc in level):
+            return None
+        out += [(user, n) for user, _ in level]
+        level = [user for user, _ in level]
+    return None
 
 
 def _length(tensor, i: int) -> int:
@@ -223,12 +262,21 @@ class _Decided:
 
     def __init__(self, txn, limit: int):
         self.txn, self.limit, self.items = txn, limit, {}
+        self.moved = {}  # id -> (depth, base) of older records rewritten deeper (_deepen)
+        self.used = set()  # bases of the deltas decided so far
 
     def done(self, item: _Item) -> None:
         self.items[item.cid] = item
+        if item.kind == codec.DELTA:
+            self.used.add(item.base)
+
+    def move(self, cid: bytes, depth: int, base: bytes) -> None:
+        self.moved[cid] = (depth, base)
 
     def _link(self, cid: bytes) -> tuple:
         """(depth, base) of chunk ``cid`` after this repack."""
+        if cid in self.moved:
+            return self.moved[cid]
         item = self.items.get(cid)
         if item is not None:
             return item.depth, item.base if item.kind == codec.DELTA else None
@@ -243,7 +291,11 @@ class _Decided:
         if item.base is None:
             return False
         depth, at = self._link(item.base)
-        if depth + 1 > self.limit:
+        if depth + 1 + item.height > self.limit:  # the deltas above it get deeper by its own depth
+            return False
+        # a delta decided already took its depth from this chunk's chain as it was: a new base
+        # would make that record's depth a lie (bases are decided before their users)
+        if item.cid in self.used or any(cid in self.used for cid, _ in item.above):
             return False
         while at is not None:
             if at == item.cid:
@@ -303,6 +355,21 @@ def _encode(repo, txn, items: list, decided: _Decided, cache: _Cache) -> None:
         item.depth = decided._link(item.base)[0] + 1 if item.kind == codec.DELTA else 0
     for cid in wanted:
         cache.put(cid, data[cid])
+
+
+def _deepen(chunks, txn, item: _Item, decided: _Decided, batch, locs: dict) -> None:
+    """Rewrite the records above ``item``, now a delta of depth ``item.depth``, with their depths
+    raised by it: their stored bytes unchanged, in the same batch, so the index that points at
+    ``item``'s new record also has every chain's real length. (``batch`` None: a dry run.)"""
+    if item.kind != codec.DELTA:
+        return  # a raw or grouped record has depth 0: the chains above it are as long as they were
+    for cid, _ in item.above:
+        loc = txn.chunk(cid)
+        decided.move(cid, loc.depth + item.depth, loc.base)
+        if batch is not None:
+            locs[cid] = loc
+            _, payload = chunks.read_stored(cid, txn, f"a delta decoding through {item.what}")
+            batch.add_record(cid, payload, loc.kind, loc.size, loc.depth + item.depth, loc.base)
 
 
 def _publish(repo, batch, old: dict):

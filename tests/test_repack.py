@@ -151,6 +151,30 @@ def test_commit_and_repack_cycles_keep_every_chain_within_its_depth(big):
     assert big.fsck().ok
 
 
+def test_commit_and_repack_cycles_store_incompressible_versions_as_deltas_not_whole(big):
+    # The raw tip of each repack becomes a delta against the next commit's chunk, its older
+    # deltas rewritten one deeper; only when a chain would pass MAX_DEPTH does a version stay
+    # whole. MAX_DEPTH + 3 versions fit in 2 chains: 2 whole copies plus deltas of a few bytes
+    # each (a repack that kept every base raw stored about every other version whole).
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 256, (16 * CHUNK,), dtype=torch.uint8, generator=g)
+    history = []
+    for k in range(codec.MAX_DEPTH + 3):
+        q[k::1024] ^= 0x5A  # a few bytes in every chunk
+        history.append((big.commit({"q": q.clone()}, f"c{k}").id, {"q": q.clone()}))
+        big.repack()
+    with big.index.read() as txn:
+        records = {cid: loc for cid, loc in txn.chunks()}
+    for cid, loc in records.items():
+        assert _chain(big, cid) == loc.depth <= codec.MAX_DEPTH
+    assert sum(loc.kind == codec.RAW for loc in records.values()) == 2 * 16
+    for cid, state in history:
+        assert _same(big.load(cid), state)
+    assert big.fsck().ok
+    packs = sum(p.stat().st_size for p in (big.dir / "packs").glob("pack-*.pack"))
+    assert packs < 2 * q.numel() + len(history) * q.numel() // 16
+
+
 def test_a_second_repack_leaves_chunks_that_stay_raw_where_they_are(tmp_path):
     r = mvc.Repository.init(tmp_path / "r", chunk_size=CHUNK)
     data = torch.frombuffer(bytearray(os.urandom(64 * CHUNK)), dtype=torch.uint8)

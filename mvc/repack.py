@@ -286,22 +286,28 @@ class _Decided:
                                 "the chunk index", id=cid)
         return loc.depth, loc.base
 
+    def chain(self, cid: bytes, stop: Optional[bytes] = None) -> Optional[int]:
+        """The deltas a read of ``cid`` follows after this repack, counted along its bases: a
+        recorded depth is not trusted (an index rebuilt from the packs of interrupted repacks may
+        hold one record of a chain from before a repack and its base from after). None if the
+        chain meets ``stop`` or runs past MAX_DEPTH (a loop)."""
+        n, at = 0, self._link(cid)[1]
+        while at is not None:
+            if at == stop or n >= codec.MAX_DEPTH:
+                return None
+            n, at = n + 1, self._link(at)[1]
+        return n
+
     def usable(self, item: _Item) -> bool:
         """Whether ``item.base`` may be its base: shallow enough, and not leading back to it."""
         if item.base is None:
             return False
-        depth, at = self._link(item.base)
-        if depth + 1 + item.height > self.limit:  # the deltas above it get deeper by its own depth
+        depth = self.chain(item.base, stop=item.cid)
+        if depth is None or depth + 1 + item.height > self.limit:  # the deltas above it get deeper too
             return False
         # a delta decided already took its depth from this chunk's chain as it was: a new base
         # would make that record's depth a lie (bases are decided before their users)
-        if item.cid in self.used or any(cid in self.used for cid, _ in item.above):
-            return False
-        while at is not None:
-            if at == item.cid:
-                return False
-            at = self._link(at)[1]
-        return True
+        return not (item.cid in self.used or any(cid in self.used for cid, _ in item.above))
 
 
 def _slices(items: list) -> list:
@@ -352,7 +358,7 @@ def _encode(repo, txn, items: list, decided: _Decided, cache: _Cache) -> None:
     with ThreadPoolExecutor(THREADS) as pool:
         list(pool.map(work, todo))
     for item in todo:  # depths need the index: here, in the transaction's thread
-        item.depth = decided._link(item.base)[0] + 1 if item.kind == codec.DELTA else 0
+        item.depth = decided.chain(item.base) + 1 if item.kind == codec.DELTA else 0
     for cid in wanted:
         cache.put(cid, data[cid])
 

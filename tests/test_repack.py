@@ -1,5 +1,6 @@
 """repack: compressed and delta records in a real repository, and what reads, fsck and gc make of them."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -482,3 +483,26 @@ def test_a_long_lived_reader_lets_go_of_packs_another_process_repacked_away(tmp_
         assert _deleted_packs_open(repo) == []  # their space is free now, not at exit
     finally:
         repo.close()
+
+
+def test_repack_counts_a_bases_chain_and_trusts_no_recorded_depth(tmp_path):
+    """An index rebuilt from the packs of interrupted repacks can record a delta shallower than its
+    chain; a repack that took that depth as true would write a chain past MAX_DEPTH."""
+    r = mvc.Repository.init(tmp_path / "r", chunk_size=CHUNK)
+    q = torch.frombuffer(bytearray(os.urandom(CHUNK)), dtype=torch.uint8).clone()
+    history = []
+    for k in range(codec.MAX_DEPTH + 2):  # P, then c0 .. c8: one chunk each, a few bytes apart
+        q[k * 7] ^= 0x5A
+        history.append((r.commit({"q": q.clone()}, f"v{k}").id, {"q": q.clone()}))
+    r.repack()  # c8 whole, c7 .. c0 deltas of depth 1 .. 8; P stays whole (its base c0 is at 8)
+    c0 = r.entries(history[1][0])[0].chunks[0]
+    with r.index.write() as txn:
+        loc = txn.chunk(c0)
+        assert loc.depth == codec.MAX_DEPTH
+        txn.put_chunk(c0, dataclasses.replace(loc, depth=1), overwrite=True)  # as a mixed rebuild leaves it
+    r.repack()
+    for cid, state in history:
+        assert _same(r.load(cid), state)
+    with r.index.read() as txn:
+        assert all(_chain(r, cid) <= codec.MAX_DEPTH for cid, _ in txn.chunks())
+    r.close()

@@ -146,7 +146,7 @@ def repack(repo, depth: Optional[int] = None, dry_run: bool = False, progress=No
                             if batch is not None and item.kind != codec.RAW:
                                 locs[item.cid] = txn.chunk(item.cid)
                                 batch.add_record(item.cid, item.payload, item.kind, item.size, item.depth, item.base)
-                            _deepen(repo.chunks, txn, item, decided, batch, locs)
+                            _deepen(repo.chunks, txn, item, batch, locs)
                             item.payload = None  # written: keep only what the report needs
                             decided.done(item)
                         done += len(part)
@@ -262,7 +262,6 @@ class _Decided:
 
     def __init__(self, txn, limit: int):
         self.txn, self.limit, self.items = txn, limit, {}
-        self.moved = {}  # id -> (depth, base) of older records rewritten deeper (_deepen)
         self.used = set()  # bases of the deltas decided so far
 
     def done(self, item: _Item) -> None:
@@ -270,32 +269,28 @@ class _Decided:
         if item.kind == codec.DELTA:
             self.used.add(item.base)
 
-    def move(self, cid: bytes, depth: int, base: bytes) -> None:
-        self.moved[cid] = (depth, base)
-
-    def _link(self, cid: bytes) -> tuple:
-        """(depth, base) of chunk ``cid`` after this repack."""
-        if cid in self.moved:
-            return self.moved[cid]
+    def _base(self, cid: bytes) -> Optional[bytes]:
+        """The delta base of chunk ``cid`` after this repack (None: it decodes alone). A record
+        ``_deepen`` rewrites keeps its base, so the index's answer stands for it."""
         item = self.items.get(cid)
         if item is not None:
-            return item.depth, item.base if item.kind == codec.DELTA else None
+            return item.base if item.kind == codec.DELTA else None
         loc = self.txn.chunk(cid)
         if loc is None:
             raise CorruptObject(f"repack stopped, nothing was changed: chunk {cid.hex()[:12]} is missing from "
                                 "the chunk index", id=cid)
-        return loc.depth, loc.base
+        return loc.base
 
     def chain(self, cid: bytes, stop: Optional[bytes] = None) -> Optional[int]:
         """The deltas a read of ``cid`` follows after this repack, counted along its bases: a
         recorded depth is not trusted (an index rebuilt from the packs of interrupted repacks may
         hold one record of a chain from before a repack and its base from after). None if the
         chain meets ``stop`` or runs past MAX_DEPTH (a loop)."""
-        n, at = 0, self._link(cid)[1]
+        n, at = 0, self._base(cid)
         while at is not None:
             if at == stop or n >= codec.MAX_DEPTH:
                 return None
-            n, at = n + 1, self._link(at)[1]
+            n, at = n + 1, self._base(at)
         return n
 
     def usable(self, item: _Item) -> bool:
@@ -363,19 +358,16 @@ def _encode(repo, txn, items: list, decided: _Decided, cache: _Cache) -> None:
         cache.put(cid, data[cid])
 
 
-def _deepen(chunks, txn, item: _Item, decided: _Decided, batch, locs: dict) -> None:
+def _deepen(chunks, txn, item: _Item, batch, locs: dict) -> None:
     """Rewrite the records above ``item``, now a delta of depth ``item.depth``, with their depths
     raised by it: their stored bytes unchanged, in the same batch, so the index that points at
     ``item``'s new record also has every chain's real length. (``batch`` None: a dry run.)"""
-    if item.kind != codec.DELTA:
+    if batch is None or item.kind != codec.DELTA:
         return  # a raw or grouped record has depth 0: the chains above it are as long as they were
     for cid, _ in item.above:
-        loc = txn.chunk(cid)
-        decided.move(cid, loc.depth + item.depth, loc.base)
-        if batch is not None:
-            locs[cid] = loc
-            _, payload = chunks.read_stored(cid, txn, f"a delta decoding through {item.what}")
-            batch.add_record(cid, payload, loc.kind, loc.size, loc.depth + item.depth, loc.base)
+        loc = locs[cid] = txn.chunk(cid)
+        _, payload = chunks.read_stored(cid, txn, f"a delta decoding through {item.what}")
+        batch.add_record(cid, payload, loc.kind, loc.size, loc.depth + item.depth, loc.base)
 
 
 def _publish(repo, batch, old: dict):

@@ -133,23 +133,32 @@ def _chain(repo, cid: bytes) -> int:
     return n
 
 
+def _repack_after_every_commit(repo, q: torch.Tensor, change) -> dict:
+    """Commit ``q`` MAX_DEPTH + 3 times, ``change(q, k)`` before each and a repack after; check every
+    record's recorded depth is its real chain, within MAX_DEPTH, and every version loads; the records."""
+    history = []
+    for k in range(codec.MAX_DEPTH + 3):
+        change(q, k)
+        history.append((repo.commit({"q": q.clone()}, f"c{k}").id, {"q": q.clone()}))
+        repo.repack()
+    with repo.index.read() as txn:
+        records = {cid: loc for cid, loc in txn.chunks()}
+    for cid, loc in records.items():
+        assert _chain(repo, cid) == loc.depth <= codec.MAX_DEPTH
+    for cid, state in history:
+        assert _same(repo.load(cid), state)
+    assert repo.fsck().ok
+    return records
+
+
 def test_commit_and_repack_cycles_keep_every_chain_within_its_depth(big):
     # Incompressible bytes (uint8 noise, as a quantized checkpoint) stay raw when grouped, so
     # each repack's tip is raw; the next repack must not make it a delta under older deltas.
-    g = torch.Generator().manual_seed(0)
-    q = torch.randint(0, 256, (CHUNK,), dtype=torch.uint8, generator=g)
-    history = []
-    for k in range(codec.MAX_DEPTH + 3):
+    q = torch.randint(0, 256, (CHUNK,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+
+    def flip(q, k):
         q[k * 13] ^= 0x5A
-        history.append((big.commit({"q": q.clone()}, f"c{k}").id, {"q": q.clone()}))
-        big.repack()
-    with big.index.read() as txn:
-        records = {cid: loc for cid, loc in txn.chunks()}
-    for cid, loc in records.items():
-        assert _chain(big, cid) == loc.depth <= codec.MAX_DEPTH
-    for cid, state in history:
-        assert _same(big.load(cid), state)
-    assert big.fsck().ok
+    _repack_after_every_commit(big, q, flip)
 
 
 def test_commit_and_repack_cycles_store_incompressible_versions_as_deltas_not_whole(big):
@@ -157,23 +166,12 @@ def test_commit_and_repack_cycles_store_incompressible_versions_as_deltas_not_wh
     # deltas rewritten one deeper; only when a chain would pass MAX_DEPTH does a version stay
     # whole. MAX_DEPTH + 3 versions fit in 2 chains: 2 whole copies plus deltas of a few bytes
     # each (a repack that kept every base raw stored about every other version whole).
-    g = torch.Generator().manual_seed(0)
-    q = torch.randint(0, 256, (16 * CHUNK,), dtype=torch.uint8, generator=g)
-    history = []
-    for k in range(codec.MAX_DEPTH + 3):
-        q[k::1024] ^= 0x5A  # a few bytes in every chunk
-        history.append((big.commit({"q": q.clone()}, f"c{k}").id, {"q": q.clone()}))
-        big.repack()
-    with big.index.read() as txn:
-        records = {cid: loc for cid, loc in txn.chunks()}
-    for cid, loc in records.items():
-        assert _chain(big, cid) == loc.depth <= codec.MAX_DEPTH
+    q = torch.randint(0, 256, (16 * CHUNK,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    records = _repack_after_every_commit(big, q, lambda q, k: q[k::1024].bitwise_xor_(0x5A))  # every chunk
     assert sum(loc.kind == codec.RAW for loc in records.values()) == 2 * 16
-    for cid, state in history:
-        assert _same(big.load(cid), state)
-    assert big.fsck().ok
     packs = sum(p.stat().st_size for p in (big.dir / "packs").glob("pack-*.pack"))
-    assert packs < 2 * q.numel() + len(history) * q.numel() // 16
+    versions = codec.MAX_DEPTH + 3
+    assert packs < 2 * q.numel() + versions * q.numel() // 16
 
 
 def test_a_second_repack_leaves_chunks_that_stay_raw_where_they_are(tmp_path):

@@ -639,6 +639,21 @@ class _Incoming:
     notes: dict = field(default_factory=dict)  # commit id -> note: every commit the remote pruned
     pruned_here: tuple = ()  # ids of commits held here that inc.pruned marks (see FetchReport.pruned)
     lost: int = 0  # see FetchReport.lost
+    extensions: set = field(default_factory=set)  # FORMAT extensions the objects need here
+
+
+def _extensions_of(kind: str, obj) -> set:
+    """The FORMAT extensions an incoming object needs here, as a commit made here names them:
+    a clone of signed, sharded or module-metadata history must be refused by an mvc that would
+    read those objects as damaged (and let fsck prune them), as its origin is."""
+    if kind == "trees":
+        return {name for name, used in ((ondisk.SHARDED, obj.dcp is not None),
+                                        (ondisk.DICT_METADATA, bool(obj.dict_metadata))) if used}
+    if kind == "tensors" and obj.shards:
+        return {ondisk.SHARDED}
+    if kind == "commits" and obj.signature:
+        return {ondisk.SIGNATURES}
+    return set()
 
 
 def _closure(repo, txn, tips: list, fetched: dict, remote: str) -> _Incoming:
@@ -658,6 +673,7 @@ def _closure(repo, txn, tips: list, fetched: dict, remote: str) -> _Incoming:
         if oid in decoded and decoded[oid][0] == kind:
             _, obj, data = decoded[oid]
             inc.objects.append((kind, oid, data))
+            inc.extensions |= _extensions_of(kind, obj)
             return obj
         raise RemoteDamaged(f"{kind[:-1]} {oid.hex()[:12]} is missing on the remote and here; the remote is "
                             "damaged", remote=remote, ids=(oid,))
@@ -773,28 +789,9 @@ def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetc
     return [cid for cid in out if txn.chunk(cid) is None and cid not in known]
 
 
-def _extensions_needed(objects: list) -> set:
-    """The FORMAT extensions that incoming objects need here, as a commit made here names them:
-    a clone of signed, sharded or module-metadata history must be refused by an mvc that would
-    read those objects as damaged (and let fsck prune them), as its origin is."""
-    need = set()
-    for kind, _, data in objects:
-        if kind == "trees":
-            tree = TreeObject.decode(data)
-            if tree.dcp is not None:
-                need.add(ondisk.SHARDED)
-            if tree.dict_metadata:
-                need.add(ondisk.DICT_METADATA)
-        elif kind == "tensors" and TensorObject.decode(data).shards:
-            need.add(ondisk.SHARDED)
-        elif kind == "commits" and CommitObject.decode(data).signature:
-            need.add(ondisk.SIGNATURES)
-    return need
-
-
 def _store_fetch(repo, conn: Connection, inc: _Incoming, remote: dict, prune: bool = False) -> list:
     updates = []
-    for name in sorted(_extensions_needed(inc.objects)):  # FORMAT first, then the data that needs it
+    for name in sorted(inc.extensions):  # FORMAT first, then the data that needs it
         ondisk.require_extension(repo.dir, name)
     with repo.index.write() as txn:
         if prune:

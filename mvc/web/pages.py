@@ -17,7 +17,6 @@ they return; nothing here writes to the repository.
 
 import math
 import operator
-import re
 import threading
 from collections import OrderedDict
 

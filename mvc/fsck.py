@@ -117,7 +117,7 @@ class FsckReport:
     @property
     def lost(self) -> tuple:
         """The damage no remote holds a copy of: what cannot be loaded intact."""
-        return tuple(d for d in self.damage if not d.remotes and not (d.commits and not d.lost_commits))
+        return tuple(d for d in self.damage if not d.remotes and (d.lost_commits or not d.commits))
 
     @property
     def verified(self) -> bool:

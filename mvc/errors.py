@@ -96,6 +96,15 @@ class RefConflict(MvcError):
         self.ref, self.expected, self.found = ref, expected, found
 
 
+class UnmergedBranch(RefConflict):
+    """Branch ``ref`` (``heads/NAME``) would be deleted though HEAD does not reach its tip
+    ``id`` (hex): commits only it reaches would be left for gc. ``force=True`` deletes it."""
+
+    def __init__(self, message: str = "", *, ref=None, id=None):
+        super().__init__(message, ref=ref)
+        self.id = id
+
+
 class LockHeld(MvcError):
     """Someone else holds the write lock that is needed."""
 

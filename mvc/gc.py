@@ -3,7 +3,9 @@
 Vocabulary:
 
 - **root**: a commit a ref names (``HEAD``, branches, tags) or a reflog
-  entry names (old or new id).
+  entry names (old or new id). The reflog of a deleted branch or tag is
+  kept (it ends in the deletion) so its tip can be recovered; gc expires its
+  entries once they are older than its grace period.
 - **live**: a root; a parent of a live commit; the tree of a live commit that
   is not pruned, that tree's tensors and their chunks. Everything else in
   the index is **garbage**, and so is every pack record no live chunk's
@@ -170,7 +172,7 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
                                         for p in scratch.remove_leftovers(repo.dir))
         try:
             with (repo.index.read() if dry_run else repo.index.write()) as txn:
-                sweep = _sweep(txn, repo.objects, policy, force, dry_run, repo.chunks)
+                sweep = _sweep(txn, repo.objects, policy, force, dry_run, repo.chunks, grace=grace)
         except OSError as exc:
             if dry_run or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -298,16 +300,20 @@ class _Sweep:
                         len(plan.tmp), tuple(plan.notes), tuple(plan.left))
 
 
-def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=None, apply: bool = True) -> _Sweep:
+def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=None, apply: bool = True,
+           grace: float = GRACE_S) -> _Sweep:
     """Retention, marking and sweeping in ``txn``; the writes are made there
     unless ``dry_run`` or not ``apply`` (then ``_Sweep.writes`` lists them)."""
     prune, skipped = _retention(txn, objects, policy, force) if policy.active else (set(), ())
     sweep = _Sweep(prune, skipped)
     expired = []  # entries whose new commit is (being) pruned: they would keep its data alive
+    before = time.time_ns() // 1000 - int(grace * 1e6)
     for ref, seq, raw in txn.reflog_raw():
         entry = reflog_entry(raw)
         new = entry.get("new") if entry is not None else None
         if new is not None and (new in prune or txn.pruned(new) is not None):
+            expired.append((ref, seq))
+        elif _of_deleted_ref(txn, ref, entry, before):
             expired.append((ref, seq))
     sweep.reflog_expired = len(expired)
     # The one walk fsck makes too; damage stops gc before anything is deleted.
@@ -352,6 +358,13 @@ def _write(txn, writes: list) -> None:
             method(txn, *args)
         else:
             getattr(txn, method)(*args)
+
+
+def _of_deleted_ref(txn, ref: str, entry, before_us: int) -> bool:
+    """Whether a reflog entry belongs to a deleted branch or tag and is older than
+    ``before_us``: a deleted ref's history is kept for gc's grace period only."""
+    when = entry.get("time") if entry is not None else None
+    return (ref != refs.HEAD and type(when) is int and when < before_us and txn.ref(ref) is None)
 
 
 STEP = 256  # index writes per transaction when the disk is full

@@ -375,7 +375,8 @@ class Refs:
         return oid, txn.ref(ref).protected
 
     def delete(self, txn, ref: str, force: bool, me) -> None:
-        """Delete ``ref`` and, as Git does, its reflog (so gc can reclaim its history)."""
+        """Delete ``ref``; its reflog stays, ending in a deletion entry (new: None), so
+        the deleted tip can be found and recovered until gc expires it (``mvc.gc``)."""
         current = txn.ref(ref)
         if current is None:
             raise UnknownRevision(f"{human(ref)} does not exist", rev=ref, reason="unknown")
@@ -384,7 +385,8 @@ class Refs:
         self.check_writer(txn, ref, me)
         if self.head(txn)[0] == ref:
             raise RefConflict(f"{human(ref)} is checked out; check out another branch first", ref=ref)
-        self.drop(txn, ref)
+        txn.delete_ref(ref)
+        txn.append_reflog(ref, {"old": current.id, "new": None, "time": self.now(), "message": "deleted"})
 
     @staticmethod
     def drop(txn, ref: str) -> bool:

@@ -8,9 +8,9 @@ functions name refs the way users do (``main``, ``v1``) and return
 
 from typing import Optional
 
-from . import audit, refs
+from . import audit, reach, refs
 from .commits import now_us
-from .errors import UnknownRevision
+from .errors import UnknownRevision, UnmergedBranch
 from .records import Head, Ref
 from .store import locks as locking
 from .store.locks import default_author
@@ -21,10 +21,6 @@ def _set(repo, ref: str, rev: str, force: bool, protect: Optional[bool], why: st
         oid, protected = repo.refs.set(txn, ref, rev, force, protect, why, locking.this_process(default_author()))
     return Ref(refs.short_name(ref), oid.hex(), protected)
 
-
-def _delete(repo, ref: str, force: bool) -> None:
-    with repo.index.write() as txn:
-        repo.refs.delete(txn, ref, force, locking.this_process(default_author()))
 
 
 def create_branch(repo, name: str, rev: str = refs.HEAD, force: bool = False,
@@ -37,8 +33,20 @@ def create_branch(repo, name: str, rev: str = refs.HEAD, force: bool = False,
     return _set(repo, ref, rev, force, protect, f"branch: {rev}")
 
 
-def delete_branch(repo, name: str, force: bool = False) -> None:
-    _delete(repo, refs.BRANCHES + refs.check_name(name, "branch", existing=True), force)
+def delete_branch(repo, name: str, force: bool = False) -> str:
+    """Delete branch ``name``; returns the hex id it named. As ``git branch -d``, refuses
+    (UnmergedBranch) a branch whose tip HEAD does not reach, unless ``force``. Its reflog
+    stays (ending in the deletion), so the tip can be recovered until gc expires it."""
+    ref = refs.BRANCHES + refs.check_name(name, "branch", existing=True)
+    with repo.index.write() as txn:
+        tip = repo.refs.tip(txn, ref)
+        head = repo.refs.head(txn)[1]
+        reached = () if head is None else reach.ancestors(lambda oid: repo.objects.commit(txn, oid), [head])
+        if not force and tip is not None and not any(oid == tip for oid, _ in reached):
+            raise UnmergedBranch(f"branch {name!r} is not merged into HEAD: its tip {tip.hex()[:12]} would "
+                                 "be left for gc", ref=ref, id=tip.hex())
+        repo.refs.delete(txn, ref, force, locking.this_process(default_author()))
+    return tip.hex() if tip is not None else ""
 
 
 def create_tag(repo, name: str, rev: str = refs.HEAD, protect: Optional[bool] = None,
@@ -96,6 +104,14 @@ def rename_branch(repo, old: str, new: str, force: bool = False) -> Ref:
     return Ref(new, oid.hex(), protected)
 
 
+def _deleted(txn, name: str) -> Optional[str]:
+    """The ref of a deleted branch (or else tag) ``name`` whose reflog is still kept."""
+    for ref in (refs.BRANCHES + name, refs.TAGS + name):
+        if txn.ref(ref) is None and any(True for _ in txn.reflog_raw(ref)):
+            return ref
+    return None
+
+
 def _tag_ref(txn, name: str) -> str:
     ref = name if name.startswith(refs.TAGS) else refs.TAGS + name
     if txn.ref(ref) is None:
@@ -114,7 +130,8 @@ class Reflog:
         branch or a tag; an entry is {"old", "new" (hex or None), "time" (s), "message"}."""
         with self.repo.index.read() as txn:
             ref = refs.HEAD if name in (refs.HEAD, "@") else (
-                self.repo.refs.branch_ref(txn, name) or (refs.TAGS + name if txn.ref(refs.TAGS + name) else None))
+                self.repo.refs.branch_ref(txn, name) or (refs.TAGS + name if txn.ref(refs.TAGS + name) else None)
+                or _deleted(txn, name))
             if ref is None:
                 raise UnknownRevision(f"no branch or tag {name!r}")
             return [(seq, {"old": e.get("old").hex() if isinstance(e.get("old"), bytes) else None,
@@ -134,5 +151,6 @@ class Reflog:
         before = None if older_than is None else now_us() - int(older_than * 1e6)
         with self.repo.index.write() as txn:
             name = None if ref is None else (refs.HEAD if ref in (refs.HEAD, "@")
-                                             else self.repo.refs.branch_ref(txn, ref) or _tag_ref(txn, ref))
+                                             else self.repo.refs.branch_ref(txn, ref) or _deleted(txn, ref)
+                                             or _tag_ref(txn, ref))
             return self.repo.refs.expire_reflog(txn, name, before, damaged)

@@ -287,8 +287,9 @@ class Repository:
         """Point branch ``name`` at ``rev``; see ``mvc.refverbs.create_branch``."""
         return refverbs.create_branch(self, name, rev, force, protect)
 
-    def delete_branch(self, name: str, force: bool = False) -> None:
-        refverbs.delete_branch(self, name, force)
+    def delete_branch(self, name: str, force: bool = False) -> str:
+        """Delete branch ``name`` (see ``mvc.refverbs.delete_branch``); the hex id it named."""
+        return refverbs.delete_branch(self, name, force)
 
     def rename_branch(self, old: str, new: str, force: bool = False) -> Ref:
         """Rename branch ``old`` to ``new``, keeping its protection and reflog; HEAD follows."""

@@ -102,7 +102,8 @@ def test_branches_tags_and_checkout(cli, tmp_path):
     main_id = json.loads(cli("log", "main", "-n", "1", "--json").output)[0]["id"]
     assert "detached" in cli("checkout", main_id[:10]).output
     assert "HEAD detached" in cli("status").output
-    cli("branch", "-d", "exp")
+    assert "not merged into HEAD" in cli("branch", "-d", "exp", code=1).stderr
+    assert "Deleted branch exp (was " in cli("branch", "-D", "exp").output
     assert "exp" not in cli("branch").output
 
 

@@ -63,7 +63,7 @@ def test_old_garbage_is_reclaimed_by_a_plain_gc_and_fsck_says_so(repo):
     repo.checkout("tmp")
     repo.commit({"x": torch.randn(64)}, "only on tmp")
     repo.checkout("main")
-    repo.delete_branch("tmp")
+    repo.delete_branch("tmp", force=True)
     # the reflog of HEAD still reaches it; gc keeps reflog'd commits, so fsck reports nothing unreferenced
     out = cli(repo, "fsck").stdout
     assert "gc keeps it" not in out

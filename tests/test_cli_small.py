@@ -77,16 +77,16 @@ def test_a_tree_of_one_tensor_is_one_tensor(repo):
 
 def test_branch_d_deletes_every_branch_named(repo):
     """mvc branch -d a b deleted a and silently ignored b; as git branch -d, each goes."""
-    repo.commit({"w": torch.zeros(2)}, "one")
+    tip = repo.commit({"w": torch.zeros(2)}, "one").id[:12]
     for name in ("a", "b", "c"):
         repo.create_branch(name)
-    assert cli(repo, "branch", "-d", "a", "b").stdout == "Deleted branch a\nDeleted branch b\n"
+    assert cli(repo, "branch", "-d", "a", "b").stdout == f"Deleted branch a (was {tip})\nDeleted branch b (was {tip})\n"
     out = cli(repo, "branch", "-d", "nope", "c", code=1)  # one that cannot go is said; the others go
-    assert out.stdout == "Deleted branch c\n" and "branch 'nope' does not exist" in out.stderr
+    assert out.stdout == f"Deleted branch c (was {tip})\n" and "branch 'nope' does not exist" in out.stderr
     assert [b.name for b in repo.branches()] == ["main"]
     repo.create_tag("t1")
     repo.create_tag("t2")
-    assert cli(repo, "tag", "-d", "t1", "t2").stdout == "Deleted tag t1\nDeleted tag t2\n"
+    assert cli(repo, "tag", "-d", "t1", "t2").stdout == f"Deleted tag t1 (was {tip})\nDeleted tag t2 (was {tip})\n"
     assert "too many arguments" in cli(repo, "branch", "x", "HEAD", "y", code=2).stderr
 
 

@@ -23,7 +23,7 @@ from ..errors import (BisectEndMisjudged, BisectFinished, BisectInProgress, Bise
                       MergeMismatch, MetricNotRecorded, MvcError, NoBisect, NotARepository, NotConfigured,
                       NotRegular, ObjectNotFound, PackDamaged, ProtectedRef, ReaderClash, RefExists, RefRejected,
                       RemoteCorrupt, RemoteDamaged, RemoteExists, ScanFoundDamage, SigningKeyError, UnknownRemote,
-                      VerdictContradicts, WalkDamaged)
+                      UnmergedBranch, VerdictContradicts, WalkDamaged)
 
 
 class Group(click.Group):
@@ -107,6 +107,7 @@ HINTS = (
                          f"'mvc branch --force {e.branch} {e.remote}/{e.branch}'"),
     (RefExists, lambda e: f"'mvc checkout {e.ref.split('/', 1)[-1]}' switches to it"
                           if e.action == "create-and-checkout" else ""),
+    (UnmergedBranch, lambda e: f"if you are sure, delete it with 'mvc branch -D {e.ref.split('/', 1)[-1]}'"),
     (ProtectedRef, lambda e: f"unprotect it first ('mvc branch --unprotect {e.ref.split('/', 1)[-1]}')"
                              if e.action == "commit" else ""),
     (BranchLocked, _lock_hint),

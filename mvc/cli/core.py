@@ -462,14 +462,16 @@ def _delete_refs(kind: str, names: list, force: bool) -> None:
     """Delete each named branch or tag; one that cannot be deleted is said and the rest go on (exit 1)."""
     failed = False
     with open_repo() as repo:
+        tags = {t.name: t.id for t in repo.tags()} if kind == "tag" else {}
         for name in dict.fromkeys(names):
             try:
-                (repo.delete_branch if kind == "branch" else repo.delete_tag)(name, force=force)
+                was = repo.delete_branch(name, force=force) if kind == "branch" else (
+                    repo.delete_tag(name, force=force) or tags.get(name, ""))
             except MvcError as exc:
                 click.echo(f"mvc: error: {advice(exc)}", err=True)
                 failed = True
                 continue
-            click.echo(f"Deleted {kind} {name}")
+            click.echo(f"Deleted {kind} {name} (was {was[:12]})" if was else f"Deleted {kind} {name}")
     if failed:
         raise click.exceptions.Exit(1)
 
@@ -485,14 +487,18 @@ A protected {kind} is not moved or deleted without --force."""
 @click.argument("rev", required=False)
 @click.argument("more", nargs=-1, metavar="")
 @click.option("-d", "--delete", "delete", metavar="NAME", default=None,
-              help="Delete branch NAME, and every other NAME given.")
+              help="Delete branch NAME, and every other NAME given, if HEAD reaches its tip.")
+@click.option("-D", "force_delete", metavar="NAME", default=None,
+              help="Delete branch NAME even if HEAD does not reach it (--delete --force).")
 @click.option("-m", "--move", is_flag=True, help="Rename branch NAME to REV's place: mvc branch -m OLD NEW "
               "(its protection and reflog go with it; HEAD follows).")
 @click.option("-f", "--force", is_flag=True, help="Move or delete even if protected or existing.")
 @click.option("--protect/--unprotect", default=None, help="Protect NAME from moves and deletion.")
 @click.option("--json", "as_json", is_flag=True, help="List branches as JSON.")
 @click.option("-r", "--remotes", "remotes", is_flag=True, help="List remote-tracking branches (REMOTE/BRANCH).")
-def branch(name, rev, more, delete, move, force, protect, as_json, remotes=False):
+def branch(name, rev, more, delete, move, force, protect, as_json, remotes=False, force_delete=None):
+    if force_delete is not None:
+        delete, force = force_delete, True
     if remotes:
         with open_repo() as repo:
             return _list_refs(repo.remotes.branches(), as_json=as_json)

@@ -37,3 +37,43 @@ def test_branch_d_deletes_a_merged_branch(repo):
     repo.create_branch("old")
     repo.commit({"w": torch.ones(4)}, "next")
     assert cli(repo, "branch", "-d", "old").stdout == f"Deleted branch old (was {first[:12]})\n"
+
+
+def test_the_first_commit_to_another_branch_takes_an_unborn_head_along(repo):
+    first = repo.commit({"w": torch.zeros(4)}, "run start", branch="run-1")
+    assert repo.head().branch == "run-1" and repo.resolve("HEAD") == first.id
+    assert [e["new"] for _, e in repo.reflog.entries("HEAD")] == [first.id]
+    repo.commit({"w": torch.ones(4)}, "another run", branch="run-2")  # HEAD's branch has commits now: it stays
+    assert repo.head().branch == "run-1"
+    assert "On branch run-1" in cli(repo, "status").stdout
+
+
+def test_log_shows_a_lightning_run_in_a_new_repository(tmp_path):
+    pl = __import__("pytest").importorskip("lightning.pytorch")
+    import warnings
+    from torch.utils.data import DataLoader, TensorDataset
+    from mvc_hooks.lightning import MvcCheckpoint
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, index):
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[MvcCheckpoint(tmp_path / "repo", chunk_size=64)],
+                         default_root_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Net(), DataLoader(data, batch_size=8))
+    import mvc
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        log = cli(repo, "log", "--oneline").stdout.splitlines()
+        assert len(log) == 2 and all("step" in line for line in log)
+        assert "On branch lightning" in cli(repo, "status").stdout

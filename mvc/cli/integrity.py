@@ -73,7 +73,7 @@ def _show_report(rep, fates) -> None:
         click.echo("fsck found damage here, and a remote lists a copy of every damaged chunk, or of the "
                    "chunks of every commit it breaks: 'mvc fsck --repair' restores them")
     elif rep.unverified:
-        click.echo("no damage found in what was checked, but not everything reachable was verified")
+        click.echo("ok: no damage found in what was checked (the chunks above were not verified here)")
     else:
         click.echo("ok: no damage found")
 
@@ -100,9 +100,10 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remot
          read_subset=None):
     """Verify every commit, tree, tensor and chunk reachable from refs and the reflog.
 
-    Exits 1 when anything reachable is damaged or missing, or was not
-    verified: chunks held only by a remote (a lazy clone, an evicted cache)
-    are listed as "not verified here" unless --fetch reads them back.
+    Exits 1 when anything reachable is damaged or missing. Chunks held
+    only by a remote (a lazy clone, an evicted cache) are listed as "not
+    verified here" (exit 0) unless --fetch reads them back (exit 1 if it
+    cannot).
     Unreferenced pack bytes are reported separately: they are harmless. Damage that cannot be
     repaired (no backup, no remote) blocks gc; --prune-lost marks the commits
     whose tensors are lost as pruned, as retention would, so the rest of
@@ -152,8 +153,8 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remot
         if rebuilt is not None:
             _show_rebuild(rebuilt)
         _show_report(report, fates)
-    if not report.verified:
-        ctx.exit(1)
+    if not report.ok or (fetch_remote and not report.verified):  # not verified is not damage, unless
+        ctx.exit(1)                                                 # --fetch was asked to verify it
 
 
 # -- branch locks -------------------------------------------------------------

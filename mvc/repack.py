@@ -131,7 +131,7 @@ def repack(repo, depth: Optional[int] = None, dry_run: bool = False, progress=No
             repo.enable_encoded_records()
         with repo.index.read() as txn:
             items = _plan(txn, repo.objects, repo.chunks)
-            total, done = sum(len(chunks) for chunks in items), 0
+            total, done = sum(item.size for chunks in items for item in chunks), 0  # bytes, as the bar says
             decided, locs = _Decided(txn, depth), {}
             batch = None if dry_run else repo.chunks.writer()
             cache = _Cache()
@@ -149,7 +149,7 @@ def repack(repo, depth: Optional[int] = None, dry_run: bool = False, progress=No
                             _deepen(repo.chunks, txn, item, batch, locs)
                             item.payload = None  # written: keep only what the report needs
                             decided.done(item)
-                        done += len(part)
+                        done += sum(item.size for item in part)
                         if progress:
                             progress(done, total)
                 if batch is not None:

@@ -77,3 +77,55 @@ def test_log_shows_a_lightning_run_in_a_new_repository(tmp_path):
         log = cli(repo, "log", "--oneline").stdout.splitlines()
         assert len(log) == 2 and all("step" in line for line in log)
         assert "On branch lightning" in cli(repo, "status").stdout
+
+
+class Terminal:
+    """A stream that says it is a terminal, and keeps what was written."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_a_bar_shows_bytes_rate_and_time_left_on_a_terminal_only():
+    from mvc.cli.base import Progress, clock
+    shown = Terminal()
+    with Progress("writing", stream=shown) as bar:
+        for done in range(0, 2049, 256):
+            bar(done, 2048)
+    assert "of 2.0 KiB" in shown.text and "/s" in shown.text and "ETA " in shown.text
+    assert (clock(7), clock(750), clock(3 * 3600 + 300)) == ("0:07", "12:30", "3:05:00")
+    piped = Terminal()
+    piped.isatty = lambda: False
+    with Progress("writing", stream=piped) as bar:
+        bar(2048, 2048)
+    assert piped.text == ""
+
+
+def test_repack_counts_bytes_not_chunks(repo):
+    repo.commit({"w": torch.arange(96.0), "b": torch.arange(40.0) + 1000}, "one")  # 384 + 160 bytes, no repeats
+    calls = []
+    repo.repack(progress=lambda done, total: calls.append((done, total)))
+    assert calls[-1] == (544, 544)
+
+
+def test_push_fetch_and_clone_show_bytes_and_rate_on_a_terminal(repo, tmp_path, monkeypatch):
+    from mvc.cli import base
+    monkeypatch.setattr(base.Progress, "_on_terminal", lambda self: True)
+    monkeypatch.setattr(base.Transfer, "REDRAW_S", 0.0)
+    repo.commit({"w": torch.arange(256, dtype=torch.float32)}, "one")
+    cli(repo, "remote", "add", "origin", tmp_path / "remote")
+    out = cli(repo, "push")
+    assert "sending" in out.stderr and "KiB" in out.stderr and "/s" in out.stderr
+    cloned = CliRunner().invoke(main, ["clone", str(tmp_path / "remote"), str(tmp_path / "copy")])
+    assert cloned.exit_code == 0 and "receiving" in cloned.stderr and "KiB" in cloned.stderr
+    monkeypatch.setattr(base.Progress, "_on_terminal", lambda self: False)
+    assert "sending" not in cli(repo, "push").stderr  # piped: no bar

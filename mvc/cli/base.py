@@ -195,7 +195,8 @@ def human_bytes(n: float) -> str:
 class Progress:
     """A ``progress(done, total)`` callback for the API: a bar on a terminal
     (stderr) that names its phase (reading, hashing, writing, verifying) and
-    shows bytes done, the total and the throughput; nothing when piped.
+    shows bytes done, the total, the throughput and the time left (ETA);
+    nothing when piped.
 
     The bar is drawn as soon as its total is known: at once when ``total`` is
     given, else at the API's first call (which the API makes before any work).
@@ -230,8 +231,11 @@ class Progress:
     def _bytes(self, done) -> str:
         done = self.done if done is None else done
         seconds = time.monotonic() - self.started
-        rate = f"  {human_bytes(done / seconds)}/s" if seconds > 0 and done else ""
-        return f"{human_bytes(done)} of {human_bytes(self.total)}{rate}"
+        if not (seconds > 0 and done):
+            return f"{human_bytes(done)} of {human_bytes(self.total)}"
+        rate = done / seconds
+        return (f"{human_bytes(done)} of {human_bytes(self.total)}  {human_bytes(rate)}/s  "
+                f"ETA {clock(max(0, self.total - done) / rate)}")
 
     def _finish(self) -> None:
         self.bar.__exit__(None, None, None)
@@ -246,6 +250,45 @@ class Progress:
         if self.bar is not None:
             self.bar.__exit__(*exc)
             self.bar = None
+
+
+def clock(seconds: float) -> str:
+    """Seconds as a countdown: 0:07, 12:30, 3:05:00."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class Transfer:
+    """A ``progress(nbytes)`` callback for transfers whose total is not known up front (push,
+    fetch, clone): on a terminal (stderr) one line, redrawn at most 5 times a second, with
+    the bytes moved so far and the rate; nothing when piped."""
+
+    REDRAW_S = 0.2
+
+    def __init__(self, phase: str, stream=None):
+        self.phase, self.stream = phase, stream or sys.stderr
+        self.done, self.started, self.drawn, self.shown = 0, time.monotonic(), 0.0, False
+        self.terminal = Progress._on_terminal(self)
+
+    def __call__(self, nbytes: int) -> None:
+        self.done += nbytes
+        now = time.monotonic()
+        if self.terminal and now - self.drawn >= self.REDRAW_S:
+            self.drawn, self.shown = now, True
+            self.stream.write(f"\r{self.line(now - self.started)}")
+            self.stream.flush()
+
+    def line(self, seconds: float) -> str:
+        rate = f"  {human_bytes(self.done / seconds)}/s" if seconds > 0 and self.done else ""
+        return f"{self.phase:<9} {human_bytes(self.done)}{rate}"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.shown:
+            self.stream.write(f"\r{self.line(time.monotonic() - self.started)}\n")
+            self.stream.flush()
 
 
 def parse_pairs(pairs, what: str) -> dict:

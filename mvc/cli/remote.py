@@ -9,7 +9,7 @@ from .. import Repository
 from ..errors import RemoteDamaged
 from ..remote.backend import on_notice
 from ..remote.verbs import SETTINGS
-from .base import echo_json, fail, human_bytes, main, open_repo, to_jsonable
+from .base import Transfer, echo_json, fail, human_bytes, main, open_repo, to_jsonable
 
 
 def _notice(message: str) -> None:
@@ -179,8 +179,9 @@ def push(name, refs, force, delete, as_json):
         raise click.UsageError("--delete needs the names of the remote branches or tags to delete")
     if name is not None and name.startswith(":"):
         name, refs = None, (name,) + tuple(refs)
-    with open_repo() as repo:
-        report = repo.remotes.push(name, () if delete else refs, force=force, delete=refs if delete else ())
+    with open_repo() as repo, Transfer("sending") as progress:
+        report = repo.remotes.push(name, () if delete else refs, force=force, delete=refs if delete else (),
+                                   progress=progress)
     if as_json:
         echo_json(report)
         return
@@ -216,8 +217,8 @@ def _show_fetch(report) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def fetch(name, prune, as_json):
     """Bring REMOTE's branches (as REMOTE/BRANCH) and what they need that is missing here."""
-    with _advice(), open_repo() as repo:
-        report = repo.remotes.fetch(name, prune=prune)
+    with _advice(), open_repo() as repo, Transfer("receiving") as progress:
+        report = repo.remotes.fetch(name, prune=prune, progress=progress)
     if as_json:
         echo_json(report)
     else:
@@ -230,8 +231,8 @@ def fetch(name, prune, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def pull(name, branch, as_json):
     """fetch REMOTE, then fast-forward BRANCH (default: the current one) to REMOTE/BRANCH."""
-    with _advice(), open_repo() as repo:
-        report = repo.remotes.pull(name, branch)
+    with _advice(), open_repo() as repo, Transfer("receiving") as progress:
+        report = repo.remotes.pull(name, branch, progress=progress)
     if as_json:
         echo_json(report)
         return
@@ -250,7 +251,8 @@ def pull(name, branch, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def clone(url, directory, lazy, endpoint_url, as_json):
     """Make DIRECTORY a new repository with the history of the remote at URL (as remote origin)."""
-    with _advice(), Repository.clone(url, directory, lazy=lazy, endpoint_url=endpoint_url) as repo:
+    with _advice(), Transfer("receiving") as progress, \
+            Repository.clone(url, directory, lazy=lazy, endpoint_url=endpoint_url, progress=progress) as repo:
         head = repo.head()
         report = repo.cloned
     if as_json:

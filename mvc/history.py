@@ -11,12 +11,21 @@ Vocabulary:
 - a commit is **left behind** when no branch or tag reaches it: once HEAD
   moves off it, only the reflog remembers it (and gc keeps it only while
   the reflog does).
+- a **condition** (``eval_loss<2.3``) keeps the commits whose training record
+  holds that metric (or ``step``/``epoch``) with a value that passes; a
+  **sort key** (``eval_loss``, or ``-accuracy`` for highest first) orders
+  commits by one metric: "which checkpoint was best".
 """
 
 import heapq
+import math
+import operator
+import re
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from . import reach, refs
+from .errors import BadInput, MetricNotRecorded
 from .hashing import digest
 from .commits import to_commit
 
@@ -111,3 +120,65 @@ def left_behind(repo, commit_id: str) -> list:
         found = {oid: obj for oid, obj in _ancestry(repo, txn, [bytes.fromhex(commit_id)]).items()
                  if oid not in kept}
         return [to_commit(oid, found[oid]) for oid in _topo_order(found)]
+
+
+_OPS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq, "!=": operator.ne, "<": operator.lt,
+        ">": operator.gt, "=": operator.eq}
+_CONDITION = re.compile(r"^\s*([A-Za-z_][\w./-]*)\s*(<=|>=|==|!=|<|>|=)\s*(\S+)\s*$")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """``metric op value``: what ``log --where`` keeps."""
+    metric: str
+    op: str
+    value: float
+
+    def holds(self, c) -> bool:
+        v = metric_value(c, self.metric)
+        return v is not None and _OPS[self.op](v, self.value)
+
+
+def parse_condition(text: str) -> Condition:
+    """``eval_loss<2.3`` as a Condition; BadInput naming the text if it is not one."""
+    m = _CONDITION.match(text)
+    try:
+        value = float(m.group(3)) if m else None
+    except ValueError:
+        value = None
+    if value is None or math.isnan(value):
+        raise BadInput(f"condition {text!r} is not METRIC OP NUMBER (OP one of < <= > >= == !=), "
+                       "as in 'eval_loss<2.3'")
+    return Condition(m.group(1), m.group(2), value)
+
+
+def metric_value(c, name: str) -> Optional[float]:
+    """Commit ``c``'s value of metric ``name`` (or its step or epoch); None if it has none."""
+    v = (c.metrics or {}).get(name)
+    if v is None and name in ("step", "epoch"):
+        v = getattr(c, name)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        return None
+    return v
+
+
+def select(commits: list, where: Iterable[Condition] = (), sort: Optional[str] = None) -> list:
+    """The commits that meet every condition of ``where``, ordered by metric ``sort``
+    (lowest first; ``-NAME``: highest first; commits without it last, in their order).
+
+    Raises MetricNotRecorded if no commit given records a metric named here (a typo
+    must not read as "no commit qualifies")."""
+    where = tuple(where)
+    names = [cond.metric for cond in where] + ([sort.lstrip("-")] if sort else [])
+    for name in dict.fromkeys(names):
+        if commits and all(metric_value(c, name) is None for c in commits):
+            recorded = sorted({k for c in commits for k in (c.metrics or {})})
+            raise MetricNotRecorded(f"no commit here records metric {name!r}; recorded: "
+                                    f"{', '.join(recorded) or 'none'}", metric=name, recorded=recorded)
+    out = [c for c in commits if all(cond.holds(c) for cond in where)]
+    if sort:
+        name, sign = sort.lstrip("-"), (-1 if sort.startswith("-") else 1)
+        have = [c for c in out if metric_value(c, name) is not None]
+        have.sort(key=lambda c: sign * metric_value(c, name))  # stable: ties keep history order
+        out = have + [c for c in out if metric_value(c, name) is None]
+    return out

@@ -129,3 +129,26 @@ def test_push_fetch_and_clone_show_bytes_and_rate_on_a_terminal(repo, tmp_path, 
     assert cloned.exit_code == 0 and "receiving" in cloned.stderr and "KiB" in cloned.stderr
     monkeypatch.setattr(base.Progress, "_on_terminal", lambda self: False)
     assert "sending" not in cli(repo, "push").stderr  # piped: no bar
+
+
+def _run_with_metrics(repo):
+    losses = [3.1, 2.6, 2.2, 2.4, 2.25]
+    return [repo.commit({"w": torch.full((4,), float(i))}, f"step {i}", step=100 * i,
+                        metrics={"eval_loss": loss, **({"acc": 0.5 + i / 10} if i % 2 else {})}).id
+            for i, loss in enumerate(losses)]
+
+
+def test_log_where_and_sort_answer_which_checkpoint_was_best(repo):
+    ids = _run_with_metrics(repo)
+    best = json.loads(cli(repo, "log", "--sort", "eval_loss", "-n", "1", "--json").stdout)
+    assert [c["id"] for c in best] == [ids[2]]
+    kept = json.loads(cli(repo, "log", "--where", "eval_loss<2.3", "--sort", "eval_loss", "--json").stdout)
+    assert [c["id"] for c in kept] == [ids[2], ids[4]]
+    both = json.loads(cli(repo, "log", "--where", "eval_loss<3", "--where", "step>=300", "--json").stdout)
+    assert [c["id"] for c in both] == [ids[4], ids[3]]  # history order when not sorted
+    highest = cli(repo, "log", "--sort", "-acc", "--oneline").stdout.splitlines()
+    assert [line.split()[0] for line in highest] == [ids[3][:12], ids[1][:12], ids[4][:12], ids[2][:12], ids[0][:12]]
+    err = cli(repo, "log", "--where", "eval_los<2", code=1).stderr
+    assert "no commit here records metric 'eval_los'" in err and "eval_loss" in err
+    assert "is not METRIC OP NUMBER" in cli(repo, "log", "--where", "eval_loss<<2", code=1).stderr
+    assert "--graph" in cli(repo, "log", "--graph", "--sort", "eval_loss", code=2).stderr

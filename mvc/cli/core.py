@@ -115,18 +115,30 @@ def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json
               help="Also draw METRIC across these commits into FILE (e.g. loss.png). "
                    "Needs matplotlib: pip install 'mvc-checkpoints[plot]'.")
 @click.option("--show-signature", is_flag=True, help="Check and show each commit's signature.")
-def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signature=False):
+@click.option("--where", "where", multiple=True, metavar="METRIC<VALUE",
+              help="Only commits whose metric passes, e.g. 'eval_loss<2.3' (< <= > >= == !=; repeat: all must pass).")
+@click.option("--sort", "sort", metavar="[-]METRIC", default=None,
+              help="Order by METRIC, lowest first ('-METRIC': highest first); 'mvc log --sort eval_loss -n 1' "
+                   "is the best commit.")
+def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signature=False, where=(), sort=None):
     """Show the history from REV (default HEAD), newest first.
 
     A..B shows the commits B reaches and A does not (as in Git); --all
     starts from every branch, tag, remote-tracking branch (origin/main) and
-    HEAD; several REVs show what any of them reaches.
+    HEAD; several REVs show what any of them reaches. --where and --sort
+    pick and order commits by their metrics (step and epoch too).
     """
     from .. import plot  # mvc.plot loads matplotlib only when it draws
     from .. import refs
     if plot_to:
         plot.require_matplotlib()  # fail before the work, not after it
         plot.check_image_path(plot_to[1])
+    conditions = [history.parse_condition(text) for text in where]
+    if (conditions or sort) and graph:
+        raise click.UsageError("--graph draws history order; it does not go with --where or --sort")
+    picking, limit = bool(conditions or sort), max_count
+    if picking:
+        max_count = None  # -n counts the commits that pass, in their new order
     include, exclude = [], []
     for rev in revs:
         span = refs.split_range(rev)
@@ -144,6 +156,8 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signat
             commits = history.walk(repo, include, exclude, all_refs, max_count)
         else:
             commits = list(repo.log(None, n=max_count))
+        if picking:
+            commits = history.select(commits, conditions, sort)[:limit]
         decorations = _decorations(repo)
         verdicts = {c.id: repo.trust.verify_commit(c.id) for c in commits} if show_signature else {}
     if plot_to:

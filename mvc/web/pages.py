@@ -192,8 +192,39 @@ def parse_condition(text: str):
 
 # -- history ---------------------------------------------------------------------
 
+MAX_METRIC_COLUMNS = 6  # more metrics than this are counted in the last column, so the table fits
+_HIGHER_IS_BETTER = ("acc", "f1", "bleu", "rouge", "auc", "precision", "recall", "score", "reward", "map",
+                     "iou", "return", "win")
+
+
+def higher_is_better(name: str) -> bool:
+    """Whether a larger ``name`` is the better one (accuracy, F1, reward …); losses,
+    errors, perplexities and names it does not know: the smaller."""
+    words = name.lower().replace("-", "_").replace(".", "_").split("_")
+    return any(w.startswith(good) for w in words for good in _HIGHER_IS_BETTER)
+
+
+def best_commit(commits, name: str):
+    """The commit with the best value of metric ``name`` (the newest of ties), or None."""
+    have = [(record_number(c, name), i) for i, c in enumerate(commits) if record_number(c, name) is not None]
+    if not have:
+        return None
+    sign = -1 if higher_is_better(name) else 1
+    return commits[min(have, key=lambda vi: (sign * vi[0], vi[1]))[1]]
+
+
+def _sorted_by(commits, picked, sort: str) -> list:
+    """``picked`` (indexes into ``commits``) by metric ``sort`` (``-NAME``: highest first),
+    those without it last, in history order."""
+    name, sign = sort.lstrip("-"), (-1 if sort.startswith("-") else 1)
+    have = [i for i in picked if record_number(commits[i], name) is not None]
+    have.sort(key=lambda i: sign * record_number(commits[i], name))
+    return have + [i for i in picked if record_number(commits[i], name) is None]
+
+
 def history(view: View, query: dict) -> str:
     ref, span, where = one(query, "ref", ""), one(query, "range", "").strip(), one(query, "where", "").strip()
+    sort = one(query, "sort", "").strip()
     per = _int(query, "per", PER_PAGE, 1, MAX_PER_PAGE)
     start = _int(query, "start", 0, 0, 1 << 40)
     include, exclude = (), ()
@@ -211,50 +242,87 @@ def history(view: View, query: dict) -> str:
         picked = [i for i, c in enumerate(commits) if keep(c)]
     else:
         picked = range(len(commits))
+    chosen = [commits[i] for i in picked]
+    metrics = _metric_columns(chosen, [n for n in (shown_metric, sort.lstrip("-")) if n])
+    if sort:
+        if sort.lstrip("-") not in metrics and not any(record_number(c, sort.lstrip("-")) is not None for c in chosen):
+            raise BadInput(f"sort {sort!r}: no commit listed records {sort.lstrip('-')!r}")
+        picked = _sorted_by(commits, picked, sort)
     total = len(picked)
     window = list(picked[start:start + per])
     deco = view.decorations()
-    graph = not where
+    graph = not where and not sort
     width = max((rows[i].width for i in window), default=1) if graph else 0
+    best = {name: best_commit(chosen, name) for name in metrics}
+    best_ids = {name: (c.id if c is not None else None) for name, c in best.items()}
+    more_column = any(_more(c, metrics) for c in chosen)
     body_rows = [_log_row(commits[i], svg.graph_row(rows[i], width, commits[i].pruned) if graph else None,
-                          deco.get(commits[i].id, ()), shown_metric) for i in window]
-    heads = (["graph"] if graph else []) + ["A", "B", "commit", "step", "message", "metrics", "date"]
+                          deco.get(commits[i].id, ()), metrics, best_ids, more_column) for i in window]
+    params = dict(ref=ref, range=span, where=where, per=per if per != PER_PAGE else None)
+    heads = ((["graph"] if graph else []) + ["A", "B", "commit", "step", "message"]
+             + [_metric_head(name, sort, params) for name in metrics]
+             + (["more"] if more_column else []) + ["date"])
     table_html = ('<table class="log" id="log"><thead><tr>' + "".join(f"<th>{h}</th>" for h in heads)
                   + "</tr></thead><tbody>" + "".join(body_rows) + "</tbody></table>")
-    params = dict(ref=ref, range=span, where=where, per=per if per != PER_PAGE else None)
-    pager = _pager(total, start, per, params)
-    body = (_history_filters(view, ref, span, where)
+    pager = _pager(total, start, per, dict(params, sort=sort or None))
+    body = (_history_filters(view, ref, span, where) + _best_links(best)
             + f'<form method=get action="/diff">{pager}'
             + '<p><button type=submit>Compare A → B</button> <span class=muted>pick A and B in the table '
-            '(the diff page shows what changed from A to B)</span></p>'
+            '(the diff page shows what changed from A to B; B left out: HEAD)</span></p>'
             + table_html + "</form>" + pager)
     return page("History", body, view.where(), "/")
 
 
-def _log_row(c, graph, labels, shown_metric) -> str:
+def _metric_columns(commits, first) -> list:
+    """The metric names shown as columns: those filtered or sorted by first, then the rest
+    by name, at most MAX_METRIC_COLUMNS."""
+    names = sorted({k for c in commits for k in c.metrics if record_number(c, k) is not None})
+    return list(dict.fromkeys([n for n in first if n in names] + names))[:MAX_METRIC_COLUMNS]
+
+
+def _more(c, metrics) -> int:
+    return sum(1 for k in c.metrics if k not in metrics)
+
+
+def _metric_head(name: str, sort: str, params: dict) -> str:
+    """A column head that sorts by its metric: best first on the first click, then the other way."""
+    best_first = f"-{name}" if higher_is_better(name) else name
+    worst_first = name if best_first.startswith("-") else f"-{name}"
+    nxt = worst_first if sort == best_first else best_first
+    arrow = " ▲" if sort == name else " ▼" if sort == f"-{name}" else ""
+    return a(url("/", **params, sort=nxt), name, "sort", f"sort by {name}") + esc(arrow)
+
+
+def _best_links(best: dict) -> str:
+    links = [a(url("/commit", rev=c.id), f"best by {name}", "best", f"{c.short_id}: {name} = "
+               f"{number(record_number(c, name))} ({'highest' if higher_is_better(name) else 'lowest'})")
+             for name, c in best.items() if c is not None]
+    return f'<p class=bestlinks>{" · ".join(links)}</p>' if links else ""
+
+
+def _log_row(c, graph, labels, metrics, best_ids, more_column: bool) -> str:
     """One commit's row: its graph band (None without a graph), A/B pickers, id and
-    decorations, step, title, headline metrics, date."""
+    decorations, step, title, one cell per metric column (the best value marked), date."""
     cells = [] if graph is None else [f'<td class="g">{graph}</td>']
     cells += [f'<td><input type=radio name=a value="{esc(c.id)}" aria-label="compare from {esc(c.short_id)}"></td>',
               f'<td><input type=radio name=b value="{esc(c.id)}" aria-label="compare to {esc(c.short_id)}"></td>',
               f'<td>{a(url("/commit", rev=c.id), c.short_id, "id")} {_deco_html(labels)}</td>',
               f"<td>{esc(number(c.step))}</td>",
               f'<td class=msg>{esc(title_of(c))}{" <span class=muted>[pruned]</span>" if c.pruned else ""}</td>',
-              f"<td>{_headline(c, shown_metric)}</td>", f'<td><span class=muted>{esc(when(c.time))}</span></td>']
+              *[_metric_cell(c, name, best_ids.get(name) == c.id) for name in metrics]]
+    if more_column:  # metrics past the columns: counted, and all on the commit's page
+        cells.append(f'<td><span class=muted>+{_more(c, metrics)}</span></td>' if _more(c, metrics) else "<td></td>")
+    cells.append(f'<td><span class=muted>{esc(when(c.time))}</span></td>')
     return f'<tr data-commit="{esc(c.id)}">{"".join(cells)}</tr>'
 
 
-def _headline(c, shown: str = None) -> str:
-    names = sorted(c.metrics)
-    if shown:
-        names = [shown] + [n for n in names if n != shown]
-    parts = []
-    for name in names[:3]:
-        value = record_number(c, name) if name not in c.metrics else c.metrics[name]
-        if value is not None:
-            parts.append(f'{esc(name)}=<b>{esc(number(value))}</b>')
-    more = len(c.metrics) - sum(1 for n in names[:3] if n in c.metrics)
-    return " ".join(parts) + (f' <span class=muted>+{more}</span>' if more > 0 else "")
+def _metric_cell(c, name: str, best: bool) -> str:
+    value = record_number(c, name)
+    if value is None:
+        return "<td class=num></td>"
+    if best:
+        return f'<td class="num best" title="best {esc(name)}"><b>{esc(number(value))}</b> ★</td>'
+    return f"<td class=num>{esc(number(value))}</td>"
 
 
 def _history_filters(view, ref, span, where) -> str:
@@ -302,7 +370,10 @@ def commit(view: View, query: dict) -> str:
     head.append(f'<pre class=message>{esc(c.message or "(no message)")}</pre>')
     if c.parents:
         head.append("<p>" + a(url("/diff", a=c.parents[0], b=c.id), "diff with its parent") + " · "
+                    + a(url("/diff", a=c.id, b="HEAD"), "compare with HEAD") + " · "
                     + a(url("/", ref=c.id), "history from here") + "</p>")
+    else:
+        head.append("<p>" + a(url("/diff", a=c.id, b="HEAD"), "compare with HEAD") + "</p>")
     body = "".join(head) + _record(c) + _tree(view, c) + _export(c)
     return page(f"Commit {c.short_id}", body, view.where())
 
@@ -427,9 +498,9 @@ def layer_of(key: str) -> str:
 
 def diff(view: View, query: dict) -> str:
     repo = view.repo
-    rev_a, rev_b = one(query, "a", ""), one(query, "b", "")
-    if not rev_a or not rev_b:
-        raise BadInput("pick two commits to compare: A and B in the history view")
+    rev_a, rev_b = one(query, "a", ""), one(query, "b", "") or "HEAD"  # as 'mvc diff A': B is HEAD
+    if not rev_a:
+        raise BadInput("pick a commit to compare: A (and B, else HEAD) in the history view")
     numbers = one(query, "numbers") == "1"
     sort, show, q = one(query, "sort", "model"), one(query, "show", "changed"), one(query, "q", "")
     d = repo.diff(rev_a, rev_b, read_data=numbers)

@@ -1,0 +1,48 @@
+"""The web history answers "which checkpoint was best, and what changed since?": one column per
+metric, sortable, the best value marked, "best by METRIC" links, and "compare with HEAD"."""
+
+import html
+import re
+
+import torch
+
+from web_fixtures import fetch, served
+
+
+def _run(repo):
+    losses = [3.1, 2.6, 2.2, 2.4, 2.25]
+    return [repo.commit({"w": torch.full((4,), float(i))}, f"step {i}", step=100 * i,
+                        metrics={"eval_loss": loss, "accuracy": 0.5 + i / 20}).id
+            for i, loss in enumerate(losses)]
+
+
+def _rows(page: str) -> list:
+    return re.findall(r'<tr data-commit="([0-9a-f]+)"', page)
+
+
+def test_history_has_sortable_metric_columns_with_the_best_marked_and_best_links(repo):
+    ids = _run(repo)
+    with served(repo.root) as server:
+        base = server.url.rstrip("/")
+        page = fetch(base + "/")[2].decode()
+        heads = re.findall(r"<th>(.*?)</th>", page)
+        assert any(">accuracy<" in h for h in heads) and any(">eval_loss<" in h for h in heads)
+        assert page.count("★") == 2  # one best per metric: lowest loss, highest accuracy
+        best_loss = re.search(r'<tr data-commit="([0-9a-f]+)"(?:(?!</tr>).)*?title="best eval_loss"', page, re.S)
+        assert best_loss[1] == ids[2]
+        link = re.search(r'<a href="([^"]+)" class="best"[^>]*>best by eval_loss</a>', page)
+        assert html.unescape(link[1]) == f"/commit?rev={ids[2]}"
+        by_loss = fetch(base + "/?sort=eval_loss")[2].decode()
+        assert _rows(by_loss) == [ids[2], ids[4], ids[3], ids[1], ids[0]]
+        by_acc = fetch(base + "/?sort=-accuracy")[2].decode()
+        assert _rows(by_acc)[0] == ids[4]
+        assert "/?sort=-eval_loss" in html.unescape(by_loss)  # its head now sorts the other way
+        status, _, body = fetch(base + "/?sort=nosuch")
+        assert status == 400 and b"nosuch" in body
+        commit_page = fetch(base + f"/commit?rev={ids[2]}")[2].decode()
+        compare = re.search(r'<a href="([^"]+)">compare with HEAD</a>', commit_page)
+        assert html.unescape(compare[1]) == f"/diff?a={ids[2]}&b=HEAD"
+        status, _, body = fetch(base + html.unescape(compare[1]))
+        assert status == 200 and b"tensors differ" in body
+        status, _, only_a = fetch(base + f"/diff?a={ids[2]}")  # B left out: HEAD, as 'mvc diff A'
+        assert status == 200 and only_a == body

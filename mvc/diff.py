@@ -14,6 +14,11 @@ Vocabulary:
   range (elements past about 1e154 or below 1e-154).
 - **elements changed**: elements whose bytes differ (bit-exact, so a NaN
   that stays NaN is unchanged and 0.0 → -0.0 is a change).
+- **section** of a key: ``model`` (the weights, and anything not named
+  below), ``optimizer`` (optimizer, LR-scheduler and grad-scaler state:
+  Adam's moments and step counters), ``rng`` (random-generator states) or
+  ``data`` (loader and sampler positions), told from the key's parts.
+  Tensors are listed model first, then in that order, each in model order.
 
 Unchanged tensors are recognised from their ids without reading data.
 Changed tensors are streamed window by window (a window is a whole number
@@ -114,7 +119,7 @@ class Diff:
     a: Commit
     b: Commit
     only: Optional[str]
-    tensors: tuple  # TensorDiff for every tensor key, in model order (see natural_key)
+    tensors: tuple  # TensorDiff for every tensor key: by section, each in model order (see tensor_order)
     values: tuple  # ValueDiff for plain values that differ
     commit: tuple  # FieldChange for record fields that differ
     summary: DiffSummary
@@ -169,6 +174,31 @@ def _path_order(path: tuple) -> tuple:
     return tuple(key_order(k) for k in path)
 
 
+SECTIONS = ("model", "data", "optimizer", "rng")
+_OPTIMIZER_PARTS = {"optimizer", "optimizers", "optimizer_states", "optimizer_state", "optim", "opt_state",
+                    "scheduler", "schedulers", "lr_scheduler", "lr_schedulers", "scaler", "grad_scaler"}
+_RNG_PARTS = {"rng", "rngs", "rng_state", "rng_states", "rng_tracker", "random"}  # not "generator": a GAN's weights
+_DATA_PARTS = {"loader", "loaders", "dataloader", "sampler", "data_state"}
+
+
+def section_of(key: str) -> str:
+    """The section of dotted key ``key`` (see the module doc): the first telling part decides."""
+    for part in key.split("."):
+        low = part.lower()
+        if low in _RNG_PARTS or low.endswith(("_rng_state", "_rng")):
+            return "rng"
+        if low in _OPTIMIZER_PARTS:
+            return "optimizer"
+        if low in _DATA_PARTS:
+            return "data"
+    return "model"
+
+
+def tensor_order(key: str) -> tuple:
+    """Model tensors first, then data, optimizer and RNG state; model order within each."""
+    return SECTIONS.index(section_of(key)), natural_key(key)
+
+
 def natural_key(key: str) -> tuple:
     """Sort key for model order: runs of digits compare as numbers, so
     ``layers.2`` comes before ``layers.10``. A state's own order is not
@@ -181,7 +211,7 @@ def natural_key(key: str) -> tuple:
 # -- tensors ---------------------------------------------------------------
 
 def _tensor_diffs(repo, side_a: dict, side_b: dict, read_data: bool = True) -> list:
-    paths = sorted(side_a.keys() | side_b.keys(), key=lambda p: (natural_key(_key(p)), _path_order(p)))
+    paths = sorted(side_a.keys() | side_b.keys(), key=lambda p: (tensor_order(_key(p)), _path_order(p)))
     streamed = [p for p in paths if p in side_a and p in side_b and _comparable(side_a[p], side_b[p])]
     found = {}
     if not read_data:

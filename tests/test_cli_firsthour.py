@@ -152,3 +152,39 @@ def test_log_where_and_sort_answer_which_checkpoint_was_best(repo):
     assert "no commit here records metric 'eval_los'" in err and "eval_loss" in err
     assert "is not METRIC OP NUMBER" in cli(repo, "log", "--where", "eval_loss<<2", code=1).stderr
     assert "--graph" in cli(repo, "log", "--graph", "--sort", "eval_loss", code=2).stderr
+
+
+def _lightning_like(i: int) -> dict:
+    """A Lightning checkpoint's layout: 'optimizer_states' sorts before 'state_dict'."""
+    w = torch.arange(64, dtype=torch.float32) * (1 + i / 100)
+    return {"state_dict": {f"layers.{n}.weight": w + n for n in (2, 10)},
+            "optimizer_states": [{"state": {0: {"step": torch.tensor(float(i)), "exp_avg": w * i}}}],
+            "rng_state": torch.arange(16, dtype=torch.uint8) + i}
+
+
+def test_diff_lists_model_tensors_first_and_stat_summarises_optimizer_and_rng(repo):
+    from mvc.diff import section_of
+    assert [section_of(k) for k in ("state_dict.layers.2.weight", "optimizer_states.0.state.0.step", "rng_state",
+                                    "ranks.0.loader.start.rng", "generator.conv.weight")] == \
+        ["model", "optimizer", "rng", "data", "model"]
+    repo.commit(_lightning_like(1), "one")
+    repo.commit(_lightning_like(2), "two")
+    keys = [t.key for t in repo.diff("HEAD~1", "HEAD").tensors]
+    assert keys[:2] == ["state_dict.layers.2.weight", "state_dict.layers.10.weight"]
+    assert keys[-1] == "rng_state"
+    lines = cli(repo, "diff", "HEAD~1", "HEAD", "--stat").stdout.splitlines()
+    assert lines[0].startswith(" state_dict.layers.2.weight") and lines[1].startswith(" state_dict.layers.10.weight")
+    assert lines[2].startswith(" optimizer state: 2 tensors changed") and lines[3].startswith(" RNG state: 1 tensor ")
+    assert not any("exp_avg" in line for line in lines)
+
+
+def test_bisect_names_the_weights_that_moved_before_optimizer_noise(repo):
+    repo.commit(_lightning_like(1), "good")
+    repo.commit(_lightning_like(2), "bad")
+    cli(repo, "bisect", "start", "HEAD", "HEAD~1")
+    out = cli(repo, "bisect", "log").stdout
+    at = out.index("against its parent")
+    tail = out[at:].splitlines()
+    assert "state_dict.layers" in tail[1] and "state_dict.layers" in tail[2]
+    assert any(line.strip().startswith("optimizer state: 2 tensors changed") for line in tail)
+    assert not any("exp_avg" in line for line in tail)

@@ -5,6 +5,7 @@ import click
 from ..bisect import VERDICTS
 from .. import plot
 from ..files import FORMATS
+from ..diff import section_of
 from .base import echo_json, human_bytes, main, open_repo, record_line, title
 
 TOP_CHANGES = 10  # tensors listed under a first bad commit
@@ -104,11 +105,38 @@ def _render_diff(d, show_context: bool = False) -> None:
     click.echo(_summary_line(d.summary))
 
 
+def _by_section(tensors) -> tuple:
+    """(the model's tensors, {section: its tensors} of the optimizer, RNG and data state)."""
+    model, rest = [], {}
+    for t in tensors:
+        if section_of(t.key) == "model":
+            model.append(t)
+        else:
+            rest.setdefault(section_of(t.key), []).append(t)
+    return model, rest
+
+
+_SECTION_NAMES = {"optimizer": "optimizer state", "rng": "RNG state", "data": "data-loader state"}
+
+
+def _section_line(section: str, tensors: list) -> str:
+    """One line for a section's changed tensors: how many, how many bytes, the largest change."""
+    moved = [t.relative_change for t in tensors if t.relative_change is not None]
+    largest = f", largest rel {_num(max(moved))}" if moved and section == "optimizer" else ""  # RNG bytes: no scale
+    return (f"{_SECTION_NAMES[section]}: {len(tensors)} tensor{'' if len(tensors) == 1 else 's'} changed "
+            f"({human_bytes(sum(t.bytes_changed for t in tensors))} in changed chunks{largest})")
+
+
 def _render_stat(d) -> None:
-    changed = d.changed()
-    width = max([len(t.key) for t in changed] + [1])
-    for t in changed:
+    """The model's tensors one per line, the optimizer, RNG and data state one line each."""
+    model, rest = _by_section(d.changed())
+    width = max([len(t.key) for t in model] + [1])
+    for t in model:
         click.echo(_stat_line(t, width))
+    for section, tensors in rest.items():
+        click.echo(f" {_section_line(section, tensors)}")
+    if rest:
+        click.echo(" (mvc diff without --stat lists every tensor)")
     click.echo(" " + _summary_line(d.summary))
 
 
@@ -198,12 +226,16 @@ def _render_first_bad(s) -> None:
             click.echo(f"  ({s.changes_note})")
         return
     click.echo(f"  against its parent {s.changes.a.short_id}: {_summary_line(s.changes.summary)}")
-    changed = sorted(s.changes.changed(), key=lambda t: -(t.relative_change or 0))
+    model, rest = _by_section(s.changes.changed())
+    changed = sorted(model, key=lambda t: -(t.relative_change or 0))  # the weights that moved most
     width = max([len(t.key) for t in changed[:TOP_CHANGES]] + [1])
     for t in changed[:TOP_CHANGES]:
         click.echo("  " + _tensor_line(t, width))
     if len(changed) > TOP_CHANGES:
-        click.echo(f"    ... and {len(changed) - TOP_CHANGES} more (mvc diff {s.changes.a.short_id} {c.short_id})")
+        click.echo(f"    ... and {len(changed) - TOP_CHANGES} more model tensors "
+                   f"(mvc diff {s.changes.a.short_id} {c.short_id})")
+    for section, tensors in rest.items():
+        click.echo(f"    {_section_line(section, tensors)}")
     for f in s.changes.commit:
         if f.name != "message":
             click.echo(f"    {f.name}: {_brief(f.a)} -> {_brief(f.b)}")  # shortened as mvc diff shortens it

@@ -182,3 +182,17 @@ def select(commits: list, where: Iterable[Condition] = (), sort: Optional[str] =
         have.sort(key=lambda c: sign * metric_value(c, name))  # stable: ties keep history order
         out = have + [c for c in out if metric_value(c, name) is None]
     return out
+
+
+def upstream(repo, branch: str) -> Optional[str]:
+    """The remote-tracking branch ``branch`` follows, as Git's default push and pull do:
+    ``origin/BRANCH`` if there is one, else the first other remote's; None if none."""
+    names = {r.name for r in repo.remotes.branches()}
+    remotes = sorted({n.split("/", 1)[0] for n in names}, key=lambda r: (r != "origin", r))
+    return next((f"{r}/{branch}" for r in remotes if f"{r}/{branch}" in names), None)
+
+
+def ahead_behind(repo, rev: str, other: str) -> tuple:
+    """(commits ``rev`` reaches and ``other`` does not, and the other way round): what
+    ``git status`` counts as ahead of and behind the upstream."""
+    return len(walk(repo, [rev], [other])), len(walk(repo, [other], [rev]))

@@ -188,3 +188,26 @@ def test_bisect_names_the_weights_that_moved_before_optimizer_noise(repo):
     assert "state_dict.layers" in tail[1] and "state_dict.layers" in tail[2]
     assert any(line.strip().startswith("optimizer state: 2 tensors changed") for line in tail)
     assert not any("exp_avg" in line for line in tail)
+
+
+def test_status_says_ahead_and_behind_the_remote_tracking_branch(repo, tmp_path):
+    repo.commit({"w": torch.zeros(4)}, "one")
+    assert "Your branch" not in cli(repo, "status").stdout  # no remote: nothing to say
+    cli(repo, "remote", "add", "origin", tmp_path / "remote")
+    assert "to origin: 1 commit, " in cli(repo, "push").stdout  # not "1 commits"
+    assert "Your branch is up to date with 'origin/main'" in cli(repo, "status").stdout
+    repo.commit({"w": torch.ones(4)}, "two")
+    repo.commit({"w": torch.ones(4) * 2}, "three")
+    assert "Your branch is ahead of 'origin/main' by 2 commits" in cli(repo, "status").stdout
+    upstream = json.loads(cli(repo, "status", "--json").stdout)["upstream"]
+    assert upstream == {"ref": "origin/main", "ahead": 2, "behind": 0}
+    cli(repo, "push")
+    cli(repo, "branch", "-f", "main", "HEAD~2")
+    assert "Your branch is behind 'origin/main' by 2 commits" in cli(repo, "status").stdout
+    repo.commit({"w": torch.ones(4) * 3}, "elsewhere")
+    assert "have diverged, and have 1 and 2 different commits" in cli(repo, "status").stdout
+
+
+def test_counts_of_one_are_singular(repo):
+    repo.commit({"w": torch.zeros(4)}, "one")  # 16 bytes: one chunk, one tensor, one pack
+    assert "checked 1 commit, 1 tree, 1 tensor, 1 chunk in 1 pack;" in cli(repo, "fsck").stdout

@@ -235,7 +235,7 @@ def test_a_damaged_local_copy_a_remote_holds_is_not_lost(pushed, tmp_path, s3, l
             assert same(clone.load("main~1"), state(0)) and clone.chunks.healed == 1
     if not lazy:
         result = cli(tmp_path / "c", "fsck", "--repair")
-        assert result.exit_code == 0 and "repaired 1 chunks" in result.output, result.output
+        assert result.exit_code == 0 and "repaired 1 chunk" in result.output, result.output
     result = cli(tmp_path / "c", "fsck")
     assert result.exit_code == 0 and "ok: no damage found" in result.output, result.output
 

@@ -7,7 +7,7 @@ import time
 import click
 
 from ..errors import SigningKeyError
-from .base import echo_json, main, open_repo, title, to_jsonable
+from .base import plural, echo_json, main, open_repo, title, to_jsonable
 
 MARKS = {"good": "Good", "bad": "BAD", "unknown": "Unknown-signer", "unsigned": "No"}
 
@@ -150,7 +150,8 @@ def show_scan(report, as_json: bool) -> None:
         return
     from .base import human_bytes
     share = report.bytes_verified / report.bytes_total if report.bytes_total else 1.0
-    click.echo(f"scan ({report.budget}): verified {report.records} records, {human_bytes(report.bytes_verified)} "
+    click.echo(f"scan ({report.budget}): verified {plural(report.records, 'record')}, "
+               f"{human_bytes(report.bytes_verified)} "
                f"of {human_bytes(report.bytes_total)} ({share:.0%}) in {report.packs} pack(s), "
                f"{report.seconds:.2f} s; next run starts at {report.cursor[0] or '(start)'}:{report.cursor[1]}")
     if report.unused:

@@ -252,6 +252,11 @@ class Progress:
             self.bar = None
 
 
+def plural(n: int, noun: str, suffix: str = "s") -> str:
+    """``1 commit``, ``2 commits``, ``0 commits``."""
+    return f"{n} {noun}{'' if n == 1 else suffix}"
+
+
 def clock(seconds: float) -> str:
     """Seconds as a countdown: 0:07, 12:30, 3:05:00."""
     s = int(round(seconds))

@@ -564,9 +564,12 @@ def status(as_json):
         s = repo.status()
         bisecting, bisect_data = _bisect_line(repo)
         remote_status = repo.cache.status()
+        tracked = history.upstream(repo, s.head.branch) if s.head.branch and s.head.id else None
+        ahead, behind = history.ahead_behind(repo, "HEAD", tracked) if tracked else (0, 0)
     if as_json:
         out = to_jsonable(s)
         out["bisect"] = bisect_data
+        out["upstream"] = {"ref": tracked, "ahead": ahead, "behind": behind} if tracked else None
         if remote_status.remote:
             out["remote"] = to_jsonable(remote_status)
         echo_json(out)
@@ -575,6 +578,8 @@ def status(as_json):
         click.echo(f"On branch {s.head.branch}")
     else:
         click.echo(f"HEAD detached at {s.head.id[:12]}")
+    if tracked:
+        click.echo(_upstream_line(tracked, ahead, behind))
     click.echo(f"HEAD commit: {s.head.id[:12] if s.head.id else '(no commits yet)'}")
     if bisecting:
         click.echo(bisecting)
@@ -584,6 +589,19 @@ def status(as_json):
     from .remote import status_lines  # local vs remote bytes, when a remote is configured
     for line in status_lines(remote_status):
         click.echo(line)
+
+
+def _upstream_line(tracked: str, ahead: int, behind: int) -> str:
+    """Git's words for a branch against its remote-tracking branch."""
+    if ahead and behind:
+        branch = tracked.split("/", 1)[1]
+        return (f"Your branch and '{tracked}' have diverged, and have {ahead} and {behind} different commits "
+                f"each, respectively ('mvc merge {branch} {tracked} -b {branch}' joins them)")
+    if ahead:
+        return f"Your branch is ahead of '{tracked}' by {_count(ahead, 'commit')} ('mvc push' to publish)"
+    if behind:
+        return f"Your branch is behind '{tracked}' by {_count(behind, 'commit')} ('mvc pull' to update)"
+    return f"Your branch is up to date with '{tracked}'"
 
 
 def _bisect_line(repo) -> tuple:

@@ -5,7 +5,7 @@ import shlex
 import click
 
 from .. import fsck as checks, gc as collection
-from .base import Progress, echo_json, human_bytes, main, open_repo, to_jsonable
+from .base import plural, Progress, echo_json, human_bytes, main, open_repo, to_jsonable
 
 SHOWN = 5  # ids listed per line before "and N more"
 
@@ -17,7 +17,7 @@ def _some(items, short: bool = False) -> str:
 
 
 def _show_rebuild(r) -> None:
-    click.echo(f"rebuilt the chunk index from {r.packs} pack{'' if r.packs == 1 else 's'}: {r.chunks} chunks "
+    click.echo(f"rebuilt the chunk index from {r.packs} pack{'' if r.packs == 1 else 's'}: {plural(r.chunks, 'chunk')} "
                f"(was {r.dropped}; {r.duplicates} duplicate records skipped)")
     for name, why in r.skipped:
         click.echo(f"  damaged {name}: {why}")
@@ -42,8 +42,9 @@ def _show_damage(d) -> None:
 def _show_report(rep, fates) -> None:
     verified = ("chunk data not re-hashed (--quick)" if rep.quick else
                 f"re-hashed {human_bytes(rep.bytes_verified)} in {rep.seconds:.2f}s")
-    click.echo(f"checked {rep.commits} commits, {rep.trees} trees, {rep.tensors} tensors, {rep.chunks} chunks "
-               f"in {rep.packs} packs; {verified}")
+    click.echo(f"checked {plural(rep.commits, 'commit')}, {plural(rep.trees, 'tree')}, "
+               f"{plural(rep.tensors, 'tensor')}, {plural(rep.chunks, 'chunk')} "
+               f"in {plural(rep.packs, 'pack')}; {verified}")
     if rep.damage:
         click.echo(f"DAMAGE: {len(rep.damage)} problem{'' if len(rep.damage) == 1 else 's'}")
         for d in rep.damage:
@@ -247,8 +248,8 @@ def _show_gc(r) -> None:
                    "reflog entries")
     if r.skipped_branches:
         click.echo(f"left protected branches alone (--force prunes them too): {', '.join(r.skipped_branches)}")
-    click.echo(f"{did('removed', 'remove')} {r.commits_removed} commits, {r.trees_removed} trees, "
-               f"{r.tensors_removed} tensors, {r.chunks_removed} chunk index entries")
+    click.echo(f"{did('removed', 'remove')} {plural(r.commits_removed, 'commit')}, {plural(r.trees_removed, 'tree')}, "
+               f"{plural(r.tensors_removed, 'tensor')}, {r.chunks_removed} chunk index entries")
     click.echo(f"packs: {did('deleted', 'delete')} {r.packs_deleted}, {did('rewrote', 'rewrite')} "
                f"{r.packs_rewritten} ({r.records_moved} live records moved), {did('removed', 'remove')} "
                f"{r.tmp_removed} stale .tmp files")
@@ -329,15 +330,18 @@ def _gc_remote(name, keep_last, branch, keep_best, mode, top, force, grace, dry_
         return
     would = "would " if r.dry_run else ""
     if r.pruned:
-        click.echo(f"{would}prune {len(r.pruned)} commits on remote {r.remote}: {_some(list(r.pruned), short=True)}"
-                   if r.dry_run else f"pruned {len(r.pruned)} commits on remote {r.remote}: "
+        click.echo(f"{would}prune {plural(len(r.pruned), 'commit')} on remote {r.remote}: "
+                   f"{_some(list(r.pruned), short=True)}"
+                   if r.dry_run else f"pruned {plural(len(r.pruned), 'commit')} on remote {r.remote}: "
                    f"{_some(list(r.pruned), short=True)}")
-    click.echo(f"remote {r.remote}: {would}{'delete' if r.dry_run else 'deleted'} {len(r.packs_deleted)} packs "
+    click.echo(f"remote {r.remote}: "
+               f"{would}{'delete' if r.dry_run else 'deleted'} {plural(len(r.packs_deleted), 'pack')} "
                f"nothing needs ({human_bytes(r.bytes_reclaimed)})")
     if r.young:
         click.echo(f"  kept {len(r.young)} such packs ({human_bytes(r.young_bytes)}) younger than the grace period: "
                    "a push may still be about to name them (--grace)")
     if r.mixed:
-        click.echo(f"  kept {r.mixed} packs whole that also hold records something needs")
+        click.echo(f"  kept {plural(r.mixed, 'pack')} whole that also hold records something needs")
     if r.unreadable:
-        click.echo(f"  left {len(r.unreadable)} packs whose trailer cannot be read: 'mvc remote repair {r.remote}'")
+        click.echo(f"  left {plural(len(r.unreadable), 'pack')} whose trailer cannot be read: "
+                   f"'mvc remote repair {r.remote}'")

@@ -4,7 +4,7 @@ import click
 
 from ..errors import MergeRefused
 from .audit import load_signer
-from .base import Progress, echo_json, fail, human_bytes, main, open_repo, parse_pairs
+from .base import plural, Progress, echo_json, fail, human_bytes, main, open_repo, parse_pairs
 
 STRATEGY_NAMES = ("average", "linear", "slerp", "task-arithmetic", "ties", "dare")
 
@@ -75,6 +75,7 @@ def _run(revs, strategy, base, params, weights, only, branch, message, recipe_fi
         return
     where = commit.branch or "detached HEAD"
     click.echo(f"[{where} {commit.short_id}] {commit.message.splitlines()[0] if commit.message else ''}")
-    click.echo(f" {len(report.inputs)} inputs, {report.strategy}: {report.tensors_merged} tensors merged, "
+    click.echo(f" {plural(len(report.inputs), 'input')}, {report.strategy}: "
+               f"{plural(report.tensors_merged, 'tensor')} merged, "
                f"{report.tensors_reused} reused, {report.tensors_taken} taken from one input; "
                f"{human_bytes(report.bytes_read)} read, {human_bytes(report.bytes_written)} new")

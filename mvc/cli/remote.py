@@ -9,7 +9,7 @@ from .. import Repository
 from ..errors import RemoteDamaged
 from ..remote.backend import on_notice
 from ..remote.verbs import SETTINGS
-from .base import Transfer, echo_json, fail, human_bytes, main, open_repo, to_jsonable
+from .base import plural, Transfer, echo_json, fail, human_bytes, main, open_repo, to_jsonable
 
 
 def _notice(message: str) -> None:
@@ -141,9 +141,10 @@ def remote_repair(name, as_json):
         out["ok"] = r.ok
         echo_json(out)
     else:
-        click.echo(f"checked {r.packs_checked} packs of remote {r.remote}: {r.problems_before} damaged or missing; "
-                   f"uploaded {r.chunks_uploaded} chunks and {r.objects_uploaded} objects in {r.packs_uploaded} packs, "
-                   f"removed {len(r.packs_removed)} damaged packs")
+        click.echo(f"checked {plural(r.packs_checked, 'pack')} of remote {r.remote}: "
+                   f"{r.problems_before} damaged or missing; "
+                   f"uploaded {plural(r.chunks_uploaded, 'chunk')} and {plural(r.objects_uploaded, 'object')} "
+                   f"in {plural(r.packs_uploaded, 'pack')}, removed {len(r.packs_removed)} damaged packs")
         for key in r.packs_removed:
             click.echo(f"  removed {key}")
         if r.unrepaired:
@@ -186,9 +187,10 @@ def push(name, refs, force, delete, as_json):
         echo_json(report)
         return
     if report.packs or any(u.status != "deleted" for u in report.refs):
-        click.echo(f"to {report.remote}: {report.commits} commits, {report.objects} objects, {report.chunks} chunks "
+        click.echo(f"to {report.remote}: {plural(report.commits, 'commit')}, "
+                   f"{plural(report.objects, 'object')}, {plural(report.chunks, 'chunk')} "
                    f"({human_bytes(report.chunk_bytes)} of chunk data, {human_bytes(report.bytes_sent)} in "
-                   f"{report.packs} packs)")
+                   f"{plural(report.packs, 'pack')})")
     else:
         click.echo(f"to {report.remote}:")
     _ref_lines(report.refs)
@@ -196,8 +198,8 @@ def push(name, refs, force, delete, as_json):
 
 def _show_fetch(report) -> None:
     where = "left on the remote until read (cached remote)" if report.lazy else \
-        f"{report.chunks} chunks, {human_bytes(report.bytes_received)}"
-    click.echo(f"from {report.remote}: {report.objects} objects; {where}")
+        f"{plural(report.chunks, 'chunk')}, {human_bytes(report.bytes_received)}"
+    click.echo(f"from {report.remote}: {plural(report.objects, 'object')}; {where}")
     _ref_lines(report.refs)
     for ref in report.damaged_refs:
         click.echo(f"  ! {ref.split('/', 1)[1]:<24} left out: its object on the remote does not decode "
@@ -320,8 +322,8 @@ def status_lines(s) -> list:
     if s.remote is None:
         return []
     budget = f", budget {human_bytes(s.budget)}" if s.budget is not None else ""
-    return [f"local: {human_bytes(s.local_bytes)} of packs, {s.local_chunks} chunks{budget}",
-            f"remote {s.remote}: {s.remote_chunks} chunks, {human_bytes(s.remote_bytes)} (as last listed); "
+    return [f"local: {human_bytes(s.local_bytes)} of packs, {plural(s.local_chunks, 'chunk')}{budget}",
+            f"remote {s.remote}: {plural(s.remote_chunks, 'chunk')}, {human_bytes(s.remote_bytes)} (as last listed); "
             f"{s.only_remote} reachable chunks only there, {s.only_local} only here (not pushed)"] + \
         ([f"{s.lost} reachable chunks neither here nor there (as last listed): 'mvc fsck' names what they break"]
          if s.lost else [])
@@ -337,17 +339,18 @@ def cache_evict(max_bytes, as_json):
     if as_json:
         echo_json(r)
         return
-    click.echo(f"evicted {r.chunks_evicted} chunks ({r.packs_evicted} packs deleted, {r.packs_rewritten} rewritten): "
+    click.echo(f"evicted {plural(r.chunks_evicted, 'chunk')} ({plural(r.packs_evicted, 'pack')} deleted, "
+               f"{r.packs_rewritten} rewritten): "
                f"{human_bytes(r.bytes_before)} -> {human_bytes(r.bytes_after)} (budget {human_bytes(r.budget)})")
     if r.kept_pinned or r.kept_local:
-        click.echo(f"kept {r.kept_pinned} chunks of pinned commits and {r.kept_local} not yet on the remote")
+        click.echo(f"kept {plural(r.kept_pinned, 'chunk')} of pinned commits and {r.kept_local} not yet on the remote")
     if r.remote_ahead:
         click.echo(f"the remote's {', '.join(x.split('/', 1)[-1] for x in r.remote_ahead)} moved past what this "
                    "clone holds: what they reach is not known here, so nothing they may have left is evicted; "
                    "'mvc fetch' first")
     if r.kept_unverified:
-        click.echo(f"kept {r.kept_unverified} chunks whose remote copy is not intact (the local copy is the last "
-                   "good one): 'mvc remote repair' uploads them again")
+        click.echo(f"kept {plural(r.kept_unverified, 'chunk')} whose remote copy is not intact (the local copy "
+                   "is the last good one): 'mvc remote repair' uploads them again")
         for cid, key, why in r.unverified[:5]:
             click.echo(f"  chunk {cid[:12]} in {key}: {why}")
 
@@ -385,7 +388,7 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool, read_subset=None) -
         echo_json(out)
         return 0 if out["ok"] else 1
     if repair:
-        click.echo(f"repaired {r.chunks_repaired} chunks and {r.objects_repaired} objects"
+        click.echo(f"repaired {plural(r.chunks_repaired, 'chunk')} and {plural(r.objects_repaired, 'object')}"
                    + (f" from {', '.join(r.remotes)}" if r.remotes else ""))
         if r.unrepaired:
             click.echo(f"no remote holds {len(r.unrepaired)} of them: {', '.join(i[:12] for i in r.unrepaired[:5])}")
@@ -397,8 +400,9 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool, read_subset=None) -
         else:
             click.echo("ok: no damage found")
         return 0 if r.after.verified else 1
-    click.echo(f"checked remote {r.remote} ({r.url}): {r.packs} packs, {r.chunks} chunks, {r.objects} objects, "
-               f"{r.refs} refs; re-hashed {human_bytes(r.bytes_verified)}")
+    click.echo(f"checked remote {r.remote} ({r.url}): {plural(r.packs, 'pack')}, {plural(r.chunks, 'chunk')}, "
+               f"{plural(r.objects, 'object')}, "
+               f"{plural(r.refs, 'ref')}; re-hashed {human_bytes(r.bytes_verified)}")
     if r.subset:
         click.echo(f"read subset {r.subset}: {r.packs_trusted} chunk packs outside it were checked by their "
                    "trailers only, their records not re-hashed")

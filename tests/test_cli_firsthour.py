@@ -211,3 +211,12 @@ def test_status_says_ahead_and_behind_the_remote_tracking_branch(repo, tmp_path)
 def test_counts_of_one_are_singular(repo):
     repo.commit({"w": torch.zeros(4)}, "one")  # 16 bytes: one chunk, one tensor, one pack
     assert "checked 1 commit, 1 tree, 1 tensor, 1 chunk in 1 pack;" in cli(repo, "fsck").stdout
+
+
+def test_merge_of_one_rev_merges_it_into_the_current_branch(repo):
+    repo.commit({"model": {"w": torch.zeros(4)}}, "base")
+    side = repo.commit({"model": {"w": torch.full((4,), 2.0)}}, "side", branch="side").id
+    tip = repo.commit({"model": {"w": torch.full((4,), 4.0)}}, "main").id
+    out = json.loads(cli(repo, "merge", "side", "--json").stdout)
+    assert out["commit"]["parents"] == [tip, side] and len(out["report"]["inputs"]) == 2
+    assert torch.equal(repo.load("HEAD")["model"]["w"], torch.full((4,), 3.0))  # (4 + 2) / 2: both went in

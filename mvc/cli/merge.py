@@ -45,7 +45,13 @@ def merge(revs, strategy, base, params, weights, only, branch, message, recipe_f
     The commit's parents are the branch's tip, then the inputs; it records
     the strategy, its parameters, the inputs and the base. Keys, dtypes and
     shapes are checked before any work; tensors are merged one at a time.
+    One REV and no -b merges REV into the current branch, as 'git merge REV'
+    does: the inputs are HEAD and REV.
     """
+    if len(revs) == 1 and ".." not in revs[0] and branch is None:
+        with open_repo() as repo:
+            born = repo.head().id is not None
+        revs = (("HEAD",) if born else ()) + tuple(revs)  # merge X into the branch: its tip is an input too
     _run(revs, strategy, base, parse_pairs(params, "--param") or None, weights, only, branch, message,
          recipe_file, as_json, (sign, signing_key))
 

@@ -220,3 +220,15 @@ def test_merge_of_one_rev_merges_it_into_the_current_branch(repo):
     out = json.loads(cli(repo, "merge", "side", "--json").stdout)
     assert out["commit"]["parents"] == [tip, side] and len(out["report"]["inputs"]) == 2
     assert torch.equal(repo.load("HEAD")["model"]["w"], torch.full((4,), 3.0))  # (4 + 2) / 2: both went in
+
+
+def test_help_groups_the_commands_and_says_whole_sentences():
+    from mvc.cli.base import COMMAND_GROUPS
+    out = CliRunner().invoke(main, ["--help"], terminal_width=100).stdout
+    titles = [line[:-1] for line in out.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert titles[1:] == [t[0].upper() + t[1:] for t, _ in COMMAND_GROUPS]  # after "Options", and no leftovers
+    commands = out[out.index("Start a repository:"):]
+    assert "..." not in commands.replace("REV...", "").replace("NAME...", "")  # none cut mid-sentence
+    assert "main~4..main) or" in " ".join(out.split())
+    listed = {line.split()[0] for line in out.splitlines() if line.startswith("  ") and not line.startswith("   ")}
+    assert {name for _, names in COMMAND_GROUPS for name in names} <= listed

@@ -26,7 +26,40 @@ from ..errors import (BisectEndMisjudged, BisectFinished, BisectInProgress, Bise
                       UnmergedBranch, VerdictContradicts, WalkDamaged)
 
 
+# The commands by what they are for, as 'git help' groups its own; the order within a group is
+# the order a user meets them. A command not named here is listed under "other commands".
+COMMAND_GROUPS = (
+    ("start a repository", ("init", "clone")),
+    ("record checkpoints and look at them", ("commit", "status", "log", "show", "diff", "checkout", "export",
+                                             "reflog")),
+    ("branches, tags and merging", ("branch", "tag", "merge", "average")),
+    ("find a regression", ("bisect",)),
+    ("share with remotes", ("remote", "push", "fetch", "pull", "cache", "config")),
+    ("keep it safe and small", ("fsck", "gc", "repack", "lock", "unlock")),
+    ("audit and signatures", ("audit", "verify-commit", "verify-tag")),
+    ("in the browser", ("serve",)),
+)
+
+
+def first_sentence(text: str) -> str:
+    """A command's help up to its first full stop: whole words, never cut mid-sentence."""
+    text = " ".join((text or "").split("\n\n")[0].split())
+    end = re.search(r"(?<!\.)(?<!e\.g)(?<!i\.e)\.\s", text)  # not "REV... (" nor "(e.g. main~4)"
+    return text if end is None else text[:end.start() + 1]
+
+
 class Group(click.Group):
+    def format_commands(self, ctx, formatter):
+        """The commands in groups (COMMAND_GROUPS), each with its first sentence."""
+        names = [n for n in self.list_commands(ctx) if not self.get_command(ctx, n).hidden]
+        grouped = [(title, [n for n in members if n in names]) for title, members in COMMAND_GROUPS]
+        listed = {n for _, members in grouped for n in members}
+        grouped.append(("other commands", [n for n in names if n not in listed]))
+        for title, members in grouped:
+            if members:
+                with formatter.section(title[0].upper() + title[1:]):
+                    formatter.write_dl([(n, first_sentence(self.get_command(ctx, n).help or "")) for n in members])
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)

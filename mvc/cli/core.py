@@ -495,7 +495,7 @@ _REF_HELP = """With no NAME, list them. With NAME, point it at REV (default HEAD
 A protected {kind} is not moved or deleted without --force."""
 
 
-@main.command(help="List branches, create NAME at REV, or delete them with -d NAME....\n\n"
+@main.command(help="List branches, create NAME at REV, or delete them (-d NAME...).\n\n"
               + _REF_HELP.format(kind="branch"))
 @click.argument("name", required=False)
 @click.argument("rev", required=False)
@@ -519,7 +519,7 @@ def branch(name, rev, more, delete, move, force, protect, as_json, remotes=False
     _ref_command("branch", name, rev, delete, force, protect, as_json, move, more)
 
 
-@main.command(help="List tags, tag REV as NAME, or delete them with -d NAME....\n\n" + _REF_HELP.format(kind="tag"))
+@main.command(help="List tags, tag REV as NAME, or delete them (-d NAME...).\n\n" + _REF_HELP.format(kind="tag"))
 @click.argument("name", required=False)
 @click.argument("rev", required=False)
 @click.argument("more", nargs=-1, metavar="")

@@ -46,3 +46,16 @@ def test_history_has_sortable_metric_columns_with_the_best_marked_and_best_links
         assert status == 200 and b"tensors differ" in body
         status, _, only_a = fetch(base + f"/diff?a={ids[2]}")  # B left out: HEAD, as 'mvc diff A'
         assert status == 200 and only_a == body
+
+
+def test_a_diff_shows_the_norms_by_default_within_a_budget(repo, monkeypatch):
+    from mvc.web import pages
+    _run(repo)
+    with served(repo.root) as server:
+        base = server.url.rstrip("/")
+        page = fetch(base + "/diff?a=HEAD~1")[2].decode()
+        assert "‖B−A‖/‖A‖" in page and "chunk ids only" in page
+        assert "no tensor bytes were read" in fetch(base + "/diff?a=HEAD~1&numbers=0")[2].decode()
+        monkeypatch.setattr(pages, "NORMS_BUDGET", 8)  # past the budget: chunk ids, and a link to ask
+        page = fetch(base + "/diff?a=HEAD~1")[2].decode()
+        assert "no tensor bytes were read" in page and "Compute the norms" in page

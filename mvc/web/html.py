@@ -90,16 +90,16 @@ def page(title: str, body: str, where: str, active: str = "") -> str:
 
 
 STYLE = """
-body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#fff;min-width:max-content}
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#fff}
 header{background:#1d2330;color:#fff;padding:8px 16px;display:flex;gap:16px;align-items:center}
 header a{color:#c9d3e6;text-decoration:none}header a.on{color:#fff;font-weight:600}
-header .where{margin-left:auto;color:#8a96ad;font-size:12px}
+header .where{margin-left:auto;color:#8a96ad;font-size:12px;min-width:0;overflow-wrap:anywhere}
 main{padding:8px 16px}h1{font-size:18px;margin:8px 0}h2{font-size:15px;margin:16px 0 6px}
 a{color:#1f5fbf}code,pre,.id{font-family:ui-monospace,monospace;font-size:12.5px}
 table{border-collapse:collapse}th,td{text-align:left;padding:2px 8px;border-bottom:1px solid #eceff4;vertical-align:top}
 th{background:#f5f7fa;font-weight:600}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 table.log td{padding:0 8px;height:26px;vertical-align:middle;border:0;white-space:nowrap}
-table.log td.g{padding:0;line-height:0}table.log tr:hover{background:#f3f7ff}
+table.log td.g{padding:0;line-height:0}table.log td.c{white-space:normal;max-width:24em}table.log th{max-width:10em;overflow-wrap:anywhere}table.log td.num{text-align:right;font-variant-numeric:tabular-nums}table.log td.best{color:#1d6b35}table.log tr:hover{background:#f3f7ff}
 .deco{display:inline-block;font-size:11px;border-radius:3px;padding:0 4px;margin-right:3px;background:#e3ecfb;color:#1f4e9a}
 .deco.tag{background:#fbf0d9;color:#7a5300}.deco.remote{background:#f0e6fb;color:#5b2a8a}.deco.head{background:#dff3e4;color:#1d6b35}
 .muted{color:#77809a}.bar{display:inline-block;height:8px;background:#e06c3c;vertical-align:middle}

@@ -24,6 +24,7 @@ from .. import refs as _refs
 from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
 from ..errors import BadInput, CommitPruned, GcLockBusy, MvcError
 from .. import reach, usage
+from ..store.chunks import PackStore
 from ..history import decorations as ref_decorations, pruned_digest, walk as walk_history
 from . import lanes, svg
 from .html import a, esc, human_bytes, number, page, table, title_of, url, when
@@ -306,7 +307,7 @@ def _log_row(c, graph, labels, metrics, best_ids, more_column: bool) -> str:
     cells = [] if graph is None else [f'<td class="g">{graph}</td>']
     cells += [f'<td><input type=radio name=a value="{esc(c.id)}" aria-label="compare from {esc(c.short_id)}"></td>',
               f'<td><input type=radio name=b value="{esc(c.id)}" aria-label="compare to {esc(c.short_id)}"></td>',
-              f'<td>{a(url("/commit", rev=c.id), c.short_id, "id")} {_deco_html(labels)}</td>',
+              f'<td class=c>{a(url("/commit", rev=c.id), c.short_id, "id")} {_deco_html(labels)}</td>',
               f"<td>{esc(number(c.step))}</td>",
               f'<td class=msg>{esc(title_of(c))}{" <span class=muted>[pruned]</span>" if c.pruned else ""}</td>',
               *[_metric_cell(c, name, best_ids.get(name) == c.id) for name in metrics]]
@@ -321,7 +322,7 @@ def _metric_cell(c, name: str, best: bool) -> str:
     if value is None:
         return "<td class=num></td>"
     if best:
-        return f'<td class="num best" title="best {esc(name)}"><b>{esc(number(value))}</b> ★</td>'
+        return f'<td class="num best" title="best {esc(name)}"><b>{esc(number(value))}</b>&nbsp;★</td>'
     return f"<td class=num>{esc(number(value))}</td>"
 
 
@@ -501,10 +502,13 @@ def diff(view: View, query: dict) -> str:
     rev_a, rev_b = one(query, "a", ""), one(query, "b", "") or "HEAD"  # as 'mvc diff A': B is HEAD
     if not rev_a:
         raise BadInput("pick a commit to compare: A (and B, else HEAD) in the history view")
-    numbers = one(query, "numbers") == "1"
     sort, show, q = one(query, "sort", "model"), one(query, "show", "changed"), one(query, "q", "")
-    d = repo.diff(rev_a, rev_b, read_data=numbers)
-    base = dict(a=rev_a, b=rev_b, numbers="1" if numbers else None)
+    asked = one(query, "numbers")
+    d = repo.diff(rev_a, rev_b, read_data=asked == "1")
+    numbers = asked == "1" or (asked != "0" and _norms_fit(repo, d))
+    if numbers and asked != "1":  # within the budget: the norms by default, not "changed 100%" alone
+        d = repo.diff(rev_a, rev_b, read_data=True)
+    base = dict(a=rev_a, b=rev_b, numbers="1" if numbers else "0")
     tensors = list(d.tensors)
     strip = _strip(tensors, numbers, base)
     if show != "all":
@@ -521,7 +525,7 @@ def diff(view: View, query: dict) -> str:
     head = (f'<p>{a(url("/commit", rev=d.a.id), d.a.short_id, "id")} → {a(url("/commit", rev=d.b.id), d.b.short_id, "id")}'
             f' · {esc(title_of(d.a))} → {esc(title_of(d.b))}</p><p id=summary>{esc(summary)}</p>')
     if numbers:
-        head += f'<p>{a(url("/diff", **dict(base, numbers=None)), "chunk ids only")}</p>'
+        head += f'<p>{a(url("/diff", **dict(base, numbers="0")), "chunk ids only")}</p>'
     else:
         read = sum(t.nbytes * 2 for t in d.tensors if t.status == CHANGED)
         head += (f'<p class=muted>Answered from chunk ids: no tensor bytes were read. '
@@ -559,6 +563,17 @@ def diff(view: View, query: dict) -> str:
             + f'<div class=cols><div><h2>Tensors</h2>{tensor_table}{values}</div>'
             f'<div><h2>Record</h2>{record}</div></div>')
     return page(f"Diff {d.a.short_id} → {d.b.short_id}", body, view.where())
+
+
+NORMS_BUDGET = 256 << 20  # bytes of changed tensors a diff page reads unasked to show the norms
+
+
+def _norms_fit(repo, d) -> bool:
+    """Whether the norms of ``d``'s changes are computed unasked: the changed tensors of both
+    sides come to at most NORMS_BUDGET bytes, all held here (a lazy clone or a bounded cache
+    would fetch them from the remote: that is asked for, not done by opening a page)."""
+    read = sum(t.nbytes * 2 for t in d.tensors if t.status == CHANGED)
+    return read <= NORMS_BUDGET and isinstance(repo.chunks, PackStore)
 
 
 def _shape_change(a_shape, b_shape) -> str:

@@ -130,10 +130,13 @@ def test_every_page_in_chromium(browser, made, screens):
         page = tab.go("/bisect")
         assert page.inner_text("#candidate") == candidate.short_id
         assert page.locator("table.verdicts tbody tr").count() == 2
+        facts = page.inner_text("table.facts")  # good is the older end of the range, bad the newer
+        assert "good (the older end)" in facts and "bad (the newer end)" in facts
         tab.shot(screens, "bisect.png")
 
         page = tab.go("/storage")
         assert page.locator("#packs tbody tr").count() >= 1 and page.locator("#gc").count() == 1
+        assert "smaller" in page.inner_text("#saving")  # against one torch.save per checkpoint
         tab.shot(screens, "storage.png")
         tab.close()
 

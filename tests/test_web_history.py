@@ -59,3 +59,18 @@ def test_a_diff_shows_the_norms_by_default_within_a_budget(repo, monkeypatch):
         monkeypatch.setattr(pages, "NORMS_BUDGET", 8)  # past the budget: chunk ids, and a link to ask
         page = fetch(base + "/diff?a=HEAD~1")[2].decode()
         assert "no tensor bytes were read" in page and "Compute the norms" in page
+
+
+def test_storage_says_the_saving_against_one_torch_save_per_checkpoint(repo):
+    frozen = torch.arange(4096, dtype=torch.float32)  # 16 KiB every checkpoint shares
+    for i in range(4):
+        repo.commit({"frozen": frozen, "head": torch.full((16,), float(i))}, f"c{i}")
+    whole = 4 * (16384 + 64)
+    with served(repo.root) as server:
+        page = fetch(server.url.rstrip("/") + "/storage")[2].decode()
+    table_html = page[page.index('id=saving'):page.index("</table>", page.index('id=saving'))]
+    cells = re.findall(r"<td>(.*?)</td>", table_html)
+    facts = dict(zip(cells[::2], cells[1::2]))
+    assert facts["<b>checkpoints kept</b>"] == "4"
+    assert facts["<b>one torch.save each</b>"] == "64.2 KiB of tensor data" and whole == 65792
+    assert "× smaller" in facts["<b>saving</b>"]

@@ -681,8 +681,8 @@ def bisect(view: View, query: dict) -> str:
     log = repo.bisect.log(changes=False)  # the page links the diff; it reads no tensor
     s = log.status
     facts = [("branch", esc(s.branch or "-")),
-             ("good (newest)", a(url("/commit", rev=s.good), _short(s.good), "id")),
-             ("bad (oldest)", a(url("/commit", rev=s.bad), _short(s.bad), "id")),
+             ("good (the older end)", a(url("/commit", rev=s.good), _short(s.good), "id")),
+             ("bad (the newer end)", a(url("/commit", rev=s.bad), _short(s.bad), "id")),
              ("range", a(url("/", range=f"{s.good}..{s.bad}"), "the commits between them")
               + " · " + a(url("/diff", a=s.good, b=s.bad), "diff good → bad"))]
     if s.first_bad is not None:
@@ -722,6 +722,7 @@ def storage(view: View, query: dict) -> str:
              ("chunk records", f"{human_bytes(stored)} stored for {human_bytes(raw)} raw"
               + (f" ({stored / raw:.3f}×)" if raw else ""))]
     out = [table(["", ""], [[f"<b>{esc(k)}</b>", esc(v)] for k, v in facts], "facts")]
+    out.append("<h2>Against one torch.save per checkpoint</h2>" + _against_torch_save(view, st.pack_bytes))
     out.append("<h2>What gc would free</h2>" + _gc_estimate(repo))
     out.append("<h2>Remotes and cache</h2>" + _remotes(repo))
     rows = [[f"<code>{esc(p.name)}</code>", f'<span class=n>{esc(human_bytes(p.file_bytes))}</span>', esc(p.chunks),
@@ -730,6 +731,33 @@ def storage(view: View, query: dict) -> str:
     out.append(f"<h2>Packs <span class=muted>({len(packs)})</span></h2>"
                + table(["pack", "file", "chunks", "stored", "raw", "stored/raw"], rows, attrs=" id=packs"))
     return page("Storage", "".join(out), view.where(), "/storage")
+
+
+MAX_SAVINGS_TREES = 2000  # checkpoints the storage page sums unasked; more: it says so
+
+
+def _against_torch_save(view, pack_bytes: int) -> str:
+    """What one torch.save file per checkpoint would take (the tensor bytes of every kept
+    commit's state, each checkpoint whole) against this repository's packs on disk."""
+    repo = view.repo
+    if not isinstance(repo.chunks, PackStore):
+        return ("<p class=muted id=saving>Not figured here: part of the data is only on a remote "
+                "(a lazy clone or a bounded cache), so the packs on disk are not the whole store.</p>")
+    commits, _ = view.everything()
+    trees = {c.tree: c.id for c in commits if not c.pruned}
+    if len(trees) > MAX_SAVINGS_TREES:
+        return (f"<p class=muted id=saving>Not figured here: {len(trees)} checkpoints, more than the "
+                f"{MAX_SAVINGS_TREES} this page reads unasked.</p>")
+    whole = sum(e.nbytes for cid in trees.values() for e in repo.entries(cid) if e.kind == "tensor")
+    facts = [("checkpoints kept", str(len(trees))),
+             ("one torch.save each", f"{human_bytes(whole)} of tensor data"),
+             ("this repository", f"{human_bytes(pack_bytes)} of packs on disk")]
+    if pack_bytes and whole:
+        facts.append(("saving", f"{human_bytes(max(0, whole - pack_bytes))}: {whole / pack_bytes:.1f}× smaller"
+                      if whole >= pack_bytes else f"none: the packs are {pack_bytes / whole:.2f}× the files"))
+    return (table(["", ""], [[f"<b>{esc(k)}</b>", esc(v)] for k, v in facts], "facts", " id=saving")
+            + "<p class=muted>Unchanged chunks are stored once across checkpoints; torch.save writes each "
+            "checkpoint whole (its pickle framing not counted).</p>")
 
 
 def _gc_estimate(repo) -> str:

@@ -386,7 +386,7 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool, read_subset=None) -
         out = to_jsonable(r)
         out["ok"] = r.after.verified if repair else r.ok
         echo_json(out)
-        return 0 if out["ok"] else 1
+        return 0 if (r.after.ok if repair else r.ok) else 1  # not verified is not damage, as plain fsck
     if repair:
         click.echo(f"repaired {plural(r.chunks_repaired, 'chunk')} and {plural(r.objects_repaired, 'object')}"
                    + (f" from {', '.join(r.remotes)}" if r.remotes else ""))
@@ -399,7 +399,7 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool, read_subset=None) -
                        f"{r.after.unverified_remote} were not verified ('mvc fsck --fetch' checks them)")
         else:
             click.echo("ok: no damage found")
-        return 0 if r.after.verified else 1
+        return 0 if r.after.ok else 1
     click.echo(f"checked remote {r.remote} ({r.url}): {plural(r.packs, 'pack')}, {plural(r.chunks, 'chunk')}, "
                f"{plural(r.objects, 'object')}, "
                f"{plural(r.refs, 'ref')}; re-hashed {human_bytes(r.bytes_verified)}")

@@ -176,7 +176,7 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
         except OSError as exc:
             if dry_run or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            sweep = _sweep_on_a_full_disk(repo, policy, force)
+            sweep = _sweep_on_a_full_disk(repo, policy, force, grace)
         plan = plan_packs(repo.chunks.pack_files(), sweep.live, sweep.indexed_packs, grace, repack)
         if dry_run:
             saved = plan.reclaimable()
@@ -370,7 +370,7 @@ def _of_deleted_ref(txn, ref: str, entry, before_us: int) -> bool:
 STEP = 256  # index writes per transaction when the disk is full
 
 
-def _sweep_on_a_full_disk(repo, policy: Retention, force: bool) -> _Sweep:
+def _sweep_on_a_full_disk(repo, policy: Retention, force: bool, grace: float = GRACE_S) -> _Sweep:
     """The sweep in small transactions, for a disk too full for it in one.
 
     LMDB reuses the pages each small transaction frees for the next, so
@@ -379,7 +379,7 @@ def _sweep_on_a_full_disk(repo, policy: Retention, force: bool) -> _Sweep:
     deleted (retention's notes go first), so stopping halfway leaves less
     garbage, never a lost commit; the packs are deleted after."""
     with repo.index.read() as txn:
-        sweep = _sweep(txn, repo.objects, policy, force, False, repo.chunks, apply=False)
+        sweep = _sweep(txn, repo.objects, policy, force, False, repo.chunks, apply=False, grace=grace)
     start, step = 0, STEP
     while start < len(sweep.writes):
         try:

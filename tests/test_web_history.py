@@ -74,3 +74,25 @@ def test_storage_says_the_saving_against_one_torch_save_per_checkpoint(repo):
     assert facts["<b>checkpoints kept</b>"] == "4"
     assert facts["<b>one torch.save each</b>"] == "64.2 KiB of tensor data" and whole == 65792
     assert "× smaller" in facts["<b>saving</b>"]
+
+
+def test_a_branch_s_curve_has_its_history_lane_s_colour(repo):
+    for i in range(3):
+        repo.commit({"w": torch.full((4,), float(i))}, f"m{i}", step=i, metrics={"loss": 3.0 - i})
+    repo.create_branch("exp", "HEAD~1")
+    repo.checkout("exp")
+    for i in range(2):
+        repo.commit({"w": torch.full((4,), 10.0 + i)}, f"e{i}", step=10 + i, metrics={"loss": 2.5 - i})
+    repo.checkout("main")
+    repo.commit({"w": torch.full((4,), 20.0)}, "m3", step=3, metrics={"loss": 0.5})  # main newest: lane 0
+    tips = {b.name: b.id for b in repo.branches()}  # exp first by name, though its lane is the second
+    with served(repo.root) as server:
+        base = server.url.rstrip("/")
+        history = fetch(base + "/")[2].decode()
+        chart = fetch(base + "/curves?metric=loss")[2].decode()
+    for name, tip in tips.items():
+        row = re.search(rf'<tr data-commit="{tip}">.*?</tr>', history, re.S)[0]
+        node = re.search(r'<circle[^>]*class="node"[^>]*>|<circle[^>]*fill="(#[0-9a-f]+)"[^>]*class="node"', row)
+        lane_colour = re.search(r'fill="(#[0-9a-f]{6})"', node[0])[1]
+        line = re.search(rf'<g class="series" data-series="{name}"><polyline[^>]*stroke="(#[0-9a-f]{{6}})"', chart)
+        assert line[1] == lane_colour, name

@@ -631,7 +631,9 @@ def curves(view: View, query: dict) -> str:
     # by default every branch, and the remote-tracking ones that add a line of their own
     default = list(local) + [b for b, cid in tracking.items() if cid not in local.values()]
     chosen = [b for b in query.get("branch", []) if b in tips] or default
-    by_id = {c.id: c for c in view.everything()[0]}
+    walked, rows = view.everything()
+    by_id = {c.id: c for c in walked}
+    lane_of = {c.id: row.lane for c, row in zip(walked, rows)}  # a branch's line has its history lane's colour
     lines = {b: _first_parents(by_id, tips[b]) for b in chosen}
     names = number_names([c for cs in lines.values() for c in cs])
     metric = one(query, "metric") or next(iter(names), "step")
@@ -660,7 +662,8 @@ def curves(view: View, query: dict) -> str:
     log_y = one(query, "y") == "log"
     chart = svg.curves(series, x_name if x_name != "index" else "commit along the branch",
                        metric + (" (log scale)" if log_y else ""),
-                       x_format=(lambda t: when(t)[5:]) if x_name == "time" else None, log_y=log_y)
+                       x_format=(lambda t: when(t)[5:]) if x_name == "time" else None, log_y=log_y,
+                       lanes=[lane_of.get(tips[b], i) for i, (b, _) in enumerate(series)])
     body = form + chart + f'<p class=muted>{counts}. Each point is a commit: click it to open it.</p>'
     return page("Curves", body, view.where(), "/curves")
 

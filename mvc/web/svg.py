@@ -79,11 +79,13 @@ def _log_ticks(lo: float, hi: float, n: int = 8) -> list:
 
 
 def curves(series: list, x_label: str, y_label: str, width: int = 1040, height: int = 380,
-           max_points: int = 400, x_format=None, log_y: bool = False) -> str:
+           max_points: int = 400, x_format=None, log_y: bool = False, lanes: list = None) -> str:
     """A line chart of ``series``: [(name, [(x, y, commit id, tooltip)])]; each
     point a link to its commit. Long series draw every point in the line but
     at most ``max_points`` clickable points each (evenly spread). ``log_y``:
-    a logarithmic y axis (points at or below zero are left out)."""
+    a logarithmic y axis (points at or below zero are left out). ``lanes``:
+    each series' lane in the history graph, so a branch has its lane's colour."""
+    lanes = list(range(len(series))) if lanes is None else lanes
     if log_y:
         series = [(name, [(x, math.log10(y), cid, tip) for x, y, cid, tip in pts if y > 0]) for name, pts in series]
     points = [p for _, pts in series for p in pts]
@@ -121,7 +123,7 @@ def curves(series: list, x_label: str, y_label: str, width: int = 1040, height: 
     out.append(f'<text x="12" y="{top + (height - bottom) / 2}" text-anchor="middle" '
                f'transform="rotate(-90 12 {top + (height - bottom) / 2})">{esc(y_label)}</text>')
     for i, (name, pts) in enumerate(series):
-        colour = PALETTE[i % len(PALETTE)]
+        colour = PALETTE[lanes[i] % len(PALETTE)]
         pts = sorted(pts, key=lambda p: p[0])
         line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y, _, _ in pts)
         out.append(f'<g class="series" data-series="{esc(name)}"><polyline points="{line}" fill="none" '
@@ -135,7 +137,7 @@ def curves(series: list, x_label: str, y_label: str, width: int = 1040, height: 
         y = top + 14 + 16 * i
         shown = name if len(name) <= 24 else name[:23] + "…"
         out.append(f'<rect x="{width - legend}" y="{y - 9}" width="10" height="10" '
-                   f'fill="{PALETTE[i % len(PALETTE)]}"/><text x="{width - legend + 14}" y="{y}">{esc(shown)}</text>')
+                   f'fill="{PALETTE[lanes[i] % len(PALETTE)]}"/><text x="{width - legend + 14}" y="{y}">{esc(shown)}</text>')
     out.append("</svg>")
     return "".join(out)
 

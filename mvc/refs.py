@@ -260,6 +260,7 @@ class Refs:
                 ref = txn.ref(name)
                 if ref is not None and ref.id is not None:
                     self._not_also_a_prefix(txn, base, name, ref.id)
+                    self._not_also_tracking(txn, base, name)
                     return ref.id
         if _is_hex(lower):
             if len(base) < MIN_PREFIX:
@@ -287,6 +288,16 @@ class Refs:
                                     "commit", prefix=base, matches=[ref] + [m.hex() for m in others])
 
     @staticmethod
+    def _not_also_tracking(txn, base: str, ref: str) -> None:
+        """AmbiguousRevision if ``base`` names branch or tag ``ref`` and also a remote-tracking
+        ref (a branch ``origin/main`` beside origin's main): neither may hide the other."""
+        tracking = REMOTES + base
+        other = txn.ref(tracking) if ref != tracking and ref != base else None
+        if other is not None and other.id is not None:
+            raise AmbiguousRevision(f"{base!r} is {human(ref)} and also the remote-tracking ref {tracking!r}; "
+                                    f"say {ref!r} or {tracking!r}", prefix=base, matches=[ref, tracking])
+
+    @staticmethod
     def _prefix_matches(txn, prefix: str) -> list:
         floor = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
         return [oid for oid in txn.ids("commits", floor) if oid.hex().startswith(prefix)]
@@ -310,6 +321,10 @@ class Refs:
         if txn.ref(other) is not None:
             raise RefConflict(f"{human(other)} exists, and {human(ref)} of the same name would make {name!r} mean "
                               "two things; choose another name", ref=ref, found=txn.ref(other).id.hex())
+        remote = name.split("/", 1)[0]
+        if "/" in name and next(txn.ids("refs", (REMOTES + remote + "/").encode()), None) is not None:
+            raise RefConflict(f"{human(ref)} would be written like a remote-tracking ref of remote {remote!r} "
+                              f"(remotes/{name}) and hide it, or be hidden by it; choose another name", ref=ref)
 
     def check_commit(self, txn, ref: Optional[str], me) -> None:
         """ProtectedRef / LockHeld if a commit may not move ``ref``; RefConflict

@@ -40,6 +40,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ipaddress import ip_address
@@ -314,10 +315,13 @@ class Server(ThreadingHTTPServer):
 
     def handle_error(self, request, client_address):
         """A client that went away mid-answer (a closed tab, a cancelled load) is no error
-        of the server's: say nothing. Anything else keeps the standard traceback."""
+        of the server's: say nothing. Anything else prints its traceback, escaped line by
+        line as the log is (an exception's message may quote what the client sent)."""
         if isinstance(sys.exc_info()[1], ConnectionError):  # reset, broken pipe, aborted
             return
-        super().handle_error(request, client_address)
+        lines = [f"Exception occurred during processing of request from {client_address}"]
+        lines += traceback.format_exc().splitlines()
+        sys.stderr.write("".join(printable(line) + "\n" for line in lines))
 
     @property
     def url(self) -> str:

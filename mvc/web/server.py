@@ -301,6 +301,8 @@ class Server(ThreadingHTTPServer):
             try:
                 request.settimeout(1.0)
                 request.sendall(BUSY)
+                request.setblocking(False)
+                request.recv(65536)  # what the client sent already: closed unread, it would reset away the 503
             except OSError:
                 pass
             self.shutdown_request(request)

@@ -195,6 +195,8 @@ class Txn:
         self._txn = txn
         self._dbs = dbs
         self.repo_dir = repo_dir
+        # facts its users derive once per transaction (which pack files are on disk: PackStore.keeps)
+        self.memo: dict = {}
 
     # chunks
     def chunk(self, cid: bytes) -> Optional[Location]:

@@ -171,6 +171,58 @@ def test_a_changed_record_under_a_recomputed_id_is_bad(key):
         assert mvc.audit.verify_commit_bytes(object_id(data), data, allowed)[0].status == "bad"
 
 
+def _reordered(data: bytes) -> bytes:
+    """The same commit map with its fields in reverse order: well-formed msgpack, not canonical."""
+    from mvc import encoding
+    fields = encoding.unpack(data)
+    assert len(fields) < 16
+    return bytes([0x80 | len(fields)]) + b"".join(encoding.pack(k) + encoding.pack(v)
+                                                  for k, v in reversed(list(fields.items())))
+
+
+def test_a_signed_commit_re_encoded_is_not_a_second_good_commit(signed_repo, key):
+    """Signed ids are not malleable: the same fields in another order (a new id over the
+    same payload, whose signature still verifies) are refused as a corrupt object."""
+    c = signed_repo.commit({"w": torch.zeros(3)}, "deploy me", sign=key)
+    with signed_repo.index.read() as txn:
+        data = txn.get("commits", bytes.fromhex(c.id))
+    twin = _reordered(data)
+    twin_id = object_id(twin)
+    assert twin != data and twin_id.hex() != c.id
+    with pytest.raises(CorruptObject) as exc:
+        CommitObject.decode(twin)
+    assert (exc.value.kind, exc.value.field) == ("commit", "encoding")
+    verdict, _ = mvc.audit.verify_commit_bytes(twin_id, twin, signing.parse_allowed_signers(
+        f"ada {key.public_line()}"))
+    assert verdict.status == "bad" and "canonical" in verdict.reason
+    with signed_repo.index.write() as txn:
+        txn.put("commits", twin_id, twin)
+    assert signed_repo.trust.verify_commit(twin_id.hex()).status == "bad"
+    with pytest.raises(CorruptObject) as exc:
+        signed_repo.load(twin_id.hex())
+    assert exc.value.id == twin_id.hex() and exc.value.kind == "commit"
+    assert signed_repo.trust.verify_commit(c.id).status == "good"
+
+
+@pytest.mark.parametrize("kind", ["tensor", "tree", "tag"])
+def test_every_kind_of_object_refuses_a_reordered_encoding(kind):
+    from mvc.objects import TensorObject, TreeObject
+    from mvc import encoding
+    obj = {"tensor": TensorObject("F32", (3,), 8, (b"\x01" * 32, b"\x02" * 32)),
+           "tree": TreeObject({"a": 1, "b": (1, 2)}),
+           "tag": TagObject("v1", b"\x03" * 32, "ada", 5, "m", b"sig")}[kind]
+    data = obj.encode()
+    assert type(obj).decode(data) == obj
+    with pytest.raises(CorruptObject) as exc:
+        type(obj).decode(_reordered(data))
+    assert (exc.value.kind, exc.value.field) == (kind, "encoding")
+    if kind == "tree":  # a tuple's payload is an encoding too: a longer int form inside it is refused
+        outer = encoding.pack({"type": "tree", "root": {"a": 1, "b": encoding.Ext(1, bytes.fromhex("92cc0102"))}})
+        with pytest.raises(CorruptObject) as exc:
+            TreeObject.decode(outer)
+        assert exc.value.field == "encoding"
+
+
 def test_signed_tags(signed_repo, key):
     c = signed_repo.commit({"w": torch.zeros(3)})
     signed_repo.create_tag("v1", sign=key, message="release 1")

@@ -1,8 +1,10 @@
 """Signed commits and tags (mvc/signing.py, mvc/audit.py): golden bytes, good / bad /
 unknown / unsigned verdicts, flipped bytes, allowed signers, keys, policy, CLI."""
 
+import calendar
 import shutil
 import subprocess
+import time
 from dataclasses import replace
 
 import pytest
@@ -285,6 +287,93 @@ def test_a_malformed_allowed_signers_line_is_named(text, line):
     with pytest.raises(BadAllowedSigners) as info:
         signing.parse_allowed_signers(text, "signers")
     assert (info.value.path, info.value.line) == ("signers", line)
+
+
+# Allowed-signers lines, each with the principal ssh-keygen is asked about. {key} is the
+# test key's "ssh-ed25519 BASE64"; {other} another key's; {b64} the test key's base64 alone.
+ALLOWED_LINES = [
+    ("ada {key}", "ada"),
+    ("ada {key} a comment with namespaces=\"git\"", "ada"),
+    ("  ada\t{key}", "ada"),
+    ('ada namespaces="mvc" {key}', "ada"),
+    ('ada namespaces="git,mvc" {key}', "ada"),
+    ('ada namespaces="git" {key}', "ada"),
+    ('ada namespaces="*,!mvc" {key}', "ada"),
+    ('ada namespaces="!mvc,*" {key}', "ada"),
+    ('ada namespaces="!git,*" {key}', "ada"),
+    ('ada namespaces="m*" {key}', "ada"),
+    ('ada namespaces="m?c" {key}', "ada"),
+    ('ada namespaces="[m]vc" {key}', "ada"),
+    ('ada namespaces="" {key}', "ada"),
+    ('ada namespaces="mvc," {key}', "ada"),
+    ('ada NAMESPACES="mvc" {key}', "ada"),
+    ('ada namespace="git" {key}', "ada"),
+    ('ada namespaces=mvc {key}', "ada"),
+    ('ada namespaces="mvc {key}', "ada"),
+    ('ada namespaces="mvc",namespaces="mvc" {key}', "ada"),
+    ('ada namespaces="mvc", {key}', "ada"),
+    ('ada namespaces="mvc",,valid-after="20200101Z" {key}', "ada"),
+    ('ada namespaces="mv\\"c" {key}', "ada"),
+    ('ada valid-befor="20200101" {key}', "ada"),
+    ('ada no-touch-required {key}', "ada"),
+    ('ada cert-authority {key}', "ada"),
+    ('ada cert-authority,namespaces="mvc" {key}', "ada"),
+    ('ada cert-authorityx {key}', "ada"),
+    ('ada valid-after="20200101Z" {key}', "ada"),
+    ('ada valid-after="20300101Z" {key}', "ada"),
+    ('ada valid-before="20200101Z" {key}', "ada"),
+    ('ada valid-before="20300101" {key}', "ada"),
+    ('ada valid-after="20200101UTC",valid-before="203001011200Z" {key}', "ada"),
+    ('ada valid-after="20300101Z",valid-before="20200101Z" {key}', "ada"),
+    ('ada valid-after="20250601000000Z" {key}', "ada"),
+    ('ada valid-after="20250601000001Z" {key}', "ada"),
+    ('ada valid-before="20250531235959Z" {key}', "ada"),
+    ('ada valid-after="2020" {key}', "ada"),
+    ('ada valid-after="20231301Z" {key}', "ada"),
+    ('ada valid-after="20230230Z" {key}', "ada"),
+    ('ada valid-after="19700101Z" {key}', "ada"),
+    ('ada valid-after=20200101Z {key}', "ada"),
+    ('"ada lovelace" {key}', "ada lovelace"),
+    ('ada,"bob smith" {key}', "bob smith"),
+    ('"ada lovelace",bob {key}', "bob"),
+    ('"ada {key}', "ada"),
+    ("ada,bob {key}", "bob"),
+    ("*,!bob {key}", "ada"),
+    ("!ada {key}", "ada"),
+    ("a?a {key}", "ada"),
+    ("ada {other}", "ada"),
+    ("ada ssh-rsa {b64}", "ada"),
+    ("ada ED25519 {b64}", "ada"),
+    ("ada ssh-ed25519", "ada"),
+    ("ada", "ada"),
+    ('ada namespaces="mvc"', "ada"),
+    ("ada ssh-ed25519 {b64}AAAA", "ada"),
+]
+VERIFY_TIME = "20250601Z"
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")
+@pytest.mark.parametrize("template,principal", ALLOWED_LINES)
+def test_allowed_signers_lines_allow_what_ssh_keygen_allows(template, principal, key, tmp_path):
+    """mvc reads each line as ssh-keygen does: good here exactly where ``ssh-keygen -Y verify``
+    verifies, and where ssh-keygen cannot read a line, mvc says which line (fail closed)."""
+    line = template.format(key=key.public_line(), other=other_key().public_line(),
+                           b64=key.public_line().split()[1])
+    payload = b"payload"
+    (tmp_path / "payload").write_bytes(payload)
+    (tmp_path / "payload.sig").write_text(signing.armor(signing.sign(key, payload)))
+    (tmp_path / "allowed").write_text(line + "\n")
+    theirs = subprocess.run(["ssh-keygen", "-Y", "verify", "-f", "allowed", "-I", principal, "-n", "mvc",
+                             "-s", "payload.sig", f"-Overify-time={VERIFY_TIME}"], stdin=open(tmp_path / "payload", "rb"),
+                            cwd=tmp_path, capture_output=True, text=True)
+    when = float(calendar.timegm(time.strptime(VERIFY_TIME[:-1], "%Y%m%d")))
+    try:
+        ours = signing.verify(signing.sign(key, payload), payload, signing.parse_allowed_signers(line, "allowed"), when)
+    except BadAllowedSigners as exc:
+        assert (exc.line, exc.path) == (1, "allowed")
+        assert theirs.returncode != 0, f"ssh-keygen reads {line!r} and allows it ({theirs.stdout}), mvc refuses: {exc}"
+        return
+    assert ours.good == (theirs.returncode == 0), (line, ours, theirs.stdout, theirs.stderr)
 
 
 def test_a_missing_allowed_signers_file_is_an_error(repo, key):

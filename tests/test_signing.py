@@ -422,7 +422,86 @@ def test_policy_refuses_an_unsigned_commit_before_writing(signed_repo, key):
     assert (info.value.ref, info.value.status) == ("heads/main", "unsigned")
     assert sorted((signed_repo.dir / "packs").iterdir()) == packs
     assert signed_repo.commit({"w": torch.ones(3)}, sign=key).branch == "main"
-    assert signed_repo.commit({"w": torch.ones(3)}, branch="scratch")  # not protected
+    assert signed_repo.commit({"w": torch.ones(3)}, branch="scratch").branch == "scratch"  # not protected
+
+
+def _refs(repo) -> dict:
+    """HEAD, the branches and the tags (not the remote-tracking refs a pull's fetch moves)."""
+    with repo.index.read() as txn:
+        return {name: value for name, value in txn.refs("") if not name.startswith("remotes/")}
+
+
+def _refused(repo, move, ref: str, commit: str, status: str) -> None:
+    """``move()`` raises SignatureRequired naming ``ref`` and ``commit`` and changes no branch or tag."""
+    before = _refs(repo)
+    with pytest.raises(SignatureRequired) as info:
+        move()
+    assert (info.value.ref, info.value.id, info.value.status) == (ref, commit, status)
+    assert _refs(repo) == before
+
+
+def test_every_local_move_onto_a_required_ref_checks_the_policy(signed_repo, key):
+    """signing.require held on push only: branch, rename, tag, checkout -b, a forced move and a
+    commit by a key that is no allowed signer all put untrusted commits on required refs."""
+    from mvc.errors import HistoryRewritten
+    repo = signed_repo
+    root = repo.commit({"w": torch.zeros(3)}, "root", sign=key)
+    repo.config(signing.REQUIRE, "main,release/*,tags/*")
+    unsigned = repo.commit({"w": torch.ones(3)}, "unsigned", branch="side", start="main")
+    mallory = repo.commit({"w": torch.ones(4)}, "mallory", branch="other", start="main", sign=other_key())
+    _refused(repo, lambda: repo.create_branch("release/1", unsigned.id), "heads/release/1", unsigned.id, "unsigned")
+    _refused(repo, lambda: repo.create_branch("release/1", "other"), "heads/release/1", mallory.id, "unknown")
+    _refused(repo, lambda: repo.rename_branch("side", "release/2"), "heads/release/2", unsigned.id, "unsigned")
+    _refused(repo, lambda: repo.create_tag("v1", unsigned.id), "tags/v1", unsigned.id, "unsigned")
+    _refused(repo, lambda: repo.checkout(unsigned.id, new_branch="release/3"), "heads/release/3", unsigned.id,
+             "unsigned")
+    _refused(repo, lambda: repo.create_branch("main", unsigned.id, force=True), "heads/main", unsigned.id, "unsigned")
+    before = _refs(repo)
+    with pytest.raises(SignatureRequired) as info:  # signed, by a key that is no allowed signer
+        repo.commit({"w": torch.ones(5)}, "by mallory", sign=other_key())
+    assert (info.value.ref, info.value.status) == ("heads/main", "unknown") and _refs(repo) == before
+    with repo.index.read() as txn:
+        assert txn.get("commits", bytes.fromhex(info.value.id)) is None  # nothing was stored
+    signed = repo.commit({"w": torch.ones(6)}, "on main", sign=key)
+    with pytest.raises(HistoryRewritten) as info:  # force does not rewind a required branch
+        repo.create_branch("main", root.id, force=True)
+    assert (info.value.ref, info.value.old, info.value.new) == ("heads/main", signed.id, root.id)
+    # good history moves as before
+    assert repo.create_branch("release/1", "main").id == signed.id
+    assert repo.create_tag("v1", root.id).id == root.id
+    assert repo.rename_branch("release/1", "release/5").name == "release/5"
+    assert repo.checkout("main", new_branch="release/6").branch == "release/6"
+    assert repo.create_branch("side2", unsigned.id).id == unsigned.id  # not required
+
+
+def test_pull_with_fetch_flag_does_not_fast_forward_a_required_branch_onto_untrusted_commits(tmp_path, key):
+    """signing.fetch flag lets fetch take (and flag) untrusted history into the tracking ref;
+    pull then fast-forwarded the required branch onto it."""
+    (tmp_path / "allowed").write_text(f"ada {key.public_line()}\n")
+    origin = mvc.Repository.init(tmp_path / "origin", chunk_size=64)
+    origin.commit({"w": torch.zeros(3)}, "root", sign=key)
+    origin.remotes.add("origin", str(tmp_path / "remote"))
+    origin.remotes.push()
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "clone")
+    try:
+        for setting, value in ((signing.ALLOWED, str(tmp_path / "allowed")), (signing.REQUIRE, "main"),
+                               (signing.FETCH, "flag")):
+            clone.config(setting, value)
+        tip = clone.resolve("main")
+        mallory = origin.commit({"w": torch.ones(3)}, "mallory", sign=other_key())
+        origin.remotes.push()
+        _refused(clone, lambda: clone.remotes.pull(), "heads/main", mallory.id, "unknown")
+        assert clone.resolve("main") == tip
+        clone.remotes.fetch()  # fetch itself still only flags it
+        assert clone.resolve("origin/main") == mallory.id
+        good = origin.commit({"w": torch.ones(4)}, "good", sign=key)
+        origin.remotes.push()
+        with pytest.raises(SignatureRequired):  # the good commit on top brings mallory's along
+            clone.remotes.pull()
+        assert clone.resolve("main") == tip and clone.resolve("origin/main") == good.id
+    finally:
+        clone.close()
+        origin.close()
 
 
 # -- the command line -----------------------------------------------------------------

@@ -585,7 +585,8 @@ def verify(blob: bytes, payload: bytes, allowed: Optional[list], when: Optional[
         if signer.allows(found.public, namespace, when):
             return Verdict(GOOD, ",".join(signer.principals), key)
     return Verdict(UNKNOWN, key=key, reason="the key is not an allowed signer"
-                   + (" at the time it signed" if any(s.key == found.public for s in allowed) else ""))
+                   + (f" for namespace {namespace!r} at the time it signed"
+                      if any(s.key == found.public for s in allowed) else ""))
 
 
 # -- settings and policy --------------------------------------------------------

@@ -376,6 +376,50 @@ def test_allowed_signers_lines_allow_what_ssh_keygen_allows(template, principal,
     assert ours.good == (theirs.returncode == 0), (line, ours, theirs.stdout, theirs.stderr)
 
 
+def _random_line(rnd, key) -> str:
+    """An allowed-signers line built from the pieces that matter: principals, options (real,
+    misspelt, unquoted, negated patterns, times at the verify time's edges), separators, keys."""
+    principals = ["ada", '"ada"', "a*", "!bob,*", "!ada", "ada,bob", '"ada', 'ad"a"', "*", "a?a", '""', ",ada"]
+    names = ["namespaces", "NAMESPACES", "namespace", "valid-after", "valid-before", "Valid-After", "valid-befor",
+             "cert-authority", "", "x"]
+    values = ['"mvc"', '"*"', '"!mvc,*"', '"*,!mvc"', '"git,mvc"', '""', "mvc", '"m?c"', '"20200101Z"', '"20300101"',
+              '"2020"', '"20250601Z"', '"20250601000001Z"', '"20250531235959UTC"', '"19700101Z"', '"mv\\"c"', '"mvc']
+
+    def option():
+        name = rnd.choice(names)
+        return name if name in ("cert-authority", "", "x") and rnd.random() < 0.6 else f"{name}={rnd.choice(values)}"
+    b64 = key.public_line().split()[1]
+    options = ",".join(option() for _ in range(rnd.choice([0, 1, 1, 2, 3]))) + ("," if rnd.random() < 0.1 else "")
+    keypart = rnd.choice([key.public_line()] * 5 + [f"ssh-ed25519 {b64} comment", "ssh-ed25519", f"ssh-rsa {b64}",
+                                                    f"ssh-ed25519 {b64[:-4]}", f"ssh-ed25519\t{b64}"])
+    return rnd.choice([" ", "  ", "\t"]).join(x for x in (rnd.choice(principals), options, keypart) if x)
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")
+def test_random_allowed_signers_lines_agree_with_ssh_keygen(key, tmp_path):
+    import random
+    rnd = random.Random(39)
+    payload, blob = b"payload", signing.sign(key, b"payload")
+    (tmp_path / "payload").write_bytes(payload)
+    (tmp_path / "payload.sig").write_text(signing.armor(blob))
+    when = float(calendar.timegm(time.strptime(VERIFY_TIME[:-1], "%Y%m%d")))
+    for _ in range(60):
+        line = _random_line(rnd, key)
+        try:
+            allowed = signing.parse_allowed_signers(line)
+        except BadAllowedSigners:
+            allowed = None
+        if allowed and not signing.match_pattern_list("ada", ",".join(allowed[0].principals)):
+            continue  # it names no principal ssh-keygen is asked about here (mvc asks about none)
+        (tmp_path / "allowed").write_text(line + "\n")
+        theirs = subprocess.run(["ssh-keygen", "-Y", "verify", "-f", "allowed", "-I", "ada", "-n", "mvc", "-s",
+                                 "payload.sig", f"-Overify-time={VERIFY_TIME}"], stdin=open(tmp_path / "payload", "rb"),
+                                cwd=tmp_path, capture_output=True, text=True)
+        ours = allowed is not None and signing.verify(blob, payload, allowed, when).good
+        assert ours == (theirs.returncode == 0), (line, theirs.stderr)
+        assert allowed is not None or theirs.returncode != 0, line  # mvc refuses no line ssh-keygen accepts
+
+
 def test_a_missing_allowed_signers_file_is_an_error(repo, key):
     c = repo.commit({"w": torch.zeros(3)}, sign=key)
     repo.config(signing.ALLOWED, "nowhere")

@@ -33,6 +33,9 @@ def needed(repo) -> set:
                     out.add(ondisk.SHARDED)
                 if kind == "trees" and obj.dict_metadata:
                     out.add(ondisk.DICT_METADATA)
+        for name, _ in txn.refs("tags/"):  # signed tags: a tag object beside the ref (format.md 7.4)
+            if txn.meta(signing.TAG_PREFIX + name[len("tags/"):]) is not None:
+                out.add(ondisk.SIGNATURES)
     return out
 
 
@@ -56,6 +59,11 @@ def signed_average(repo):
     repo.merge(["a", "b"], strategy="linear", sign=KEY)
 
 
+def signed_tag(repo):
+    repo.commit({"w": torch.arange(8.0)}, "plain")
+    repo.create_tag("v1", sign=KEY, message="signed")
+
+
 def sharded_save(repo):
     w = torch.arange(16.0).reshape(4, 4)
     start = repo.shards.begin("main")
@@ -72,7 +80,7 @@ def module_state(repo):
     repo.commit({"model": torch.nn.Linear(2, 2).state_dict()}, "a module's state_dict")
 
 
-WRITERS = [signed_commit, signed_merge, signed_average, sharded_save, module_state]
+WRITERS = [signed_commit, signed_merge, signed_average, signed_tag, sharded_save, module_state]
 
 
 @pytest.mark.parametrize("write", WRITERS, ids=[w.__name__ for w in WRITERS])

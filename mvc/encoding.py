@@ -111,10 +111,9 @@ def unpack(data: bytes, what: str = "object", kind=None, field=None, canonical: 
 
 def _check_canonical(value: Any, data: bytes, what: str, kind) -> None:
     # Packing what was read in the order it was read, then checking that every map was in
-    # canonical key order, is the canonical check at about a third of the cost of pack(),
-    # which rebuilds the value: a tensor object's list of ids is packed without a Python step
-    # per id. The buffer fits the input: packb's default 256 KiB would be most of a small
-    # decode's memory.
+    # canonical key order, costs less than pack(), which rebuilds the value with a Python
+    # step per item: a tensor object's list of ids is packed in C. The buffer fits the
+    # input: packb's default 256 KiB would be most of a small decode's memory.
     try:
         again = msgpack.Packer(use_bin_type=True, use_single_float=False, strict_types=True, default=_ext_type,
                                buf_size=len(data) + 64).pack(value)

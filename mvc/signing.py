@@ -309,6 +309,7 @@ _FAMILIES = {
     "ecdsa-sha2-nistp521-cert-v01@openssh.com": "ecdsa-cert",
     "sk-ssh-ed25519-cert-v01@openssh.com": "ed25519-sk-cert", "sk-ecdsa-sha2-nistp256-cert-v01@openssh.com": "ecdsa-sk-cert"}
 
+
 def match_pattern(text: str, pattern: str) -> bool:
     """OpenSSH's match_pattern: ``*`` any run, ``?`` any one character, nothing else special
     (no ``[...]`` classes, unlike fnmatch)."""
@@ -376,7 +377,7 @@ def _time(text: str) -> int:
         raise _LineError(f"{text!r} is not a time (YYYYMMDD[HHMM[SS]][Z])")
     fields = [int(digits[i:i + n]) for i, n in ((0, 4), (4, 2), (6, 2), (8, 2), (10, 2), (12, 2)) if i < len(digits)]
     fields += [0] * (6 - len(fields))
-    year, month, day, hour, minute, second = fields
+    _, month, day, hour, minute, second = fields
     if not (1 <= month <= 12 and 1 <= day <= 31 and hour <= 23 and minute <= 59 and second <= 61):
         raise _LineError(f"{text!r} is not a time (YYYYMMDD[HHMM[SS]][Z])")
     try:

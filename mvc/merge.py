@@ -743,6 +743,9 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
             tip = repo.refs.tip(txn, ref)
             repo.refs.check_commit(txn, ref, me)
             audit.check_commit_policy(txn, ref, signer)  # before any chunk is read
+            if signer is not None:  # FORMAT names the extension before a signed commit exists
+                from .ondisk import SIGNATURES, require_extension
+                require_extension(repo.dir, SIGNATURES)
             inputs = [_read_input(repo, txn, rev, recipe.only) for rev in revs]
             base_in = _read_input(repo, txn, recipe.base, recipe.only) if recipe.base is not None else None
             if not inputs[0].leaves:

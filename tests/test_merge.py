@@ -469,6 +469,10 @@ def test_a_merge_to_a_branch_that_requires_signatures_is_signed(repo, three, tmp
     key = signing.load_key(tmp_path / "k")
     (tmp_path / "allowed").write_text(f"me@example.com {key.public_line()}\n")
     repo.config(signing.ALLOWED, str(tmp_path / "allowed"))
+    for name in "abc":  # signed fine-tunes: a merge brings its inputs onto main, whose new history must be good
+        state = repo.load(name)
+        repo.create_branch(name, "main", force=True)
+        repo.commit(state, f"{name}, signed", branch=name, sign=key)
     repo.config(signing.REQUIRE, "main")
     tip = repo.resolve("main")
     with pytest.raises(SignatureRequired):

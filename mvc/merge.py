@@ -475,29 +475,43 @@ def combine(spec: Spec, xs: list, base: Optional[torch.Tensor], bits: list, dtyp
     """``apply`` as a merge commits it: the merged tensor in the storage
     ``dtype``. ``bits``: the inputs' (then the base's) stored elements viewed
     as integers of their size. Where every input (and for task vectors the
-    base) holds the same value (equal, or the same bits: inf and NaN too),
-    the output holds exactly those bits (``agreement``). Anywhere else, a
-    result that is not finite or does not fit ``dtype`` where every input is
-    finite raises MergeNotFinite: nothing is committed with values the
-    arithmetic made up (``start``: the first element's index, for its message)."""
-    agree = _agreement(spec, bits, s)
-    if agree is not None and bool(agree.any()):
-        kept = s.get("kept", agree.numel(), bits[0].dtype).copy_(bits[-1] if spec.strategy in WITH_BASE else bits[0])
-    else:
-        agree = kept = None
-    finite = _all_finite(xs + ([base] if base is not None and spec.strategy in WITH_BASE else []), s)
+    base) holds the same bits, the output holds exactly them (inf, and a NaN
+    with its payload, too: ``_agreement``). Anywhere else, a result that is
+    not finite or does not fit ``dtype`` where every input is finite raises
+    MergeNotFinite: nothing is committed with values the arithmetic made up
+    (``start``: the first element's index, for its message).
+
+    The agreed bits are read after ``apply``: it never writes input 0
+    (``linear``) or the base (task vectors), whose bits are kept."""
+    inputs = xs + ([base] if base is not None and spec.strategy in WITH_BASE else [])
+    finite = None if all(_within(x, math.inf) for x in inputs) else _all_finite(inputs, s)
+    agree = None
+    if spec.strategy in ("average", "linear") or finite is not None:  # task vectors keep finite agreed values
+        agree = _agreement(spec, bits, s)
+        if agree is not None and not bool(agree.any()):
+            agree = None
     merged = apply(spec, xs, base, s, keep)
-    _check_range(merged, finite, agree, dtype, key, start, s)
+    if not _within(merged, fits(dtype)):
+        _check_range(merged, finite, agree, dtype, key, start, s)
     out = merged.to(dtypes.torch_dtype(dtype))
-    if kept is not None:
+    if agree is not None:
+        kept = bits[-1] if spec.strategy in WITH_BASE else bits[0]
         view = out.view(kept.dtype)
         torch.where(agree, kept, view, out=view)
     return out
 
 
+def _within(x: torch.Tensor, limit: float) -> bool:
+    """Every value of ``x`` lies strictly within +-limit (NaN does not): one pass, nothing allocated."""
+    if x.numel() == 0:
+        return True
+    low, high = torch.aminmax(x)
+    return bool(high < limit) and bool(low > -limit)
+
+
 def _agreement(spec: Spec, bits: list, s: Scratch) -> Optional[torch.Tensor]:
     """Where every input (and the base, last in ``bits``, for task vectors)
-    holds the same value; None for strategies that do not keep agreed values
+    holds the same bits; None for strategies that do not keep agreed values
     (slerp's weights need not sum to 1; linear unnormalized is a plain sum)."""
     if spec.strategy == "slerp" or spec.strategy in ("average", "linear") and not spec.get("normalize"):
         return None
@@ -518,8 +532,9 @@ def _all_finite(xs: list, s: Scratch) -> torch.Tensor:
 
 
 def fits(dtype: str) -> float:
-    """The largest magnitude that rounds to a finite value of ``dtype`` (its
-    largest value plus half an ulp there; inf for the work dtypes themselves)."""
+    """The smallest magnitude that does not round to a finite value of
+    ``dtype`` (its largest value plus half an ulp there; inf for the work
+    dtypes themselves)."""
     if dtype in ("F32", "F64"):
         return math.inf
     info = torch.finfo(dtypes.torch_dtype(dtype))
@@ -527,13 +542,16 @@ def fits(dtype: str) -> float:
     return info.max + ulp / 2
 
 
-def _check_range(merged: torch.Tensor, finite: torch.Tensor, agree: Optional[torch.Tensor], dtype: str,
+def _check_range(merged: torch.Tensor, finite: Optional[torch.Tensor], agree: Optional[torch.Tensor], dtype: str,
                  key: str, start: int, s: Scratch) -> None:
+    """MergeNotFinite if ``merged`` holds a value out of ``dtype``'s range
+    where every input is finite (``finite``; None: everywhere) and the inputs
+    do not agree (``agree``: their bits are kept there)."""
     limit = fits(dtype)
-    n = merged.numel()
-    ok = torch.lt(merged.abs(), limit, out=s.get("fits", n, torch.bool)) if limit != math.inf \
-        else torch.isfinite(merged)
-    bad = finite.logical_and_(ok.logical_not_())
+    bad = torch.isfinite(merged) if limit == math.inf else torch.lt(merged.abs(), limit)
+    bad.logical_not_()
+    if finite is not None:
+        bad.logical_and_(finite)
     if agree is not None:
         bad.masked_fill_(agree, False)
     count = int(bad.sum())

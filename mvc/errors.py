@@ -216,6 +216,17 @@ class CheckpointNotFound(UnknownRevision, FileNotFoundError):
         self.ref = ref
 
 
+class CheckpointExists(MvcError, FileExistsError):
+    """A DCP save with ``overwrite=False`` to a checkpoint id that already names
+    a checkpoint: ``checkpoint_id`` is the id, ``ref`` the tag or branch it
+    maps to, ``commit`` the full id it names. A FileExistsError too, as DCP's
+    FileSystemWriter refuses with overwrite=False."""
+
+    def __init__(self, message: str = "", *, checkpoint_id=None, ref=None, commit=None):
+        super().__init__(message)
+        self.checkpoint_id, self.ref, self.commit = checkpoint_id, ref, commit
+
+
 # -- the chunk store (issue 20): errors that say which file ----------------------------
 
 class NotRegular(CorruptObject):

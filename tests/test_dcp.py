@@ -524,8 +524,8 @@ def test_overwrite_false_refuses_a_second_save_to_the_same_id_as_filesystem_writ
     """MvcStorageWriter(path, overwrite=False) was a TypeError; PyTorch's own test_overwrite expects
     a second save to the same id to be refused (CheckpointException), and overwrite=True to replace it."""
     t1, t2 = torch.randn(10), torch.randn(10)
-    for where in (tmp_path / "root", tmp_path / "ids" / "step_1"):  # the repository's root, and an id in it
-        path = where if where.name == "root" else where.parent
+    # the writer's path alone (PyTorch's test), and an id inside the repository (a tag)
+    for path, where in ((tmp_path / "root", None), (tmp_path / "ids", tmp_path / "ids" / "step_1")):
         dcp.save({"random": t1}, checkpoint_id=where, storage_writer=MvcStorageWriter(path, overwrite=False),
                  no_dist=True)
         dcp.save({"random": t2}, checkpoint_id=where, storage_writer=MvcStorageWriter(path, overwrite=True),

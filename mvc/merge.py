@@ -35,10 +35,10 @@ the first input (the report names those that differ: ``not_merged``);
 complex, F8_E8M0 and F4 tensors that differ between the inputs are refused
 (``UNMERGEABLE``). Where every input holds the same bits (inf and NaN too),
 the output holds them; a result that is not finite or does not fit its
-dtype where every input is finite is refused (``combine``). Float tensors of optimizer state (a key with a component
-named in ``OPTIMIZER_KEYS``) are refused unless ``only`` leaves them out or a
-``take`` rule covers them: averaging Adam's moments is not a meaningful
-optimizer state.
+dtype where every input is finite is refused (``combine``). Float tensors
+of optimizer state (a key with a component named in ``OPTIMIZER_KEYS``) are
+refused unless ``only`` leaves them out or a ``take`` rule covers them:
+averaging Adam's moments is not a meaningful optimizer state.
 """
 
 import fnmatch

@@ -30,7 +30,7 @@ def test_hidden_files_a_folder_commit_stores_are_reported(repo, tmp_path):
     c = repo.commit_file(folder)
     assert c.hidden == (".env", ".ssh/id_ed25519", "sub/.aws/credentials")
     files = repo.load(c.id)["__folder__"]["files"]
-    assert ".ssh/id_ed25519" in files and ".gitattributes" in files  # stored as the folder holds them: said, not dropped
+    assert ".ssh/id_ed25519" in files and ".gitattributes" in files  # stored as the folder holds them, and said
     r = run_cli(repo, "commit", folder, "-m", "again")
     assert r.exit_code == 0, r.output
     assert ("warning: this commit holds the folder's hidden files .env, .ssh/id_ed25519, sub/.aws/credentials; "

@@ -519,7 +519,7 @@ def test_linear_weights_of_any_finite_size_merge_as_their_ratios(repo, weights, 
     ia, ib = pair(repo, a, b)
     c, _ = repo.merge([ia, ib], strategy="linear", weights=list(weights), branch="m")
     top = math.frexp(max(weights))[1]
-    small = [math.ldexp(w, -top) for w in weights]  # the README: scaled by the power of two that brings the largest into [0.5, 1)
+    small = [math.ldexp(w, -top) for w in weights]  # scaled by the power of two that brings the largest into [0.5, 1)
     assert same_bits(repo.load(c.id)["w"], ref_linear([up(a), up(b)], small).to(dtype))
     r = run_cli(repo, "merge", "a", "b", "--strategy", "linear", "--weights", ",".join(map(repr, weights)),
                 "-b", "cli")

@@ -206,6 +206,9 @@ class MvcStorageWriter(StorageWriter):
         super().__init__()
         if type(overwrite) is not bool:
             raise mvc.BadInput(f"overwrite must be True or False, not {overwrite!r}")
+        if branch is not None and not isinstance(branch, str):  # FileSystemWriter(path, True) passed positionally
+            raise mvc.BadInput(f"branch must be a branch name, not {branch!r}; MvcStorageWriter takes "
+                               "FileSystemWriter's options as keywords only")
         if _extensions:
             raise mvc.BadInput("MvcStorageWriter takes no _extensions: mvc stores chunks in its own format "
                                "(compressed by the repository's own encodings, verified on every read)")

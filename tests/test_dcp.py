@@ -562,6 +562,8 @@ def test_filesystem_writer_keywords_are_taken_and_a_bad_one_is_one_clean_error(t
     assert writer.last_commit is not None
     with pytest.raises(mvc.BadInput, match="_extensions"):
         MvcStorageWriter(tmp_path, _extensions=[object()])
+    with pytest.raises(mvc.BadInput, match="keywords only"):  # FileSystemWriter(path, single_file_per_rank)
+        MvcStorageWriter(tmp_path, True)
     # a keyword neither takes: a TypeError, and no "Exception ignored in __del__" on stderr
     code = ("from mvc_hooks.dcp import MvcStorageWriter\n"
             "try:\n    MvcStorageWriter('.', overwrit=False)\nexcept TypeError as e:\n    print('TypeError', e)\n"

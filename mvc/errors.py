@@ -216,6 +216,17 @@ class CheckpointNotFound(UnknownRevision, FileNotFoundError):
         self.ref = ref
 
 
+class CheckpointExists(MvcError, FileExistsError):
+    """A DCP save with ``overwrite=False`` to a checkpoint id that already names
+    a checkpoint: ``checkpoint_id`` is the id, ``ref`` the tag or branch it
+    maps to, ``commit`` the full id it names. A FileExistsError too, as DCP's
+    FileSystemWriter refuses with overwrite=False."""
+
+    def __init__(self, message: str = "", *, checkpoint_id=None, ref=None, commit=None):
+        super().__init__(message)
+        self.checkpoint_id, self.ref, self.commit = checkpoint_id, ref, commit
+
+
 # -- the chunk store (issue 20): errors that say which file ----------------------------
 
 class NotRegular(CorruptObject):
@@ -335,6 +346,26 @@ class BadRecipe(MergeError, BadInput):
     def __init__(self, message: str = "", *, field=None):
         super().__init__(message)
         self.field = field
+
+
+class MergeDtypeRefused(MergeRefused):
+    """Tensors that differ between the inputs in a dtype no merge strategy has
+    arithmetic for (complex, F8_E8M0, F4); ``keys`` names them, ``dtypes`` their dtypes."""
+
+    def __init__(self, message: str = "", *, keys=(), dtypes=()):
+        super().__init__(message, keys=keys)
+        self.dtypes = tuple(dtypes)
+
+
+class MergeNotFinite(MergeError):
+    """A merged tensor would hold values that are not finite, or do not fit its
+    dtype, where every input's value is finite (weights or parameters out of
+    range); nothing was written. ``key``, ``dtype``, ``count`` (how many such
+    values in the merged range), ``element`` (the first one's index)."""
+
+    def __init__(self, message: str = "", *, key="", dtype="", count=0, element=0):
+        super().__init__(message)
+        self.key, self.dtype, self.count, self.element = key, dtype, count, element
 
 
 # -- signatures, audit and scheduled integrity scans (mvc/signing.py, mvc/audit.py) --

@@ -35,17 +35,18 @@ FILLERS = 3  # a streamed pt export reads groups of STREAM_BYTES / 4 (32 MiB), t
 SAFETENSORS_CONTEXT = "safetensors"  # context key of a committed .safetensors file's metadata
 
 
-def read_input(path, progress=None, skipped=None) -> tuple:
+def read_input(path, progress=None, skipped=None, hidden=None) -> tuple:
     """(state, context, what) for a checkpoint file or model folder at ``path``:
     a safetensors file's metadata goes into the context under ``safetensors``,
     ``what`` says what was read ("model.pt", "model folder hf/ (...)"); what a
-    folder leaves out (``.mvc/``, ...) is appended to ``skipped``.
+    folder leaves out (``.mvc/``, ...) is appended to ``skipped``, the hidden
+    files it reads (``.ssh/...``) to ``hidden``.
 
     Raises BadInput if it cannot be read.
     """
     path = Path(path)
     if path.is_dir():
-        state = _folders.read_folder(path, progress, skipped)
+        state = _folders.read_folder(path, progress, skipped, hidden)
         shards, files = _folders.folder_summary(state)
         name = Path(os.path.abspath(path)).name
         return state, {}, f"model folder {name}/ ({shards} safetensors, {files} other files)"
@@ -63,12 +64,13 @@ def commit_file(repo, path, message=None, *, context=None, read_progress=None, *
     unreadable input, and what ``commit`` raises.
     """
     skipped: list = []
-    state, found, what = read_input(path, read_progress, skipped)
+    hidden: list = []
+    state, found, what = read_input(path, read_progress, skipped, hidden)
     if message is None:
         n = _files.count_tensors(state)
         message = f"Import {what}: {n} tensor{'' if n == 1 else 's'}"
     commit = repo.commit(state, message, context={**found, **(context or {})}, **kwargs)
-    return replace(commit, left_out=tuple(skipped)) if skipped else commit
+    return replace(commit, left_out=tuple(skipped), hidden=tuple(hidden)) if skipped or hidden else commit
 
 
 def export(repo, rev: str, path, fmt=None, progress=None, *, force: bool = False, only=None,

@@ -326,7 +326,7 @@ def test_a_rewrite_of_a_protected_ref_is_refused_by_push_and_fetch_and_shown_by_
     report = reader.remotes.fsck()
     assert [(p.kind, p.object) for p in report.problems] == [("rewritten-protected-ref", "refs/heads/main")]
     reader.config(signing.FETCH, "flag")  # flagged, not refused
-    assert reader.remotes.fetch()
+    assert [(u.ref, u.new) for u in reader.remotes.fetch().refs] == [("remotes/origin/main", rewritten.id)]
     assert reader.resolve("origin/main") == rewritten.id
     rogue.close()
 

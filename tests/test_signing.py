@@ -454,7 +454,8 @@ def test_keys_from_files(tmp_path, repo):
     with pytest.raises(SigningKeyError):  # -S with no signing.key set
         repo.commit({"w": torch.zeros(1)}, sign=True)
     repo.config(signing.KEY, str(tmp_path / "plain"))
-    assert repo.commit({"w": torch.zeros(1)}, sign=True)
+    signed = repo.commit({"w": torch.zeros(1)}, sign=True)  # signed by the key signing.key names
+    assert repo.trust.verify_commit(signed.id).key == signing.load_key(tmp_path / "plain").fingerprint
 
 
 def test_policy_refuses_an_unsigned_commit_before_writing(signed_repo, key):

@@ -102,6 +102,11 @@ def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json
     if c.left_out:  # a folder's .mvc/, .git/, .cache/, FIFOs: said, not silently dropped
         shown = ", ".join(c.left_out[:5]) + (f" and {len(c.left_out) - 5} more" if len(c.left_out) > 5 else "")
         click.echo(f"note: left out of the model folder: {shown}", err=True)
+    if c.hidden:  # .ssh/, .env ...: a secret must not go into history without a word
+        shown = ", ".join(c.hidden[:5]) + (f" and {len(c.hidden) - 5} more" if len(c.hidden) > 5 else "")
+        ignore = str(file).rstrip("/") + "/.mvcignore"
+        click.echo(f"warning: this commit holds the folder's hidden files {shown}; to leave them out, list them "
+                   f"in {ignore} (e.g. '.ssh/' or '.env') and commit again", err=True)
 
 
 @main.command()

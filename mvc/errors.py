@@ -724,7 +724,8 @@ class ModelSignatureError(MvcError):
     is one of "no-signature" (no model.sig), "malformed" (not a bundle, envelope or statement
     mvc reads), "bad-signature" (the key did not sign it), "digest-mismatch" (``file``'s bytes
     differ from what was signed), "missing-file" (``file`` was signed but is gone), "extra-file"
-    (``file`` is in the folder but was not signed), "bad-key" (the key cannot be read)."""
+    (``file`` is in the folder but was not signed), "symlink" (``file`` is a symbolic link, which
+    signing files does not follow), "bad-key" (the key cannot be read or is not an EC key)."""
 
     def __init__(self, message: str = "", *, folder=None, problem: str = "", file=None):
         super().__init__(message)

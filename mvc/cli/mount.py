@@ -41,3 +41,25 @@ def umount(directory):
     """Unmount an 'mvc mount' at DIRECTORY (also one a killed mount left behind)."""
     from .. import mount as mounting
     click.echo(f"unmounted {mounting.umount(directory)}")
+
+
+@main.command("verify-model")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--key", "public_key", type=click.Path(dir_okay=False), required=True, metavar="PUB",
+              help="The PEM public key that pairs with the signer's private key.")
+@click.option("--signature", type=click.Path(dir_okay=False), default=None,
+              help="The signature file (default: DIRECTORY/model.sig).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def verify_model(directory, public_key, signature, as_json):
+    """Check a model folder's OpenSSF model signature (OMS v1.0, key method, offline).
+
+    Passes when PUB's key signed it and the folder holds exactly the signed
+    files, byte for byte; says which mvc commit it came from when mvc signed it.
+    """
+    from .. import oms
+    result = oms.verify_folder(directory, public_key, signature)
+    if as_json:
+        echo_json(to_jsonable(result))
+        return
+    origin = f"mvc commit {result.commit}" if result.commit else "no mvc commit named (signed by another tool)"
+    click.echo(f"ok: {result.files} files of {result.folder}/ match the signature by {public_key}; {origin}")

@@ -292,3 +292,25 @@ def test_umount_and_mount_refuse_clearly(root, tmp_path):
         assert err.value.problem == "not-empty"
     out = run_cli(root, "mount", "..")
     assert out.exit_code == 1 and "holds files" in out.stderr
+
+
+def test_a_lazy_clone_mounted_fetches_only_what_is_read(tmp_path, seaweedfs, mounts):
+    from conftest import pushed_repo
+    torch.manual_seed(0)
+    state = {f"layer{i:02d}": torch.randn(512, 512) for i in range(50)}  # 1 MiB each
+    url = seaweedfs.url()
+    pushed_repo(tmp_path / "a", url, seaweedfs.endpoint, [(state, "fifty")], CHUNK).close()
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=seaweedfs.endpoint)
+    assert lazy.status().chunks == 0
+    lazy.close()
+    m = mounts(tmp_path / "lz", tmp_path / "mnt")
+    with safe_open(m.where / "main" / "model.safetensors", framework="pt") as f:
+        for key in ("layer03", "layer42"):
+            assert torch.equal(f.get_tensor(key), state[key])
+    stats = m.stop()
+    total = sum(t.nbytes for t in state.values())
+    assert stats["chunk_bytes_read"] <= total // 10, stats
+    with mvc.Repository.open(tmp_path / "lz") as lazy:  # what was fetched stays, verified, and nothing more
+        held = lazy.status()
+        assert 2 * (1 << 20) // CHUNK <= held.chunks <= (total // 10) // CHUNK, held
+        assert lazy.fsck().ok

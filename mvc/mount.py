@@ -49,6 +49,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
+
 from . import folders as _folders
 from . import files as _files
 from . import dtypes, reader
@@ -60,7 +62,8 @@ from .store.chunks import Request
 
 SUBTYPE = "mvc"  # the kernel shows the mount as fuse.mvc
 CACHE_BYTES = 64 << 20  # verified chunks kept for neighbouring reads (a 128 KiB read inside a 1 MiB chunk)
-READAHEAD = 128 << 10  # bytes the kernel may read past what a reader asked for
+READAHEAD = 1 << 20  # bytes the kernel may read past what a reader asked for
+AHEAD = 4 << 20  # bytes of a tensor read along into the chunk cache when a reader goes through it in order
 REVISIONS = 16  # revision folders (header and tensor list) kept built
 SINGLE_FILE = "model.safetensors"
 RESERVED = ("commits", "tags", "HEAD")
@@ -174,12 +177,13 @@ class ChunkCache:
 
     def put(self, cid: bytes, data: bytes) -> None:
         with self.lock:
-            if cid in self.items or len(data) > self.limit:
+            size = memoryview(data).nbytes
+            if cid in self.items or size > self.limit:
                 return
             self.items[cid] = data
-            self.held += len(data)
+            self.held += size
             while self.held > self.limit:
-                self.held -= len(self.items.popitem(last=False)[1])
+                self.held -= memoryview(self.items.popitem(last=False)[1]).nbytes
 
 
 class RepositoryView:
@@ -190,7 +194,7 @@ class RepositoryView:
     def __init__(self, repo, rev: Optional[str] = None, cache_bytes: int = CACHE_BYTES):
         self.repo, self.pinned = repo, rev
         self.cache, self.stats = ChunkCache(cache_bytes), MountStats()
-        self.revisions, self.lock = OrderedDict(), threading.Lock()
+        self.revisions, self.lock, self.inflight = OrderedDict(), threading.Lock(), {}
         self.started_ns = time.time_ns()
 
     # -- names
@@ -281,65 +285,98 @@ class RepositoryView:
 
     # -- bytes
 
-    def read(self, content, offset: int, size: int, commit: str = "") -> bytes:
+    def read(self, content, offset: int, size: int, commit: str = "", ahead: int = 0) -> bytes:
         """Bytes [offset, offset + size) of a file (bytes or SynthFile), every tensor byte verified;
-        raises what the reader raises (ChecksumMismatch, ObjectNotFound ...)."""
+        raises what the reader raises (ChecksumMismatch, ObjectNotFound ...). ``ahead``: bytes
+        of the same tensor past the range to read into the cache in the same call (a reader
+        going through a file in order then pays one store call per several chunks)."""
         if isinstance(content, (bytes, bytearray)):
             return bytes(content[offset:offset + size])
         end = min(offset + size, content.size)
         if offset >= end:
             return b""
-        out = bytearray(content.header[offset:min(end, len(content.header))])
+        parts = [memoryview(content.header)[offset:min(end, len(content.header))]]
         i = max(0, bisect.bisect_right(content.starts, offset) - 1)
         for seg in content.segments[i:]:
             if seg.start >= end:
                 break
             lo, hi = max(offset, seg.start) - seg.start, min(end, seg.start + seg.nbytes) - seg.start
             if hi > lo:
-                out += self._tensor_bytes(seg, lo, hi, commit)
-        return bytes(out)
+                parts += self._tensor_parts(seg, lo, hi, commit, ahead)
+        return b"".join(parts)
 
-    def _tensor_bytes(self, seg: Segment, lo: int, hi: int, commit: str) -> bytes:
+    def _tensor_parts(self, seg: Segment, lo: int, hi: int, commit: str, ahead: int) -> list:
+        """Memoryviews of bytes [lo, hi) of one tensor, in order."""
         what = f"tensor {'.'.join(map(str, seg.path))!r} in commit {commit[:12]}"
         if not seg.obj.in_c_order:  # shards that are not runs of rows: the tensor whole, once
-            return self._scattered(seg, commit)[lo:hi]
+            return [memoryview(self._scattered(seg, commit))[lo:hi]]
         if seg.spans is None:
             seg.spans = [(off, cid, n) for cid, off, n in seg.obj.chunk_spans()]
             seg.offsets = [off for off, _, _ in seg.spans]
-        first = max(0, bisect.bisect_right(seg.offsets, lo) - 1)
-        wanted = []
-        for off, cid, n in seg.spans[first:]:
-            if off >= hi:
-                break
-            wanted.append((off, cid, n))
-        got = self._chunks([(cid, n) for _, cid, n in wanted], what)
-        out = bytearray()
-        for off, cid, n in wanted:
-            out += got[cid][max(lo, off) - off:min(hi, off + n) - off]
-        return bytes(out)
+        wanted, extra = self._spans(seg, lo, hi), self._spans(seg, hi, min(seg.nbytes, hi + ahead)) if ahead else []
+        got = self._chunks([(cid, n) for _, cid, n in wanted], [(cid, n) for _, cid, n in extra], what)
+        return [memoryview(got[cid])[max(lo, off) - off:min(hi, off + n) - off] for off, cid, n in wanted]
 
-    def _chunks(self, wanted: list, what: str) -> dict:
-        """{chunk id: verified bytes} for (id, length) pairs, from the cache or the store."""
-        got, requests = {}, []
-        for cid, n in wanted:
-            if cid in got:
-                continue
-            data = self.cache.get(cid)
-            if data is not None:
-                got[cid] = data
-            else:
-                got[cid] = bytearray(n)
-                requests.append(Request(cid, got[cid], what))
-        if requests:
-            with self.repo.gc_lock.shared(), self.repo.index.read() as txn:
-                reader.read_runs(self.repo, txn, requests)
+    @staticmethod
+    def _spans(seg: Segment, lo: int, hi: int) -> list:
+        """(offset, chunk id, length) of the chunks holding bytes [lo, hi) of a tensor."""
+        out = []
+        for span in seg.spans[max(0, bisect.bisect_right(seg.offsets, lo) - 1):]:
+            if span[0] >= hi:
+                break
+            out.append(span)
+        return out
+
+    def _chunks(self, wanted: list, extra: list, what: str) -> dict:
+        """{chunk id: verified bytes} for (id, length) pairs, from the cache or the store; the
+        ``extra`` ones are read along if missing, and left out if any of them fails (so damage
+        beyond the range asked for never fails it). The kernel asks for neighbouring ranges
+        from several threads at once: a chunk another thread is reading is waited for, not
+        read twice."""
+        got, mine, more, waits = {}, {}, {}, []
+        with self.lock:
+            for cid, n in wanted:
+                data = self.cache.get(cid)
+                if data is not None:
+                    got[cid] = data
+                elif cid in self.inflight:
+                    waits.append((cid, n, self.inflight[cid]))
+                elif cid not in mine:
+                    mine[cid] = n
+            for cid, n in extra if mine else ():
+                if cid not in mine and cid not in self.inflight and self.cache.get(cid) is None:
+                    more[cid] = n
+            for cid in {**mine, **more}:
+                self.inflight[cid] = threading.Event()
+        try:
+            if mine:
+                try:
+                    got.update(self._read({**mine, **more}, what))
+                except MvcError:
+                    if not more:
+                        raise
+                    got.update(self._read(mine, what))
+        finally:
             with self.lock:
-                self.stats.chunks_read += len(requests)
-                self.stats.chunk_bytes_read += sum(len(r.buffer) for r in requests)
-            for r in requests:
-                got[r.id] = bytes(r.buffer)
-                self.cache.put(r.id, got[r.id])
+                for cid in {**mine, **more}:
+                    self.inflight.pop(cid).set()
+        for cid, n, done in waits:
+            done.wait()
+            data = self.cache.get(cid)
+            got[cid] = data if data is not None else self._read({cid: n}, what)[cid]  # its read failed: ours says why
         return got
+
+    def _read(self, ids: dict, what: str) -> dict:
+        """{chunk id: verified bytes} for {chunk id: length}, read in one call into the store."""
+        requests = [Request(cid, np.empty(n, dtype=np.uint8), what) for cid, n in ids.items()]  # not zeroed first
+        with self.repo.gc_lock.shared(), self.repo.index.read() as txn:
+            reader.read_runs(self.repo, txn, requests)
+        with self.lock:
+            self.stats.chunks_read += len(requests)
+            self.stats.chunk_bytes_read += sum(r.buffer.nbytes for r in requests)
+        for r in requests:
+            self.cache.put(r.id, r.buffer)  # never written again: shared as it is
+        return {r.id: r.buffer for r in requests}
 
     def _scattered(self, seg: Segment, commit: str) -> bytes:
         key = b"whole:" + seg.leaf.id
@@ -489,7 +526,7 @@ class _Operations:
         self.fuse, self.view, self.ready, self.report, self.where = fuse, view, ready, report, where
         self.handles, self.next_handle, self.guard = {}, 1, threading.Lock()
         self.uid, self.gid = os.getuid(), os.getgid()
-        self.said, self.started = set(), False
+        self.said, self.started, self.sequential = set(), False, {}
 
     def init_with_config(self, conn, config):
         self.started = True
@@ -571,8 +608,12 @@ class _Operations:
 
     def read(self, path, size, offset, fh):
         content, commit = self.handles[fh]
+        with self.guard:  # a reader going on where it stopped reads further ahead, up to AHEAD
+            last_end, ahead = self.sequential.get(fh, (None, 0))
+            ahead = min(max(2 * ahead, size), AHEAD) if offset == last_end else 0
+            self.sequential[fh] = (offset + size, ahead)
         try:
-            data = self.view.read(content, offset, size, commit)
+            data = self.view.read(content, offset, size, commit, ahead)
         except MvcError as exc:
             self._fail(f"{path} bytes {offset}-{offset + size}", exc)
         except OSError as exc:  # a pack gone or unreadable under a read
@@ -585,6 +626,7 @@ class _Operations:
     def release(self, path, fh):
         with self.guard:
             self.handles.pop(fh, None)
+            self.sequential.pop(fh, None)
         return 0
 
     def statfs(self, path):

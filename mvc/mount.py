@@ -54,7 +54,7 @@ import numpy as np
 from . import folders as _folders
 from . import files as _files
 from . import dtypes, reader
-from .errors import MissingExtra, MountError, MvcError
+from .errors import AmbiguousRevision, MissingExtra, MountError, MvcError, UnknownRevision
 from .exchange import safetensors_metadata
 from .objects import TensorLeaf
 from .refs import BRANCHES, TAGS
@@ -249,11 +249,13 @@ class RepositoryView:
         name = parts[0].lower()
         if len(name) < 4 or len(name) > 64 or any(c not in "0123456789abcdef" for c in name):
             return None
-        with self.repo.index.read() as txn:
-            matches = self.repo.refs._prefix_matches(txn, name)
-        if len(matches) != 1:
+        try:
+            with self.repo.index.read() as txn:
+                full = self.repo.refs.resolve(txn, name).hex()
+        except (UnknownRevision, AmbiguousRevision):
             return None
-        full = matches[0].hex()
+        if not full.startswith(name):  # a branch or tag spelled in hex digits: not this folder's business
+            return None
         if name != full:
             return ("link", full) if len(parts) == 1 else None
         return self._in_revision(full, parts[1:])

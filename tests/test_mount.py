@@ -314,3 +314,29 @@ def test_a_lazy_clone_mounted_fetches_only_what_is_read(tmp_path, seaweedfs, mou
         held = lazy.status()
         assert 2 * (1 << 20) // CHUNK <= held.chunks <= (total // 10) // CHUNK, held
         assert lazy.fsck().ok
+
+
+def test_reading_ahead_past_damage_still_serves_the_range_asked_for(root):
+    """The view alone (no FUSE): a read that would also fetch a damaged chunk ahead of it
+    returns its own bytes; the damaged range raises ChecksumMismatch."""
+    from mvc.errors import ChecksumMismatch
+    torch.manual_seed(0)
+    a = torch.randn(4 * CHUNK // 4)
+    with mvc.Repository.open(root) as repo:
+        c = repo.commit({"a": a}, "one")
+        bad = next(e for e in repo.entries("main") if e.path == ("a",)).chunks[2]
+        path, _, offset, _ = next(r for r in records(repo) if r[1] == bad)
+    flip_bit(path, offset + 7)
+    with mvc.Repository.open(root) as repo:
+        view = mounting.RepositoryView(repo)
+        file = view.node(f"/commits/{c.id}/model.safetensors")[1]
+        start = len(file.header)
+        raw = a.numpy().tobytes()
+        assert view.read(file, start, CHUNK, c.id, ahead=4 * CHUNK) == raw[:CHUNK]
+        assert view.read(file, start + CHUNK, CHUNK, c.id) == raw[CHUNK:2 * CHUNK]
+        with pytest.raises(ChecksumMismatch) as err:
+            view.read(file, start + 2 * CHUNK + 10, 100, c.id)
+        assert "tensor 'a'" in str(err.value)
+        assert view.read(file, start + 3 * CHUNK, CHUNK, c.id) == raw[3 * CHUNK:]
+        assert view.node(f"/commits/{c.id[:10]}") == ("link", c.id)
+        assert view.node("/commits/zz") is None and view.node("/no-such-branch") is None

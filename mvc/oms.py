@@ -133,10 +133,12 @@ def statement(name: str, files: dict, ignore, commit: Optional[str]) -> dict:
             "predicateType": PREDICATE_TYPE, "predicate": predicate}
 
 
-def sign_folder(folder, private_key, commit: Optional[str] = None, password: Optional[bytes] = None) -> Signed:
+def sign_folder(folder, private_key, commit: Optional[str] = None, password: Optional[bytes] = None,
+                signature=None) -> Signed:
     """Sign every file of ``folder`` with the EC private key (PEM) at ``private_key``; writes
-    ``folder/model.sig`` (replacing one that is there). ModelSignatureError "bad-key" for a key it
-    cannot use, "symlink" for a link in the folder."""
+    ``signature`` (default ``folder/model.sig``; elsewhere for a folder that cannot be written,
+    a mount), replacing one that is there. ModelSignatureError "bad-key" for a key it cannot
+    use, "symlink" for a link in the folder."""
     _need_cryptography()
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -150,8 +152,8 @@ def sign_folder(folder, private_key, commit: Optional[str] = None, password: Opt
               "verificationMaterial": {"publicKey": {"hint": key_hint(key.public_key())}, "tlogEntries": []},
               "dsseEnvelope": {"payload": base64.b64encode(payload).decode(), "payloadType": PAYLOAD_TYPE,
                                "signatures": [{"sig": base64.b64encode(sig).decode(), "keyid": ""}]}}
-    target = folder / SIGNATURE_FILE
-    staging = folder / f".{SIGNATURE_FILE}.tmp{os.getpid()}"
+    target = Path(signature) if signature is not None else folder / SIGNATURE_FILE
+    staging = target.with_name(f".{target.name}.tmp{os.getpid()}")
     with open(staging, "w", encoding="utf-8") as f:
         json.dump(bundle, f, indent=2)
         f.flush()

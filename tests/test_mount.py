@@ -340,3 +340,21 @@ def test_reading_ahead_past_damage_still_serves_the_range_asked_for(root):
         assert view.read(file, start + 3 * CHUNK, CHUNK, c.id) == raw[3 * CHUNK:]
         assert view.node(f"/commits/{c.id[:10]}") == ("link", c.id)
         assert view.node("/commits/zz") is None and view.node("/no-such-branch") is None
+
+
+def test_a_mounted_revision_is_signed_in_place_and_the_reference_tool_agrees(root, tmp_path, mounts):
+    from test_oms import keypair, reference
+    with mvc.Repository.open(root) as repo:
+        c = repo.commit(state_of_every_dtype(), "one")
+    private, public = keypair(tmp_path)
+    m = mounts(root, tmp_path / "mnt")
+    sig = tmp_path / "sig" / "model.sig"
+    sig.parent.mkdir()
+    out = run_cli(root, "sign-model", m.where / "main", "--key", private, "--signature", sig)
+    assert out.exit_code == 0 and f"names mvc commit {c.id}" in out.stdout, out.output
+    # the reference tool refuses a model path that is a link (main is one): give it the commit's folder
+    ok = reference("verify", "key", "--public_key", public, "--signature", sig, m.where / "commits" / c.id)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    said = run_cli(root, "verify-model", m.where / "tags" / ".." / "main", "--key", public, "--signature", sig)
+    assert said.exit_code == 0 and f"mvc commit {c.id}" in said.stdout
+    m.stop()

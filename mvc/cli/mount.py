@@ -63,3 +63,30 @@ def verify_model(directory, public_key, signature, as_json):
         return
     origin = f"mvc commit {result.commit}" if result.commit else "no mvc commit named (signed by another tool)"
     click.echo(f"ok: {result.files} files of {result.folder}/ match the signature by {public_key}; {origin}")
+
+
+@main.command("sign-model")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True))
+@click.option("--key", "private_key", type=click.Path(dir_okay=False), required=True, metavar="KEY",
+              help="The PEM EC private key (P-256, P-384 or P-521) to sign with.")
+@click.option("--signature", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the signature (default: DIRECTORY/model.sig; give another path for a "
+                   "folder of an 'mvc mount', which is read-only).")
+@click.option("--commit", default=None, metavar="ID", help="The mvc commit to name in the signature (default: "
+              "the commit of a DIR/commits/ID folder of an 'mvc mount').")
+def sign_model(directory, private_key, signature, commit):
+    """Sign a model folder with OpenSSF model signing (OMS v1.0, key method, offline).
+
+    Every file's SHA-256 goes into the signature; 'mvc verify-model' or the
+    reference 'model_signing verify key' checks it.
+    """
+    import os
+    from pathlib import Path
+    from .. import oms
+    if commit is None:  # a mounted revision folder: DIR/main resolves to DIR/commits/<id>
+        real = Path(os.path.realpath(directory))
+        if real.parent.name == "commits" and len(real.name) == 64:
+            commit = real.name
+    signed = oms.sign_folder(directory, private_key, commit, signature=signature)
+    named = f"; it names mvc commit {commit}" if commit else ""
+    click.echo(f"signed {signed.files} files of {directory} in {signed.signature}{named}")

@@ -244,8 +244,9 @@ class RepositoryView:
 
     def _commits(self, parts: list):
         if not parts:
-            with self.repo.index.read() as txn:
-                return ("dir", [oid.hex() for oid in txn.ids("commits")], self.started_ns)
+            with self.repo.index.read() as txn:  # a commit gc retention pruned has no files to show
+                return ("dir", [oid.hex() for oid in txn.ids("commits") if self.repo.objects.pruned(txn, oid) is None],
+                        self.started_ns)
         name = parts[0].lower()
         if len(name) < 4 or len(name) > 64 or any(c not in "0123456789abcdef" for c in name):
             return None

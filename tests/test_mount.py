@@ -342,6 +342,18 @@ def test_reading_ahead_past_damage_still_serves_the_range_asked_for(root):
         assert view.node("/commits/zz") is None and view.node("/no-such-branch") is None
 
 
+def test_a_pruned_commit_is_not_listed_and_its_folder_says_why(root):
+    from mvc.errors import CommitPruned
+    with mvc.Repository.open(root) as repo:
+        old = repo.commit({"w": torch.ones(10)}, "old")
+        new = repo.commit({"w": torch.zeros(10)}, "new")
+        assert repo.gc(keep_last=1, grace=0).pruned == (old.id,)
+        view = mounting.RepositoryView(repo)
+        assert view.node("/commits")[1] == [new.id]
+        with pytest.raises(CommitPruned):
+            view.node(f"/commits/{old.id}")
+
+
 def test_a_mounted_revision_is_signed_in_place_and_the_reference_tool_agrees(root, tmp_path, mounts):
     from test_oms import keypair, reference
     with mvc.Repository.open(root) as repo:

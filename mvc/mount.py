@@ -62,7 +62,7 @@ from .store.chunks import Request
 
 SUBTYPE = "mvc"  # the kernel shows the mount as fuse.mvc
 CACHE_BYTES = 64 << 20  # verified chunks kept for neighbouring reads (a 128 KiB read inside a 1 MiB chunk)
-READAHEAD = 1 << 20  # bytes the kernel may read past what a reader asked for
+READAHEAD = 512 << 10  # bytes the kernel may read past what a reader asked for
 AHEAD = 4 << 20  # bytes of a tensor read along into the chunk cache when a reader goes through it in order
 REVISIONS = 16  # revision folders (header and tensor list) kept built
 SINGLE_FILE = "model.safetensors"
@@ -288,11 +288,13 @@ class RepositoryView:
 
     # -- bytes
 
-    def read(self, content, offset: int, size: int, commit: str = "", ahead: int = 0) -> bytes:
+    def read(self, content, offset: int, size: int, commit: str = "", since: Optional[int] = None) -> bytes:
         """Bytes [offset, offset + size) of a file (bytes or SynthFile), every tensor byte verified;
-        raises what the reader raises (ChecksumMismatch, ObjectNotFound ...). ``ahead``: bytes
-        of the same tensor past the range to read into the cache in the same call (a reader
-        going through a file in order then pays one store call per several chunks)."""
+        raises what the reader raises (ChecksumMismatch, ObjectNotFound ...). ``since``: where
+        the reader's run of reads in order began; as much of a tensor as the run has read of
+        it (up to AHEAD) is read on into the cache in the same call, so a reader going through
+        a tensor pays one store call per several chunks, and one that stops at its end, or
+        the kernel reading a little past it, never pulls in the next tensor."""
         if isinstance(content, (bytes, bytearray)):
             return bytes(content[offset:offset + size])
         end = min(offset + size, content.size)
@@ -305,7 +307,8 @@ class RepositoryView:
                 break
             lo, hi = max(offset, seg.start) - seg.start, min(end, seg.start + seg.nbytes) - seg.start
             if hi > lo:
-                parts += self._tensor_parts(seg, lo, hi, commit, ahead)
+                done = lo - max(0, since - seg.start) if since is not None and since <= offset else 0
+                parts += self._tensor_parts(seg, lo, hi, commit, min(AHEAD, max(0, done)))
         return b"".join(parts)
 
     def _tensor_parts(self, seg: Segment, lo: int, hi: int, commit: str, ahead: int) -> list:
@@ -611,12 +614,12 @@ class _Operations:
 
     def read(self, path, size, offset, fh):
         content, commit = self.handles[fh]
-        with self.guard:  # a reader going on where it stopped reads further ahead, up to AHEAD
-            last_end, ahead = self.sequential.get(fh, (None, 0))
-            ahead = min(max(2 * ahead, size), AHEAD) if offset == last_end else 0
-            self.sequential[fh] = (offset + size, ahead)
+        with self.guard:  # where this handle's reads in order began (see RepositoryView.read)
+            last_end, since = self.sequential.get(fh, (None, offset))
+            since = since if offset == last_end else offset
+            self.sequential[fh] = (offset + size, since)
         try:
-            data = self.view.read(content, offset, size, commit, ahead)
+            data = self.view.read(content, offset, size, commit, since)
         except MvcError as exc:
             self._fail(f"{path} bytes {offset}-{offset + size}", exc)
         except OSError as exc:  # a pack gone or unreadable under a read

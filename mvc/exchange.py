@@ -111,6 +111,9 @@ def export_signed(repo, rev: str, folder, private_key, progress=None, *, force: 
     ``folder/model.sig`` names every file's SHA-256 and the commit. Returns (Export, oms.Signed).
     The key is checked before anything is written (ModelSignatureError "bad-key")."""
     from . import oms
+    if Path(folder).suffix in (".safetensors", *_files.TORCH_SUFFIXES) and not Path(folder).is_dir():
+        raise BadInput(f"{folder} names a file; a signed export is a model folder (model.sig beside the "
+                       "weights): give a folder name")
     oms.check_private_key(private_key, password)
     commit = repo.resolve(rev)
     if _folders.is_folder_state(repo.shards.view(commit)["root"]):

@@ -174,3 +174,11 @@ def test_bad_keys_and_busy_folders_are_refused_before_anything_is_written(folder
     private, _ = keypair(tmp_path)
     result = run_cli(root, "export", "main", "-o", tmp_path / "out", "--sign", private, "--only", "w")
     assert result.exit_code == 2
+    result = run_cli(root, "export", "main", "-o", tmp_path / "out.safetensors", "--sign", private)
+    assert result.exit_code == 1 and "give a folder name" in result.stderr
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        plain = repo.commit({"w": torch.ones(3)}, "not a folder")
+    result = run_cli(root, "export", plain.id, "-o", tmp_path / "busy", "--sign", private)
+    assert result.exit_code == 1 and "notes.txt" in result.stderr and not (tmp_path / "busy" / "model.sig").exists()

@@ -737,3 +737,27 @@ class MissingExtra(MvcError):
     def __init__(self, message: str = "", *, package: str = "", extra: str = ""):
         super().__init__(message)
         self.package, self.extra = package, extra
+
+
+class MountError(MvcError):
+    """A read-only mount (mvc.mount) cannot start or stop at ``mountpoint``. ``problem`` is one
+    of "not-a-folder" (missing, or a file), "not-empty" (it holds files), "inside-repository", "already-mounted" (a live
+    mount is there), "not-mounted" (umount of a folder no mvc mount holds), "busy" (files are
+    open in it), "no-fuse" (libfuse or /dev/fuse missing), "failed" (libfuse refused)."""
+
+    def __init__(self, message: str = "", *, mountpoint=None, problem: str = ""):
+        super().__init__(message)
+        self.mountpoint, self.problem = mountpoint, problem
+
+
+class ModelSignatureError(MvcError):
+    """An OMS model signature (mvc.oms) does not check out for folder ``folder``. ``problem``
+    is one of "no-signature" (no model.sig), "malformed" (not a bundle, envelope or statement
+    mvc reads), "bad-signature" (the key did not sign it), "digest-mismatch" (``file``'s bytes
+    differ from what was signed), "missing-file" (``file`` was signed but is gone), "extra-file"
+    (``file`` is in the folder but was not signed), "symlink" (``file`` is a symbolic link, which
+    signing files does not follow), "bad-key" (the key cannot be read or is not an EC key)."""
+
+    def __init__(self, message: str = "", *, folder=None, problem: str = "", file=None):
+        super().__init__(message)
+        self.folder, self.problem, self.file = folder, problem, file

@@ -106,6 +106,33 @@ def export(repo, rev: str, path, fmt=None, progress=None, *, force: bool = False
     return Export(commit, written, fmt, left_out, folder_files)
 
 
+def export_signed(repo, rev: str, folder, private_key, progress=None, *, force: bool = False,
+                  write_progress=None, password=None) -> tuple:
+    """Export ``rev`` as a model folder at ``folder`` and sign it with OMS (``mvc.oms``): a commit
+    of a model folder is written as that folder, any other as ``folder/model.safetensors``; then
+    ``folder/model.sig`` names every file's SHA-256 and the commit. Returns (Export, oms.Signed).
+    The key is checked before anything is written (ModelSignatureError "bad-key")."""
+    from . import oms
+    if Path(folder).suffix in (".safetensors", *_files.TORCH_SUFFIXES) and not Path(folder).is_dir():
+        raise BadInput(f"{folder} names a file; a signed export is a model folder (model.sig beside the "
+                       "weights): give a folder name")
+    oms.check_private_key(private_key, password)
+    commit = repo.resolve(rev)
+    if _folders.is_folder_state(repo.shards.view(commit)["root"]):
+        written = export(repo, commit, Path(folder), progress=progress, force=force, write_progress=write_progress)
+    else:
+        _files.check_not_in_repository(folder, repo.dir)
+        others = sorted(set(os.listdir(folder)) - {"model.safetensors", oms.SIGNATURE_FILE}) \
+            if Path(folder).is_dir() else []
+        if others:  # the signature covers every file of the folder
+            raise BadInput(f"{folder} holds {others[0]!r} and other files the signature would cover; export "
+                           "to a new folder")
+        Path(folder).mkdir(exist_ok=True)
+        written = export(repo, commit, Path(folder) / "model.safetensors", progress=progress, force=force,
+                         write_progress=write_progress)
+    return written, oms.sign_folder(folder, private_key, commit, password)
+
+
 def _export_safetensors(repo, commit: str, path, force: bool, only, strip_prefix, progress,
                         write_progress) -> Export:
     """A commit (or its ``only`` subtree) as one safetensors file, streamed:

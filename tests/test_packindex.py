@@ -167,3 +167,13 @@ def test_ids_that_share_only_their_first_eight_bytes_are_searched_apart(tmp_path
     pack, row = _lookup(idx, idarray.pack(ids), by_pack)
     assert pack.tolist() == [0, 0, 0, -1] and row.tolist() == [0, 1, 2, -1]
     idx.close()
+
+
+def test_unique_ids_with_shared_heads_and_repeats_come_out_as_numpys_unique():
+    head = os.urandom(8)
+    ids = idarray.pack([head + os.urandom(24) for _ in range(3)] + [os.urandom(32) for _ in range(5)])
+    many = np.concatenate([ids, ids[::2], ids[:1]])
+    np.random.default_rng(3).shuffle(many)
+    assert packindex._unique(many).tobytes() == np.unique(many).tobytes()
+    plain = np.concatenate([ids[3:], ids[3:5]])
+    assert packindex._unique(plain).tobytes() == np.unique(plain).tobytes()

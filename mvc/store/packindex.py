@@ -79,7 +79,12 @@ def _fanout(heads: np.ndarray) -> np.ndarray:
 
 
 def _sorted(heads: np.ndarray, tails: np.ndarray, packs: np.ndarray, rows: np.ndarray) -> tuple:
-    order = np.lexsort((rows, packs, tails, heads))
+    """The entries in index order: by head alone where heads are unique (one sort of numbers),
+    by all four columns where two share a head (the same chunk in two packs, or a 64-bit tie)."""
+    order = np.argsort(heads, kind="stable")
+    ordered = heads[order]
+    if len(ordered) > 1 and (ordered[1:] == ordered[:-1]).any():
+        order = np.lexsort((rows, packs, tails, heads))
     return heads[order], tails[order], packs[order], rows[order]
 
 
@@ -238,8 +243,10 @@ class Candidates:
         one = np.flatnonzero(self.hi - self.lo == 1)
         at = self.lo[one]
         packs, rows = self.index.packs[at].astype(np.int64), self.index.rows[at].astype(np.int64)
-        for k in np.unique(packs).tolist():
-            sel = np.flatnonzero(packs == k)
+        by_pack = np.argsort(packs, kind="stable")
+        cuts = np.flatnonzero(np.diff(packs[by_pack])) + 1
+        for sel in np.split(by_pack, cuts) if len(by_pack) else []:  # each pack's trailer asked once
+            k = int(packs[sel[0]])
             ok = full_ids(k, rows[sel]) == ids[one[sel]]
             pack[one[sel[ok]]], row[one[sel[ok]]] = k, rows[sel[ok]]
         for i in np.flatnonzero(self.hi - self.lo > 1).tolist():  # a shared prefix: each checked
@@ -367,8 +374,19 @@ class IdSpill:
         self.flush()
         for b, e, _, _ in _cuts(np.cumsum(self.counts), budget):
             parts = [np.fromfile(self.folder / f"{x:02x}", dtype=idarray.ID) for x in range(b, e) if self.counts[x]]
-            ids = np.concatenate(parts) if parts else np.zeros(0, dtype=idarray.ID)
-            yield b, e, np.unique(ids)
+            yield b, e, _unique(np.concatenate(parts) if parts else np.zeros(0, dtype=idarray.ID))
+
+
+def _unique(ids: np.ndarray) -> np.ndarray:
+    """``np.unique`` of an id array, sorting numbers (the heads) instead of 32-byte strings: ids
+    that share a head are the same id but in rare 64-bit ties, which take the string sort."""
+    heads, _ = halves(ids)
+    order = np.argsort(heads, kind="stable")
+    ids, heads = ids[order], heads[order]
+    same = heads[1:] == heads[:-1]
+    if (ids[1:][same] != ids[:-1][same]).any():
+        return np.unique(ids)
+    return ids[np.concatenate([[True], ~same])] if len(ids) else ids
 
 
 def classify(index: PackIndex, spill: IdSpill, full_ids, budget: int = 1 << 20) -> Iterator[tuple]:

@@ -79,6 +79,15 @@ def open_run(path, chunk_size: Optional[int], branch: str, remote: Optional[str]
     return repo, pusher
 
 
+def follow_first_commit(repo: mvc.Repository, branch: str) -> None:
+    """Put HEAD on ``branch`` when HEAD's branch has no commits (a new repository): a run's
+    first commit then reads as Git's first commit on an unborn branch, and ``mvc log``,
+    ``show`` and ``status`` show the run (as the DCP writer does)."""
+    head = repo.head()
+    if head.id is None and head.branch != branch:
+        repo.checkout(branch)
+
+
 def close_run(repo: mvc.Repository, branch: str, pusher: Optional[Pusher]) -> None:
     """Wait for the last push (at most PUSH_CLOSE_S), unlock ``branch`` and close ``repo``."""
     try:
@@ -483,6 +492,8 @@ class Checkpointer:
 
     def _landed(self, commit: mvc.Commit) -> None:
         self.last_commit = commit
+        if commit.branch:
+            follow_first_commit(self.repo, commit.branch)
         if self._scan is not None:
             self._scan.start(self.repo)
         if self._pusher is not None:

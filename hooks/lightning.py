@@ -53,7 +53,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import mvc
 
 from . import distributed, rng
-from .checkpointer import close_run, open_run
+from .checkpointer import close_run, follow_first_commit, open_run
 from .pusher import Pusher
 
 PREFIX = "mvc:"
@@ -339,6 +339,7 @@ class MvcCheckpoint(ModelCheckpoint):
                                   step=step, epoch=epoch, metrics=self._metrics, branch=self.branch,
                                   sign=self._signer, context={"lightning": {"path": path, "monitor": self.monitor,
                                                          "mode": self.mode, "save_top_k": self.save_top_k}})
+        follow_first_commit(self.repo, self.branch)
         tag = self._tag(path)
         moved = any(t.name == tag for t in self.repo.tags())  # "last", saved under one name each time
         self.repo.create_tag(tag, commit.id, force=True)

@@ -45,7 +45,7 @@ from transformers import TrainerCallback
 import mvc
 
 from . import distributed, rng
-from .checkpointer import close_run, open_run
+from .checkpointer import close_run, follow_first_commit, open_run
 from .pusher import Pusher
 from .state import unwrap
 
@@ -133,6 +133,7 @@ class MvcCallback(TrainerCallback):
                                       "train_batch_size": state.train_batch_size,
                                       "learning_rate": args.learning_rate, "seed": args.seed,
                                       "world_size": args.world_size}})
+        follow_first_commit(self.repo, self.branch)
         if self._pusher is not None:
             self._pusher.request()
         self._committed.add(state.global_step)

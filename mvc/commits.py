@@ -219,19 +219,8 @@ def land(repo, txn, ref, parent, rebase: bool, me, record: CommitObject, publish
         obj = audit.sign_commit(obj, signer)
     oid = repo.objects.put(txn, "commits", obj.encode())
     title = record.message.splitlines()[0] if record.message else ""
-    _adopt_head(repo, txn, ref)
     repo.refs.set_if_equals(txn, ref, tip, oid, f"commit: {title}")
     return oid, obj
-
-
-def _adopt_head(repo, txn, ref: Optional[str]) -> None:
-    """Put HEAD on ``ref`` when HEAD's branch has no commits (a new repository) and this
-    commit goes to another branch: a training callback's first commit to its own branch
-    then reads as Git's first commit on an unborn branch, and log, show and status
-    find it. HEAD moves before the branch, so HEAD's reflog records the commit too."""
-    head_ref, head_id = repo.refs.head(txn)
-    if ref is not None and head_ref is not None and head_ref != ref and head_id is None:
-        repo.refs.attach(txn, ref)
 
 
 def write_chunks(repo, slots: list, progress) -> tuple:

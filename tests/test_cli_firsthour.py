@@ -39,13 +39,20 @@ def test_branch_d_deletes_a_merged_branch(repo):
     assert cli(repo, "branch", "-d", "old").stdout == f"Deleted branch old (was {first[:12]})\n"
 
 
-def test_the_first_commit_to_another_branch_takes_an_unborn_head_along(repo):
-    first = repo.commit({"w": torch.zeros(4)}, "run start", branch="run-1")
-    assert repo.head().branch == "run-1" and repo.resolve("HEAD") == first.id
-    assert [e["new"] for _, e in repo.reflog.entries("HEAD")] == [first.id]
-    repo.commit({"w": torch.ones(4)}, "another run", branch="run-2")  # HEAD's branch has commits now: it stays
-    assert repo.head().branch == "run-1"
-    assert "On branch run-1" in cli(repo, "status").stdout
+def test_a_checkpointer_run_in_a_new_repository_takes_head_to_its_branch(tmp_path):
+    import mvc
+    from mvc_hooks import Checkpointer
+    model = torch.nn.Linear(4, 1)
+    ckpt = Checkpointer(tmp_path / "runs", model=model, branch="run-1", every_n_steps=1)
+    for step in range(2):
+        ckpt.step(step, loss=1.0 / (step + 1))
+    ckpt.close()
+    with mvc.Repository.open(tmp_path / "runs") as repo:
+        assert repo.head().branch == "run-1" and [c.step for c in repo.log()] == [1, 0]
+        assert "On branch run-1" in cli(repo, "status").stdout
+        repo.commit({"w": torch.ones(4)}, "elsewhere", branch="other")  # the library's own commits: HEAD stays
+        assert repo.head().branch == "run-1"
+        assert len(cli(repo, "log", "--oneline").stdout.splitlines()) == 2
 
 
 def test_log_shows_a_lightning_run_in_a_new_repository(tmp_path):

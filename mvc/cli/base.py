@@ -31,12 +31,12 @@ from ..errors import (BisectEndMisjudged, BisectFinished, BisectInProgress, Bise
 COMMAND_GROUPS = (
     ("start a repository", ("init", "clone")),
     ("record checkpoints and look at them", ("commit", "status", "log", "show", "diff", "checkout", "export",
-                                             "reflog")),
+                                             "reflog", "mount", "umount")),
     ("branches, tags and merging", ("branch", "tag", "merge", "average")),
     ("find a regression", ("bisect",)),
     ("share with remotes", ("remote", "push", "fetch", "pull", "cache", "config")),
     ("keep it safe and small", ("fsck", "gc", "repack", "lock", "unlock")),
-    ("audit and signatures", ("audit", "verify-commit", "verify-tag")),
+    ("audit and signatures", ("audit", "verify-commit", "verify-tag", "sign-model", "verify-model")),
     ("in the browser", ("serve",)),
 )
 

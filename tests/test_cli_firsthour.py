@@ -239,3 +239,10 @@ def test_help_groups_the_commands_and_says_whole_sentences():
     assert "main~4..main) or" in " ".join(out.split())
     listed = {line.split()[0] for line in out.splitlines() if line.startswith("  ") and not line.startswith("   ")}
     assert {name for _, names in COMMAND_GROUPS for name in names} <= listed
+
+
+def test_log_and_status_say_where_the_commits_are_when_head_s_branch_has_none(repo):
+    repo.commit({"w": torch.ones(4)}, "from a script", branch="run")  # the library's commit: HEAD stays on main
+    out = cli(repo, "log")
+    assert out.stdout == "" and "branch 'main' has no commits yet; the commits are on run: 'mvc log run'" in out.stderr
+    assert "the commits are on run" in cli(repo, "status").stdout

@@ -161,6 +161,8 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signat
             commits = history.walk(repo, include, exclude, all_refs, max_count)
         else:
             commits = list(repo.log(None, n=max_count))
+            if not commits and repo.head().id is None:
+                _say_where_commits_are(repo)
         if picking:
             commits = history.select(commits, conditions, sort)[:limit]
         decorations = _decorations(repo)
@@ -188,6 +190,21 @@ def log(revs, max_count, all_refs, graph, oneline, as_json, plot_to, show_signat
         lines = before + [node + text[0]] + [drawing.next_line() + line for line in text[1:]]
         for line in lines + drawing.remainder():
             click.echo(line.rstrip())
+
+
+def _elsewhere(repo) -> str:
+    """When HEAD's branch has no commits: where the commits are, and what to run ("" if nowhere)."""
+    others = [b.name for b in repo.branches()]
+    if not others:
+        return ""
+    return (f"branch '{repo.head().branch}' has no commits yet; the commits are on {', '.join(others)}: "
+            f"'mvc log {others[0]}', or 'mvc checkout {others[0]}' to work there")
+
+
+def _say_where_commits_are(repo) -> None:
+    line = _elsewhere(repo)
+    if line:
+        click.echo(f"mvc: {line}", err=True)
 
 
 def _log_entry(c, decorations, oneline: bool, verdict=None) -> list:
@@ -584,6 +601,7 @@ def status(as_json):
         bisecting, bisect_data = _bisect_line(repo)
         remote_status = repo.cache.status()
         tracked = history.upstream(repo, s.head.branch) if s.head.branch and s.head.id else None
+        elsewhere = _elsewhere(repo) if s.head.branch and not s.head.id else ""
         ahead, behind = history.ahead_behind(repo, "HEAD", tracked) if tracked else (0, 0)
     if as_json:
         out = to_jsonable(s)
@@ -600,6 +618,8 @@ def status(as_json):
     if tracked:
         click.echo(_upstream_line(tracked, ahead, behind))
     click.echo(f"HEAD commit: {s.head.id[:12] if s.head.id else '(no commits yet)'}")
+    if elsewhere:  # a script committed to its own branch in a new repository: say where
+        click.echo(elsewhere[0].upper() + elsewhere[1:])
     if bisecting:
         click.echo(bisecting)
     click.echo(f"{_count(s.commits, 'commit')}, {_count(s.branches, 'branch', 'es')}, {_count(s.tags, 'tag')}")

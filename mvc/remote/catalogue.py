@@ -53,14 +53,22 @@ class Catalogue:
         fs.ensure_dir(path)
         # opened without create once it exists, so a planted link in place of data.mdb is refused
         self.index = Index(path, create=not os.path.lexists(path / "data.mdb"))
+        # names of packs the lookups treat as absent: those a remote gc condemned (a push must
+        # not count on them, docs/format.md 11.6)
+        self.avoid: frozenset = frozenset()
+
+    def shun(self, keys) -> None:
+        """Treat the packs ``keys`` as absent in every lookup from now on (for this command)."""
+        self.avoid = frozenset(name for key in keys if (name := layout.pack_name(key)) is not None)
 
     # -- lookups ----------------------------------------------------------------
 
     def chunk(self, cid: bytes, txn=None) -> Optional[Location]:
         if txn is None:
             with self.index.read() as txn:
-                return txn.chunk(cid)
-        return txn.chunk(cid)
+                return self.chunk(cid, txn)
+        loc = txn.chunk(cid)
+        return None if loc is None or loc.pack in self.avoid else loc
 
     def has_chunk(self, cid: bytes) -> bool:
         return self.chunk(cid) is not None
@@ -68,11 +76,12 @@ class Catalogue:
     def chunks(self, ids: Iterable[bytes]) -> dict:
         """{id: Location} of the ids the remote holds."""
         with self.index.read() as txn:
-            return {cid: loc for cid in ids if (loc := txn.chunk(cid)) is not None}
+            return {cid: loc for cid in ids if (loc := self.chunk(cid, txn)) is not None}
 
     def has_objects(self, ids: Iterable[bytes]) -> set:
         with self.index.read() as txn:
-            return {oid for oid in ids if txn.get(OBJECTS_DB, oid) is not None}
+            return {oid for oid in ids if (raw := txn.get(OBJECTS_DB, oid)) is not None
+                    and _LOC.unpack(raw)[0] not in self.avoid}
 
     def object_packs(self) -> dict:
         """{object pack key: [ids it lists]}."""

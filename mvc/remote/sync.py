@@ -31,7 +31,7 @@ from .. import ondisk
 from .. import reach
 from .. import refs as refnames
 from ..errors import (BadInput, BranchLocked, CorruptObject, Diverged, LockHeld, MvcError, ProtectedRef,  # noqa: F401
-                      PrunedOnRemote, RefRejected, RemoteDamaged, RemoteVanished, UntrustedAnswer)  # RefRejected re-exported
+                      PrunedOnRemote, RefRejected, RemoteBusy, RemoteDamaged, RemoteVanished, UntrustedAnswer)  # RefRejected re-exported
 from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
 from ..store import locks as locking
 from ..traverse import walk as walk_tree
@@ -157,8 +157,7 @@ class Connection:
         out, self.deleted, self.damaged = {}, {}, {}
         for key, _ in self.bucket.list(layout.REFS):
             ref = key[len(layout.REFS):]
-            if not (ref.startswith((refnames.BRANCHES, refnames.TAGS))
-                    and refnames.is_valid_name(refnames.short_name(ref))):
+            if not is_ref(ref):
                 continue  # not a ref mvc writes: never let a remote's key become a local ref name
             current = self.bucket.get_versioned(key)
             if current is None:  # deleted since the listing
@@ -180,6 +179,11 @@ class Connection:
             self._bucket.close()
 
 
+def is_ref(ref: str) -> bool:
+    """Whether ``ref`` (a key under ``refs/`` without it) names a branch or tag mvc reads."""
+    return ref.startswith((refnames.BRANCHES, refnames.TAGS)) and refnames.is_valid_name(refnames.short_name(ref))
+
+
 def _hex(oid: Optional[bytes]) -> Optional[str]:
     return oid.hex() if oid else None
 
@@ -193,13 +197,16 @@ class _Outgoing:
     commits: int = 0
 
 
-def _outgoing(txn, objects, tips: list, conn: Connection) -> _Outgoing:
-    """What the remote lacks of the closures of ``tips``: walks until it meets what it has."""
+def _outgoing(txn, objects, tips: list, conn: Connection, behind) -> _Outgoing:
+    """What the remote lacks of the closures of ``tips``: walks until it meets a commit ``behind``
+    the remote's refs. A commit the remote merely holds is no stop: a pack of a killed push, or the
+    objects of a deleted branch in a pack a gc keeps whole, can hold a commit whose chunks are gone."""
     out, seen = _Outgoing(), set()
     has = conn.catalogue.has_objects
-    for oid, commit in reach.ancestors(lambda c: objects.commit(txn, c), tips, stop=_OnRemote(has)):  # verified
-        out.records.append((oid, txn.get("commits", oid)))
-        out.commits += 1
+    for oid, commit in reach.ancestors(lambda c: objects.commit(txn, c), tips, stop=behind):  # verified
+        if not has([oid]):
+            out.records.append((oid, txn.get("commits", oid)))
+            out.commits += 1
         note = objects.pruned(txn, oid)
         if note is not None:
             data = layout.encode_pruned(oid, note)
@@ -209,14 +216,29 @@ def _outgoing(txn, objects, tips: list, conn: Connection) -> _Outgoing:
     return out
 
 
-class _OnRemote:
-    """``id in`` it: whether the remote holds object ``id`` (its catalogue as last listed): where the push's walk stops."""
+def _behind(repo, txn, tips: list) -> set:
+    """The commits held here that the remote's ``tips`` reach: their closures are on the remote
+    while its refs name them (a gc keeps what refs need). Commits only, no trees: cheap."""
+    def commit(oid):
+        return repo.objects.commit(txn, oid) if txn.get("commits", oid) is not None else None
+    return {oid for oid, _ in reach.ancestors(commit, tips)}
 
-    def __init__(self, has):
-        self.has = has
 
-    def __contains__(self, oid: bytes) -> bool:
-        return bool(self.has([oid]))
+def _read_targets(conn: Connection, targets: dict) -> tuple:
+    """The remote's refs, read before the listing a push plans by (``remote_refs``), with a
+    tombstone written first for each target it lacks: every ref move is then an If-Match on an
+    etag read here, which a remote gc's fence changes (docs/format.md 11.6). Returns
+    (refs as ``remote_refs`` gives them, {deleted ref: etag}, {damaged ref: etag})."""
+    current = conn.remote_refs()
+    absent = [ref for ref in targets if ref not in current and ref not in conn.deleted and ref not in conn.damaged]
+    for ref in absent:
+        try:
+            conn.bucket.put(layout.ref_key(ref), layout.encode_tombstone(time.time()), if_absent=True)
+        except PreconditionFailed:
+            pass  # someone wrote it meanwhile: read below
+    if absent:
+        current = conn.remote_refs()
+    return current, dict(conn.deleted), dict(conn.damaged)  # later reads replace conn's
 
 
 def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has, conn) -> None:
@@ -299,18 +321,25 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
         with lease.held(conn, lease.PUSH) as held:
             if delete and not names:
                 return PushReport(conn.name, tuple(_delete_refs(repo, conn, delete, force, held)))
-            conn.catalogue.refresh(conn.bucket)  # under the lease: no gc deletes what this listing shows
             with repo.gc_lock.shared():
                 with repo.index.read() as txn:
                     targets = _targets(repo, txn, names)
-                    out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn)
+                # the refs first, then what gcs condemned, then the packs: a gc that condemns a pack
+                # after this push read a ref has fenced that ref by then, so the move below fails
+                # (docs/format.md 11.6); one that did so before is seen here and its packs avoided
+                read = _read_targets(conn, targets)
+                conn.catalogue.shun(lease.condemned(conn.bucket))
+                conn.catalogue.refresh(conn.bucket)
+                with repo.index.read() as txn:
+                    behind = _behind(repo, txn, [oid for oid, _, _ in read[0].values()])
+                    out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn, behind)
                 _refuse_pruned_tips(repo, conn, targets)
                 _audit.check_push_targets(repo, conn.remote_refs, targets, conn.name)  # before any upload
                 chunks = _in_pack_order(repo, out.chunks)
                 packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress)
                 opacks, osent = transfer.upload_objects(conn.bucket, conn.catalogue, out.records)
                 held.check()
-                updates = _move_refs(repo, conn, targets, force)
+                updates = _move_refs(repo, conn, targets, force, *read)
             if delete:
                 updates += _delete_refs(repo, conn, delete, force, held)
         return PushReport(conn.name, tuple(updates), out.commits, len(out.records), len(chunks),
@@ -415,6 +444,7 @@ def upload_shards(repo, name: str, locations: dict, ids) -> tuple:
     conn = Connection(repo, name)
     try:
         with lease.held(conn, lease.PUSH), repo.gc_lock.shared():
+            conn.catalogue.shun(lease.condemned(conn.bucket))
             conn.catalogue.refresh(conn.bucket)
             if locations:
                 batch = repo.chunks.adopt(locations)
@@ -428,18 +458,20 @@ def upload_shards(repo, name: str, locations: dict, ids) -> tuple:
         conn.close()
 
 
-def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
-    updates, rejected = [], []
-    current = conn.remote_refs()
+def _move_refs(repo, conn: Connection, targets: dict, force: bool, current: dict, deleted: dict,
+               damaged: dict) -> list:
+    """Move the remote's refs to ``targets`` by If-Match on the etags in ``current``, ``deleted``
+    and ``damaged`` (as ``_read_targets`` gives them), read before the push listed the packs."""
+    updates, rejected, fenced = [], [], []
     me = locking.default_author()
     for ref, (tip, protected) in sorted(targets.items()):
         key = layout.ref_key(ref)
-        old, old_protected, etag = current.get(ref, (None, False, conn.deleted.get(ref)))
-        if ref in conn.damaged:
+        old, old_protected, etag = current.get(ref, (None, False, deleted.get(ref)))
+        if ref in damaged:
             if not force:
                 rejected.append(ref)
                 continue
-            etag = conn.damaged[ref]  # --force replaces an object that does not decode
+            etag = damaged[ref]  # --force replaces an object that does not decode
         if old == tip:
             updates.append(RefUpdate(ref, _hex(old), _hex(tip), "up to date"))
             continue
@@ -460,7 +492,7 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
                 conn.bucket.put(key, body, if_match=etag)
         except (PreconditionFailed, NotFound):  # NotFound: If-Match on an object deleted meanwhile
             if not _landed(conn, key, body):  # a retried put whose first try had landed is ours
-                rejected.append(ref)
+                (fenced if _same_ref(conn, key, old) else rejected).append(ref)
                 continue
         else:
             _check_landed(repo, conn, key, body, written, tip)
@@ -472,12 +504,31 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
             conn.bucket.put(layout.HEAD, layout.encode_head(heads[0]), if_absent=True)
         except PreconditionFailed:
             pass
+    if fenced and not rejected:
+        raise RemoteBusy(f"a remote gc ran on {conn.name!r} while this push was stalled, so "
+                         f"{', '.join(refnames.short_name(r) for r in fenced)} was not moved (the packs it counted "
+                         "on may be gone)" + (f"; moved: {', '.join(refnames.short_name(u.ref) for u in updates)}"
+                                              if updates else "") + ": push again",
+                         remote=conn.name, holder="", kind=lease.GC)
+    rejected += fenced
     if rejected:
         names = ", ".join(refnames.short_name(r) for r in rejected)
         raise RefRejected(f"{REJECTED}: {names} on {conn.name!r} not moved"
                           + (f"; moved: {', '.join(refnames.short_name(u.ref) for u in updates)}" if updates else ""),
                           remote=conn.name, refs=rejected)
     return updates
+
+
+def _same_ref(conn: Connection, key: str, old: Optional[bytes]) -> bool:
+    """Whether remote ref ``key`` still names ``old`` (None: still deleted), under another etag:
+    a remote gc fenced it, nobody moved it."""
+    current = conn.bucket.get_versioned(key)
+    if current is None or layout.is_tombstone(current[0]):
+        return old is None
+    try:
+        return layout.decode_ref(current[0], key)[0] == old
+    except CorruptObject:
+        return False
 
 
 def _landed(conn: Connection, key: str, body: bytes) -> bool:

@@ -418,7 +418,10 @@ def _needs(repo, txn, tips: list, remote_objects: dict) -> tuple:
         except MvcError:
             lost.append(oid)
             return None
-    chunks = dict(reach.closure(get, tips, lambda oid: oid in pruned or repo.objects.pruned(txn, oid) is not None))
+    # only the remote's own pruned notes end a walk: a commit this repository's retention pruned
+    # (record kept, data gone here) still needs its data on the remote, and a repair that skipped
+    # it would call the remote healed while fsck --remote finds its data missing
+    chunks = dict(reach.closure(get, tips, pruned.__contains__))
     return objects, chunks, lost
 
 

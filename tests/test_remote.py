@@ -313,6 +313,23 @@ def test_repair_refetches_damaged_local_chunks(origin, tmp_path):
     assert same(origin.load("main~1"), state(0))
 
 
+def test_fsck_repair_goes_on_to_the_next_remote_when_one_fails(origin, tmp_path):
+    """fsck --repair stopped at the first remote that failed: here one pushed to and then gone
+    (its folder removed), and one added but never pushed to, both sorting before origin."""
+    import shutil
+    origin.remotes.add("a-gone", str(tmp_path / "gone"))
+    origin.remotes.push("a-gone")
+    shutil.rmtree(tmp_path / "gone")
+    origin.remotes.add("b-never-pushed", str(tmp_path / "nowhere"))
+    packs = sorted((tmp_path / "a" / ".mvc" / "packs").glob("*.pack"), key=lambda p: p.stat().st_size)
+    _flip_byte(packs[-1], 8 + 36 + 3)  # inside the first record's data
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "fsck", "--repair"])
+    assert result.exit_code == 0, result.output
+    assert "could not repair from remote a-gone" in result.output and "ok: no damage found" in result.output
+    assert "b-never-pushed" not in result.output  # fsck named origin as holding a copy: asked before it
+    assert same(origin.load("main~1"), state(0))
+
+
 def test_protected_and_locked_remote_refs(origin, tmp_path):
     other = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "b")
     origin.remotes.lock("main", owner="alice")

@@ -292,6 +292,7 @@ class RepairReport:
     unrepaired: tuple  # hex ids nobody could supply
     remotes: tuple  # remotes asked
     after: object = None  # the fsck report after the repair
+    failed: tuple = ()  # (remote, why) of each remote asked that could not be read: the next was tried
 
 
 def _damaged(repo) -> tuple:
@@ -324,14 +325,32 @@ def restorable(repo, ids) -> dict:
     return found
 
 
+def _listed_counts(repo, names, ids: set) -> dict:
+    """{remote: how many of ``ids`` its last listing holds}, from the local catalogues only."""
+    out = {}
+    for name in names:
+        if not catalogue_folder(repo.dir, name).is_dir():
+            continue
+        conn = Connection(repo, name)
+        try:
+            out[name] = len(conn.catalogue.chunks(ids))
+        finally:
+            conn.close()
+    return out
+
+
 def repair(repo) -> RepairReport:
-    """Refetch damaged or missing local chunks and objects from the remotes that hold them."""
+    """Refetch damaged or missing local chunks and objects from the remotes that hold them: the
+    cached remote first, then those whose last listing holds the most of them (fsck names these), then
+    the rest. A remote that cannot be read (never pushed to, away, damaged) is noted in
+    ``failed`` and the next one is tried."""
     chunks, objects = _damaged(repo)
     with repo.index.read() as txn:
         names = config.names(txn)
         cached = config.cache_remote(txn)
-    names = sorted(names, key=lambda n: n != cached)
-    fixed_chunks, fixed_objects, asked = set(), set(), []
+    listed = _listed_counts(repo, names, chunks)
+    names = sorted(names, key=lambda n: (n != cached, -listed.get(n, 0), n))
+    fixed_chunks, fixed_objects, asked, failed = set(), set(), [], []
     for name in names:
         if not (chunks - fixed_chunks) and not (objects.keys() - fixed_objects):
             break
@@ -341,10 +360,12 @@ def repair(repo) -> RepairReport:
             conn.catalogue.refresh(conn.bucket)
             fixed_chunks |= _repair_chunks(repo, conn, chunks - fixed_chunks)
             fixed_objects |= _repair_objects(repo, conn, {o: k for o, k in objects.items() if o not in fixed_objects})
+        except MvcError as exc:  # this remote cannot help: another may
+            failed.append((name, str(exc)))
         finally:
             conn.close()
     left = sorted(c.hex() for c in (chunks - fixed_chunks) | (objects.keys() - fixed_objects))
-    return RepairReport(len(fixed_chunks), len(fixed_objects), tuple(left), tuple(asked), repo.fsck())
+    return RepairReport(len(fixed_chunks), len(fixed_objects), tuple(left), tuple(asked), repo.fsck(), tuple(failed))
 
 
 def _repair_chunks(repo, conn: Connection, wanted: set) -> set:

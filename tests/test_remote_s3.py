@@ -404,3 +404,35 @@ def test_cache_packs_skip_fsync_and_commit_packs_keep_it(pushed_sw, tmp_path, se
         assert len(synced) == 1  # committed: the last good copy, fsynced before its index entries
     finally:
         lazy.close()
+
+
+@pytest.mark.parametrize("damage", ["zero-byte", "truncated"])
+def test_a_short_pack_is_named_with_advice(pushed, tmp_path, s3, damage):
+    """A lazy clone reads a chunk pack that was emptied or cut short after it catalogued it: the
+    error was "InvalidRange" or "shorter than expected", naming neither the pack nor fsck --remote."""
+    from click.testing import CliRunner
+    from mvc.cli import main
+    from mvc.remote import layout
+    repo, url = pushed
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
+    lazy.close()
+    key = max(s3.keys(url, layout.CHUNK_PACKS), key=lambda k: k[1])[0]
+    s3.put(url, key, b"" if damage == "zero-byte" else s3.get(url, key)[:5000])
+    with mvc.Repository.open(tmp_path / "lz") as again, pytest.raises(mvc.errors.RemoteCorrupt) as caught:
+        again.load("main")
+    assert caught.value.key == key
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "lz"), "export", "main", "-o", str(tmp_path / "x.st")])
+    assert result.exit_code == 1 and key in result.output and "fsck --remote" in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_fsck_remote_of_a_prefix_without_a_remote_is_not_ok(pushed, tmp_path, s3):
+    from click.testing import CliRunner
+    from mvc.cli import main
+    repo, url = pushed
+    repo.remotes.add("empty", url + "-nothing-here", s3.endpoint)
+    with pytest.raises(mvc.errors.RemoteError):
+        repo.remotes.fsck("empty")
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "fsck", "--remote", "empty"])
+    assert result.exit_code == 1 and "holds no mvc remote" in result.output and "ok" not in result.output.split(), \
+        result.output

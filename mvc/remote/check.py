@@ -24,7 +24,7 @@ from ..store.chunks import Request
 from ..store.packs import HEADER, RECORD_HEAD
 from ..store.verify import intact as hashes_to
 from . import config, layout, transfer
-from .bucket import NotFound
+from .bucket import NotFound, RemoteError
 from .catalogue import folder as catalogue_folder, read_trailer
 from . import lease
 from .sync import Connection, _classify
@@ -166,7 +166,8 @@ def _scan(bucket, group=None) -> tuple:
 
 
 def fsck_remote(repo, name: Optional[str] = None, subset: Optional[str] = None) -> RemoteFsckReport:
-    """Verify every pack and ref of a remote; never changes it. Raises RemoteError if it cannot be read.
+    """Verify every pack and ref of a remote; never changes it. Raises RemoteError if it cannot be read
+    or holds no mvc remote (RemoteVanished if this repository used it before).
 
     ``subset`` "N/T" (restic's --read-data-subset): re-hash only the chunk packs of group N
     of T (a pack's group is its name's first byte mod T, plus 1); the other chunk packs'
@@ -177,6 +178,11 @@ def fsck_remote(repo, name: Optional[str] = None, subset: Optional[str] = None) 
     conn = Connection(repo, name)
     try:
         bucket = conn.bucket
+        if conn.marker(create=False) is None:  # nothing there to verify: never "ok"
+            if conn.known():
+                raise conn.vanished()
+            raise RemoteError(f"{bucket.url} holds no mvc remote (no {layout.MARKER}): nothing to check; push to "
+                              "it first, or check the URL")
         seen, refs, protected, trusted = _scan(bucket, group)
         decoded, pruned = _decode(seen.objects)  # once, for every ref's walk
         for key, tip in sorted(refs.items()):

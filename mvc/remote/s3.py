@@ -24,7 +24,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError, NoCredentialsError
 
-from ..errors import BadInput, NotFound, PreconditionFailed, RemoteError, RemoteUnreachable, UntrustedAnswer
+from ..errors import (BadInput, NotFound, PreconditionFailed, RemoteCorrupt, RemoteError, RemoteUnreachable,
+                      UntrustedAnswer)
 from .backend import Bucket, notify, scatter
 
 PART_BYTES = 16 << 20  # multipart part size
@@ -144,13 +145,16 @@ class S3Bucket(Bucket):
             time.sleep(delay)
         raise AssertionError("unreachable")
 
-    def _error(self, key: str, exc: ClientError) -> RemoteError:
+    def _error(self, key: str, exc: ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         if code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchBucket"):
             return NotFound(f"{key} is missing from remote {self.url}", key=key)
         if code == "PreconditionFailed" or status == 412:
             return PreconditionFailed(f"{key} on remote {self.url} changed meanwhile", key=key)
+        if code == "InvalidRange" or status == 416:  # a ranged read past the end: the object is short
+            return RemoteCorrupt(f"{key} on remote {self.url} is shorter than the bytes asked for ({code or status}): "
+                                 "it was cut short or emptied", key=key)
         if code == "NoSuchBucket":
             return RemoteError(f"bucket {self.bucket!r} does not exist at {self.endpoint or 'S3'}; create it first")
         if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403") or status == 403:
@@ -216,8 +220,8 @@ class S3Bucket(Bucket):
             data = data[start:stop]  # a server that ignores Range sends the whole object: take the part asked for
         elif got is None or got[:2] != (start, stop - 1) or len(data) != stop - start:
             if got is not None and got[2] is not None and stop > got[2]:
-                raise RemoteError(f"{key} on remote {self.url} is shorter than expected (asked for bytes "
-                                  f"{start}-{stop - 1} of {got[2]})")
+                raise RemoteCorrupt(f"{key} on remote {self.url} is shorter than expected (asked for bytes "
+                                    f"{start}-{stop - 1} of {got[2]}): it was cut short", key=key)
             raise UntrustedAnswer(f"{key} on remote {self.url}: asked for bytes {start}-{stop - 1}, the server "
                                   f"answered {answer.get('ContentRange') or 'no Content-Range'} with "
                                   f"{len(data)} bytes; nothing was used", url=self.url, key=key)
@@ -227,10 +231,8 @@ class S3Bucket(Bucket):
         if self.suffix_ranges:
             try:
                 answer = self._get(key, f"bytes=-{n}")
-            except RemoteError as exc:
-                if "InvalidRange" not in str(exc):
-                    raise
-                return self._tail_by_size(key, n)  # an empty object has no last bytes to give
+            except RemoteCorrupt:  # InvalidRange: an empty object has no last bytes to give
+                return self._tail_by_size(key, n)
             got, data = _content_range(answer), answer["data"]
             if got is not None and got[2] is not None and got[1] == got[2] - 1 \
                     and got[0] == max(0, got[2] - n) and len(data) == got[1] - got[0] + 1:

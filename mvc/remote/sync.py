@@ -965,6 +965,8 @@ def clone(repo_cls, url: str, path, lazy: bool = False, endpoint_url: Optional[s
         raise BadInput("clone needs a directory to clone into (an empty name would mean the current one)")
     if endpoint_url is None and url.startswith("s3://"):
         endpoint_url = config.environment_endpoint()
+    if endpoint_url is not None:
+        config.check_endpoint(endpoint_url)
     bucket = open_bucket(url, endpoint_url)
     try:
         raw = bucket.get(layout.MARKER)

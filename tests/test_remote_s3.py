@@ -436,3 +436,28 @@ def test_fsck_remote_of_a_prefix_without_a_remote_is_not_ok(pushed, tmp_path, s3
     result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "fsck", "--remote", "empty"])
     assert result.exit_code == 1 and "holds no mvc remote" in result.output and "ok" not in result.output.split(), \
         result.output
+
+
+def test_one_deadline_per_command_for_a_server_that_stopped(monkeypatch):
+    """Each request waited out its own retry budget, so a push whose server stopped mid-transfer
+    failed after 84-98 s (an upload's budget, then the lease's removal's, ...), not within the
+    minute the README promises. The budget is the command's: once spent, the next request fails at once."""
+    from s3server import CREDENTIALS, free_ports
+    from mvc.errors import RemoteUnreachable
+    from mvc.remote.s3 import S3Bucket
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MVC_REMOTE_TIMEOUT", "2")
+    monkeypatch.setenv("MVC_REMOTE_ATTEMPTS", "20")
+    bucket = S3Bucket("mvc-tests", "x", f"http://127.0.0.1:{free_ports(1)[0]}")  # nothing listens there
+    try:
+        assert not bucket.away
+        with pytest.raises(RemoteUnreachable) as first:
+            bucket.put("packs/a.pack", b"data")
+        assert 1 < first.value.attempts < 20  # retried, until the deadline (not the tries) ended it
+        assert bucket.away
+        with pytest.raises(RemoteUnreachable) as second:
+            bucket.delete("leases/push-ab")
+        assert second.value.attempts == 0  # the command's deadline is spent: no try, no waiting again
+    finally:
+        bucket.close()

@@ -37,6 +37,7 @@ class Bucket:
     """The interface (see the module). Keys are relative to the remote's prefix."""
 
     url = ""
+    away = False  # whether the server stopped answering for longer than the command's deadline
 
     def get(self, key: str) -> bytes:
         """The object's bytes; NotFound."""

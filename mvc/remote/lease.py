@@ -219,6 +219,8 @@ class Lease:
         self._drop()
 
     def _drop(self) -> None:
+        if self.conn.bucket.away:  # the command's deadline is spent: the lease expires on its own
+            return
         try:
             self.conn.bucket.delete(self.key)
         except Exception:  # best effort: it expires on its own

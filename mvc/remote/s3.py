@@ -46,7 +46,8 @@ ATTEMPTS = 5  # tries of one request, the first included (MVC_REMOTE_ATTEMPTS)
 DEADLINE_S = 35.0  # no retry starts later than this after the first try (MVC_REMOTE_TIMEOUT)
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 15.0  # silence on an open connection before a try counts as failed
-# so one request gives up within DEADLINE_S + CONNECT_TIMEOUT_S + READ_TIMEOUT_S = 55 s
+# so a command gives up within DEADLINE_S + CONNECT_TIMEOUT_S + READ_TIMEOUT_S = 55 s: the deadline is
+# the command's (S3Bucket._call), a push whose server was SIGSTOPped mid-transfer failed after 51 s
 TRANSIENT = {"RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "SlowDown",
              "Throttling", "ThrottlingException", "RequestLimitExceeded", "500", "502", "503", "504"}
 
@@ -103,6 +104,10 @@ class S3Bucket(Bucket):
         self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         self.attempts = _setting("MVC_REMOTE_ATTEMPTS", ATTEMPTS, int, 1, 20)
         self.deadline = _setting("MVC_REMOTE_TIMEOUT", DEADLINE_S, float, 1, 3600)
+        self._down_since: Optional[float] = None  # monotonic time the server stopped answering (see _call)
+        self.away = False  # this command gave up on the server: its deadline or tries are spent
+        self._probed = 0.0  # when a request last tried while away
+        self._trouble = threading.Lock()
         self.suffix_ranges = True  # until the server answers one wrongly (s3rver gives the first N bytes)
         config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=CONNECT_TIMEOUT_S,
                         read_timeout=READ_TIMEOUT_S, max_pool_connections=32,
@@ -116,18 +121,28 @@ class S3Bucket(Bucket):
 
     def _call(self, key: str, fn, **kwargs):
         """``fn(Bucket=..., **kwargs)``, tried again on transient failures (shown through
-        ``backend.notify``) until ``attempts`` tries or the deadline; RemoteError after."""
-        start = time.monotonic()
+        ``backend.notify``) until ``attempts`` tries or the deadline; RemoteError after.
+
+        The deadline is the command's, not the request's: it runs from the first failure since
+        the server last answered, whichever request met it, so a command whose server stopped
+        mid-transfer fails within one deadline (a pack upload, then the lease's removal, then
+        anything else each waited their own before). Once the command gave up (its deadline or tries
+        spent: ``away``), requests fail at once (``_check_away``) until the server answers again."""
+        self._check_away()
         for attempt in range(1, self.attempts + 1):
             body = kwargs.get("Body")
             if hasattr(body, "seek"):
                 body.seek(0)  # a try that failed may have read part of it
+            tried = time.monotonic()
             try:
-                return fn(Bucket=self.bucket, **kwargs)
+                answer = fn(Bucket=self.bucket, **kwargs)
+                self._down_since, self.away = None, False
+                return answer
             except ClientError as exc:
                 code = str(exc.response.get("Error", {}).get("Code", ""))
                 status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
                 if code not in TRANSIENT and status not in TRANSIENT:
+                    self._down_since, self.away = None, False  # it answered
                     raise self._error(key, exc) from None
                 why, last = f"{code or status} from the server", self._error(key, exc)
             except NoCredentialsError:
@@ -139,11 +154,30 @@ class S3Bucket(Bucket):
                                          f"tries ({exc}); nothing that was not finished counts: run the command "
                                          "again when it is back", url=self.url, attempts=attempt)
             delay = min(8.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
-            if attempt == self.attempts or time.monotonic() - start + delay > self.deadline:
-                raise last
+            with self._trouble:  # one budget for every request of the command, in every thread
+                self._down_since = tried if self._down_since is None else min(self._down_since, tried)
+                late = time.monotonic() - self._down_since + delay > self.deadline
+                if attempt == self.attempts or self.away or late:
+                    self.away, self._probed = True, time.monotonic()
+                    raise last
             notify(f"waiting for server {self.endpoint or 'S3'} ({why}), retry {attempt + 1}/{self.attempts}")
             time.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _check_away(self) -> None:
+        """RemoteUnreachable at once while this command has given up on the server (``away``): work
+        queued behind the request that gave up must not wait its own timeouts. Once a deadline
+        later, one request may try again (a bucket that lives long, in a lazy clone, recovers)."""
+        with self._trouble:
+            if not self.away:
+                return
+            now = time.monotonic()
+            if now - self._probed >= self.deadline:
+                self._probed = now  # this request is the one try
+                return
+        raise RemoteUnreachable(f"{self.endpoint or 'S3'} stopped answering for {self.url} earlier in this command; "
+                                "nothing that was not finished counts: run the command again when it is back",
+                                url=self.url, attempts=0)
 
     def _error(self, key: str, exc: ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))

@@ -27,7 +27,7 @@ from . import config, layout, transfer
 from .bucket import NotFound, RemoteError
 from .catalogue import folder as catalogue_folder, read_trailer
 from . import lease
-from .sync import Connection, _classify
+from .connection import Connection, classify
 
 MISSING_PACK, DAMAGED_PACK, BAD_RECORD, CHECKSUM = "missing-pack", "damaged-pack", "bad-record-header", "checksum-mismatch"
 MISSING_OBJECT, MISSING_CHUNK, BAD_REF = "missing-object", "missing-chunk", "damaged-ref"
@@ -191,7 +191,7 @@ def fsck_remote(repo, name: Optional[str] = None, subset: Optional[str] = None) 
             seen.problems.append(RemoteProblem(kind, key, detail, (key,)))
         decoded_chunks = len(seen.chunks)
         seen.needed |= {oid for oid, raw in seen.objects.items()  # a needed commit's pruned note
-                        if _is_note(raw, oid) and _classify(raw, oid)[1]["commit"] in seen.needed}
+                        if _is_note(raw, oid) and classify(raw, oid)[1]["commit"] in seen.needed}
         unreferenced = tuple((key, size) for key, (size, ids) in sorted(seen.contents.items())
                              if key not in seen.broken and not ids & seen.needed)
         return RemoteFsckReport(conn.name, bucket.url, seen.packs, decoded_chunks, len(seen.objects), len(refs),
@@ -202,7 +202,7 @@ def fsck_remote(repo, name: Optional[str] = None, subset: Optional[str] = None) 
 
 def _is_note(raw: bytes, oid: bytes) -> bool:
     try:
-        return _classify(raw, oid)[0] == "pruned"
+        return classify(raw, oid)[0] == "pruned"
     except CorruptObject:
         return False
 
@@ -225,7 +225,7 @@ def _decode(objects: dict) -> tuple:
     decoded, pruned = {}, set()
     for oid, raw in objects.items():
         try:
-            kind, obj = _classify(raw, oid)
+            kind, obj = classify(raw, oid)
         except CorruptObject:
             continue
         if kind == "pruned":

@@ -38,7 +38,7 @@ from ..store.index import RefValue
 from . import layout, lease, transfer
 from .catalogue import read_trailer
 from .bucket import NotFound, PreconditionFailed
-from .sync import Connection, _classify, is_ref
+from .connection import Connection, classify, is_ref
 
 GRACE_S = 3600.0  # young garbage is kept: a failed push's rerun reuses its packs (safety is the fence's)
 
@@ -82,7 +82,7 @@ def _read_objects(conn) -> tuple:
     objects, notes = {}, {}
     for key in sorted(conn.catalogue.object_packs()):
         for oid, data in transfer.read_pack_records(conn.bucket, key, read_trailer(conn.bucket, key)).items():
-            kind, obj = _classify(data, oid)
+            kind, obj = classify(data, oid)
             if kind == "pruned":
                 notes[obj["commit"]] = oid
             else:

@@ -6,10 +6,12 @@ Vocabulary:
   branch BRANCH of remote NAME named when this repository last talked to
   it. A root for gc like any ref; revisions accept ``NAME/BRANCH``.
 - **closure** of a commit: it, its ancestors, their trees, tensors and
-  chunks. The remote never holds a commit object whose closure is not
-  durable there, because a push uploads chunk packs, then object packs,
-  then moves refs; so "the remote has commit C" means "and all it needs",
-  and a push walks history only until it meets a commit the remote has.
+  chunks. No remote ref names a commit whose closure is not durable there,
+  because a push uploads chunk packs, then object packs, then moves refs
+  (and a remote gc keeps what refs need); so "the remote's refs reach C"
+  means "and all it needs", and a push walks history only until it meets
+  such a commit. A commit merely held there is no such proof: the object
+  pack of a killed push can outlive its chunk packs.
 
 Push order (each step durable before the next): chunk packs; object packs;
 each ref by a conditional put against the etag it was read with. A killed
@@ -31,13 +33,14 @@ from .. import ondisk
 from .. import reach
 from .. import refs as refnames
 from ..errors import (BadInput, BranchLocked, CorruptObject, Diverged, LockHeld, MvcError, ProtectedRef,  # noqa: F401
-                      PrunedOnRemote, RefRejected, RemoteBusy, RemoteDamaged, RemoteVanished, UntrustedAnswer)  # RefRejected re-exported
-from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
+                      PrunedOnRemote, RefRejected, RemoteBusy, RemoteDamaged, UntrustedAnswer)  # RefRejected re-exported
+from ..objects import TensorLeaf, object_id
 from ..store import locks as locking
 from ..traverse import walk as walk_tree
 from . import config, layout, lease, transfer
 from .bucket import NotFound, PreconditionFailed, RemoteError, open_bucket
-from .catalogue import Catalogue, read_trailer
+from .catalogue import read_trailer
+from .connection import Connection, classify, is_ref  # noqa: F401  (Connection, is_ref re-exported)
 
 REMOTES = refnames.REMOTES
 REJECTED = "rejected: remote has commits you lack; fetch first"
@@ -89,99 +92,6 @@ class PullReport:
     old: Optional[str]
     new: Optional[str]
     status: str  # "fast-forward", "up to date", "new"
-
-
-class Connection:
-    """One remote as a command uses it: its settings, bucket and catalogue."""
-
-    def __init__(self, repo, name: Optional[str] = None, create: bool = False):
-        self.repo, self.create = repo, create  # create: a push may make a folder remote's folder
-        with repo.index.read() as txn:
-            self.name = config.default(txn, name)
-            self.info = config.get(txn, self.name)
-        self._bucket = None
-        self.catalogue = Catalogue(repo.dir, self.name)
-
-    @property
-    def bucket(self):
-        if self._bucket is None:
-            self._bucket = open_bucket(self.info.url, self.info.endpoint_url, create=self.create)
-        return self._bucket
-
-    def ensure_conditional(self) -> None:
-        """Probe that conditional writes are honoured (RemoteError if not), at every command that
-        moves refs: a bucket can move behind the same endpoint to a store that ignores If-Match,
-        and a probe remembered from before would let two racing pushes both "win"."""
-        self.bucket.check_conditional()
-        if not self.info.conditional:
-            self.info = config.RemoteInfo(self.info.name, self.info.url, self.info.endpoint_url, True)
-            with self.repo.index.write() as txn:
-                config.put(txn, self.info)
-
-    def known(self) -> bool:
-        """Whether this repository used the remote before (it holds tracking refs of it, or a listing
-        of its packs): a push must then find it there, not make a new one where it was."""
-        with self.repo.index.read() as txn:
-            if any(True for _ in txn.refs(f"{REMOTES}{self.name}/")):
-                return True
-        return bool(self.catalogue.pack_keys())
-
-    def vanished(self) -> RemoteVanished:
-        """The error for a remote this repository used before that holds no mvc remote now."""
-        return RemoteVanished(f"remote {self.name!r} ({self.info.url}) holds no mvc remote, though this repository "
-                              "used it before: it moved or its disk is not mounted; nothing was written there",
-                              remote=self.name, url=self.info.url)
-
-    def marker(self, create: bool) -> Optional[int]:
-        """The remote's chunk size from MVCREMOTE; with ``create``, write it if absent."""
-        current = self.bucket.get_versioned(layout.MARKER)
-        if current is None and create:
-            try:
-                self.bucket.put(layout.MARKER, layout.marker(self.repo.chunk_size), if_absent=True)
-            except PreconditionFailed:
-                pass  # another pusher made it first
-            current = self.bucket.get_versioned(layout.MARKER)
-        if current is None:
-            return None
-        return layout.parse_marker(current[0], self.bucket.url)
-
-    def remote_refs(self) -> dict:
-        """{heads/X or tags/X: (commit id, protected, etag)} as the remote holds them now.
-
-        Deleted refs (tombstones) are left out, their etags kept in
-        ``self.deleted`` (a new ref of that name replaces the tombstone by
-        If-Match); refs whose object does not decode are left out too, named
-        in ``self.damaged`` {ref: etag}: one bad object must not stop every
-        fetch of the others.
-        """
-        out, self.deleted, self.damaged = {}, {}, {}
-        for key, _ in self.bucket.list(layout.REFS):
-            ref = key[len(layout.REFS):]
-            if not is_ref(ref):
-                continue  # not a ref mvc writes: never let a remote's key become a local ref name
-            current = self.bucket.get_versioned(key)
-            if current is None:  # deleted since the listing
-                continue
-            if layout.is_tombstone(current[0]):
-                self.deleted[ref] = current[1]
-                continue
-            try:
-                oid, protected = layout.decode_ref(current[0], key)
-            except CorruptObject:
-                self.damaged[ref] = current[1]
-                continue
-            out[ref] = (oid, protected, current[1])
-        return out
-
-    def close(self) -> None:
-        self.catalogue.close()
-        if self._bucket is not None:
-            self._bucket.close()
-
-
-def is_ref(ref: str) -> bool:
-    """Whether ``ref`` (a key under ``refs/`` without it) names a branch or tag mvc reads."""
-    return ref.startswith((refnames.BRANCHES, refnames.TAGS)) and refnames.is_valid_name(refnames.short_name(ref))
 
 
 def _hex(oid: Optional[bytes]) -> Optional[str]:
@@ -359,7 +269,7 @@ def _refuse_pruned_tips(repo, conn: Connection, targets: dict) -> None:
         return
     notes = {}
     for oid, data in _incoming_objects(repo, conn).items():
-        kind, obj = _classify(data, oid)
+        kind, obj = classify(data, oid)
         if kind == "pruned":
             notes[obj["commit"]] = obj.get("policy", "retention")
     for ref, oid in held:
@@ -567,7 +477,7 @@ def _remote_descends(repo, conn: Connection, new: bytes, old: bytes) -> bool:
             if txn.get("commits", oid) is not None:
                 return repo.objects.commit(txn, oid)
             if oid in fetched:
-                kind, obj = _classify(fetched[oid], oid)
+                kind, obj = classify(fetched[oid], oid)
                 return obj if kind == "commits" else None
             return None
         return new == old or any(old in obj.parents for _, obj in reach.ancestors(commit, [new]))
@@ -666,22 +576,6 @@ def _incoming_objects(repo, conn: Connection) -> dict:
     return out
 
 
-def _classify(data: bytes, oid: bytes):
-    """(kind, decoded) of a verified object record: commits, trees, tensors or pruned."""
-    from .. import encoding
-    value = encoding.unpack(data, f"object {oid.hex()[:12]}")
-    kind = value.get("type") if type(value) is dict else None
-    if kind == "commit":
-        return "commits", CommitObject.decode(data)
-    if kind == "tree":
-        return "trees", TreeObject.decode(data)
-    if kind == "tensor":
-        return "tensors", TensorObject.decode(data)
-    if kind == "pruned" and type(value.get("commit")) is bytes:
-        return "pruned", value
-    raise CorruptObject(f"object {oid.hex()[:12]} on the remote is of no known type")
-
-
 @dataclass
 class _Incoming:
     objects: list = field(default_factory=list)  # (kind, id, bytes)
@@ -711,7 +605,7 @@ def _closure(repo, txn, tips: list, fetched: dict, remote: str) -> _Incoming:
     """What the local repository lacks of the closures of ``tips``; RemoteDamaged if remote ``remote`` lacks it too."""
     decoded, pruned_notes = {}, {}
     for oid, data in fetched.items():
-        kind, obj = _classify(data, oid)
+        kind, obj = classify(data, oid)
         if kind == "pruned":
             pruned_notes[obj["commit"]] = {"time": obj.get("time", 0), "policy": obj.get("policy", "retention")}
         else:
@@ -827,7 +721,7 @@ def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetc
     """Chunks the closures of ``tips`` need that are neither here nor listed on the remote: a lazy
     clone reads them from there, so a pack deleted there is noticed at the next fetch. ``seen``:
     as ``reach.closure``'s."""
-    decoded = {oid: _classify(data, oid) for _, oid, data in inc.objects}
+    decoded = {oid: classify(data, oid) for _, oid, data in inc.objects}
     pruned = set(inc.pruned) | set(inc.notes)  # the remote's retention, not damage
 
     def get(kind: str, oid: bytes):

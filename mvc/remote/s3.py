@@ -26,7 +26,7 @@ from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError,
 
 from ..errors import (BadInput, NotFound, PreconditionFailed, RemoteCorrupt, RemoteError, RemoteUnreachable,
                       UntrustedAnswer)
-from .backend import Bucket, notify, scatter
+from .backend import Bucket, check_key, notify, scatter
 
 PART_BYTES = 16 << 20  # multipart part size
 # Objects up to this size go up in one PUT, so a pack (``layout.PACK_BYTES``
@@ -199,7 +199,7 @@ class S3Bucket(Bucket):
     # -- reads ----------------------------------------------------------------
 
     def _get(self, key: str, byte_range: Optional[str] = None) -> dict:
-        kwargs = {"Key": _join(self.prefix, key)}
+        kwargs = {"Key": _join(self.prefix, check_key(key))}
         if byte_range:
             kwargs["Range"] = byte_range
 
@@ -242,7 +242,7 @@ class S3Bucket(Bucket):
             body.read()  # nothing left: lets the connection go back to the pool, checks the length
             answer["data"] = None
             return answer
-        answer = self._call(key, get_into, Key=_join(self.prefix, key), Range=f"bytes={start}-{stop - 1}")
+        answer = self._call(key, get_into, Key=_join(self.prefix, check_key(key)), Range=f"bytes={start}-{stop - 1}")
         if answer["data"] is not None:
             scatter(self._ranged(key, start, stop, answer), sinks)
 
@@ -280,7 +280,7 @@ class S3Bucket(Bucket):
         return self._tail_by_size(key, n)
 
     def _tail_by_size(self, key: str, n: int) -> tuple:
-        size = self._call(key, self.client.head_object, Key=_join(self.prefix, key))["ContentLength"]
+        size = self._call(key, self.client.head_object, Key=_join(self.prefix, check_key(key)))["ContentLength"]
         start = max(0, size - n)
         return (self.get_range(key, start, size) if size else b""), size
 
@@ -297,7 +297,7 @@ class S3Bucket(Bucket):
         view = memoryview(data).cast("B")
         if len(view) > SINGLE_PUT_BYTES and if_match is None and not if_absent:
             return self._multipart(key, view)
-        kwargs = {"Key": _join(self.prefix, key), "Body": bytes(view) if len(view) < (1 << 20) else _Body(view)}
+        kwargs = {"Key": _join(self.prefix, check_key(key)), "Body": bytes(view) if len(view) < (1 << 20) else _Body(view)}
         if if_match is not None:
             kwargs["IfMatch"] = if_match
         if if_absent:
@@ -305,7 +305,7 @@ class S3Bucket(Bucket):
         return self._call(key, self.client.put_object, **kwargs)["ETag"]
 
     def _multipart(self, key: str, view: memoryview) -> str:
-        full = _join(self.prefix, key)
+        full = _join(self.prefix, check_key(key))
         upload = self._call(key, self.client.create_multipart_upload, Key=full)["UploadId"]
         pieces = [(i + 1, view[off:off + PART_BYTES]) for i, off in enumerate(range(0, len(view), PART_BYTES))]
 
@@ -345,7 +345,7 @@ class S3Bucket(Bucket):
                 return sorted(out)
 
     def delete(self, key: str) -> None:
-        self._call(key, self.client.delete_object, Key=_join(self.prefix, key))
+        self._call(key, self.client.delete_object, Key=_join(self.prefix, check_key(key)))
 
     def close(self) -> None:
         try:

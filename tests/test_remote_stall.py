@@ -23,7 +23,7 @@ from conftest import same
 from mvc.errors import RemoteBusy
 
 CHUNK = 1024
-LEASE_S = "2"  # the lease's life for every process here: a stall outlives it at once
+LEASE_S = "3"  # the lease's life for every process here: a stall outlives it at once
 
 
 def tensor(seed: int, n: int = 4 * 1024) -> torch.Tensor:

@@ -162,13 +162,14 @@ def test_repair_does_not_say_ok_about_data_this_repository_pruned(pushed, tmp_pa
     it, and said "ok" (exit 0) while fsck --remote still found it missing."""
     repo, url = pushed
     cid = only_in(repo, "main~1", "main")[0]
-    flip_chunk(s3, url, cid)
+    key = flip_chunk(s3, url, cid)
     repo.gc(keep_last=1)  # main~1 keeps its record here, not its data
     result = cli(tmp_path / "a", "remote", "repair", "origin")
     assert result.exit_code == 1, result.output
     assert "ok:" not in result.output and cid.hex()[:12] in result.output
+    assert f"left damaged: {key}" in result.output
     report = repo.remotes.repair()
-    assert report.unrepaired == (cid.hex(),) and not report.ok
+    assert report.unrepaired == (cid.hex(),) and not report.ok and report.packs_kept == (key,)
     assert not repo.remotes.fsck().ok  # which is what repair now says
 
 

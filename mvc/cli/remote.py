@@ -152,6 +152,8 @@ def remote_repair(name, as_json):
                        "repair from a repository that has them")
         else:
             click.echo("ok: the remote holds everything its refs need")
+        for key in r.packs_kept:
+            click.echo(f"  left damaged: {key}")
     if not r.ok:
         raise click.exceptions.Exit(1)
 

@@ -424,6 +424,7 @@ class RemoteRepairReport:
     packs_removed: tuple  # keys of damaged or unreadable packs removed once their intact records were moved
     unrepaired: tuple  # hex ids the remote's refs need that neither side holds intact
     problems_before: int  # damaged packs and records, and needed ids no intact pack held
+    packs_kept: tuple = ()  # keys of damaged packs left in place: they hold the only copy of something needed
 
     @property
     def ok(self) -> bool:
@@ -520,7 +521,8 @@ def repair_remote(repo, name: Optional[str] = None) -> RemoteRepairReport:
         left += [oid.hex() for oid in lost]
         missing = len(lacking) + sum(1 for oid in objects if oid not in seen.objects)
         return RemoteRepairReport(conn.name, seen.packs, len(upload), len(rescued), packs, tuple(removed),
-                                  tuple(sorted(set(left))), len(seen.problems) + missing)
+                                  tuple(sorted(set(left))), len(seen.problems) + missing,
+                                  tuple(sorted(set(seen.broken) - set(removed))))
     finally:
         conn.close()
 

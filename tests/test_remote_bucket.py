@@ -72,6 +72,9 @@ def test_listings_deletes_and_keys(bucket):
     times = bucket.list_times("packs/")
     assert [(k, n) for k, n, _ in times] == [("packs/a", 1), ("packs/b", 2)]
     assert all(isinstance(when, float) for _, _, when in times)
+    stamp = dict((k, st) for k, _, st in bucket.list_stamps("packs/"))["packs/b"]
+    bucket.put("packs/b", b"yy")  # the same size, at once: the stamp still changes
+    assert dict((k, st) for k, _, st in bucket.list_stamps("packs/"))["packs/b"] != stamp
     bucket.delete("packs/a")
     bucket.delete("packs/a")  # absent: a no-op
     assert bucket.list("packs/") == [("packs/b", 2)]

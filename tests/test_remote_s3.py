@@ -461,3 +461,23 @@ def test_one_deadline_per_command_for_a_server_that_stopped(monkeypatch):
         assert second.value.attempts == 0  # the command's deadline is spent: no try, no waiting again
     finally:
         bucket.close()
+
+
+@pytest.mark.parametrize("damage", ["zero-byte", "flipped-trailer"])
+def test_fetch_in_a_lazy_clone_notices_a_damaged_pack_on_s3(pushed, tmp_path, s3, damage):
+    """fetch in an existing lazy clone said "up to date" (exit 0) when a pack it depends on was
+    emptied or had its trailer flipped, while fsck --remote found the damage."""
+    from click.testing import CliRunner
+    from mvc.cli import main
+    from mvc.remote import layout
+    repo, url = pushed
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
+    lazy.close()
+    key, size = max(s3.keys(url, layout.CHUNK_PACKS), key=lambda k: k[1])
+    if damage == "zero-byte":
+        s3.put(url, key, b"")
+    else:
+        s3.flip(url, key, size - 40)  # same size, maybe the same second: the listing's etag tells
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "lz"), "fetch"])
+    assert result.exit_code == 1 and "up to date" not in result.output, result.output
+    assert "fsck --remote" in result.output, result.output

@@ -90,6 +90,12 @@ class Bucket(ABC):
         """[(key, size, when it was last written, seconds since the epoch by the store's clock)]."""
         raise NotImplementedError
 
+    def list_stamps(self, prefix: str) -> list:
+        """[(key, size, stamp)] as ``list``, where ``stamp`` (msgpack-able) changes whenever the
+        object is written again: a cache of what an object held notices it changed. Here the
+        last-modified time; a store with etags in its listings adds them."""
+        return [(key, size, when) for key, size, when in self.list_times(prefix)]
+
     def check_conditional(self) -> None:
         """RemoteError unless the store honours If-None-Match: * and If-Match.
 

@@ -114,7 +114,7 @@ class Catalogue:
 
     def add_pack(self, key: str, entries: list, stamp: Optional[tuple] = None) -> None:
         """Record pack ``key`` with its trailer's (id, offset, length) entries; ``stamp``: its
-        (size, time) in the listing its trailer was read after (None: not known, e.g. just
+        (size, stamp) in the listing its trailer was read after (None: not known, e.g. just
         uploaded: the next refresh reads the trailer once more to learn it)."""
         name = layout.pack_name(key)
         is_objects = key.startswith(layout.OBJECT_PACKS)
@@ -126,7 +126,7 @@ class Catalogue:
                     txn.put_chunk(cid, Location(name, offset, length))
             txn.put_meta("pack:" + key, encoding.pack([cid for cid, _, _ in entries]))
             if stamp is not None:
-                txn.put_meta("stamp:" + key, encoding.pack(list(stamp)))
+                txn.put_meta("stamp:" + key, encoding.pack(_plain(stamp)))
 
     def _drop_pack(self, txn, key: str) -> set:
         """Forget pack ``key``; the ids whose entries pointed into it (now unlisted)."""
@@ -156,15 +156,15 @@ class Catalogue:
         left out (``mvc fsck --remote`` names it), also one catalogued before
         whose listing changed since. Raises RemoteError.
         """
-        stamps = {key: (size, when) for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS)
-                  for key, size, when in bucket.list_times(folder) if layout.pack_name(key) is not None}
+        stamps = {key: (size, stamp) for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS)
+                  for key, size, stamp in bucket.list_stamps(folder) if layout.pack_name(key) is not None}
         listed = {key: size for key, (size, _) in stamps.items()}
         known = self.pack_keys()
-        # a pack is written whole and never modified: one listed with another size or time than
-        # when its trailer was read (cut short, emptied, rewritten) is read again as new, so a
+        # a pack is written whole and never modified: one listed with another size or stamp (time,
+        # etag) than when its trailer was read (cut short, emptied, rewritten) is read again, so a
         # damaged pack is dropped here instead of being relied on (fsck --remote names it)
         with self.index.read() as txn:
-            changed = {key for key in known & stamps.keys() if _stamp(txn, key) != list(stamps[key])}
+            changed = {key for key in known & stamps.keys() if _stamp(txn, key) != _plain(stamps[key])}
         gone = (known - listed.keys()) | changed
         orphans = set()
         if gone:
@@ -219,6 +219,11 @@ class Catalogue:
 
     def close(self) -> None:
         self.index.close()
+
+
+def _plain(stamp):
+    """``stamp`` as msgpack gives it back (tuples as lists), so a stored one compares equal."""
+    return [_plain(v) for v in stamp] if isinstance(stamp, (tuple, list)) else stamp
 
 
 def _stamp(txn, key: str):

@@ -330,6 +330,11 @@ class S3Bucket(Bucket):
         return [(key, size) for key, size, _ in self.list_times(prefix)]
 
     def list_times(self, prefix: str) -> list:
+        return [(key, size, when) for key, size, (when, _) in self.list_stamps(prefix)]
+
+    def list_stamps(self, prefix: str) -> list:
+        """As the interface's, the stamp being (last-modified time, etag): listings give times in
+        whole seconds, and a rewrite within the second changes the etag."""
         out, token = [], None
         full = _join(self.prefix, prefix)
         skip = len(self.prefix) + 1 if self.prefix else 0
@@ -338,7 +343,7 @@ class S3Bucket(Bucket):
             if token:
                 kwargs["ContinuationToken"] = token
             answer = self._call(prefix, self.client.list_objects_v2, **kwargs)
-            out += [(item["Key"][skip:], item["Size"], item["LastModified"].timestamp())
+            out += [(item["Key"][skip:], item["Size"], (item["LastModified"].timestamp(), str(item.get("ETag", ""))))
                     for item in answer.get("Contents", [])]
             token = answer.get("NextContinuationToken")
             if not answer.get("IsTruncated") or not token:

@@ -84,13 +84,15 @@ STOP = textwrap.dedent("""
         setattr(owner, name, wrapper)
 """)
 
-# A push of main that stops at one step: after taking its lease, after listing the remote's
-# packs, after uploading chunks, after uploading objects, after its last lease check.
+# A push of main that stops at one step: after taking its lease, after reading the refs it moves,
+# after listing the remote's packs, after uploading chunks, after uploading objects, after its last
+# lease check (right before it moves the ref).
 PUSH = STOP + textwrap.dedent("""
     import mvc
-    from mvc.remote import catalogue, lease, transfer
+    from mvc.remote import catalogue, lease, sync, transfer
     step = sys.argv[2]
     stop_at(lease.Lease, "take", "lease", step)
+    stop_at(sync, "_read_targets", "refs", step)
     stop_at(catalogue.Catalogue, "refresh", "listing", step)
     stop_at(transfer, "upload_chunks", "chunks", step)
     stop_at(transfer, "upload_objects", "objects", step)
@@ -154,7 +156,7 @@ def _serves(repo, url, endpoint, tmp_path, tip_state: dict, name: str) -> None:
         clone.close()
 
 
-@pytest.mark.parametrize("step", ["lease", "listing", "chunks", "objects", "check"])
+@pytest.mark.parametrize("step", ["lease", "refs", "listing", "chunks", "objects", "check"])
 def test_a_push_stalled_past_its_lease_never_names_what_a_gc_deleted(reused, tmp_path, step):
     repo, url, endpoint, new = reused
     push = _start(PUSH, tmp_path / "a", step)

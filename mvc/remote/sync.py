@@ -126,12 +126,24 @@ def _outgoing(txn, objects, tips: list, conn: Connection, behind) -> _Outgoing:
     return out
 
 
-def _behind(repo, txn, tips: list) -> set:
-    """The commits held here that the remote's ``tips`` reach: their closures are on the remote
-    while its refs name them (a gc keeps what refs need). Commits only, no trees: cheap."""
-    def commit(oid):
-        return repo.objects.commit(txn, oid) if txn.get("commits", oid) is not None else None
-    return {oid for oid, _ in reach.ancestors(commit, tips)}
+def _behind(repo, conn: Connection, tips: list) -> set:
+    """The commits the remote's ``tips`` reach: their closures are on the remote while its refs name
+    them (a gc keeps what refs need). Commits only, no trees: cheap. A tip this repository lacks
+    (someone else pushed) is walked through the remote's object packs, so a stale clone's push
+    still stops where the remote's history begins."""
+    with repo.index.read() as txn:
+        stale = any(txn.get("commits", tip) is None for tip in tips)
+    fetched = _incoming_objects(repo, conn) if stale else {}
+    with repo.index.read() as txn:
+        def commit(oid):
+            if txn.get("commits", oid) is not None:
+                return repo.objects.commit(txn, oid)
+            try:
+                kind, obj = classify(fetched[oid], oid) if oid in fetched else (None, None)
+            except CorruptObject:
+                return None  # fsck --remote's to report; here the walk only ends
+            return obj if kind == "commits" else None
+        return {oid for oid, _ in reach.ancestors(commit, tips)}
 
 
 def _read_targets(conn: Connection, targets: dict) -> tuple:
@@ -240,8 +252,8 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
                 read = _read_targets(conn, targets)
                 conn.catalogue.shun(lease.condemned(conn.bucket))
                 conn.catalogue.refresh(conn.bucket)
+                behind = _behind(repo, conn, [oid for oid, _, _ in read[0].values()])
                 with repo.index.read() as txn:
-                    behind = _behind(repo, txn, [oid for oid, _, _ in read[0].values()])
                     out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn, behind)
                 _refuse_pruned_tips(repo, conn, targets)
                 _audit.check_push_targets(repo, conn.remote_refs, targets, conn.name)  # before any upload

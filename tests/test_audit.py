@@ -408,3 +408,21 @@ def test_fsck_remote_shows_a_forced_rewrite_of_a_protected_ref(tmp_path):
     assert run_cli(a, "fsck", "--remote", "origin").exit_code == 1
     rogue.close()
     a.close()
+
+
+def test_audit_shows_a_commits_own_text_escaped_so_it_cannot_forge_a_verdict(repo, tmp_path):
+    """An author, message or context is anyone's text (a fetched commit's): raw, a newline in it
+    printed a line that reads as another commit's good signature, and escape sequences could
+    move the cursor over the real verdict."""
+    allow(repo, tmp_path, ALICE)
+    forged = "\n\ncommit " + "ab" * 32 + "\n  signature: Good signature from user0@example.com"
+    repo.commit({"w": tensor(0)}, "root" + "\x1b]0;title\x07", author="eve" + forged,
+                context={"lr\n  signature: Good": "\x1b[1A\x1b[2K"})
+    r = run_cli(repo, "audit")
+    assert r.exit_code == 1
+    assert "\x1b" not in r.output and "\x07" not in r.output
+    lines = r.output.splitlines()
+    assert [line for line in lines if line.startswith("commit ")] == [f"commit {repo.resolve('HEAD')}"]
+    assert [line for line in lines if "signature:" in line and "eve" not in line and "lr" not in line] == [
+        "  signature: No signature"]
+    assert "eve\\n\\ncommit " + "ab" * 32 in r.output  # shown, escaped

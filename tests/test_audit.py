@@ -426,3 +426,20 @@ def test_audit_shows_a_commits_own_text_escaped_so_it_cannot_forge_a_verdict(rep
     assert [line for line in lines if "signature:" in line and "eve" not in line and "lr" not in line] == [
         "  signature: No signature"]
     assert "eve\\n\\ncommit " + "ab" * 32 in r.output  # shown, escaped
+
+
+def test_an_allowed_signer_replaced_in_place_is_no_longer_trusted(repo, tmp_path):
+    """The parsed allowed-signers file was cached by its mtime, size and inode: a key replaced
+    in place by another of the same length with the mtime kept (cp -p, an unpacked archive, or
+    within one tick of the clock) still verified good in a process that had read it."""
+    import os
+    allow(repo, tmp_path, ALICE)
+    path = tmp_path / "allowed_signers"
+    c = repo.commit({"w": tensor(0)}, "by alice", sign=ALICE)
+    assert repo.trust.verify_commit(c.id).status == "good"
+    st = os.stat(path)
+    with open(path, "r+") as f:  # the same inode and size, ALICE revoked
+        f.write(f"user0@example.com {MALLORY.public_line()}\n")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(path).st_size, os.stat(path).st_ino) == (st.st_size, st.st_ino)
+    assert repo.trust.verify_commit(c.id).status == "unknown"

@@ -28,6 +28,7 @@ import base64
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Optional
@@ -90,7 +91,8 @@ def file_digest(path: Path) -> str:
 
 def digests(folder: Path, ignore) -> dict:
     """{relative path: SHA-256 hex} of every file under ``folder`` but those under an ``ignore``
-    path. ModelSignatureError "symlink" for a symbolic link (the files method does not follow them)."""
+    path. ModelSignatureError "symlink" for a symbolic link (the files method does not follow them),
+    "special-file" for a FIFO, socket or device."""
     ignore = {PurePosixPath(p) for p in ignore}
     out = {}
     for here, dirs, names in os.walk(folder):
@@ -101,6 +103,10 @@ def digests(folder: Path, ignore) -> dict:
             if _ignored(path, ignore):
                 continue
             _link(folder, path)
+            if not stat.S_ISREG(os.lstat(Path(folder) / path).st_mode):  # a FIFO would hang the read for ever
+                raise ModelSignatureError(f"{Path(folder) / path} is not a regular file (a FIFO, socket or "
+                                          "device): a model folder holds files", folder=Path(folder),
+                                          problem="special-file", file=str(path))
             out[str(path)] = file_digest(Path(folder) / path)
     return out
 

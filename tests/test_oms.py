@@ -219,3 +219,21 @@ def test_a_bundle_or_statement_of_another_shape_is_malformed_not_a_crash(tmp_pat
         assert err.value.problem == "malformed"
     sig.write_text(json.dumps(signed(statement)))  # the same statement re-signed verifies
     assert oms.verify_folder(folder, public).files == 1
+
+
+def test_a_fifo_in_the_folder_is_refused_not_read_for_ever(tmp_path):
+    """verify-model and sign-model opened every name in the folder: a FIFO (which a tar archive
+    can carry) blocked the read until a writer came, so a verify hung for ever."""
+    import os
+    private, public = keypair(tmp_path)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hi")
+    oms.sign_folder(folder, private)
+    os.mkfifo(folder / "pipe")
+    r = subprocess.run([sys.executable, "-m", "mvc", "verify-model", str(folder), "--key", str(public)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "pipe" in r.stderr and "not a regular file" in r.stderr
+    with pytest.raises(ModelSignatureError) as err:
+        oms.sign_folder(folder, private)
+    assert (err.value.problem, err.value.file) == ("special-file", "pipe")

@@ -635,9 +635,13 @@ def resolve_path(root: Path, value: str) -> Path:
 
 def required(patterns: Optional[str], ref: str) -> bool:
     """Whether full ref name ``ref`` (``heads/x``, ``tags/x``) matches a ``signing.require``
-    pattern; a pattern without ``heads/`` or ``tags/`` names branches."""
+    pattern; a pattern without ``heads/`` or ``tags/`` names branches. Git's ``refs/heads/x``
+    and ``refs/tags/x`` name them too (else they would name a branch ``refs/heads/x``, which
+    cannot exist, and require nothing)."""
     for pattern in (patterns or "").split(","):
         pattern = pattern.strip()
+        if pattern.startswith("refs/"):
+            pattern = pattern[len("refs/"):]
         if not pattern:
             continue
         full = pattern if pattern.startswith(("heads/", "tags/")) else "heads/" + pattern

@@ -643,3 +643,19 @@ def test_a_signature_in_other_bytes_is_not_a_second_good_commit(part, key):
     assert object_id(twin) != object_id(good.encode())
     verdict, _ = mvc.audit.verify_commit_bytes(object_id(twin), twin, allowed)
     assert verdict.status == "bad"
+
+
+def test_a_policy_written_with_gits_refs_prefix_requires_what_it_names(signed_repo, key):
+    """signing.require 'refs/heads/main' (Git's full name) read as a branch named
+    'refs/heads/main', which cannot exist: it required nothing, and unsigned commits went on main."""
+    signed_repo.commit({"w": torch.zeros(3)}, "root", sign=key)
+    signed_repo.config(signing.REQUIRE, "refs/heads/main, refs/tags/v*")
+    assert signing.required(signed_repo.config(signing.REQUIRE), "heads/main")
+    with pytest.raises(SignatureRequired) as info:
+        signed_repo.commit({"w": torch.ones(3)}, "unsigned")
+    assert info.value.ref == "heads/main"
+    unsigned = signed_repo.commit({"w": torch.ones(3)}, "unsigned", branch="side")
+    with pytest.raises(SignatureRequired) as info:
+        signed_repo.create_tag("v1", unsigned.id)
+    assert info.value.ref == "tags/v1"
+    assert signed_repo.create_tag("other", unsigned.id).name == "other"

@@ -619,6 +619,10 @@ def set_setting(txn, key: str, value: Optional[str]) -> Optional[str]:
         raise BadInput(f"signing.fetch must be one of {', '.join(FETCH_MODES)}, not {value!r}")
     if key == REQUIRE:
         value = ",".join(p.strip() for p in value.split(",") if p.strip())
+        spaced = next((p for p in value.split(",") if any(c in _SPACE for c in p)), None)
+        if spaced is not None:  # no ref name holds a space: such a pattern would require nothing
+            raise BadInput(f"signing.require pattern {spaced!r} holds a space, which no branch or tag name "
+                           "does; separate patterns with commas (main,release/*)")
     txn.put_meta(key, value.encode())
     return value
 

@@ -659,3 +659,13 @@ def test_a_policy_written_with_gits_refs_prefix_requires_what_it_names(signed_re
         signed_repo.create_tag("v1", unsigned.id)
     assert info.value.ref == "tags/v1"
     assert signed_repo.create_tag("other", unsigned.id).name == "other"
+
+
+def test_a_policy_of_patterns_separated_by_spaces_is_refused(repo):
+    """'main release/*' was one pattern holding a space, which no ref name holds: it required
+    nothing, without a word."""
+    from mvc.errors import BadInput
+    with pytest.raises(BadInput, match="separate patterns with commas"):
+        repo.config(signing.REQUIRE, "main release/*")
+    assert repo.config(signing.REQUIRE) is None
+    assert repo.config(signing.REQUIRE, " main , release/* ") == "main,release/*"

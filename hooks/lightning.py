@@ -80,9 +80,10 @@ def read_pointer(path) -> Optional[dict]:
     except Exception:  # not a file, not torch.save bytes, or holding more than plain values: not a pointer
         return None
     if isinstance(data, dict) and set(data) in ({POINTER}, {POINTER, LIGHTNING_VERSION}) \
-            and isinstance(data[POINTER], dict):
-        pointer = data[POINTER]
-        if isinstance(pointer.get("repository"), str) and not os.path.isabs(pointer["repository"]):
+            and isinstance(data[POINTER], dict) \
+            and all(isinstance(data[POINTER].get(k), str) for k in ("repository", "commit")):
+        pointer = data[POINTER]  # (its readers use both fields: without them it points nowhere)
+        if not os.path.isabs(pointer["repository"]):
             pointer = {**pointer, "repository": _written_from(path, pointer["repository"])}
         return pointer
     return None

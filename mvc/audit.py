@@ -81,7 +81,7 @@ def config(repo, key: str, value: Optional[str], unset: bool) -> Optional[str]:
         return signing.set_setting(txn, key, None if unset else value)
 
 
-_ALLOWED_CACHE: dict = {}  # path -> ((mtime_ns, size, inode), AllowedSigners): log --show-signature reads it per commit
+_ALLOWED_CACHE: dict = {}  # path -> (its bytes, AllowedSigners): log --show-signature reads it per commit
 
 
 def allowed_signers(repo, txn) -> Optional[list]:
@@ -94,17 +94,16 @@ def _allowed_signers_at(root: Path, txn) -> Optional[list]:
     if path is None:
         return None
     path = signing.resolve_path(root, path)
-    try:
-        st = os.stat(path)
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+    try:  # the bytes, not the file's times and size: a key replaced in place by one of the same
+        data = path.read_bytes()  # length within the clock's tick (or with its mtime kept) is a new file
     except OSError:
-        stamp = None  # read_allowed_signers says what is wrong
+        data = None  # read_allowed_signers says what is wrong
     cached = _ALLOWED_CACHE.get(str(path))
-    if stamp is not None and cached is not None and cached[0] == stamp:
+    if data is not None and cached is not None and cached[0] == data:
         return cached[1]
     allowed = signing.read_allowed_signers(path)
-    if stamp is not None:
-        _ALLOWED_CACHE[str(path)] = (stamp, allowed)
+    if data is not None:
+        _ALLOWED_CACHE[str(path)] = (data, allowed)
     return allowed
 
 

@@ -18,7 +18,8 @@ Left out, and listed in what ``read_folder`` reports as ``skipped``: any
 (huggingface_hub's download bookkeeping), at any depth, and what the
 folder's own ``.mvcignore`` names (``IGNORE_FILE``: one glob a line, ``#``
 comments; a glob with no ``/`` matches a file or folder name at any depth,
-one with ``/`` the path from the folder's root; a trailing ``/`` matches
+one with ``/`` the path from the folder's root, one that starts with ``**/``
+the rest of it at any depth, the root too (as in Git); a trailing ``/`` matches
 folders only, and a matched folder leaves out all it holds). **Hidden
 files** (a part of the path starts with ``.``: ``.ssh/id_ed25519``,
 ``.env``, ``.netrc``) are committed like any other file, and reported as
@@ -123,6 +124,11 @@ def _ignored(globs: tuple, rel: Path, folder: bool) -> bool:
                 continue
             glob = glob.rstrip("/")
         pattern = glob.lstrip("/")
+        if pattern.startswith("**/"):  # Git's "at any depth", the root's too: "**/*.pem" leaves out ./key.pem
+            rest = pattern[3:]
+            if fnmatch.fnmatchcase(path, rest) or fnmatch.fnmatchcase(path, "*/" + rest):
+                return True
+            continue
         if fnmatch.fnmatchcase(path if "/" in glob else rel.name, pattern):
             return True
     return False

@@ -167,7 +167,7 @@ def load_recipe(path) -> dict:
                                 "as JSON instead", field="recipe") from None
             return tomllib.loads(raw.decode("utf-8"))
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise BadRecipe(f"recipe {path} is not valid {path.suffix.lstrip('.') or 'json'}: {exc}",
                         field="recipe") from None
 
@@ -186,7 +186,10 @@ def make_recipe(fields: Optional[dict] = None, **options) -> Recipe:
     params = merged.get("params") or {}
     if not isinstance(params, dict):
         raise BadRecipe("recipe params must be a table of name = value", field="params")
-    rules = tuple(_rule(r, i) for i, r in enumerate(merged.get("rules") or ()))
+    rules = merged.get("rules") or ()
+    if not isinstance(rules, (list, tuple)):
+        raise BadRecipe("recipe rules must be a list of tables", field="rules")
+    rules = tuple(_rule(r, i) for i, r in enumerate(rules))
     only = merged.get("only")
     if only is not None and not isinstance(only, str):
         raise BadRecipe("recipe 'only' must be one glob", field="only")

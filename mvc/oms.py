@@ -28,6 +28,7 @@ import base64
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Optional
@@ -90,7 +91,8 @@ def file_digest(path: Path) -> str:
 
 def digests(folder: Path, ignore) -> dict:
     """{relative path: SHA-256 hex} of every file under ``folder`` but those under an ``ignore``
-    path. ModelSignatureError "symlink" for a symbolic link (the files method does not follow them)."""
+    path. ModelSignatureError "symlink" for a symbolic link (the files method does not follow them),
+    "special-file" for a FIFO, socket or device."""
     ignore = {PurePosixPath(p) for p in ignore}
     out = {}
     for here, dirs, names in os.walk(folder):
@@ -101,6 +103,10 @@ def digests(folder: Path, ignore) -> dict:
             if _ignored(path, ignore):
                 continue
             _link(folder, path)
+            if not stat.S_ISREG(os.lstat(Path(folder) / path).st_mode):  # a FIFO would hang the read for ever
+                raise ModelSignatureError(f"{Path(folder) / path} is not a regular file (a FIFO, socket or "
+                                          "device): a model folder holds files", folder=Path(folder),
+                                          problem="special-file", file=str(path))
             out[str(path)] = file_digest(Path(folder) / path)
     return out
 
@@ -216,10 +222,12 @@ def verify_folder(folder, public_key, signature=None) -> Verified:
     except FileNotFoundError:
         raise ModelSignatureError(f"{sig_path} is not there: the folder is not signed", folder=folder,
                                   problem="no-signature") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
         raise _malformed(folder, f"{sig_path} is not a JSON bundle ({exc})") from None
     payload, sig = _envelope(bundle, folder)
     hint = _get(bundle, "verificationMaterial", "publicKey", "hint")
+    if hint is not None and not isinstance(hint, str):  # the unsigned part: anyone may have written it
+        raise _malformed(folder, "the public key hint is not text")
     if hint and hint != key_hint(key):
         raise ModelSignatureError(f"{sig_path} was signed with another key (its key hint is {hint[:16]}...)",
                                   folder=folder, problem="bad-signature")
@@ -289,13 +297,16 @@ def _statement(payload: bytes, folder) -> dict:
     try:
         body = json.loads(payload)
         resources = body["predicate"]["resources"]
+        ignore = body["predicate"]["serialization"].get("ignore_paths", [])
+        if not (isinstance(ignore, list) and all(isinstance(p, str) for p in ignore)):
+            raise TypeError("ignore_paths is not a list of paths")
         ok = (body["_type"] == STATEMENT_TYPE and body["predicateType"] == PREDICATE_TYPE
               and len(body["subject"]) == 1 and body["predicate"]["serialization"]["method"] == "files"
               and body["predicate"]["serialization"].get("hash_type") == "sha256"
               and all(r["algorithm"] == "sha256" and isinstance(r["name"], str) for r in resources))
         root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in resources)).hexdigest()
         claimed = body["subject"][0]["digest"]["sha256"]
-    except (ValueError, KeyError, TypeError, IndexError):
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):  # any JSON shape
         raise _malformed(folder, "the payload is not an OMS v1.0 statement") from None
     if not ok:
         raise _malformed(folder, "the statement is not an OMS v1.0 signature of files with SHA-256 (mvc checks "

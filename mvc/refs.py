@@ -262,7 +262,9 @@ class Refs:
             oid = bytes.fromhex(lower)
             if self.objects.has(txn, "commits", oid):
                 return oid
-        for name in (BRANCHES + base, TAGS + base, REMOTES + base, base):
+        # a name with its kind (tags/v1, heads/x) first, as Git reads refs/NAME before the guesses:
+        # else a remote named "tags" would make tags/v1 its branch v1 (remotes/tags/v1), silently
+        for name in (base, BRANCHES + base, TAGS + base, REMOTES + base):
             if name.startswith((BRANCHES, TAGS, REMOTES)):
                 ref = txn.ref(name)
                 if ref is not None and ref.id is not None:

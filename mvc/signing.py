@@ -243,6 +243,11 @@ def check(blob: bytes, message: bytes, namespace: str = NAMESPACE) -> tuple:
         return False, f"the signature is for namespace {p.namespace!r}, not {namespace!r}"
     if kind != ED25519 or sig_kind != ED25519 or len(raw) != 32:
         return False, f"key type {kind!r} is not supported (mvc verifies {ED25519})"
+    if blob != _canonical_blob(raw, namespace, p.hash, sig):
+        # ssh-keygen passes over the reserved field, and a sign or key blob with bytes after it
+        # would still verify here: the same signature in other bytes, so a signed object with
+        # another id that verifies good. One signature, one encoding (what sign() writes).
+        return False, "the signature is not in canonical form (a reserved field or trailing bytes)"
     if _small_order(raw):
         return False, "the key is a weak (small-order or non-canonical) Ed25519 point that 'verifies' anything"
     if p.hash not in ("sha512", "sha256"):
@@ -254,6 +259,11 @@ def check(blob: bytes, message: bytes, namespace: str = NAMESPACE) -> tuple:
     except InvalidSignature:
         return False, "the signature does not match the signed bytes"
     return True, p
+
+
+def _canonical_blob(raw: bytes, namespace: str, alg: str, sig: bytes) -> bytes:
+    return (MAGIC + struct.pack(">I", VERSION) + _string(public_blob(raw)) + _string(namespace.encode())
+            + _string(b"") + _string(alg.encode()) + _string(_string(ED25519.encode()) + _string(sig)))
 
 
 _P = 2**255 - 19
@@ -609,6 +619,10 @@ def set_setting(txn, key: str, value: Optional[str]) -> Optional[str]:
         raise BadInput(f"signing.fetch must be one of {', '.join(FETCH_MODES)}, not {value!r}")
     if key == REQUIRE:
         value = ",".join(p.strip() for p in value.split(",") if p.strip())
+        spaced = next((p for p in value.split(",") if any(c in _SPACE for c in p)), None)
+        if spaced is not None:  # no ref name holds a space: such a pattern would require nothing
+            raise BadInput(f"signing.require pattern {spaced!r} holds a space, which no branch or tag name "
+                           "does; separate patterns with commas (main,release/*)")
     txn.put_meta(key, value.encode())
     return value
 
@@ -625,9 +639,13 @@ def resolve_path(root: Path, value: str) -> Path:
 
 def required(patterns: Optional[str], ref: str) -> bool:
     """Whether full ref name ``ref`` (``heads/x``, ``tags/x``) matches a ``signing.require``
-    pattern; a pattern without ``heads/`` or ``tags/`` names branches."""
+    pattern; a pattern without ``heads/`` or ``tags/`` names branches. Git's ``refs/heads/x``
+    and ``refs/tags/x`` name them too (else they would name a branch ``refs/heads/x``, which
+    cannot exist, and require nothing)."""
     for pattern in (patterns or "").split(","):
         pattern = pattern.strip()
+        if pattern.startswith("refs/"):
+            pattern = pattern[len("refs/"):]
         if not pattern:
             continue
         full = pattern if pattern.startswith(("heads/", "tags/")) else "heads/" + pattern

@@ -408,3 +408,38 @@ def test_fsck_remote_shows_a_forced_rewrite_of_a_protected_ref(tmp_path):
     assert run_cli(a, "fsck", "--remote", "origin").exit_code == 1
     rogue.close()
     a.close()
+
+
+def test_audit_shows_a_commits_own_text_escaped_so_it_cannot_forge_a_verdict(repo, tmp_path):
+    """An author, message or context is anyone's text (a fetched commit's): raw, a newline in it
+    printed a line that reads as another commit's good signature, and escape sequences could
+    move the cursor over the real verdict."""
+    allow(repo, tmp_path, ALICE)
+    forged = "\n\ncommit " + "ab" * 32 + "\n  signature: Good signature from user0@example.com"
+    repo.commit({"w": tensor(0)}, "root" + "\x1b]0;title\x07", author="eve" + forged,
+                context={"lr\n  signature: Good": "\x1b[1A\x1b[2K"})
+    r = run_cli(repo, "audit")
+    assert r.exit_code == 1
+    assert "\x1b" not in r.output and "\x07" not in r.output
+    lines = r.output.splitlines()
+    assert [line for line in lines if line.startswith("commit ")] == [f"commit {repo.resolve('HEAD')}"]
+    assert [line for line in lines if "signature:" in line and "eve" not in line and "lr" not in line] == [
+        "  signature: No signature"]
+    assert "eve\\n\\ncommit " + "ab" * 32 in r.output  # shown, escaped
+
+
+def test_an_allowed_signer_replaced_in_place_is_no_longer_trusted(repo, tmp_path):
+    """The parsed allowed-signers file was cached by its mtime, size and inode: a key replaced
+    in place by another of the same length with the mtime kept (cp -p, an unpacked archive, or
+    within one tick of the clock) still verified good in a process that had read it."""
+    import os
+    allow(repo, tmp_path, ALICE)
+    path = tmp_path / "allowed_signers"
+    c = repo.commit({"w": tensor(0)}, "by alice", sign=ALICE)
+    assert repo.trust.verify_commit(c.id).status == "good"
+    st = os.stat(path)
+    with open(path, "r+") as f:  # the same inode and size, ALICE revoked
+        f.write(f"user0@example.com {MALLORY.public_line()}\n")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(path).st_size, os.stat(path).st_ino) == (st.st_size, st.st_ino)
+    assert repo.trust.verify_commit(c.id).status == "unknown"

@@ -351,3 +351,16 @@ def test_the_readme_example_resumes_from_the_revision_it_names(tmp_path, monkeyp
             repo.load("lightning~2")
     resumed = fit_as_the_readme(example["revision"])
     assert resumed.started_at == (state["global_step"], state["epoch"] + 1)
+
+
+def test_a_pointer_without_its_repository_or_commit_is_no_pointer(tmp_path):
+    """A pointer-shaped file lacking its repository or commit (damaged, or not written by mvc)
+    was a KeyError (or "empty revision" for a commit that is no text) from load_checkpoint and
+    open_checkpoint: it is not a pointer, and they say so."""
+    for n, pointer in enumerate(({"tag": "x"}, {"repository": str(tmp_path), "commit": 5},
+                                 {"repository": None, "commit": "HEAD"})):
+        path = tmp_path / f"p{n}.ckpt"
+        torch.save({"mvc_checkpoint": pointer, "pytorch-lightning_version": "x"}, path)
+        for load in (load_checkpoint, open_checkpoint):
+            with pytest.raises(mvc.BadInput, match="not a checkpoint pointer"):
+                load(path)

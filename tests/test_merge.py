@@ -670,3 +670,13 @@ def test_non_float_tensors_that_differ_are_named_as_not_merged(repo, three):
     assert r.exit_code == 0 and "not merged (not float; they differ, input 0's taken): model.count" in r.stdout
     assert json.loads(run_cli(repo, "merge", "a", "c", "-b", "m3", "--json").stdout)["report"]["not_merged"] == \
         ["model.count"]
+
+
+def test_a_recipe_of_another_shape_is_a_bad_recipe_not_a_crash(repo, three, tmp_path):
+    """rules that are no list (5, true) and JSON nested past the recursion limit were internal
+    errors (TypeError, RecursionError) instead of BadRecipe."""
+    for bad, field in (('{"rules": 5}', "rules"), ('{"rules": true}', "rules"), ("[" * 100_000, "recipe")):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(mvc.BadRecipe) as err:
+            repo.merge(["a", "b"], tmp_path / "bad.json")
+        assert err.value.field == field

@@ -182,3 +182,58 @@ def test_bad_keys_and_busy_folders_are_refused_before_anything_is_written(folder
         plain = repo.commit({"w": torch.ones(3)}, "not a folder")
     result = run_cli(root, "export", plain.id, "-o", tmp_path / "busy", "--sign", private)
     assert result.exit_code == 1 and "notes.txt" in result.stderr and not (tmp_path / "busy" / "model.sig").exists()
+
+
+def test_a_bundle_or_statement_of_another_shape_is_malformed_not_a_crash(tmp_path):
+    """A key hint that is not text (the bundle's unsigned part: anyone may write it), JSON nested
+    past the recursion limit, or a signed statement whose serialization is no map: each was an
+    internal error (TypeError, RecursionError, AttributeError) instead of a malformed signature."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    private, public = keypair(tmp_path)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hi")
+    oms.sign_folder(folder, private)
+    sig = folder / "model.sig"
+    good = json.loads(sig.read_text())
+    key = serialization.load_pem_private_key(private.read_bytes(), None)
+
+    def signed(statement: dict) -> dict:
+        payload = json.dumps(statement).encode()
+        bundle = json.loads(json.dumps(good))
+        bundle["dsseEnvelope"]["payload"] = base64.b64encode(payload).decode()
+        bundle["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(
+            key.sign(oms.pae(payload), ec.ECDSA(hashes.SHA256()))).decode()
+        return bundle
+    statement = json.loads(base64.b64decode(good["dsseEnvelope"]["payload"]))
+    hint = json.loads(json.dumps(good))
+    hint["verificationMaterial"]["publicKey"]["hint"] = 5
+    for bundle in (hint, "[" * 100_000 + "]" * 100_000,
+                   signed({**statement, "predicate": {**statement["predicate"], "serialization": []}}),
+                   signed({**statement, "predicate": {**statement["predicate"], "serialization": {
+                       **statement["predicate"]["serialization"], "ignore_paths": 5}}})):
+        sig.write_text(bundle if isinstance(bundle, str) else json.dumps(bundle))
+        with pytest.raises(ModelSignatureError) as err:
+            oms.verify_folder(folder, public)
+        assert err.value.problem == "malformed"
+    sig.write_text(json.dumps(signed(statement)))  # the same statement re-signed verifies
+    assert oms.verify_folder(folder, public).files == 1
+
+
+def test_a_fifo_in_the_folder_is_refused_not_read_for_ever(tmp_path):
+    """verify-model and sign-model opened every name in the folder: a FIFO (which a tar archive
+    can carry) blocked the read until a writer came, so a verify hung for ever."""
+    import os
+    private, public = keypair(tmp_path)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hi")
+    oms.sign_folder(folder, private)
+    os.mkfifo(folder / "pipe")
+    r = subprocess.run([sys.executable, "-m", "mvc", "verify-model", str(folder), "--key", str(public)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "pipe" in r.stderr and "not a regular file" in r.stderr
+    with pytest.raises(ModelSignatureError) as err:
+        oms.sign_folder(folder, private)
+    assert (err.value.problem, err.value.file) == ("special-file", "pipe")

@@ -295,3 +295,19 @@ def test_a_branch_named_like_a_remote_tracking_ref_never_hides_it(repo, chain, t
         repo.resolve("origin/main~1")
     assert set(err.value.matches) == {"heads/origin/main", "remotes/origin/main"}
     assert repo.resolve("heads/origin/main") == c1 and repo.resolve("remotes/origin/main") == c3
+
+
+def test_a_name_with_its_kind_is_not_taken_by_a_remote_of_that_name(repo, tmp_path):
+    """With a remote named "tags", "tags/v1" (the tag v1 by its full name) resolved to that
+    remote's branch v1 (remotes/tags/v1), another commit, without a word."""
+    mine = repo.commit({"w": torch.zeros(2)}, "tagged")
+    repo.create_tag("v1", mine.id)
+    other = mvc.Repository.init(tmp_path / "other", chunk_size=64)
+    theirs = other.commit({"w": torch.ones(2)}, "their v1", branch="v1")
+    other.remotes.add("o", str(tmp_path / "remote"))
+    other.remotes.push("o", ("v1",))
+    other.close()
+    repo.remotes.add("tags", str(tmp_path / "remote"))
+    repo.remotes.fetch("tags")
+    assert repo.resolve("remotes/tags/v1") == theirs.id
+    assert repo.resolve("tags/v1") == mine.id and repo.resolve("v1") == mine.id

@@ -624,3 +624,48 @@ def test_hostile_signature_bytes_are_bad_never_an_exception(noise, at, splice):
             continue
         v = signing.verify(blob, b"payload", allowed)
         assert v.status in ("bad", "unsigned")
+
+
+@pytest.mark.parametrize("part", ["reserved", "after-signature", "after-key"])
+def test_a_signature_in_other_bytes_is_not_a_second_good_commit(part, key):
+    """The SSHSIG blob is canonical too: a filled reserved field (ssh-keygen passes over it) or bytes
+    after the signature or key inside their strings would give the same signed commit another id
+    that verifies good."""
+    allowed = signing.parse_allowed_signers(f"ada {key.public_line()}")
+    good = golden_commit(signing.sign(key, golden_commit().payload()))
+    p = signing.parse(good.signature)
+    w = signing._string
+    reserved, sig_tail, key_tail = {"reserved": (b"x", b"", b""), "after-signature": (b"", b"\0", b""),
+                                    "after-key": (b"", b"", b"\0")}[part]
+    blob = (b"SSHSIG" + (1).to_bytes(4, "big") + w(p.public + key_tail) + w(b"mvc") + w(reserved)
+            + w(b"sha512") + w(p.signature + sig_tail))
+    twin = replace(good, signature=blob).encode()
+    assert object_id(twin) != object_id(good.encode())
+    verdict, _ = mvc.audit.verify_commit_bytes(object_id(twin), twin, allowed)
+    assert verdict.status == "bad"
+
+
+def test_a_policy_written_with_gits_refs_prefix_requires_what_it_names(signed_repo, key):
+    """signing.require 'refs/heads/main' (Git's full name) read as a branch named
+    'refs/heads/main', which cannot exist: it required nothing, and unsigned commits went on main."""
+    signed_repo.commit({"w": torch.zeros(3)}, "root", sign=key)
+    signed_repo.config(signing.REQUIRE, "refs/heads/main, refs/tags/v*")
+    assert signing.required(signed_repo.config(signing.REQUIRE), "heads/main")
+    with pytest.raises(SignatureRequired) as info:
+        signed_repo.commit({"w": torch.ones(3)}, "unsigned")
+    assert info.value.ref == "heads/main"
+    unsigned = signed_repo.commit({"w": torch.ones(3)}, "unsigned", branch="side")
+    with pytest.raises(SignatureRequired) as info:
+        signed_repo.create_tag("v1", unsigned.id)
+    assert info.value.ref == "tags/v1"
+    assert signed_repo.create_tag("other", unsigned.id).name == "other"
+
+
+def test_a_policy_of_patterns_separated_by_spaces_is_refused(repo):
+    """'main release/*' was one pattern holding a space, which no ref name holds: it required
+    nothing, without a word."""
+    from mvc.errors import BadInput
+    with pytest.raises(BadInput, match="separate patterns with commas"):
+        repo.config(signing.REQUIRE, "main release/*")
+    assert repo.config(signing.REQUIRE) is None
+    assert repo.config(signing.REQUIRE, " main , release/* ") == "main,release/*"

@@ -3,6 +3,7 @@
 
 import sys
 import time
+import unicodedata
 
 import click
 
@@ -10,6 +11,14 @@ from ..errors import SigningKeyError
 from .base import plural, echo_json, main, open_repo, title, to_jsonable
 
 MARKS = {"good": "Good", "bad": "BAD", "unknown": "Unknown-signer", "unsigned": "No"}
+
+
+def shown(value) -> str:
+    """``value`` as text with control, format and line-separator characters escaped (``\\x1b``,
+    ``\\n``): an author, message or context of a fetched commit is anyone's text, and raw it
+    could move the cursor over a verdict or add lines that read as another commit's."""
+    return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c)[0] == "C"
+                   or unicodedata.category(c) in ("Zl", "Zp") else c for c in str(value))
 
 
 def load_signer(repo, sign: bool, key_path):
@@ -32,9 +41,9 @@ def signature_line(v) -> str:
     """One line, in the manner of ``git log --show-signature``."""
     if v.status == "unsigned":
         return "No signature"
-    who = f" from {v.principal}" if v.principal else ""
+    who = f" from {shown(v.principal)}" if v.principal else ""
     key = f" with ED25519 key {v.key}" if v.key else ""
-    why = f" ({v.reason})" if v.reason and v.status != "good" else ""
+    why = f" ({shown(v.reason)})" if v.reason and v.status != "good" else ""
     return f"{MARKS[v.status]} signature{who}{key}{why}"
 
 
@@ -76,7 +85,7 @@ def verify_tag(ctx, names, as_json):
         for v in verdicts:
             click.echo(f"tag {v.name} -> {v.target[:12]}: {signature_line(v)}")
             if v.tag_id:
-                click.echo(f"  tagger {v.tagger}, {_when(v.time)}{': ' + v.message if v.message else ''}")
+                click.echo(f"  tagger {shown(v.tagger)}, {_when(v.time)}{': ' + shown(v.message) if v.message else ''}")
     if not all(v.good for v in verdicts):
         ctx.exit(1)
 
@@ -127,14 +136,14 @@ def _show_audit(report) -> None:
         if not e.tree:
             continue
         click.echo(f"  parents:   {' '.join(e.parents) if e.parents else '(root)'}")
-        click.echo(f"  author:    {e.author}, {_when(e.time)}")
+        click.echo(f"  author:    {shown(e.author)}, {_when(e.time)}")
         record = [f"{k} {v}" for k, v in (("step", e.step), ("epoch", e.epoch)) if v is not None]
         record += [f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(e.metrics.items())]
         if record:
-            click.echo(f"  record:    {'  '.join(record)}")
+            click.echo(f"  record:    {shown('  '.join(record))}")
         for k, v in sorted(e.highlights.items()):
-            click.echo(f"  context:   {k} = {v}")
-        click.echo(f"  message:   {title(e)}")
+            click.echo(f"  context:   {shown(k)} = {shown(v)}")
+        click.echo(f"  message:   {shown(title(e))}")
     c = report.counts
     click.echo("")
     click.echo(f"{c['good']} good, {c['bad']} bad, {c['unknown']} unknown signer, {c['unsigned']} unsigned: "

@@ -53,7 +53,7 @@ from ..store.chunks import THREADS, ChunkStore, Forwarding
 from ..traverse import walk as walk_tree
 from . import config, transfer
 from .catalogue import Catalogue
-from .sync import Connection
+from .connection import Connection
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class CacheStore(Forwarding):
         return set(self.conn.catalogue.chunks(absent)) if absent else set()
 
     def keeps(self, cid: bytes, txn) -> bool:
-        return self.inner.has(cid, txn)
+        return self.inner.keeps(cid, txn)
 
     def locate(self, cid: bytes, txn, what: str = ""):
         if self.inner.has(cid, txn):

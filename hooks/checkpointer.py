@@ -597,7 +597,7 @@ class Checkpointer:
             raise mvc.BadInput(
                 f"{where} was taken in the middle of a pass of a DataLoader the Checkpointer was not given "
                 f"({'; '.join(loose)}): a resume would start that pass again with other random numbers and "
-                "other batches. Pass it as Checkpointer(loader=...) to resume bit for bit (see the README), "
+                "other batches. Pass it as Checkpointer(loader=...) to resume bit for bit (see docs/guide.md), "
                 "or resume(strict=False) to go on anyway, not bit for bit")
         if self.extra is not None and "extra" not in state:
             raise mvc.BadInput(f"{where} has no extra state, but extra= was given")

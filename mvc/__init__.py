@@ -30,4 +30,4 @@ __all__ = [
 __all__ += ["BadRecipe", "MergeError", "MergeMismatch", "MergeRefused", "check_ref_name"]
 __all__ += ["MergeDtypeRefused", "MergeNotFinite"]
 __all__ += ["HashMismatch"]
-__all__ += ["fsck", "history", "reader"]  # verb modules that take a repository (see the README, "What moved")
+__all__ += ["fsck", "history", "reader"]  # verb modules that take a repository (see docs/guide.md, "What moved")

@@ -7,7 +7,7 @@ Vocabulary:
 - **base**: the commit that task vectors are taken against
   (``task-arithmetic``, ``ties``, ``dare``); a **delta** is input - base.
 - **strategy**: how the inputs' tensors of one key become one tensor. The
-  definitions are mergekit's (README, "Merging checkpoints"): ``linear``
+  definitions are mergekit's (docs/guide.md, "Merge checkpoints"): ``linear``
   (``average`` is linear with equal weights), ``slerp``,
   ``task-arithmetic``, ``ties``, ``dare``.
 - **recipe**: the strategy, its parameters, the weights, the base, an

@@ -6,7 +6,7 @@ Every verb lives in a module that takes this core as its narrow input
 ``mvc.fsck``, ``mvc.gc``, ``mvc.repack``, ``mvc.merge``, ``mvc.history``,
 ``mvc.refverbs``); families of verbs are groups: ``remotes`` and ``cache``
 (``mvc.remote.verbs``), ``shards``, ``bisect``, ``trust`` (``mvc.audit``),
-``locks`` (``mvc.writelocks``), ``reflog`` (``mvc.refverbs``). The README's
+``locks`` (``mvc.writelocks``), ``reflog`` (``mvc.refverbs``). The user guide's (docs/guide.md)
 "What moved" lists the old method names; ``docs/architecture.md`` the map.
 """
 

@@ -290,9 +290,9 @@ def test_a_pointer_with_a_relative_path_is_read_against_its_own_folders(tmp_path
     assert min(resumed.losses) == 8
 
 
-# -- the README's example, as written there -----------------------------------------------
+# -- the user guide's example, as written there (docs/guide.md) -----------------------------------------------
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "guide.md")
 
 
 def readme_lightning_example() -> dict:

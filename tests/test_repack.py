@@ -515,6 +515,7 @@ def _dropped_branch(root) -> tuple:
     b = torch.randn(3000, generator=torch.Generator().manual_seed(5)) * 0.02
     on_x = repo.commit({"a": torch.zeros(2000), "b": b}, "on x", branch="x", start="HEAD").id
     repo.delete_branch("x", force=True)
+    repo.reflog.expire("x")  # a deleted branch's reflog keeps its tip until expired (or gc's grace passes)
     return repo, b, on_x
 
 

@@ -28,6 +28,7 @@ import base64
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Optional
@@ -78,9 +79,25 @@ def pae(payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(PAYLOAD_TYPE), PAYLOAD_TYPE.encode(), len(payload), payload)
 
 
-def file_digest(path: Path) -> str:
+def file_digest(path: Path, folder=None, rel=None) -> str:
+    """SHA-256 hex of the regular file at ``path``. Opened without waiting (a FIFO would wait
+    for a writer forever) and without following a link, then checked to be a regular file, so
+    a FIFO, socket or device put in a model folder is refused (ModelSignatureError "not-a-file",
+    as the reference tool refuses it) rather than hung on or read without end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        if not os.path.exists(path) or os.path.isfile(path):
+            raise
+        fd = None
+    if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd is not None:
+            os.close(fd)
+        raise ModelSignatureError(f"{path} is not a regular file (a FIFO, socket or device); OMS signs files "
+                                  "only: remove it", folder=None if folder is None else Path(folder),
+                                  problem="not-a-file", file=rel)
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(fd, "rb") as f:
         while True:
             block = f.read(PIECE)
             if not block:
@@ -101,7 +118,7 @@ def digests(folder: Path, ignore) -> dict:
             if _ignored(path, ignore):
                 continue
             _link(folder, path)
-            out[str(path)] = file_digest(Path(folder) / path)
+            out[str(path)] = file_digest(Path(folder) / path, folder, str(path))
     return out
 
 

@@ -182,3 +182,24 @@ def test_bad_keys_and_busy_folders_are_refused_before_anything_is_written(folder
         plain = repo.commit({"w": torch.ones(3)}, "not a folder")
     result = run_cli(root, "export", plain.id, "-o", tmp_path / "busy", "--sign", private)
     assert result.exit_code == 1 and "notes.txt" in result.stderr and not (tmp_path / "busy" / "model.sig").exists()
+
+
+def test_a_fifo_or_socket_in_the_folder_is_refused_not_waited_on(folder_commit, tmp_path, monkeypatch):
+    import os
+    import socket
+    root, _ = folder_commit
+    private, public = keypair(tmp_path)
+    out = tmp_path / "signed"
+    assert run_cli(root, "export", "main", "-o", out, "--sign", private).exit_code == 0
+    os.mkfifo(out / "pipe")  # opening it to read would wait for a writer forever
+    done = subprocess.run([sys.executable, "-m", "mvc", "verify-model", str(out), "--key", str(public)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "pipe is not a regular file" in done.stderr, done.stderr
+    (out / "pipe").unlink()
+    monkeypatch.chdir(out)  # a socket's path must be short
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind("sock")
+        for act in (lambda: oms.verify_folder(out, public), lambda: oms.sign_folder(out, private)):
+            with pytest.raises(ModelSignatureError) as err:
+                act()
+            assert (err.value.problem, err.value.file) == ("not-a-file", "sock")

@@ -67,6 +67,7 @@ AHEAD = 4 << 20  # bytes of a tensor read along into the chunk cache when a read
 REVISIONS = 16  # revision folders (header and tensor list) kept built
 SINGLE_FILE = "model.safetensors"
 RESERVED = ("commits", "tags", "HEAD")
+PROBE_WAIT = 5.0  # seconds a mount may take to answer a listing before it counts as stuck (not dead)
 
 
 @dataclass
@@ -445,12 +446,23 @@ def _fusermount(mountpoint, lazy: bool = False) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
-def _alive(mountpoint) -> bool:
-    try:
-        os.listdir(mountpoint)  # a stat may be answered from the kernel's cache; a listing never is
-        return True
-    except OSError as exc:
-        return exc.errno != errno.ENOTCONN
+def _alive(mountpoint, wait: float = PROBE_WAIT) -> bool:
+    """False only for a mount whose process is gone (the kernel answers ENOTCONN). The listing
+    is asked for on a thread of its own: a mount whose process is stopped or stuck never
+    answers, and is taken as alive after ``wait`` seconds rather than hanging its caller
+    (``mvc umount`` of it then unmounts it as any live one)."""
+    answer = []
+
+    def probe():
+        try:
+            os.listdir(mountpoint)  # a stat may be answered from the kernel's cache; a listing never is
+            answer.append(True)
+        except OSError as exc:
+            answer.append(exc.errno != errno.ENOTCONN)
+    asking = threading.Thread(target=probe, daemon=True)
+    asking.start()
+    asking.join(wait)
+    return answer[0] if answer else True
 
 
 def check_mountpoint(repo, mountpoint) -> str:
@@ -508,7 +520,9 @@ def umount(mountpoint) -> str:
     if kind != f"fuse.{SUBTYPE}":
         raise MountError(f"{where} is not an mvc mount" + (f" (it is {kind})" if kind else ""), mountpoint=where,
                          problem="not-mounted")
-    done = _fusermount(where, lazy=not _alive(where))
+    done = _fusermount(where)  # first as is: asking a stuck mount whether it is alive would keep it busy
+    if done.returncode != 0 and "busy" in done.stderr and not _alive(where):
+        done = _fusermount(where, lazy=True)  # a killed mount whose files a process still holds open
     if done.returncode != 0:
         busy = "busy" in done.stderr
         raise MountError(f"cannot unmount {where}: " + ("files in it are open; close them first" if busy

@@ -372,3 +372,21 @@ def test_a_mounted_revision_is_signed_in_place_and_the_reference_tool_agrees(roo
     said = run_cli(root, "verify-model", m.where / "tags" / ".." / "main", "--key", public, "--signature", sig)
     assert said.exit_code == 0 and f"mvc commit {c.id}" in said.stdout
     m.stop()
+
+
+def test_a_stopped_mount_is_refused_and_unmounted_without_hanging(root, tmp_path, mounts):
+    with mvc.Repository.open(root) as repo:
+        repo.commit({"w": torch.ones(10)}, "one")
+    m = mounts(root, tmp_path / "mnt")
+    m.proc.send_signal(signal.SIGSTOP)  # alive but answering nothing (a stuck or stopped process)
+    try:
+        cli = [sys.executable, "-m", "mvc", "-C", str(root)]
+        again = subprocess.run([*cli, "mount", str(m.where)], capture_output=True, text=True, timeout=WAIT)
+        assert again.returncode == 1 and "already a mount" in again.stderr, again.stderr
+        out = subprocess.run([*cli, "umount", str(m.where)], capture_output=True, text=True, timeout=WAIT)
+        assert out.returncode == 0, out.stderr
+        assert mounting.mounted(m.where) is None
+    finally:
+        m.proc.send_signal(signal.SIGCONT)
+    m.proc.communicate(timeout=WAIT)
+    assert m.proc.returncode == 0

@@ -6,7 +6,7 @@ from .base import echo_json, human_bytes, main, open_repo, to_jsonable
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", metavar="DIRECTORY")  # not click.Path: it stats the path, which hangs on a stuck mount
 @click.option("--rev", default=None, metavar="REV", help="Show only this revision's files at the top "
               "(the commit REV names now).")
 @click.option("--json", "as_json", is_flag=True, help="Print what the mount served as JSON when it stops.")
@@ -36,7 +36,7 @@ def mount(directory, rev, as_json):
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", metavar="DIRECTORY")  # not click.Path: it stats the path, which hangs on a stuck mount
 def umount(directory):
     """Unmount an 'mvc mount' at DIRECTORY (also one a killed mount left behind)."""
     from .. import mount as mounting

@@ -203,3 +203,27 @@ def test_a_fifo_or_socket_in_the_folder_is_refused_not_waited_on(folder_commit, 
             with pytest.raises(ModelSignatureError) as err:
                 act()
             assert (err.value.problem, err.value.file) == ("not-a-file", "sock")
+
+
+def test_signing_through_a_branch_link_that_moves_signs_the_commit_it_names(tmp_path, monkeypatch):
+    import os
+    mnt = tmp_path / "mnt"  # laid out as a mount: a branch is a link to commits/<id>
+    old, new = "a" * 64, "b" * 64
+    for cid, text in ((old, "old weights"), (new, "new weights")):
+        (mnt / "commits" / cid).mkdir(parents=True)
+        (mnt / "commits" / cid / "model.safetensors").write_text(text)
+    os.symlink(f"commits/{old}", mnt / "main")
+    private, public = keypair(tmp_path)
+    hashed = oms.file_digest
+
+    def branch_moves_mid_signing(*args):
+        if os.readlink(mnt / "main") != f"commits/{new}":
+            os.remove(mnt / "main")
+            os.symlink(f"commits/{new}", mnt / "main")
+        return hashed(*args)
+    monkeypatch.setattr(oms, "file_digest", branch_moves_mid_signing)
+    out = run_cli(tmp_path, "sign-model", mnt / "main", "--key", private, "--signature", tmp_path / "m.sig")
+    assert out.exit_code == 0, out.output
+    monkeypatch.setattr(oms, "file_digest", hashed)
+    result = oms.verify_folder(mnt / "commits" / old, public, tmp_path / "m.sig")  # the files it names, signed
+    assert result.commit == old

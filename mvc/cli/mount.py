@@ -83,10 +83,13 @@ def sign_model(directory, private_key, signature, commit):
     import os
     from pathlib import Path
     from .. import oms
+    folder = directory
     if commit is None:  # a mounted revision folder: DIR/main resolves to DIR/commits/<id>
         real = Path(os.path.realpath(directory))
         if real.parent.name == "commits" and len(real.name) == 64:
-            commit = real.name
-    signed = oms.sign_folder(directory, private_key, commit, signature=signature)
+            # sign that folder, not the branch link: the link may move while the files are read,
+            # and the signature would name one commit over another's files
+            commit, folder = real.name, real
+    signed = oms.sign_folder(folder, private_key, commit, signature=signature)
     named = f"; it names mvc commit {commit}" if commit else ""
     click.echo(f"signed {signed.files} files of {directory} in {signed.signature}{named}")

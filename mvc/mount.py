@@ -317,9 +317,10 @@ class RepositoryView:
         what = f"tensor {'.'.join(map(str, seg.path))!r} in commit {commit[:12]}"
         if not seg.obj.in_c_order:  # shards that are not runs of rows: the tensor whole, once
             return [memoryview(self._scattered(seg, commit))[lo:hi]]
-        if seg.spans is None:
-            seg.spans = [(off, cid, n) for cid, off, n in seg.obj.chunk_spans()]
-            seg.offsets = [off for off, _, _ in seg.spans]
+        if seg.spans is None:  # other threads take spans being set as both being set: offsets go first
+            spans = [(off, cid, n) for cid, off, n in seg.obj.chunk_spans()]
+            seg.offsets = [off for off, _, _ in spans]
+            seg.spans = spans
         wanted, extra = self._spans(seg, lo, hi), self._spans(seg, hi, min(seg.nbytes, hi + ahead)) if ahead else []
         got = self._chunks([(cid, n) for _, cid, n in wanted], [(cid, n) for _, cid, n in extra], what)
         return [memoryview(got[cid])[max(lo, off) - off:min(hi, off + n) - off] for off, cid, n in wanted]

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -390,3 +391,38 @@ def test_a_stopped_mount_is_refused_and_unmounted_without_hanging(root, tmp_path
         m.proc.send_signal(signal.SIGCONT)
     m.proc.communicate(timeout=WAIT)
     assert m.proc.returncode == 0
+
+
+def test_threads_reading_a_tensor_first_at_once_all_get_its_bytes(tmp_path):
+    repo = mvc.Repository.init(tmp_path / "small", chunk_size=64)
+    state = {f"t{i}": torch.arange(64, dtype=torch.float32) + i for i in range(400)}
+    commit = repo.commit(state, "many tensors").id
+    expected = (tmp_path / "x.safetensors")
+    assert run_cli(repo, "export", commit, "-o", expected).exit_code == 0
+    expected = expected.read_bytes()
+    failures = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often: the kernel sends a file's first reads from several
+    try:
+        for _ in range(3):
+            view = mounting.RepositoryView(repo)
+            synth = view.node(f"/commits/{commit}/model.safetensors")[1]
+            start = threading.Barrier(8)
+
+            def first_reads():
+                start.wait()
+                for seg in synth.segments:
+                    try:
+                        if view.read(synth, seg.start, 8, commit) != expected[seg.start:seg.start + 8]:
+                            failures.append(("bytes", seg.path))
+                    except Exception as exc:  # noqa: BLE001 (a failed read is what this test looks for)
+                        failures.append(repr(exc))
+            readers = [threading.Thread(target=first_reads) for _ in range(8)]
+            for t in readers:
+                t.start()
+            for t in readers:
+                t.join()
+    finally:
+        sys.setswitchinterval(interval)
+        repo.close()
+    assert failures == []

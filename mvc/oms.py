@@ -25,6 +25,7 @@ verifier needs the public key that pairs with the signer's private one.
 """
 
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -171,7 +172,15 @@ def sign_folder(folder, private_key, commit: Optional[str] = None, password: Opt
                                "signatures": [{"sig": base64.b64encode(sig).decode(), "keyid": ""}]}}
     target = Path(signature) if signature is not None else folder / SIGNATURE_FILE
     staging = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    with open(staging, "w", encoding="utf-8") as f:
+    try:
+        f = open(staging, "w", encoding="utf-8")
+    except OSError as exc:
+        if exc.errno != errno.EROFS:
+            raise
+        raise ModelSignatureError(f"cannot write the signature {target}: the folder is read-only (a mount's "
+                                  "folders are); write the signature elsewhere", folder=folder,
+                                  problem="read-only") from None
+    with f:
         json.dump(bundle, f, indent=2)
         f.flush()
         os.fsync(f.fileno())

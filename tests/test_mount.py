@@ -426,3 +426,15 @@ def test_threads_reading_a_tensor_first_at_once_all_get_its_bytes(tmp_path):
         sys.setswitchinterval(interval)
         repo.close()
     assert failures == []
+
+
+def test_signing_a_mounted_folder_in_place_says_to_write_the_signature_elsewhere(root, tmp_path, mounts):
+    from test_oms import keypair
+    with mvc.Repository.open(root) as repo:
+        repo.commit({"w": torch.ones(10)}, "one")
+    private, _ = keypair(tmp_path)
+    m = mounts(root, tmp_path / "mnt")
+    out = run_cli(root, "sign-model", m.where / "main", "--key", private)  # the docs' first try
+    m.stop()
+    assert out.exit_code == 1 and "read-only" in out.stderr and "signature elsewhere" in out.stderr, out.output
+    assert out.stderr.count("\n") == 1

@@ -227,3 +227,18 @@ def test_signing_through_a_branch_link_that_moves_signs_the_commit_it_names(tmp_
     monkeypatch.setattr(oms, "file_digest", hashed)
     result = oms.verify_folder(mnt / "commits" / old, public, tmp_path / "m.sig")  # the files it names, signed
     assert result.commit == old
+
+
+def test_sign_model_names_only_a_full_commit_id(tmp_path):
+    private, public = keypair(tmp_path)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    for wrong in ("main", "3f2a9c1d0b7e", "Z" * 64):  # a branch, a short id, not hex: verify-model would echo it
+        out = run_cli(tmp_path, "sign-model", folder, "--key", private, "--commit", wrong)
+        assert out.exit_code == 2 and "full commit id" in out.stderr, out.output
+        assert not (folder / "model.sig").exists()
+    fake = tmp_path / "commits" / ("x" * 64)  # a folder named like a mount's, but no commit id
+    fake.mkdir(parents=True)
+    assert run_cli(tmp_path, "sign-model", fake, "--key", private).exit_code == 0
+    assert oms.verify_folder(fake, public).commit is None

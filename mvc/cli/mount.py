@@ -72,7 +72,7 @@ def verify_model(directory, public_key, signature, as_json):
 @click.option("--signature", type=click.Path(dir_okay=False), default=None,
               help="Where to write the signature (default: DIRECTORY/model.sig; give another path for a "
                    "folder of an 'mvc mount', which is read-only).")
-@click.option("--commit", default=None, metavar="ID", help="The mvc commit to name in the signature (default: "
+@click.option("--commit", default=None, metavar="ID", callback=lambda ctx, param, value: _full_id(value), help="The mvc commit to name in the signature (default: "
               "the commit of a DIR/commits/ID folder of an 'mvc mount').")
 def sign_model(directory, private_key, signature, commit):
     """Sign a model folder with OpenSSF model signing (OMS v1.0, key method, offline).
@@ -86,10 +86,22 @@ def sign_model(directory, private_key, signature, commit):
     folder = directory
     if commit is None:  # a mounted revision folder: DIR/main resolves to DIR/commits/<id>
         real = Path(os.path.realpath(directory))
-        if real.parent.name == "commits" and len(real.name) == 64:
+        if real.parent.name == "commits" and _is_full_id(real.name):
             # sign that folder, not the branch link: the link may move while the files are read,
             # and the signature would name one commit over another's files
             commit, folder = real.name, real
     signed = oms.sign_folder(folder, private_key, commit, signature=signature)
     named = f"; it names mvc commit {commit}" if commit else ""
     click.echo(f"signed {signed.files} files of {directory} in {signed.signature}{named}")
+
+
+def _is_full_id(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def _full_id(value):
+    """--commit as given, if it is a full commit id: the signature names it and verify-model
+    repeats it as the commit the folder came from, so a branch name or short id would mislead."""
+    if value is not None and not _is_full_id(value):
+        raise click.BadParameter(f"{value!r} is not a full commit id (64 hex digits, as 'mvc show' prints it)")
+    return value

@@ -415,9 +415,17 @@ def _fuse():
     return mfusepy
 
 
+def place(mountpoint) -> str:
+    """``mountpoint`` as the kernel lists it: absolute, its parent's links resolved (a folder
+    reached through a linked one is listed at the link's target). The mountpoint itself is
+    not looked at: that would wait on a mount whose process is stuck."""
+    where = os.path.abspath(mountpoint)
+    return os.path.join(os.path.realpath(os.path.dirname(where)), os.path.basename(where))
+
+
 def mounted(mountpoint) -> Optional[str]:
     """The file system type of the mount at ``mountpoint`` ("fuse.mvc" for an mvc mount), or None."""
-    target = os.path.abspath(mountpoint)
+    target = place(mountpoint)
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
             lines = f.read().splitlines()
@@ -469,7 +477,7 @@ def _alive(mountpoint, wait: float = PROBE_WAIT) -> bool:
 def check_mountpoint(repo, mountpoint) -> str:
     """The absolute mountpoint, after clearing a mount a killed mvc left there; MountError
     if it cannot take a mount."""
-    where = os.path.abspath(mountpoint)
+    where = place(mountpoint)
     kind = mounted(where)
     if kind is not None:
         if kind == f"fuse.{SUBTYPE}" and not _alive(where):  # its process was killed: clear it
@@ -516,7 +524,7 @@ def mount(repo, mountpoint, rev: Optional[str] = None, ready: Optional[Callable[
 def umount(mountpoint) -> str:
     """Unmount the mvc mount at ``mountpoint`` (one a killed mvc left too); returns its absolute path.
     MountError "not-mounted" if no mvc mount is there, "busy" if files in it are open."""
-    where = os.path.abspath(mountpoint)
+    where = place(mountpoint)
     kind = mounted(where)
     if kind != f"fuse.{SUBTYPE}":
         raise MountError(f"{where} is not an mvc mount" + (f" (it is {kind})" if kind else ""), mountpoint=where,

@@ -438,3 +438,20 @@ def test_signing_a_mounted_folder_in_place_says_to_write_the_signature_elsewhere
     m.stop()
     assert out.exit_code == 1 and "read-only" in out.stderr and "signature elsewhere" in out.stderr, out.output
     assert out.stderr.count("\n") == 1
+
+
+def test_a_mount_reached_through_a_linked_folder_is_found_by_umount_and_mount(root, tmp_path, mounts):
+    with mvc.Repository.open(root) as repo:
+        repo.commit({"w": torch.ones(10)}, "one")
+    (tmp_path / "real").mkdir()
+    os.symlink("real", tmp_path / "linked")  # as a home folder or /tmp often is
+    try:
+        m = mounts(root, tmp_path / "linked" / "mnt")
+        again = run_cli(root, "mount", m.where)
+        assert again.exit_code == 1 and "already a mount" in again.stderr, again.output
+        out = run_cli(root, "umount", m.where)
+        assert out.exit_code == 0, out.output
+        assert mounting.mounted(tmp_path / "real" / "mnt") is None
+        m.proc.communicate(timeout=WAIT)
+    finally:  # the fixture looks for the mount where it was asked for; it lies at real/mnt
+        subprocess.run(["fusermount3", "-u", "-z", str(tmp_path / "real" / "mnt")], capture_output=True)

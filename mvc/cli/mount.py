@@ -72,8 +72,9 @@ def verify_model(directory, public_key, signature, as_json):
 @click.option("--signature", type=click.Path(dir_okay=False), default=None,
               help="Where to write the signature (default: DIRECTORY/model.sig; give another path for a "
                    "folder of an 'mvc mount', which is read-only).")
-@click.option("--commit", default=None, metavar="ID", callback=lambda ctx, param, value: _full_id(value), help="The mvc commit to name in the signature (default: "
-              "the commit of a DIR/commits/ID folder of an 'mvc mount').")
+@click.option("--commit", default=None, metavar="ID", callback=lambda ctx, param, value: _full_id(value),
+              help="The full id of the mvc commit to name in the signature (default: the commit of a "
+                   "DIR/commits/ID folder of an 'mvc mount').")
 def sign_model(directory, private_key, signature, commit):
     """Sign a model folder with OpenSSF model signing (OMS v1.0, key method, offline).
 

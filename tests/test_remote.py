@@ -944,3 +944,19 @@ def test_an_upgrade_that_loses_the_race_reads_again(origin, tmp_path):
     finally:
         conn.close()
     assert (root / "MVCREMOTE").read_bytes() == f"mvc-remote 2\nchunk-size {SMALL}\n".encode()
+
+
+def test_every_command_refuses_a_layout_it_does_not_read_and_changes_nothing(origin, tmp_path):
+    root = tmp_path / "remote"
+    (root / "MVCREMOTE").write_bytes(f"mvc-remote 3\nchunk-size {SMALL}\n".encode())
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and ".tmp" not in p.parts}
+    origin.commit(state(9), "third")
+    for command in (origin.remotes.push, origin.remotes.fetch, lambda: origin.remotes.gc(grace=0),
+                    origin.remotes.fsck, origin.remotes.repair,
+                    lambda: mvc.Repository.clone(str(root), tmp_path / "b")):
+        with pytest.raises(CorruptObject, match="uses remote layout 3; this mvc reads layouts 1, 2: upgrade mvc"):
+            command()
+    after = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and ".tmp" not in p.parts}
+    assert {p: d for p, d in after.items() if not p.relative_to(root).parts[0] == "tmp"} == before
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "gc", "--remote", "origin"])
+    assert result.exit_code != 0 and "uses remote layout 3" in result.stderr and "Traceback" not in result.output

@@ -960,3 +960,32 @@ def test_every_command_refuses_a_layout_it_does_not_read_and_changes_nothing(ori
     assert {p: d for p, d in after.items() if not p.relative_to(root).parts[0] == "tmp"} == before
     result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "gc", "--remote", "origin"])
     assert result.exit_code != 0 and "uses remote layout 3" in result.stderr and "Traceback" not in result.output
+
+
+def old_mvc(tmp_path):
+    """A command line running mvc as of ``OLD`` (its tree from this checkout's git history)."""
+    import subprocess
+    import sys
+    tree = tmp_path / f"mvc-{OLD}"
+    tree.mkdir()
+    try:
+        archive = subprocess.run(["git", "archive", OLD, "mvc"], cwd=Path(__file__).parent.parent, capture_output=True,
+                                 check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"needs mvc's git history (commit {OLD})")
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return lambda *args: subprocess.run([sys.executable, "-m", "mvc", *map(str, args)], capture_output=True,
+                                        text=True, env=env, cwd=tmp_path)
+
+
+def test_an_older_mvc_reads_a_layout_1_remote_and_refuses_it_once_upgraded(origin, tmp_path):
+    root, old = tmp_path / "remote", old_mvc(tmp_path)
+    folder_as_layout_1(root)
+    cloned = old("clone", root, tmp_path / "b")
+    assert cloned.returncode == 0, cloned.stderr
+    origin.commit(state(3), "third")
+    origin.remotes.push()
+    fetched = old("-C", tmp_path / "b", "fetch")
+    assert fetched.returncode == 1
+    assert fetched.stderr.strip() == f"mvc: error: {root} uses remote layout 2; this mvc reads layout 1: upgrade mvc"

@@ -179,7 +179,7 @@ def _sweep(conn, held, need_objects: set, need_chunks: set, now: Optional[float]
             garbage.append(key)
             reclaimed += size
     if garbage and not dry_run:
-        conn.upgrade()  # condemned packs and fenced refs: layout 2 first (docs/format.md 11.1)
+        conn.upgrade()  # condemned packs and fenced refs: layout 2 first (docs/format.md 11.1.1)
         held.condemn(garbage)  # named before the fence: a push that reads a ref after it avoids them
         _fence(conn, fence)
         for key in garbage:

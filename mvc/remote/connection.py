@@ -83,7 +83,7 @@ class Connection:
         """Make the remote's MVCREMOTE name layout 2 (``layout.LAYOUT_VERSION``) before this command's
         first fenced ref or tombstone or condemned lease, so an mvc that reads only layout 1 refuses
         the remote ("upgrade mvc") instead of reading fenced refs as damaged or pushing without
-        honouring condemned packs (docs/format.md 11.1). A conditional put on the etag read; a lost
+        honouring condemned packs (docs/format.md 11.1.1). A conditional put on the etag read; a lost
         race reads again. RemoteVanished if the remote holds no MVCREMOTE."""
         if self.layout == layout.LAYOUT_VERSION:
             return
@@ -102,7 +102,7 @@ class Connection:
             self.layout = layout.LAYOUT_VERSION
             return
         raise RemoteError(f"{self.bucket.url}/{layout.MARKER} kept changing while this command upgraded it to "
-                          f"layout {layout.LAYOUT_VERSION}; nothing else was written: run the command again")
+                          f"layout {layout.LAYOUT_VERSION}; it moved no ref: run the command again")
 
     def remote_refs(self) -> dict:
         """{heads/X or tags/X: (commit id, protected, etag)} as the remote holds them now.

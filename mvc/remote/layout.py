@@ -26,7 +26,7 @@ from ..store import packformat
 from ..store.packformat import FOOTER, HEADER, RECORD_HEAD  # noqa: F401 (FOOTER: callers size a pack's tail with it)
 from .backend import _KEY
 
-# layout 2: refs and tombstones carry a ``fence`` and gc leases ``condemned`` (docs/format.md 11.1,
+# layout 2: refs and tombstones carry a ``fence`` and gc leases ``condemned`` (docs/format.md 11.1.1,
 # 11.6); an mvc that reads only layout 1 refuses such a remote by its MVCREMOTE ("upgrade mvc")
 # instead of reading its fenced refs as damaged. Writers upgrade a layout-1 remote before their
 # first such write (``Connection.upgrade``); layout 1 is still read.

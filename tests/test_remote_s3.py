@@ -481,3 +481,27 @@ def test_fetch_in_a_lazy_clone_notices_a_damaged_pack_on_s3(pushed, tmp_path, s3
     result = CliRunner().invoke(main, ["-C", str(tmp_path / "lz"), "fetch"])
     assert result.exit_code == 1 and "up to date" not in result.output, result.output
     assert "fsck --remote" in result.output, result.output
+
+
+def test_a_layout_1_remote_on_s3_is_upgraded_at_the_first_push_and_reads_on(pushed_sw, tmp_path, seaweedfs):
+    from test_remote import as_layout_1, old_layout
+    from mvc.errors import CorruptObject
+    repo, url = pushed_sw
+    assert seaweedfs.get(url, "MVCREMOTE") == f"mvc-remote 2\nchunk-size {CHUNK}\n".encode()  # a new remote
+    repo.create_tag("v1")
+    repo.remotes.push(refs=("v1",))
+    as_layout_1(lambda key: seaweedfs.get(url, key), lambda key, data: seaweedfs.put(url, key, data),
+                [key for key, _ in seaweedfs.keys(url, "refs/")])
+    v1 = seaweedfs.get(url, "refs/tags/v1")
+    old = old_layout()
+    assert old.parse_marker(seaweedfs.get(url, "MVCREMOTE"), url) == CHUNK
+    repo.commit(state(1), "second")
+    assert repo.remotes.push().refs[0].status == "updated"
+    marker = seaweedfs.get(url, "MVCREMOTE")
+    assert marker == f"mvc-remote 2\nchunk-size {CHUNK}\n".encode()
+    with pytest.raises(CorruptObject, match="uses remote layout 2; this mvc reads layout 1: upgrade mvc"):
+        old.parse_marker(marker, url)
+    assert seaweedfs.get(url, "refs/tags/v1") == v1  # written before the upgrade, unfenced
+    with mvc.Repository.clone(url, tmp_path / "b", endpoint_url=seaweedfs.endpoint) as clone:
+        assert clone.resolve("v1") == repo.resolve("v1") and clone.resolve("main") == repo.resolve("main")
+        assert same(clone.load("main"), repo.load("main")) and same(clone.load("v1"), repo.load("v1"))

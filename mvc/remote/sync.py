@@ -153,6 +153,8 @@ def _read_targets(conn: Connection, targets: dict) -> tuple:
     (refs as ``remote_refs`` gives them, {deleted ref: etag}, {damaged ref: etag})."""
     current = conn.remote_refs()
     absent = [ref for ref in targets if ref not in current and ref not in conn.deleted and ref not in conn.damaged]
+    if absent:
+        conn.upgrade()  # a tombstone is fenced: layout 2 first (docs/format.md 11.1.1)
     for ref in absent:
         try:
             conn.bucket.put(layout.ref_key(ref), layout.encode_tombstone(time.time()), if_absent=True)
@@ -307,6 +309,7 @@ def _delete_refs(repo, conn: Connection, names: tuple, force: bool, held) -> lis
             raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was deleted",
                                ref=ref, action="delete", forced="delete it")
         _check_remote_lock(conn, ref, me)
+        conn.upgrade()  # a tombstone is fenced: layout 2 first (docs/format.md 11.1.1)
         held.check()
         try:
             conn.bucket.put(layout.ref_key(ref), layout.encode_tombstone(time.time()), if_match=etag)
@@ -408,6 +411,7 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool, current: dict
                 rejected.append(ref)
                 continue
         _check_remote_lock(conn, ref, me)
+        conn.upgrade()  # a ref is fenced: layout 2 first (docs/format.md 11.1.1)
         body = layout.encode_ref(tip, protected or old_protected)
         try:
             written = conn.bucket.put(key, body, if_absent=True) if etag is None else \

@@ -836,3 +836,31 @@ def test_a_lazy_clone_writes_a_chunk_again_whose_cached_pack_is_gone(origin, tmp
         assert c.stats.chunks_new == c.stats.chunks and same(lazy.load(c.id), state)
     finally:
         lazy.close()
+
+
+def test_evict_keeps_what_the_cached_remote_holds_only_as_garbage(origin, tmp_path):
+    """A rejected push leaves its packs on the cached remote, which its refs do not need: a remote gc
+    deletes them. Eviction dropped the local copies of chunks in them that another remote's tracking
+    ref needs, and the gc then took the last copy here. Only what the remote's refs reach counts."""
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        lazy.remotes.add("backup", str(tmp_path / "backup"))
+        s = lazy.load("main")
+        s["model"]["w"][:64] = 7.0  # new chunks, only here
+        mine = lazy.commit(s, "only on backup").id
+        origin.commit(state(3), "third")
+        origin.remotes.push()  # origin's main moved on: the lazy clone's push is refused...
+        with pytest.raises(RefRejected):
+            lazy.remotes.push()  # ...after it uploaded its packs: garbage on origin
+        lazy.remotes.push("backup")
+        lazy.create_branch("main", "origin/main", force=True)  # only backup/main reaches `mine` now
+        assert lazy.resolve("backup/main") == mine
+        report = lazy.cache.evict(0)
+        assert report.kept_garbage > 0
+        origin.remotes.gc(grace=0)  # deletes the rejected push's packs
+        assert same(lazy.load("backup/main"), s)  # bit for bit, from the local copies
+        assert lazy.fsck().ok
+        for rev in ("main", "main~1"):
+            assert same(lazy.load(rev), origin.load(rev + "~1"))
+    finally:
+        lazy.close()

@@ -864,3 +864,20 @@ def test_evict_keeps_what_the_cached_remote_holds_only_as_garbage(origin, tmp_pa
             assert same(lazy.load(rev), origin.load(rev + "~1"))
     finally:
         lazy.close()
+
+
+@pytest.mark.parametrize("name", ["heads", "tags", "remotes", "refs", "HEAD"])
+def test_a_remote_named_like_a_ref_namespace_is_refused(tmp_path, name):
+    """A remote named 'tags' made tags/v1 mean the tag v1 or the tracking ref of its branch v1."""
+    repo = mvc.Repository.init(tmp_path / "a", chunk_size=SMALL)
+    try:
+        with pytest.raises(mvc.errors.InvalidRemoteName) as info:
+            repo.remotes.add(name, str(tmp_path / "remote"))
+        assert (info.value.name, info.value.problem) == (name, "reserved")
+        assert repo.remotes.list() == []
+        repo.remotes.add(name + "2", str(tmp_path / "remote"))  # only the exact names
+    finally:
+        repo.close()
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "remote", "add", name, str(tmp_path / "r")])
+    assert result.exit_code == 1 and "reserved" in result.output and "Traceback" not in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output

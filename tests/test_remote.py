@@ -881,3 +881,23 @@ def test_a_remote_named_like_a_ref_namespace_is_refused(tmp_path, name):
     result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "remote", "add", name, str(tmp_path / "r")])
     assert result.exit_code == 1 and "reserved" in result.output and "Traceback" not in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_evict_keeps_what_the_cached_remotes_retention_pruned_since_the_last_fetch(origin, tmp_path):
+    """A remote gc with retention pruned history this clone holds whole (its packs stay while young):
+    eviction took the remote's copy for one that stays, and the next remote gc took it."""
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        first = lazy.load("main~1")  # every chunk of both commits is here now
+        lazy.load("main")
+        origin.commit({"other": torch.randn(500, generator=torch.Generator().manual_seed(9))}, "third")
+        origin.remotes.push()
+        lazy.remotes.fetch()
+        report = origin.remotes.gc(keep_last=1)  # prunes second and first; their packs are young: kept
+        assert len(report.pruned) == 2 and report.packs_deleted == ()
+        lazy.cache.evict(0)  # HEAD (second) stays pinned; first is the remote's garbage now
+        origin.remotes.gc(grace=0)
+        assert same(lazy.load("main~1"), first)  # bit for bit, from the local copies
+        assert lazy.fsck().ok
+    finally:
+        lazy.close()

@@ -54,8 +54,8 @@ from ..store import fs
 from ..store.chunks import THREADS, ChunkStore, Forwarding
 from ..traverse import walk as walk_tree
 from . import config, transfer
-from .catalogue import Catalogue
-from .connection import Connection
+from .catalogue import Catalogue, read_trailer
+from .connection import Connection, classify
 
 
 @dataclass(frozen=True)
@@ -412,12 +412,29 @@ def _unpushed(repo, txn, remote_tips: list) -> set:
     return _history(repo, txn, mine, tracked)
 
 
-def _kept_by_remote(repo, txn, remote_tips: list) -> set:
+def _kept_by_remote(repo, txn, remote_tips: list, pruned_there: set) -> set:
     """The chunks the remote's refs need (``remote_tips``: as it holds them now), as far as the
-    commits held here tell: the only remote copies a remote gc keeps. A chunk its packs list that
-    they do not need (a killed or rejected push's, a deleted branch's) is garbage there, however
-    many local or other remotes' refs need it: no copy to drop the local one for."""
-    return commit_chunks(repo, txn, _history(repo, txn, remote_tips))
+    commits held here tell, less those of commits its retention pruned (``pruned_there``): the
+    only remote copies a remote gc keeps. A chunk its packs list that they do not need (a killed
+    or rejected push's, a deleted branch's, a pruned commit's) is garbage there, however many
+    local or other remotes' refs need it: no copy to drop the local one for."""
+    return commit_chunks(repo, txn, _history(repo, txn, remote_tips) - pruned_there)
+
+
+def _pruned_there(repo, conn: Connection) -> set:
+    """The commits the remote's retention pruned: its ``pruned`` notes, read (verified) from the
+    object packs holding records not indexed here (notes never are; fetch reads the same packs).
+    A retention run since the last fetch is seen here, before its young packs are deleted."""
+    with repo.index.read() as txn:
+        wanted = [key for key, ids in conn.catalogue.object_packs().items()
+                  if any(all(txn.get(kind, oid) is None for kind in ("commits", "trees", "tensors")) for oid in ids)]
+    out = set()
+    for key in sorted(wanted):
+        for oid, data in transfer.read_pack_records(conn.bucket, key, read_trailer(conn.bucket, key)).items():
+            kind, obj = classify(data, oid)
+            if kind == "pruned":
+                out.add(obj["commit"])
+    return out
 
 
 def commit_chunks(repo, txn, commits: set) -> set:
@@ -456,14 +473,15 @@ def evict(repo, budget: Optional[int] = None) -> EvictReport:
         tips = [oid for oid, _, _ in refs.values()]  # its branches and tags keep their data there
         with repo.index.read() as txn:
             ahead = tuple(sorted(ref for ref, (oid, _, _) in refs.items() if txn.get("commits", oid) is None))
+        pruned_there = _pruned_there(repo, conn) if local_bytes(repo) > budget else set()
         with repo.gc_lock.exclusive():
             repo.reread_format()  # the packs it rewrites may hold records a repack elsewhere encoded
-            return replace(_evict(repo, conn, budget, tips), remote_ahead=ahead)
+            return replace(_evict(repo, conn, budget, tips, pruned_there), remote_ahead=ahead)
     finally:
         conn.close()
 
 
-def _evict(repo, conn: Connection, budget: int, remote_tips: list) -> EvictReport:
+def _evict(repo, conn: Connection, budget: int, remote_tips: list, pruned_there: set) -> EvictReport:
     catalogue = conn.catalogue
     packs = local_packs(repo)
     before = total = sum(size for _, size in packs.values())
@@ -477,7 +495,7 @@ def _evict(repo, conn: Connection, budget: int, remote_tips: list) -> EvictRepor
         for cid, loc in repo.chunks.records(txn):
             by_pack.setdefault(loc.pack, []).append((cid, loc))
         pinned = commit_chunks(repo, txn, pinned_commits(repo, txn) | _unpushed(repo, txn, remote_tips))
-        kept_there = _kept_by_remote(repo, txn, remote_tips)
+        kept_there = _kept_by_remote(repo, txn, remote_tips, pruned_there)
     users: dict = {}  # delta base -> the local records that decode through it
     for items in by_pack.values():
         for cid, loc in items:

@@ -478,6 +478,15 @@ class RemoteExists(BadInput):
         self.name = name
 
 
+class InvalidRemoteName(BadInput):
+    """A new remote's name ``name`` cannot be used; ``problem`` is "invalid" (characters, form)
+    or "reserved" (a ref namespace or HEAD: ``tags/v1`` would mean a tag or a tracking ref)."""
+
+    def __init__(self, message: str = "", *, name=None, problem: str = ""):
+        super().__init__(message)
+        self.name, self.problem = name, problem
+
+
 class NotConfigured(BadInput):
     """A setting the verb needs is not set; ``setting`` names it (``cache.remote``, ``cache.max-bytes``)."""
 

@@ -1004,3 +1004,68 @@ def test_an_older_mvc_reads_a_layout_1_remote_and_refuses_it_once_upgraded(origi
     fetched = old("-C", tmp_path / "b", "fetch")
     assert fetched.returncode == 1
     assert fetched.stderr.strip() == f"mvc: error: {root} uses remote layout 2; this mvc reads layout 1: upgrade mvc"
+
+
+def test_evict_keeps_what_the_cached_remote_holds_only_as_garbage(origin, tmp_path):
+    """A rejected push leaves its packs on the cached remote, which its refs do not need: a remote gc
+    deletes them. Eviction dropped the local copies of chunks in them that another remote's tracking
+    ref needs, and the gc then took the last copy here. Only what the remote's refs reach counts."""
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        lazy.remotes.add("backup", str(tmp_path / "backup"))
+        s = lazy.load("main")
+        s["model"]["w"][:64] = 7.0  # new chunks, only here
+        mine = lazy.commit(s, "only on backup").id
+        origin.commit(state(3), "third")
+        origin.remotes.push()  # origin's main moved on: the lazy clone's push is refused...
+        with pytest.raises(RefRejected):
+            lazy.remotes.push()  # ...after it uploaded its packs: garbage on origin
+        lazy.remotes.push("backup")
+        lazy.create_branch("main", "origin/main", force=True)  # only backup/main reaches `mine` now
+        assert lazy.resolve("backup/main") == mine
+        report = lazy.cache.evict(0)
+        assert report.kept_garbage > 0
+        origin.remotes.gc(grace=0)  # deletes the rejected push's packs
+        assert same(lazy.load("backup/main"), s)  # bit for bit, from the local copies
+        assert lazy.fsck().ok
+        for rev in ("main", "main~1"):
+            assert same(lazy.load(rev), origin.load(rev + "~1"))
+    finally:
+        lazy.close()
+
+
+@pytest.mark.parametrize("name", ["heads", "tags", "remotes", "refs", "HEAD"])
+def test_a_remote_named_like_a_ref_namespace_is_refused(tmp_path, name):
+    """A remote named 'tags' made tags/v1 mean the tag v1 or the tracking ref of its branch v1."""
+    repo = mvc.Repository.init(tmp_path / "a", chunk_size=SMALL)
+    try:
+        with pytest.raises(mvc.errors.InvalidRemoteName) as info:
+            repo.remotes.add(name, str(tmp_path / "remote"))
+        assert (info.value.name, info.value.problem) == (name, "reserved")
+        assert repo.remotes.list() == []
+        repo.remotes.add(name + "2", str(tmp_path / "remote"))  # only the exact names
+    finally:
+        repo.close()
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "remote", "add", name, str(tmp_path / "r")])
+    assert result.exit_code == 1 and "reserved" in result.output and "Traceback" not in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_evict_keeps_what_the_cached_remotes_retention_pruned_since_the_last_fetch(origin, tmp_path):
+    """A remote gc with retention pruned history this clone holds whole (its packs stay while young):
+    eviction took the remote's copy for one that stays, and the next remote gc took it."""
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        first = lazy.load("main~1")  # every chunk of both commits is here now
+        lazy.load("main")
+        origin.commit({"other": torch.randn(500, generator=torch.Generator().manual_seed(9))}, "third")
+        origin.remotes.push()
+        lazy.remotes.fetch()
+        report = origin.remotes.gc(keep_last=1)  # prunes second and first; their packs are young: kept
+        assert len(report.pruned) == 2 and report.packs_deleted == ()
+        lazy.cache.evict(0)  # HEAD (second) stays pinned; first is the remote's garbage now
+        origin.remotes.gc(grace=0)
+        assert same(lazy.load("main~1"), first)  # bit for bit, from the local copies
+        assert lazy.fsck().ok
+    finally:
+        lazy.close()

@@ -372,8 +372,8 @@ def _deepen(chunks, txn, item: _Item, batch, locs: dict) -> None:
 
 
 def _publish(repo, batch, old: dict):
-    """Point the chunks at their new records and drop the entries nothing live uses, in one
-    transaction; then let gc's pack step reclaim the old packs.
+    """Point the chunks at their new records and drop the objects and entries nothing live
+    uses, in one transaction; then let gc's pack step reclaim the old packs.
 
     The dead entries go in that transaction, before any pack is deleted: an entry left
     naming a deleted pack would let a later commit of the same bytes skip writing them
@@ -386,7 +386,7 @@ def _publish(repo, batch, old: dict):
             if txn.chunk(cid) == old[cid]:
                 txn.put_chunk(cid, loc, overwrite=True)
         walked = reach.walk(txn, repo.objects, reach.RAISE, locate=True)
-        _gc.drop_dead_chunks(txn, walked)
+        _gc.drop_dead(txn, walked)
         live = _gc.LiveRecords(walked)
     plan = _gc.plan_packs(repo.chunks.pack_files(), live, before, _gc.GRACE_S, repack=True)
     _gc.compact(repo, plan)

@@ -600,3 +600,29 @@ def test_repack_killed_between_its_index_write_and_its_unlinks_loses_nothing(tmp
         _commit_b_again_and_check(repo, b)
     finally:
         repo.close()
+
+
+def test_a_fetch_after_repack_fetches_the_chunks_of_a_deleted_branchs_tensor(tmp_path):
+    # repack dropped the chunk entries of a deleted branch but kept its tensor objects: a fetch of
+    # a commit holding the same tensor took it as held, fetched none of its chunks, and the
+    # fetched branch could not be loaded (found by the soak test)
+    def mask(i):
+        m = torch.zeros(64, dtype=torch.uint8)
+        m[i] = 1
+        return {"m": m}
+    a = mvc.Repository.init(tmp_path / "a", chunk_size=64)
+    a.remotes.add("fold", str(tmp_path / "fold"))
+    a.commit(mask(0), "c1")
+    a.remotes.push("fold")
+    b = mvc.Repository.clone(str(tmp_path / "fold"), tmp_path / "b")
+    b.commit(mask(1), "x", branch="x")
+    b.delete_branch("x", force=True)
+    b.reflog.expire(older_than=0)
+    b.repack()
+    a.commit(mask(1), "the same bytes on main")
+    a.remotes.push("fold")
+    b.remotes.fetch()
+    assert b.fsck().ok
+    assert torch.equal(b.load("origin/main")["m"], mask(1)["m"])
+    a.close()
+    b.close()

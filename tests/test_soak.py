@@ -33,5 +33,5 @@ def test_soak_every_committed_state_survives(tmp_path, s3_server, s3_url):
                 log=print if trace else None, strict=os.environ.get("MVC_SOAK_STRICT") == "1")
     print(f"soak seed {seed}, {ops} operations (MVC_SOAK_SEED={seed} MVC_SOAK_OPS={ops} to run it again)")
     counts = soak.run()
-    print(f"soak seed {seed}: {counts}, {soak.kills} kills, {len(soak.states)} commits; tolerated: {soak.notes}")
+    print(f"soak seed {seed}: {counts}, {soak.kills} kills ({soak.landed_kills} before the end), {len(soak.states)} commits; tolerated: {soak.notes}")
     assert soak.kills > 0 and counts.get("push", 0) > 0 and len(soak.states) > 10

@@ -118,6 +118,16 @@ def same(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
+def flip_bit(path: Path, offset: int) -> None:
+    """Flip the 0x10 bit of the byte at ``offset`` of ``path`` in place (twice: as it was)."""
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x10]))
+
+
 # -- the fork server ------------------------------------------------------------
 
 class Children:
@@ -278,7 +288,8 @@ class Soak:
                "fetch": (4, self.op_fetch), "pull": (3, self.op_pull), "cli": (4, self.op_cli),
                "kill": (8, self.op_kill), "load": (6, self.op_load), "remote_gc": (2, self.op_remote_gc),
                "remote_check": (2, self.op_remote_check), "lazy_clone": (1, self.op_lazy_clone),
-               "lazy_load": (4, self.op_lazy_load), "evict": (3, self.op_evict), "repair": (2, self.op_repair)}
+               "lazy_load": (4, self.op_lazy_load), "evict": (3, self.op_evict), "repair": (2, self.op_repair),
+               "damage": (3, self.op_damage), "damage_remote": (2, self.op_damage_remote)}
         if self.s3 is None:
             for name in ("lazy_clone", "lazy_load", "evict"):
                 ops[name] = (ops[name][0], ops[name][1])  # the lazy clone is of the folder remote then
@@ -672,6 +683,71 @@ class Soak:
         side = self.sides[self.rng.choice(("a", "lazy"))]
         self.did(f"{side.name}: repair")
         side.repo.cache.repair()
+
+    # -- damage ---------------------------------------------------------------------------
+
+    def _flip(self, folder: Path):
+        """Flip one bit of a random byte of a random pack in ``folder``: (file, offset) or None."""
+        files = sorted(p for p in folder.glob("*.pack") if p.stat().st_size > 0)
+        if not files:
+            return None
+        path = self.rng.choice(files)
+        offset = self.rng.randrange(path.stat().st_size)
+        flip_bit(path, offset)
+        return path, offset
+
+    def op_damage(self):
+        """A flipped bit in a local pack: fsck finds it or it harms nothing; what a remote holds
+        is repaired from there, bit for bit; a lost copy is put back as it was."""
+        side = self.sides[self.rng.choice(("a", "b", "lazy"))]
+        hit = self._flip(side.root / ".mvc" / "packs")
+        if hit is None:
+            return
+        path, offset = hit
+        self.did(f"{side.name}: flip a bit of {path.name} at {offset}")
+        report = side.repo.fsck()
+        if report.ok:
+            self.did("   fsck finds nothing (loads will tell whether that was right)")
+            return
+        if report.lost:
+            self.did(f"   lost (no remote copy): {[(d.kind, d.object) for d in report.lost]}; flipped back")
+            flip_bit(path, offset)
+            self._fsck(side)
+            return
+        self.did(f"{side.name}: fsck --repair ({[(d.kind, d.object, d.remotes) for d in report.damage]})")
+        repaired = side.repo.cache.repair()
+        self.expect(not repaired.unrepaired and repaired.after.ok,
+                    f"{side.name}: repair left {repaired.unrepaired}, fsck after: {repaired.after.damage}")
+
+    def op_damage_remote(self):
+        """A flipped bit in a pack of the folder remote: a repair from a clone that holds the data
+        heals it (and says so only when it did); otherwise it is put back as it was."""
+        folder = self.root / "fold"
+        hit = self._flip(folder / self.rng.choice(("packs", "objects")))
+        if hit is None:
+            return
+        path, offset = hit
+        self.did(f"fold: flip a bit of {path.parent.name}/{path.name} at {offset}")
+        a = self.sides["a"]
+        if a.repo.remotes.fsck("fold").ok:
+            self.did("   fsck --remote finds nothing (fetches and clones will tell whether that was right)")
+            return
+        for side in (a, self.sides["b"]):
+            self.did(f"{side.name}: remote repair fold")
+            try:
+                repaired = side.repo.remotes.repair(side.remote("fold"))
+            except mvc.errors.RemoteBusy:
+                continue
+            after = a.repo.remotes.fsck("fold")
+            self.did(f"   repair ok={repaired.ok} unrepaired={len(repaired.unrepaired)}, fsck --remote ok={after.ok}")
+            self.expect(after.ok or not repaired.ok,
+                        f"{side.name}: remote repair said ok, but fsck --remote finds {after.problems}")
+            if after.ok:
+                return
+        if path.exists():
+            flip_bit(path, offset)
+        after = a.repo.remotes.fsck("fold")
+        self.expect(after.ok, f"fold is still damaged after its flipped bit was put back: {after.problems}")
 
     # -- kills ---------------------------------------------------------------------------
 

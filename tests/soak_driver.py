@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 
 import torch
@@ -225,7 +225,7 @@ class Soak:
         self.s3 = s3  # (url, endpoint) of a fresh S3 prefix, or None
         self.rng = random.Random(seed)
         self.log = log or (lambda line: None)
-        self.strict = strict  # fail on issue 39 item 3 too (see ``_converge``)
+        self.strict = strict  # fail on the known open bugs too (see ``guard``)
         self.states, self.parents = {}, {}  # hex id -> state, -> parent ids
         self.prunable = set()  # commits some gc (here or on a remote) may have pruned
         self.remote_tips = {"fold": {}, "s3": {}}  # remote -> branch -> id, as last pushed or fetched
@@ -238,7 +238,7 @@ class Soak:
         self.sid = 1000 * (seed % 1000)
         self.children = None
         self.step = 0
-        self.notes = []  # known issues the soak met and tolerated (see the guards)
+        self.notes = Counter()  # known open bugs the soak met and tolerated (see ``guard``), by name
 
     # -- running -------------------------------------------------------------------
 
@@ -286,7 +286,7 @@ class Soak:
                "delete_branch": (3, self.op_delete_branch), "tag": (4, self.op_tag), "merge": (4, self.op_merge),
                "repack": (3, self.op_repack), "expire_reflog": (2, self.op_expire_reflog), "gc": (4, self.op_gc), "push": (8, self.op_push),
                "fetch": (4, self.op_fetch), "pull": (3, self.op_pull), "cli": (4, self.op_cli),
-               "kill": (8, self.op_kill), "load": (6, self.op_load), "remote_gc": (2, self.op_remote_gc),
+               "kill": (8, self.op_kill), "concurrent": (4, self.op_concurrent), "load": (6, self.op_load), "remote_gc": (2, self.op_remote_gc),
                "remote_check": (2, self.op_remote_check), "lazy_clone": (1, self.op_lazy_clone),
                "lazy_load": (4, self.op_lazy_load), "evict": (3, self.op_evict), "repair": (2, self.op_repair),
                "damage": (3, self.op_damage), "damage_remote": (2, self.op_damage_remote)}
@@ -466,8 +466,7 @@ class Soak:
         unreachable commits use but leaves their index entries until the next gc sweep, so a commit
         of the same bytes in between dedups against them and cannot be loaded (PackMissing). Unless
         ``strict``, a gc right after each repack closes that window."""
-        if not self.strict:
-            self.did(f"{side.name}: gc (issue 39 item 1 guard)")
+        if self.guard("issue 39 item 1: gc right after repack"):
             side.repo.gc(grace=0)
 
     def _retention(self, side) -> dict:
@@ -716,14 +715,25 @@ class Soak:
             return
         self.did(f"{side.name}: fsck --repair ({[(d.kind, d.object, d.remotes) for d in report.damage]})")
         repaired = side.repo.cache.repair()
-        self.expect(not repaired.unrepaired and repaired.after.ok,
-                    f"{side.name}: repair left {repaired.unrepaired}, fsck after: {repaired.after.damage}")
+        if repaired.unrepaired:
+            # the remote's last listing held a copy, but the remote no longer has it (its retention
+            # pruned it since): the repair must then say the damage is lost, and it is put back
+            self.did(f"   unrepaired: {len(repaired.unrepaired)}; lost: {len(repaired.after.lost)}")
+            self.expect(repaired.after.lost and len(repaired.after.lost) == len(repaired.after.damage),
+                        f"{side.name}: repair left {repaired.unrepaired}, and fsck after it says they are "
+                        f"not lost: {repaired.after.damage}")
+            flip_bit(path, offset)
+            self._fsck(side)
+            return
+        self.expect(repaired.after.ok, f"{side.name}: repair said done, fsck after: {repaired.after.damage}")
 
     def op_damage_remote(self):
         """A flipped bit in a pack of the folder remote: a repair from a clone that holds the data
         heals it (and says so only when it did); otherwise it is put back as it was."""
         folder = self.root / "fold"
-        hit = self._flip(folder / self.rng.choice(("packs", "objects")))
+        files = sorted(p for p in (folder / self.rng.choice(("packs", "objects"))).glob("*.pack"))
+        original = {p: p.read_bytes() for p in files}
+        hit = self._flip(files[0].parent) if files else None
         if hit is None:
             return
         path, offset = hit
@@ -739,15 +749,39 @@ class Soak:
             except mvc.errors.RemoteBusy:
                 continue
             after = a.repo.remotes.fsck("fold")
-            self.did(f"   repair ok={repaired.ok} unrepaired={len(repaired.unrepaired)}, fsck --remote ok={after.ok}")
-            self.expect(after.ok or not repaired.ok,
-                        f"{side.name}: remote repair said ok, but fsck --remote finds {after.problems}")
+            self.did(f"   repair ok={repaired.ok} unrepaired={len(repaired.unrepaired)}, "
+                     f"removed {len(repaired.packs_removed)}, fsck --remote ok={after.ok}")
+            if repaired.ok and not after.ok:
+                # ISSUE 39 ITEM 2 GUARD (remove once item 2 is merged): a remote repair says ok while
+                # a record only a commit this clone pruned needs stays damaged
+                self.expect(self.guard("issue 39 item 2: remote repair said ok, but fsck --remote finds "
+                                       f"{[p.object for p in after.problems]}"),
+                            f"{side.name}: remote repair said ok, but fsck --remote finds {after.problems}")
             if after.ok:
-                return
-        if path.exists():
-            flip_bit(path, offset)
-        after = a.repo.remotes.fsck("fold")
-        self.expect(after.ok, f"fold is still damaged after its flipped bit was put back: {after.problems}")
+                break
+        else:
+            for p, data in original.items():  # put every pack back as it was (a repair may have removed it)
+                p.write_bytes(data)
+            after = a.repo.remotes.fsck("fold")
+            self.expect(after.ok, f"fold is still damaged after its flipped bit was put back: {after.problems}")
+        self._repair_guard(a)
+
+    def _repair_guard(self, side):
+        """NEW BUG GUARD (found by this soak, see its report; remove once fixed): a remote repair
+        that removes a damaged object pack moves the pack's intact records to a new pack and drops
+        the damaged ones no ref needs, so the remote can hold a commit without its tree or tensor;
+        a later push of that commit trusts the remote has its closure and sends nothing of it.
+        Unless ``strict``, a remote gc right after such a repair deletes those orphaned records."""
+        if self.guard("remote repair: gc --remote after it (push-after-repair guard)"):
+            side.repo.remotes.gc(side.remote("fold"), grace=0)
+
+    def guard(self, what: str) -> bool:
+        """True if the soak tolerates a known open bug (not ``strict``), noted; False if strict."""
+        if self.strict:
+            return False
+        self.did(f"   tolerated: {what}")
+        self.notes[what.split(":")[0]] += 1
+        return True
 
     # -- kills ---------------------------------------------------------------------------
 
@@ -755,21 +789,7 @@ class Soak:
         side = self.sides["a"]
         kind = self.rng.choice(("commit", "commit", "commit", "gc", "repack", "push", "fetch"))
         if kind == "commit":
-            branch = self.rng.choice([side.head] + list(BRANCHES))
-            sid = self.new_sid()
-            before = side.branches.get(branch)
-            self.did(f"a: kill commit sid {sid} on {branch}")
-            lines, killed = self._kill("commit", root=str(side.root), branch=branch, sid=sid)
-            landed = [line.split()[1] for line in lines if line.startswith("landed ")]
-            now = self._converge(side, branch, before)
-            if now != before:
-                self.expect(now is not None and self.parents.get(now) is None, f"{branch} moved to {now}")
-                got = side.repo.get_commit(now)
-                self.expect(got.parents == ((before,) if before else ()),
-                            f"the killed commit on {branch} has parents {got.parents}, not {before}")
-                self.record(now, make_state(sid), got.parents)
-                side.branches[branch] = now
-            self.expect(not landed or landed[0] == now, f"the commit landed ({landed}) but {branch} is at {now}")
+            self._kill_commit(side, self.rng.choice([side.head] + list(BRANCHES)))
         elif kind == "gc":
             keep_last = self.rng.randint(1, 4)
             would = set(side.repo.gc(keep_last=keep_last, dry_run=True).pruned)
@@ -794,14 +814,66 @@ class Soak:
         self.kills += 1
         self._fsck(side, after_kill=True)
 
-    def _kill(self, kind, **cmd):
+    def _kill_commit(self, side, branch, during=None):
+        """Commit a new state to ``branch`` in a child, SIGKILLed at a random moment (while this
+        process runs ``during``, if given): ``branch`` stays where it was or gains that commit."""
+        sid = self.new_sid()
+        before = side.branches.get(branch)
+        self.did(f"a: kill commit sid {sid} on {branch}")
+        lines, killed = self._kill("commit", during, root=str(side.root), branch=branch, sid=sid)
+        landed = [line.split()[1] for line in lines if line.startswith("landed ")]
+        now = self._converge(side, branch, before)
+        if now != before:
+            self.expect(now is not None and self.parents.get(now) is None, f"{branch} moved to {now}")
+            got = side.repo.get_commit(now)
+            self.expect(got.parents == ((before,) if before else ()),
+                        f"the killed commit on {branch} has parents {got.parents}, not {before}")
+            self.record(now, make_state(sid), got.parents)
+            side.branches[branch] = now
+        self.expect(not landed or landed[0] == now, f"the commit landed ({landed}) but {branch} is at {now}")
+
+    def op_concurrent(self):
+        """A commit in a child that is SIGKILLed at a random moment while this process, on the
+        same repository, runs gc (with its grace: a writer's unindexed pack is young), repack,
+        a push, a load or a commit to another branch."""
+        side = self.sides["a"]
+        branch = self.rng.choice(BRANCHES)
+        others = sorted(b for b in side.branches if b != branch)
+        kind = self.rng.choice(("gc", "repack", "push", "load", "commit"))
+        if kind in ("push", "commit") and not others:
+            return
+        other = self.rng.choice(others) if others else None
+
+        def during():
+            self.did(f"   meanwhile a: {kind} {other or ''}")
+            if kind == "gc":
+                side.repo.gc()
+            elif kind == "repack":
+                side.repo.repack()
+            elif kind == "push":
+                self._push(side, self.rng.choice(self.remotes_of(side)), other)
+            elif kind == "load":
+                target = self.pick_commit(side)
+                if target is not None:
+                    self._load(side, target, must=True)
+            else:
+                self._commit(side, other)
+        self._kill_commit(side, branch, during)
+        if kind == "repack":
+            self._item1_guard(side)
+        self.kills += 1
+        self._fsck(side, after_kill=True)
+
+    def _kill(self, kind, during=None, **cmd):
         """Run ``kind`` in a child and SIGKILL it at a uniform moment of the time such children
         took when they ran to their end (learnt as the soak goes), or a little after."""
         window = self.took.get(kind, KILL_WINDOW_S[kind])
         delay = self.rng.uniform(0, 1.2 * window)
         started = time.monotonic()
         pid = self.children.start(op=kind, **cmd)
-        time.sleep(delay)
+        if during is not None:
+            during()
+        time.sleep(max(0.0, delay - (time.monotonic() - started)))
         lines, killed = self.children.kill(pid)
         self.landed_kills += killed
         if not killed:  # it ran to its end: how long that takes, for the next window
@@ -830,11 +902,9 @@ class Soak:
         except mvc.UnknownRevision:
             mine = None
         if mine != fresh:
-            what = (f"after a killed commit, {branch} is at {mine} in the open repository "
-                    f"and at {fresh} in a new process (issue 39 item 3)")
-            self.expect(not self.strict, what)
-            self.notes.append(what)
-            self.did("   " + what)
+            what = (f"issue 39 item 3: after a killed commit, {branch} is at {mine} in the open repository "
+                    f"and at {fresh} in a new process")
+            self.expect(self.guard(what), what)
             with side.repo.index.write():  # ISSUE 39 ITEM 3 GUARD: remove once item 3 is fixed
                 pass
             mine = side.repo.resolve(f"heads/{branch}") if fresh is not None else None

@@ -220,12 +220,13 @@ class Side:
 
 
 class Soak:
-    def __init__(self, seed: int, ops: int, root, s3=None, log=None, strict: bool = False):
+    def __init__(self, seed: int, ops: int, root, s3=None, log=None, strict: bool = False, paranoid: bool = False):
         self.seed, self.ops, self.root = seed, ops, Path(root)
         self.s3 = s3  # (url, endpoint) of a fresh S3 prefix, or None
         self.rng = random.Random(seed)
         self.log = log or (lambda line: None)
         self.strict = strict  # fail on the known open bugs too (see ``guard``)
+        self.paranoid = paranoid  # check the remotes after every operation (to find the one that broke them)
         self.states, self.parents = {}, {}  # hex id -> state, -> parent ids
         self.prunable = set()  # commits some gc (here or on a remote) may have pruned
         self.remote_tips = {"fold": {}, "s3": {}}  # remote -> branch -> id, as last pushed or fetched
@@ -254,6 +255,8 @@ class Soak:
                 try:
                     ops[name][1]()
                     self._check_refs()
+                    if self.paranoid:
+                        self._check_remotes()
                     if self.step % 25 == 24:
                         self._check_everything(sample=40)
                 except SoakFailure:
@@ -343,7 +346,8 @@ class Soak:
         return out
 
     def editable(self):
-        return self.sides[self.rng.choice(("a", "a", "b"))]
+        """The repository an operation works in: mostly ``a``, else the full or the lazy clone."""
+        return self.sides[self.rng.choice(("a", "a", "b", "lazy"))]
 
     def pick_commit(self, side):
         known = sorted(self.reachable(side) - self.prunable)
@@ -643,9 +647,8 @@ class Soak:
         repo = mvc.Repository.clone(url, path, lazy=True, endpoint_url=endpoint)
         side = Side("lazy", repo)
         side.alias = {remote: "origin"}
-        side.branches = {r.name.split("/", 1)[1]: r.id for r in repo.remotes.branches()}
-        side.branches = {k: v for k, v in side.branches.items() if k == repo.head().branch}
         side.head = repo.head().branch
+        side.branches = {side.head: repo.resolve(f"origin/{side.head}")}
         self.sides["lazy"] = side
         tracking = {r.name.split("/", 1)[1]: r.id for r in repo.remotes.branches()}
         for branch, cid in tracking.items():
@@ -803,9 +806,13 @@ class Soak:
         elif kind == "push":
             remote = self.rng.choice(self.remotes_of(side))
             branch = self.rng.choice(sorted(side.branches))
-            self.did(f"a: kill push {remote} {branch} {side.branches[branch][:12]}")
+            tip, before = side.branches[branch], self.remote_tips[remote].get(branch)
+            self.did(f"a: kill push {remote} {branch} {tip[:12]}")
             self._kill("push", root=str(side.root), remote=remote, branch=branch)
             self._learn(side, remote)
+            after = self.remote_tips[remote].get(branch)
+            self.expect(after in (before, tip) or (before is not None and tip in self.ancestors(before)),
+                        f"a killed push of {branch} left {remote}/{branch} at {after}, neither {before} nor {tip}")
         else:
             remote = self.rng.choice(self.remotes_of(side))
             self.did(f"a: kill fetch {remote}")
@@ -917,12 +924,6 @@ class Soak:
         for side in self.sides.values():
             branches = {r.name: r.id for r in side.repo.branches()}
             tags = {r.name: r.id for r in side.repo.tags()}
-            if side.name == "lazy":
-                for name, cid in branches.items():
-                    if name in side.branches:
-                        self.expect(cid == side.branches[name], f"lazy: {name} at {cid}, not {side.branches[name]}")
-                    side.branches[name] = cid
-                continue
             self.expect(branches == side.branches, f"{side.name}: branches {branches}, expected {side.branches}")
             self.expect(tags == side.tags, f"{side.name}: tags {tags}, expected {side.tags}")
             self.expect(side.repo.head().branch == side.head, f"{side.name}: HEAD on {side.repo.head().branch}")
@@ -946,6 +947,9 @@ class Soak:
                 ids = sorted(tips | set(self.rng.sample(ids, sample)))
             for cid in ids:
                 self._load(side, cid, must=cid in reach and cid not in self.prunable)
+        self._check_remotes()
+
+    def _check_remotes(self):
         for remote in ["fold"] + (["s3"] if self.s3 else []):
             report = self.sides["a"].repo.remotes.fsck(remote)
             self.expect(report.ok, f"fsck --remote {remote}: {report}")

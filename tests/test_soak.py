@@ -6,6 +6,8 @@ CI runs a short soak. A long one: ``MVC_SOAK_OPS=5000 python -m pytest tests/tes
 another seed: ``MVC_SOAK_SEED=N`` (``random`` for a new one each run). A failure names its
 seed and the command that runs it again. The soak tolerates a few known open bugs, each behind a
 guard that names it (``Soak.guard``); ``MVC_SOAK_STRICT=1`` turns the guards off.
+``MVC_SOAK_PARANOID=1`` checks the remotes after every operation (slow: to find the one that
+broke them); ``MVC_SOAK_TRACE=1`` prints every operation.
 """
 
 import os
@@ -30,7 +32,8 @@ def test_soak_every_committed_state_survives(tmp_path, s3_server, s3_url):
     seed, ops = soak_seed(), int(os.environ.get("MVC_SOAK_OPS", DEFAULT_OPS))
     trace = os.environ.get("MVC_SOAK_TRACE")
     soak = Soak(seed, ops, tmp_path, s3=(s3_url("soak"), s3_server.endpoint),
-                log=print if trace else None, strict=os.environ.get("MVC_SOAK_STRICT") == "1")
+                log=print if trace else None, strict=os.environ.get("MVC_SOAK_STRICT") == "1",
+                paranoid=os.environ.get("MVC_SOAK_PARANOID") == "1")
     print(f"soak seed {seed}, {ops} operations (MVC_SOAK_SEED={seed} MVC_SOAK_OPS={ops} to run it again)")
     counts = soak.run()
     print(f"soak seed {seed}: {counts}, {soak.kills} kills ({soak.landed_kills} before the end), {len(soak.states)} commits; tolerated: {dict(soak.notes)}")

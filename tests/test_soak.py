@@ -18,7 +18,7 @@ import pytest
 from soak_driver import Soak
 
 DEFAULT_SEED = 39
-DEFAULT_OPS = 160
+DEFAULT_OPS = 250
 
 
 def soak_seed() -> int:
@@ -28,6 +28,7 @@ def soak_seed() -> int:
     return int(raw) if raw else DEFAULT_SEED
 
 
+@pytest.mark.slow  # about a minute: SeaweedFS's start, then real processes and many commits
 def test_soak_every_committed_state_survives(tmp_path, s3_server, s3_url):
     seed, ops = soak_seed(), int(os.environ.get("MVC_SOAK_OPS", DEFAULT_OPS))
     trace = os.environ.get("MVC_SOAK_TRACE")

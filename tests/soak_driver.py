@@ -584,6 +584,21 @@ class Soak:
             args = ["tag", name, target] + (["--force"] if name in side.tags else [])
             self._cli(side, args)
             side.tags[name] = target
+        elif roll < 0.5:
+            names = sorted(side.branches)
+            old, new = self.rng.choice(names), self.rng.choice(BRANCHES)
+            if old == new:
+                return
+            self._cli(side, ["branch", "-m", old, new] + (["--force"] if new in side.branches else []))
+            side.branches[new] = side.branches.pop(old)
+            if side.head == old:
+                side.head = new
+        elif roll < 0.6:
+            keep = self.rng.randint(1, 4)
+            out = self._cli(side, ["gc", "--keep-last", keep, "--grace", 0, "--json"])
+            pruned = set(json.loads(out)["pruned"])
+            self.expect(not (pruned & {*side.branches.values(), *side.tags.values()}), f"gc pruned a tip: {pruned}")
+            self.prunable |= pruned
         elif roll < 0.7:
             out = self._cli(side, ["log", "--json"])
             self.expect(side.branches.get(side.head, "") in out, "mvc log --json does not show HEAD's tip")
@@ -593,6 +608,7 @@ class Soak:
     def _cli(self, side, args) -> str:
         from click.testing import CliRunner
         from mvc.cli import main
+        args = [str(a) for a in args]
         self.did(f"{side.name}: mvc {' '.join(args)}")
         result = CliRunner().invoke(main, ["-C", str(side.root), *args])
         self.expect(result.exit_code == 0 and result.exception is None or isinstance(result.exception, SystemExit),

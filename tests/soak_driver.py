@@ -293,10 +293,7 @@ class Soak:
                "remote_check": (2, self.op_remote_check), "lazy_clone": (1, self.op_lazy_clone),
                "lazy_load": (4, self.op_lazy_load), "evict": (3, self.op_evict), "repair": (2, self.op_repair),
                "damage": (3, self.op_damage), "damage_remote": (2, self.op_damage_remote)}
-        if self.s3 is None:
-            for name in ("lazy_clone", "lazy_load", "evict"):
-                ops[name] = (ops[name][0], ops[name][1])  # the lazy clone is of the folder remote then
-        return ops
+        return ops  # without S3, the lazy clone is of the folder remote
 
     def _setup(self):
         a = Side("a", mvc.Repository.init(self.root / "a", chunk_size=SMALL_CHUNK))
@@ -462,14 +459,14 @@ class Soak:
     def op_repack(self):
         side = self.editable()
         self.did(f"{side.name}: repack")
-        side.repo.repack()
-        self._item1_guard(side)
+        if side.repo.repack().packs_deleted:
+            self._item1_guard(side)
 
     def _item1_guard(self, side):
         """ISSUE 39 ITEM 1 GUARD (remove once item 1 is merged): repack deletes packs that only
         unreachable commits use but leaves their index entries until the next gc sweep, so a commit
         of the same bytes in between dedups against them and cannot be loaded (PackMissing). Unless
-        ``strict``, a gc right after each repack closes that window."""
+        ``strict``, a gc right after each repack that deleted packs (or was killed) closes that window."""
         if self.guard("issue 39 item 1: gc right after repack"):
             side.repo.gc(grace=0)
 
@@ -864,12 +861,14 @@ class Soak:
             return
         other = self.rng.choice(others) if others else None
 
+        guard = []
+
         def during():
             self.did(f"   meanwhile a: {kind} {other or ''}")
             if kind == "gc":
                 side.repo.gc()
             elif kind == "repack":
-                side.repo.repack()
+                guard.append(side.repo.repack().packs_deleted)
             elif kind == "push":
                 self._push(side, self.rng.choice(self.remotes_of(side)), other)
             elif kind == "load":
@@ -879,7 +878,7 @@ class Soak:
             else:
                 self._commit(side, other)
         self._kill_commit(side, branch, during)
-        if kind == "repack":
+        if any(guard):
             self._item1_guard(side)
         self.kills += 1
         self._fsck(side, after_kill=True)

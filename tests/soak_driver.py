@@ -59,7 +59,8 @@ class SoakFailure(AssertionError):
 
 def make_state(sid: int) -> dict:
     """The checkpoint of seed ``sid``: block j of "w" changes every 2**(j % 4) sids, "b" every
-    third, "frozen" never, "emb", "mask" and "codes" in a few elements every sid; "extra" only on every seventh sid (a key set a merge refuses)."""
+    third, "frozen" never, "emb", "mask" and "codes" in a few elements every sid; "extra" only
+    on every seventh sid (a key set a merge refuses)."""
     blocks = [torch.randn(BLOCK, generator=torch.Generator().manual_seed(1000 * j + (sid >> (j % 4))))
               for j in range(BLOCKS)]
     state = {"model": {"w": torch.cat(blocks),
@@ -109,8 +110,8 @@ def linear(a, b):
 def same(a, b) -> bool:
     """Bit for bit: dtype, shape and bytes of tensors, type and value of everything else."""
     if isinstance(a, torch.Tensor):
-        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
-                and a.contiguous().view(-1).view(torch.uint8).tolist() == b.contiguous().view(-1).view(torch.uint8).tolist())
+        raw = (lambda t: t.contiguous().view(-1).view(torch.uint8).tolist())  # noqa: E731
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and raw(a) == raw(b)
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
@@ -220,6 +221,10 @@ class Side:
 
 
 class Soak:
+    """One seeded soak in folder ``root``: ``run()`` draws ``ops`` operations (``_ops``), checks the
+    refs after each, everything every 25 (``_check_everything``) and at the end, and returns how
+    often each operation ran; SoakFailure names the seed and the last operations."""
+
     def __init__(self, seed: int, ops: int, root, s3=None, log=None, strict: bool = False, paranoid: bool = False):
         self.seed, self.ops, self.root = seed, ops, Path(root)
         self.s3 = s3  # (url, endpoint) of a fresh S3 prefix, or None
@@ -285,15 +290,18 @@ class Soak:
             raise self.failure(what)
 
     def _ops(self) -> dict:
-        ops = {"commit": (20, self.op_commit), "branch": (6, self.op_branch), "checkout": (4, self.op_checkout),
-               "delete_branch": (3, self.op_delete_branch), "tag": (4, self.op_tag), "merge": (4, self.op_merge),
-               "repack": (3, self.op_repack), "expire_reflog": (2, self.op_expire_reflog), "gc": (4, self.op_gc), "push": (8, self.op_push),
-               "fetch": (4, self.op_fetch), "pull": (3, self.op_pull), "cli": (4, self.op_cli),
-               "kill": (8, self.op_kill), "concurrent": (4, self.op_concurrent), "load": (6, self.op_load), "remote_gc": (2, self.op_remote_gc),
-               "remote_check": (2, self.op_remote_check), "lazy_clone": (1, self.op_lazy_clone),
-               "lazy_load": (4, self.op_lazy_load), "evict": (3, self.op_evict), "repair": (2, self.op_repair),
-               "damage": (3, self.op_damage), "damage_remote": (2, self.op_damage_remote)}
-        return ops  # without S3, the lazy clone is of the folder remote
+        """{name: (weight, operation)}: what the soak draws from at each step."""
+        return {
+            "commit": (20, self.op_commit), "branch": (6, self.op_branch), "checkout": (4, self.op_checkout),
+            "delete_branch": (3, self.op_delete_branch), "tag": (4, self.op_tag), "merge": (4, self.op_merge),
+            "repack": (3, self.op_repack), "expire_reflog": (2, self.op_expire_reflog), "gc": (4, self.op_gc),
+            "push": (8, self.op_push), "fetch": (4, self.op_fetch), "pull": (3, self.op_pull),
+            "cli": (4, self.op_cli), "load": (6, self.op_load),
+            "kill": (8, self.op_kill), "concurrent": (4, self.op_concurrent),
+            "remote_gc": (2, self.op_remote_gc), "remote_check": (2, self.op_remote_check),
+            "lazy_clone": (1, self.op_lazy_clone), "lazy_load": (4, self.op_lazy_load), "evict": (3, self.op_evict),
+            "repair": (2, self.op_repair), "damage": (3, self.op_damage), "damage_remote": (2, self.op_damage_remote),
+        }
 
     def _setup(self):
         a = Side("a", mvc.Repository.init(self.root / "a", chunk_size=SMALL_CHUNK))

@@ -50,5 +50,6 @@ def test_soak_every_committed_state_survives(tmp_path, request):
                 paranoid=os.environ.get("MVC_SOAK_PARANOID") == "1")
     print(f"soak seed {seed}, {ops} operations (MVC_SOAK_SEED={seed} MVC_SOAK_OPS={ops} to run it again)")
     counts = soak.run()
-    print(f"soak seed {seed}: {counts}, {soak.kills} kills ({soak.landed_kills} before the end), {len(soak.states)} commits; tolerated: {dict(soak.notes)}")
+    print(f"soak seed {seed}: {counts}, {soak.kills} kills ({soak.landed_kills} before the end), "
+          f"{len(soak.states)} commits; tolerated: {dict(soak.notes)}")
     assert soak.kills > 0 and counts.get("push", 0) > 0 and len(soak.states) > 10

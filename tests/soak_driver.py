@@ -129,6 +129,41 @@ def flip_bit(path: Path, offset: int) -> None:
         f.write(bytes([byte ^ 0x10]))
 
 
+class RemoteFiles:
+    """The pack files of a remote, behind mvc's back: a folder remote's files or an S3 prefix's
+    objects (boto3, with the credentials the environment holds)."""
+
+    def __init__(self, url: str, endpoint=None):
+        self.url, self.endpoint = url, endpoint
+        if url.startswith("s3://"):
+            import boto3
+            self.bucket, _, self.prefix = url[len("s3://"):].partition("/")
+            self.client = boto3.client("s3", endpoint_url=endpoint)
+
+    def packs(self, folder: str) -> list:
+        """Keys (``FOLDER/NAME.pack``) of the non-empty packs in ``folder``."""
+        if not self.url.startswith("s3://"):
+            return sorted(f"{folder}/{p.name}" for p in (Path(self.url) / folder).glob("*.pack")
+                          if p.stat().st_size > 0)
+        answer = self.client.list_objects_v2(Bucket=self.bucket, Prefix=f"{self.prefix}/{folder}/")
+        return sorted(o["Key"][len(self.prefix) + 1:] for o in answer.get("Contents", [])
+                      if o["Key"].endswith(".pack") and o["Size"] > 0)
+
+    def read(self, key: str) -> bytes:
+        if not self.url.startswith("s3://"):
+            return (Path(self.url) / key).read_bytes()
+        return self.client.get_object(Bucket=self.bucket, Key=f"{self.prefix}/{key}")["Body"].read()
+
+    def write(self, key: str, data: bytes) -> None:
+        if not self.url.startswith("s3://"):
+            path = Path(self.url) / key
+            if path.exists():
+                os.chmod(path, 0o644)
+            path.write_bytes(data)
+            return
+        self.client.put_object(Bucket=self.bucket, Key=f"{self.prefix}/{key}", Body=data)
+
+
 # -- the fork server ------------------------------------------------------------
 
 class Children:
@@ -231,7 +266,7 @@ class Soak:
         self.rng = random.Random(seed)
         self.log = log or (lambda line: None)
         self.strict = strict  # fail on the known open bugs too (see ``guard``)
-        self.paranoid = paranoid  # check the remotes after every operation (to find the one that broke them)
+        self.paranoid = paranoid  # fsck everything after every operation (to find the one that broke it)
         self.states, self.parents = {}, {}  # hex id -> state, -> parent ids
         self.prunable = set()  # commits some gc (here or on a remote) may have pruned
         self.remote_tips = {"fold": {}, "s3": {}}  # remote -> branch -> id, as last pushed or fetched
@@ -261,6 +296,8 @@ class Soak:
                     ops[name][1]()
                     self._check_refs()
                     if self.paranoid:
+                        for side in self.sides.values():
+                            self._fsck(side)
                         self._check_remotes()
                     if self.step % 25 == 24:
                         self._check_everything(sample=40)
@@ -752,28 +789,33 @@ class Soak:
         self.expect(repaired.after.ok, f"{side.name}: repair said done, fsck after: {repaired.after.damage}")
 
     def op_damage_remote(self):
-        """A flipped bit in a pack of the folder remote: a repair from a clone that holds the data
-        heals it (and says so only when it did); otherwise it is put back as it was."""
-        folder = self.root / "fold"
-        files = sorted(p for p in (folder / self.rng.choice(("packs", "objects"))).glob("*.pack"))
-        original = {p: p.read_bytes() for p in files}
-        hit = self._flip(files[0].parent) if files else None
-        if hit is None:
+        """A flipped bit in a pack of a remote: a repair from a clone that holds the data heals it
+        (and says so only when it did); otherwise every pack is put back as it was."""
+        remote = self.rng.choice(["fold"] + (["s3"] if self.s3 else []))
+        files = RemoteFiles(*(self.s3 if remote == "s3" else (str(self.root / "fold"), None)))
+        keys = files.packs(self.rng.choice(("packs", "objects")))
+        if not keys:
             return
-        path, offset = hit
-        self.did(f"fold: flip a bit of {path.parent.name}/{path.name} at {offset}")
+        original = {key: files.read(key) for key in keys}
+        key = self.rng.choice(keys)
+        offset = self.rng.randrange(len(original[key]))
+        data = bytearray(original[key])
+        data[offset] ^= 0x10
+        files.write(key, bytes(data))
+        self.did(f"{remote}: flip a bit of {key} at {offset}")
         a = self.sides["a"]
-        if a.repo.remotes.fsck("fold").ok:
+        after = a.repo.remotes.fsck(remote)
+        if after.ok:
             self.did("   fsck --remote finds nothing (fetches and clones will tell whether that was right)")
             return
         removed = False
-        for side in (a, self.sides["b"]):
-            self.did(f"{side.name}: remote repair fold")
+        for side in (a, self.sides["b"] if remote == "fold" else self.sides["lazy"]):
+            self.did(f"{side.name}: remote repair {remote}")
             try:
-                repaired = side.repo.remotes.repair(side.remote("fold"))
+                repaired = side.repo.remotes.repair(side.remote(remote))
             except mvc.errors.RemoteBusy:
                 continue
-            after = a.repo.remotes.fsck("fold")
+            after = a.repo.remotes.fsck(remote)
             self.did(f"   repair ok={repaired.ok} unrepaired={len(repaired.unrepaired)}, "
                      f"removed {len(repaired.packs_removed)}, fsck --remote ok={after.ok}")
             if repaired.ok and not after.ok:
@@ -791,10 +833,10 @@ class Soak:
         # a later push of that commit trusts the remote holds its closure and sends none of it.
         # Unless ``strict``, the removed packs are put back (undamaged) once the repair was judged.
         if not after.ok or (removed and self.guard("remote repair removed packs: put back (push-after-repair guard)")):
-            for p, data in original.items():  # every pack of the folder as it was before the flip
-                p.write_bytes(data)
-            after = a.repo.remotes.fsck("fold")
-            self.expect(after.ok, f"fold is still damaged after its packs were put back: {after.problems}")
+            for key, data in original.items():  # every pack of the folder as it was before the flip
+                files.write(key, data)
+            after = a.repo.remotes.fsck(remote)
+            self.expect(after.ok, f"{remote} is still damaged after its packs were put back: {after.problems}")
 
     def guard(self, what: str) -> bool:
         """True if the soak tolerates a known open bug (not ``strict``), noted; False if strict."""

@@ -7,8 +7,8 @@ another seed: ``MVC_SOAK_SEED=N`` (``random`` for a new one each run); ``MVC_SOA
 folder remote alone (also what runs where SeaweedFS is not installed). A failure names its
 seed and the command that runs it again. The soak tolerates a few known open bugs, each behind a
 guard that names it (``Soak.guard``); ``MVC_SOAK_STRICT=1`` turns the guards off.
-``MVC_SOAK_PARANOID=1`` checks the remotes after every operation (slow: to find the one that
-broke them); ``MVC_SOAK_TRACE=1`` prints every operation.
+``MVC_SOAK_PARANOID=1`` runs fsck of every repository and remote after every operation (slow:
+to find the one that broke them); ``MVC_SOAK_TRACE=1`` prints every operation.
 """
 
 import os

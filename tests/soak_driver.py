@@ -175,6 +175,7 @@ class Children:
                                      text=True, env=env)
         self.lines = queue.Queue()
         self.early = []
+        self.running = None  # the pid of the child started and not yet reaped
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -187,7 +188,8 @@ class Children:
         self.proc.stdin.flush()
         seen = self.until(lambda line: line.startswith("pid "))
         self.early = seen[:-1]  # the child may print before the server names it
-        return int(seen[-1].split()[1])
+        self.running = int(seen[-1].split()[1])
+        return self.running
 
     def until(self, done) -> list:
         seen, self.early = self.early, []
@@ -202,6 +204,7 @@ class Children:
     def finish(self, pid: int) -> list:
         """The lines of child ``pid`` until it is reaped; SoakFailure if it crashed."""
         seen = self.until(lambda line: line.startswith(f"reaped {pid} "))
+        self.running = None
         status = int(seen[-1].split()[2])
         if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
             raise SoakFailure(f"child {pid} failed (status {status}; its traceback is on stderr): {seen}")
@@ -214,6 +217,7 @@ class Children:
         except ProcessLookupError:
             pass
         seen = self.until(lambda line: line.startswith(f"reaped {pid} "))
+        self.running = None
         status = int(seen[-1].split()[2])
         killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
         if not killed and not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
@@ -224,6 +228,11 @@ class Children:
         return self.finish(self.start(**cmd))
 
     def close(self):
+        if self.running is not None:  # a soak that failed meanwhile: its child goes too
+            try:
+                os.kill(self.running, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
             self.proc.stdin.close()
             self.proc.wait(timeout=CHILD_TIMEOUT_S)

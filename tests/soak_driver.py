@@ -848,7 +848,8 @@ class Soak:
         # the damaged ones no ref needs, so the remote can hold a commit without its tree or tensor;
         # a later push of that commit trusts the remote holds its closure and sends none of it.
         # Unless ``strict``, the removed packs are put back (undamaged) once the repair was judged.
-        if not after.ok or (removed and self.guard("remote repair removed packs: put back (push-after-repair guard)")):
+        put_back = removed and self.guard("remote repair removed packs: put back (push-after-repair guard)")
+        if not after.ok or put_back:
             for key, data in original.items():  # every pack of the folder as it was before the flip
                 files.write(key, data)
             after = a.repo.remotes.fsck(remote)

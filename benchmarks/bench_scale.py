@@ -141,6 +141,135 @@ def chunk_series(n: int, work: Path, repeat: int, remote_too: bool = True) -> di
     return out
 
 
+INDEX_PACKS = 10  # the index series' entries come in this many packs, as 10 commits write them
+LOOKUPS = 100_000  # ids looked up at random in the index series
+
+
+def index_series(n: int, work: Path, repeat: int) -> dict:
+    """The chunk index alone, old and new side by side, at ``n`` entries in INDEX_PACKS packs of
+    random ids: the LMDB chunk table as commits fill it (one write transaction per pack,
+    ``Txn.put_chunk`` per entry) against pack indexes (``mvc/store/packindex.py``: one file
+    per pack as it is sealed, then merged into one multi-pack index, in slices)."""
+    import numpy as np
+    from mvc.store import idarray, packindex
+    from mvc.store.index import Index
+    from mvc.store.packs import Location
+    rng = np.random.default_rng(n)
+    per = n // INDEX_PACKS
+    by_pack = [np.frombuffer(rng.bytes(32 * per), dtype=idarray.ID) for _ in range(INDEX_PACKS)]
+    names = [bytes([k + 1]) * 16 for k in range(INDEX_PACKS)]
+    picks = [(int(k), int(r)) for k, r in zip(rng.integers(0, INDEX_PACKS, LOOKUPS), rng.integers(0, per, LOOKUPS))]
+    needles = idarray.pack([by_pack[k][r:r + 1].tobytes() for k, r in picks])
+    out = dict(n=n)
+    # old: the LMDB chunk table
+    folder = work / f"lmdb-{n}"
+    index = Index(folder, create=True)
+    start = time.perf_counter()
+    for k, ids in enumerate(by_pack):
+        with index.write() as txn:
+            for r, cid in enumerate(idarray.ids(ids)):
+                txn.put_chunk(cid, Location(names[k], 8 + 100 * r, 64))
+    out["old_build_us"] = (time.perf_counter() - start) / n * 1e6
+    out["old_bytes_per_entry"] = (folder / "data.mdb").stat().st_size / n
+    with index.env.begin() as txn:
+        st = txn.stat(index.dbs["chunks"])
+    out["old_table_bytes_per_entry"] = (st["branch_pages"] + st["leaf_pages"]) * st["psize"] / n
+
+    def old_lookup():
+        with index.read() as txn:
+            for cid in idarray.ids(needles):
+                assert txn.chunk(cid) is not None
+    out["old_lookup_us"] = _best(old_lookup, repeat) / LOOKUPS * 1e6
+
+    def old_scan():
+        with index.read() as txn:
+            assert sum(len(b.ids) for b in txn.chunk_batches()) == per * INDEX_PACKS
+    out["old_scan_us"] = _best(old_scan, repeat) / n * 1e6
+    index.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    # new: one pack index per pack, merged
+    folder = work / f"pidx-{n}"
+    folder.mkdir()
+    start = time.perf_counter()
+    for k, ids in enumerate(by_pack):
+        packindex.write(folder / f"{k}.pidx", [names[k]], [ids])
+    out["new_build_us"] = (time.perf_counter() - start) / n * 1e6
+    parts = [packindex.PackIndex(folder / f"{k}.pidx") for k in range(INDEX_PACKS)]
+    start = time.perf_counter()
+    packindex.merge(folder / "multi.pidx", parts)
+    out["new_merge_us"] = (time.perf_counter() - start) / n * 1e6
+    out["new_merge_peak_mb"] = _merge_peak(folder) / 2**20
+    for p in parts:
+        p.close()
+    out["new_bytes_per_entry"] = (folder / "multi.pidx").stat().st_size / n
+    multi = packindex.PackIndex(folder / "multi.pidx")
+
+    def new_lookup():
+        pack, row = packindex.index_lookup(multi, needles, lambda k, rows: by_pack[k][rows])
+        assert (pack >= 0).all()
+    out["new_lookup_us"] = _best(new_lookup, repeat) / LOOKUPS * 1e6
+
+    def new_scan():  # each slice's columns read into memory, as a planner merging it with live ids would
+        total = 0
+        for _, _, start, stop in multi.slices(1 << 20):
+            columns = [np.array(c[start:stop]) for c in (multi.heads, multi.tails, multi.packs, multi.rows)]
+            total += len(columns[0])
+        assert total == per * INDEX_PACKS
+    out["new_scan_us"] = _best(new_scan, repeat) / n * 1e6
+    multi.close()
+    for k, ids in enumerate(by_pack):
+        np.save(folder / f"{k}.npy", ids)
+    plan = json.loads(subprocess.run([sys.executable, "-c", _PLAN, str(folder), str(INDEX_PACKS)], check=True,
+                                     capture_output=True, text=True).stdout)
+    out["new_plan_us"] = plan["seconds"] / n * 1e6
+    out["new_plan_peak_mb"] = plan["peak"] / 2**20
+    shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+_PLAN = """
+import json, sys, time, tracemalloc
+from pathlib import Path
+import numpy as np
+from mvc.store import packindex
+folder, count = Path(sys.argv[1]), int(sys.argv[2])
+by_pack = [np.load(folder / f"{k}.npy", mmap_mode="r") for k in range(count)]  # mapped, as pack trailers
+multi = packindex.PackIndex(folder / "multi.pidx")
+tracemalloc.start()
+start = time.perf_counter()
+spill = packindex.IdSpill(folder / "spill")
+for ids in by_pack:  # the walk: every id live, met tensor by tensor (10 000 ids a tensor)
+    for at in range(0, len(ids), 10_000):
+        spill.add(np.array(ids[at:at + 10_000]))
+live = dead = 0
+for ids, pack, row, garbage in packindex.classify(multi, spill, lambda k, rows: by_pack[k][rows]):
+    live += int((pack >= 0).sum())
+    dead += len(garbage)
+seconds = time.perf_counter() - start
+assert live == sum(map(len, by_pack)) and dead == 0
+print(json.dumps(dict(seconds=seconds, peak=tracemalloc.get_traced_memory()[1])))
+"""
+
+
+_MERGE_PEAK = """
+import sys, tracemalloc
+from pathlib import Path
+from mvc.store import packindex
+folder = Path(sys.argv[1])
+parts = [packindex.PackIndex(p) for p in sorted(folder.glob("[0-9]*.pidx"))]
+tracemalloc.start()
+packindex.merge(folder / "again.pidx", parts)
+print(tracemalloc.get_traced_memory()[1])
+"""
+
+
+def _merge_peak(folder: Path) -> int:
+    """Peak bytes a merge of ``folder``'s pack indexes allocates (tracemalloc sees numpy's)."""
+    out = subprocess.run([sys.executable, "-c", _MERGE_PEAK, str(folder)], check=True, capture_output=True, text=True)
+    (folder / "again.pidx").unlink()
+    return int(out.stdout)
+
+
 def _remote_part(repo, remote: Path, clone: Path, g, repeat: int, out: dict) -> None:
     """Push planning, the push, planning one more commit, a lazy clone and opening it."""
     repo.remotes.add("origin", str(remote))
@@ -313,6 +442,8 @@ def main():
     ap.add_argument("--dir", default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--rows", default=None, help="print the tables of the 'measured' lines of earlier runs' "
                     "output (a file), measuring nothing")
+    ap.add_argument("--index", default="", help="entries of the index series: the LMDB chunk table and pack "
+                    "indexes side by side (comma separated; run alone with --chunks '' --commits '' --tensors '')")
     args = ap.parse_args()
     if args.rows:
         print("\n".join(report(*_read_rows(Path(args.rows)))))
@@ -320,6 +451,10 @@ def main():
     work = Path(args.dir or tempfile.mkdtemp(prefix="mvc-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
+        rows = [index_series(n, work, args.repeat) for n in _sizes(args.index)]
+        if rows:
+            print("\n".join(table("index series (microseconds per entry or lookup; bytes per entry; "
+                                   "old = LMDB chunk table, new = pack indexes)", rows, list(rows[0])[1:])))
         chunks = [_shown(chunk_series(n, work, args.repeat, not args.no_remote)) for n in _sizes(args.chunks)]
         commits = [_shown(commit_series(c, work, args.repeat)) for c in _sizes(args.commits)]
         tensors = [_shown(tensor_series(t, work, args.repeat)) for t in _sizes(args.tensors)]

@@ -184,12 +184,39 @@ class MvcStorageWriter(StorageWriter):
     ``remote``: ranks on hosts without a shared filesystem, each with a
     repository at ``path`` that caches this remote (see the module doc).
     After a save, ``last_commit`` on the coordinator is the ``mvc.Commit``.
+
+    DCP's ``FileSystemWriter`` keywords are taken, so code written for it
+    runs unchanged: ``overwrite=False`` refuses a save to an id that already
+    names a checkpoint (its tag exists; for the repository's root, ``branch``
+    has a commit) with ``CheckpointExists``, before any rank writes a chunk.
+    ``sync_files``, ``single_file_per_rank``, ``thread_count``,
+    ``per_thread_copy_ahead``, ``cache_staged_state_dict`` and
+    ``serialization_format`` change nothing (every save is fsynced, chunks
+    are hashed in mvc's own threads, stored in mvc's own format);
+    ``_extensions`` (stream transforms of the stored bytes) are refused.
     """
 
     def __init__(self, path, branch: Optional[str] = "main", message: str = "", step: Optional[int] = None,
                  metrics: Optional[dict] = None, *, epoch: Optional[int] = None,
-                 context: Optional[dict] = None, chunk_size: Optional[int] = None, remote: Optional[str] = None):
+                 context: Optional[dict] = None, chunk_size: Optional[int] = None, remote: Optional[str] = None,
+                 overwrite: bool = True, single_file_per_rank: bool = True, sync_files: bool = True,
+                 thread_count: int = 1, per_thread_copy_ahead: int = 10_000_000,
+                 cache_staged_state_dict: bool = False, _extensions=None, serialization_format=None):
+        self._hold = ExitStack()  # first: __del__ needs it even when a check below refuses
         super().__init__()
+        if type(overwrite) is not bool:
+            raise mvc.BadInput(f"overwrite must be True or False, not {overwrite!r}")
+        if branch is not None and not isinstance(branch, str):  # FileSystemWriter(path, True) passed positionally
+            raise mvc.BadInput(f"branch must be a branch name, not {branch!r}; MvcStorageWriter takes "
+                               "FileSystemWriter's options as keywords only")
+        if _extensions:
+            raise mvc.BadInput("MvcStorageWriter takes no _extensions: mvc stores chunks in its own format "
+                               "(compressed by the repository's own encodings, verified on every read)")
+        self.overwrite = overwrite
+        # accepted as FileSystemWriter's, with no effect here (see the class doc)
+        self.single_file_per_rank, self.sync_files, self.thread_count = single_file_per_rank, sync_files, thread_count
+        self.per_thread_copy_ahead, self.cache_staged_state_dict = per_thread_copy_ahead, cache_staged_state_dict
+        self.serialization_format = serialization_format
         self.path = Path(path)
         self.remote = remote
         self.branch, self.message, self.step, self.epoch = branch, message, step, epoch
@@ -201,7 +228,6 @@ class MvcStorageWriter(StorageWriter):
         self.id: Optional[Path] = None  # DCP's checkpoint_id, once given
         self.tag: Optional[str] = None  # the tag that id maps to, once set up
         self._start: Optional[dict] = None
-        self._hold = ExitStack()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
@@ -261,6 +287,27 @@ class MvcStorageWriter(StorageWriter):
                                        "save to another checkpoint_id")
             self._hold.enter_context(self.repo.gc_lock.shared())
             self._start = self.repo.shards.begin(self.branch)
+            if not self.overwrite:
+                self._refuse_existing(found)
+
+    def _refuse_existing(self, tag: Optional[mvc.Ref]) -> None:
+        """CheckpointExists if this save's id already names a checkpoint (overwrite=False)."""
+        if self.tag is not None:
+            ref, commit = self.tag, tag.id if tag is not None else None
+        else:
+            ref, commit = self._start["ref"], self._start["parent"]
+            ref = ref.split("/", 1)[-1] if ref else None  # "heads/main": the branch's name
+            commit = commit.hex() if isinstance(commit, bytes) else commit
+        if commit is None:
+            return
+        if self.tag is not None:
+            where = f"tag {ref!r}"
+        else:
+            where = f"branch {ref!r}" if ref else "HEAD"
+        raise mvc.errors.CheckpointExists(
+            f"Checkpoint already exists at {self.checkpoint_id} ({where} names commit {commit[:12]}) and "
+            "overwrite=False; save to another checkpoint_id, or with overwrite=True (the older save stays "
+            "in the history)", checkpoint_id=self.checkpoint_id, ref=ref, commit=commit)
 
     def _open(self) -> tuple:
         """(repository, tag or None) this save goes to: the repository holding
@@ -347,7 +394,7 @@ class MvcStorageWriter(StorageWriter):
                 if found is not None and found.protected:
                     raise mvc.ProtectedRef(f"tag {self.tag!r} of checkpoint_id {self.checkpoint_id} was protected "
                                            f"during the save; commit {self.last_commit.short_id} is on the branch")
-                self.repo.create_tag(self.tag, self.last_commit.id, force=True)
+                self.repo.create_tag(self.tag, self.last_commit.id, force=self.overwrite)
             head = self.repo.head()
             if head.id is None and self.last_commit.branch and head.branch != self.last_commit.branch:
                 # HEAD's branch has no commits: put HEAD on this one, as Git's first commit
@@ -368,7 +415,9 @@ class MvcStorageWriter(StorageWriter):
             self.repo = None
 
     def __del__(self):
-        self._hold.close()  # a save that failed mid-way must not keep gc out for the process's life
+        hold = getattr(self, "_hold", None)  # None: __init__ refused its arguments before making it
+        if hold is not None:
+            hold.close()  # a save that failed mid-way must not keep gc out for the process's life
 
 
 def _bytes_io(planner, item) -> Optional[io.BytesIO]:

@@ -8,13 +8,15 @@ branch of an mvc repository and tagged ``BRANCH/NAME``, and the
 **checkpoint path** Lightning keeps for it (``DIRPATH/NAME.ckpt`` in
 ``best_model_path``, ``last_model_path``, the top-k dict) is a real file:
 a **pointer**, a few hundred bytes of ``torch.save`` of
-``{"mvc_checkpoint": {"repository", "commit", "tag"}}`` (the repository's
+``{"mvc_checkpoint": {"repository", "commit", "tag"}, "pytorch-lightning_version":
+NOT_A_CHECKPOINT}`` (the repository's
 absolute path, so a pointer reads the same from any folder), written after
 the commit. Lightning finds and resumes them as its own files
 (``ckpt_path="last"``, ``"best"``, or any of these paths); for anything
 outside Lightning's Trainer, ``open_checkpoint(path)`` gives the whole
 checkpoint as a file object (``Model.load_from_checkpoint(open_checkpoint(path))``,
-``torch.load(open_checkpoint(path))``); ``torch.load(path)`` itself gives the pointer.
+``torch.load(open_checkpoint(path))``); ``torch.load(path)`` itself gives the pointer,
+and ``Model.load_from_checkpoint(path)`` stops with an error that says to use ``open_checkpoint``.
 The repository is at ``repo``, else at ``dirpath``, else in the current
 folder; ``dirpath`` (default: the repository) is where the pointers go.
 Where ModelCheckpoint deletes a file (a checkpoint that left the top k, an
@@ -55,7 +57,14 @@ from .checkpointer import close_run, open_run
 from .pusher import Pusher
 
 PREFIX = "mvc:"
-POINTER = "mvc_checkpoint"  # the one key of a pointer file's dict
+POINTER = "mvc_checkpoint"  # the key of a pointer file's dict that holds the pointer
+# A pointer also holds Lightning's version key, with a value that is no
+# version: Lightning's own loaders (Model.load_from_checkpoint(path), a
+# Trainer without MvcCheckpoint given the path) read that key first and stop
+# with this text in their error, instead of KeyError: 'pytorch-lightning_version'.
+LIGHTNING_VERSION = "pytorch-lightning_version"
+NOT_A_CHECKPOINT = ("this file is an mvc pointer, not the checkpoint: load it with "
+                    "Model.load_from_checkpoint(mvc_hooks.lightning.open_checkpoint(path))")
 POINTER_MAX = 1 << 16  # bytes: a file larger than this is not a pointer
 REPOSITORY_DIR = ".mvc"  # what a folder holding a repository has in it
 
@@ -70,7 +79,8 @@ def read_pointer(path) -> Optional[dict]:
             data = torch.load(f, map_location="cpu", weights_only=True)
     except Exception:  # not a file, not torch.save bytes, or holding more than plain values: not a pointer
         return None
-    if isinstance(data, dict) and set(data) == {POINTER} and isinstance(data[POINTER], dict):
+    if isinstance(data, dict) and set(data) in ({POINTER}, {POINTER, LIGHTNING_VERSION}) \
+            and isinstance(data[POINTER], dict):
         pointer = data[POINTER]
         if isinstance(pointer.get("repository"), str) and not os.path.isabs(pointer["repository"]):
             pointer = {**pointer, "repository": _written_from(path, pointer["repository"])}
@@ -101,7 +111,7 @@ def _write_pointer(path: str, pointer: dict) -> None:
     fd, staging = tempfile.mkstemp(prefix=".mvc-pointer-", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save({POINTER: pointer}, f)
+            torch.save({POINTER: pointer, LIGHTNING_VERSION: NOT_A_CHECKPOINT}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(staging, path)

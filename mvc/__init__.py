@@ -10,6 +10,7 @@ from .errors import (AmbiguousRevision, BadInput, ChecksumMismatch, CommitPruned
                      InvalidRefName, LockHeld, MvcError, NotARepository, ObjectNotFound, ProtectedRef,
                      RefConflict, RepositoryExists, UnknownRevision, UnsupportedFormat)
 from .errors import BadRecipe, MergeError, MergeMismatch, MergeRefused  # merging (mvc/merge.py)
+from .errors import MergeDtypeRefused, MergeNotFinite  # merging: dtypes without arithmetic, results out of range
 from .errors import HashMismatch  # verified reads: chunk id, what and where (mvc/store/verify.py)
 from .refs import check_name as check_ref_name  # the name rules, for callers that name refs (mvc_hooks.dcp)
 from .records import Commit, CommitStats, Entry, Export, Head, Ref, Status
@@ -27,5 +28,6 @@ __all__ = [
     "RefConflict", "RepositoryExists", "UnknownRevision", "UnsupportedFormat", "__version__",
 ]
 __all__ += ["BadRecipe", "MergeError", "MergeMismatch", "MergeRefused", "check_ref_name"]
+__all__ += ["MergeDtypeRefused", "MergeNotFinite"]
 __all__ += ["HashMismatch"]
 __all__ += ["fsck", "history", "reader"]  # verb modules that take a repository (see the README, "What moved")

@@ -86,10 +86,14 @@ _ALLOWED_CACHE: dict = {}  # path -> ((mtime_ns, size, inode), AllowedSigners): 
 
 def allowed_signers(repo, txn) -> Optional[list]:
     """The repository's AllowedSigners, None when no file is configured; BadAllowedSigners if unreadable."""
+    return _allowed_signers_at(repo.root, txn)
+
+
+def _allowed_signers_at(root: Path, txn) -> Optional[list]:
     path = signing.get_setting(txn, signing.ALLOWED)
     if path is None:
         return None
-    path = signing.resolve_path(repo.root, path)
+    path = signing.resolve_path(root, path)
     try:
         st = os.stat(path)
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -353,6 +357,28 @@ def check_ref_move(repo, txn, ref: str, old: Optional[bytes], new: bytes, where:
     (HistoryRewritten, SignatureRequired), or None when the ref requires nothing or
     the move is a fast-forward over commits whose signatures are all good.
     ``fetched``: {id: bytes} of commits not stored locally yet."""
+    return _move_error(repo.root, txn, ref, old, new, where, fetched)
+
+
+class RefPolicy:
+    """The check of every local move of a branch or tag (``mvc.refs.Refs``' policy hook):
+    a ref that ``signing.require`` names may only fast-forward, onto commits whose
+    signatures are good (a commit, merge, pull, branch, tag, rename or ``checkout -b``
+    alike; ``force`` does not bypass it). Raises HistoryRewritten or SignatureRequired
+    (``ref``, ``id``, ``status``). Holds the work directory only (allowed-signers paths
+    are relative to it), so the repository holding it makes no reference cycle."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+
+    def __call__(self, txn, ref: str, old: Optional[bytes], new: bytes) -> None:
+        error = _move_error(self.root, txn, ref, old, new, "")
+        if error is not None:
+            raise error
+
+
+def _move_error(root: Path, txn, ref: str, old: Optional[bytes], new: bytes, where: str,
+                fetched: Optional[dict] = None) -> Optional[Exception]:
     if not signing.required(signing.get_setting(txn, signing.REQUIRE), ref) or old == new:
         return None
     fetched = fetched or {}
@@ -366,12 +392,18 @@ def check_ref_move(repo, txn, ref: str, old: Optional[bytes], new: bytes, where:
             return CommitObject.decode(data) if data is not None else None
         except CorruptObject:
             return None
-    human = f"{refnames.human(ref)} {where}"
-    if old is not None and old not in _ancestors(get, new):
-        return HistoryRewritten(f"{human} requires signed history and may only fast-forward, but "
-                                f"{new.hex()[:12]} does not descend from {old.hex()[:12]}",
-                                ref=ref, old=old.hex(), new=new.hex())
-    failed = _first_failure(new, old, data_of, get, allowed_signers(repo, txn))
+    human = " ".join(w for w in (refnames.human(ref), where) if w)
+    tip = get(new)
+    if old is not None and tip is not None and tip.parents == (old,):
+        # one commit on the tip (every commit, most moves): it is the only commit the move adds
+        verdict, _ = verify_commit_bytes(new, data_of(new), _allowed_signers_at(root, txn))
+        failed = None if verdict.good else verdict
+    else:
+        if old is not None and old not in _ancestors(get, new):
+            return HistoryRewritten(f"{human} requires signed history and may only fast-forward, but "
+                                    f"{new.hex()[:12]} does not descend from {old.hex()[:12]}",
+                                    ref=ref, old=old.hex(), new=new.hex())
+        failed = _first_failure(new, old, data_of, get, _allowed_signers_at(root, txn))
     if failed is None:
         return None
     return SignatureRequired(f"{human} requires good signatures, and commit {failed.id[:12]} is "

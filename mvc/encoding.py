@@ -86,15 +86,79 @@ def _ext_hook(code: int, data: bytes) -> Ext:
     return Ext(code, data)
 
 
-def unpack(data: bytes, what: str = "object", kind=None, field=None) -> Any:
-    """Decode canonical msgpack; CorruptObject (with ``kind`` and ``field``) on anything malformed.
+def unpack(data: bytes, what: str = "object", kind=None, field=None, canonical: bool = False) -> Any:
+    """Decode msgpack; CorruptObject (with ``kind`` and ``field``) on anything malformed.
+
+    ``canonical``: also refuse (``field`` "encoding") bytes that are well formed
+    but not the canonical encoding of what they decode to (keys out of order or
+    twice, a longer int or length form than needed, float32): for objects,
+    whose ids must be one per value, or the same signed commit re-encoded
+    would be a second commit whose signature still verifies.
 
     msgpack bounds every length field by the size of the input, so hostile
     bytes cannot make it allocate more than the input holds.
     """
     try:
-        return msgpack.unpackb(
+        value = msgpack.unpackb(
             data, raw=False, strict_map_key=False, use_list=True, ext_hook=_ext_hook
         )
     except Exception as exc:  # msgpack raises many types; callers get one
         raise CorruptObject(f"{what} does not decode: {exc.__class__.__name__}: {exc}", kind=kind, field=field) from None
+    if canonical:
+        _check_canonical(value, data, what, kind)
+    return value
+
+
+def _check_canonical(value: Any, data: bytes, what: str, kind) -> None:
+    # Packing what was read in the order it was read, then checking that every map was in
+    # canonical key order, costs less than pack(), which rebuilds the value with a Python
+    # step per item: a tensor object's list of ids is packed in C. The buffer fits the
+    # input: packb's default 256 KiB would be most of a small decode's memory.
+    try:
+        again = msgpack.Packer(use_bin_type=True, use_single_float=False, strict_types=True, default=_ext_type,
+                               buf_size=len(data) + 64).pack(value)
+        canonical = again == data and _in_key_order(value)
+    except Exception:  # e.g. msgpack's timestamp extension, which mvc never writes: unpack raises one type
+        canonical = False
+    if not canonical:
+        raise CorruptObject(f"{what} is not in canonical form (docs/format.md section 6): its bytes are not "
+                            "the encoding of what they decode to", kind=kind, field="encoding")
+
+
+def _ext_type(value):
+    if isinstance(value, Ext):
+        return msgpack.ExtType(value.code, value.data)
+    raise TypeError(f"{type(value).__name__} is not a canonical value")
+
+
+_FLAT = frozenset({type(None), bool, int, float, str, bytes, Ext})
+
+
+def _in_key_order(value: Any) -> bool:
+    """Whether every map in ``value`` (as decoded: insertion order is the order read) has its
+    keys in canonical order (no key twice: a decoded dict cannot hold one twice, and its
+    re-encoding is then shorter than the input), and it holds only mvc's types."""
+    t = type(value)
+    if t is dict:
+        keys = list(value)
+        # str keys alone compare as their UTF-8 bytes do (UTF-8 keeps code point order): sorted() in C
+        if not (keys == sorted(keys) if set(map(type, keys)) <= {str} else keys == sorted(keys, key=key_order)):
+            return False
+        return _all_in_key_order(value.values())
+    if t is list:
+        return set(map(type, value)) <= _FLAT or _all_in_key_order(value)
+    return t in _FLAT  # not msgpack's timestamps: mvc stores no other type
+
+
+def _all_in_key_order(values) -> bool:
+    for v in values:  # inline for lists of plain values (a tensor's ids): one C pass, no call per item
+        t = type(v)
+        if t is list:
+            if not (set(map(type, v)) <= _FLAT or _all_in_key_order(v)):
+                return False
+        elif t is dict:
+            if not _in_key_order(v):
+                return False
+        elif t not in _FLAT:
+            return False
+    return True

@@ -216,6 +216,17 @@ class CheckpointNotFound(UnknownRevision, FileNotFoundError):
         self.ref = ref
 
 
+class CheckpointExists(MvcError, FileExistsError):
+    """A DCP save with ``overwrite=False`` to a checkpoint id that already names
+    a checkpoint: ``checkpoint_id`` is the id, ``ref`` the tag or branch it
+    maps to, ``commit`` the full id it names. A FileExistsError too, as DCP's
+    FileSystemWriter refuses with overwrite=False."""
+
+    def __init__(self, message: str = "", *, checkpoint_id=None, ref=None, commit=None):
+        super().__init__(message)
+        self.checkpoint_id, self.ref, self.commit = checkpoint_id, ref, commit
+
+
 # -- the chunk store (issue 20): errors that say which file ----------------------------
 
 class NotRegular(CorruptObject):
@@ -335,6 +346,26 @@ class BadRecipe(MergeError, BadInput):
     def __init__(self, message: str = "", *, field=None):
         super().__init__(message)
         self.field = field
+
+
+class MergeDtypeRefused(MergeRefused):
+    """Tensors that differ between the inputs in a dtype no merge strategy has
+    arithmetic for (complex, F8_E8M0, F4); ``keys`` names them, ``dtypes`` their dtypes."""
+
+    def __init__(self, message: str = "", *, keys=(), dtypes=()):
+        super().__init__(message, keys=keys)
+        self.dtypes = tuple(dtypes)
+
+
+class MergeNotFinite(MergeError):
+    """A merged tensor would hold values that are not finite, or do not fit its
+    dtype, where every input's value is finite (weights or parameters out of
+    range); nothing was written. ``key``, ``dtype``, ``count`` (how many such
+    values in the merged range), ``element`` (the first one's index)."""
+
+    def __init__(self, message: str = "", *, key="", dtype="", count=0, element=0):
+        super().__init__(message)
+        self.key, self.dtype, self.count, self.element = key, dtype, count, element
 
 
 # -- signatures, audit and scheduled integrity scans (mvc/signing.py, mvc/audit.py) --
@@ -706,3 +737,27 @@ class MissingExtra(MvcError):
     def __init__(self, message: str = "", *, package: str = "", extra: str = ""):
         super().__init__(message)
         self.package, self.extra = package, extra
+
+
+class MountError(MvcError):
+    """A read-only mount (mvc.mount) cannot start or stop at ``mountpoint``. ``problem`` is one
+    of "not-a-folder" (missing, or a file), "not-empty" (it holds files), "inside-repository", "already-mounted" (a live
+    mount is there), "not-mounted" (umount of a folder no mvc mount holds), "busy" (files are
+    open in it), "no-fuse" (libfuse or /dev/fuse missing), "failed" (libfuse refused)."""
+
+    def __init__(self, message: str = "", *, mountpoint=None, problem: str = ""):
+        super().__init__(message)
+        self.mountpoint, self.problem = mountpoint, problem
+
+
+class ModelSignatureError(MvcError):
+    """An OMS model signature (mvc.oms) does not check out for folder ``folder``. ``problem``
+    is one of "no-signature" (no model.sig), "malformed" (not a bundle, envelope or statement
+    mvc reads), "bad-signature" (the key did not sign it), "digest-mismatch" (``file``'s bytes
+    differ from what was signed), "missing-file" (``file`` was signed but is gone), "extra-file"
+    (``file`` is in the folder but was not signed), "symlink" (``file`` is a symbolic link, which
+    signing files does not follow), "bad-key" (the key cannot be read or is not an EC key)."""
+
+    def __init__(self, message: str = "", *, folder=None, problem: str = "", file=None):
+        super().__init__(message)
+        self.folder, self.problem, self.file = folder, problem, file

@@ -35,17 +35,18 @@ FILLERS = 3  # a streamed pt export reads groups of STREAM_BYTES / 4 (32 MiB), t
 SAFETENSORS_CONTEXT = "safetensors"  # context key of a committed .safetensors file's metadata
 
 
-def read_input(path, progress=None, skipped=None) -> tuple:
+def read_input(path, progress=None, skipped=None, hidden=None) -> tuple:
     """(state, context, what) for a checkpoint file or model folder at ``path``:
     a safetensors file's metadata goes into the context under ``safetensors``,
     ``what`` says what was read ("model.pt", "model folder hf/ (...)"); what a
-    folder leaves out (``.mvc/``, ...) is appended to ``skipped``.
+    folder leaves out (``.mvc/``, ...) is appended to ``skipped``, the hidden
+    files it reads (``.ssh/...``) to ``hidden``.
 
     Raises BadInput if it cannot be read.
     """
     path = Path(path)
     if path.is_dir():
-        state = _folders.read_folder(path, progress, skipped)
+        state = _folders.read_folder(path, progress, skipped, hidden)
         shards, files = _folders.folder_summary(state)
         name = Path(os.path.abspath(path)).name
         return state, {}, f"model folder {name}/ ({shards} safetensors, {files} other files)"
@@ -63,12 +64,13 @@ def commit_file(repo, path, message=None, *, context=None, read_progress=None, *
     unreadable input, and what ``commit`` raises.
     """
     skipped: list = []
-    state, found, what = read_input(path, read_progress, skipped)
+    hidden: list = []
+    state, found, what = read_input(path, read_progress, skipped, hidden)
     if message is None:
         n = _files.count_tensors(state)
         message = f"Import {what}: {n} tensor{'' if n == 1 else 's'}"
     commit = repo.commit(state, message, context={**found, **(context or {})}, **kwargs)
-    return replace(commit, left_out=tuple(skipped)) if skipped else commit
+    return replace(commit, left_out=tuple(skipped), hidden=tuple(hidden)) if skipped or hidden else commit
 
 
 def export(repo, rev: str, path, fmt=None, progress=None, *, force: bool = False, only=None,
@@ -102,6 +104,33 @@ def export(repo, rev: str, path, fmt=None, progress=None, *, force: bool = False
     metadata = safetensors_metadata(repo.get_commit(commit)) if fmt == "safetensors" else None
     written = _files.write_checkpoint(state, path, fmt, force=force, metadata=metadata, progress=write_progress)
     return Export(commit, written, fmt, left_out, folder_files)
+
+
+def export_signed(repo, rev: str, folder, private_key, progress=None, *, force: bool = False,
+                  write_progress=None, password=None) -> tuple:
+    """Export ``rev`` as a model folder at ``folder`` and sign it with OMS (``mvc.oms``): a commit
+    of a model folder is written as that folder, any other as ``folder/model.safetensors``; then
+    ``folder/model.sig`` names every file's SHA-256 and the commit. Returns (Export, oms.Signed).
+    The key is checked before anything is written (ModelSignatureError "bad-key")."""
+    from . import oms
+    if Path(folder).suffix in (".safetensors", *_files.TORCH_SUFFIXES) and not Path(folder).is_dir():
+        raise BadInput(f"{folder} names a file; a signed export is a model folder (model.sig beside the "
+                       "weights): give a folder name")
+    oms.check_private_key(private_key, password)
+    commit = repo.resolve(rev)
+    if _folders.is_folder_state(repo.shards.view(commit)["root"]):
+        written = export(repo, commit, Path(folder), progress=progress, force=force, write_progress=write_progress)
+    else:
+        _files.check_not_in_repository(folder, repo.dir)
+        others = sorted(set(os.listdir(folder)) - {"model.safetensors", oms.SIGNATURE_FILE}) \
+            if Path(folder).is_dir() else []
+        if others:  # the signature covers every file of the folder
+            raise BadInput(f"{folder} holds {others[0]!r} and other files the signature would cover; export "
+                           "to a new folder")
+        Path(folder).mkdir(exist_ok=True)
+        written = export(repo, commit, Path(folder) / "model.safetensors", progress=progress, force=force,
+                         write_progress=write_progress)
+    return written, oms.sign_folder(folder, private_key, commit, password)
 
 
 def _export_safetensors(repo, commit: str, path, force: bool, only, strip_prefix, progress,

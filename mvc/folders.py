@@ -15,7 +15,15 @@ subfolders. Committed, it becomes one state:
 
 Left out, and listed in what ``read_folder`` reports as ``skipped``: any
 ``.mvc`` folder (a repository never stores itself), ``.git`` and ``.cache``
-(huggingface_hub's download bookkeeping), at any depth. Symbolic links: a
+(huggingface_hub's download bookkeeping), at any depth, and what the
+folder's own ``.mvcignore`` names (``IGNORE_FILE``: one glob a line, ``#``
+comments; a glob with no ``/`` matches a file or folder name at any depth,
+one with ``/`` the path from the folder's root; a trailing ``/`` matches
+folders only, and a matched folder leaves out all it holds). **Hidden
+files** (a part of the path starts with ``.``: ``.ssh/id_ed25519``,
+``.env``, ``.netrc``) are committed like any other file, and reported as
+``hidden`` so that a secret is never stored without a word (the usual
+``.gitattributes``, ``.gitignore`` and ``.mvcignore`` are not reported). Symbolic links: a
 link to a regular file is read (a hub cache snapshot is made of them, and
 reading a file cannot loop); a link to a folder is refused (``FolderLink``),
 since it may loop (``again -> .``) or lead out of the folder, as is a link
@@ -30,6 +38,7 @@ folders a killed export left are removed by the next export to that target.
 """
 
 import errno
+import fnmatch
 import os
 import stat
 from pathlib import Path
@@ -43,6 +52,8 @@ from .store.fs import fsync_dir
 
 FOLDER_KEY = "__folder__"
 SKIPPED_DIRS = frozenset({REPOSITORY_DIR, ".git", ".cache"})
+IGNORE_FILE = ".mvcignore"  # globs of what a folder commit leaves out (see the module doc)
+USUAL_HIDDEN = frozenset({".gitattributes", ".gitignore", IGNORE_FILE})  # hidden, but no secret
 MAX_FILE = 64 << 20  # a bigger non-safetensors file is weights in another format, not a config
 
 
@@ -50,14 +61,16 @@ def is_folder_state(state) -> bool:
     return isinstance(state, dict) and isinstance(state.get(FOLDER_KEY), dict)
 
 
-def _files(root: Path, skipped: Optional[list] = None) -> list:
+def _files(root: Path, skipped: Optional[list] = None, hidden: Optional[list] = None) -> list:
     """Relative paths (with /) of the folder's files, sorted (see the module doc);
-    what is left out is appended to ``skipped``. FolderLink for a link to a folder."""
+    what is left out is appended to ``skipped``, the hidden files kept to
+    ``hidden``. FolderLink for a link to a folder; BadInput for an unreadable ``.mvcignore``."""
+    ignored = _ignore_globs(root)
     out = []
     for here, dirs, names in os.walk(root):  # never into a linked folder: they are checked below
         rel = Path(here).relative_to(root)
         for name in sorted(dirs):
-            if name in SKIPPED_DIRS:
+            if name in SKIPPED_DIRS or _ignored(ignored, rel / name, folder=True):
                 dirs.remove(name)
                 if skipped is not None:
                     skipped.append((rel / name).as_posix() + "/")
@@ -67,6 +80,10 @@ def _files(root: Path, skipped: Optional[list] = None) -> list:
         dirs.sort()
         for name in names:
             path = Path(here) / name
+            if _ignored(ignored, rel / name, folder=False):
+                if skipped is not None:
+                    skipped.append((rel / name).as_posix())
+                continue
             if path.is_symlink():
                 if repository_around(path) is not None:
                     _refuse_link(root, rel / name, "a file inside a repository's .mvc")
@@ -74,7 +91,41 @@ def _files(root: Path, skipped: Optional[list] = None) -> list:
                 out.append((rel / name).as_posix())
             elif skipped is not None:  # a FIFO, socket, device or dangling link: never read
                 skipped.append((rel / name).as_posix())
+    if hidden is not None:
+        hidden.extend(n for n in sorted(out) if _hidden(n))
     return sorted(out)
+
+
+def _hidden(rel: str) -> bool:
+    """Whether a file's path from the folder's root has a part that starts with a dot (not a usual one)."""
+    parts = rel.split("/")
+    return any(p.startswith(".") for p in parts[:-1]) or parts[-1].startswith(".") and parts[-1] not in USUAL_HIDDEN
+
+
+def _ignore_globs(root: Path) -> tuple:
+    """The globs of the folder's IGNORE_FILE (none when it has none)."""
+    path = root / IGNORE_FILE
+    if not path.is_file():
+        return ()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    return tuple(line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#"))
+
+
+def _ignored(globs: tuple, rel: Path, folder: bool) -> bool:
+    """Whether ``rel`` (a path from the folder's root) matches a glob of IGNORE_FILE."""
+    path = rel.as_posix()
+    for glob in globs:
+        if glob.endswith("/"):
+            if not folder:
+                continue
+            glob = glob.rstrip("/")
+        pattern = glob.lstrip("/")
+        if fnmatch.fnmatchcase(path if "/" in glob else rel.name, pattern):
+            return True
+    return False
 
 
 def _refuse_link(root: Path, rel: Path, what: str) -> None:
@@ -85,12 +136,14 @@ def _refuse_link(root: Path, rel: Path, what: str) -> None:
 
 
 def read_folder(root, progress: Optional[Callable[[int, int], None]] = None,
-                skipped: Optional[list] = None) -> dict:
+                skipped: Optional[list] = None, hidden: Optional[list] = None) -> dict:
     """The state of a model folder (see the module doc); BadInput if it is not
     one, FolderLink for a link it does not follow. What it leaves out
-    (``.mvc/``, ``.git/``, ``.cache/``, FIFOs...) is appended to ``skipped``."""
+    (``.mvc/``, ``.git/``, ``.cache/``, what ``.mvcignore`` names, FIFOs...)
+    is appended to ``skipped``; the hidden files it reads (``.ssh/...``,
+    ``.env``) to ``hidden``."""
     root = Path(root)
-    names = _files(root, skipped)
+    names = _files(root, skipped, hidden)
     shards = [n for n in names if n.endswith(".safetensors")]
     if not shards:
         raise BadInput(f"{root} holds no .safetensors file; mvc commits a model folder's safetensors "

@@ -341,9 +341,27 @@ def _sweep_chunks(sweep: _Sweep, live: reach.Reach, txn, chunks, dry_run: bool) 
     if missing:  # not even a remote holds them
         raise CorruptObject(f"gc stopped, nothing was deleted: {len(missing)} live chunks (e.g. "
                             f"{next(iter(missing)).hex()[:12]}) are not in the chunk index", id=next(iter(missing)))
-    sweep.removed["chunks"] = sum(len(d) for d in live.dead)
+    dead = dead_chunks(live)
+    sweep.removed["chunks"] = len(dead)
     if not dry_run:
-        sweep.writes += [("delete_chunk", (cid,)) for d in live.dead for cid in idarray.ids(d)]
+        sweep.writes += [("delete_chunk", (cid,)) for cid in dead]
+
+
+def dead_chunks(live: reach.Reach) -> list:
+    """Ids of the chunk index entries nothing live uses, from a ``walk(locate=True)``; an entry
+    whose value does not decode is left for fsck to name (it cannot say which pack it names)."""
+    return [cid for d in live.dead for cid in idarray.ids(d) if cid not in live.bad_entries]
+
+
+def drop_dead_chunks(txn, live: reach.Reach) -> int:
+    """Delete, in write transaction ``txn``, the entries ``dead_chunks`` names; how many.
+
+    Whatever deletes packs does this first, in a transaction that commits before the first
+    unlink: an entry left naming a deleted pack is a chunk a later commit would not write."""
+    dead = dead_chunks(live)
+    for cid in dead:
+        txn.delete_chunk(cid)
+    return len(dead)
 
 
 def _write(txn, writes: list) -> None:

@@ -31,10 +31,14 @@ torch.Generator seeded per block of ``MASK_BLOCK`` elements from the recorded
 seed, the key and the input (``dare_seed``).
 
 Non-float tensors (step counters, int buffers) and plain values come from
-the first input. Float tensors of optimizer state (a key with a component
-named in ``OPTIMIZER_KEYS``) are refused unless ``only`` leaves them out or a
-``take`` rule covers them: averaging Adam's moments is not a meaningful
-optimizer state.
+the first input (the report names those that differ: ``not_merged``);
+complex, F8_E8M0 and F4 tensors that differ between the inputs are refused
+(``UNMERGEABLE``). Where every input holds the same bits (inf and NaN too),
+the output holds them; a result that is not finite or does not fit its
+dtype where every input is finite is refused (``combine``). Float tensors
+of optimizer state (a key with a component named in ``OPTIMIZER_KEYS``) are
+refused unless ``only`` leaves them out or a ``take`` rule covers them:
+averaging Adam's moments is not a meaningful optimizer state.
 """
 
 import fnmatch
@@ -47,7 +51,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from . import audit, commits, dtypes, hashing, history, reader
-from .errors import BadInput, BadRecipe, MergeMismatch, MergeRefused
+from .errors import BadInput, BadRecipe, MergeDtypeRefused, MergeMismatch, MergeNotFinite, MergeRefused
 from .objects import TensorLeaf, TensorObject, object_id
 from .store.chunks import Request, batches
 from .store.locks import default_author, this_process
@@ -67,6 +71,10 @@ PARAMS = {
 }
 CONSENSUS = ("none", "sum", "count")
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"})
+# numbers that no strategy here has arithmetic for (complex values; F8_E8M0 holds
+# only powers of two, block scales; F4_E2M1_X2 packs two values a byte): where
+# the inputs differ, taking input 0's would drop the others silently, so it is refused
+UNMERGEABLE = frozenset({"C32", "C64", "C128", "F8_E8M0", "F4_E2M1_X2"})
 OPTIMIZER_KEYS = frozenset({"optimizer", "optimizers", "optimizer_states", "optim"})
 SLICE_ELEMENTS = 1 << 20  # 4 MiB per input in float32: memory stays at a few slices
 MASK_BLOCK = 1 << 20  # DARE draws each block's mask from a generator of its own
@@ -117,7 +125,9 @@ class MergeReport:
     """What a merge did. ``tensors_reused``: every input (and the base) held
     the same tensor, kept without reading; ``tensors_taken``: from one input
     by a rule or as a non-float tensor; ``chunks_reused``: chunks of merged
-    tensors kept without reading, the same in every input."""
+    tensors kept without reading, the same in every input; ``not_merged``:
+    the keys of non-float tensors (counters, int buffers, bools) that differ
+    between the inputs and were taken from input 0 unmerged, sorted."""
 
     inputs: tuple
     base: Optional[str]
@@ -131,6 +141,7 @@ class MergeReport:
     bytes_written: int
     bytes_total: int
     tree: str
+    not_merged: tuple = ()
 
 
 class Merged(NamedTuple):
@@ -258,7 +269,7 @@ def _spec(strategy: str, params: dict, weights: Optional[tuple], n: int, where: 
     weights = weights or (1.0,) * n
     if len(weights) != n:
         raise BadRecipe(f"{len(weights)} weights for {n} inputs ({where})", field="weights")
-    if strategy in ("average", "linear") and filled["normalize"] and sum(weights) == 0:
+    if strategy in ("average", "linear") and filled["normalize"] and math.fsum(scaled(weights)) == 0:
         raise BadRecipe("linear weights that sum to 0 cannot be normalized", field="weights")
     return Spec(strategy, tuple(sorted(filled.items())), tuple(weights))
 
@@ -292,29 +303,36 @@ class Scratch:
 
 def linear(xs: list, spec: Spec, s: Scratch) -> torch.Tensor:
     """mergekit's linear: (x0 w0 + x1 w1 + ...) / (w0 + w1 + ...), not divided
-    when ``normalize`` is false. Normalized, where every input holds the same
-    value the result is that value."""
+    when ``normalize`` is false. Normalized, the weights are first scaled by
+    one power of two (exact: ``scaled``), so weights of any finite size
+    (1e-50 or 1e308 each) neither vanish nor overflow in the work dtype and
+    weights in the usual range give the same bits as unscaled ones. Where every
+    input holds the same value the result is that value (``combine``)."""
     w, n = spec.weights, xs[0].numel()
-    same = _all_equal(xs, s) if spec.get("normalize") else None
+    if spec.get("normalize"):
+        w = scaled(w)
     acc = torch.mul(xs[0], w[0], out=s.get("acc", n, xs[0].dtype))
     for x, wi in zip(xs[1:], w[1:]):
         acc.add_(x.mul_(wi))
-    if not spec.get("normalize"):
-        return acc
-    acc.div_(math.fsum(w))
-    if same is not None:
-        torch.where(same, xs[0], acc, out=acc)
+    if spec.get("normalize"):
+        acc.div_(math.fsum(w))
     return acc
 
 
-def _all_equal(xs: list, s: Scratch):
-    if len(xs) < 2:
-        return None
-    n = xs[0].numel()
-    same = torch.eq(xs[1], xs[0], out=s.get("same", n, torch.bool))
-    for x in xs[2:]:
-        same.logical_and_(torch.eq(x, xs[0], out=s.get("eq", n, torch.bool)))
-    return same
+def scaled(weights: tuple) -> tuple:
+    """The weights times the one power of two that brings the largest into
+    [0.5, 1): the ratios, and so a normalized merge, stay exactly the same."""
+    top = max((math.frexp(abs(w))[1] for w in weights if w), default=0)
+    return tuple(math.ldexp(w, -top) for w in weights)
+
+
+def weight_sum(weights) -> float:
+    """math.fsum of the weights, +-inf where it would overflow (fsum raises
+    OverflowError): products that large overflow too, and ``combine`` refuses them."""
+    try:
+        return math.fsum(weights)
+    except OverflowError:
+        return math.copysign(math.inf, math.fsum(scaled(tuple(weights))))
 
 
 def slerp(a: torch.Tensor, b: torch.Tensor, spec: Spec) -> torch.Tensor:
@@ -327,7 +345,10 @@ def slerp(a: torch.Tensor, b: torch.Tensor, spec: Spec) -> torch.Tensor:
     nb = torch.linalg.vector_norm(b, dtype=torch.float64).item()
     dot = torch.dot(a.reshape(-1).double(), b.reshape(-1).double()).item()
     dot /= (na if na > eps else 1.0) * (nb if nb > eps else 1.0)
-    if abs(dot) > spec.get("dot_threshold"):
+    if math.isfinite(dot):
+        dot = min(1.0, max(-1.0, dot))  # rounding can step past 1, outside acos's domain
+    # |cos θ| = 1 (sin θ = 0: the spherical weights divide by zero) is a lerp at any dot_threshold
+    if abs(dot) > spec.get("dot_threshold") or abs(dot) == 1.0:
         s0, s1 = 1 - t, t
     else:
         theta = math.acos(dot)
@@ -429,7 +450,7 @@ def task_vectors(xs: list, base: torch.Tensor, spec: Spec, s: Scratch, keep: Opt
         mixed = xs[0]
         for x in xs[1:]:
             mixed.add_(x)
-        divisor = math.fsum(w)
+        divisor = weight_sum(w)
         divisor = 1.0 if abs(divisor) < 1e-8 else divisor
     if spec.get("normalize"):
         mixed.div_(divisor)
@@ -449,8 +470,106 @@ def apply(spec: Spec, xs: list, base: Optional[torch.Tensor], s: Scratch, keep: 
     return task_vectors(xs, base, spec, s, keep)
 
 
+def combine(spec: Spec, xs: list, base: Optional[torch.Tensor], bits: list, dtype: str, s: Scratch,
+            keep: Optional[Callable] = None, key: str = "", start: int = 0) -> torch.Tensor:
+    """``apply`` as a merge commits it: the merged tensor in the storage
+    ``dtype``. ``bits``: the inputs' (then the base's) stored elements viewed
+    as integers of their size. Where every input (and for task vectors the
+    base) holds the same bits, the output holds exactly them (inf, and a NaN
+    with its payload, too: ``_agreement``). Anywhere else, a result that is
+    not finite or does not fit ``dtype`` where every input is finite raises
+    MergeNotFinite: nothing is committed with values the arithmetic made up
+    (``start``: the first element's index, for its message).
+
+    The agreed bits are read after ``apply``: it never writes input 0
+    (``linear``) or the base (task vectors), whose bits are kept."""
+    inputs = xs + ([base] if base is not None and spec.strategy in WITH_BASE else [])
+    finite = None if all(_within(x, math.inf) for x in inputs) else _all_finite(inputs, s)
+    agree = None
+    if spec.strategy in ("average", "linear") or finite is not None:  # task vectors keep finite agreed values
+        agree = _agreement(spec, bits, s)
+        if agree is not None and not bool(agree.any()):
+            agree = None
+    merged = apply(spec, xs, base, s, keep)
+    if not _within(merged, fits(dtype)):
+        _check_range(merged, finite, agree, dtype, key, start, s)
+    out = merged.to(dtypes.torch_dtype(dtype))
+    if agree is not None:
+        kept = bits[-1] if spec.strategy in WITH_BASE else bits[0]
+        view = out.view(kept.dtype)
+        torch.where(agree, kept, view, out=view)
+    return out
+
+
+def _within(x: torch.Tensor, limit: float) -> bool:
+    """Every value of ``x`` lies strictly within +-limit (NaN does not): one pass, nothing allocated."""
+    if x.numel() == 0:
+        return True
+    low, high = torch.aminmax(x)
+    return bool(high < limit) and bool(low > -limit)
+
+
+def _agreement(spec: Spec, bits: list, s: Scratch) -> Optional[torch.Tensor]:
+    """Where every input (and the base, last in ``bits``, for task vectors)
+    holds the same bits; None for strategies that do not keep agreed values
+    (slerp's weights need not sum to 1; linear unnormalized is a plain sum)."""
+    if spec.strategy == "slerp" or spec.strategy in ("average", "linear") and not spec.get("normalize"):
+        return None
+    if len(bits) < 2:
+        return None
+    n = bits[0].numel()
+    same = torch.eq(bits[1], bits[0], out=s.get("agree", n, torch.bool))
+    for b in bits[2:]:
+        same.logical_and_(torch.eq(b, bits[0], out=s.get("agree-tmp", n, torch.bool)))
+    return same
+
+
+def _all_finite(xs: list, s: Scratch) -> torch.Tensor:
+    finite = s.get("finite", xs[0].numel(), torch.bool).copy_(torch.isfinite(xs[0]))
+    for x in xs[1:]:
+        finite.logical_and_(torch.isfinite(x))
+    return finite
+
+
+def fits(dtype: str) -> float:
+    """The smallest magnitude that does not round to a finite value of
+    ``dtype`` (its largest value plus half an ulp there; inf for the work
+    dtypes themselves)."""
+    if dtype in ("F32", "F64"):
+        return math.inf
+    info = torch.finfo(dtypes.torch_dtype(dtype))
+    ulp = math.ldexp(info.eps, math.frexp(info.max)[1] - 1)
+    return info.max + ulp / 2
+
+
+def _check_range(merged: torch.Tensor, finite: Optional[torch.Tensor], agree: Optional[torch.Tensor], dtype: str,
+                 key: str, start: int, s: Scratch) -> None:
+    """MergeNotFinite if ``merged`` holds a value out of ``dtype``'s range
+    where every input is finite (``finite``; None: everywhere) and the inputs
+    do not agree (``agree``: their bits are kept there)."""
+    limit = fits(dtype)
+    bad = torch.isfinite(merged) if limit == math.inf else torch.lt(merged.abs(), limit)
+    bad.logical_not_()
+    if finite is not None:
+        bad.logical_and_(finite)
+    if agree is not None:
+        bad.masked_fill_(agree, False)
+    count = int(bad.sum())
+    if count:
+        first = int(bad.nonzero()[0, 0])
+        raise MergeNotFinite(f"merging {key} gives {count} values that are not finite or do not fit {dtype} where "
+                             f"every input is finite (the first at element {start + first}: "
+                             f"{merged[first].item()!r}); the weights or parameters take the result out of range; "
+                             "nothing was merged", key=key, dtype=dtype, count=count, element=start + first)
+
+
 def _bits(t: torch.Tensor):
     return torch.int64 if t.dtype == torch.float64 else torch.int32
+
+
+def _int_of(itemsize: int):
+    """The integer dtype whose elements are ``itemsize`` bytes: a tensor's stored bits."""
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[itemsize]
 
 
 # -- planning: every check before any work ------------------------------------
@@ -507,9 +626,12 @@ def _check_compatible(inputs: list, base: Optional[_Input]) -> None:
 
 @dataclass
 class _Plan:
-    """For each tensor path of input 0: ("take", input index) or ("merge", Spec)."""
+    """For each tensor path of input 0: ("take", input index) or ("merge", Spec);
+    ``not_merged``: the keys of non-float tensors that differ between the
+    inputs, taken from input 0."""
 
     actions: dict
+    not_merged: tuple = ()
 
 
 def _plan(recipe: Recipe, inputs: list, base: Optional[_Input]) -> _Plan:
@@ -524,13 +646,18 @@ def _plan(recipe: Recipe, inputs: list, base: Optional[_Input]) -> _Plan:
         strategy = rule.strategy or recipe.strategy
         params = rule.params if rule.strategy else {**recipe.params, **rule.params}
         specs[i] = _spec(strategy, params, rule.weights or recipe.weights, n, f"rules[{i}]")
-    actions, refused = {}, []
+    actions, refused, unmergeable, not_merged = {}, [], {}, []
     for path, obj in inputs[0].objs.items():
         key = format_path(path)
         rule = next((i for i, r in enumerate(recipe.rules) if fnmatch.fnmatchcase(key, r.keys)), None)
         if rule is not None and recipe.rules[rule].take is not None:
             actions[path] = ("take", recipe.rules[rule].take)
         elif obj.dtype not in FLOAT_DTYPES:
+            if len({x.leaves[path].id for x in inputs}) > 1:
+                if obj.dtype in UNMERGEABLE:
+                    unmergeable[key] = obj.dtype
+                else:
+                    not_merged.append(key)
             actions[path] = ("take", 0)
         elif OPTIMIZER_KEYS & {str(k) for k in path}:
             refused.append(key)
@@ -539,10 +666,16 @@ def _plan(recipe: Recipe, inputs: list, base: Optional[_Input]) -> _Plan:
     if refused:
         raise MergeRefused(f"{len(refused)} float tensors are optimizer state ({refused[0]} ...), which "
                            "averaging would not make a valid optimizer state; nothing was merged", keys=refused)
+    if unmergeable:
+        keys = sorted(unmergeable)
+        shown = ", ".join(f"{k} ({unmergeable[k]})" for k in keys[:5]) + (" ..." if len(keys) > 5 else "")
+        raise MergeDtypeRefused(f"{len(keys)} tensors differ between the inputs but have a dtype no merge strategy "
+                                f"has arithmetic for: {shown}; nothing was merged", keys=keys,
+                                dtypes=[unmergeable[k] for k in keys])
     if base is None and any(a[0] == "merge" and a[1].strategy in WITH_BASE for a in actions.values()):
         raise BadRecipe("task-arithmetic, ties and dare need a base (the commit the inputs were "
                         "fine-tuned from)", field="base")
-    return _Plan(actions)
+    return _Plan(actions, tuple(sorted(not_merged)))
 
 
 # -- the streamed merge ----------------------------------------------------------
@@ -605,55 +738,69 @@ class _Merger:
                 continue
             lo, hi = c0 * self.size, min(c1 * self.size, obj.nbytes)
             wanted = [j for j in range(c0, c1) if not equal[j - c0]]
-            xs = [self._read_slice(o, lo, hi, wanted, f"{key!r} of input {i}", f"x{i}")
-                  for i, o in enumerate(sources)]
-            b = self._read_slice(base, lo, hi, wanted, f"{key!r} of the base", "base") if base is not None else None
+            xs, bits = [], []
+            for i, o in enumerate(sources):
+                self._read_slice(o, lo, hi, wanted, f"{key!r} of input {i}", f"x{i}", xs, bits)
+            b = None
+            if base is not None:
+                b = self._read_slice(base, lo, hi, wanted, f"{key!r} of the base", "base", [], bits)
             keep = _masks(spec, key, lo // item, hi // item, obj.numel)
-            merged = apply(spec, xs, b, self.scratch, keep)
-            out += self._write(merged, obj.dtype, lo, [(j, objs[0].chunks[j] if equal[j - c0] else None)
-                                                       for j in range(c0, c1)])
+            merged = combine(spec, xs, b, bits, obj.dtype, self.scratch, keep, key, lo // item)
+            out += self._write(merged, lo, [(j, objs[0].chunks[j] if equal[j - c0] else None)
+                                            for j in range(c0, c1)])
         return out
 
-    def _read_slice(self, obj: TensorObject, lo: int, hi: int, wanted: list, what: str, name: str):
-        """Bytes [lo, hi) of a whole tensor, upcast, in buffers reused slice
-        after slice; only chunks ``wanted`` are read (the others hold stale
-        bytes: their output is reused, not computed)."""
+    def _read_slice(self, obj: TensorObject, lo: int, hi: int, wanted: list, what: str, name: str,
+                    upcast: list, bits: list):
+        """Bytes [lo, hi) of a whole tensor, in buffers reused slice after
+        slice: appends them upcast to ``upcast`` and as integers to ``bits``,
+        and returns the upcast. Only chunks ``wanted`` are read; the others
+        are zeros (their output is reused, not computed, and zeros can
+        neither overflow nor fail the range check)."""
         raw = self.scratch.get("raw-" + name, hi - lo, torch.uint8)
         buffer = raw.numpy()
         requests = []
-        for j in wanted:
+        wanted_set = set(wanted)
+        for j in range(lo // self.size, -(-hi // self.size)):
             start = j * self.size
             n = min(self.size, obj.nbytes - start)
+            if j not in wanted_set:
+                buffer[start - lo:start - lo + n] = 0
+                continue
             requests.append(Request(obj.chunks[j], buffer[start - lo:start - lo + n], f"tensor {what}"))
         if requests:
             reader.read_runs(self.repo, self.txn, requests)
         self.counts["read"] += sum(r.buffer.nbytes for r in requests)
         flat = raw.view(dtypes.torch_dtype(obj.dtype))
+        bits.append(raw.view(_int_of(dtypes.itemsize(obj.dtype))))
         work = work_dtype(obj.dtype)
-        if flat.dtype == work:
-            return flat
-        return self.scratch.get("up-" + name, flat.numel(), work).copy_(flat)
+        up = flat if flat.dtype == work else self.scratch.get("up-" + name, flat.numel(), work).copy_(flat)
+        upcast.append(up)
+        return up
 
     def _whole(self, path: tuple, key: str, spec: Spec, sources: list, base) -> list:
         """Merge of whole tensors (slerp, ties, and tensors not chunked as this repository chunks)."""
+        bits = []
+
         def read(x: _Input, what: str) -> torch.Tensor:
             leaf = x.leaves[path]
-            t = reader.read_tensors(self.repo, self.txn, [(path, leaf)], x.id)[leaf.id]
+            t = reader.read_tensors(self.repo, self.txn, [(path, leaf)], x.id)[leaf.id].reshape(-1)
             self.counts["read"] += x.objs[path].nbytes
-            return t.reshape(-1).to(work_dtype(x.objs[path].dtype))
+            bits.append(t.view(_int_of(dtypes.itemsize(x.objs[path].dtype))))
+            return t.to(work_dtype(x.objs[path].dtype), copy=True)
         xs = [read(x, f"input {i}") for i, x in enumerate(self.inputs)]
         b = read(self.base, "the base") if base is not None else None
         obj = sources[0]
-        merged = apply(spec, xs, b, Scratch(), _masks(spec, key, 0, obj.numel, obj.numel))
-        del xs, b
+        merged = combine(spec, xs, b, bits, obj.dtype, Scratch(), _masks(spec, key, 0, obj.numel, obj.numel), key)
+        del xs, b, bits
         n_chunks = -(-obj.nbytes // self.size)
-        return self._write(merged, obj.dtype, 0, [(j, None) for j in range(n_chunks)])
+        return self._write(merged, 0, [(j, None) for j in range(n_chunks)])
 
-    def _write(self, merged: torch.Tensor, dtype: str, lo: int, chunks: list) -> list:
-        """The chunk ids of ``merged`` (cast to ``dtype``) starting at byte ``lo``
-        of the tensor; (j, id) pairs with an id are reused as they are."""
+    def _write(self, merged: torch.Tensor, lo: int, chunks: list) -> list:
+        """The chunk ids of ``merged`` (in its storage dtype) starting at byte
+        ``lo`` of the tensor; (j, id) pairs with an id are reused as they are."""
         from .state import tensor_bytes
-        data = tensor_bytes(merged.to(dtypes.torch_dtype(dtype)))
+        data = tensor_bytes(merged)
         out = []
         for j, reused in chunks:
             if reused is not None:
@@ -743,6 +890,9 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
             tip = repo.refs.tip(txn, ref)
             repo.refs.check_commit(txn, ref, me)
             audit.check_commit_policy(txn, ref, signer)  # before any chunk is read
+            if signer is not None:  # FORMAT names the extension before a signed commit exists
+                from .ondisk import SIGNATURES, require_extension
+                require_extension(repo.dir, SIGNATURES)
             inputs = [_read_input(repo, txn, rev, recipe.only) for rev in revs]
             base_in = _read_input(repo, txn, recipe.base, recipe.only) if recipe.base is not None else None
             if not inputs[0].leaves:
@@ -778,7 +928,7 @@ def merge(repo, revs, recipe=None, *, strategy: Optional[str] = None, weights=No
     report = MergeReport(tuple(x.id.hex() for x in inputs), base_in.id.hex() if base_in else None, recipe.strategy,
                          c["merged"], c["reused"], c["taken"], sum(1 for _, leaf in walk(root)
                                                                    if not isinstance(leaf, TensorLeaf)),
-                         c["chunks_reused"], c["read"], c["written"], merger.total, obj.tree.hex())
+                         c["chunks_reused"], c["read"], c["written"], merger.total, obj.tree.hex(), plan.not_merged)
     return Merged(commit, report)
 
 

@@ -23,7 +23,9 @@
 
 Each object encodes itself as a canonical msgpack map with a ``type`` field
 (see ``docs/format.md``); its id is the BLAKE3 digest of those bytes. Each
-``decode`` checks what it reads and raises only ``CorruptObject``; each
+``decode`` checks what it reads and raises only ``CorruptObject``, also for
+bytes that are not the canonical encoding of what they decode to (one object,
+one id: a re-encoded signed commit is not a second commit); each
 ``encode`` runs its own ``decode`` on what it made, so an object no read
 accepts is a ``BadInput`` before it is written, never a commit that cannot
 be read.
@@ -85,7 +87,7 @@ def _is_id(value) -> bool:
 
 
 def _decode_map(data: bytes, kind: str) -> dict:
-    value = encoding.unpack(data, f"{kind} object", kind)
+    value = encoding.unpack(data, f"{kind} object", kind, canonical=True)
     _check(type(value) is dict, f"{kind} object is not a map", kind)
     _check(value.get("type") == kind, f"object is not a {kind} (type {value.get('type')!r})", kind, "type")
     return value
@@ -249,7 +251,7 @@ def _decode_node(node) -> Any:
         return {k: _decode_node(v) for k, v in node.items()}
     if t is Ext:
         if node.code == EXT_TUPLE:
-            inner = encoding.unpack(node.data, "tuple in tree", "tree", "root")
+            inner = encoding.unpack(node.data, "tuple in tree", "tree", "root", canonical=True)
             _check(type(inner) is list, "tuple in tree is not an array", "tree", "root")
             return tuple(_decode_node(v) for v in inner)
         if node.code == EXT_TENSOR:

@@ -147,11 +147,18 @@ class Refs:
     protection, deletion with its reflog, HEAD, and the branch write locks
     that guard moves all live here. ``objects`` is the repository's
     ObjectStore (commits are read, verified, to follow parents).
+
+    ``policy(txn, ref, old, new)``, when given, is called before every move
+    that points a branch or tag at a commit (a commit, merge, pull, branch,
+    tag, rename, ``checkout -b``): the one place a ref's policy (signatures
+    required, ``mvc.audit.RefPolicy``) is enforced; it raises to refuse the
+    move, and the transaction then changes nothing.
     """
 
-    def __init__(self, objects, now: Callable[[], int]):
+    def __init__(self, objects, now: Callable[[], int], policy: Optional[Callable] = None):
         self.objects = objects
         self.now = now
+        self.policy = policy
 
     # -- reading ------------------------------------------------------------
 
@@ -260,6 +267,7 @@ class Refs:
                 ref = txn.ref(name)
                 if ref is not None and ref.id is not None:
                     self._not_also_a_prefix(txn, base, name, ref.id)
+                    self._not_also_tracking(txn, base, name)
                     return ref.id
         if _is_hex(lower):
             if len(base) < MIN_PREFIX:
@@ -287,6 +295,16 @@ class Refs:
                                     "commit", prefix=base, matches=[ref] + [m.hex() for m in others])
 
     @staticmethod
+    def _not_also_tracking(txn, base: str, ref: str) -> None:
+        """AmbiguousRevision if ``base`` names branch or tag ``ref`` and also a remote-tracking
+        ref (a branch ``origin/main`` beside origin's main): neither may hide the other."""
+        tracking = REMOTES + base
+        other = txn.ref(tracking) if ref != tracking and ref != base else None
+        if other is not None and other.id is not None:
+            raise AmbiguousRevision(f"{base!r} is {human(ref)} and also the remote-tracking ref {tracking!r}; "
+                                    f"say {ref!r} or {tracking!r}", prefix=base, matches=[ref, tracking])
+
+    @staticmethod
     def _prefix_matches(txn, prefix: str) -> list:
         floor = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
         return [oid for oid in txn.ids("commits", floor) if oid.hex().startswith(prefix)]
@@ -310,6 +328,10 @@ class Refs:
         if txn.ref(other) is not None:
             raise RefConflict(f"{human(other)} exists, and {human(ref)} of the same name would make {name!r} mean "
                               "two things; choose another name", ref=ref, found=txn.ref(other).id.hex())
+        remote = name.split("/", 1)[0]
+        if "/" in name and next(txn.ids("refs", (REMOTES + remote + "/").encode()), None) is not None:
+            raise RefConflict(f"{human(ref)} would be written like a remote-tracking ref of remote {remote!r} "
+                              f"(remotes/{name}) and hide it, or be hidden by it; choose another name", ref=ref)
 
     def check_commit(self, txn, ref: Optional[str], me) -> None:
         """ProtectedRef / LockHeld if a commit may not move ``ref``; RefConflict
@@ -348,6 +370,7 @@ class Refs:
         current = txn.ref(ref)
         if current is None:
             self.check_new(txn, ref)
+        self._check_policy(txn, ref, current, new)
         if ref == HEAD and (current is None or current.target is None):
             txn.set_ref(ref, RefValue(id=new))
         elif new is None:
@@ -360,6 +383,11 @@ class Refs:
         head = txn.ref(HEAD) if ref != HEAD else None
         if head is not None and head.target == ref:  # HEAD moved with its branch: Git logs both
             txn.append_reflog(HEAD, entry)
+
+    def _check_policy(self, txn, ref: str, current: Optional[RefValue], new: Optional[bytes]) -> None:
+        """The policy's error (raised) for pointing ``ref``, now ``current``, at ``new``."""
+        if self.policy is not None and new is not None and ref.startswith((BRANCHES, TAGS)):
+            self.policy(txn, ref, current.id if current is not None else None, new)
 
     def set(self, txn, ref: str, rev: str, force: bool, protect: Optional[bool], why: str, me) -> tuple:
         """Point ``ref`` at ``rev`` (create or, with ``force``, move); (id, protected)."""
@@ -428,6 +456,8 @@ class Refs:
         self.check_writer(txn, old, me)
         self.check_writer(txn, new, me)
         self.check_new(txn, new)
+        if old != new:
+            self._check_policy(txn, new, taken, current.id)
         history = [entry for _, entry in self.reflog(txn, old)][::-1]
         for name in (old, new):  # a replaced branch's reflog goes, as with a deleted one
             self.drop(txn, name)

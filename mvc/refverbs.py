@@ -8,7 +8,7 @@ functions name refs the way users do (``main``, ``v1``) and return
 
 from typing import Optional
 
-from . import audit, refs
+from . import audit, ondisk, refs
 from .commits import now_us
 from .errors import UnknownRevision
 from .records import Head, Ref
@@ -51,6 +51,8 @@ def create_tag(repo, name: str, rev: str = refs.HEAD, protect: Optional[bool] = 
     """
     ref = refs.TAGS + refs.check_name(name, "tag")
     signer = audit.signer(repo, sign)
+    if signer is not None:  # a tag object is signed data an mvc without signatures would leave stale
+        ondisk.require_extension(repo.dir, ondisk.SIGNATURES)
     with repo.index.write() as txn:
         me = locking.this_process(default_author())
         oid, protected = repo.refs.set(txn, ref, rev, force, protect, f"tag: {rev}", me)

@@ -34,7 +34,8 @@ Order of the steps, each harmless to interrupt:
 1. ``FORMAT`` gains the ``encoded-records`` extension (before any index
    entry names a version 2 pack);
 2. the encoded records go to one new pack, sealed and fsynced;
-3. one index write transaction points the chunks at their new records;
+3. one index write transaction points the chunks at their new records and
+   deletes the chunk index entries nothing live uses (as gc's sweep does);
 4. gc's pack step deletes the packs that now hold nothing live and rewrites
    those mostly garbage.
 
@@ -371,14 +372,22 @@ def _deepen(chunks, txn, item: _Item, batch, locs: dict) -> None:
 
 
 def _publish(repo, batch, old: dict):
-    """Point the chunks at their new records, then let gc's pack step reclaim the old packs."""
+    """Point the chunks at their new records and drop the entries nothing live uses, in one
+    transaction; then let gc's pack step reclaim the old packs.
+
+    The dead entries go in that transaction, before any pack is deleted: an entry left
+    naming a deleted pack would let a later commit of the same bytes skip writing them
+    (it deduplicates against the entry) and so commit a chunk nobody holds. Killed after
+    the transaction, the packs are merely unreferenced, and the next gc deletes them."""
     new = batch.locations
     with repo.index.write() as txn:
         before = {loc.pack for _, loc in repo.chunks.records(txn)}
         for cid, loc in new.items():
             if txn.chunk(cid) == old[cid]:
                 txn.put_chunk(cid, loc, overwrite=True)
-        live = _gc.LiveRecords(reach.walk(txn, repo.objects, reach.RAISE, locate=True))
+        walked = reach.walk(txn, repo.objects, reach.RAISE, locate=True)
+        _gc.drop_dead_chunks(txn, walked)
+        live = _gc.LiveRecords(walked)
     plan = _gc.plan_packs(repo.chunks.pack_files(), live, before, _gc.GRACE_S, repack=True)
     _gc.compact(repo, plan)
     return plan

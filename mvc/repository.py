@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Optional
 
 from . import commits, diff as diffs, exchange, fsck as checks, gc as collect, reach, reader, refs, refverbs
 from . import repack as repacks
-from .audit import Trust
+from .audit import RefPolicy, Trust
 from .bisect import Bisect
 from .errors import CorruptObject
 from .ondisk import (DEFAULT_CHUNK_SIZE, ENCODED_RECORDS, MVC_DIR, SEALED_VALUES, SUBDIRS, create, find_root,
@@ -73,7 +73,7 @@ class Repository:
         self.index = Index(self.dir / "index")
         self.objects = ObjectStore()
         self.chunks = PackStore(self.dir / "packs", 2 if ENCODED_RECORDS in extensions else 1, self.index.readonly)
-        self.refs = refs.Refs(self.objects, commits.now_us)
+        self.refs = refs.Refs(self.objects, commits.now_us, RefPolicy(self.root))  # signing.require, on every move
         self.gc_lock = GcLock(self.dir / "locks")
         self._live = None  # mvc.live.LiveRecords, made on first use
         with self.index.read() as txn:

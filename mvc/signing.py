@@ -33,6 +33,7 @@ import binascii
 import calendar
 import fnmatch
 import hashlib
+import math
 import re
 import struct
 import time
@@ -291,92 +292,249 @@ def _small_order(raw: bytes) -> bool:
 
 
 # -- allowed signers ------------------------------------------------------------
+#
+# Read as OpenSSH reads them (sshsig.c, misc.c, match.c of OpenSSH 9), so that a line
+# allows here exactly what it allows to ``ssh-keygen -Y verify``, and where in doubt
+# nothing: a line ssh-keygen cannot read (an unknown or misspelt option, a bad time, a
+# missing quote) is an error naming it, never a line read some other way.
+
+_SPACE = " \t\r\n"
+# The key type names ssh-keygen reads on a line, by the family of the key a blob must hold.
+_FAMILIES = {
+    "ssh-ed25519": "ed25519", "ssh-rsa": "rsa", "ssh-dss": "dsa", "ecdsa-sha2-nistp256": "ecdsa",
+    "ecdsa-sha2-nistp384": "ecdsa", "ecdsa-sha2-nistp521": "ecdsa", "sk-ssh-ed25519@openssh.com": "ed25519-sk",
+    "sk-ecdsa-sha2-nistp256@openssh.com": "ecdsa-sk", "ssh-ed25519-cert-v01@openssh.com": "ed25519-cert",
+    "ssh-rsa-cert-v01@openssh.com": "rsa-cert", "ssh-dss-cert-v01@openssh.com": "dsa-cert",
+    "ecdsa-sha2-nistp256-cert-v01@openssh.com": "ecdsa-cert", "ecdsa-sha2-nistp384-cert-v01@openssh.com": "ecdsa-cert",
+    "ecdsa-sha2-nistp521-cert-v01@openssh.com": "ecdsa-cert",
+    "sk-ssh-ed25519-cert-v01@openssh.com": "ed25519-sk-cert", "sk-ecdsa-sha2-nistp256-cert-v01@openssh.com": "ecdsa-sk-cert"}
+
+
+def match_pattern(text: str, pattern: str) -> bool:
+    """OpenSSH's match_pattern: ``*`` any run, ``?`` any one character, nothing else special
+    (no ``[...]`` classes, unlike fnmatch)."""
+    return re.fullmatch("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern),
+                        text, re.DOTALL) is not None
+
+
+def match_pattern_list(text: str, patterns: str) -> bool:
+    """OpenSSH's match_pattern_list: comma-separated patterns, ``!`` negates one; ``text``
+    matches if some positive pattern matches it and no negated one does (a negated match
+    fails the whole list, wherever it stands)."""
+    positive = False
+    for sub in patterns.split(","):
+        negated = sub.startswith("!")
+        sub = sub[1:] if negated else sub
+        if len(sub) >= 1023:  # OpenSSH's buffer: a longer pattern fails the list
+            return False
+        if match_pattern(text, sub):
+            if negated:
+                return False
+            positive = True
+    return positive
+
+
+def _has_positive(patterns: str) -> bool:
+    """Whether any principal could match ``patterns`` (a list of negations alone matches none)."""
+    return any(p and not p.startswith("!") for p in patterns.split(","))
+
 
 @dataclass(frozen=True)
 class AllowedSigner:
     principals: tuple  # patterns, as given (comma-separated in the file)
     key: bytes  # public key blob
-    namespaces: Optional[tuple] = None  # patterns; None: any
-    valid_after: Optional[float] = None  # seconds since the epoch
-    valid_before: Optional[float] = None
+    namespaces: Optional[str] = None  # OpenSSH pattern list (``!`` negates); None: any
+    valid_after: Optional[int] = None  # seconds since the epoch
+    valid_before: Optional[int] = None
     line: int = 0
 
     def allows(self, blob: bytes, namespace: str, when: Optional[float]) -> bool:
-        if blob != self.key:
+        if blob != self.key or not _has_positive(",".join(self.principals)):
             return False
-        if self.namespaces is not None and not any(fnmatch.fnmatchcase(namespace, p) for p in self.namespaces):
+        if self.namespaces is not None and not match_pattern_list(namespace, self.namespaces):
             return False
-        if when is not None and self.valid_after is not None and when < self.valid_after:
+        if when is None:
+            return True
+        when = math.floor(when)  # ssh-keygen compares whole seconds
+        if self.valid_after is not None and when < self.valid_after:
             return False
-        return not (when is not None and self.valid_before is not None and when > self.valid_before)
+        return not (self.valid_before is not None and when > self.valid_before)
 
 
-_OPTION = re.compile(r'([A-Za-z-]+)(?:="([^"]*)")?')
+class _LineError(Exception):
+    """Why one line cannot be read (ssh-keygen's words where it has them)."""
 
 
-def _time(text: str, path: str, line: int) -> float:
-    """ssh-keygen's YYYYMMDD[HHMM[SS]][Z]: UTC with Z, local time without."""
-    utc = text.endswith(("Z", "z"))
-    digits = text[:-1] if utc else text
-    formats = {8: "%Y%m%d", 12: "%Y%m%d%H%M", 14: "%Y%m%d%H%M%S"}
+def _time(text: str) -> int:
+    """ssh-keygen's YYYYMMDD[HHMM[SS]] with a ``Z`` or ``UTC`` suffix (UTC) or none (local
+    time), with the ranges of C's strptime (a day past the month's end rolls over, as there)."""
+    digits, utc = text, False
+    for suffix in ("z", "utc"):
+        if len(text) > len(suffix) and text.lower().endswith(suffix):
+            digits, utc = text[:-len(suffix)], True
+            break
+    if len(digits) not in (8, 12, 14) or not (digits.isascii() and digits.isdigit()):
+        raise _LineError(f"{text!r} is not a time (YYYYMMDD[HHMM[SS]][Z])")
+    fields = [int(digits[i:i + n]) for i, n in ((0, 4), (4, 2), (6, 2), (8, 2), (10, 2), (12, 2)) if i < len(digits)]
+    fields += [0] * (6 - len(fields))
+    _, month, day, hour, minute, second = fields
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour <= 23 and minute <= 59 and second <= 61):
+        raise _LineError(f"{text!r} is not a time (YYYYMMDD[HHMM[SS]][Z])")
     try:
-        parsed = time.strptime(digits, formats[len(digits)])
-    except (KeyError, ValueError):
-        raise BadAllowedSigners(f"{path}:{line}: {text!r} is not a time (YYYYMMDD[HHMM[SS]][Z])",
-                                path=path, line=line) from None
-    return float(calendar.timegm(parsed) if utc else time.mktime(parsed))
+        seconds = int(calendar.timegm((*fields, 0, 0, 0)) if utc else time.mktime((*fields, 0, 0, -1)))
+    except (OverflowError, ValueError):
+        raise _LineError(f"{text!r} is not a time (YYYYMMDD[HHMM[SS]][Z])") from None
+    if seconds < 0:
+        raise _LineError(f"{text!r} is before 1970")
+    return seconds
 
 
-def _split_options(text: str, path: str, line: int) -> tuple:
-    """(options dict, rest of the line) for the comma-separated options field."""
-    options, at = {}, 0
-    while True:
-        m = _OPTION.match(text, at)
-        if not m or not m.group(0):
-            raise BadAllowedSigners(f"{path}:{line}: cannot read the options", path=path, line=line)
-        options[m.group(1).lower()] = m.group(2)
-        at = m.end()
-        if text[at:at + 1] != ",":
-            return options, text[at:].lstrip()
+def _token(text: str) -> tuple:
+    """OpenSSH's strdelimw: (the first word, the rest after the spaces that follow it, or None
+    at the end of the line). A double quote starts a quoted run the word takes whole; the word
+    ends at its closing quote."""
+    at = next((i for i, c in enumerate(text) if c in _SPACE or c == '"'), None)
+    if at is None:
+        return text, None
+    if text[at] == '"':
+        end = text.find('"', at + 1)
+        if end < 0:
+            raise _LineError("a quote is not closed")
+        return text[:at] + text[at + 1:end], text[end + 1:].lstrip(_SPACE)
+    return text[:at], text[at + 1:].lstrip(_SPACE)
+
+
+def _read_key(text: str) -> Optional[tuple]:
+    """(key type, blob) of ``KEYTYPE BASE64 [COMMENT]`` as sshkey_read reads it; None if it is not one."""
+    end = next((i for i, c in enumerate(text) if c in " \t"), None)
+    if end is None:
+        return None
+    name, rest = text[:end], text[end:].lstrip(" \t")
+    family = _FAMILIES.get(name)  # (short names such as ED25519 are no key type to ssh-keygen 9 here)
+    if family is None or not rest:
+        return None
+    encoded = rest[:next((i for i, c in enumerate(rest) if c in " \t"), len(rest))]
+    try:
+        blob = base64.b64decode("".join(encoded.split()), validate=True)
+        r = _Reader(blob)
+        kind = r.string().decode("ascii")
+        if _FAMILIES.get(kind) != family:
+            return None
+        if kind == ED25519 and (len(r.string()) != 32 or not r.done()):
+            return None
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        return None
+    return kind, blob
+
+
+def _skip_options(text: str) -> tuple:
+    """(options text, the rest) as sshkey_advance_past_options splits them: the options end at
+    the first space or tab outside double quotes (``\\"`` inside quotes is a quote)."""
+    quoted, i = False, 0
+    while i < len(text) and (quoted or text[i] not in " \t"):
+        if text[i] == "\\" and text[i + 1:i + 2] == '"':
+            i += 1
+        elif text[i] == '"':
+            quoted = not quoted
+        i += 1
+    if quoted and i >= len(text):
+        raise _LineError("invalid options: a quote is not closed")
+    return text[:i], text[i:]
+
+
+def _dequote(text: str, at: int) -> tuple:
+    """OpenSSH's opt_dequote: (the value of ``"..."`` at ``at``, where it ends)."""
+    if text[at:at + 1] != '"':
+        raise _LineError("bad options: missing start quote")
+    out, i = [], at + 1
+    while i < len(text) and text[i] != '"':
+        if text[i] == "\\" and text[i + 1:i + 2] == '"':
+            i += 1
+        out.append(text[i])
+        i += 1
+    if i >= len(text):
+        raise _LineError("bad options: missing end quote")
+    return "".join(out), i + 1
+
+
+def _options(text: str) -> dict:
+    """OpenSSH's sshsigopt_parse: ``cert-authority``, ``namespaces="..."``,
+    ``valid-after="..."``, ``valid-before="..."`` (names in any case), comma-separated;
+    anything else is an unknown option, and the line allows nothing."""
+    out, at = {}, 0
+    while at < len(text):
+        name = next((n for n in ("cert-authority", "namespaces=", "valid-after=", "valid-before=")
+                     if text[at:at + len(n)].lower() == n), None)
+        if name is None:  # (only a comma may follow: ",," passes, as in OpenSSH)
+            pass
+        elif name == "cert-authority":
+            at += len(name)
+            out["cert-authority"] = True
+        else:
+            at += len(name)
+            key = name[:-1]
+            if key in out:
+                raise _LineError(f'bad options: multiple "{key}" clauses')
+            value, at = _dequote(text, at)
+            out[key] = value if key == "namespaces" else _time(value)
+            if out[key] == 0:  # OpenSSH keeps 0 for "not set", and refuses it as a time
+                raise _LineError(f'bad options: invalid "{key}" time')
+        if at == len(text):
+            break
+        if text[at] != ",":
+            raise _LineError(f"bad options: unknown key option at {text[at:]!r}")
         at += 1
+        if at == len(text):
+            raise _LineError("bad options: unexpected end-of-options")
+    after, before = out.get("valid-after"), out.get("valid-before")
+    if after and before and before <= after:
+        raise _LineError('bad options: "valid-before" time is before "valid-after"')
+    return out
+
+
+def _parse_line(line: str, number: int) -> Optional[AllowedSigner]:
+    """One line's AllowedSigner; None for a blank or comment line, or one that allows nothing
+    here (``cert-authority``, a key type mvc does not verify); _LineError if unreadable."""
+    cp = line.lstrip(_SPACE)
+    if not cp or cp.startswith("#"):
+        return None
+    principals, cp = _token(cp)
+    if cp is None:
+        raise _LineError("invalid line: expected PRINCIPALS [OPTIONS] KEYTYPE BASE64")
+    key = _read_key(cp)
+    options = {}
+    if key is None:  # not a key: options, then the key
+        opts, cp = _skip_options(cp)
+        if not cp:
+            raise _LineError("missing key")
+        key = _read_key(cp.lstrip(" \t"))
+        if key is None:
+            raise _LineError("invalid key")
+        options = _options(opts)
+    kind, blob = key
+    if options.get("cert-authority") or kind != ED25519:
+        return None
+    return AllowedSigner(tuple(principals.split(",")), blob, options.get("namespaces"),
+                         options.get("valid-after"), options.get("valid-before"), number)
 
 
 def parse_allowed_signers(text: str, path: str = "allowed signers") -> list:
-    """AllowedSigners of an allowed-signers file's text; BadAllowedSigners (``path``, ``line``)
-    for a line that is not ``PRINCIPALS [OPTIONS] KEYTYPE BASE64 [COMMENT]``. Lines with
-    ``cert-authority`` or a key type mvc cannot verify are kept out (they allow nothing here)."""
+    """AllowedSigners of an allowed-signers file's text, read as ``ssh-keygen`` reads it:
+    ``PRINCIPALS [OPTIONS] KEYTYPE BASE64 [COMMENT]``, principals a comma-separated
+    pattern list (a double-quoted run may hold spaces), options ``cert-authority``,
+    ``namespaces="LIST"``, ``valid-after="TIME"``, ``valid-before="TIME"``.
+    BadAllowedSigners (``path``, ``line``) for a line ``ssh-keygen`` cannot read (an
+    unknown or misspelt option among them): fail closed and say so, where ssh-keygen
+    passes over the line. Lines with ``cert-authority`` or a key type mvc cannot verify
+    are kept out (they allow nothing here)."""
     out = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        principals, _, rest = line.partition(" ")
-        rest = rest.lstrip()
-        options = {}
-        if rest and not rest.startswith(("ssh-", "ecdsa-", "sk-")):
-            options, rest = _split_options(rest, path, number)
-        fields = rest.split()
-        if len(fields) < 2 or not principals:
-            raise BadAllowedSigners(f"{path}:{number}: expected PRINCIPALS [OPTIONS] KEYTYPE KEY",
-                                    path=path, line=number)
+    for number, line in enumerate(text.split("\n"), 1):
         try:
-            blob = base64.b64decode(fields[1], validate=True)
-            kind, raw = _key_of(blob)
-        except (binascii.Error, ValueError):
-            raise BadAllowedSigners(f"{path}:{number}: the key is not valid base64 SSH key data",
-                                    path=path, line=number) from None
-        if kind != fields[0]:
-            raise BadAllowedSigners(f"{path}:{number}: the key says it is {kind!r}, the line says {fields[0]!r}",
-                                    path=path, line=number)
-        if "cert-authority" in options or kind != ED25519:
-            continue
-        namespaces = options.get("namespaces")
-        out.append(AllowedSigner(
-            tuple(principals.split(",")), blob,
-            tuple(namespaces.split(",")) if namespaces is not None else None,
-            _time(options["valid-after"], path, number) if options.get("valid-after") else None,
-            _time(options["valid-before"], path, number) if options.get("valid-before") else None,
-            number))
+            signer = _parse_line(line, number)
+        except _LineError as exc:
+            raise BadAllowedSigners(f"{path}:{number}: {exc}", path=path, line=number) from None
+        if signer is not None:
+            out.append(signer)
     return out
 
 
@@ -428,7 +586,8 @@ def verify(blob: bytes, payload: bytes, allowed: Optional[list], when: Optional[
         if signer.allows(found.public, namespace, when):
             return Verdict(GOOD, ",".join(signer.principals), key)
     return Verdict(UNKNOWN, key=key, reason="the key is not an allowed signer"
-                   + (" at the time it signed" if any(s.key == found.public for s in allowed) else ""))
+                   + (f" for namespace {namespace!r} at the time it signed"
+                      if any(s.key == found.public for s in allowed) else ""))
 
 
 # -- settings and policy --------------------------------------------------------

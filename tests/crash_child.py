@@ -9,6 +9,8 @@ Commands (one per line): ``commit PHASE NTH`` commits the next step to
 retention. The NTH time the child reaches PHASE it prints ``in PHASE`` and
 sleeps, so the test's SIGKILL lands inside that phase; ``random`` phases
 never stop. The child prints ``landed ID STEP`` after each commit.
+``head - 0 0`` forks a child that opens the repository and prints ``head ID``
+(what a new process sees).
 
 Phases, where the child stops (by wrapping mvc's functions inside the child
 only, never in the library):
@@ -120,6 +122,14 @@ def child(root: str, kind: str, phase: str, nth: int, keep_last: int) -> None:
 def serve(root: str) -> None:
     for line in sys.stdin:
         kind, phase, nth, keep_last = line.split()
+        if kind == "head":  # what a process that opens the repository now sees
+            pid = os.fork()
+            if pid == 0:
+                with mvc.Repository.open(root) as repo:
+                    say(f"head {repo.head().id}")
+                os._exit(0)
+            os.waitpid(pid, 0)
+            continue
         pid = os.fork()
         if pid == 0:
             code = 0

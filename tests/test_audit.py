@@ -283,13 +283,17 @@ def test_push_refuses_unsigned_and_unknown_history_to_a_protected_ref(remote_pai
         writer.remotes.push(force=True)
     assert (info.value.ref, info.value.id, info.value.status) == ("heads/main", unsigned.id, "unsigned")
     assert remote_keys(s3_server, writer) == before  # refused before anything was uploaded
+    writer.config(signing.REQUIRE, "release")  # local moves are checked too: make the history first
     writer.create_branch("main", unsigned.parents[0], force=True)
     writer.commit({"w": tensor(3)}, "mallory", sign=MALLORY)
+    writer.config(signing.REQUIRE, "main")
     with pytest.raises(SignatureRequired) as info:
         writer.remotes.push()
     assert info.value.status == "unknown"
     assert reader.remotes.fetch().refs == () or reader.resolve("origin/main") == tip  # nothing moved on the remote
+    writer.config(signing.REQUIRE, "release")
     good = writer.create_branch("main", tip, force=True)
+    writer.config(signing.REQUIRE, "main")
     c = writer.commit({"w": tensor(4)}, "good", sign=ALICE)
     writer.remotes.push()
     reader.remotes.fetch()
@@ -308,9 +312,11 @@ def test_a_rewrite_of_a_protected_ref_is_refused_by_push_and_fetch_and_shown_by_
     rogue.create_branch("main", root, force=True)
     rewritten = rogue.commit({"w": tensor(6)}, "rewritten", sign=ALICE)
     rogue.remotes.push(force=True)
+    writer.config(signing.REQUIRE, "release")  # local moves are checked too: make the history first
+    writer.create_branch("main", root, force=True)
+    writer.commit({"w": tensor(7)}, "mine", sign=ALICE)
+    writer.config(signing.REQUIRE, "main")
     with pytest.raises(HistoryRewritten) as info:  # the protected side refuses even with force
-        writer.create_branch("main", root, force=True)
-        writer.commit({"w": tensor(7)}, "mine", sign=ALICE)
         writer.remotes.push(force=True)
     assert info.value.ref == "heads/main"
     with pytest.raises(HistoryRewritten) as info:
@@ -320,7 +326,7 @@ def test_a_rewrite_of_a_protected_ref_is_refused_by_push_and_fetch_and_shown_by_
     report = reader.remotes.fsck()
     assert [(p.kind, p.object) for p in report.problems] == [("rewritten-protected-ref", "refs/heads/main")]
     reader.config(signing.FETCH, "flag")  # flagged, not refused
-    assert reader.remotes.fetch()
+    assert [(u.ref, u.new) for u in reader.remotes.fetch().refs] == [("remotes/origin/main", rewritten.id)]
     assert reader.resolve("origin/main") == rewritten.id
     rogue.close()
 

@@ -56,6 +56,13 @@ class Server:
                 return seen
             assert not line.startswith("reaped"), f"the writer died on its own: {seen}"
 
+    def head(self):
+        """The tip a process that opens the repository now sees (None: unborn)."""
+        self.proc.stdin.write("head - 0 0\n")
+        self.proc.stdin.flush()
+        tip = self.until(lambda line: line.startswith("head "))[-1].split()[1]
+        return None if tip == "None" else tip
+
     def kill(self, pid: int) -> list:
         os.kill(pid, signal.SIGKILL)
         seen = self.until(lambda line: line.startswith(f"reaped {pid} "))
@@ -95,16 +102,14 @@ def in_phase(lines: list, phase: str) -> bool:
     return f"in {phase}" in lines and f"missed {phase}" not in lines
 
 
-def check(repo, last, exact: bool, lines=()):
-    """fsck is clean, refs load bit-exact, main is at ``last`` (or one commit on if not ``exact``)."""
-    # A writer killed inside LMDB's commit, after its meta page was written, leaves a
-    # commit that readers see only once the next writer has recovered the lock:
-    # become that next writer, so what is checked is what every later reader sees.
-    with repo.index.write():
-        pass
+def check(repo, last, exact: bool, lines=(), server=None):
+    """fsck is clean, refs load bit-exact, main is at ``last`` (or one commit on if not ``exact``),
+    and ``repo``, open since before the kill, sees the tip a process that opens it now sees."""
+    tip = repo.head().id  # read before any new process opens the index (opening recovers it)
+    if server is not None:
+        assert server.head() == tip, f"a new process sees another tip than this one: {lines}"
     report = repo.fsck()
     assert report.ok, report.damage
-    tip = repo.head().id
     if last is None:
         assert tip is None or (not exact and repo.get_commit(tip).parents == ())
     elif tip != last[0]:
@@ -147,7 +152,7 @@ def test_killed_commits_leave_the_old_or_the_new_commit(repo, server):
             lines += server.kill(pid)
             hits[phase] += in_phase(lines, phase)
         last = landed(lines, last)
-        last = check(repo, last, exact=phase != "random", lines=lines)
+        last = check(repo, last, exact=phase != "random", lines=lines, server=server)
     print("kills inside phases:", hits)
     assert all(n >= 5 for n in hits.values()), hits
     check_history(repo)
@@ -172,7 +177,7 @@ def test_killed_gc_leaves_a_clean_repository(repo, server):
         lines += server.kill(pid)
         if phase != "random":
             hits[phase] += in_phase(lines, phase)
-        last = check(repo, last, exact=True, lines=lines)
+        last = check(repo, last, exact=True, lines=lines, server=server)
         check_history(repo)
     print("kills inside phases:", hits)
     assert all(hits[p] >= 2 for p in GC_PHASES), hits

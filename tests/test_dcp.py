@@ -516,3 +516,58 @@ def test_per_step_ids_on_two_ranks_and_resharded_to_one_match_filesystem_writer(
     with mvc.Repository.open(tmp_path / "ids-mvc") as repo:
         assert {t.name for t in repo.tags()} == {"dcp/step_1", "dcp/step_2"}
         assert [c.step for c in repo.log()] == [2, 1]
+
+
+# -- FileSystemWriter's keywords (issue 39, item 13) ------------------------------------------------
+
+def test_overwrite_false_refuses_a_second_save_to_the_same_id_as_filesystem_writer_does(tmp_path):
+    """MvcStorageWriter(path, overwrite=False) was a TypeError; PyTorch's own test_overwrite expects
+    a second save to the same id to be refused (CheckpointException), and overwrite=True to replace it."""
+    t1, t2 = torch.randn(10), torch.randn(10)
+    # the writer's path alone (PyTorch's test), and an id inside the repository (a tag)
+    for path, where in ((tmp_path / "root", None), (tmp_path / "ids", tmp_path / "ids" / "step_1")):
+        dcp.save({"random": t1}, checkpoint_id=where, storage_writer=MvcStorageWriter(path, overwrite=False),
+                 no_dist=True)
+        dcp.save({"random": t2}, checkpoint_id=where, storage_writer=MvcStorageWriter(path, overwrite=True),
+                 no_dist=True)
+        got = {"random": torch.zeros(10)}
+        dcp.load(got, checkpoint_id=where, storage_reader=MvcStorageReader(path), no_dist=True)
+        assert torch.equal(got["random"], t2)
+        with mvc.Repository.open(path) as repo:
+            tip = repo.resolve("main")
+        with pytest.raises(CheckpointException, match="Checkpoint already exists"):
+            dcp.save({"random": t1}, checkpoint_id=where, storage_writer=MvcStorageWriter(path, overwrite=False),
+                     no_dist=True)
+        with mvc.Repository.open(path) as repo:
+            assert repo.resolve("main") == tip  # refused before anything was committed
+    writer = MvcStorageWriter(tmp_path / "root", overwrite=False)
+    with pytest.raises(mvc.errors.CheckpointExists) as caught:  # the error itself, as DCP's ranks raise it
+        writer.set_up_storage_writer(True)
+    writer.close()
+    with mvc.Repository.open(tmp_path / "root") as repo:
+        assert caught.value.commit == repo.resolve("main")
+    assert caught.value.ref == "main" and isinstance(caught.value, FileExistsError)
+
+
+def test_filesystem_writer_keywords_are_taken_and_a_bad_one_is_one_clean_error(tmp_path):
+    import inspect
+    from torch.distributed.checkpoint import FileSystemWriter
+    theirs = set(inspect.signature(FileSystemWriter.__init__).parameters) - {"self", "path", "args", "kwargs"}
+    ours = set(inspect.signature(MvcStorageWriter.__init__).parameters)
+    assert theirs <= ours
+    writer = MvcStorageWriter(tmp_path, sync_files=True, single_file_per_rank=False, thread_count=4,
+                              per_thread_copy_ahead=0, cache_staged_state_dict=False)
+    dcp.save({"w": torch.ones(3)}, storage_writer=writer, no_dist=True)
+    writer.close()
+    assert writer.last_commit is not None
+    with pytest.raises(mvc.BadInput, match="_extensions"):
+        MvcStorageWriter(tmp_path, _extensions=[object()])
+    with pytest.raises(mvc.BadInput, match="keywords only"):  # FileSystemWriter(path, single_file_per_rank)
+        MvcStorageWriter(tmp_path, True)
+    # a keyword neither takes: a TypeError, and no "Exception ignored in __del__" on stderr
+    code = ("from mvc_hooks.dcp import MvcStorageWriter\n"
+            "try:\n    MvcStorageWriter('.', overwrit=False)\nexcept TypeError as e:\n    print('TypeError', e)\n"
+            "import gc; gc.collect()\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "TypeError" in r.stdout and "overwrit" in r.stdout
+    assert "Exception ignored" not in r.stderr and "AttributeError" not in r.stderr, r.stderr

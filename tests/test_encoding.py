@@ -129,3 +129,37 @@ def test_unpack_raises_only_corrupt_object(data):
         encoding.unpack(data)
     except CorruptObject:
         pass
+
+
+@pytest.mark.parametrize("data", [
+    "cc05",                  # 5 as uint 8 (positive fixint is shorter)
+    "d005", "d10005",        # 5 as int 8 / int 16
+    "d1ff80",                # -128 as int 16 (int 8 is shorter)
+    "ca3fc00000",            # 1.5 as float 32
+    "d90161",                # "a" as str 8
+    "c5000161",              # b"a" as bin 16
+    "dc000101",              # [1] as array 16
+    "de0001a16101",          # {"a": 1} as map 16
+    "82a16202a16101",        # {"b": 2, "a": 1}: keys out of order
+    "82a161010102",          # {"a": 1, 1: 2}: a str key before an int key
+    "82a16101a16102",        # "a" twice
+    "c7010190",              # ext 8 where fixext 1 fits
+])
+def test_non_canonical_encodings_are_refused_when_asked(data):
+    raw = bytes.fromhex(data)
+    encoding.unpack(raw)  # well formed: the plain decoder reads it
+    with pytest.raises(CorruptObject) as exc:
+        encoding.unpack(raw, "thing", kind="commit", canonical=True)
+    assert (exc.value.kind, exc.value.field) == ("commit", "encoding")
+    assert "canonical" in str(exc.value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(values)
+def test_canonical_bytes_pass_the_canonical_check(value):
+    assert same(encoding.unpack(encoding.pack(value), canonical=True), canonical(value))
+
+
+def test_msgpack_timestamps_are_not_canonical():
+    with pytest.raises(CorruptObject):
+        encoding.unpack(bytes.fromhex("d6ff00000001"), canonical=True)

@@ -222,6 +222,20 @@ def test_reported_paths_are_pointer_files_that_open_as_the_checkpoint(tmp_path):
         load_checkpoint(__file__)
 
 
+def test_lightning_given_a_pointer_itself_says_to_use_open_checkpoint(tmp_path):
+    """Model.load_from_checkpoint(pointer) failed with KeyError: 'pytorch-lightning_version'."""
+    _, callback = fit(tmp_path, 1, **TOP)
+    with pytest.raises(Exception) as caught:
+        Net.load_from_checkpoint(callback.last_model_path)
+    assert not isinstance(caught.value, KeyError)
+    assert "mvc pointer, not the checkpoint" in str(caught.value) and "open_checkpoint(path)" in str(caught.value)
+    restored = Net.load_from_checkpoint(open_checkpoint(callback.last_model_path))  # the way it names
+    assert restored.state_dict().keys() == Net().state_dict().keys()
+    old = tmp_path / "old.ckpt"  # a pointer as older versions wrote it (the pointer alone) still reads
+    torch.save({"mvc_checkpoint": torch.load(callback.last_model_path, weights_only=True)["mvc_checkpoint"]}, old)
+    assert load_checkpoint(old)["global_step"] == load_checkpoint(callback.last_model_path)["global_step"]
+
+
 def test_dirpath_places_the_repository_and_its_pointers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     pl.seed_everything(0, verbose=False)

@@ -1,5 +1,6 @@
 """The LMDB index: exact key and value bytes of every database, transactions, damaged values."""
 
+import os
 import struct
 
 import pytest
@@ -193,3 +194,57 @@ def test_forked_child_gets_a_clear_error_not_the_parents_environment(tmp_path):
     assert b"forked" in os.read(read, 200)
     assert [c.message for c in repo.log()] == ["x"]
     repo.close()
+
+
+TXNID_AT = 48  # lock.mdb: where LMDB publishes the last committed transaction id (64-bit Linux)
+KILLED_WRITER = r"""
+import sys, time, torch, mvc
+repo = mvc.Repository.open(sys.argv[1])
+print(repo.commit({"w": torch.ones(40)}, "two").id, flush=True)
+with repo.index.write():  # the writer's lock held, as a commit inside LMDB's commit holds it
+    print("holding", flush=True)
+    time.sleep(60)
+"""
+REWIND = r"""
+import struct, sys
+with open(sys.argv[1], "r+b") as f:  # its own descriptor: closing it must not drop another process's locks
+    f.seek(int(sys.argv[2]))
+    n = struct.unpack("<Q", f.read(8))[0]
+    f.seek(int(sys.argv[2]))
+    f.write(struct.pack("<Q", n - 1))
+"""
+
+
+def test_a_process_that_had_the_index_open_sees_a_commit_whose_writer_was_killed_at_its_end(tmp_path):
+    """Issue 39.3. LMDB writes a commit's meta page (synchronously), then publishes its id in
+    lock.mdb; a writer SIGKILLed during that write dies between the two. Its commit is durable
+    and every process that opens the index later sees it, but a process that had the index open
+    kept its readers on the older snapshot. Made here with a real writer killed while it holds
+    the writer's lock, after its commit's id was taken back in lock.mdb as the kill leaves it."""
+    import signal
+    import subprocess
+    import sys
+    repo = mvc.Repository.init(tmp_path, chunk_size=64)
+    try:
+        repo.commit({"w": torch.zeros(40)}, "one")
+        lock = repo.dir / "index" / "lock.mdb"
+        with open(lock, "rb") as f:  # read only: this process's own lock on the file stays
+            published = struct.unpack("<Q", f.read(TXNID_AT + 8)[TXNID_AT:])[0]
+        if published != repo.index.env.info()["last_txnid"]:
+            pytest.skip("lock.mdb has another layout here")
+        child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], stdout=subprocess.PIPE,
+                                 text=True)
+        try:
+            two = child.stdout.readline().strip()
+            assert child.stdout.readline().strip() == "holding"
+            subprocess.run([sys.executable, "-c", REWIND, str(lock), str(TXNID_AT)], check=True)
+        finally:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+        assert repo.head().id == two  # as a process that opens the repository now sees it
+        assert torch.equal(repo.load()["w"], torch.ones(40))
+        fresh = subprocess.run([sys.executable, "-m", "mvc", "-C", str(tmp_path), "log", "--oneline"],
+                               capture_output=True, text=True)
+        assert fresh.stdout.split()[:1] == [two[:12]], fresh.stdout + fresh.stderr
+    finally:
+        repo.close()

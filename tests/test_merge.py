@@ -469,6 +469,10 @@ def test_a_merge_to_a_branch_that_requires_signatures_is_signed(repo, three, tmp
     key = signing.load_key(tmp_path / "k")
     (tmp_path / "allowed").write_text(f"me@example.com {key.public_line()}\n")
     repo.config(signing.ALLOWED, str(tmp_path / "allowed"))
+    for name in "abc":  # signed fine-tunes: a merge brings its inputs onto main, whose new history must be good
+        state = repo.load(name)
+        repo.create_branch(name, "main", force=True)
+        repo.commit(state, f"{name}, signed", branch=name, sign=key)
     repo.config(signing.REQUIRE, "main")
     tip = repo.resolve("main")
     with pytest.raises(SignatureRequired):
@@ -497,3 +501,172 @@ def test_cli_average_and_its_errors(repo, three):
     assert r.exit_code == 2
     r = run_cli(repo, "merge", "a", "b", "--strategy", "slerp")
     assert r.exit_code == 1 and "needs the parameter t" in r.stderr
+
+
+# -- weights of any size, values every input agrees on, results out of range (issue 39, item 9) ----------
+
+def pair(repo, a, b, base=None):
+    """Commits of {"w": a} and {"w": b} (and of the base) on branches a, b (and base)."""
+    ids = [repo.commit({"w": a}, "a", branch="a").id, repo.commit({"w": b}, "b", branch="b").id]
+    if base is not None:
+        ids.append(repo.commit({"w": base}, "base", branch="base").id)
+    return ids
+
+
+@pytest.mark.parametrize("weights", [(1e-50, 1e-50), (3e38, 3e38), (1e308, 1e308), (1e-320, 1e-320),
+                                     (2e307, 6e307)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_linear_weights_of_any_finite_size_merge_as_their_ratios(repo, weights, dtype):
+    """1e-50 or 3e38 each committed NaN with exit 0, 1e308 crashed (OverflowError in fsum): the
+    weights are scaled by one power of two (exact), so the merge is the one of their ratios."""
+    a, b = torch.randn(40).to(dtype), torch.randn(40).to(dtype)
+    ia, ib = pair(repo, a, b)
+    c, _ = repo.merge([ia, ib], strategy="linear", weights=list(weights), branch="m")
+    top = math.frexp(max(weights))[1]
+    small = [math.ldexp(w, -top) for w in weights]  # scaled by the power of two that brings the largest into [0.5, 1)
+    assert same_bits(repo.load(c.id)["w"], ref_linear([up(a), up(b)], small).to(dtype))
+    r = run_cli(repo, "merge", "a", "b", "--strategy", "linear", "--weights", ",".join(map(repr, weights)),
+                "-b", "cli")
+    assert r.exit_code == 0, r.output
+    assert same_bits(repo.load("cli")["w"], repo.load(c.id)["w"])
+
+
+def test_a_result_out_of_range_is_refused_naming_the_key_and_nothing_is_committed(repo):
+    a, b, base = torch.full((40,), 3.0), torch.full((40,), 2.0), torch.ones(40)
+    pair(repo, a, b, base)
+    tip = repo.commit({"w": base}, "main's tip").id
+    cases = [dict(strategy="linear", weights=[3e38, 3e38], params={"normalize": False}),  # 3e38 * 3 is inf
+             dict(strategy="task-arithmetic", weights=[1e308, 1.0], base="base"),  # a weight no float32 holds
+             dict(strategy="ties", weights=[3e38, 3e38], base="base"),
+             dict(strategy="dare", weights=[3e38, 1.0], base="base", params={"density": 0.5})]
+    for case in cases:
+        with pytest.raises(merging.MergeNotFinite) as caught:
+            repo.merge(["a", "b"], **case)
+        assert (caught.value.key, caught.value.dtype) == ("w", "F32") and caught.value.count > 0, case
+    assert repo.resolve("main") == tip
+    r = run_cli(repo, "merge", "a", "b", "--strategy", "linear", "--weights", "3e38,3e38", "--param",
+                "normalize=false")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "merging w gives 40 values" in r.stderr
+    assert "take w from one input" in r.stderr and repo.resolve("main") == tip
+
+
+def test_a_cast_back_that_overflows_the_tensors_dtype_is_refused(repo):
+    """float32 arithmetic held the result, float16 cannot (65504 is its largest value)."""
+    pair(repo, torch.full((8,), 60000.0).half(), torch.full((8,), 60000.0).half(), torch.zeros(8).half())
+    with pytest.raises(merging.MergeNotFinite) as caught:
+        repo.merge(["a", "b"], strategy="task-arithmetic", base="base", weights=[1.0, 1.0])
+    assert caught.value.dtype == "F16" and caught.value.count == 8
+    sums = pair(repo, torch.full((8,), 30000.0).half(), torch.full((8,), 30000.0).half(), torch.zeros(8).half())
+    c, _ = repo.merge(sums[:2], strategy="task-arithmetic", base=sums[2], weights=[1.0, 1.0], branch="m")
+    assert same_bits(repo.load(c.id)["w"], torch.full((8,), 60000.0).half())  # in range: merged
+
+
+NAN_BITS = 0x7FC01234  # a NaN with a payload (float32)
+
+
+def special(n):
+    """n float32 values with +inf, -inf and a NaN of a payload at 1, 2, 3 (all within the first 64-byte chunk)."""
+    t = torch.randn(n)
+    t[1], t[2] = math.inf, -math.inf
+    t.view(torch.int32)[3] = NAN_BITS
+    return t
+
+
+@pytest.mark.parametrize("strategy,params", [("average", {}), ("linear", {}), ("task-arithmetic", {}),
+                                             ("ties", {"density": 0.5}), ("dare", {"density": 0.5})])
+def test_values_every_input_and_the_base_hold_are_kept_bit_for_bit(repo, strategy, params):
+    """inf equal in the base and every input became NaN (inf - inf) once a neighbour in its chunk
+    changed; a NaN's payload was lost. The README promises the value stays."""
+    base = special(40)
+    a, b = base.clone(), base.clone()
+    a[0], b[0], b[30] = 5.0, -7.0, 9.0  # neighbours in the same chunk and another one change
+    ids = pair(repo, a, b, base)
+    with_base = strategy in merging.WITH_BASE
+    weights = [0.7, 0.3] if strategy != "average" else None
+    c, _ = repo.merge(ids[:2], strategy=strategy, weights=weights, params=params,
+                      base=ids[2] if with_base else None, branch="m")
+    got = repo.load(c.id)["w"]
+    assert torch.equal(got.view(torch.int32)[1:4], base.view(torch.int32)[1:4])
+    assert torch.isfinite(got[torch.arange(40) >= 4]).all()
+    if strategy in ("average", "linear"):  # the changed neighbours are merged as before
+        assert same_bits(got[[0, 30]], ref_linear([a[[0, 30]], b[[0, 30]]], weights or [1.0, 1.0]))
+
+
+def test_a_nan_payload_in_bfloat16_held_by_every_input_is_kept(repo):
+    a = torch.randn(40).bfloat16()
+    a.view(torch.int16)[5] = 0x7F81  # a signalling-looking NaN: float32 and back gives 0xFFFF
+    b = a.clone()
+    b[0] = 3.0
+    ia, ib = pair(repo, a, b)
+    c, _ = repo.merge([ia, ib], branch="m")
+    assert int(repo.load(c.id)["w"].view(torch.int16)[5]) == 0x7F81
+
+
+def test_a_non_finite_input_value_where_inputs_differ_is_not_an_error(repo):
+    """inf in one input only: the arithmetic's answer (inf), as mergekit's; only values the arithmetic
+    made up from finite inputs are refused."""
+    a, b = torch.ones(8), torch.ones(8)
+    a[2] = math.inf
+    b[0] = 3.0
+    ia, ib = pair(repo, a, b)
+    c, _ = repo.merge([ia, ib], branch="m")
+    assert repo.load(c.id)["w"].tolist() == [2.0, 1.0, math.inf, 1.0, 1.0, 1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("other", [2.0, -1.0, -0.5])
+def test_slerp_of_parallel_tensors_at_dot_threshold_1_is_the_lerp(repo, other):
+    """dot_threshold=1 on parallel tensors divided by sin 0 (ZeroDivisionError, exit 70)."""
+    a = torch.zeros(40)
+    a[7] = 1.5  # cos θ is exactly +-1
+    ia, ib = pair(repo, a, a * other)
+    c, _ = repo.merge([ia, ib], strategy="slerp", params={"t": 0.25, "dot_threshold": 1}, branch="m")
+    assert same_bits(repo.load(c.id)["w"], a * 0.75 + (a * other) * 0.25)
+    r = run_cli(repo, "merge", "a", "b", "--strategy", "slerp", "--param", "t=0.25", "--param", "dot_threshold=1")
+    assert r.exit_code == 0, r.output
+
+
+def test_slerp_of_nearly_parallel_tensors_at_dot_threshold_1_is_finite(repo):
+    """cos θ rounded past 1 is outside acos's domain; just under 1 the slerp is all but the lerp."""
+    a = torch.randn(40, generator=torch.Generator().manual_seed(3))
+    for other in (a * 2, a * 3.000001, a + 1e-7):
+        ia, ib = pair(repo, a, other)
+        c, _ = repo.merge([ia, ib], strategy="slerp", params={"t": 0.25, "dot_threshold": 1}, branch="m")
+        assert torch.allclose(repo.load(c.id)["w"], a * 0.75 + other * 0.25, rtol=1e-5, atol=1e-6)
+
+
+def test_slerp_of_a_tensor_holding_inf_is_refused(repo):
+    a = torch.randn(8)
+    a[3] = math.inf
+    ia, ib = pair(repo, a, torch.randn(8))
+    with pytest.raises(merging.MergeNotFinite) as caught:
+        repo.merge([ia, ib], strategy="slerp", params={"t": 0.5})
+    assert caught.value.key == "w" and caught.value.count == 7  # every finite element became NaN
+
+
+@pytest.mark.parametrize("dtype,name", [(torch.complex64, "C64"), (torch.complex128, "C128"),
+                                        (torch.float8_e8m0fnu, "F8_E8M0")])
+def test_tensors_no_strategy_can_merge_are_refused_where_they_differ(repo, dtype, name):
+    """complex and float8_e8m0 tensors were silently taken from input 0."""
+    x = torch.randn(6, dtype=torch.complex64).to(dtype) if dtype.is_complex else torch.rand(6).to(dtype)
+    y = (x * 2) if dtype.is_complex else torch.full((6,), 4.0).to(dtype)
+    same = torch.randn(3, dtype=torch.complex64)
+    ia = repo.commit({"w": torch.ones(4), "z": x, "s": same}, "a", branch="a").id
+    ib = repo.commit({"w": torch.zeros(4), "z": y, "s": same}, "b", branch="b").id
+    tip = repo.commit({"w": torch.ones(4)}, "main's tip").id
+    with pytest.raises(merging.MergeDtypeRefused) as caught:
+        repo.merge([ia, ib])
+    assert caught.value.keys == ("z",) and caught.value.dtypes == (name,)  # s is the same in both: no problem
+    assert repo.resolve("main") == tip
+    r = run_cli(repo, "merge", ia, ib)
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and f"z ({name})" in r.stderr and "take = 0" in r.stderr
+    c, report = repo.merge([ia, ib], rules=[{"keys": "z", "take": 1}], branch="m")  # taken on purpose: fine
+    assert same_bits(repo.load(c.id)["z"], y) and report.not_merged == ()
+
+
+def test_non_float_tensors_that_differ_are_named_as_not_merged(repo, three):
+    _, report = repo.merge(["a", "b"], branch="m")
+    assert report.not_merged == ("model.count",)  # model.on is the same in every input
+    r = run_cli(repo, "merge", "a", "b", "-b", "m2")
+    assert r.exit_code == 0 and "not merged (not float; they differ, input 0's taken): model.count" in r.stdout
+    assert json.loads(run_cli(repo, "merge", "a", "c", "-b", "m3", "--json").stdout)["report"]["not_merged"] == \
+        ["model.count"]

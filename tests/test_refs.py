@@ -274,3 +274,24 @@ def test_reflog_records_every_move(repo, chain):
     assert main == [(None, bytes.fromhex(c1), "commit: c1"), (bytes.fromhex(c1), bytes.fromhex(c2), "commit: c2"),
                     (bytes.fromhex(c2), bytes.fromhex(c3), "commit: c3")]
     assert dev == [f"branch: {c2}"]
+
+
+def test_a_branch_named_like_a_remote_tracking_ref_never_hides_it(repo, chain, tmp_path):
+    c1, c2, c3 = chain
+    repo.remotes.add("origin", str(tmp_path / "remote"))
+    repo.remotes.push(refs=("main",))  # writes remotes/origin/main at c3
+    assert repo.resolve("origin/main") == c3
+    for make in (lambda: repo.create_branch("origin/main", c1), lambda: repo.create_tag("origin/main", c1),
+                 lambda: repo.commit({"w": torch.zeros(2)}, "x", branch="origin/main"),
+                 lambda: repo.checkout(c1, new_branch="origin/main"),
+                 lambda: repo.rename_branch("dev", "origin/dev")):  # any name under a remote's tracking refs
+        with pytest.raises(RefConflict) as err:
+            make()
+        assert "remote-tracking" in str(err.value)
+    assert repo.resolve("origin/main") == c3 and repo.resolve("dev") == c2
+    with repo.index.write() as txn:  # a branch made before the remote's first fetch (or by an older mvc)
+        txn.set_ref("heads/origin/main", refs.RefValue(id=bytes.fromhex(c1)))
+    with pytest.raises(AmbiguousRevision) as err:  # neither meaning is picked silently
+        repo.resolve("origin/main~1")
+    assert set(err.value.matches) == {"heads/origin/main", "remotes/origin/main"}
+    assert repo.resolve("heads/origin/main") == c1 and repo.resolve("remotes/origin/main") == c3

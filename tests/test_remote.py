@@ -250,6 +250,39 @@ def _flip_byte(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.parametrize("damage", ["zero-byte", "truncated", "flipped-trailer"])
+def test_fetch_in_a_lazy_clone_notices_a_damaged_pack_it_relies_on(origin, tmp_path, damage):
+    """A lazy clone catalogued the remote's packs when they were whole; then one was emptied, cut
+    short or had its trailer flipped. fetch said "up to date" (exit 0) while fsck --remote found
+    the damage: a pack listed with another size or time is read again, and what it held is missing."""
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    lazy.close()
+    pack = max(remote_packs(tmp_path), key=lambda p: p.stat().st_size)
+    data = pack.read_bytes()
+    if damage == "zero-byte":
+        pack.write_bytes(b"")
+    elif damage == "truncated":
+        pack.write_bytes(data[:len(data) // 2])
+    else:
+        _flip_byte(pack, len(data) - 40)  # inside the trailer (its footer's hash no longer matches)
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "lz"), "fetch"])
+    assert result.exit_code == 1, result.output
+    assert "up to date" not in result.output and "fsck --remote" in result.output, result.output
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:45001:99", "http://127.0.0.1:99999", "http://:80",
+                                      "ftp://127.0.0.1:80"])
+def test_remote_add_refuses_a_malformed_endpoint_at_once(tmp_path, endpoint):
+    repo = mvc.Repository.init(tmp_path / "a", chunk_size=SMALL)
+    repo.close()
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "remote", "add", "origin", "s3://bucket/x",
+                                       "--endpoint-url", endpoint])
+    assert result.exit_code != 0 and "endpoint URL" in result.output and "Traceback" not in result.output, \
+        result.output
+    with mvc.Repository.open(tmp_path / "a") as again:
+        assert again.remotes.list() == []
+
+
 def test_flipped_byte_on_the_remote_is_found_and_refused(origin, tmp_path):
     lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
     full = mvc.Repository.init(tmp_path / "full", chunk_size=SMALL)
@@ -310,6 +343,23 @@ def test_repair_refetches_damaged_local_chunks(origin, tmp_path):
     assert not origin.fsck().ok
     report = origin.cache.repair()
     assert report.chunks_repaired >= 1 and report.after.ok
+    assert same(origin.load("main~1"), state(0))
+
+
+def test_fsck_repair_goes_on_to_the_next_remote_when_one_fails(origin, tmp_path):
+    """fsck --repair stopped at the first remote that failed: here one pushed to and then gone
+    (its folder removed), and one added but never pushed to, both sorting before origin."""
+    import shutil
+    origin.remotes.add("a-gone", str(tmp_path / "gone"))
+    origin.remotes.push("a-gone")
+    shutil.rmtree(tmp_path / "gone")
+    origin.remotes.add("b-never-pushed", str(tmp_path / "nowhere"))
+    packs = sorted((tmp_path / "a" / ".mvc" / "packs").glob("*.pack"), key=lambda p: p.stat().st_size)
+    _flip_byte(packs[-1], 8 + 36 + 3)  # inside the first record's data
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "fsck", "--repair"])
+    assert result.exit_code == 0, result.output
+    assert "could not repair from remote a-gone" in result.output and "ok: no damage found" in result.output
+    assert "b-never-pushed" not in result.output  # fsck named origin as holding a copy: asked before it
     assert same(origin.load("main~1"), state(0))
 
 
@@ -434,7 +484,7 @@ def test_evict_keeps_a_branch_the_remote_deleted_after_the_last_fetch(origin, tm
         assert same(lazy.load("exp"), s)  # cached here
         origin.remotes.push(delete=("exp",))
         lazy.remotes.fetch()  # no --prune: origin/exp stays
-        assert lazy.resolve("origin/exp")
+        assert lazy.resolve("origin/exp") == lazy.resolve("exp")
         report = lazy.cache.evict(0)  # exp's chunks stay: the remote's refs no longer reach them
         assert report.chunks_evicted == 0 and report.kept_pinned > 0
         origin.remotes.gc(grace=0)  # the remote drops what only exp needed

@@ -103,7 +103,7 @@ def _orphan_pack(url, s3) -> str:
 HOLDER = textwrap.dedent("""
     import sys, time, mvc
     from mvc.remote import lease
-    from mvc.remote.sync import Connection
+    from mvc.remote.connection import Connection
     repo = mvc.Repository.open(sys.argv[1])
     conn = Connection(repo, "origin")
     with lease.held(conn, sys.argv[2]):
@@ -158,7 +158,7 @@ def test_a_lease_is_judged_by_its_pid_only_where_the_pid_means_its_writer():
 def test_a_push_and_a_remote_gc_exclude_each_other(pushed, tmp_path, s3):
     repo, url = pushed
     from mvc.remote import lease
-    from mvc.remote.sync import Connection
+    from mvc.remote.connection import Connection
     conn = Connection(repo, "origin")
     try:
         with lease.held(conn, lease.GC):

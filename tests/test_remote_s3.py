@@ -404,3 +404,80 @@ def test_cache_packs_skip_fsync_and_commit_packs_keep_it(pushed_sw, tmp_path, se
         assert len(synced) == 1  # committed: the last good copy, fsynced before its index entries
     finally:
         lazy.close()
+
+
+@pytest.mark.parametrize("damage", ["zero-byte", "truncated"])
+def test_a_short_pack_is_named_with_advice(pushed, tmp_path, s3, damage):
+    """A lazy clone reads a chunk pack that was emptied or cut short after it catalogued it: the
+    error was "InvalidRange" or "shorter than expected", naming neither the pack nor fsck --remote."""
+    from click.testing import CliRunner
+    from mvc.cli import main
+    from mvc.remote import layout
+    repo, url = pushed
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
+    lazy.close()
+    key = max(s3.keys(url, layout.CHUNK_PACKS), key=lambda k: k[1])[0]
+    s3.put(url, key, b"" if damage == "zero-byte" else s3.get(url, key)[:5000])
+    with mvc.Repository.open(tmp_path / "lz") as again, pytest.raises(mvc.errors.RemoteCorrupt) as caught:
+        again.load("main")
+    assert caught.value.key == key
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "lz"), "export", "main", "-o", str(tmp_path / "x.st")])
+    assert result.exit_code == 1 and key in result.output and "fsck --remote" in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_fsck_remote_of_a_prefix_without_a_remote_is_not_ok(pushed, tmp_path, s3):
+    from click.testing import CliRunner
+    from mvc.cli import main
+    repo, url = pushed
+    repo.remotes.add("empty", url + "-nothing-here", s3.endpoint)
+    with pytest.raises(mvc.errors.RemoteError):
+        repo.remotes.fsck("empty")
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "fsck", "--remote", "empty"])
+    assert result.exit_code == 1 and "holds no mvc remote" in result.output and "ok" not in result.output.split(), \
+        result.output
+
+
+def test_one_deadline_per_command_for_a_server_that_stopped(monkeypatch):
+    """Each request waited out its own retry budget, so a push whose server stopped mid-transfer
+    failed after 84-98 s (an upload's budget, then the lease's removal's, ...), not within the
+    minute the README promises. The budget is the command's: once spent, the next request fails at once."""
+    from s3server import CREDENTIALS, free_ports
+    from mvc.errors import RemoteUnreachable
+    from mvc.remote.s3 import S3Bucket
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MVC_REMOTE_TIMEOUT", "2")
+    monkeypatch.setenv("MVC_REMOTE_ATTEMPTS", "20")
+    bucket = S3Bucket("mvc-tests", "x", f"http://127.0.0.1:{free_ports(1)[0]}")  # nothing listens there
+    try:
+        assert not bucket.away
+        with pytest.raises(RemoteUnreachable) as first:
+            bucket.put("packs/a.pack", b"data")
+        assert 1 < first.value.attempts < 20  # retried, until the deadline (not the tries) ended it
+        assert bucket.away
+        with pytest.raises(RemoteUnreachable) as second:
+            bucket.delete("leases/push-ab")
+        assert second.value.attempts == 0  # the command's deadline is spent: no try, no waiting again
+    finally:
+        bucket.close()
+
+
+@pytest.mark.parametrize("damage", ["zero-byte", "flipped-trailer"])
+def test_fetch_in_a_lazy_clone_notices_a_damaged_pack_on_s3(pushed, tmp_path, s3, damage):
+    """fetch in an existing lazy clone said "up to date" (exit 0) when a pack it depends on was
+    emptied or had its trailer flipped, while fsck --remote found the damage."""
+    from click.testing import CliRunner
+    from mvc.cli import main
+    from mvc.remote import layout
+    repo, url = pushed
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=s3.endpoint)
+    lazy.close()
+    key, size = max(s3.keys(url, layout.CHUNK_PACKS), key=lambda k: k[1])
+    if damage == "zero-byte":
+        s3.put(url, key, b"")
+    else:
+        s3.flip(url, key, size - 40)  # same size, maybe the same second: the listing's etag tells
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "lz"), "fetch"])
+    assert result.exit_code == 1 and "up to date" not in result.output, result.output
+    assert "fsck --remote" in result.output, result.output

@@ -157,6 +157,22 @@ def test_repair_moves_intact_records_out_of_a_damaged_pack(pushed, tmp_path, s3)
     lazy.close()
 
 
+def test_repair_does_not_say_ok_about_data_this_repository_pruned(pushed, tmp_path, s3):
+    """A damaged chunk of a commit whose data this repository's retention pruned: repair cannot heal
+    it, and said "ok" (exit 0) while fsck --remote still found it missing."""
+    repo, url = pushed
+    cid = only_in(repo, "main~1", "main")[0]
+    key = flip_chunk(s3, url, cid)
+    repo.gc(keep_last=1)  # main~1 keeps its record here, not its data
+    result = cli(tmp_path / "a", "remote", "repair", "origin")
+    assert result.exit_code == 1, result.output
+    assert "ok:" not in result.output and cid.hex()[:12] in result.output
+    assert f"left damaged: {key}" in result.output
+    report = repo.remotes.repair()
+    assert report.unrepaired == (cid.hex(),) and not report.ok and report.packs_kept == (key,)
+    assert not repo.remotes.fsck().ok  # which is what repair now says
+
+
 def test_a_lazy_clone_that_repairs_its_remote_still_reads_from_it(pushed, tmp_path, s3):
     """The repairer's own catalogue listed the new pack before the damaged one went: the records
     both held must stay listed (they were dropped with the damaged pack, and loads failed)."""

@@ -504,3 +504,99 @@ def test_repack_counts_a_bases_chain_and_trusts_no_recorded_depth(tmp_path):
     with r.index.read() as txn:
         assert all(_chain(r, cid) <= codec.MAX_DEPTH for cid, _ in txn.chunks())
     r.close()
+
+
+def _dropped_branch(root) -> tuple:
+    """A repository at ``root`` whose deleted branch ``x`` alone held tensor ``b``
+    (its commit unreachable: no ref or reflog names it); main holds an encodable tensor,
+    so a repack writes a pack and deletes the old ones. Returns (repo, b, the commit on x)."""
+    repo = mvc.Repository.init(root, chunk_size=CHUNK)
+    repo.commit({"a": torch.zeros(2000)}, "base")
+    b = torch.randn(3000, generator=torch.Generator().manual_seed(5)) * 0.02
+    on_x = repo.commit({"a": torch.zeros(2000), "b": b}, "on x", branch="x", start="HEAD").id
+    repo.delete_branch("x", force=True)
+    return repo, b, on_x
+
+
+def _commit_b_again_and_check(repo, b) -> None:
+    """The bytes only the dropped branch held, committed again on main, load bit for bit."""
+    c = repo.commit({"a": torch.zeros(2000), "b": b}, "b again on main")
+    assert torch.equal(repo.load(c.id)["b"], b)
+    report = repo.fsck()
+    assert report.ok, report.damage
+
+
+def test_a_commit_after_repack_dropped_a_deleted_branchs_packs_writes_its_bytes_again(tmp_path):
+    """Issue 39.1: repack deleted the packs only the deleted branch used but left their index
+    entries, so a commit of the same bytes deduplicated against them and was stored without data."""
+    repo, b, _ = _dropped_branch(tmp_path / "r")
+    try:
+        report = repo.repack()
+        assert report.packs_deleted >= 1
+        with repo.index.read() as txn:
+            named = {loc.pack for _, loc in txn.chunks()}
+        on_disk = {f.pack for f in repo.chunks.pack_files()}
+        assert named <= on_disk  # the index and the packs agree as soon as repack returns
+        _commit_b_again_and_check(repo, b)
+    finally:
+        repo.close()
+
+
+def test_a_commit_writes_a_chunk_whose_indexed_pack_is_gone(tmp_path):
+    """Defence in depth (issue 39.1): an index entry that names a deleted pack (an older mvc's
+    repack left it) is no reason to skip writing the bytes; the new record replaces the entry."""
+    repo, b, on_x = _dropped_branch(tmp_path / "r")
+    try:
+        chunks = next(e.chunks for e in repo.entries(on_x) if e.path == ("b",))
+        with repo.index.read() as txn:
+            packs = {txn.chunk(cid).pack for cid in chunks}
+        for f in repo.chunks.pack_files():
+            if f.pack in packs:
+                os.unlink(f.path)  # as the old repack did, leaving the entries behind
+        _commit_b_again_and_check(repo, b)
+    finally:
+        repo.close()
+
+
+KILLED_REPACK = r"""
+import os, sys, time, mvc
+from mvc.store import index
+phase = sys.argv[2]
+
+def stop(*args):
+    print("in", phase, flush=True)
+    time.sleep(60)
+
+if phase == "drop":  # inside the index transaction that drops the dead entries
+    deleting = index.Txn.delete_chunk
+    index.Txn.delete_chunk = lambda txn, cid: (stop(), deleting(txn, cid))
+else:  # after that transaction committed, before the first pack is deleted
+    unlink = os.unlink
+    os.unlink = lambda path, *a, **k: (str(path).endswith(".pack") and stop(), unlink(path, *a, **k))
+repo = mvc.Repository.open(sys.argv[1])
+repo.repack()
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.parametrize("phase", ["drop", "unlink"])
+def test_repack_killed_between_its_index_write_and_its_unlinks_loses_nothing(tmp_path, phase):
+    repo, b, _ = _dropped_branch(tmp_path / "r")
+    repo.close()
+    child = subprocess.Popen([sys.executable, "-c", KILLED_REPACK, str(tmp_path / "r"), phase],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().split() == ["in", phase]
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    repo = mvc.Repository.open(tmp_path / "r")
+    try:
+        _commit_b_again_and_check(repo, b)
+        repo.gc(grace=0)  # reclaims what the killed repack left
+        assert repo.fsck().unreferenced == ()
+        assert torch.equal(repo.load("main")["b"], b)
+        repo.repack()
+        _commit_b_again_and_check(repo, b)
+    finally:
+        repo.close()

@@ -1,8 +1,10 @@
 """Signed commits and tags (mvc/signing.py, mvc/audit.py): golden bytes, good / bad /
 unknown / unsigned verdicts, flipped bytes, allowed signers, keys, policy, CLI."""
 
+import calendar
 import shutil
 import subprocess
+import time
 from dataclasses import replace
 
 import pytest
@@ -171,6 +173,58 @@ def test_a_changed_record_under_a_recomputed_id_is_bad(key):
         assert mvc.audit.verify_commit_bytes(object_id(data), data, allowed)[0].status == "bad"
 
 
+def _reordered(data: bytes) -> bytes:
+    """The same commit map with its fields in reverse order: well-formed msgpack, not canonical."""
+    from mvc import encoding
+    fields = encoding.unpack(data)
+    assert len(fields) < 16
+    return bytes([0x80 | len(fields)]) + b"".join(encoding.pack(k) + encoding.pack(v)
+                                                  for k, v in reversed(list(fields.items())))
+
+
+def test_a_signed_commit_re_encoded_is_not_a_second_good_commit(signed_repo, key):
+    """Signed ids are not malleable: the same fields in another order (a new id over the
+    same payload, whose signature still verifies) are refused as a corrupt object."""
+    c = signed_repo.commit({"w": torch.zeros(3)}, "deploy me", sign=key)
+    with signed_repo.index.read() as txn:
+        data = txn.get("commits", bytes.fromhex(c.id))
+    twin = _reordered(data)
+    twin_id = object_id(twin)
+    assert twin != data and twin_id.hex() != c.id
+    with pytest.raises(CorruptObject) as exc:
+        CommitObject.decode(twin)
+    assert (exc.value.kind, exc.value.field) == ("commit", "encoding")
+    verdict, _ = mvc.audit.verify_commit_bytes(twin_id, twin, signing.parse_allowed_signers(
+        f"ada {key.public_line()}"))
+    assert verdict.status == "bad" and "canonical" in verdict.reason
+    with signed_repo.index.write() as txn:
+        txn.put("commits", twin_id, twin)
+    assert signed_repo.trust.verify_commit(twin_id.hex()).status == "bad"
+    with pytest.raises(CorruptObject) as exc:
+        signed_repo.load(twin_id.hex())
+    assert exc.value.id == twin_id.hex() and exc.value.kind == "commit"
+    assert signed_repo.trust.verify_commit(c.id).status == "good"
+
+
+@pytest.mark.parametrize("kind", ["tensor", "tree", "tag"])
+def test_every_kind_of_object_refuses_a_reordered_encoding(kind):
+    from mvc.objects import TensorObject, TreeObject
+    from mvc import encoding
+    obj = {"tensor": TensorObject("F32", (3,), 8, (b"\x01" * 32, b"\x02" * 32)),
+           "tree": TreeObject({"a": 1, "b": (1, 2)}),
+           "tag": TagObject("v1", b"\x03" * 32, "ada", 5, "m", b"sig")}[kind]
+    data = obj.encode()
+    assert type(obj).decode(data) == obj
+    with pytest.raises(CorruptObject) as exc:
+        type(obj).decode(_reordered(data))
+    assert (exc.value.kind, exc.value.field) == (kind, "encoding")
+    if kind == "tree":  # a tuple's payload is an encoding too: a longer int form inside it is refused
+        outer = encoding.pack({"type": "tree", "root": {"a": 1, "b": encoding.Ext(1, bytes.fromhex("92cc0102"))}})
+        with pytest.raises(CorruptObject) as exc:
+            TreeObject.decode(outer)
+        assert exc.value.field == "encoding"
+
+
 def test_signed_tags(signed_repo, key):
     c = signed_repo.commit({"w": torch.zeros(3)})
     signed_repo.create_tag("v1", sign=key, message="release 1")
@@ -235,6 +289,137 @@ def test_a_malformed_allowed_signers_line_is_named(text, line):
     assert (info.value.path, info.value.line) == ("signers", line)
 
 
+# Allowed-signers lines, each with the principal ssh-keygen is asked about. {key} is the
+# test key's "ssh-ed25519 BASE64"; {other} another key's; {b64} the test key's base64 alone.
+ALLOWED_LINES = [
+    ("ada {key}", "ada"),
+    ("ada {key} a comment with namespaces=\"git\"", "ada"),
+    ("  ada\t{key}", "ada"),
+    ('ada namespaces="mvc" {key}', "ada"),
+    ('ada namespaces="git,mvc" {key}', "ada"),
+    ('ada namespaces="git" {key}', "ada"),
+    ('ada namespaces="*,!mvc" {key}', "ada"),
+    ('ada namespaces="!mvc,*" {key}', "ada"),
+    ('ada namespaces="!git,*" {key}', "ada"),
+    ('ada namespaces="m*" {key}', "ada"),
+    ('ada namespaces="m?c" {key}', "ada"),
+    ('ada namespaces="[m]vc" {key}', "ada"),
+    ('ada namespaces="" {key}', "ada"),
+    ('ada namespaces="mvc," {key}', "ada"),
+    ('ada NAMESPACES="mvc" {key}', "ada"),
+    ('ada namespace="git" {key}', "ada"),
+    ('ada namespaces=mvc {key}', "ada"),
+    ('ada namespaces="mvc {key}', "ada"),
+    ('ada namespaces="mvc",namespaces="mvc" {key}', "ada"),
+    ('ada namespaces="mvc", {key}', "ada"),
+    ('ada namespaces="mvc",,valid-after="20200101Z" {key}', "ada"),
+    ('ada namespaces="mv\\"c" {key}', "ada"),
+    ('ada valid-befor="20200101" {key}', "ada"),
+    ('ada no-touch-required {key}', "ada"),
+    ('ada cert-authority {key}', "ada"),
+    ('ada cert-authority,namespaces="mvc" {key}', "ada"),
+    ('ada cert-authorityx {key}', "ada"),
+    ('ada valid-after="20200101Z" {key}', "ada"),
+    ('ada valid-after="20300101Z" {key}', "ada"),
+    ('ada valid-before="20200101Z" {key}', "ada"),
+    ('ada valid-before="20300101" {key}', "ada"),
+    ('ada valid-after="20200101UTC",valid-before="203001011200Z" {key}', "ada"),
+    ('ada valid-after="20300101Z",valid-before="20200101Z" {key}', "ada"),
+    ('ada valid-after="20250601000000Z" {key}', "ada"),
+    ('ada valid-after="20250601000001Z" {key}', "ada"),
+    ('ada valid-before="20250531235959Z" {key}', "ada"),
+    ('ada valid-after="2020" {key}', "ada"),
+    ('ada valid-after="20231301Z" {key}', "ada"),
+    ('ada valid-after="20230230Z" {key}', "ada"),
+    ('ada valid-after="19700101Z" {key}', "ada"),
+    ('ada valid-after=20200101Z {key}', "ada"),
+    ('"ada lovelace" {key}', "ada lovelace"),
+    ('ada,"bob smith" {key}', "bob smith"),
+    ('"ada lovelace",bob {key}', "bob"),
+    ('"ada {key}', "ada"),
+    ("ada,bob {key}", "bob"),
+    ("*,!bob {key}", "ada"),
+    ("!ada {key}", "ada"),
+    ("a?a {key}", "ada"),
+    ("ada {other}", "ada"),
+    ("ada ssh-rsa {b64}", "ada"),
+    ("ada ED25519 {b64}", "ada"),
+    ("ada ssh-ed25519", "ada"),
+    ("ada", "ada"),
+    ('ada namespaces="mvc"', "ada"),
+    ("ada ssh-ed25519 {b64}AAAA", "ada"),
+]
+VERIFY_TIME = "20250601Z"
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")
+@pytest.mark.parametrize("template,principal", ALLOWED_LINES)
+def test_allowed_signers_lines_allow_what_ssh_keygen_allows(template, principal, key, tmp_path):
+    """mvc reads each line as ssh-keygen does: good here exactly where ``ssh-keygen -Y verify``
+    verifies, and where ssh-keygen cannot read a line, mvc says which line (fail closed)."""
+    line = template.format(key=key.public_line(), other=other_key().public_line(),
+                           b64=key.public_line().split()[1])
+    payload = b"payload"
+    (tmp_path / "payload").write_bytes(payload)
+    (tmp_path / "payload.sig").write_text(signing.armor(signing.sign(key, payload)))
+    (tmp_path / "allowed").write_text(line + "\n")
+    theirs = subprocess.run(["ssh-keygen", "-Y", "verify", "-f", "allowed", "-I", principal, "-n", "mvc",
+                             "-s", "payload.sig", f"-Overify-time={VERIFY_TIME}"], stdin=open(tmp_path / "payload", "rb"),
+                            cwd=tmp_path, capture_output=True, text=True)
+    when = float(calendar.timegm(time.strptime(VERIFY_TIME[:-1], "%Y%m%d")))
+    try:
+        ours = signing.verify(signing.sign(key, payload), payload, signing.parse_allowed_signers(line, "allowed"), when)
+    except BadAllowedSigners as exc:
+        assert (exc.line, exc.path) == (1, "allowed")
+        assert theirs.returncode != 0, f"ssh-keygen reads {line!r} and allows it ({theirs.stdout}), mvc refuses: {exc}"
+        return
+    assert ours.good == (theirs.returncode == 0), (line, ours, theirs.stdout, theirs.stderr)
+
+
+def _random_line(rnd, key) -> str:
+    """An allowed-signers line built from the pieces that matter: principals, options (real,
+    misspelt, unquoted, negated patterns, times at the verify time's edges), separators, keys."""
+    principals = ["ada", '"ada"', "a*", "!bob,*", "!ada", "ada,bob", '"ada', 'ad"a"', "*", "a?a", '""', ",ada"]
+    names = ["namespaces", "NAMESPACES", "namespace", "valid-after", "valid-before", "Valid-After", "valid-befor",
+             "cert-authority", "", "x"]
+    values = ['"mvc"', '"*"', '"!mvc,*"', '"*,!mvc"', '"git,mvc"', '""', "mvc", '"m?c"', '"20200101Z"', '"20300101"',
+              '"2020"', '"20250601Z"', '"20250601000001Z"', '"20250531235959UTC"', '"19700101Z"', '"mv\\"c"', '"mvc']
+
+    def option():
+        name = rnd.choice(names)
+        return name if name in ("cert-authority", "", "x") and rnd.random() < 0.6 else f"{name}={rnd.choice(values)}"
+    b64 = key.public_line().split()[1]
+    options = ",".join(option() for _ in range(rnd.choice([0, 1, 1, 2, 3]))) + ("," if rnd.random() < 0.1 else "")
+    keypart = rnd.choice([key.public_line()] * 5 + [f"ssh-ed25519 {b64} comment", "ssh-ed25519", f"ssh-rsa {b64}",
+                                                    f"ssh-ed25519 {b64[:-4]}", f"ssh-ed25519\t{b64}"])
+    return rnd.choice([" ", "  ", "\t"]).join(x for x in (rnd.choice(principals), options, keypart) if x)
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")
+def test_random_allowed_signers_lines_agree_with_ssh_keygen(key, tmp_path):
+    import random
+    rnd = random.Random(39)
+    payload, blob = b"payload", signing.sign(key, b"payload")
+    (tmp_path / "payload").write_bytes(payload)
+    (tmp_path / "payload.sig").write_text(signing.armor(blob))
+    when = float(calendar.timegm(time.strptime(VERIFY_TIME[:-1], "%Y%m%d")))
+    for _ in range(60):
+        line = _random_line(rnd, key)
+        try:
+            allowed = signing.parse_allowed_signers(line)
+        except BadAllowedSigners:
+            allowed = None
+        if allowed and not signing.match_pattern_list("ada", ",".join(allowed[0].principals)):
+            continue  # it names no principal ssh-keygen is asked about here (mvc asks about none)
+        (tmp_path / "allowed").write_text(line + "\n")
+        theirs = subprocess.run(["ssh-keygen", "-Y", "verify", "-f", "allowed", "-I", "ada", "-n", "mvc", "-s",
+                                 "payload.sig", f"-Overify-time={VERIFY_TIME}"], stdin=open(tmp_path / "payload", "rb"),
+                                cwd=tmp_path, capture_output=True, text=True)
+        ours = allowed is not None and signing.verify(blob, payload, allowed, when).good
+        assert ours == (theirs.returncode == 0), (line, theirs.stderr)
+        assert allowed is not None or theirs.returncode != 0, line  # mvc refuses no line ssh-keygen accepts
+
+
 def test_a_missing_allowed_signers_file_is_an_error(repo, key):
     c = repo.commit({"w": torch.zeros(3)}, sign=key)
     repo.config(signing.ALLOWED, "nowhere")
@@ -269,7 +454,8 @@ def test_keys_from_files(tmp_path, repo):
     with pytest.raises(SigningKeyError):  # -S with no signing.key set
         repo.commit({"w": torch.zeros(1)}, sign=True)
     repo.config(signing.KEY, str(tmp_path / "plain"))
-    assert repo.commit({"w": torch.zeros(1)}, sign=True)
+    signed = repo.commit({"w": torch.zeros(1)}, sign=True)  # signed by the key signing.key names
+    assert repo.trust.verify_commit(signed.id).key == signing.load_key(tmp_path / "plain").fingerprint
 
 
 def test_policy_refuses_an_unsigned_commit_before_writing(signed_repo, key):
@@ -281,7 +467,86 @@ def test_policy_refuses_an_unsigned_commit_before_writing(signed_repo, key):
     assert (info.value.ref, info.value.status) == ("heads/main", "unsigned")
     assert sorted((signed_repo.dir / "packs").iterdir()) == packs
     assert signed_repo.commit({"w": torch.ones(3)}, sign=key).branch == "main"
-    assert signed_repo.commit({"w": torch.ones(3)}, branch="scratch")  # not protected
+    assert signed_repo.commit({"w": torch.ones(3)}, branch="scratch").branch == "scratch"  # not protected
+
+
+def _refs(repo) -> dict:
+    """HEAD, the branches and the tags (not the remote-tracking refs a pull's fetch moves)."""
+    with repo.index.read() as txn:
+        return {name: value for name, value in txn.refs("") if not name.startswith("remotes/")}
+
+
+def _refused(repo, move, ref: str, commit: str, status: str) -> None:
+    """``move()`` raises SignatureRequired naming ``ref`` and ``commit`` and changes no branch or tag."""
+    before = _refs(repo)
+    with pytest.raises(SignatureRequired) as info:
+        move()
+    assert (info.value.ref, info.value.id, info.value.status) == (ref, commit, status)
+    assert _refs(repo) == before
+
+
+def test_every_local_move_onto_a_required_ref_checks_the_policy(signed_repo, key):
+    """signing.require held on push only: branch, rename, tag, checkout -b, a forced move and a
+    commit by a key that is no allowed signer all put untrusted commits on required refs."""
+    from mvc.errors import HistoryRewritten
+    repo = signed_repo
+    root = repo.commit({"w": torch.zeros(3)}, "root", sign=key)
+    repo.config(signing.REQUIRE, "main,release/*,tags/*")
+    unsigned = repo.commit({"w": torch.ones(3)}, "unsigned", branch="side", start="main")
+    mallory = repo.commit({"w": torch.ones(4)}, "mallory", branch="other", start="main", sign=other_key())
+    _refused(repo, lambda: repo.create_branch("release/1", unsigned.id), "heads/release/1", unsigned.id, "unsigned")
+    _refused(repo, lambda: repo.create_branch("release/1", "other"), "heads/release/1", mallory.id, "unknown")
+    _refused(repo, lambda: repo.rename_branch("side", "release/2"), "heads/release/2", unsigned.id, "unsigned")
+    _refused(repo, lambda: repo.create_tag("v1", unsigned.id), "tags/v1", unsigned.id, "unsigned")
+    _refused(repo, lambda: repo.checkout(unsigned.id, new_branch="release/3"), "heads/release/3", unsigned.id,
+             "unsigned")
+    _refused(repo, lambda: repo.create_branch("main", unsigned.id, force=True), "heads/main", unsigned.id, "unsigned")
+    before = _refs(repo)
+    with pytest.raises(SignatureRequired) as info:  # signed, by a key that is no allowed signer
+        repo.commit({"w": torch.ones(5)}, "by mallory", sign=other_key())
+    assert (info.value.ref, info.value.status) == ("heads/main", "unknown") and _refs(repo) == before
+    with repo.index.read() as txn:
+        assert txn.get("commits", bytes.fromhex(info.value.id)) is None  # nothing was stored
+    signed = repo.commit({"w": torch.ones(6)}, "on main", sign=key)
+    with pytest.raises(HistoryRewritten) as info:  # force does not rewind a required branch
+        repo.create_branch("main", root.id, force=True)
+    assert (info.value.ref, info.value.old, info.value.new) == ("heads/main", signed.id, root.id)
+    # good history moves as before
+    assert repo.create_branch("release/1", "main").id == signed.id
+    assert repo.create_tag("v1", root.id).id == root.id
+    assert repo.rename_branch("release/1", "release/5").name == "release/5"
+    assert repo.checkout("main", new_branch="release/6").branch == "release/6"
+    assert repo.create_branch("side2", unsigned.id).id == unsigned.id  # not required
+
+
+def test_pull_with_fetch_flag_does_not_fast_forward_a_required_branch_onto_untrusted_commits(tmp_path, key):
+    """signing.fetch flag lets fetch take (and flag) untrusted history into the tracking ref;
+    pull then fast-forwarded the required branch onto it."""
+    (tmp_path / "allowed").write_text(f"ada {key.public_line()}\n")
+    origin = mvc.Repository.init(tmp_path / "origin", chunk_size=64)
+    origin.commit({"w": torch.zeros(3)}, "root", sign=key)
+    origin.remotes.add("origin", str(tmp_path / "remote"))
+    origin.remotes.push()
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "clone")
+    try:
+        for setting, value in ((signing.ALLOWED, str(tmp_path / "allowed")), (signing.REQUIRE, "main"),
+                               (signing.FETCH, "flag")):
+            clone.config(setting, value)
+        tip = clone.resolve("main")
+        mallory = origin.commit({"w": torch.ones(3)}, "mallory", sign=other_key())
+        origin.remotes.push()
+        _refused(clone, lambda: clone.remotes.pull(), "heads/main", mallory.id, "unknown")
+        assert clone.resolve("main") == tip
+        clone.remotes.fetch()  # fetch itself still only flags it
+        assert clone.resolve("origin/main") == mallory.id
+        good = origin.commit({"w": torch.ones(4)}, "good", sign=key)
+        origin.remotes.push()
+        with pytest.raises(SignatureRequired):  # the good commit on top brings mallory's along
+            clone.remotes.pull()
+        assert clone.resolve("main") == tip and clone.resolve("origin/main") == good.id
+    finally:
+        clone.close()
+        origin.close()
 
 
 # -- the command line -----------------------------------------------------------------

@@ -5,8 +5,13 @@ The pages in a real browser are in test_web_browser.py."""
 import hashlib
 import os
 import re
+import select
+import signal
 import socket
 import struct
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -222,15 +227,15 @@ def test_a_client_that_goes_away_mid_answer_prints_no_traceback(made, capfd):
                 s.sendall(b"GET /?per=1000 HTTP/1.1\r\nHost: localhost\r\n\r\n")
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
         assert fetch(server.url.rstrip("/") + "/bisect")[0] == 200  # answered after the reset ones
-        with pytest.raises(ValueError):  # a real error still shows its traceback
+        with pytest.raises(ValueError):  # a real error still shows its traceback (escaped, as the log is)
             try:
-                raise ValueError("a bug")
+                raise ValueError("a bug \x1b[2J")
             except ValueError:
                 server.handle_error(None, ("127.0.0.1", 1))
                 raise
     err = capfd.readouterr().err
     assert "ConnectionResetError" not in err and "BrokenPipeError" not in err
-    assert err.count("Traceback") == 1 and "ValueError: a bug" in err
+    assert err.count("Traceback") == 1 and "ValueError: a bug \\x1b[2J" in err and "\x1b" not in err
 
 
 def test_a_silent_connection_is_dropped_after_the_request_timeout(made):
@@ -255,10 +260,10 @@ def test_any_other_address_needs_the_token_on_every_request(made):
         assert fetch(base + "/")[0] == 403
         assert fetch(base + "/static/app.js")[0] == 403
         assert fetch(base + "/?token=wrong")[0] == 403
-        assert fetch(base + "/", headers={"Cookie": "mvc_token=wrong"})[0] == 403
+        assert fetch(base + "/", headers={"Cookie": f"mvc_token_{port}=wrong"})[0] == 403
         status, headers, _ = fetch(base + f"/?token={token}")
         assert status == 200 and "HttpOnly" in headers["Set-Cookie"]
-        assert fetch(base + "/storage", headers={"Cookie": f"mvc_token={token}"})[0] == 200
+        assert fetch(base + "/storage", headers={"Cookie": f"mvc_token_{port}={token}"})[0] == 200
         assert fetch(base + "/bisect", headers={"Authorization": f"Bearer {token}"})[0] == 200
         assert fetch(base + f"/?token={token}", "POST")[0] == 405
 
@@ -302,6 +307,159 @@ def test_errors_say_whose_they_are_in_the_status(tmp_path):
             status, _, body = fetch(server.url.rstrip("/") + "/diff?a=main~1&b=main&numbers=1")
         assert status == 503 and b"gc is running" in body
     source.close()
+
+
+# -- the server against hostile clients: logs, other sites, slow clients, cookies, IPv6 --------
+
+def serve_process(path, *options):
+    """``mvc serve`` on a free port of ``path`` as a process of its own: (process, port)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, "-m", "mvc", "-C", str(path), "serve", "--port", "0", *options],
+                            env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    first = proc.stderr.readline().decode()  # "Serving ROOT at http://HOST:PORT/..."
+    return proc, int(re.search(r":(\d+)/", first).group(1))
+
+
+TERMINAL = b"\x1b]0;pwned\x07\x1b[2J\x9b31m"  # retitle the window, clear it, an 8-bit CSI
+
+
+def test_client_bytes_reach_the_log_escaped(made):
+    path, _ = made
+    requests = [b"GET /" + TERMINAL + b" HTTP/1.1\r\nHost: localhost\r\n\r\n",  # answered (404)
+                b"GET /" + TERMINAL + b" HTTP/1.1\r\nHost: evil.example\r\n\r\n",  # refused by the gate
+                b"GET /" + TERMINAL + b" x HTTP/1.1\r\n\r\n",  # malformed: http.server's own 400
+                b"\x1b[2J" + TERMINAL + b"\r\n\r\n",  # no method: HTTP/0.9, answered with no status line
+                b"GET /\rforged log line\x1b[A HTTP/1.1\r\n\r\n"]  # a carriage return: a line of the client's
+    logs = []
+    for options in ((), ("--host", "0.0.0.0")):  # on the loopback, and in token mode
+        proc, port = serve_process(path, *options)
+        try:
+            for request in requests:
+                assert raw(port, request, wait=2), request
+        finally:
+            proc.send_signal(signal.SIGINT)
+            logs.append(proc.communicate(timeout=60)[1])
+    for log in logs:
+        assert log.count(b"\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m") >= len(requests) - 1, log
+        assert b"\\rforged log line\\x1b[A" in log
+        assert b" 403 " in log and b" 400 " in log  # refused by the gate (all in token mode), by http.server
+        assert b"\x1b" not in log and b"\x07" not in log and b"\r" not in log and b"\xc2\x9b" not in log
+    assert b" 404 " in logs[0]  # answered: a page
+
+
+def small_lazy_clone(tmp_path):
+    """(lazy clone path, first commit id, second): a pushed repository's lazy clone, nothing fetched."""
+    source = mvc.Repository.init(tmp_path / "src", chunk_size=64)
+    ids = [source.commit({"w": torch.randn(64)}, f"c{i}").id for i in range(2)]
+    source.remotes.add("origin", str(tmp_path / "remote"))
+    source.remotes.push(refs=("main",))
+    source.close()
+    mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lazy", lazy=True).close()
+    return tmp_path / "lazy", ids[0], ids[1]
+
+
+def test_a_page_of_another_site_cannot_make_the_server_read(tmp_path):
+    lazy, first, second = small_lazy_clone(tmp_path)
+    numbers = f"/diff?a={first}&b={second}&numbers=1"  # the norms: a lazy clone downloads chunks for them
+    with served(lazy) as server:
+        base = server.url.rstrip("/")
+        for site in ("cross-site", "same-site", "Cross-Site"):
+            for route in (numbers, "/", "/storage", "/static/app.js"):
+                status, _, body = fetch(base + route, headers={"Sec-Fetch-Site": site})
+                assert status == 403 and b"another site" in body, (site, route)
+        with mvc.Repository.open(lazy) as repo:
+            assert repo.cache.status().local_chunks == 0  # nothing was downloaded for them
+        assert fetch(base + "/", headers={"Sec-Fetch-Site": "none"})[0] == 200  # an address typed in
+        status, _, body = fetch(base + numbers, headers={"Sec-Fetch-Site": "same-origin"})  # a link of its own
+        assert status == 200 and "‖B−A‖/‖A‖" in body.decode()
+    with mvc.Repository.open(lazy) as repo:
+        assert repo.cache.status().local_chunks > 0
+
+
+def test_a_client_that_trickles_its_request_is_dropped_at_the_deadline(made):
+    path, _ = made
+    with served(path, request_timeout=1.0) as server:
+        port = server.server_address[1]
+        request = b"GET /?" + b"a" * 200 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            sent = 0
+            for byte in request:  # one byte each 0.2 s: each read of the server's waits less than its timeout
+                try:
+                    s.sendall(bytes([byte]))
+                except OSError:  # reset: the server closed it
+                    break
+                sent += 1
+                if select.select([s], [], [], 0.2)[0]:
+                    break  # closed (or answered, which the assertion below refuses)
+            assert sent < len(request), "a client trickling bytes kept its connection past the deadline"
+            s.settimeout(20)
+            try:
+                assert s.recv(100) == b""  # dropped, not answered
+            except ConnectionResetError:
+                pass
+        assert fetch(server.url.rstrip("/") + "/bisect")[0] == 200
+
+
+def test_connections_past_the_worker_limit_are_answered_busy(made):
+    path, _ = made
+    with served(path, workers=2, request_timeout=60) as server:
+        port = server.server_address[1]
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]  # each holds a worker
+        try:
+            answer = raw(port, b"", wait=20)  # answered at once (sent nothing: its close is no reset)
+            assert answer.startswith(b"HTTP/1.1 503 ") and b"Connection: close" in answer
+        finally:
+            for s in idle:
+                s.close()
+        for _ in range(600):  # the workers come free once their handlers see the connections closed
+            status = fetch(server.url.rstrip("/") + "/bisect")[0]
+            if status == 200:
+                break
+            assert status == 503
+            time.sleep(0.1)
+        assert status == 200
+
+
+def test_the_token_cookie_is_per_port_and_survives_other_apps_cookies(made):
+    path, _ = made
+    with served(path, host="0.0.0.0") as one, served(path, host="0.0.0.0") as two:
+        ports = [s.server_address[1] for s in (one, two)]
+        for server, port in zip((one, two), ports):
+            status, headers, _ = fetch(f"http://127.0.0.1:{port}/?token={server.token}")
+            assert status == 200 and headers["Set-Cookie"].startswith(f"mvc_token_{port}={server.token};")
+        base = f"http://127.0.0.1:{ports[0]}"
+        mine = f"mvc_token_{ports[0]}={one.token}"
+        for jar in (f'other={{"a": 1, "b"}}; {mine}', f"a=b c; [x]=1; {mine}", f'x="open; {mine}; y=z',
+                    f"mvc_token_{ports[1]}={two.token}; {mine}"):  # what other applications of this host set
+            assert fetch(base + "/bisect", headers={"Cookie": jar})[0] == 200, jar
+        assert fetch(base + "/bisect", headers={"Cookie": f"mvc_token_{ports[1]}={two.token}"})[0] == 403
+        assert fetch(base + "/bisect", headers={"Cookie": f"mvc_token={one.token}"})[0] == 403
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback here")
+def test_serve_listens_on_the_ipv6_loopback(made):
+    path, _ = made
+    for host in ("::1", "[::1]"):
+        with served(path, host=host) as server:
+            port = server.server_address[1]
+            assert server.token == "" and server.url == f"http://[::1]:{port}/"
+            status, _, body = fetch(server.url + "bisect")
+            assert status == 200
+    proc, port = serve_process(path, "--host", "::1")
+    try:
+        assert fetch(f"http://[::1]:{port}/bisect")[0] == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
 
 
 def test_serve_command_refuses_a_port_in_use(made):

@@ -9,5 +9,6 @@ from . import storage  # noqa: F401  (registers repack)
 from . import serve  # noqa: F401  (registers serve)
 from . import merge  # noqa: F401  (registers merge, average)
 from . import audit  # noqa: F401  (registers verify-commit, verify-tag, audit)
+from . import mount  # noqa: F401  (registers mount, umount, sign-model, verify-model)
 
 __all__ = ["main"]

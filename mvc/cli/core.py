@@ -102,6 +102,11 @@ def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json
     if c.left_out:  # a folder's .mvc/, .git/, .cache/, FIFOs: said, not silently dropped
         shown = ", ".join(c.left_out[:5]) + (f" and {len(c.left_out) - 5} more" if len(c.left_out) > 5 else "")
         click.echo(f"note: left out of the model folder: {shown}", err=True)
+    if c.hidden:  # .ssh/, .env ...: a secret must not go into history without a word
+        shown = ", ".join(c.hidden[:5]) + (f" and {len(c.hidden) - 5} more" if len(c.hidden) > 5 else "")
+        ignore = str(file).rstrip("/") + "/.mvcignore"
+        click.echo(f"warning: this commit holds the folder's hidden files {shown}; to leave them out, list them "
+                   f"in {ignore} (e.g. '.ssh/' or '.env') and commit again", err=True)
 
 
 @main.command()
@@ -394,9 +399,23 @@ def _warn_left_behind(lost) -> None:
 @click.argument("rev", default="HEAD")
 @click.option("-o", "--output", type=click.Path(), required=True, help="File (or model folder) to write.")
 @output_options
-def export(rev, output, fmt, force, only, strip_prefix):
+@click.option("--sign", "sign_key", type=click.Path(dir_okay=False), default=None, metavar="KEY",
+              help="Write OUTPUT as a model folder signed with OpenSSF model signing (model.sig) by this PEM EC "
+                   "private key; check it with 'mvc verify-model'.")
+def export(rev, output, fmt, force, only, strip_prefix, sign_key):
     """Write REV's checkpoint to a .pt or .safetensors file (or a model folder); see checkout -o."""
-    _export(rev, output, fmt, force, only, strip_prefix)
+    if sign_key is None:
+        _export(rev, output, fmt, force, only, strip_prefix)
+        return
+    from ..exchange import export_signed
+    if fmt is not None or only is not None or strip_prefix is not None:
+        raise click.UsageError("--sign writes a whole model folder; it does not go with --format, --only or "
+                               "--strip-prefix")
+    with open_repo() as repo, Progress("reading") as reading, Progress("writing", then="syncing to disk") as writing:
+        written, signed = export_signed(repo, rev, output, sign_key, progress=reading, force=force,
+                                        write_progress=writing)
+    click.echo(f"wrote {written.commit[:12]} to {signed.folder}/ and signed its {signed.files} files "
+               f"({signed.signature.name}, OpenSSF model signing v1.0)")
 
 
 def _export(rev, output, fmt, force, only, strip_prefix):

@@ -2,7 +2,7 @@
 
 import click
 
-from ..errors import MergeRefused
+from ..errors import MergeDtypeRefused, MergeNotFinite, MergeRefused
 from .audit import load_signer
 from .base import Progress, echo_json, fail, human_bytes, main, open_repo, parse_pairs
 
@@ -67,9 +67,15 @@ def _run(revs, strategy, base, params, weights, only, branch, message, recipe_fi
                 commit, report = repo.merge(revs, recipe_file, strategy=strategy, weights=weights, base=base,
                                             params=params, only=only, branch=branch, message=message,
                                             progress=bar, sign=signer)
+            except MergeDtypeRefused as exc:
+                fail(f"{exc}; leave them out (--only GLOB) or take them from one input (a recipe rule with "
+                     "take = 0)")
             except MergeRefused as exc:
                 fail(f"{exc}; merge the model alone (--only 'model.*') or take them from one input "
                      "(a recipe rule with take = 0)")
+            except MergeNotFinite as exc:
+                fail(f"{exc}; check --weights and --param, or take {exc.key} from one input (a recipe "
+                     "rule with take = 0)")
     if as_json:
         echo_json({"commit": commit, "report": report})
         return
@@ -78,3 +84,7 @@ def _run(revs, strategy, base, params, weights, only, branch, message, recipe_fi
     click.echo(f" {len(report.inputs)} inputs, {report.strategy}: {report.tensors_merged} tensors merged, "
                f"{report.tensors_reused} reused, {report.tensors_taken} taken from one input; "
                f"{human_bytes(report.bytes_read)} read, {human_bytes(report.bytes_written)} new")
+    if report.not_merged:
+        shown = ", ".join(report.not_merged[:5]) + (f" and {len(report.not_merged) - 5} more"
+                                                    if len(report.not_merged) > 5 else "")
+        click.echo(f" not merged (not float; they differ, input 0's taken): {shown}")

@@ -152,6 +152,8 @@ def remote_repair(name, as_json):
                        "repair from a repository that has them")
         else:
             click.echo("ok: the remote holds everything its refs need")
+        for key in r.packs_kept:
+            click.echo(f"  left damaged: {key}")
     if not r.ok:
         raise click.exceptions.Exit(1)
 
@@ -385,6 +387,8 @@ def fsck_remote_or_repair(name, repair: bool, as_json: bool, read_subset=None) -
     if repair:
         click.echo(f"repaired {r.chunks_repaired} chunks and {r.objects_repaired} objects"
                    + (f" from {', '.join(r.remotes)}" if r.remotes else ""))
+        for remote, why in r.failed:
+            click.echo(f"could not repair from remote {remote}: {why}")
         if r.unrepaired:
             click.echo(f"no remote holds {len(r.unrepaired)} of them: {', '.join(i[:12] for i in r.unrepaired[:5])}")
         if not r.after.ok:

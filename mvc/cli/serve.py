@@ -7,7 +7,8 @@ from .base import fail, main, open_repo
 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on. Any address but the loopback requires the printed token on every request.")
+              help="Address to listen on (IPv4 or IPv6, e.g. ::1). Any address but the loopback requires the printed "
+                   "token on every request.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True, help="Port (0: any free one).")
 @click.option("--quiet", is_flag=True, help="Do not log each request.")
 def serve(host, port, quiet):

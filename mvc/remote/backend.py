@@ -8,6 +8,7 @@ imports neither, so no import cycle runs between them.
 
 import re
 import secrets
+from abc import ABC, abstractmethod
 from typing import Optional
 
 from ..errors import BadInput, PreconditionFailed, UntrustedAnswer
@@ -33,17 +34,21 @@ def check_key(key: str) -> str:
     return key
 
 
-class Bucket:
-    """The interface (see the module). Keys are relative to the remote's prefix."""
+class Bucket(ABC):
+    """The interface (see the module). Keys are relative to the remote's prefix. Every
+    implementation passes one contract suite (``tests/test_remote_bucket.py``)."""
 
     url = ""
+    away = False  # whether the server stopped answering for longer than the command's deadline
 
+    @abstractmethod
     def get(self, key: str) -> bytes:
         """The object's bytes; NotFound."""
         raise NotImplementedError
 
+    @abstractmethod
     def get_range(self, key: str, start: int, stop: int) -> bytes:
-        """Bytes [start, stop) of the object; NotFound; RemoteError if it is shorter."""
+        """Bytes [start, stop) of the object; NotFound; RemoteCorrupt (naming the key) if it is shorter."""
         raise NotImplementedError
 
     def get_range_into(self, key: str, start: int, stop: int, sinks: list) -> None:
@@ -52,14 +57,17 @@ class Bucket:
         receive straight into them (S3) saves a buffer and a copy of every byte."""
         scatter(self.get_range(key, start, stop), sinks)
 
+    @abstractmethod
     def get_tail(self, key: str, n: int) -> tuple:
         """(the last ``n`` bytes (fewer if the object is smaller), the object's size); NotFound."""
         raise NotImplementedError
 
+    @abstractmethod
     def get_versioned(self, key: str) -> Optional[tuple]:
         """(bytes, etag) of the object, or None if absent."""
         raise NotImplementedError
 
+    @abstractmethod
     def put(self, key: str, data, if_match: Optional[str] = None, if_absent: bool = False) -> str:
         """Write the whole object (durable when this returns); its new etag.
 
@@ -67,17 +75,26 @@ class Bucket:
         """
         raise NotImplementedError
 
+    @abstractmethod
     def list(self, prefix: str) -> list:
         """[(key, size)] of every object whose key starts with ``prefix``, sorted by key."""
         raise NotImplementedError
 
+    @abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object (a no-op if absent)."""
         raise NotImplementedError
 
+    @abstractmethod
     def list_times(self, prefix: str) -> list:
         """[(key, size, when it was last written, seconds since the epoch by the store's clock)]."""
         raise NotImplementedError
+
+    def list_stamps(self, prefix: str) -> list:
+        """[(key, size, stamp)] as ``list``, where ``stamp`` (msgpack-able) changes whenever the
+        object is written again: a cache of what an object held notices it changed. Here the
+        last-modified time; a store with etags in its listings adds them."""
+        return [(key, size, when) for key, size, when in self.list_times(prefix)]
 
     def check_conditional(self) -> None:
         """RemoteError unless the store honours If-None-Match: * and If-Match.

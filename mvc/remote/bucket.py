@@ -14,6 +14,8 @@ Vocabulary:
 
 Every call either completes or raises an ``MvcError``: ``NotFound`` for an
 absent key, ``PreconditionFailed`` for a lost conditional write,
+``RemoteCorrupt`` (naming the key) for a ranged read past an object's end
+(a pack cut short or emptied),
 ``RemoteError`` (one line saying what to do) for anything else. Transient
 failures are retried inside the implementation before that.
 """
@@ -27,8 +29,8 @@ from typing import Iterator, Optional
 from urllib.parse import urlparse
 
 from .. import hashing
-from ..errors import (BadInput, NotFound, PreconditionFailed, RemoteError, RemoteUnreachable,  # noqa: F401
-                      UntrustedAnswer)  # re-exported: the errors of every bucket
+from ..errors import (BadInput, NotFound, PreconditionFailed, RemoteCorrupt, RemoteError,  # noqa: F401
+                      RemoteUnreachable, UntrustedAnswer)  # re-exported: the errors of every bucket
 from ..store import fs
 from .backend import _KEY, Bucket, check_key, notify, on_notice  # noqa: F401  (re-exported: the interface)
 
@@ -67,7 +69,8 @@ class FolderBucket(Bucket):
             stop = size if stop is None else stop
             data = os.pread(fd, max(0, stop - start), start) if stop > start else b""
             if len(data) != max(0, stop - start):
-                raise RemoteError(f"{key} on remote {self.url} is shorter than expected ({size} bytes)")
+                raise RemoteCorrupt(f"{key} on remote {self.url} is shorter than expected ({size} bytes, bytes "
+                                    f"{start}-{stop - 1} asked for): it was cut short or emptied", key=key)
             return data, size
         finally:
             os.close(fd)

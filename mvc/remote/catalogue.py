@@ -53,14 +53,22 @@ class Catalogue:
         fs.ensure_dir(path)
         # opened without create once it exists, so a planted link in place of data.mdb is refused
         self.index = Index(path, create=not os.path.lexists(path / "data.mdb"))
+        # names of packs the lookups treat as absent: those a remote gc condemned (a push must
+        # not count on them, docs/format.md 11.6)
+        self.avoid: frozenset = frozenset()
+
+    def shun(self, keys) -> None:
+        """Treat the packs ``keys`` as absent in every lookup from now on (for this command)."""
+        self.avoid = frozenset(name for key in keys if (name := layout.pack_name(key)) is not None)
 
     # -- lookups ----------------------------------------------------------------
 
     def chunk(self, cid: bytes, txn=None) -> Optional[Location]:
         if txn is None:
             with self.index.read() as txn:
-                return txn.chunk(cid)
-        return txn.chunk(cid)
+                return self.chunk(cid, txn)
+        loc = txn.chunk(cid)
+        return None if loc is None or loc.pack in self.avoid else loc
 
     def has_chunk(self, cid: bytes) -> bool:
         return self.chunk(cid) is not None
@@ -68,11 +76,12 @@ class Catalogue:
     def chunks(self, ids: Iterable[bytes]) -> dict:
         """{id: Location} of the ids the remote holds."""
         with self.index.read() as txn:
-            return {cid: loc for cid in ids if (loc := txn.chunk(cid)) is not None}
+            return {cid: loc for cid in ids if (loc := self.chunk(cid, txn)) is not None}
 
     def has_objects(self, ids: Iterable[bytes]) -> set:
         with self.index.read() as txn:
-            return {oid for oid in ids if txn.get(OBJECTS_DB, oid) is not None}
+            return {oid for oid in ids if (raw := txn.get(OBJECTS_DB, oid)) is not None
+                    and _LOC.unpack(raw)[0] not in self.avoid}
 
     def object_packs(self) -> dict:
         """{object pack key: [ids it lists]}."""
@@ -103,8 +112,10 @@ class Catalogue:
 
     # -- updates ----------------------------------------------------------------
 
-    def add_pack(self, key: str, entries: list) -> None:
-        """Record pack ``key`` with its trailer's (id, offset, length) entries."""
+    def add_pack(self, key: str, entries: list, stamp: Optional[tuple] = None) -> None:
+        """Record pack ``key`` with its trailer's (id, offset, length) entries; ``stamp``: its
+        (size, stamp) in the listing its trailer was read after (None: not known, e.g. just
+        uploaded: the next refresh reads the trailer once more to learn it)."""
         name = layout.pack_name(key)
         is_objects = key.startswith(layout.OBJECT_PACKS)
         with self.index.write() as txn:
@@ -114,6 +125,8 @@ class Catalogue:
                 else:
                     txn.put_chunk(cid, Location(name, offset, length))
             txn.put_meta("pack:" + key, encoding.pack([cid for cid, _, _ in entries]))
+            if stamp is not None:
+                txn.put_meta("stamp:" + key, encoding.pack(_plain(stamp)))
 
     def _drop_pack(self, txn, key: str) -> set:
         """Forget pack ``key``; the ids whose entries pointed into it (now unlisted)."""
@@ -133,24 +146,32 @@ class Catalogue:
                     txn.delete_chunk(cid)
                     orphans.add(cid)
         txn.delete("meta", ("pack:" + key).encode())
+        txn.delete("meta", ("stamp:" + key).encode())
         return orphans
 
     def refresh(self, bucket) -> int:
         """List the remote's packs; read the trailers of new ones, forget vanished ones.
 
         Returns how many packs were new. A pack whose trailer is damaged is
-        left out (``mvc fsck --remote`` names it). Raises RemoteError.
+        left out (``mvc fsck --remote`` names it), also one catalogued before
+        whose listing changed since. Raises RemoteError.
         """
-        listed = {key: size for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS)
-                  for key, size in bucket.list(folder) if layout.pack_name(key) is not None}
+        stamps = {key: (size, stamp) for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS)
+                  for key, size, stamp in bucket.list_stamps(folder) if layout.pack_name(key) is not None}
+        listed = {key: size for key, (size, _) in stamps.items()}
         known = self.pack_keys()
-        gone = known - listed.keys()
+        # a pack is written whole and never modified: one listed with another size or stamp (time,
+        # etag) than when its trailer was read (cut short, emptied, rewritten) is read again, so a
+        # damaged pack is dropped here instead of being relied on (fsck --remote names it)
+        with self.index.read() as txn:
+            changed = {key for key in known & stamps.keys() if _stamp(txn, key) != _plain(stamps[key])}
+        gone = (known - listed.keys()) | changed
         orphans = set()
         if gone:
             with self.index.write() as txn:
                 for key in gone:
                     orphans |= self._drop_pack(txn, key)
-        new = [key for key in listed if key not in known]
+        new = [key for key in listed if key not in known or key in changed]
 
         def read(key):
             if listed[key] < MIN_PACK_BYTES:  # a zero-byte object, say: no reader can parse it
@@ -162,11 +183,11 @@ class Catalogue:
         with ThreadPoolExecutor(THREADS) as pool:
             for key, entries in pool.map(read, new):
                 if entries is not None:
-                    self.add_pack(key, entries)
-        self._relist(bucket, listed, orphans)
-        return len(new)
+                    self.add_pack(key, entries, stamps[key])
+        self._relist(bucket, stamps, orphans)
+        return len(new) - len(changed)
 
-    def _relist(self, bucket, listed: dict, orphans: set) -> None:
+    def _relist(self, bucket, stamps: dict, orphans: set) -> None:
         """Point ``orphans`` (ids a forgotten pack listed) at another known pack that lists them.
 
         An id is indexed at the first pack that listed it, so when that pack goes (a remote gc
@@ -178,9 +199,9 @@ class Catalogue:
         if not still:
             return
         for key, ids in self.pack_ids().items():
-            if key in listed and still & set(ids):
+            if key in stamps and still & set(ids):
                 try:
-                    self.add_pack(key, read_trailer(bucket, key, listed[key]))
+                    self.add_pack(key, read_trailer(bucket, key, stamps[key][0]), stamps[key])
                 except (CorruptObject, NotFound):
                     continue
 
@@ -198,6 +219,16 @@ class Catalogue:
 
     def close(self) -> None:
         self.index.close()
+
+
+def _plain(stamp):
+    """``stamp`` as msgpack gives it back (tuples as lists), so a stored one compares equal."""
+    return [_plain(v) for v in stamp] if isinstance(stamp, (tuple, list)) else stamp
+
+
+def _stamp(txn, key: str):
+    raw = txn.meta("stamp:" + key)
+    return encoding.unpack(raw, "catalogue entry") if raw else None
 
 
 def read_trailer(bucket, key: str, size: Optional[int] = None) -> list:

@@ -24,10 +24,10 @@ from ..store.chunks import Request
 from ..store.packs import HEADER, RECORD_HEAD
 from ..store.verify import intact as hashes_to
 from . import config, layout, transfer
-from .bucket import NotFound
+from .bucket import NotFound, RemoteError
 from .catalogue import folder as catalogue_folder, read_trailer
 from . import lease
-from .sync import Connection, _classify
+from .connection import Connection, classify
 
 MISSING_PACK, DAMAGED_PACK, BAD_RECORD, CHECKSUM = "missing-pack", "damaged-pack", "bad-record-header", "checksum-mismatch"
 MISSING_OBJECT, MISSING_CHUNK, BAD_REF = "missing-object", "missing-chunk", "damaged-ref"
@@ -166,7 +166,8 @@ def _scan(bucket, group=None) -> tuple:
 
 
 def fsck_remote(repo, name: Optional[str] = None, subset: Optional[str] = None) -> RemoteFsckReport:
-    """Verify every pack and ref of a remote; never changes it. Raises RemoteError if it cannot be read.
+    """Verify every pack and ref of a remote; never changes it. Raises RemoteError if it cannot be read
+    or holds no mvc remote (RemoteVanished if this repository used it before).
 
     ``subset`` "N/T" (restic's --read-data-subset): re-hash only the chunk packs of group N
     of T (a pack's group is its name's first byte mod T, plus 1); the other chunk packs'
@@ -177,6 +178,11 @@ def fsck_remote(repo, name: Optional[str] = None, subset: Optional[str] = None) 
     conn = Connection(repo, name)
     try:
         bucket = conn.bucket
+        if conn.marker(create=False) is None:  # nothing there to verify: never "ok"
+            if conn.known():
+                raise conn.vanished()
+            raise RemoteError(f"{bucket.url} holds no mvc remote (no {layout.MARKER}): nothing to check; push to "
+                              "it first, or check the URL")
         seen, refs, protected, trusted = _scan(bucket, group)
         decoded, pruned = _decode(seen.objects)  # once, for every ref's walk
         for key, tip in sorted(refs.items()):
@@ -185,7 +191,7 @@ def fsck_remote(repo, name: Optional[str] = None, subset: Optional[str] = None) 
             seen.problems.append(RemoteProblem(kind, key, detail, (key,)))
         decoded_chunks = len(seen.chunks)
         seen.needed |= {oid for oid, raw in seen.objects.items()  # a needed commit's pruned note
-                        if _is_note(raw, oid) and _classify(raw, oid)[1]["commit"] in seen.needed}
+                        if _is_note(raw, oid) and classify(raw, oid)[1]["commit"] in seen.needed}
         unreferenced = tuple((key, size) for key, (size, ids) in sorted(seen.contents.items())
                              if key not in seen.broken and not ids & seen.needed)
         return RemoteFsckReport(conn.name, bucket.url, seen.packs, decoded_chunks, len(seen.objects), len(refs),
@@ -196,7 +202,7 @@ def fsck_remote(repo, name: Optional[str] = None, subset: Optional[str] = None) 
 
 def _is_note(raw: bytes, oid: bytes) -> bool:
     try:
-        return _classify(raw, oid)[0] == "pruned"
+        return classify(raw, oid)[0] == "pruned"
     except CorruptObject:
         return False
 
@@ -219,7 +225,7 @@ def _decode(objects: dict) -> tuple:
     decoded, pruned = {}, set()
     for oid, raw in objects.items():
         try:
-            kind, obj = _classify(raw, oid)
+            kind, obj = classify(raw, oid)
         except CorruptObject:
             continue
         if kind == "pruned":
@@ -292,6 +298,7 @@ class RepairReport:
     unrepaired: tuple  # hex ids nobody could supply
     remotes: tuple  # remotes asked
     after: object = None  # the fsck report after the repair
+    failed: tuple = ()  # (remote, why) of each remote asked that could not be read: the next was tried
 
 
 def _damaged(repo) -> tuple:
@@ -324,14 +331,32 @@ def restorable(repo, ids) -> dict:
     return found
 
 
+def _listed_counts(repo, names, ids: set) -> dict:
+    """{remote: how many of ``ids`` its last listing holds}, from the local catalogues only."""
+    out = {}
+    for name in names:
+        if not catalogue_folder(repo.dir, name).is_dir():
+            continue
+        conn = Connection(repo, name)
+        try:
+            out[name] = len(conn.catalogue.chunks(ids))
+        finally:
+            conn.close()
+    return out
+
+
 def repair(repo) -> RepairReport:
-    """Refetch damaged or missing local chunks and objects from the remotes that hold them."""
+    """Refetch damaged or missing local chunks and objects from the remotes that hold them: the
+    cached remote first, then those whose last listing holds the most of them (fsck names these), then
+    the rest. A remote that cannot be read (never pushed to, away, damaged) is noted in
+    ``failed`` and the next one is tried."""
     chunks, objects = _damaged(repo)
     with repo.index.read() as txn:
         names = config.names(txn)
         cached = config.cache_remote(txn)
-    names = sorted(names, key=lambda n: n != cached)
-    fixed_chunks, fixed_objects, asked = set(), set(), []
+    listed = _listed_counts(repo, names, chunks)
+    names = sorted(names, key=lambda n: (n != cached, -listed.get(n, 0), n))
+    fixed_chunks, fixed_objects, asked, failed = set(), set(), [], []
     for name in names:
         if not (chunks - fixed_chunks) and not (objects.keys() - fixed_objects):
             break
@@ -341,10 +366,12 @@ def repair(repo) -> RepairReport:
             conn.catalogue.refresh(conn.bucket)
             fixed_chunks |= _repair_chunks(repo, conn, chunks - fixed_chunks)
             fixed_objects |= _repair_objects(repo, conn, {o: k for o, k in objects.items() if o not in fixed_objects})
+        except MvcError as exc:  # this remote cannot help: another may
+            failed.append((name, str(exc)))
         finally:
             conn.close()
     left = sorted(c.hex() for c in (chunks - fixed_chunks) | (objects.keys() - fixed_objects))
-    return RepairReport(len(fixed_chunks), len(fixed_objects), tuple(left), tuple(asked), repo.fsck())
+    return RepairReport(len(fixed_chunks), len(fixed_objects), tuple(left), tuple(asked), repo.fsck(), tuple(failed))
 
 
 def _repair_chunks(repo, conn: Connection, wanted: set) -> set:
@@ -397,6 +424,7 @@ class RemoteRepairReport:
     packs_removed: tuple  # keys of damaged or unreadable packs removed once their intact records were moved
     unrepaired: tuple  # hex ids the remote's refs need that neither side holds intact
     problems_before: int  # damaged packs and records, and needed ids no intact pack held
+    packs_kept: tuple = ()  # keys of damaged packs left in place: they hold the only copy of something needed
 
     @property
     def ok(self) -> bool:
@@ -418,7 +446,10 @@ def _needs(repo, txn, tips: list, remote_objects: dict) -> tuple:
         except MvcError:
             lost.append(oid)
             return None
-    chunks = dict(reach.closure(get, tips, lambda oid: oid in pruned or repo.objects.pruned(txn, oid) is not None))
+    # only the remote's own pruned notes end a walk: a commit this repository's retention pruned
+    # (record kept, data gone here) still needs its data on the remote, and a repair that skipped
+    # it would call the remote healed while fsck --remote finds its data missing
+    chunks = dict(reach.closure(get, tips, pruned.__contains__))
     return objects, chunks, lost
 
 
@@ -490,7 +521,8 @@ def repair_remote(repo, name: Optional[str] = None) -> RemoteRepairReport:
         left += [oid.hex() for oid in lost]
         missing = len(lacking) + sum(1 for oid in objects if oid not in seen.objects)
         return RemoteRepairReport(conn.name, seen.packs, len(upload), len(rescued), packs, tuple(removed),
-                                  tuple(sorted(set(left))), len(seen.problems) + missing)
+                                  tuple(sorted(set(left))), len(seen.problems) + missing,
+                                  tuple(sorted(set(seen.broken) - set(removed))))
     finally:
         conn.close()
 

@@ -9,13 +9,17 @@ Vocabulary:
 - **garbage pack**: a pack none of whose records is needed: left by a
   killed or rejected push, by a deleted branch, or by retention.
 - **grace**: a garbage pack younger than this (by the store's clock, the
-  pack's last-modified time against the gc's own lease's) is left alone.
+  pack's last-modified time against the gc's own lease's) is left alone, so
+  a push that failed at its ref move leaves packs its rerun reuses. Safety
+  does not rest on it (nor on the lease): the fence gives that.
 
 The protocol (``docs/format.md`` 11.6): take the gc lease (no push lease
 may be live; none can start while it is); list refs, read every object
 pack whole (verified), walk the refs; prune by retention, uploading the
-``pruned`` notes before anything is deleted; then delete garbage packs
-older than the grace, checking the lease before each. Any damage seen
+``pruned`` notes before anything is deleted; then condemn the garbage packs
+older than the grace (name them in the lease), fence every ref (rewrite it by
+If-Match, so a push that read it earlier cannot move it any more), and delete
+them, checking the lease before each. Any damage seen
 (a ref or object pack that does not decode, an object the refs need that
 no pack holds) stops the gc before it deletes anything. Packs whose
 records are partly needed are kept whole (no rewrite: a lazy clone's
@@ -28,14 +32,15 @@ from typing import Optional
 
 from .. import gc as local_gc
 from .. import reach
-from ..errors import ObjectNotFound, RemoteDamaged
+from ..errors import ObjectNotFound, RemoteBusy, RemoteDamaged
 from ..objects import object_id
 from ..store.index import RefValue
 from . import layout, lease, transfer
 from .catalogue import read_trailer
-from .sync import Connection, _classify
+from .bucket import NotFound, PreconditionFailed
+from .connection import Connection, classify, is_ref
 
-GRACE_S = 3600.0  # a push has this long between uploading a pack and naming it in a ref
+GRACE_S = 3600.0  # young garbage is kept: a failed push's rerun reuses its packs (safety is the fence's)
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ def _read_objects(conn) -> tuple:
     objects, notes = {}, {}
     for key in sorted(conn.catalogue.object_packs()):
         for oid, data in transfer.read_pack_records(conn.bucket, key, read_trailer(conn.bucket, key)).items():
-            kind, obj = _classify(data, oid)
+            kind, obj = classify(data, oid)
             if kind == "pruned":
                 notes[obj["commit"]] = oid
             else:
@@ -122,6 +127,7 @@ def gc_remote(repo, name: Optional[str] = None, keep_last: Optional[int] = None,
             now = dict((k, t) for k, _, t in conn.bucket.list_times(held.key)).get(held.key)
             conn.catalogue.refresh(conn.bucket)
             refs = conn.remote_refs()
+            fence = _fence_plan(refs, conn.deleted)  # by the etags the walk below plans from
             if conn.damaged:
                 raise RemoteDamaged(f"remote ref {sorted(conn.damaged)[0]} does not decode; remote gc deleted "
                                     "nothing", remote=conn.name)
@@ -141,19 +147,20 @@ def gc_remote(repo, name: Optional[str] = None, keep_last: Optional[int] = None,
             need_objects, need_chunks = _needed(conn.name, tips, objects, pruned | prune)
             need_objects |= {notes[oid] for oid in need_objects if oid in notes}
             return _sweep(conn, held, need_objects, need_chunks, now, grace, dry_run,
-                          tuple(sorted(oid.hex() for oid in prune)))
+                          tuple(sorted(oid.hex() for oid in prune)), fence)
     finally:
         conn.close()
 
 
 def _sweep(conn, held, need_objects: set, need_chunks: set, now: Optional[float], grace: float, dry_run: bool,
-           pruned: tuple) -> RemoteGcReport:
+           pruned: tuple, fence: dict) -> RemoteGcReport:
     listed = {key: ids for key, ids in conn.catalogue.pack_ids().items()}
-    deleted, young, unreadable, mixed, reclaimed, young_bytes = [], [], [], 0, 0, 0
+    garbage, young, unreadable, mixed, reclaimed, young_bytes, seen = [], [], [], 0, 0, 0, set()
     for folder, needed in ((layout.CHUNK_PACKS, need_chunks), (layout.OBJECT_PACKS, need_objects)):
         for key, size, when in conn.bucket.list_times(folder):
             if layout.pack_name(key) is None:
                 continue
+            seen.add(key)
             ids = listed.get(key)
             if ids is None:
                 unreadable.append(key)  # damaged or written after the listing: never deleted here
@@ -166,12 +173,42 @@ def _sweep(conn, held, need_objects: set, need_chunks: set, now: Optional[float]
                 young.append(key)
                 young_bytes += size
                 continue
-            if not dry_run:
-                held.check()  # a gc that stalled past its lease deletes nothing more
-                conn.bucket.delete(key)
-            deleted.append(key)
+            garbage.append(key)
             reclaimed += size
-    if deleted and not dry_run:
+    if garbage and not dry_run:
+        held.condemn(garbage)  # named before the fence: a push that reads a ref after it avoids them
+        _fence(conn, fence)
+        for key in garbage:
+            held.check()  # a gc that stalled past its lease deletes nothing more
+            conn.bucket.delete(key)
         conn.catalogue.refresh(conn.bucket)
-    return RemoteGcReport(conn.name, dry_run, pruned, tuple(deleted), reclaimed, tuple(young), young_bytes, mixed,
+    if not dry_run:
+        lease.drop_spent(conn.bucket, seen - set(garbage))
+    return RemoteGcReport(conn.name, dry_run, pruned, tuple(garbage), reclaimed, tuple(young), young_bytes, mixed,
                           tuple(unreadable))
+
+
+def _fence_plan(refs: dict, deleted: dict) -> dict:
+    """{key: (its bytes again with a fresh fence, etag read)} of every ref and tombstone."""
+    out = {layout.ref_key(ref): (layout.encode_ref(oid, protected), etag)
+           for ref, (oid, protected, etag) in refs.items()}
+    out.update({layout.ref_key(ref): (layout.encode_tombstone(time.time()), etag) for ref, etag in deleted.items()})
+    return out
+
+
+def _fence(conn, fence: dict) -> None:
+    """Rewrite every ref and tombstone with a fresh fence (``_fence_plan``), by If-Match on the etag
+    the gc planned from. A push that read a ref before this cannot move it after (its If-Match
+    fails), however long it stalled; a ref that moved or appeared since the gc read the refs means a
+    push landed that the gc did not plan for: RemoteBusy, nothing deleted (docs/format.md 11.6)."""
+    for key, (body, etag) in sorted(fence.items()):
+        try:
+            conn.bucket.put(key, body, if_match=etag)
+        except (PreconditionFailed, NotFound):
+            raise RemoteBusy(f"{key} on remote {conn.name!r} moved while remote gc ran; it deleted nothing: "
+                             "run it again", remote=conn.name, kind=lease.PUSH) from None
+    new = sorted(key for key, _ in conn.bucket.list(layout.REFS)
+                 if key not in fence and is_ref(key[len(layout.REFS):]))
+    if new:
+        raise RemoteBusy(f"{new[0]} appeared on remote {conn.name!r} while remote gc ran; it deleted nothing: "
+                         "run it again", remote=conn.name, kind=lease.PUSH)

@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Optional
+from urllib.parse import urlsplit
 
 from .. import encoding
 from ..errors import BadInput, CorruptObject, RemoteExists, UnknownRemote  # noqa: F401  (UnknownRemote re-exported)
@@ -40,6 +41,23 @@ def environment_endpoint() -> Optional[str]:
     if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
         return None
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def check_endpoint(endpoint_url: str) -> str:
+    """``endpoint_url`` if it is an http(s) URL with a host and a port that can be (BadInput, at
+    once, not after a push's retries: ``http://127.0.0.1:45001:99``)."""
+    bad = BadInput(f"endpoint URL {endpoint_url!r} is not valid: use http(s)://HOST[:PORT] (like "
+                   "http://127.0.0.1:8333)")
+    if not isinstance(endpoint_url, str) or not re.match(r"https?://", endpoint_url):
+        raise BadInput(f"endpoint URL {endpoint_url!r} must start with http:// or https://")
+    try:
+        parts = urlsplit(endpoint_url)
+        port = parts.port  # ValueError for a port out of range or not a number
+    except ValueError:
+        raise bad from None
+    if not parts.hostname or port == 0 or any(c.isspace() for c in endpoint_url):
+        raise bad
+    return endpoint_url
 
 
 def check_name(name: str) -> str:
@@ -70,8 +88,8 @@ def add(txn, name: str, url: str, endpoint_url: Optional[str]) -> RemoteInfo:
         url = where  # absolute: a relative path would change meaning with the working directory
     if txn.meta(PREFIX + name) is not None:
         raise RemoteExists(f"remote {name!r} already exists", name=name)
-    if endpoint_url is not None and not re.match(r"https?://", endpoint_url):
-        raise BadInput(f"endpoint URL {endpoint_url!r} must start with http:// or https://")
+    if endpoint_url is not None:
+        check_endpoint(endpoint_url)
     info = RemoteInfo(name, url, endpoint_url)
     put(txn, info)
     return info

@@ -17,6 +17,7 @@ Vocabulary:
 
 import os
 import secrets
+import time
 from typing import Optional
 
 from .. import encoding, hashing, refs as refnames
@@ -125,23 +126,31 @@ def ref_key(ref: str) -> str:
     return key
 
 
+FENCE_BYTES = 16
+
+
 def encode_ref(oid: bytes, protected: bool) -> bytes:
-    return encoding.pack({"id": oid, "protected": bool(protected)})
+    """A ref object; every write carries a fresh random ``fence``, so no two writes of a ref have the
+    same bytes (nor etag): a conditional put against an etag read before a remote gc fenced the ref
+    fails, however long its writer stalled (``docs/format.md`` 11.6)."""
+    return encoding.pack({"id": oid, "protected": bool(protected), "fence": secrets.token_bytes(FENCE_BYTES)})
 
 
 def decode_ref(data: bytes, key: str) -> tuple:
     """(commit id, protected) of a remote ref object; CorruptObject if damaged."""
     value = encoding.unpack(data, f"remote ref {key}")
-    if type(value) is not dict or set(value) != {"id", "protected"} or type(value["id"]) is not bytes \
-            or len(value["id"]) != hashing.DIGEST_SIZE or type(value["protected"]) is not bool:
+    if type(value) is not dict or set(value) - {"fence"} != {"id", "protected"} or type(value["id"]) is not bytes \
+            or len(value["id"]) != hashing.DIGEST_SIZE or type(value["protected"]) is not bool \
+            or type(value.get("fence", b"")) is not bytes:
         raise CorruptObject(f"remote ref {key} is damaged")
     return value["id"], value["protected"]
 
 
 def encode_tombstone(when: float) -> bytes:
     """A deleted ref: its object stays, so a later create still goes by If-Match on this one's etag
-    and a racing writer's conditional put fails instead of being undone by a plain delete."""
-    return encoding.pack({"deleted": True, "time": float(when)})
+    and a racing writer's conditional put fails instead of being undone by a plain delete. Fenced
+    as a ref is (``encode_ref``)."""
+    return encoding.pack({"deleted": True, "time": float(when), "fence": secrets.token_bytes(FENCE_BYTES)})
 
 
 def is_tombstone(data: bytes) -> bool:

@@ -25,8 +25,11 @@ its put returned (S3 since 2020, SeaweedFS, MinIO, moto).
 A holder checks its lease (``check``) right before the step that depends
 on it: a gc before each deletion, a push before it moves refs. A lease that
 was lost (expired, or deleted by someone who found it expired) fails that
-step, so a stalled process never acts on a world it no longer owns.
-``docs/format.md`` (section 11.6) gives the whole protocol and why it is safe.
+step. A holder that stalls right after a check still acts once when it
+resumes; what makes that harmless is the fence (a gc's lease names the packs
+it is **condemning**, then the gc rewrites every ref, so a push's late ref
+move fails, and a later push avoids the condemned packs): ``docs/format.md``
+(section 11.6) gives the whole protocol and why it is safe.
 """
 
 import os
@@ -56,10 +59,13 @@ def ttl() -> float:
     return value if value > 0 else 300.0
 
 
-def encode(kind: str, owner: str, expires: float) -> bytes:
-    return encoding.pack({"kind": kind, "owner": owner, "host": socket.gethostname(), "pid": os.getpid(),
-                          "started": processes.start_token(os.getpid()), "pidns": processes.pid_namespace(),
-                          "since": time.time(), "expires": float(expires)})
+def encode(kind: str, owner: str, expires: float, condemned: tuple = ()) -> bytes:
+    value = {"kind": kind, "owner": owner, "host": socket.gethostname(), "pid": os.getpid(),
+             "started": processes.start_token(os.getpid()), "pidns": processes.pid_namespace(),
+             "since": time.time(), "expires": float(expires)}
+    if condemned:
+        value["condemned"] = list(condemned)
+    return encoding.pack(value)
 
 
 def _gone(lease: dict) -> bool:
@@ -87,7 +93,35 @@ def decode(data: bytes, key: str) -> Optional[dict]:
         return None
     if type(value) is not dict or value.get("kind") not in (PUSH, GC) or type(value.get("expires")) is not float:
         return None
+    condemned = value.get("condemned", [])
+    if type(condemned) is not list or not all(type(k) is str for k in condemned):
+        return None
     return value
+
+
+def condemned(bucket) -> set:
+    """The pack keys that any gc lease, live or expired, names as about to be deleted: a push must
+    not count on them (a gc that stalled past its lease may still delete one). A lease that does
+    not decode is read as condemning nothing, as ``take`` reads it as no lease."""
+    out = set()
+    for key, _ in bucket.list(FOLDER):
+        current = bucket.get_versioned(key)
+        value = decode(current[0], key) if current else None
+        if value is not None and value["kind"] == GC:
+            out.update(value.get("condemned", ()))
+    return out
+
+
+def drop_spent(bucket, listed: set) -> None:
+    """Delete the expired gc leases whose condemned packs are all gone from ``listed`` (the
+    remote's pack keys): nothing is left for their stalled writers to delete."""
+    now = time.time()
+    for key, _ in bucket.list(FOLDER):
+        current = bucket.get_versioned(key)
+        value = decode(current[0], key) if current else None
+        if value is not None and value.get("condemned") and value["expires"] < now \
+                and not listed & set(value["condemned"]):
+            _delete_if_unchanged(bucket, key, current[1])
 
 
 class Lease:
@@ -99,6 +133,7 @@ class Lease:
         self.owner = locking.default_author()
         self.etag: Optional[str] = None
         self.expires = 0.0
+        self.condemned: tuple = ()  # a gc's: the packs it is about to delete
         self.lost = False
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -118,7 +153,10 @@ class Lease:
             if other is None:
                 continue
             if other["expires"] < now or _gone(other):
-                if self.kind == GC:  # its writer died or stalled: it checks its lease before acting
+                # its writer died or stalled: it checks its lease before acting. A stalled gc's
+                # condemned packs stay named (pushes avoid them) until its writer is seen gone or
+                # the packs are (drop_spent): it may still delete the one it last checked for.
+                if self.kind == GC and (not other.get("condemned") or _gone(other)):
                     _delete_if_unchanged(bucket, key, current[1])
                 continue
             if self.kind == GC or other["kind"] == GC:
@@ -137,8 +175,8 @@ class Lease:
             expires = time.time() + ttl()
             try:
                 with self._guard:
-                    self.etag = self.conn.bucket.put(self.key, encode(self.kind, self.owner, expires),
-                                                     if_match=self.etag)
+                    self.etag = self.conn.bucket.put(self.key, encode(self.kind, self.owner, expires,
+                                                                      self.condemned), if_match=self.etag)
                     self.expires = expires
             except (PreconditionFailed, NotFound):
                 self.lost = True
@@ -160,6 +198,20 @@ class Lease:
                              "server was away); nothing more was changed: run the command again",
                              remote=self.conn.name, holder=self.owner, kind=self.kind)
 
+    def condemn(self, keys) -> None:
+        """Name in this (gc) lease the packs it is about to delete, before the refs are fenced
+        (``docs/format.md`` 11.6); RemoteBusy if the lease was lost."""
+        with self._guard:
+            condemned = tuple(sorted(keys))
+            try:
+                self.etag = self.conn.bucket.put(self.key, encode(self.kind, self.owner, self.expires, condemned),
+                                                 if_match=self.etag)
+            except (PreconditionFailed, NotFound):
+                self.lost = True
+            else:
+                self.condemned = condemned
+        self.check()
+
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -167,6 +219,8 @@ class Lease:
         self._drop()
 
     def _drop(self) -> None:
+        if self.conn.bucket.away:  # the command's deadline is spent: the lease expires on its own
+            return
         try:
             self.conn.bucket.delete(self.key)
         except Exception:  # best effort: it expires on its own

@@ -24,8 +24,9 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError, NoCredentialsError
 
-from ..errors import BadInput, NotFound, PreconditionFailed, RemoteError, RemoteUnreachable, UntrustedAnswer
-from .backend import Bucket, notify, scatter
+from ..errors import (BadInput, NotFound, PreconditionFailed, RemoteCorrupt, RemoteError, RemoteUnreachable,
+                      UntrustedAnswer)
+from .backend import Bucket, check_key, notify, scatter
 
 PART_BYTES = 16 << 20  # multipart part size
 # Objects up to this size go up in one PUT, so a pack (``layout.PACK_BYTES``
@@ -45,7 +46,8 @@ ATTEMPTS = 5  # tries of one request, the first included (MVC_REMOTE_ATTEMPTS)
 DEADLINE_S = 35.0  # no retry starts later than this after the first try (MVC_REMOTE_TIMEOUT)
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 15.0  # silence on an open connection before a try counts as failed
-# so one request gives up within DEADLINE_S + CONNECT_TIMEOUT_S + READ_TIMEOUT_S = 55 s
+# so a command gives up within DEADLINE_S + CONNECT_TIMEOUT_S + READ_TIMEOUT_S = 55 s: the deadline is
+# the command's (S3Bucket._call), a push whose server was SIGSTOPped mid-transfer failed after 51 s
 TRANSIENT = {"RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "SlowDown",
              "Throttling", "ThrottlingException", "RequestLimitExceeded", "500", "502", "503", "504"}
 
@@ -102,6 +104,10 @@ class S3Bucket(Bucket):
         self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         self.attempts = _setting("MVC_REMOTE_ATTEMPTS", ATTEMPTS, int, 1, 20)
         self.deadline = _setting("MVC_REMOTE_TIMEOUT", DEADLINE_S, float, 1, 3600)
+        self._down_since: Optional[float] = None  # monotonic time the server stopped answering (see _call)
+        self.away = False  # this command gave up on the server: its deadline or tries are spent
+        self._probed = 0.0  # when a request last tried while away
+        self._trouble = threading.Lock()
         self.suffix_ranges = True  # until the server answers one wrongly (s3rver gives the first N bytes)
         config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=CONNECT_TIMEOUT_S,
                         read_timeout=READ_TIMEOUT_S, max_pool_connections=32,
@@ -115,18 +121,28 @@ class S3Bucket(Bucket):
 
     def _call(self, key: str, fn, **kwargs):
         """``fn(Bucket=..., **kwargs)``, tried again on transient failures (shown through
-        ``backend.notify``) until ``attempts`` tries or the deadline; RemoteError after."""
-        start = time.monotonic()
+        ``backend.notify``) until ``attempts`` tries or the deadline; RemoteError after.
+
+        The deadline is the command's, not the request's: it runs from the first failure since
+        the server last answered, whichever request met it, so a command whose server stopped
+        mid-transfer fails within one deadline (a pack upload, then the lease's removal, then
+        anything else each waited their own before). Once the command gave up (its deadline or tries
+        spent: ``away``), requests fail at once (``_check_away``) until the server answers again."""
+        self._check_away()
         for attempt in range(1, self.attempts + 1):
             body = kwargs.get("Body")
             if hasattr(body, "seek"):
                 body.seek(0)  # a try that failed may have read part of it
+            tried = time.monotonic()
             try:
-                return fn(Bucket=self.bucket, **kwargs)
+                answer = fn(Bucket=self.bucket, **kwargs)
+                self._down_since, self.away = None, False
+                return answer
             except ClientError as exc:
                 code = str(exc.response.get("Error", {}).get("Code", ""))
                 status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
                 if code not in TRANSIENT and status not in TRANSIENT:
+                    self._down_since, self.away = None, False  # it answered
                     raise self._error(key, exc) from None
                 why, last = f"{code or status} from the server", self._error(key, exc)
             except NoCredentialsError:
@@ -138,19 +154,41 @@ class S3Bucket(Bucket):
                                          f"tries ({exc}); nothing that was not finished counts: run the command "
                                          "again when it is back", url=self.url, attempts=attempt)
             delay = min(8.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.8, 1.2)
-            if attempt == self.attempts or time.monotonic() - start + delay > self.deadline:
-                raise last
+            with self._trouble:  # one budget for every request of the command, in every thread
+                self._down_since = tried if self._down_since is None else min(self._down_since, tried)
+                late = time.monotonic() - self._down_since + delay > self.deadline
+                if attempt == self.attempts or self.away or late:
+                    self.away, self._probed = True, time.monotonic()
+                    raise last
             notify(f"waiting for server {self.endpoint or 'S3'} ({why}), retry {attempt + 1}/{self.attempts}")
             time.sleep(delay)
         raise AssertionError("unreachable")
 
-    def _error(self, key: str, exc: ClientError) -> RemoteError:
+    def _check_away(self) -> None:
+        """RemoteUnreachable at once while this command has given up on the server (``away``): work
+        queued behind the request that gave up must not wait its own timeouts. Once a deadline
+        later, one request may try again (a bucket that lives long, in a lazy clone, recovers)."""
+        with self._trouble:
+            if not self.away:
+                return
+            now = time.monotonic()
+            if now - self._probed >= self.deadline:
+                self._probed = now  # this request is the one try
+                return
+        raise RemoteUnreachable(f"{self.endpoint or 'S3'} stopped answering for {self.url} earlier in this command; "
+                                "nothing that was not finished counts: run the command again when it is back",
+                                url=self.url, attempts=0)
+
+    def _error(self, key: str, exc: ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         if code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchBucket"):
             return NotFound(f"{key} is missing from remote {self.url}", key=key)
         if code == "PreconditionFailed" or status == 412:
             return PreconditionFailed(f"{key} on remote {self.url} changed meanwhile", key=key)
+        if code == "InvalidRange" or status == 416:  # a ranged read past the end: the object is short
+            return RemoteCorrupt(f"{key} on remote {self.url} is shorter than the bytes asked for ({code or status}): "
+                                 "it was cut short or emptied", key=key)
         if code == "NoSuchBucket":
             return RemoteError(f"bucket {self.bucket!r} does not exist at {self.endpoint or 'S3'}; create it first")
         if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403") or status == 403:
@@ -161,7 +199,7 @@ class S3Bucket(Bucket):
     # -- reads ----------------------------------------------------------------
 
     def _get(self, key: str, byte_range: Optional[str] = None) -> dict:
-        kwargs = {"Key": _join(self.prefix, key)}
+        kwargs = {"Key": _join(self.prefix, check_key(key))}
         if byte_range:
             kwargs["Range"] = byte_range
 
@@ -204,7 +242,7 @@ class S3Bucket(Bucket):
             body.read()  # nothing left: lets the connection go back to the pool, checks the length
             answer["data"] = None
             return answer
-        answer = self._call(key, get_into, Key=_join(self.prefix, key), Range=f"bytes={start}-{stop - 1}")
+        answer = self._call(key, get_into, Key=_join(self.prefix, check_key(key)), Range=f"bytes={start}-{stop - 1}")
         if answer["data"] is not None:
             scatter(self._ranged(key, start, stop, answer), sinks)
 
@@ -216,8 +254,8 @@ class S3Bucket(Bucket):
             data = data[start:stop]  # a server that ignores Range sends the whole object: take the part asked for
         elif got is None or got[:2] != (start, stop - 1) or len(data) != stop - start:
             if got is not None and got[2] is not None and stop > got[2]:
-                raise RemoteError(f"{key} on remote {self.url} is shorter than expected (asked for bytes "
-                                  f"{start}-{stop - 1} of {got[2]})")
+                raise RemoteCorrupt(f"{key} on remote {self.url} is shorter than expected (asked for bytes "
+                                    f"{start}-{stop - 1} of {got[2]}): it was cut short", key=key)
             raise UntrustedAnswer(f"{key} on remote {self.url}: asked for bytes {start}-{stop - 1}, the server "
                                   f"answered {answer.get('ContentRange') or 'no Content-Range'} with "
                                   f"{len(data)} bytes; nothing was used", url=self.url, key=key)
@@ -227,10 +265,8 @@ class S3Bucket(Bucket):
         if self.suffix_ranges:
             try:
                 answer = self._get(key, f"bytes=-{n}")
-            except RemoteError as exc:
-                if "InvalidRange" not in str(exc):
-                    raise
-                return self._tail_by_size(key, n)  # an empty object has no last bytes to give
+            except RemoteCorrupt:  # InvalidRange: an empty object has no last bytes to give
+                return self._tail_by_size(key, n)
             got, data = _content_range(answer), answer["data"]
             if got is not None and got[2] is not None and got[1] == got[2] - 1 \
                     and got[0] == max(0, got[2] - n) and len(data) == got[1] - got[0] + 1:
@@ -244,7 +280,7 @@ class S3Bucket(Bucket):
         return self._tail_by_size(key, n)
 
     def _tail_by_size(self, key: str, n: int) -> tuple:
-        size = self._call(key, self.client.head_object, Key=_join(self.prefix, key))["ContentLength"]
+        size = self._call(key, self.client.head_object, Key=_join(self.prefix, check_key(key)))["ContentLength"]
         start = max(0, size - n)
         return (self.get_range(key, start, size) if size else b""), size
 
@@ -261,7 +297,7 @@ class S3Bucket(Bucket):
         view = memoryview(data).cast("B")
         if len(view) > SINGLE_PUT_BYTES and if_match is None and not if_absent:
             return self._multipart(key, view)
-        kwargs = {"Key": _join(self.prefix, key), "Body": bytes(view) if len(view) < (1 << 20) else _Body(view)}
+        kwargs = {"Key": _join(self.prefix, check_key(key)), "Body": bytes(view) if len(view) < (1 << 20) else _Body(view)}
         if if_match is not None:
             kwargs["IfMatch"] = if_match
         if if_absent:
@@ -269,7 +305,7 @@ class S3Bucket(Bucket):
         return self._call(key, self.client.put_object, **kwargs)["ETag"]
 
     def _multipart(self, key: str, view: memoryview) -> str:
-        full = _join(self.prefix, key)
+        full = _join(self.prefix, check_key(key))
         upload = self._call(key, self.client.create_multipart_upload, Key=full)["UploadId"]
         pieces = [(i + 1, view[off:off + PART_BYTES]) for i, off in enumerate(range(0, len(view), PART_BYTES))]
 
@@ -294,6 +330,11 @@ class S3Bucket(Bucket):
         return [(key, size) for key, size, _ in self.list_times(prefix)]
 
     def list_times(self, prefix: str) -> list:
+        return [(key, size, when) for key, size, (when, _) in self.list_stamps(prefix)]
+
+    def list_stamps(self, prefix: str) -> list:
+        """As the interface's, the stamp being (last-modified time, etag): listings give times in
+        whole seconds, and a rewrite within the second changes the etag."""
         out, token = [], None
         full = _join(self.prefix, prefix)
         skip = len(self.prefix) + 1 if self.prefix else 0
@@ -302,14 +343,14 @@ class S3Bucket(Bucket):
             if token:
                 kwargs["ContinuationToken"] = token
             answer = self._call(prefix, self.client.list_objects_v2, **kwargs)
-            out += [(item["Key"][skip:], item["Size"], item["LastModified"].timestamp())
+            out += [(item["Key"][skip:], item["Size"], (item["LastModified"].timestamp(), str(item.get("ETag", ""))))
                     for item in answer.get("Contents", [])]
             token = answer.get("NextContinuationToken")
             if not answer.get("IsTruncated") or not token:
                 return sorted(out)
 
     def delete(self, key: str) -> None:
-        self._call(key, self.client.delete_object, Key=_join(self.prefix, key))
+        self._call(key, self.client.delete_object, Key=_join(self.prefix, check_key(key)))
 
     def close(self) -> None:
         try:

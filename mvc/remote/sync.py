@@ -6,10 +6,12 @@ Vocabulary:
   branch BRANCH of remote NAME named when this repository last talked to
   it. A root for gc like any ref; revisions accept ``NAME/BRANCH``.
 - **closure** of a commit: it, its ancestors, their trees, tensors and
-  chunks. The remote never holds a commit object whose closure is not
-  durable there, because a push uploads chunk packs, then object packs,
-  then moves refs; so "the remote has commit C" means "and all it needs",
-  and a push walks history only until it meets a commit the remote has.
+  chunks. No remote ref names a commit whose closure is not durable there,
+  because a push uploads chunk packs, then object packs, then moves refs
+  (and a remote gc keeps what refs need); so "the remote's refs reach C"
+  means "and all it needs", and a push walks history only until it meets
+  such a commit. A commit merely held there is no such proof: the object
+  pack of a killed push can outlive its chunk packs.
 
 Push order (each step durable before the next): chunk packs; object packs;
 each ref by a conditional put against the etag it was read with. A killed
@@ -31,13 +33,14 @@ from .. import ondisk
 from .. import reach
 from .. import refs as refnames
 from ..errors import (BadInput, BranchLocked, CorruptObject, Diverged, LockHeld, MvcError, ProtectedRef,  # noqa: F401
-                      PrunedOnRemote, RefRejected, RemoteDamaged, RemoteVanished, UntrustedAnswer)  # RefRejected re-exported
-from ..objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
+                      PrunedOnRemote, RefRejected, RemoteBusy, RemoteDamaged, UntrustedAnswer)  # RefRejected re-exported
+from ..objects import TensorLeaf, object_id
 from ..store import locks as locking
 from ..traverse import walk as walk_tree
 from . import config, layout, lease, transfer
 from .bucket import NotFound, PreconditionFailed, RemoteError, open_bucket
-from .catalogue import Catalogue, read_trailer
+from .catalogue import read_trailer
+from .connection import Connection, classify, is_ref  # noqa: F401  (Connection, is_ref re-exported)
 
 REMOTES = refnames.REMOTES
 REJECTED = "rejected: remote has commits you lack; fetch first"
@@ -91,95 +94,6 @@ class PullReport:
     status: str  # "fast-forward", "up to date", "new"
 
 
-class Connection:
-    """One remote as a command uses it: its settings, bucket and catalogue."""
-
-    def __init__(self, repo, name: Optional[str] = None, create: bool = False):
-        self.repo, self.create = repo, create  # create: a push may make a folder remote's folder
-        with repo.index.read() as txn:
-            self.name = config.default(txn, name)
-            self.info = config.get(txn, self.name)
-        self._bucket = None
-        self.catalogue = Catalogue(repo.dir, self.name)
-
-    @property
-    def bucket(self):
-        if self._bucket is None:
-            self._bucket = open_bucket(self.info.url, self.info.endpoint_url, create=self.create)
-        return self._bucket
-
-    def ensure_conditional(self) -> None:
-        """Probe that conditional writes are honoured (RemoteError if not), at every command that
-        moves refs: a bucket can move behind the same endpoint to a store that ignores If-Match,
-        and a probe remembered from before would let two racing pushes both "win"."""
-        self.bucket.check_conditional()
-        if not self.info.conditional:
-            self.info = config.RemoteInfo(self.info.name, self.info.url, self.info.endpoint_url, True)
-            with self.repo.index.write() as txn:
-                config.put(txn, self.info)
-
-    def known(self) -> bool:
-        """Whether this repository used the remote before (it holds tracking refs of it, or a listing
-        of its packs): a push must then find it there, not make a new one where it was."""
-        with self.repo.index.read() as txn:
-            if any(True for _ in txn.refs(f"{REMOTES}{self.name}/")):
-                return True
-        return bool(self.catalogue.pack_keys())
-
-    def vanished(self) -> RemoteVanished:
-        """The error for a remote this repository used before that holds no mvc remote now."""
-        return RemoteVanished(f"remote {self.name!r} ({self.info.url}) holds no mvc remote, though this repository "
-                              "used it before: it moved or its disk is not mounted; nothing was written there",
-                              remote=self.name, url=self.info.url)
-
-    def marker(self, create: bool) -> Optional[int]:
-        """The remote's chunk size from MVCREMOTE; with ``create``, write it if absent."""
-        current = self.bucket.get_versioned(layout.MARKER)
-        if current is None and create:
-            try:
-                self.bucket.put(layout.MARKER, layout.marker(self.repo.chunk_size), if_absent=True)
-            except PreconditionFailed:
-                pass  # another pusher made it first
-            current = self.bucket.get_versioned(layout.MARKER)
-        if current is None:
-            return None
-        return layout.parse_marker(current[0], self.bucket.url)
-
-    def remote_refs(self) -> dict:
-        """{heads/X or tags/X: (commit id, protected, etag)} as the remote holds them now.
-
-        Deleted refs (tombstones) are left out, their etags kept in
-        ``self.deleted`` (a new ref of that name replaces the tombstone by
-        If-Match); refs whose object does not decode are left out too, named
-        in ``self.damaged`` {ref: etag}: one bad object must not stop every
-        fetch of the others.
-        """
-        out, self.deleted, self.damaged = {}, {}, {}
-        for key, _ in self.bucket.list(layout.REFS):
-            ref = key[len(layout.REFS):]
-            if not (ref.startswith((refnames.BRANCHES, refnames.TAGS))
-                    and refnames.is_valid_name(refnames.short_name(ref))):
-                continue  # not a ref mvc writes: never let a remote's key become a local ref name
-            current = self.bucket.get_versioned(key)
-            if current is None:  # deleted since the listing
-                continue
-            if layout.is_tombstone(current[0]):
-                self.deleted[ref] = current[1]
-                continue
-            try:
-                oid, protected = layout.decode_ref(current[0], key)
-            except CorruptObject:
-                self.damaged[ref] = current[1]
-                continue
-            out[ref] = (oid, protected, current[1])
-        return out
-
-    def close(self) -> None:
-        self.catalogue.close()
-        if self._bucket is not None:
-            self._bucket.close()
-
-
 def _hex(oid: Optional[bytes]) -> Optional[str]:
     return oid.hex() if oid else None
 
@@ -193,13 +107,16 @@ class _Outgoing:
     commits: int = 0
 
 
-def _outgoing(txn, objects, tips: list, conn: Connection) -> _Outgoing:
-    """What the remote lacks of the closures of ``tips``: walks until it meets what it has."""
+def _outgoing(txn, objects, tips: list, conn: Connection, behind) -> _Outgoing:
+    """What the remote lacks of the closures of ``tips``: walks until it meets a commit ``behind``
+    the remote's refs. A commit the remote merely holds is no stop: a pack of a killed push, or the
+    objects of a deleted branch in a pack a gc keeps whole, can hold a commit whose chunks are gone."""
     out, seen = _Outgoing(), set()
     has = conn.catalogue.has_objects
-    for oid, commit in reach.ancestors(lambda c: objects.commit(txn, c), tips, stop=_OnRemote(has)):  # verified
-        out.records.append((oid, txn.get("commits", oid)))
-        out.commits += 1
+    for oid, commit in reach.ancestors(lambda c: objects.commit(txn, c), tips, stop=behind):  # verified
+        if not has([oid]):
+            out.records.append((oid, txn.get("commits", oid)))
+            out.commits += 1
         note = objects.pruned(txn, oid)
         if note is not None:
             data = layout.encode_pruned(oid, note)
@@ -209,14 +126,41 @@ def _outgoing(txn, objects, tips: list, conn: Connection) -> _Outgoing:
     return out
 
 
-class _OnRemote:
-    """``id in`` it: whether the remote holds object ``id`` (its catalogue as last listed): where the push's walk stops."""
+def _behind(repo, conn: Connection, tips: list) -> set:
+    """The commits the remote's ``tips`` reach: their closures are on the remote while its refs name
+    them (a gc keeps what refs need). Commits only, no trees: cheap. A tip this repository lacks
+    (someone else pushed) is walked through the remote's object packs, so a stale clone's push
+    still stops where the remote's history begins."""
+    with repo.index.read() as txn:
+        stale = any(txn.get("commits", tip) is None for tip in tips)
+    fetched = _incoming_objects(repo, conn) if stale else {}
+    with repo.index.read() as txn:
+        def commit(oid):
+            if txn.get("commits", oid) is not None:
+                return repo.objects.commit(txn, oid)
+            try:
+                kind, obj = classify(fetched[oid], oid) if oid in fetched else (None, None)
+            except CorruptObject:
+                return None  # fsck --remote's to report; here the walk only ends
+            return obj if kind == "commits" else None
+        return {oid for oid, _ in reach.ancestors(commit, tips)}
 
-    def __init__(self, has):
-        self.has = has
 
-    def __contains__(self, oid: bytes) -> bool:
-        return bool(self.has([oid]))
+def _read_targets(conn: Connection, targets: dict) -> tuple:
+    """The remote's refs, read before the listing a push plans by (``remote_refs``), with a
+    tombstone written first for each target it lacks: every ref move is then an If-Match on an
+    etag read here, which a remote gc's fence changes (docs/format.md 11.6). Returns
+    (refs as ``remote_refs`` gives them, {deleted ref: etag}, {damaged ref: etag})."""
+    current = conn.remote_refs()
+    absent = [ref for ref in targets if ref not in current and ref not in conn.deleted and ref not in conn.damaged]
+    for ref in absent:
+        try:
+            conn.bucket.put(layout.ref_key(ref), layout.encode_tombstone(time.time()), if_absent=True)
+        except PreconditionFailed:
+            pass  # someone wrote it meanwhile: read below
+    if absent:
+        current = conn.remote_refs()
+    return current, dict(conn.deleted), dict(conn.damaged)  # later reads replace conn's
 
 
 def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has, conn) -> None:
@@ -299,18 +243,25 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
         with lease.held(conn, lease.PUSH) as held:
             if delete and not names:
                 return PushReport(conn.name, tuple(_delete_refs(repo, conn, delete, force, held)))
-            conn.catalogue.refresh(conn.bucket)  # under the lease: no gc deletes what this listing shows
             with repo.gc_lock.shared():
                 with repo.index.read() as txn:
                     targets = _targets(repo, txn, names)
-                    out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn)
+                # the refs first, then what gcs condemned, then the packs: a gc that condemns a pack
+                # after this push read a ref has fenced that ref by then, so the move below fails
+                # (docs/format.md 11.6); one that did so before is seen here and its packs avoided
+                read = _read_targets(conn, targets)
+                conn.catalogue.shun(lease.condemned(conn.bucket))
+                conn.catalogue.refresh(conn.bucket)
+                behind = _behind(repo, conn, [oid for oid, _, _ in read[0].values()])
+                with repo.index.read() as txn:
+                    out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn, behind)
                 _refuse_pruned_tips(repo, conn, targets)
                 _audit.check_push_targets(repo, conn.remote_refs, targets, conn.name)  # before any upload
                 chunks = _in_pack_order(repo, out.chunks)
                 packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress)
                 opacks, osent = transfer.upload_objects(conn.bucket, conn.catalogue, out.records)
                 held.check()
-                updates = _move_refs(repo, conn, targets, force)
+                updates = _move_refs(repo, conn, targets, force, *read)
             if delete:
                 updates += _delete_refs(repo, conn, delete, force, held)
         return PushReport(conn.name, tuple(updates), out.commits, len(out.records), len(chunks),
@@ -330,7 +281,7 @@ def _refuse_pruned_tips(repo, conn: Connection, targets: dict) -> None:
         return
     notes = {}
     for oid, data in _incoming_objects(repo, conn).items():
-        kind, obj = _classify(data, oid)
+        kind, obj = classify(data, oid)
         if kind == "pruned":
             notes[obj["commit"]] = obj.get("policy", "retention")
     for ref, oid in held:
@@ -415,6 +366,7 @@ def upload_shards(repo, name: str, locations: dict, ids) -> tuple:
     conn = Connection(repo, name)
     try:
         with lease.held(conn, lease.PUSH), repo.gc_lock.shared():
+            conn.catalogue.shun(lease.condemned(conn.bucket))
             conn.catalogue.refresh(conn.bucket)
             if locations:
                 batch = repo.chunks.adopt(locations)
@@ -428,18 +380,20 @@ def upload_shards(repo, name: str, locations: dict, ids) -> tuple:
         conn.close()
 
 
-def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
-    updates, rejected = [], []
-    current = conn.remote_refs()
+def _move_refs(repo, conn: Connection, targets: dict, force: bool, current: dict, deleted: dict,
+               damaged: dict) -> list:
+    """Move the remote's refs to ``targets`` by If-Match on the etags in ``current``, ``deleted``
+    and ``damaged`` (as ``_read_targets`` gives them), read before the push listed the packs."""
+    updates, rejected, fenced = [], [], []
     me = locking.default_author()
     for ref, (tip, protected) in sorted(targets.items()):
         key = layout.ref_key(ref)
-        old, old_protected, etag = current.get(ref, (None, False, conn.deleted.get(ref)))
-        if ref in conn.damaged:
+        old, old_protected, etag = current.get(ref, (None, False, deleted.get(ref)))
+        if ref in damaged:
             if not force:
                 rejected.append(ref)
                 continue
-            etag = conn.damaged[ref]  # --force replaces an object that does not decode
+            etag = damaged[ref]  # --force replaces an object that does not decode
         if old == tip:
             updates.append(RefUpdate(ref, _hex(old), _hex(tip), "up to date"))
             continue
@@ -460,7 +414,7 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
                 conn.bucket.put(key, body, if_match=etag)
         except (PreconditionFailed, NotFound):  # NotFound: If-Match on an object deleted meanwhile
             if not _landed(conn, key, body):  # a retried put whose first try had landed is ours
-                rejected.append(ref)
+                (fenced if _same_ref(conn, key, old) else rejected).append(ref)
                 continue
         else:
             _check_landed(repo, conn, key, body, written, tip)
@@ -472,12 +426,31 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool) -> list:
             conn.bucket.put(layout.HEAD, layout.encode_head(heads[0]), if_absent=True)
         except PreconditionFailed:
             pass
+    if fenced and not rejected:
+        raise RemoteBusy(f"a remote gc ran on {conn.name!r} while this push was stalled, so "
+                         f"{', '.join(refnames.short_name(r) for r in fenced)} was not moved (the packs it counted "
+                         "on may be gone)" + (f"; moved: {', '.join(refnames.short_name(u.ref) for u in updates)}"
+                                              if updates else "") + ": push again",
+                         remote=conn.name, holder="", kind=lease.GC)
+    rejected += fenced
     if rejected:
         names = ", ".join(refnames.short_name(r) for r in rejected)
         raise RefRejected(f"{REJECTED}: {names} on {conn.name!r} not moved"
                           + (f"; moved: {', '.join(refnames.short_name(u.ref) for u in updates)}" if updates else ""),
                           remote=conn.name, refs=rejected)
     return updates
+
+
+def _same_ref(conn: Connection, key: str, old: Optional[bytes]) -> bool:
+    """Whether remote ref ``key`` still names ``old`` (None: still deleted), under another etag:
+    a remote gc fenced it, nobody moved it."""
+    current = conn.bucket.get_versioned(key)
+    if current is None or layout.is_tombstone(current[0]):
+        return old is None
+    try:
+        return layout.decode_ref(current[0], key)[0] == old
+    except CorruptObject:
+        return False
 
 
 def _landed(conn: Connection, key: str, body: bytes) -> bool:
@@ -516,7 +489,7 @@ def _remote_descends(repo, conn: Connection, new: bytes, old: bytes) -> bool:
             if txn.get("commits", oid) is not None:
                 return repo.objects.commit(txn, oid)
             if oid in fetched:
-                kind, obj = _classify(fetched[oid], oid)
+                kind, obj = classify(fetched[oid], oid)
                 return obj if kind == "commits" else None
             return None
         return new == old or any(old in obj.parents for _, obj in reach.ancestors(commit, [new]))
@@ -615,22 +588,6 @@ def _incoming_objects(repo, conn: Connection) -> dict:
     return out
 
 
-def _classify(data: bytes, oid: bytes):
-    """(kind, decoded) of a verified object record: commits, trees, tensors or pruned."""
-    from .. import encoding
-    value = encoding.unpack(data, f"object {oid.hex()[:12]}")
-    kind = value.get("type") if type(value) is dict else None
-    if kind == "commit":
-        return "commits", CommitObject.decode(data)
-    if kind == "tree":
-        return "trees", TreeObject.decode(data)
-    if kind == "tensor":
-        return "tensors", TensorObject.decode(data)
-    if kind == "pruned" and type(value.get("commit")) is bytes:
-        return "pruned", value
-    raise CorruptObject(f"object {oid.hex()[:12]} on the remote is of no known type")
-
-
 @dataclass
 class _Incoming:
     objects: list = field(default_factory=list)  # (kind, id, bytes)
@@ -660,7 +617,7 @@ def _closure(repo, txn, tips: list, fetched: dict, remote: str) -> _Incoming:
     """What the local repository lacks of the closures of ``tips``; RemoteDamaged if remote ``remote`` lacks it too."""
     decoded, pruned_notes = {}, {}
     for oid, data in fetched.items():
-        kind, obj = _classify(data, oid)
+        kind, obj = classify(data, oid)
         if kind == "pruned":
             pruned_notes[obj["commit"]] = {"time": obj.get("time", 0), "policy": obj.get("policy", "retention")}
         else:
@@ -776,7 +733,7 @@ def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetc
     """Chunks the closures of ``tips`` need that are neither here nor listed on the remote: a lazy
     clone reads them from there, so a pack deleted there is noticed at the next fetch. ``seen``:
     as ``reach.closure``'s."""
-    decoded = {oid: _classify(data, oid) for _, oid, data in inc.objects}
+    decoded = {oid: classify(data, oid) for _, oid, data in inc.objects}
     pruned = set(inc.pruned) | set(inc.notes)  # the remote's retention, not damage
 
     def get(kind: str, oid: bytes):
@@ -914,6 +871,8 @@ def clone(repo_cls, url: str, path, lazy: bool = False, endpoint_url: Optional[s
         raise BadInput("clone needs a directory to clone into (an empty name would mean the current one)")
     if endpoint_url is None and url.startswith("s3://"):
         endpoint_url = config.environment_endpoint()
+    if endpoint_url is not None:
+        config.check_endpoint(endpoint_url)
     bucket = open_bucket(url, endpoint_url)
     try:
         raw = bucket.get(layout.MARKER)

@@ -53,7 +53,7 @@ from ..store.chunks import THREADS, ChunkStore, Forwarding
 from ..traverse import walk as walk_tree
 from . import config, transfer
 from .catalogue import Catalogue
-from .sync import Connection
+from .connection import Connection
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,7 @@ def verify_chunks(bucket, locations: dict, threads: int = THREADS) -> dict:
             data = memoryview(bucket.get_range(key, start, stop))
         except NotFound:
             why = {cid: (key, "the remote pack is gone") for cid, _ in items}
-        except RemoteError as exc:
+        except (RemoteError, RemoteCorrupt) as exc:  # RemoteCorrupt: the pack is cut short or empty
             if isinstance(exc, RemoteUnreachable):
                 raise  # a server that does not answer says nothing about its bytes
             why = {cid: (key, f"the remote pack cannot be read: {exc}") for cid, _ in items}

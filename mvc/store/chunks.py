@@ -37,6 +37,7 @@ hashed, so an encoding can never hand back other bytes than its id names.
 """
 
 import os
+import stat
 import threading
 from collections import Counter
 from abc import ABC, abstractmethod
@@ -384,6 +385,13 @@ class PackStore(ChunkStore):
     def has(self, cid: bytes, txn) -> bool:
         return txn.chunk(cid) is not None
 
+    def keeps(self, cid: bytes, txn) -> bool:
+        """Whether the index locates ``cid`` in a pack that is on disk (and every base of its
+        delta chain too). An entry naming a pack that is gone (deleted by an mvc whose repack
+        left entries behind, or by hand) is no reason to skip writing the bytes: the commit would
+        name a chunk nobody holds."""
+        return on_disk(txn, self.directory, txn.chunk(cid))
+
     def records(self, txn) -> Iterator[tuple]:
         return txn.chunks()
 
@@ -430,7 +438,7 @@ class PackStore(ChunkStore):
                     raise BadChunkLocation(f"pack {fname} does not hold chunk {cid.hex()[:12]} where its rank said; "
                                            "nothing was committed", pack=fname, id=cid, problem="not-listed")
                 out[cid] = loc
-        return _Adopted(out)
+        return _Adopted(self.directory, out)
 
     def locate(self, cid: bytes, txn, what: str = "") -> Location:
         loc = txn.chunk(cid)
@@ -689,6 +697,35 @@ class PackStore(ChunkStore):
         self.packs.close()
 
 
+def on_disk(txn, directory: Path, loc: Optional[Location]) -> bool:
+    """Whether the record at ``loc`` lies in a pack file of ``directory``, and so do the records
+    of its delta chain (looked up in ``txn``). Each pack file is looked at once per transaction."""
+    known = txn.memo.setdefault("packs on disk", {})
+    for _ in range(codec.MAX_DEPTH + 1):
+        if loc is None:
+            return False
+        if loc.pack not in known:
+            try:
+                known[loc.pack] = stat.S_ISREG(os.lstat(directory / pack_filename(loc.pack)).st_mode)
+            except OSError:
+                known[loc.pack] = False
+        if not known[loc.pack]:
+            return False
+        if loc.base is None:
+            return True
+        loc = txn.chunk(loc.base)
+    return False  # a chain deeper than any record may have: it does not decode
+
+
+def publish(txn, directory: Path, located: dict) -> None:
+    """Index {id: Location} of new records in the packs folder ``directory``. An id already
+    indexed keeps its first copy, unless that copy (or its delta chain) lies in a pack that is
+    gone: then the new one replaces it (``PackStore.keeps`` had the writer write it for that)."""
+    for cid, loc in located.items():
+        if not txn.put_chunk(cid, loc) and not on_disk(txn, directory, txn.chunk(cid)):
+            txn.put_chunk(cid, loc, overwrite=True)
+
+
 class PackBatch(ChunkWriter):
     """New chunks appended to one new pack of this process."""
 
@@ -722,8 +759,7 @@ class PackBatch(ChunkWriter):
             self._writer.seal()
 
     def publish(self, txn) -> None:
-        for cid, loc in self._locs.items():
-            txn.put_chunk(cid, loc)
+        publish(txn, self.directory, self._locs)
 
     def abort(self) -> None:
         if self._writer is not None:
@@ -741,8 +777,8 @@ class PackBatch(ChunkWriter):
 class _Adopted(ChunkWriter):
     """Chunks another process wrote into sealed packs, checked by ``PackStore.adopt``."""
 
-    def __init__(self, located: dict):
-        self._located = located
+    def __init__(self, directory: Path, located: dict):
+        self._directory, self._located = directory, located
 
     def add(self, cid: bytes, data) -> bool:
         raise TypeError("an adopted batch is sealed: it takes no chunks")
@@ -751,8 +787,7 @@ class _Adopted(ChunkWriter):
         pass
 
     def publish(self, txn) -> None:
-        for cid, loc in self._located.items():
-            txn.put_chunk(cid, loc)  # an id already indexed keeps its first copy
+        publish(txn, self._directory, self._located)
 
     def abort(self) -> None:
         pass  # the packs are the ranks'; unreferenced, gc reclaims them

@@ -14,10 +14,14 @@
 What a flock says holds only among processes of one kernel (one boot of one
 machine): callers judge a free file as a dead holder only for a record
 written in this boot (``processes.same_boot``). A held file means a live
-holder (or, for a moment, a process judging it: that errs toward alive).
+holder (or, for a moment, a process judging it: that errs toward alive). A
+missing file means nothing: anyone who may write the folder can remove a
+live holder's file (a cleanup script, ``rm .mvc/locks/*``), so its absence
+is no proof of death, and judges never remove a named file themselves (it
+goes when its record does, on unlock or takeover).
 
 A creator takes the flock, then checks that the file is still linked: a
-remover of files no record names (``held(reap=True)``, ``sweep``) unlinks
+remover of files no record names (``sweep``) unlinks
 only while it holds the flock itself, so a file that is still linked once
 its creator holds the flock stays until its creator lets go. ``drop``
 unlinks without the flock: it is for files whose record is gone or whose
@@ -33,6 +37,7 @@ by C code that skips Python's fork hooks keeps the flock until it exits.
 The descriptors are ``O_CLOEXEC``: a program started with exec never holds one.
 """
 
+import enum
 import errno
 import fcntl
 import os
@@ -116,28 +121,35 @@ def drop(lock_dir: Path, token: Optional[str]) -> None:
         os.close(fd)
 
 
-def held(lock_dir: Path, token: str, reap: bool) -> Optional[bool]:
-    """Whether some process of this kernel holds holder file ``token``'s flock.
+class Flock(enum.Enum):
+    """What a holder file says of its holder (``probe``)."""
 
-    False if the file is missing or free; a free one is removed when ``reap``
-    (only for a holder known to be of this kernel, whose flock says it is
-    dead). None if it cannot be told (the file cannot be opened or flocked).
+    HELD = "held"  # some process of this kernel holds its flock: the holder (or its judge, for a moment)
+    FREE = "free"  # it is there and nobody holds it: its holder is gone (if it is of this kernel)
+    MISSING = "missing"  # someone removed it: that says nothing of its holder
+    UNKNOWN = "unknown"  # it cannot be opened or flocked (permissions, a filesystem without flock)
+
+
+def probe(lock_dir: Path, token: str, reap: bool = False) -> Flock:
+    """What holder file ``token`` says: whether some process of this kernel holds its flock.
+
+    ``reap``: remove it if it is free (only for files no record names: ``sweep``).
     """
     try:
         fd = open_file(path(lock_dir, token))  # flock needs no write access
     except FileNotFoundError:
-        return False
+        return Flock.MISSING
     except OSError:
-        return None
+        return Flock.UNKNOWN
     try:
         try:
             if not _flock(fd):
-                return True
+                return Flock.HELD
         except OSError:  # ENOLCK and the like: a filesystem without flock
-            return None
+            return Flock.UNKNOWN
         if reap:
             drop(lock_dir, token)  # unlinked while we hold its flock: see the module docstring
-        return False
+        return Flock.FREE
     finally:
         os.close(fd)
 
@@ -147,13 +159,11 @@ def sweep(lock_dir: Path, named: set) -> list:
 
     What a process killed between making its file and writing its record
     left, and the file of a damaged record removed with ``--force``. A file
-    a record names is left to its record: it goes on unlock and takeover, or
-    when a reader of the record's boot finds it free. A reader of another
-    boot cannot tell a dead holder's file from one whose flock it cannot see.
+    a record names is left to its record: it goes on unlock and takeover.
     """
     removed = []
     for token in tokens(lock_dir):
-        if token not in named and held(lock_dir, token, reap=True) is False:
+        if token not in named and probe(lock_dir, token, reap=True) is Flock.FREE:
             removed.append(path(lock_dir, token))
     return removed
 

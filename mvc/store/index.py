@@ -195,6 +195,8 @@ class Txn:
         self._txn = txn
         self._dbs = dbs
         self.repo_dir = repo_dir
+        # facts its users derive once per transaction (which pack files are on disk: PackStore.keeps)
+        self.memo: dict = {}
 
     # chunks
     def chunk(self, cid: bytes) -> Optional[Location]:
@@ -357,6 +359,14 @@ class Txn:
 # same path shares one: {(pid, real path): [environment, databases, users]}.
 _OPEN: dict = {}
 _OPEN_LOCK = threading.Lock()
+_WRITING = threading.local()
+
+
+def _writing() -> list:
+    """The environments this thread is in a write transaction of."""
+    if not hasattr(_WRITING, "envs"):
+        _WRITING.envs = []
+    return _WRITING.envs
 
 
 def _open_env(path: Path, create: bool) -> tuple:
@@ -524,8 +534,35 @@ class Index:
 
     @contextmanager
     def read(self) -> Iterator[Txn]:
-        with self._errors(), self.env.begin(write=False, buffers=False) as txn:
-            yield Txn(txn, self.dbs, self.path.parent)
+        """A read transaction: a snapshot at least as new as every write committed before the call."""
+        with self._errors():
+            txn = self.env.begin(write=False, buffers=False)
+            if self._behind(txn):
+                txn.abort()
+                self._recover()
+                txn = self.env.begin(write=False, buffers=False)
+            with txn:
+                yield Txn(txn, self.dbs, self.path.parent)
+
+    def _behind(self, txn) -> bool:
+        """Whether read transaction ``txn`` started before the newest committed write.
+
+        LMDB hands a new reader the transaction id that the last writer published in
+        lock.mdb after it wrote its meta page. A writer killed between the two (the meta
+        page's synchronous write is a good part of a commit, and a SIGKILL that arrives
+        during it ends the process right after it) leaves the commit durable and seen by
+        every process that opens the index later (opening runs a write transaction, which
+        recovers), but this process's readers would keep the older snapshot until then.
+        The meta pages themselves say which write is newest (``info``)."""
+        return not self.readonly and txn.id() < self.env.info()["last_txnid"]
+
+    def _recover(self) -> None:
+        """Take and release the writer's lock: LMDB recovers the published transaction id
+        from the meta pages when the lock's last holder died (or, if a live writer is
+        between the two steps, this waits the moment it takes to finish)."""
+        if self.env in _writing():
+            return  # this thread writes: it holds the lock, and recovered on taking it
+        self.env.begin(write=True).abort()
 
     @property
     def readonly(self) -> bool:
@@ -544,7 +581,12 @@ class Index:
         with self._errors():
             self.env.reader_check()  # a dead reader's slot would pin old pages: clear it first
             with self.env.begin(write=True) as txn:
-                yield Txn(txn, self.dbs, self.path.parent)
+                writing = _writing()
+                writing.append(self.env)
+                try:
+                    yield Txn(txn, self.dbs, self.path.parent)
+                finally:
+                    writing.remove(self.env)
 
     @contextmanager
     def _errors(self):

@@ -13,11 +13,12 @@
     container restarted in its pod (same host name, new pid namespace)
     takes its predecessor's lock over. A writer that sees the same host,
     boot and pid namespace also asks the pid; one on the same host after a
-    reboot takes the lock over. Anywhere else, and for a lock without a
-    holder file (an older mvc's) from another pid namespace, nobody can
-    tell, so it holds until ``mvc unlock --force``: another host, or a
-    container that shares this host's name and kernel but has pids of its
-    own (``docker run --network=host``, see ``mvc.store.processes``).
+    reboot takes the lock over. Anywhere else, for a lock without a
+    holder file (an older mvc's) from another pid namespace, and for one
+    whose holder file someone removed, nobody can tell, so it holds until
+    ``mvc unlock --force``: another host, or a container that shares this
+    host's name and kernel but has pids of its own (``docker run
+    --network=host``, see ``mvc.store.processes``).
   - a *named lock* (``repo.locks.lock(b, named=True)``, what ``mvc lock``
     takes) belongs to an owner name, by default the commit author
     (``$MVC_AUTHOR`` or ``user@host``). It holds until unlocked, and every
@@ -40,13 +41,14 @@ import os
 import socket
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
 from ..errors import BranchLocked, CorruptObject, GcLockBusy, LockDamaged, LockHeld
 from . import holderfiles
 from .fs import ensure_dir, open_file, read_small
+from .holderfiles import Flock
 from .processes import Seen, pid_namespace, process_alive, same_boot, seen, start_token
 
 GC_LOCK = "gc.lock"
@@ -71,6 +73,9 @@ class BranchLock:
     pidns: Optional[str] = None  # the process's pid namespace; None if unknown (or an older mvc's lock)
     flock: Optional[str] = None  # the token of its holder file; None if it has none (or an older mvc's lock)
     stale: bool = False  # its process is gone (judged here): the next writer takes it over
+    # how its liveness was told here: "pid", "holder file" or "reboot"; "" where it cannot be told,
+    # "holder file removed" where it cannot because its holder file is gone (then it holds until forced)
+    evidence: str = field(default="", compare=False)
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(self.since))
@@ -127,7 +132,8 @@ def _decode(branch: str, value, lock_dir: Path) -> BranchLock:
                           branch=branch)
     lock = BranchLock(branch, value["host"], value["pid"], value["since"], value["owner"],
                       value["started"], value["named"], value.get("pidns"), value.get("flock"))
-    return BranchLock(**{**lock.__dict__, "stale": _stale(lock, lock_dir)})
+    stale, evidence = _judge(lock, lock_dir)
+    return BranchLock(**{**lock.__dict__, "stale": stale, "evidence": evidence})
 
 
 def _where(lock: BranchLock) -> Seen:
@@ -146,34 +152,39 @@ def _by_flock(lock: BranchLock) -> bool:
     return lock.flock is not None and same_boot(lock.started)
 
 
-def _stale(lock: BranchLock, lock_dir: Path) -> bool:
-    """Whether the lock's process is known to be gone, so the next writer may take it over.
+def _judge(lock: BranchLock, lock_dir: Path) -> tuple:
+    """(stale, evidence): whether the lock's process is known to be gone, so the next writer
+    may take it over, and what told (``BranchLock.evidence``).
 
     It is alive if its pid runs where the pid means it (``HERE``: a holder
     that somehow closed its holder file still counts) or if anyone holds
     its holder file (a holder in another pid namespace; see ``holderfiles``
     for forked children). Otherwise it is stale if its holder file, made in
-    this boot, is missing or free (``_by_flock``; the file is then removed),
-    or it was written on this host in an earlier boot (``ENDED``: the index
-    is LMDB, which only processes of one kernel may share, so this machine
-    wrote it before it rebooted), or it is ``HERE`` (its pid is gone). Any
-    other lock cannot be judged (one of another machine, or of another pid
-    namespace without a holder file: an older mvc's): it holds until ``mvc
+    this boot, is free (``_by_flock``), or it was written on this host in an
+    earlier boot (``ENDED``: the index is LMDB, which only processes of one
+    kernel may share, so this machine wrote it before it rebooted), or it is
+    ``HERE`` (its pid is gone). A missing holder file proves nothing: anyone
+    may remove it while its holder runs. Any other lock cannot be judged
+    (one of another machine, of another pid namespace without a holder file:
+    an older mvc's, or whose holder file was removed): it holds until ``mvc
     unlock --force``, since taking over a live writer's lock loses history,
     and process locks have no expiry that would free it later.
     """
     if lock.named:
-        return False
+        return False, ""
     where = _where(lock)
     if where is Seen.HERE and process_alive(lock.pid, lock.started):
-        return False
-    if lock.flock is not None:
-        held = holderfiles.held(lock_dir, lock.flock, reap=_by_flock(lock))
-        if held:
-            return False
-        if held is False and _by_flock(lock):
-            return True
-    return where in (Seen.ENDED, Seen.HERE)
+        return False, "pid"
+    flock = None if lock.flock is None else holderfiles.probe(lock_dir, lock.flock)
+    if flock is Flock.HELD:
+        return False, "holder file"
+    if flock is Flock.FREE and _by_flock(lock):
+        return True, "holder file"
+    if where is Seen.ENDED:
+        return True, "reboot"
+    if where is Seen.HERE:
+        return True, "pid"
+    return False, "holder file removed" if flock is Flock.MISSING else ""
 
 
 def _encode(lock: BranchLock) -> dict:
@@ -204,7 +215,7 @@ def owns(lock: BranchLock, me: Holder) -> bool:
 
 
 def _refuse(lock: BranchLock, doing: str) -> LockHeld:
-    here = _where(lock) is Seen.HERE or _by_flock(lock)  # its liveness was judged, not assumed
+    here = lock.evidence in ("pid", "holder file")  # its liveness was judged, not assumed
     return BranchLocked(f"cannot {doing} branch {lock.branch!r}: it is locked by {lock.describe()}"
                         f"{_liveness(lock, here)}", branch=lock.branch, owner=lock.owner, host=lock.host,
                         named=lock.named, here=here)
@@ -215,6 +226,8 @@ def _liveness(lock: BranchLock, judged: bool) -> str:
         return ""
     if judged:  # its pid means nothing here: say why it still counts as running
         return f"; its holder file shows that it still runs ({_elsewhere(lock)})"
+    if lock.evidence == "holder file removed":
+        return f"; its holder file was removed, so whether it still runs cannot be told from here ({_elsewhere(lock)})"
     return f"; whether it still runs cannot be told from here ({_elsewhere(lock)})"
 
 

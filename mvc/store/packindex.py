@@ -1,0 +1,410 @@
+"""Pack indexes: immutable sorted files that say which pack holds a chunk, searched in numpy.
+
+A prototype of the chunk index that issue 35 asks for (``docs/scale.md``, "Pack indexes"):
+nothing in mvc reads or writes these files yet; the LMDB ``chunks`` table is still the index.
+
+Vocabulary:
+
+- **prefix**: the first ``PREFIX`` (16) bytes of a chunk id. An index keeps prefixes, not
+  whole ids: a prefix that matches is only a candidate, proven by the whole id its pack's
+  trailer lists for that record (``Candidates.verify``). A damaged or colliding index can
+  therefore make a chunk look absent, never make another chunk's record look like it.
+- **row**: a record's place in its pack's trailer (0-based); the trailer gives its offset,
+  stored length and coding, so the index repeats none of them.
+- **pack index**: the entries of one or more packs, sorted by (prefix, pack number, row).
+  One written per pack as it is sealed costs what its new chunks cost; a **multi-pack
+  index** merges many (as Git's midx does) so that a lookup searches one array.
+- **fan-out**: entry counts by the first id byte (cumulative, 256 of them): where each
+  1/256 slice of the uniform id space starts, so merges and scans work a slice at a time
+  in bounded memory.
+
+File layout (little-endian; ``docs/format.md`` would gain it as a section when wired in)::
+
+    header   b"MVCPIDX1" | pack count u32 | entry count u64 | prefix width u8 (16) | 3 zero bytes
+    names    pack count x 16-byte pack names (pack number = place in this list)
+    fan-out  256 x u64: entries whose id's first byte is <= b
+    heads    entry count x u64: id bytes 0-7 read big-endian (so numbers sort as the bytes do)
+    tails    entry count x u64: id bytes 8-15, likewise
+    packs    entry count x u32 pack number
+    rows     entry count x u32 row
+    (entries ascending by head, tail, pack number, row)
+    footer   BLAKE3 of the BLAKE3 digests of every byte before it in 1 MiB blocks (32)
+
+An entry costs 24 bytes, whatever the number of packs.
+"""
+
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+from .. import hashing
+from ..errors import CorruptObject
+from . import idarray
+from .fs import open_file
+
+MAGIC = b"MVCPIDX1"
+HEAD = struct.Struct("<8sIQB3s")
+PREFIX = 16
+NAME = 16
+FANOUT = 256
+DIGEST = 32
+ENTRY_BYTES = PREFIX + 4 + 4
+BLOCK = 1 << 20  # the checksum's block
+COLUMNS = ("<u8", "<u8", "<u4", "<u4")  # heads, tails, packs, rows
+
+
+def _damaged(path, why: str) -> CorruptObject:
+    return CorruptObject(f"pack index {Path(path).name} is damaged: {why}; it is derived data, rebuild it "
+                         "from the packs", kind="pack-index")
+
+
+def halves(ids: np.ndarray) -> tuple:
+    """(heads, tails) of an id array (``idarray``): its bytes 0-7 and 8-15 as u64 numbers read
+    big-endian, so that numbers compare as the bytes do (numpy searches numbers far faster
+    than 16-byte strings)."""
+    raw = np.ascontiguousarray(ids).view(">u8").reshape(len(ids), idarray.WIDTH // 8)
+    return raw[:, 0].astype("<u8"), raw[:, 1].astype("<u8")
+
+
+def _first_bytes(heads: np.ndarray) -> np.ndarray:
+    return (heads >> np.uint64(56)).astype(np.intp)
+
+
+def _fanout(heads: np.ndarray) -> np.ndarray:
+    return np.cumsum(np.bincount(_first_bytes(heads), minlength=FANOUT)).astype("<u8")
+
+
+def _sorted(heads: np.ndarray, tails: np.ndarray, packs: np.ndarray, rows: np.ndarray) -> tuple:
+    """The entries in index order: by head alone where heads are unique (one sort of numbers),
+    by all four columns where two share a head (the same chunk in two packs, or a 64-bit tie)."""
+    order = np.argsort(heads, kind="stable")
+    ordered = heads[order]
+    if len(ordered) > 1 and (ordered[1:] == ordered[:-1]).any():
+        order = np.lexsort((rows, packs, tails, heads))
+    return heads[order], tails[order], packs[order], rows[order]
+
+
+class _Checksum:
+    """BLAKE3 of the BLAKE3 digests of the bytes in BLOCK-sized blocks: computed as a file is
+    written, a block at a time, so a writer never holds the file (hashing owns BLAKE3)."""
+
+    def __init__(self):
+        self.pending, self.digests = bytearray(), []
+
+    def update(self, data) -> None:
+        self.pending += data
+        while len(self.pending) >= BLOCK:
+            self.digests.append(hashing.digest(bytes(self.pending[:BLOCK])))
+            del self.pending[:BLOCK]
+
+    def digest(self) -> bytes:
+        return hashing.digest(b"".join(self.digests + [hashing.digest(bytes(self.pending))]))
+
+
+def _write_parts(path: Path, names: list, count: int, fanout: np.ndarray, parts) -> None:
+    """Write an index file whose entries are ``parts()``'s (heads, tails, packs, rows) slices, in
+    order; each column is written in a pass of its own over them."""
+    tmp = Path(str(path) + ".tmp")
+    check = _Checksum()
+    with open(tmp, "wb") as f:
+        def out(data: bytes) -> None:
+            f.write(data)
+            check.update(data)
+        out(HEAD.pack(MAGIC, len(names), count, PREFIX, bytes(3)))
+        out(b"".join(names))
+        out(fanout.astype("<u8").tobytes())
+        for column, dtype in enumerate(COLUMNS):
+            for part in parts():
+                out(np.ascontiguousarray(part[column]).astype(dtype).tobytes())
+        f.write(check.digest())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write(path, names: list, ids_by_pack: list) -> None:
+    """Write the pack index of packs ``names`` (16-byte names), ``ids_by_pack[k]`` being the id
+    array of pack k's trailer in row order. Holds the whole index in memory: for one pack (the
+    one a commit seals); ``merge`` makes a multi-pack index in bounded memory."""
+    if len(names) != len(ids_by_pack) or any(len(n) != NAME for n in names):
+        raise ValueError("one 16-byte name per id array")
+    ids = np.concatenate(ids_by_pack) if ids_by_pack else np.zeros(0, dtype=idarray.ID)
+    heads, tails = halves(ids)
+    packs = np.repeat(np.arange(len(ids_by_pack), dtype="<u4"), [len(x) for x in ids_by_pack])
+    rows = np.concatenate([np.arange(len(x), dtype="<u4") for x in ids_by_pack]) if ids_by_pack else \
+        np.zeros(0, dtype="<u4")
+    columns = _sorted(heads, tails, packs, rows)
+    _write_parts(Path(path), list(names), len(ids), _fanout(columns[0]), lambda: iter([columns]))
+
+
+class PackIndex:
+    """One pack index file, memory-mapped (``close`` unmaps it). CorruptObject if its layout is
+    not one; its checksum is checked by ``verify`` only (a lookup proves each hit anyway)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        fd = open_file(self.path)
+        try:
+            size = os.fstat(fd).st_size
+            self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
+        finally:
+            os.close(fd)
+        if size < HEAD.size:
+            raise _damaged(self.path, "it is shorter than its header")
+        magic, npacks, count, width, _ = HEAD.unpack_from(self._map)
+        if magic != MAGIC or width != PREFIX:
+            raise _damaged(self.path, "it has no valid header")
+        at = HEAD.size
+        need = at + npacks * NAME + FANOUT * 8 + count * ENTRY_BYTES + DIGEST
+        if size != need:
+            raise _damaged(self.path, f"it is {size} bytes long where its header says {need}")
+        buf = memoryview(self._map)
+        self.names = [bytes(buf[at + k * NAME:at + (k + 1) * NAME]) for k in range(npacks)]
+        at += npacks * NAME
+        self.fanout = np.frombuffer(buf, dtype="<u8", count=FANOUT, offset=at)
+        at += FANOUT * 8
+        self.heads = np.frombuffer(buf, dtype="<u8", count=count, offset=at)
+        at += count * 8
+        self.tails = np.frombuffer(buf, dtype="<u8", count=count, offset=at)
+        at += count * 8
+        self.packs = np.frombuffer(buf, dtype="<u4", count=count, offset=at)
+        at += count * 4
+        self.rows = np.frombuffer(buf, dtype="<u4", count=count, offset=at)
+        if count and (int(self.fanout[-1]) != count or (np.diff(self.fanout.astype(np.int64)) < 0).any()):
+            raise _damaged(self.path, "its fan-out table does not add up")
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    def verify(self) -> None:
+        """CorruptObject unless the checksum matches and the entries are sorted and in range."""
+        check, view = _Checksum(), memoryview(self._map)
+        for at in range(0, len(view) - DIGEST, BLOCK):
+            check.update(view[at:min(at + BLOCK, len(view) - DIGEST)])
+        if check.digest() != bytes(view[-DIGEST:]):
+            raise _damaged(self.path, "its checksum does not match")
+        if len(self):
+            down = (self.heads[1:] < self.heads[:-1]) | ((self.heads[1:] == self.heads[:-1])
+                                                         & (self.tails[1:] < self.tails[:-1]))
+            if down.any() or int(self.packs.max()) >= len(self.names):
+                raise _damaged(self.path, "its entries are out of order or name a pack it does not list")
+        if (_fanout(self.heads) != self.fanout).any():
+            raise _damaged(self.path, "its fan-out table does not match its entries")
+
+    def candidates(self, ids: np.ndarray, start: int = 0, stop: Optional[int] = None) -> "Candidates":
+        """Every entry (among entries ``start:stop``) whose first 16 id bytes match one of
+        ``ids`` (an id array, any order; searched in sorted order, which numpy's binary
+        search turns into neighbouring probes)."""
+        stop = len(self) if stop is None else stop
+        heads, tails = halves(ids)
+        order = np.argsort(heads, kind="stable")
+        lo, hi = np.empty(len(ids), dtype=np.int64), np.empty(len(ids), dtype=np.int64)
+        lo[order] = np.searchsorted(self.heads[start:stop], heads[order], "left") + start
+        hi[order] = np.searchsorted(self.heads[start:stop], heads[order], "right") + start
+        one = np.flatnonzero(hi - lo == 1)
+        miss = one[self.tails[lo[one]] != tails[one]]
+        hi[miss] = lo[miss]  # its head alone matched
+        return Candidates(self, lo, hi)
+
+    def slices(self, budget: int) -> Iterator[tuple]:
+        """(first byte, last byte + 1, entry start, entry stop) of runs of the 256 first-byte
+        slices holding ``budget`` entries at most (one slice above it alone): the id space in
+        pieces a planner can hold in bounded memory."""
+        return _cuts(self.fanout, budget)
+
+    def close(self) -> None:
+        for name in ("heads", "tails", "packs", "rows", "fanout"):
+            setattr(self, name, None)
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # an array still views it: the mapping goes with the last view
+                pass
+            self._map = None
+
+
+class Candidates:
+    """The entries a lookup found: ``lo[i]:hi[i]`` in the index are the ones whose prefix matches
+    needle i (empty: absent). Almost always one or none."""
+
+    def __init__(self, index: PackIndex, lo: np.ndarray, hi: np.ndarray):
+        self.index, self.lo, self.hi = index, lo, hi
+
+    def verify(self, ids: np.ndarray, full_ids) -> tuple:
+        """(pack number, row) per needle, -1 where none of its candidates is it: ``full_ids(pack
+        number, rows)`` returns the id array its pack's trailer lists at ``rows``."""
+        n = len(ids)
+        pack = np.full(n, -1, dtype=np.int64)
+        row = np.full(n, -1, dtype=np.int64)
+        one = np.flatnonzero(self.hi - self.lo == 1)
+        at = self.lo[one]
+        packs, rows = self.index.packs[at].astype(np.int64), self.index.rows[at].astype(np.int64)
+        by_pack = np.argsort(packs, kind="stable")
+        cuts = np.flatnonzero(np.diff(packs[by_pack])) + 1
+        for sel in np.split(by_pack, cuts) if len(by_pack) else []:  # each pack's trailer asked once
+            k = int(packs[sel[0]])
+            ok = full_ids(k, rows[sel]) == ids[one[sel]]
+            pack[one[sel[ok]]], row[one[sel[ok]]] = k, rows[sel[ok]]
+        for i in np.flatnonzero(self.hi - self.lo > 1).tolist():  # a shared prefix: each checked
+            for j in range(int(self.lo[i]), int(self.hi[i])):
+                k, r = int(self.index.packs[j]), int(self.index.rows[j])
+                if full_ids(k, np.array([r]))[0:1].tobytes() == ids[i:i + 1].tobytes():
+                    pack[i], row[i] = k, r
+                    break
+        return pack, row
+
+
+def merge(path, inputs: list, budget: int = 1 << 22) -> None:
+    """Write the multi-pack index of the pack indexes ``inputs`` (open PackIndex objects; a pack
+    that several list is taken from the first). Memory: the entries of one step of about
+    ``budget`` entries (whole 1/256 slices of the id space), not the whole index."""
+    names, number, keep = [], {}, []
+    for idx in inputs:
+        keep.append(np.array([name not in number for name in idx.names], dtype=bool))
+        for name in idx.names:
+            number.setdefault(name, len(number))
+            if len(names) < len(number):
+                names.append(name)
+    maps = [np.array([number[n] for n in idx.names], dtype="<u4") for idx in inputs]
+
+    def picked(k: int, b: int, e: int) -> tuple:
+        """Input k's entries whose first byte is in [b, e): (heads, tails, packs, rows), its own packs only."""
+        idx, start = inputs[k], _starts(inputs[k].fanout)
+        s, t = start[b], start[e]
+        heads, tails, packs, rows = idx.heads[s:t], idx.tails[s:t], idx.packs[s:t], idx.rows[s:t]
+        if not keep[k].all():
+            sel = keep[k][packs]
+            heads, tails, packs, rows = heads[sel], tails[sel], packs[sel], rows[sel]
+        return heads, tails, maps[k][packs], rows
+
+    counts = np.zeros(FANOUT, dtype=np.int64)
+    for k, idx in enumerate(inputs):
+        if keep[k].all():
+            counts += np.diff(_starts(idx.fanout))
+        else:
+            for b in range(FANOUT):
+                counts[b] += len(picked(k, b, b + 1)[0])
+    fanout = np.cumsum(counts).astype("<u8")
+
+    def parts():
+        for b, e, _, _ in _cuts(fanout, budget):
+            got = [picked(k, b, e) for k in range(len(inputs))]
+            yield _sorted(*(np.concatenate([g[c] for g in got]).astype(d) if got else np.zeros(0, dtype=d)
+                            for c, d in enumerate(COLUMNS)))
+    _write_parts(Path(path), names, int(fanout[-1]), fanout, parts)
+
+
+def _starts(fanout: np.ndarray) -> np.ndarray:
+    """Where each first-byte slice starts, and the end: 257 offsets."""
+    return np.concatenate([[0], fanout.astype(np.int64)])
+
+
+def _cuts(fanout: np.ndarray, budget: int) -> Iterator[tuple]:
+    """(first byte, last byte + 1, entry start, entry stop) of runs of first-byte slices holding
+    ``budget`` entries at most (one slice above it alone)."""
+    starts, b = _starts(fanout), 0
+    while b < FANOUT:
+        e = b + 1
+        while e < FANOUT and starts[e + 1] - starts[b] <= budget:
+            e += 1
+        yield b, e, int(starts[b]), int(starts[e])
+        b = e
+
+
+def index_lookup(index: PackIndex, ids: np.ndarray, full_ids) -> tuple:
+    """(pack number, row) per id of ``ids``, -1 where absent; ``full_ids(pack number, rows)``
+    gives the id array that pack's trailer lists at ``rows``."""
+    return index.candidates(ids).verify(ids, full_ids)
+
+
+def lookup(index: PackIndex, ids: np.ndarray, trailers: dict) -> tuple:
+    """``index_lookup`` proven against ``trailers`` ({pack name: its pack's TRAILER array,
+    ``packs.read_trailer_table``})."""
+    return index_lookup(index, ids, lambda k, rows: trailers[index.names[k]]["id"][rows])
+
+
+def open_index(path) -> Optional[PackIndex]:
+    """The PackIndex at ``path``, None if there is none."""
+    try:
+        return PackIndex(path)
+    except FileNotFoundError:
+        return None
+
+
+class IdSpill:
+    """Chunk ids set aside on disk by the first byte of their id, so that a walk of any size
+    (the live set of fsck or gc) is held a slice of the id space at a time: ``add`` as the
+    walk meets them, then ``slices`` reads each run of slices back, sorted and unique.
+    Memory: one buffer of ``FLUSH`` ids, and one step's ids when read back."""
+
+    FLUSH = 1 << 16
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.counts = np.zeros(FANOUT, dtype=np.int64)
+        self._pending, self._size = [], 0
+
+    def add(self, ids: np.ndarray) -> None:
+        self._pending.append(ids)
+        self._size += len(ids)
+        if self._size >= self.FLUSH:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        ids = np.concatenate(self._pending)
+        self._pending, self._size = [], 0
+        first = np.ascontiguousarray(ids).view(np.uint8).reshape(len(ids), idarray.WIDTH)[:, 0]
+        order = np.argsort(first, kind="stable")
+        starts = _starts(np.cumsum(np.bincount(first, minlength=FANOUT)))
+        ids = ids[order]
+        for b in np.flatnonzero(np.diff(starts)).tolist():
+            with open(self.folder / f"{b:02x}", "ab") as f:
+                f.write(ids[starts[b]:starts[b + 1]].tobytes())
+        self.counts += np.diff(starts)
+
+    def slices(self, budget: int) -> Iterator[tuple]:
+        """(first byte, last byte + 1, sorted unique id array of the ids added there)."""
+        self.flush()
+        for b, e, _, _ in _cuts(np.cumsum(self.counts), budget):
+            parts = [np.fromfile(self.folder / f"{x:02x}", dtype=idarray.ID) for x in range(b, e) if self.counts[x]]
+            yield b, e, _unique(np.concatenate(parts) if parts else np.zeros(0, dtype=idarray.ID))
+
+
+def _unique(ids: np.ndarray) -> np.ndarray:
+    """``np.unique`` of an id array, sorting numbers (the heads) instead of 32-byte strings: ids
+    that share a head are the same id but in rare 64-bit ties, which take the string sort."""
+    heads, _ = halves(ids)
+    order = np.argsort(heads, kind="stable")
+    ids, heads = ids[order], heads[order]
+    same = heads[1:] == heads[:-1]
+    if (ids[1:][same] != ids[:-1][same]).any():
+        return np.unique(ids)
+    return ids[np.concatenate([[True], ~same])] if len(ids) else ids
+
+
+def classify(index: PackIndex, spill: IdSpill, full_ids, budget: int = 1 << 20) -> Iterator[tuple]:
+    """Per run of first-byte slices, a walk's ids against the index: (ids, pack number and row
+    of each, -1 where the index lacks it, and the index positions of the entries none of the
+    ids uses: garbage). What gc's sweep and fsck's locate step need, a slice at a time."""
+    starts = _starts(index.fanout)
+    for b, e, ids in spill.slices(budget):
+        s, t = int(starts[b]), int(starts[e])
+        found = index.candidates(ids, s, t)
+        lo, hi = found.lo, found.hi
+        pack, row = found.verify(ids, full_ids)
+        used = np.zeros(t - s, dtype=bool)
+        hit = np.flatnonzero(pack >= 0)
+        one = hit[(hi[hit] - lo[hit]) == 1]
+        used[lo[one] - s] = True
+        for i in hit[(hi[hit] - lo[hit]) > 1].tolist():  # a shared prefix: the entry that matched
+            for j in range(int(lo[i]), int(hi[i])):
+                if int(index.packs[j]) == pack[i] and int(index.rows[j]) == row[i]:
+                    used[j - s] = True
+        yield ids, pack, row, np.flatnonzero(~used) + s

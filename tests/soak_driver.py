@@ -514,14 +514,16 @@ class Soak:
         side = self.editable()
         self.did(f"{side.name}: repack")
         if side.repo.repack().packs_deleted:
-            self._item1_guard(side)
+            self._repack_guard(side)
 
-    def _item1_guard(self, side):
-        """ISSUE 39 ITEM 1 GUARD (remove once item 1 is merged): repack deletes packs that only
-        unreachable commits use but leaves their index entries until the next gc sweep, so a commit
-        of the same bytes in between dedups against them and cannot be loaded (PackMissing). Unless
-        ``strict``, a gc right after each repack that deleted packs (or was killed) closes that window."""
-        if self.guard("issue 39 item 1: gc right after repack"):
+    def _repack_guard(self, side):
+        """NEW BUG GUARD (found by this soak, see its report; remove once fixed): a repack that
+        deletes a pack only unreachable commits use drops its chunk entries (issue 39 item 1's fix)
+        but keeps their tensor objects, so a later fetch of a commit holding such a tensor takes the
+        tensor as held here with its chunks and fetches none: the tracking ref cannot be loaded.
+        Unless ``strict``, a gc right after each repack that deleted packs (or was killed) removes
+        those tensor objects."""
+        if self.guard("repack keeps dead tensors: gc right after repack (repack guard)"):
             side.repo.gc(grace=0)
 
     def _retention(self, side) -> dict:
@@ -824,7 +826,6 @@ class Soak:
         if after.ok:
             self.did("   fsck --remote finds nothing (fetches and clones will tell whether that was right)")
             return
-        removed = False
         for side in (a, self.sides["b"] if remote == "fold" else self.sides["lazy"]):
             self.did(f"{side.name}: remote repair {remote}")
             try:
@@ -834,22 +835,11 @@ class Soak:
             after = a.repo.remotes.fsck(remote)
             self.did(f"   repair ok={repaired.ok} unrepaired={len(repaired.unrepaired)}, "
                      f"removed {len(repaired.packs_removed)}, fsck --remote ok={after.ok}")
-            if repaired.ok and not after.ok:
-                # ISSUE 39 ITEM 2 GUARD (remove once item 2 is merged): a remote repair says ok while
-                # a record only a commit this clone pruned needs stays damaged
-                self.expect(self.guard("issue 39 item 2: remote repair said ok, but fsck --remote finds "
-                                       f"{[p.object for p in after.problems]}"),
-                            f"{side.name}: remote repair said ok, but fsck --remote finds {after.problems}")
-            removed = removed or bool(repaired.packs_removed)
+            self.expect(after.ok or not repaired.ok,
+                        f"{side.name}: remote repair said ok, but fsck --remote finds {after.problems}")
             if after.ok:
                 break
-        # NEW BUG GUARD (found by this soak, see its report; remove once fixed): a remote repair
-        # that removes a damaged object pack moves the pack's intact records to a new pack and drops
-        # the damaged ones no ref needs, so the remote can hold a commit without its tree or tensor;
-        # a later push of that commit trusts the remote holds its closure and sends none of it.
-        # Unless ``strict``, the removed packs are put back (undamaged) once the repair was judged.
-        put_back = removed and self.guard("remote repair removed packs: put back (push-after-repair guard)")
-        if not after.ok or put_back:
+        if not after.ok:
             for key, data in original.items():  # every pack of the folder as it was before the flip
                 files.write(key, data)
             after = a.repo.remotes.fsck(remote)
@@ -879,7 +869,7 @@ class Soak:
         elif kind == "repack":
             self.did(f"a: kill repack")
             self._kill("repack", root=str(side.root))
-            self._item1_guard(side)
+            self._repack_guard(side)
         elif kind == "push":
             remote = self.rng.choice(self.remotes_of(side))
             branch = self.rng.choice(sorted(side.branches))
@@ -928,14 +918,14 @@ class Soak:
             return
         other = self.rng.choice(others) if others else None
 
-        guard = []
+        repacked = []
 
         def during():
             self.did(f"   meanwhile a: {kind} {other or ''}")
             if kind == "gc":
                 side.repo.gc()
             elif kind == "repack":
-                guard.append(side.repo.repack().packs_deleted)
+                repacked.append(side.repo.repack().packs_deleted)
             elif kind == "push":
                 self._push(side, self.rng.choice(self.remotes_of(side)), other)
             elif kind == "load":
@@ -945,8 +935,8 @@ class Soak:
             else:
                 self._commit(side, other)
         self._kill_commit(side, branch, during)
-        if any(guard):
-            self._item1_guard(side)
+        if any(repacked):
+            self._repack_guard(side)
         self.kills += 1
         self._fsck(side, after_kill=True)
 

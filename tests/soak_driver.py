@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -269,12 +269,11 @@ class Soak:
     refs after each, everything every 25 (``_check_everything``) and at the end, and returns how
     often each operation ran; SoakFailure names the seed and the last operations."""
 
-    def __init__(self, seed: int, ops: int, root, s3=None, log=None, strict: bool = False, paranoid: bool = False):
+    def __init__(self, seed: int, ops: int, root, s3=None, log=None, paranoid: bool = False):
         self.seed, self.ops, self.root = seed, ops, Path(root)
         self.s3 = s3  # (url, endpoint) of a fresh S3 prefix, or None
         self.rng = random.Random(seed)
         self.log = log or (lambda line: None)
-        self.strict = strict  # fail on the known open bugs too (see ``guard``)
         self.paranoid = paranoid  # fsck everything after every operation (to find the one that broke it)
         self.states, self.parents = {}, {}  # hex id -> state, -> parent ids
         self.prunable = set()  # commits some gc (here or on a remote) may have pruned
@@ -288,7 +287,6 @@ class Soak:
         self.sid = 1000 * (seed % 1000)
         self.children = None
         self.step = 0
-        self.notes = Counter()  # known open bugs the soak met and tolerated (see ``guard``), by name
 
     # -- running -------------------------------------------------------------------
 
@@ -513,18 +511,7 @@ class Soak:
     def op_repack(self):
         side = self.editable()
         self.did(f"{side.name}: repack")
-        if side.repo.repack().packs_deleted:
-            self._repack_guard(side)
-
-    def _repack_guard(self, side):
-        """NEW BUG GUARD (found by this soak, see its report; remove once fixed): a repack that
-        deletes a pack only unreachable commits use drops its chunk entries (issue 39 item 1's fix)
-        but keeps their tensor objects, so a later fetch of a commit holding such a tensor takes the
-        tensor as held here with its chunks and fetches none: the tracking ref cannot be loaded.
-        Unless ``strict``, a gc right after each repack that deleted packs (or was killed) removes
-        those tensor objects."""
-        if self.guard("repack keeps dead tensors: gc right after repack (repack guard)"):
-            side.repo.gc(grace=0)
+        side.repo.repack()
 
     def _retention(self, side) -> dict:
         """A retention policy for gc, or none."""
@@ -750,13 +737,6 @@ class Soak:
             self.did("a: config cache.remote s3")
             side.repo.config("cache.remote", "s3")
             side.reopen()
-        if side.name == "a" and self.guard("evict trusts garbage: gc --remote s3 first (evict guard)"):
-            # NEW BUG GUARD (found by this soak, see its report; remove once fixed): evict drops the
-            # local copies of chunks that only another remote's tracking ref needs when the cached
-            # remote lists them in packs its refs do not need (a killed push's), and its next gc
-            # deletes those packs: the repository is left without them. Unless ``strict``, the
-            # cached remote's garbage goes before ``a`` evicts.
-            side.repo.remotes.gc("s3", grace=0)
         self.did(f"{side.name}: evict 0")
         side.repo.cache.evict(0)
 
@@ -848,14 +828,6 @@ class Soak:
             after = a.repo.remotes.fsck(remote)
             self.expect(after.ok, f"{remote} is still damaged after its packs were put back: {after.problems}")
 
-    def guard(self, what: str) -> bool:
-        """True if the soak tolerates a known open bug (not ``strict``), noted; False if strict."""
-        if self.strict:
-            return False
-        self.did(f"   tolerated: {what}")
-        self.notes[what.split(":")[0]] += 1
-        return True
-
     # -- kills ---------------------------------------------------------------------------
 
     def op_kill(self):
@@ -872,7 +844,6 @@ class Soak:
         elif kind == "repack":
             self.did(f"a: kill repack")
             self._kill("repack", root=str(side.root))
-            self._repack_guard(side)
         elif kind == "push":
             remote = self.rng.choice(self.remotes_of(side))
             branch = self.rng.choice(sorted(side.branches))
@@ -921,14 +892,12 @@ class Soak:
             return
         other = self.rng.choice(others) if others else None
 
-        repacked = []
-
         def during():
             self.did(f"   meanwhile a: {kind} {other or ''}")
             if kind == "gc":
                 side.repo.gc()
             elif kind == "repack":
-                repacked.append(side.repo.repack().packs_deleted)
+                side.repo.repack()
             elif kind == "push":
                 self._push(side, self.rng.choice(self.remotes_of(side)), other)
             elif kind == "load":
@@ -938,8 +907,6 @@ class Soak:
             else:
                 self._commit(side, other)
         self._kill_commit(side, branch, during)
-        if any(repacked):
-            self._repack_guard(side)
         self.kills += 1
         self._fsck(side, after_kill=True)
 
@@ -967,10 +934,8 @@ class Soak:
     def _converge(self, side, branch, before):
         """Where ``branch`` is after a kill, as a process that never had the repository open sees it.
 
-        Issue 39 item 3 (a SIGKILLed commit invisible to a process that had the repository open,
-        visible to a new one): until it is fixed, a soak that is not ``strict`` notes the
-        difference and then becomes the next writer, which makes this process see it too.
-        The lead removes this guard once item 3 is merged."""
+        Both must agree (issue 39 item 3: a SIGKILLed commit was invisible to a process that had the
+        repository open, and visible to a new one)."""
         lines = self.children.run(op="tip", root=str(side.root), rev=f"heads/{branch}")
         fresh = [line.split()[1] for line in lines if line.startswith("tip ")]
         self.expect(len(fresh) == 1, f"a new process cannot read {branch} after the kill: {lines}")
@@ -980,14 +945,8 @@ class Soak:
             mine = side.repo.resolve(f"heads/{branch}")
         except mvc.UnknownRevision:
             mine = None
-        if mine != fresh:
-            what = (f"issue 39 item 3: after a killed commit, {branch} is at {mine} in the open repository "
-                    f"and at {fresh} in a new process")
-            self.expect(self.guard(what), what)
-            with side.repo.index.write():  # ISSUE 39 ITEM 3 GUARD: remove once item 3 is fixed
-                pass
-            mine = side.repo.resolve(f"heads/{branch}") if fresh is not None else None
-            self.expect(mine == fresh, f"{branch} still differs between processes: {mine} vs {fresh}")
+        self.expect(mine == fresh, f"issue 39 item 3: after a killed commit, {branch} is at {mine} in the open "
+                    f"repository and at {fresh} in a new process")
         return fresh
 
     # -- checks ------------------------------------------------------------------------------

@@ -229,7 +229,8 @@ def write_chunks(repo, slots: list, progress) -> tuple:
     Sets ``slot.chunks``; returns (the sealed batch, CommitStats).
     """
     size = repo.chunk_size
-    spans = [(slot, off, min(size, slot.nbytes - off)) for slot in slots for off in range(0, slot.nbytes, size)]
+    spans = [(slot, off, min(size, nbytes - off)) for slot, nbytes in ((s, s.nbytes) for s in slots)
+             for off in range(0, nbytes, size)]
     for slot in slots:
         slot.chunks = []
 
@@ -250,20 +251,26 @@ def write_chunks(repo, slots: list, progress) -> tuple:
     try:
         with ThreadPoolExecutor(THREADS) as pool, repo.index.read() as txn:
             work = batches(spans, lambda s: s[2], HASH_BYTES)
+            current = None  # (slot, its bytes, their memoryview, nbytes, its chunk and fingerprint lists)
             for piece, digests in zip(work, _ahead(pool, hash_batch, work, 2 * THREADS)):
+                # kept here, not merely listed on a cached remote: a remote gc since its listing
+                # may have taken it, and the commit would name a chunk nobody holds
+                kept = repo.chunks.kept([d[0] for d in digests], txn)  # one call per piece, not per chunk
                 for (slot, off, n), (cid, fp, reused) in zip(piece, digests):
-                    # kept here, not merely listed on a cached remote: a remote gc since its listing
-                    # may have taken it, and the commit would name a chunk nobody holds
-                    present = repo.chunks.keeps(cid, txn)
+                    if current is None or current[0] is not slot:
+                        current = (slot, memoryview(slot.bytes()).cast("B"), slot.nbytes, slot.chunks, prints[id(slot)])
+                    _, view, nbytes, chunks, fps = current
+                    present = cid in kept
                     if reused and not present:  # gc took it: the bytes must be written, under their own id
-                        cid = hashing.digest(slot.bytes()[off:off + n])
+                        cid = hashing.digest(view[off:off + n])
                         present = repo.chunks.keeps(cid, txn)
-                    slot.chunks.append(cid)
-                    prints[id(slot)].append(fp)
-                    if not present and batch.add(cid, slot.bytes()[off:off + n]):
+                    chunks.append(cid)
+                    fps.append(fp)
+                    if not present and batch.add(cid, view[off:off + n]):
                         bytes_new += n
-                    if off + n == slot.nbytes:
+                    if off + n == nbytes:
                         slot.release()  # its last chunk: drop a contiguous copy now, not at the end
+                        current = None
                 done += sum(s[2] for s in piece)
                 if progress:
                     progress(done, total)

@@ -84,7 +84,8 @@ def wrap(owner, attr: str, stopper: Stopper, name: str, after: bool = False, whe
 
 
 def hook_commit(stopper: Stopper) -> None:
-    wrap(packs.PackWriter, "append", stopper, "pack", after=True)  # every record goes through append
+    wrap(packs.PackWriter, "append", stopper, "pack", after=True)  # every record goes through one of these two
+    wrap(packs.PackWriter, "append_rows", stopper, "pack", after=True)
     wrap(os, "rename", stopper, "rename")  # the pack is complete and fsynced, not yet in place
     wrap(index.Txn, "put", stopper, "index", when=lambda txn, kind, *rest: kind == "commits")
 

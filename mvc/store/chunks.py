@@ -303,6 +303,14 @@ class ChunkWriter(ABC):
     def add(self, cid: bytes, data) -> bool:
         """Add a chunk; False if this batch already holds it."""
 
+    def add_many(self, ids: list, data, size: int, rows: list) -> int:
+        """Add chunks ``data[r * size:(r + 1) * size]`` (the last row may be shorter, where
+        ``data`` ends) for each row r of ``rows``, under ``ids``; the bytes of those added
+        (not those the batch already held)."""
+        view = memoryview(data).cast("B")
+        return sum(len(piece) for cid, piece in ((cid, view[r * size:(r + 1) * size]) for cid, r in zip(ids, rows))
+                   if self.add(cid, piece))
+
     def add_record(self, cid: bytes, payload, kind: int = codec.RAW, size: int = -1, depth: int = 0,
                    base: Optional[bytes] = None) -> bool:
         """Add a record whose stored bytes are ``payload``: the chunk itself
@@ -767,6 +775,25 @@ class PackBatch(ChunkWriter):
         self._writer.append(cid, data)
         self.bytes += self._writer.lengths[-1]
         return True
+
+    def add_many(self, ids: list, data, size: int, rows: list) -> int:
+        if not ids:
+            return 0
+        if self._writer is None:
+            self._writer = PackWriter(self.directory, self.version, self.durable)
+        known, fresh, where = self._rows, [], []
+        row = len(self._writer.ids)
+        for cid, r in zip(ids, rows):
+            if cid not in known:
+                known[cid] = row
+                row += 1
+                fresh.append(cid)
+                where.append(r)
+        before = self._writer.offset
+        self._writer.append_rows(fresh, data, size, where)
+        added = self._writer.offset - before - RECORD_HEAD.size * len(fresh)
+        self.bytes += added
+        return added
 
     def add_record(self, cid: bytes, payload, kind: int = codec.RAW, size: int = -1, depth: int = 0,
                    base: Optional[bytes] = None) -> bool:

@@ -188,6 +188,42 @@ class PackWriter:
         self.lengths.append(n)
         return self.offset - n
 
+    def append_rows(self, ids: list, data, size: int, rows: list) -> None:
+        """Append raw records of chunks ``data[r * size:(r + 1) * size]`` (the last row may be
+        shorter, where ``data`` ends) for each row r of ``rows``, under ``ids``. Records of
+        small chunks are built as one array and written with one call (a commit of millions
+        of small chunks would otherwise spend its time here), large ones one by one."""
+        view = memoryview(data).cast("B")
+        full = len(view) // size
+        if size >= COPY_BELOW or any(r >= full for r in rows[:-1]):  # big chunks, or rows out of order
+            for cid, r in zip(ids, rows):
+                self.append(cid, view[r * size:(r + 1) * size])
+            return
+        if rows and rows[-1] >= full:  # a short last chunk: the rest as one array, then it
+            self.append_rows(ids[:-1], data, size, rows[:-1])
+            self.append(ids[-1], view[rows[-1] * size:(rows[-1] + 1) * size])
+            return
+        k, width = len(ids), RECORD_HEAD.size + size
+        if not k:
+            return
+        records = np.empty((k, width), dtype=np.uint8)
+        records[:, :32] = np.frombuffer(b"".join(ids), dtype=np.uint8).reshape(k, 32)
+        records[:, 32:RECORD_HEAD.size] = np.frombuffer(RECORD_HEAD.pack(bytes(32), size)[32:], dtype=np.uint8)
+        grid = np.frombuffer(view, dtype=np.uint8, count=full * size).reshape(full, size)
+        records[:, RECORD_HEAD.size:] = grid[np.asarray(rows, dtype=np.int64)]  # a copy: the caller's bytes may change
+        at = self.offset
+        self.ids += ids
+        self.offsets += range(at + RECORD_HEAD.size, at + k * width, width)
+        self.lengths += [size] * k
+        self.offset = at + k * width
+        flat = memoryview(records).cast("B")
+        if records.nbytes >= BUFFER_BYTES:
+            self._write([flat])
+        else:
+            self._buffer += flat
+            if len(self._buffer) >= BUFFER_BYTES:
+                self._write([])
+
     def add(self, chunk_id: bytes, data, kind: int = 0, size: int = -1, depth: int = 0,
             base: Optional[bytes] = None) -> Location:
         """Append one chunk record (its bytes, or with ``kind`` an encoding of

@@ -219,10 +219,24 @@ class Txn:
     def put_new_chunks(self, ids: list, values: list) -> list:
         """Put chunk index values (``encode_location``'s bytes) under ``ids`` where no entry is
         yet; the positions in ``ids`` of those that already had one (left as they were). Put in
-        id order: neighbouring keys land on the same B-tree pages (about 3x fewer cycles per put)."""
-        put, db = self._txn.put, self._dbs["chunks"]
-        order = sorted(range(len(ids)), key=ids.__getitem__)
-        return [i for i in order if not put(ids[i], values[i], db=db, overwrite=False)]
+        id order (by the first 8 bytes: order only helps, it decides nothing), neighbouring keys
+        landing on the same B-tree pages (about 3x fewer cycles per put), in one ``putmulti``."""
+        db = self._dbs["chunks"]
+        if not ids:
+            return []
+        keys = b"".join(ids)
+        if len(keys) != idarray.WIDTH * len(ids):  # not all chunk ids: one at a time, in the order given
+            return [i for i, (cid, raw) in enumerate(zip(ids, values)) if not self._txn.put(cid, raw, db=db,
+                                                                                              overwrite=False)]
+        order = np.frombuffer(keys, dtype=">u8")[::idarray.WIDTH // 8].argsort(kind="stable").tolist()
+        with self._txn.cursor(db=db) as cursor:
+            consumed, added = cursor.putmulti([(ids[i], values[i]) for i in order], dupdata=False, overwrite=False)
+        if added == consumed:
+            return []
+        # some were indexed already: those whose value is not the one just offered (each new value
+        # names this batch's new pack, so no older entry can equal it)
+        get = self._txn.get
+        return [i for i in order if get(ids[i], db=db) != values[i]]
 
     def delete_chunk(self, cid: bytes) -> None:
         self._txn.delete(cid, db=self._dbs["chunks"])

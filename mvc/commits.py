@@ -228,9 +228,9 @@ def write_chunks(repo, slots: list, progress) -> tuple:
 
     Sets ``slot.chunks``; returns (the sealed batch, CommitStats).
 
-    The work goes in **segments**, (slot, start, end): runs of whole chunks of one tensor of
-    at most HASH_BYTES, several small tensors' segments to a task. Each segment's ids are
-    looked up, its new chunks added and its lists extended with one call each, not one per
+    The work goes in **segments**, (slot, start, end): runs of chunks of one tensor of at most
+    HASH_BYTES, several small tensors' segments to a task. A task's ids are looked up with one
+    call, a segment's new chunks added and its lists extended with one call each, not one per
     chunk: a commit of millions of small chunks spends its time hashing and writing.
     """
     size = repo.chunk_size
@@ -251,7 +251,8 @@ def write_chunks(repo, slots: list, progress) -> tuple:
         out = []
         for slot, start, end in task:
             data, rec = slot.bytes(), known[id(slot)]
-            out.append([live.identify(rec, data, off, min(size, end - off), size) for off in range(start, end, size)])
+            out.append([live.identify(rec, data, off, min(size, end - off), size)
+                        for off in range(start, end, size)])
         return out
 
     batch, bytes_new, done = repo.chunks.writer(), 0, 0

@@ -210,7 +210,8 @@ class PackWriter:
         records[:, :32] = np.frombuffer(b"".join(ids), dtype=np.uint8).reshape(k, 32)
         records[:, 32:RECORD_HEAD.size] = np.frombuffer(RECORD_HEAD.pack(bytes(32), size)[32:], dtype=np.uint8)
         grid = np.frombuffer(view, dtype=np.uint8, count=full * size).reshape(full, size)
-        records[:, RECORD_HEAD.size:] = grid[np.asarray(rows, dtype=np.int64)]  # a copy: the caller's bytes may change
+        # a copy: the caller's bytes may change once this returns
+        records[:, RECORD_HEAD.size:] = grid[np.asarray(rows, dtype=np.int64)]
         at = self.offset
         self.ids += ids
         self.offsets += range(at + RECORD_HEAD.size, at + k * width, width)
@@ -260,7 +261,8 @@ class PackWriter:
         return body + FOOTER.pack(hashing.digest(body), self.offset, SEAL)
 
     def seal(self) -> Path:
-        """Write the buffered records and the trailer, fsync (if ``durable``), and rename into place; returns the path."""
+        """Write the buffered records and the trailer, fsync (if ``durable``), and rename
+        into place; returns the path."""
         self._write([self._trailer()])
         if self.durable:
             os.fsync(self.fd)

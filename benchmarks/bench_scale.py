@@ -23,6 +23,14 @@ anything above 1.15 is printed as SUPERLINEAR. The last table projects every mea
 every chunk changes each time, as in dense pre-training; 1e4 tensors per checkpoint).
 ``docs/scale.md`` holds a run's output and what it means.
 
+``--bookkeeping N`` measures only a commit's per-new-chunk cost: one state of N new 64-byte
+chunks committed into an empty repository, against hashing the same chunks as the commit does
+(fingerprint, BLAKE3, fingerprint again: ``live.identify``, one thread) and writing their
+records (one write of N record heads and bytes, fsynced), each timed separately in the same
+run. It prints µs per new chunk: the commit, hashing, writing, and the rest (bookkeeping), in
+wall time and in CPU time of the process (all threads; on a shared machine the steadier one).
+``--profile FILE`` also writes a cProfile of one commit there.
+
 Times are best of ``--repeat`` on a shared machine; the fit uses the best. ``--no-remote``
 leaves out push and lazy clone (for the largest sizes); ``--rows FILE`` prints the tables of
 earlier runs' ``measured`` lines together, measuring nothing.
@@ -48,12 +56,12 @@ CHUNK = 64
 PER_COMMIT_TENSORS = 10
 
 
-def _best(fn, repeat: int) -> float:
+def _best(fn, repeat: int, clock=time.perf_counter) -> float:
     best = float("inf")
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best
 
 
@@ -432,6 +440,54 @@ def _read_rows(path: Path) -> tuple:
     return tuple(sorted(rows, key=lambda r: r["n"]) for rows in series)
 
 
+def bookkeeping(n: int, work: Path, repeat: int, profile: str = "") -> dict:
+    """µs per new chunk of one commit of ``n`` new 64-byte chunks, and of its hashing and writing alone."""
+    from mvc import live
+    from mvc.store import packformat
+    g = torch.Generator().manual_seed(n)
+    tensor = torch.randint(0, 256, (n * CHUNK,), dtype=torch.uint8, generator=g)
+    data = tensor.numpy()
+    spans = range(0, n * CHUNK, CHUNK)
+
+    def hash_all():
+        for off in spans:
+            live.identify(None, data, off, CHUNK, CHUNK)
+
+    def write_all():
+        head = packformat.RECORD_HEAD.pack(bytes(32), CHUNK)
+        blob = (head + bytes(CHUNK)) * n
+        with open(work / "records", "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.unlink(work / "records")
+    count = [0]
+
+    def commit_once():
+        count[0] += 1
+        repo = mvc.Repository.init(work / f"bookkeeping-{n}-{count[0]}", chunk_size=CHUNK)
+        try:
+            if profile and count[0] == 1:
+                import cProfile
+                cProfile.runctx("repo.commit({'t': tensor}, 'c')", globals(), locals(), profile)
+            else:
+                repo.commit({"t": tensor}, "c")
+            assert repo.status().chunks == n
+        finally:
+            repo.close()
+            shutil.rmtree(work / f"bookkeeping-{n}-{count[0]}", ignore_errors=True)
+    if profile:
+        commit_once()
+    out = dict(n=n)
+    for clock, tag in ((time.perf_counter, ""), (time.process_time, "_cpu")):
+        total = _best(commit_once, repeat, clock) / n * 1e6
+        hashing = _best(hash_all, repeat, clock) / n * 1e6
+        writing = _best(write_all, repeat, clock) / n * 1e6
+        out.update({f"commit_us{tag}": total, f"hashing_us{tag}": hashing, f"writing_us{tag}": writing,
+                    f"bookkeeping_us{tag}": total - hashing - writing})
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunks", default="1e5,3e5,1e6", help="chunk entries of the chunk series (comma separated)")
@@ -444,7 +500,23 @@ def main():
                     "output (a file), measuring nothing")
     ap.add_argument("--index", default="", help="entries of the index series: the LMDB chunk table and pack "
                     "indexes side by side (comma separated; run alone with --chunks '' --commits '' --tensors '')")
+    ap.add_argument("--bookkeeping", type=float, default=0, help="only a commit of this many new 64-byte chunks: "
+                    "µs per new chunk, beyond hashing and writing")
+    ap.add_argument("--profile", default="", help="with --bookkeeping: write a cProfile of one commit to this file")
     args = ap.parse_args()
+    if args.bookkeeping:
+        work = Path(args.dir or tempfile.mkdtemp(prefix="mvc-bench-scale-"))
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            row = bookkeeping(int(args.bookkeeping), work, args.repeat, args.profile)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print("measured " + " ".join(f"{k}={v:.6g}" for k, v in row.items()))
+        for tag, clock in (("", "wall"), ("_cpu", "CPU")):
+            print(f"{row['n']} new chunks, {clock} time: commit {row['commit_us' + tag]:.1f} µs/chunk = hashing "
+                  f"{row['hashing_us' + tag]:.1f} + writing {row['writing_us' + tag]:.1f} + bookkeeping "
+                  f"{row['bookkeeping_us' + tag]:.1f}")
+        return
     if args.rows:
         print("\n".join(report(*_read_rows(Path(args.rows)))))
         return

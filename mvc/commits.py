@@ -227,9 +227,16 @@ def write_chunks(repo, slots: list, progress) -> tuple:
     """Hash every chunk (in threads) and write the ones the store lacks as one sealed batch.
 
     Sets ``slot.chunks``; returns (the sealed batch, CommitStats).
+
+    The work goes in **segments**, (slot, start, end): runs of chunks of one tensor of at most
+    HASH_BYTES, several small tensors' segments to a task. A task's ids are looked up with one
+    call, a segment's new chunks added and its lists extended with one call each, not one per
+    chunk: a commit of millions of small chunks spends its time hashing and writing.
     """
     size = repo.chunk_size
-    spans = [(slot, off, min(size, slot.nbytes - off)) for slot in slots for off in range(0, slot.nbytes, size)]
+    step = max(size, HASH_BYTES // size * size)
+    segments = [(slot, start, min(nbytes, start + step)) for slot, nbytes in ((s, s.nbytes) for s in slots)
+                for start in range(0, nbytes, step)]
     for slot in slots:
         slot.chunks = []
 
@@ -240,8 +247,13 @@ def write_chunks(repo, slots: list, progress) -> tuple:
     for slot in slots:
         known[id(slot)], prints[id(slot)] = repo.live.get(slot.tensor), []
 
-    def hash_batch(batch):
-        return [live.identify(known[id(slot)], slot.bytes(), off, n, size) for slot, off, n in batch]
+    def hash_task(task):
+        out = []
+        for slot, start, end in task:
+            data, rec = slot.bytes(), known[id(slot)]
+            out.append([live.identify(rec, data, off, min(size, end - off), size)
+                        for off in range(start, end, size)])
+        return out
 
     batch, bytes_new, done = repo.chunks.writer(), 0, 0
     total = sum(s.nbytes for s in slots)
@@ -249,22 +261,26 @@ def write_chunks(repo, slots: list, progress) -> tuple:
         progress(0, total)  # a bar can show at once, not after the first batch
     try:
         with ThreadPoolExecutor(THREADS) as pool, repo.index.read() as txn:
-            work = batches(spans, lambda s: s[2], HASH_BYTES)
-            for piece, digests in zip(work, _ahead(pool, hash_batch, work, 2 * THREADS)):
-                for (slot, off, n), (cid, fp, reused) in zip(piece, digests):
-                    # kept here, not merely listed on a cached remote: a remote gc since its listing
-                    # may have taken it, and the commit would name a chunk nobody holds
-                    present = repo.chunks.keeps(cid, txn)
-                    if reused and not present:  # gc took it: the bytes must be written, under their own id
-                        cid = hashing.digest(slot.bytes()[off:off + n])
-                        present = repo.chunks.keeps(cid, txn)
-                    slot.chunks.append(cid)
-                    prints[id(slot)].append(fp)
-                    if not present and batch.add(cid, slot.bytes()[off:off + n]):
-                        bytes_new += n
-                    if off + n == slot.nbytes:
+            work = batches(segments, lambda s: s[2] - s[1], HASH_BYTES)
+            for task, results in zip(work, _ahead(pool, hash_task, work, 2 * THREADS)):
+                # kept here, not merely listed on a cached remote: a remote gc since its listing
+                # may have taken it, and the commit would name a chunk nobody holds
+                kept = repo.chunks.kept([r[0] for found in results for r in found], txn)
+                for (slot, start, end), found in zip(task, results):
+                    view = memoryview(slot.bytes()).cast("B")[start:end]
+                    ids = [r[0] for r in found]
+                    for i in [i for i, r in enumerate(found) if r[2] and r[0] not in kept]:
+                        # gc took a reused id's chunk: the bytes must be written, under their own id
+                        ids[i] = hashing.digest(view[i * size:(i + 1) * size])
+                        if repo.chunks.keeps(ids[i], txn):
+                            kept.add(ids[i])
+                    new = [i for i, cid in enumerate(ids) if cid not in kept]
+                    slot.chunks += ids
+                    prints[id(slot)] += [r[1] for r in found]
+                    bytes_new += batch.add_many([ids[i] for i in new], view, size, new)
+                    if end == slot.nbytes:
                         slot.release()  # its last chunk: drop a contiguous copy now, not at the end
-                done += sum(s[2] for s in piece)
+                    done += end - start
                 if progress:
                     progress(done, total)
         batch.seal()
@@ -275,4 +291,4 @@ def write_chunks(repo, slots: list, progress) -> tuple:
             raise OSError(exc.errno, f"{exc.strerror or exc} while writing a pack in {repo.dir / 'packs'}; "
                                      "nothing was committed") from exc
         raise
-    return batch, CommitStats(len(slots), len(spans), batch.count, total, bytes_new)
+    return batch, CommitStats(len(slots), sum(len(s.chunks) for s in slots), batch.count, total, bytes_new)

@@ -487,6 +487,15 @@ class RemoteExists(BadInput):
         self.name = name
 
 
+class InvalidRemoteName(BadInput):
+    """A new remote's name ``name`` cannot be used; ``problem`` is "invalid" (characters, form)
+    or "reserved" (a ref namespace or HEAD: ``tags/v1`` would mean a tag or a tracking ref)."""
+
+    def __init__(self, message: str = "", *, name=None, problem: str = ""):
+        super().__init__(message)
+        self.name, self.problem = name, problem
+
+
 class NotConfigured(BadInput):
     """A setting the verb needs is not set; ``setting`` names it (``cache.remote``, ``cache.max-bytes``)."""
 
@@ -765,8 +774,9 @@ class ModelSignatureError(MvcError):
     mvc reads), "bad-signature" (the key did not sign it), "digest-mismatch" (``file``'s bytes
     differ from what was signed), "missing-file" (``file`` was signed but is gone), "extra-file"
     (``file`` is in the folder but was not signed), "symlink" (``file`` is a symbolic link, which
-    signing files does not follow), "special-file" (``file`` is a FIFO, socket or device, which
-    reading would hang on or make up), "bad-key" (the key cannot be read or is not an EC key)."""
+    signing files does not follow), "not-a-file" (``file`` is a FIFO, socket or device, which
+    reading would hang on or make up), "read-only" (the signature cannot be written in the
+    folder: write it elsewhere), "bad-key" (the key cannot be read or is not an EC key)."""
 
     def __init__(self, message: str = "", *, folder=None, problem: str = "", file=None):
         super().__init__(message)

@@ -321,9 +321,7 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
     writes = sweep.writes  # retention's notes first: a sweep cut short leaves pruned commits, never lost ones
     note = {"time": time.time_ns() // 1000, "policy": policy.describe()}
     writes += [("put_pruned", (oid, note)) for oid in prune] + [(refs.forget, ([e],)) for e in expired]
-    keep = {"commits": live.commits.keys(), "trees": live.tree_commits.keys(), "tensors": live.tensor_trees.keys()}
-    for kind, ids in keep.items():
-        dead = [oid for oid in txn.ids(kind) if oid not in ids]
+    for kind, dead in dead_objects(txn, live).items():
         sweep.removed[kind] = len(dead)
         writes += [("delete", (kind, oid)) for oid in dead]
     _sweep_chunks(sweep, live, txn, chunks, dry_run)
@@ -359,11 +357,22 @@ def dead_chunks(live: reach.Reach) -> list:
     return [cid for d in live.dead for cid in idarray.ids(d) if cid not in live.bad_entries]
 
 
-def drop_dead_chunks(txn, live: reach.Reach) -> int:
-    """Delete, in write transaction ``txn``, the entries ``dead_chunks`` names; how many.
+def dead_objects(txn, live: reach.Reach) -> dict:
+    """{kind: ids} of the commits, trees and tensors the walk ``live`` did not reach."""
+    keep = {"commits": live.commits.keys(), "trees": live.tree_commits.keys(), "tensors": live.tensor_trees.keys()}
+    return {kind: [oid for oid in txn.ids(kind) if oid not in ids] for kind, ids in keep.items()}
+
+
+def drop_dead(txn, live: reach.Reach) -> int:
+    """Delete, in write transaction ``txn``, the objects and chunk entries nothing live uses
+    (``dead_objects``, ``dead_chunks``); how many chunk entries.
 
     Whatever deletes packs does this first, in a transaction that commits before the first
-    unlink: an entry left naming a deleted pack is a chunk a later commit would not write."""
+    unlink: an entry left naming a deleted pack is a chunk a later commit would not write, and
+    a tensor object left whose chunks went is one a fetch takes as held and fetches nothing of."""
+    for kind, dead in dead_objects(txn, live).items():
+        for oid in dead:
+            txn.delete(kind, oid)
     dead = dead_chunks(live)
     for cid in dead:
         txn.delete_chunk(cid)

@@ -67,6 +67,7 @@ AHEAD = 4 << 20  # bytes of a tensor read along into the chunk cache when a read
 REVISIONS = 16  # revision folders (header and tensor list) kept built
 SINGLE_FILE = "model.safetensors"
 RESERVED = ("commits", "tags", "HEAD")
+PROBE_WAIT = 5.0  # seconds a mount may take to answer a listing before it counts as stuck (not dead)
 
 
 @dataclass
@@ -316,9 +317,10 @@ class RepositoryView:
         what = f"tensor {'.'.join(map(str, seg.path))!r} in commit {commit[:12]}"
         if not seg.obj.in_c_order:  # shards that are not runs of rows: the tensor whole, once
             return [memoryview(self._scattered(seg, commit))[lo:hi]]
-        if seg.spans is None:
-            seg.spans = [(off, cid, n) for cid, off, n in seg.obj.chunk_spans()]
-            seg.offsets = [off for off, _, _ in seg.spans]
+        if seg.spans is None:  # other threads take spans being set as both being set: offsets go first
+            spans = [(off, cid, n) for cid, off, n in seg.obj.chunk_spans()]
+            seg.offsets = [off for off, _, _ in spans]
+            seg.spans = spans
         wanted, extra = self._spans(seg, lo, hi), self._spans(seg, hi, min(seg.nbytes, hi + ahead)) if ahead else []
         got = self._chunks([(cid, n) for _, cid, n in wanted], [(cid, n) for _, cid, n in extra], what)
         return [memoryview(got[cid])[max(lo, off) - off:min(hi, off + n) - off] for off, cid, n in wanted]
@@ -413,9 +415,17 @@ def _fuse():
     return mfusepy
 
 
+def place(mountpoint) -> str:
+    """``mountpoint`` as the kernel lists it: absolute, its parent's links resolved (a folder
+    reached through a linked one is listed at the link's target). The mountpoint itself is
+    not looked at: that would wait on a mount whose process is stuck."""
+    where = os.path.abspath(mountpoint)
+    return os.path.join(os.path.realpath(os.path.dirname(where)), os.path.basename(where))
+
+
 def mounted(mountpoint) -> Optional[str]:
     """The file system type of the mount at ``mountpoint`` ("fuse.mvc" for an mvc mount), or None."""
-    target = os.path.abspath(mountpoint)
+    target = place(mountpoint)
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
             lines = f.read().splitlines()
@@ -445,18 +455,29 @@ def _fusermount(mountpoint, lazy: bool = False) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
-def _alive(mountpoint) -> bool:
-    try:
-        os.listdir(mountpoint)  # a stat may be answered from the kernel's cache; a listing never is
-        return True
-    except OSError as exc:
-        return exc.errno != errno.ENOTCONN
+def _alive(mountpoint, wait: float = PROBE_WAIT) -> bool:
+    """False only for a mount whose process is gone (the kernel answers ENOTCONN). The listing
+    is asked for on a thread of its own: a mount whose process is stopped or stuck never
+    answers, and is taken as alive after ``wait`` seconds rather than hanging its caller
+    (``mvc umount`` of it then unmounts it as any live one)."""
+    answer = []
+
+    def probe():
+        try:
+            os.listdir(mountpoint)  # a stat may be answered from the kernel's cache; a listing never is
+            answer.append(True)
+        except OSError as exc:
+            answer.append(exc.errno != errno.ENOTCONN)
+    asking = threading.Thread(target=probe, daemon=True)
+    asking.start()
+    asking.join(wait)
+    return answer[0] if answer else True
 
 
 def check_mountpoint(repo, mountpoint) -> str:
     """The absolute mountpoint, after clearing a mount a killed mvc left there; MountError
     if it cannot take a mount."""
-    where = os.path.abspath(mountpoint)
+    where = place(mountpoint)
     kind = mounted(where)
     if kind is not None:
         if kind == f"fuse.{SUBTYPE}" and not _alive(where):  # its process was killed: clear it
@@ -503,12 +524,14 @@ def mount(repo, mountpoint, rev: Optional[str] = None, ready: Optional[Callable[
 def umount(mountpoint) -> str:
     """Unmount the mvc mount at ``mountpoint`` (one a killed mvc left too); returns its absolute path.
     MountError "not-mounted" if no mvc mount is there, "busy" if files in it are open."""
-    where = os.path.abspath(mountpoint)
+    where = place(mountpoint)
     kind = mounted(where)
     if kind != f"fuse.{SUBTYPE}":
         raise MountError(f"{where} is not an mvc mount" + (f" (it is {kind})" if kind else ""), mountpoint=where,
                          problem="not-mounted")
-    done = _fusermount(where, lazy=not _alive(where))
+    done = _fusermount(where)  # first as is: asking a stuck mount whether it is alive would keep it busy
+    if done.returncode != 0 and "busy" in done.stderr and not _alive(where):
+        done = _fusermount(where, lazy=True)  # a killed mount whose files a process still holds open
     if done.returncode != 0:
         busy = "busy" in done.stderr
         raise MountError(f"cannot unmount {where}: " + ("files in it are open; close them first" if busy

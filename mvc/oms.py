@@ -25,6 +25,7 @@ verifier needs the public key that pairs with the signer's private one.
 """
 
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -79,9 +80,25 @@ def pae(payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(PAYLOAD_TYPE), PAYLOAD_TYPE.encode(), len(payload), payload)
 
 
-def file_digest(path: Path) -> str:
+def file_digest(path: Path, folder=None, rel=None) -> str:
+    """SHA-256 hex of the regular file at ``path``. Opened without waiting (a FIFO would wait
+    for a writer forever) and without following a link, then checked to be a regular file, so
+    a FIFO, socket or device put in a model folder is refused (ModelSignatureError "not-a-file",
+    as the reference tool refuses it) rather than hung on or read without end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        if not os.path.exists(path) or os.path.isfile(path):
+            raise
+        fd = None
+    if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd is not None:
+            os.close(fd)
+        raise ModelSignatureError(f"{path} is not a regular file (a FIFO, socket or device); OMS signs files "
+                                  "only: remove it", folder=None if folder is None else Path(folder),
+                                  problem="not-a-file", file=rel)
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(fd, "rb") as f:
         while True:
             block = f.read(PIECE)
             if not block:
@@ -92,7 +109,7 @@ def file_digest(path: Path) -> str:
 def digests(folder: Path, ignore) -> dict:
     """{relative path: SHA-256 hex} of every file under ``folder`` but those under an ``ignore``
     path. ModelSignatureError "symlink" for a symbolic link (the files method does not follow them),
-    "special-file" for a FIFO, socket or device."""
+    "not-a-file" for a FIFO, socket or device."""
     ignore = {PurePosixPath(p) for p in ignore}
     out = {}
     for here, dirs, names in os.walk(folder):
@@ -103,11 +120,7 @@ def digests(folder: Path, ignore) -> dict:
             if _ignored(path, ignore):
                 continue
             _link(folder, path)
-            if not stat.S_ISREG(os.lstat(Path(folder) / path).st_mode):  # a FIFO would hang the read for ever
-                raise ModelSignatureError(f"{Path(folder) / path} is not a regular file (a FIFO, socket or "
-                                          "device): a model folder holds files", folder=Path(folder),
-                                          problem="special-file", file=str(path))
-            out[str(path)] = file_digest(Path(folder) / path)
+            out[str(path)] = file_digest(Path(folder) / path, folder, str(path))
     return out
 
 
@@ -160,7 +173,15 @@ def sign_folder(folder, private_key, commit: Optional[str] = None, password: Opt
                                "signatures": [{"sig": base64.b64encode(sig).decode(), "keyid": ""}]}}
     target = Path(signature) if signature is not None else folder / SIGNATURE_FILE
     staging = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    with open(staging, "w", encoding="utf-8") as f:
+    try:
+        f = open(staging, "w", encoding="utf-8")
+    except OSError as exc:
+        if exc.errno != errno.EROFS:
+            raise
+        raise ModelSignatureError(f"cannot write the signature {target}: the folder is read-only (a mount's "
+                                  "folders are); write the signature elsewhere", folder=folder,
+                                  problem="read-only") from None
+    with f:
         json.dump(bundle, f, indent=2)
         f.flush()
         os.fsync(f.fileno())

@@ -13,9 +13,13 @@ Vocabulary (the record kinds are in ``store/codec.py``):
 - **depth**: deltas a read must follow; a chunk is only delta-encoded against
   a base of depth < K (``depth``), so no read ever follows more than K.
 
-Every live chunk whose record is raw is encoded (``codec.encode``): byte
-grouped by its dtype's width, or as a delta against its candidate base when
-that is smaller; it stays raw when neither saves enough. Commits are taken
+Every live chunk whose record is raw is encoded (``codec.candidates``,
+``codec.choose``): byte grouped by its dtype's width, or as a delta against
+its candidate base when that is smaller by enough; it stays raw when neither
+saves enough. "Enough" is decided per tensor (``_gains``): a tensor whose
+deltas together save TENSOR_SAVING of its bytes (dense weights between
+checkpoints) takes every delta that is smaller than its chunk alone; another
+only deltas that halve a chunk (a few changed rows). Commits are taken
 newest first (children before parents), so a base is always decided before
 the chunks that use it, and a chunk is encoded once however many commits
 share it (in the newest commit that holds it); a base whose chain of
@@ -59,6 +63,13 @@ from .traverse import format_path, walk
 
 SLICE_BYTES = 64 << 20  # chunks read and encoded at a time: bounds repack's memory
 CACHE_BYTES = 512 << 20  # decoded bytes kept for use as bases by the next (older) commit
+# A tensor takes a delta for each chunk where one is smaller than the chunk alone when its
+# deltas together save this share of its bytes; other tensors keep deltas only where they
+# halve a chunk (codec.DELTA_GAIN: sparse changes). Measured by benchmarks/bench_real.py on
+# real pre-training (fp32, AdamW, a checkpoint every 25 steps): XOR deltas against the next
+# checkpoint save 12% of dense weights and 4% of Adam's moments, and no chunk one half. A delta
+# costs a read of an older version one more decode, so a few percent is not worth it.
+TENSOR_SAVING = 1 / 16
 
 
 @dataclass(frozen=True)
@@ -338,9 +349,18 @@ def _encode(repo, txn, items: list, decided: _Decided, cache: _Cache) -> None:
         requests.append(Request(cid, data[cid], what))
     repo.chunks.read(requests, txn)
 
-    def work(item: _Item) -> None:
+    def candidates(item: _Item) -> tuple:
         base = data[item.base] if item.base is not None else None
-        kind, payload = codec.encode(data[item.cid], item.width, base, item.base)
+        return codec.candidates(data[item.cid], item.width, base, item.base)
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        found = list(pool.map(candidates, todo))
+    gains = _gains(todo, found)
+
+    def work(arg) -> None:
+        item, (grouped, delta) = arg
+        base = data[item.base] if item.base is not None else None
+        kind, payload = codec.choose(item.size, grouped, delta, gains[item.what])
         if kind != codec.RAW:
             check = np.empty(item.size, dtype=np.uint8)
             codec.decode(kind, payload, item.size, check, base)
@@ -352,11 +372,24 @@ def _encode(repo, txn, items: list, decided: _Decided, cache: _Cache) -> None:
         if kind != codec.DELTA:
             item.base = None
     with ThreadPoolExecutor(THREADS) as pool:
-        list(pool.map(work, todo))
+        list(pool.map(work, zip(todo, found)))
     for item in todo:  # depths need the index: here, in the transaction's thread
         item.depth = decided.chain(item.base) + 1 if item.kind == codec.DELTA else 0
     for cid in wanted:
         cache.put(cid, data[cid])
+
+
+def _gains(items: list, found: list) -> dict:
+    """Per tensor of ``items`` (its ``what``), the gain a chunk's delta must beat (``codec.choose``):
+    1.0 (any delta smaller than the chunk's encoding alone) where the tensor's deltas together
+    save at least TENSOR_SAVING of what its chunks take alone, else codec.DELTA_GAIN."""
+    alone, best = {}, {}
+    for item, (grouped, delta) in zip(items, found):
+        one = codec.stored_size(item.size, codec.choose(item.size, grouped, None))
+        alone[item.what] = alone.get(item.what, 0) + one
+        best[item.what] = best.get(item.what, 0) + codec.stored_size(item.size, codec.choose(item.size, grouped,
+                                                                                             delta, 1.0))
+    return {what: 1.0 if best[what] <= alone[what] * (1 - TENSOR_SAVING) else codec.DELTA_GAIN for what in alone}
 
 
 def _deepen(chunks, txn, item: _Item, batch, locs: dict) -> None:
@@ -372,8 +405,8 @@ def _deepen(chunks, txn, item: _Item, batch, locs: dict) -> None:
 
 
 def _publish(repo, batch, old: dict):
-    """Point the chunks at their new records and drop the entries nothing live uses, in one
-    transaction; then let gc's pack step reclaim the old packs.
+    """Point the chunks at their new records and drop the objects and entries nothing live
+    uses, in one transaction; then let gc's pack step reclaim the old packs.
 
     The dead entries go in that transaction, before any pack is deleted: an entry left
     naming a deleted pack would let a later commit of the same bytes skip writing them
@@ -386,7 +419,7 @@ def _publish(repo, batch, old: dict):
             if txn.chunk(cid) == old[cid]:
                 txn.put_chunk(cid, loc, overwrite=True)
         walked = reach.walk(txn, repo.objects, reach.RAISE, locate=True)
-        _gc.drop_dead_chunks(txn, walked)
+        _gc.drop_dead(txn, walked)
         live = _gc.LiveRecords(walked)
     plan = _gc.plan_packs(repo.chunks.pack_files(), live, before, _gc.GRACE_S, repack=True)
     _gc.compact(repo, plan)

@@ -84,14 +84,15 @@ def wrap(owner, attr: str, stopper: Stopper, name: str, after: bool = False, whe
 
 
 def hook_commit(stopper: Stopper) -> None:
-    wrap(packs.PackWriter, "add", stopper, "pack", after=True)
+    wrap(packs.PackWriter, "append", stopper, "pack", after=True)  # every record goes through one of these two
+    wrap(packs.PackWriter, "append_rows", stopper, "pack", after=True)
     wrap(os, "rename", stopper, "rename")  # the pack is complete and fsynced, not yet in place
     wrap(index.Txn, "put", stopper, "index", when=lambda txn, kind, *rest: kind == "commits")
 
 
 def hook_gc(stopper: Stopper) -> None:
     wrap(index.Txn, "delete", stopper, "gc-sweep")
-    wrap(packs.PackWriter, "add", stopper, "gc-copy")
+    wrap(packs.PackWriter, "append", stopper, "gc-copy")
     wrap(index.Txn, "put_chunk", stopper, "gc-relocate")
     wrap(os, "unlink", stopper, "gc-unlink", after=True)
 

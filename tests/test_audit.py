@@ -443,3 +443,37 @@ def test_an_allowed_signer_replaced_in_place_is_no_longer_trusted(repo, tmp_path
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert (os.stat(path).st_size, os.stat(path).st_ino) == (st.st_size, st.st_ino)
     assert repo.trust.verify_commit(c.id).status == "unknown"
+
+
+def test_fetch_in_flag_mode_moves_the_tracking_refs_and_skips_the_tag_the_policy_refuses(tmp_path):
+    """With signing.fetch flag, a fetch that brought an unsigned commit under a required tag
+    failed whole (the local tag's own policy check refused it) and moved no tracking ref: it
+    moves them, leaves the tag out and says so."""
+    origin = mvc.Repository.init(tmp_path / "o", chunk_size=256)
+    origin.commit({"w": tensor(0)}, "root")
+    origin.remotes.add("origin", str(tmp_path / "remote"))
+    origin.remotes.push()
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "c")
+    clone.config(signing.REQUIRE, "main,tags/*")
+    clone.config(signing.FETCH, "flag")
+    tip = origin.commit({"w": tensor(1)}, "unsigned").id
+    origin.create_tag("v9", tip)
+    origin.remotes.push(refs=("main", "v9"))
+    report = clone.remotes.fetch()
+    assert clone.resolve("origin/main") == tip
+    assert "v9" not in {t.name for t in clone.tags()}
+    assert [(u.ref, u.new, u.status) for u in report.refs if u.ref == "tags/v9"] == [
+        ("tags/v9", tip, mvc.remote.sync.REFUSED)]
+    assert sorted((f.ref, f.id, f.status) for f in report.flagged) == [("heads/main", tip, "unsigned"),
+                                                                        ("tags/v9", tip, "unsigned")]
+    origin.commit({"w": tensor(2)}, "again")
+    origin.remotes.push()
+    result = run_cli(clone, "fetch", "origin")
+    assert result.exit_code == 0, result.output
+    assert clone.resolve("origin/main") == origin.resolve("main")
+    lines = [line for line in result.output.splitlines() if "v9" in line]
+    assert len(lines) == 1 and "signatures" in lines[0], result.output
+    clone.config(signing.FETCH, "refuse")
+    assert run_cli(clone, "fetch", "origin").exit_code == 1  # refuse mode still refuses
+    clone.close()
+    origin.close()

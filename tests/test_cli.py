@@ -221,3 +221,19 @@ def test_safetensors_export_says_what_it_left_out(cli, tmp_path):
     result = cli("export", "-o", "w.safetensors")
     assert "3 plain values left out" in result.stderr
     assert "left out" not in cli("export", "-o", "w.pt").stderr
+
+
+def test_anyones_text_reaches_the_terminal_escaped(cli, tmp_path):
+    # a commit's message and record are anyone's text (a fetched commit): raw, an escape sequence
+    # retitles the terminal, clears it or moves the cursor over what mvc printed
+    import json
+    import torch
+    torch.save({"w": torch.ones(3)}, tmp_path / "a.pt")
+    message = "evil \x1b]0;TITLE\x07\x1b[2J\u2028next"
+    cli("commit", tmp_path / "a.pt", "-m", message, "--metric", "lo\x1bss=1")
+    for args in (("log",), ("show",), ("log", "--oneline")):
+        out = cli(*args).output
+        assert "\x1b" not in out and "\x07" not in out and "\u2028" not in out, args
+        assert "\\x1b" in out, args
+    assert json.loads(cli("log", "--json").output)[0]["message"] == message  # data keeps the bytes
+    assert "\x1b" not in cli("show", "\x1b[2J", code=1).stderr  # an error that quotes the input

@@ -11,6 +11,8 @@ from click.testing import CliRunner
 
 import mvc
 from mvc.cli import main
+from mvc import commits
+from mvc.store import packs
 
 from faults import on_small_tmpfs
 
@@ -44,8 +46,10 @@ def assert_as_before(repo, first):
 
 
 @pytest.mark.parametrize("after", [0, 1, 5], ids=["pack-header", "first-record", "mid-pack"])
-def test_writes_failing(one, after):
+def test_writes_failing(one, after, monkeypatch):
     repo, first = one
+    monkeypatch.setattr(packs, "BUFFER_BYTES", 1)  # a write per record: the 6th lands mid-pack
+    monkeypatch.setattr(commits, "HASH_BYTES", 1)  # (records are added a segment of a tensor at a time)
     with failing(os, "writev", after=after), pytest.raises(OSError) as err:
         repo.commit(state(1), "disk full")
     assert err.value.errno == errno.ENOSPC

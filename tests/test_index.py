@@ -248,3 +248,19 @@ def test_a_process_that_had_the_index_open_sees_a_commit_whose_writer_was_killed
         assert fresh.stdout.split()[:1] == [two[:12]], fresh.stdout + fresh.stderr
     finally:
         repo.close()
+
+
+def test_put_new_chunks_puts_only_absent_ids_and_names_the_others(index):
+    from mvc.store.packs import encode_location
+    ids = [hashing.digest(i.to_bytes(2, "little")) for i in range(300)]
+    with index.write() as txn:
+        for j, cid in enumerate(ids[::3]):
+            txn.put_chunk(cid, Location(b"o" * 16, 40 + j, 7))
+    values = [encode_location(Location(b"n" * 16, 40 + 10 * i, 9)) for i in range(len(ids))]
+    with index.write() as txn:
+        assert sorted(txn.put_new_chunks(ids, values)) == list(range(0, 300, 3))
+        assert txn.put_new_chunks([], []) == []
+    with index.read() as txn:
+        for i, cid in enumerate(ids):
+            want = Location(b"o" * 16, 40 + i // 3, 7) if i % 3 == 0 else Location(b"n" * 16, 40 + 10 * i, 9)
+            assert txn.chunk(cid) == want

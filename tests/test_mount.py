@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -372,3 +373,85 @@ def test_a_mounted_revision_is_signed_in_place_and_the_reference_tool_agrees(roo
     said = run_cli(root, "verify-model", m.where / "tags" / ".." / "main", "--key", public, "--signature", sig)
     assert said.exit_code == 0 and f"mvc commit {c.id}" in said.stdout
     m.stop()
+
+
+def test_a_stopped_mount_is_refused_and_unmounted_without_hanging(root, tmp_path, mounts):
+    with mvc.Repository.open(root) as repo:
+        repo.commit({"w": torch.ones(10)}, "one")
+    m = mounts(root, tmp_path / "mnt")
+    m.proc.send_signal(signal.SIGSTOP)  # alive but answering nothing (a stuck or stopped process)
+    try:
+        cli = [sys.executable, "-m", "mvc", "-C", str(root)]
+        again = subprocess.run([*cli, "mount", str(m.where)], capture_output=True, text=True, timeout=WAIT)
+        assert again.returncode == 1 and "already a mount" in again.stderr, again.stderr
+        out = subprocess.run([*cli, "umount", str(m.where)], capture_output=True, text=True, timeout=WAIT)
+        assert out.returncode == 0, out.stderr
+        assert mounting.mounted(m.where) is None
+    finally:
+        m.proc.send_signal(signal.SIGCONT)
+    m.proc.communicate(timeout=WAIT)
+    assert m.proc.returncode == 0
+
+
+def test_threads_reading_a_tensor_first_at_once_all_get_its_bytes(tmp_path):
+    repo = mvc.Repository.init(tmp_path / "small", chunk_size=64)
+    state = {f"t{i}": torch.arange(64, dtype=torch.float32) + i for i in range(400)}
+    commit = repo.commit(state, "many tensors").id
+    expected = (tmp_path / "x.safetensors")
+    assert run_cli(repo, "export", commit, "-o", expected).exit_code == 0
+    expected = expected.read_bytes()
+    failures = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often: the kernel sends a file's first reads from several
+    try:
+        for _ in range(3):
+            view = mounting.RepositoryView(repo)
+            synth = view.node(f"/commits/{commit}/model.safetensors")[1]
+            start = threading.Barrier(8)
+
+            def first_reads():
+                start.wait()
+                for seg in synth.segments:
+                    try:
+                        if view.read(synth, seg.start, 8, commit) != expected[seg.start:seg.start + 8]:
+                            failures.append(("bytes", seg.path))
+                    except Exception as exc:  # noqa: BLE001 (a failed read is what this test looks for)
+                        failures.append(repr(exc))
+            readers = [threading.Thread(target=first_reads) for _ in range(8)]
+            for t in readers:
+                t.start()
+            for t in readers:
+                t.join()
+    finally:
+        sys.setswitchinterval(interval)
+        repo.close()
+    assert failures == []
+
+
+def test_signing_a_mounted_folder_in_place_says_to_write_the_signature_elsewhere(root, tmp_path, mounts):
+    from test_oms import keypair
+    with mvc.Repository.open(root) as repo:
+        repo.commit({"w": torch.ones(10)}, "one")
+    private, _ = keypair(tmp_path)
+    m = mounts(root, tmp_path / "mnt")
+    out = run_cli(root, "sign-model", m.where / "main", "--key", private)  # the docs' first try
+    m.stop()
+    assert out.exit_code == 1 and "read-only" in out.stderr and "signature elsewhere" in out.stderr, out.output
+    assert out.stderr.count("\n") == 1
+
+
+def test_a_mount_reached_through_a_linked_folder_is_found_by_umount_and_mount(root, tmp_path, mounts):
+    with mvc.Repository.open(root) as repo:
+        repo.commit({"w": torch.ones(10)}, "one")
+    (tmp_path / "real").mkdir()
+    os.symlink("real", tmp_path / "linked")  # as a home folder or /tmp often is
+    try:
+        m = mounts(root, tmp_path / "linked" / "mnt")
+        again = run_cli(root, "mount", m.where)
+        assert again.exit_code == 1 and "already a mount" in again.stderr, again.output
+        out = run_cli(root, "umount", m.where)
+        assert out.exit_code == 0, out.output
+        assert mounting.mounted(tmp_path / "real" / "mnt") is None
+        m.proc.communicate(timeout=WAIT)
+    finally:  # the fixture looks for the mount where it was asked for; it lies at real/mnt
+        subprocess.run(["fusermount3", "-u", "-z", str(tmp_path / "real" / "mnt")], capture_output=True)

@@ -221,19 +221,61 @@ def test_a_bundle_or_statement_of_another_shape_is_malformed_not_a_crash(tmp_pat
     assert oms.verify_folder(folder, public).files == 1
 
 
-def test_a_fifo_in_the_folder_is_refused_not_read_for_ever(tmp_path):
-    """verify-model and sign-model opened every name in the folder: a FIFO (which a tar archive
-    can carry) blocked the read until a writer came, so a verify hung for ever."""
+def test_a_fifo_or_socket_in_the_folder_is_refused_not_waited_on(folder_commit, tmp_path, monkeypatch):
     import os
+    import socket
+    root, _ = folder_commit
     private, public = keypair(tmp_path)
-    folder = tmp_path / "m"
+    out = tmp_path / "signed"
+    assert run_cli(root, "export", "main", "-o", out, "--sign", private).exit_code == 0
+    os.mkfifo(out / "pipe")  # opening it to read would wait for a writer forever
+    done = subprocess.run([sys.executable, "-m", "mvc", "verify-model", str(out), "--key", str(public)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "pipe is not a regular file" in done.stderr, done.stderr
+    (out / "pipe").unlink()
+    monkeypatch.chdir(out)  # a socket's path must be short
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind("sock")
+        for act in (lambda: oms.verify_folder(out, public), lambda: oms.sign_folder(out, private)):
+            with pytest.raises(ModelSignatureError) as err:
+                act()
+            assert (err.value.problem, err.value.file) == ("not-a-file", "sock")
+
+
+def test_signing_through_a_branch_link_that_moves_signs_the_commit_it_names(tmp_path, monkeypatch):
+    import os
+    mnt = tmp_path / "mnt"  # laid out as a mount: a branch is a link to commits/<id>
+    old, new = "a" * 64, "b" * 64
+    for cid, text in ((old, "old weights"), (new, "new weights")):
+        (mnt / "commits" / cid).mkdir(parents=True)
+        (mnt / "commits" / cid / "model.safetensors").write_text(text)
+    os.symlink(f"commits/{old}", mnt / "main")
+    private, public = keypair(tmp_path)
+    hashed = oms.file_digest
+
+    def branch_moves_mid_signing(*args):
+        if os.readlink(mnt / "main") != f"commits/{new}":
+            os.remove(mnt / "main")
+            os.symlink(f"commits/{new}", mnt / "main")
+        return hashed(*args)
+    monkeypatch.setattr(oms, "file_digest", branch_moves_mid_signing)
+    out = run_cli(tmp_path, "sign-model", mnt / "main", "--key", private, "--signature", tmp_path / "m.sig")
+    assert out.exit_code == 0, out.output
+    monkeypatch.setattr(oms, "file_digest", hashed)
+    result = oms.verify_folder(mnt / "commits" / old, public, tmp_path / "m.sig")  # the files it names, signed
+    assert result.commit == old
+
+
+def test_sign_model_names_only_a_full_commit_id(tmp_path):
+    private, public = keypair(tmp_path)
+    folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "a.txt").write_text("hi")
-    oms.sign_folder(folder, private)
-    os.mkfifo(folder / "pipe")
-    r = subprocess.run([sys.executable, "-m", "mvc", "verify-model", str(folder), "--key", str(public)],
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode != 0 and "pipe" in r.stderr and "not a regular file" in r.stderr
-    with pytest.raises(ModelSignatureError) as err:
-        oms.sign_folder(folder, private)
-    assert (err.value.problem, err.value.file) == ("special-file", "pipe")
+    (folder / "config.json").write_text("{}")
+    for wrong in ("main", "3f2a9c1d0b7e", "Z" * 64):  # a branch, a short id, not hex: verify-model would echo it
+        out = run_cli(tmp_path, "sign-model", folder, "--key", private, "--commit", wrong)
+        assert out.exit_code == 2 and "full commit id" in out.stderr, out.output
+        assert not (folder / "model.sig").exists()
+    fake = tmp_path / "commits" / ("x" * 64)  # a folder named like a mount's, but no commit id
+    fake.mkdir(parents=True)
+    assert run_cli(tmp_path, "sign-model", fake, "--key", private).exit_code == 0
+    assert oms.verify_folder(fake, public).commit is None

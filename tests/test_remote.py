@@ -15,7 +15,8 @@ from click.testing import CliRunner
 import mvc
 from mvc.cli import main
 from mvc.remote import layout
-from mvc.errors import BranchLocked, Diverged, RefRejected, RemoteCorrupt, RemoteDamaged, UntrustedAnswer
+from mvc.errors import (BranchLocked, CorruptObject, Diverged, RefRejected, RemoteCorrupt, RemoteDamaged,
+                        UntrustedAnswer)
 from mvc.remote.bucket import FolderBucket, PreconditionFailed
 
 SMALL = 64
@@ -834,5 +835,237 @@ def test_a_lazy_clone_writes_a_chunk_again_whose_cached_pack_is_gone(origin, tmp
         state["model"]["w"][:16] = 7.0  # a new commit: one new chunk, the rest the cached ones
         c = lazy.commit(state, "after the cache lost its packs")
         assert c.stats.chunks_new == c.stats.chunks and same(lazy.load(c.id), state)
+    finally:
+        lazy.close()
+
+
+# -- the layout number (docs/format.md 11.1) ---------------------------------------
+
+OLD = "2e33347"  # the last mvc that reads only remote layout 1 (refs without a fence)
+
+
+def old_layout():
+    """mvc/remote/layout.py as mvc at ``OLD`` had it, loaded from this checkout's git history:
+    the decoder of an mvc that reads only layout 1."""
+    import subprocess
+    import types
+    try:
+        source = subprocess.run(["git", "show", f"{OLD}:mvc/remote/layout.py"], cwd=Path(__file__).parent,
+                                capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"needs mvc's git history (commit {OLD})")
+    module = types.ModuleType("mvc.remote.layout_at_" + OLD)
+    module.__package__ = "mvc.remote"  # its relative imports are today's modules: only layout.py is old
+    exec(compile(source, f"{OLD}:mvc/remote/layout.py", "exec"), module.__dict__)
+    return module
+
+
+def as_layout_1(read, write, keys) -> None:
+    """Rewrite a remote as mvc at ``OLD`` wrote it: MVCREMOTE names layout 1, refs and tombstones
+    carry no fence. ``read(key)`` / ``write(key, bytes)`` reach the remote's objects."""
+    from mvc import encoding
+    size = layout.parse_marker(read("MVCREMOTE"), "remote")
+    write("MVCREMOTE", f"mvc-remote 1\nchunk-size {size}\n".encode())
+    for key in keys:
+        value = encoding.unpack(read(key), key)
+        value.pop("fence")
+        write(key, encoding.pack(value))
+
+
+def folder_as_layout_1(root) -> None:
+    refs = [str(p.relative_to(root)) for p in (root / "refs").rglob("*") if p.is_file()]
+    as_layout_1(lambda key: (root / key).read_bytes(), lambda key, data: (root / key).write_bytes(data), refs)
+
+
+def test_a_new_remote_is_layout_2_and_an_mvc_of_layout_1_refuses_it(origin, tmp_path):
+    marker = (tmp_path / "remote" / "MVCREMOTE").read_bytes()
+    assert marker == f"mvc-remote 2\nchunk-size {SMALL}\n".encode()
+    assert layout.read_marker(marker, "x") == (2, SMALL)
+    old = old_layout()
+    with pytest.raises(CorruptObject) as err:
+        old.parse_marker(marker, "REMOTE")
+    assert str(err.value) == "REMOTE uses remote layout 2; this mvc reads layout 1: upgrade mvc"
+    with pytest.raises(CorruptObject, match="remote ref main is damaged"):  # what it said without the marker
+        old.decode_ref((tmp_path / "remote/refs/heads/main").read_bytes(), "main")
+    with pytest.raises(CorruptObject, match="uses remote layout 3; this mvc reads layouts 1, 2: upgrade mvc"):
+        layout.parse_marker(b"mvc-remote 3\nchunk-size 64\n", "x")
+
+
+def test_a_layout_1_remote_reads_and_is_upgraded_at_the_first_fenced_write(origin, tmp_path):
+    root = tmp_path / "remote"
+    origin.commit(state(5), "tagged")
+    origin.create_tag("v1")
+    origin.remotes.push(refs=("main", "v1"))
+    folder_as_layout_1(root)
+    old = old_layout()
+    v1 = (root / "refs/tags/v1").read_bytes()
+    assert old.parse_marker((root / "MVCREMOTE").read_bytes(), "x") == SMALL  # as the old mvc wrote it
+    assert old.decode_ref(v1, "v1")[0].hex() == origin.resolve("v1")
+    # readers and a push that writes nothing leave it at layout 1: an old mvc reads it still
+    clone = mvc.Repository.clone(str(root), tmp_path / "b")
+    clone.close()
+    assert origin.remotes.push().refs[0].status == "up to date"
+    assert (root / "MVCREMOTE").read_bytes() == f"mvc-remote 1\nchunk-size {SMALL}\n".encode()
+    # the first fenced write upgrades it first; the chunk size stays, the refs written before read on
+    s = origin.load("main")
+    s["step"] = 99
+    origin.commit(s, "third")
+    assert origin.remotes.push().refs[0].status == "updated"
+    marker = (root / "MVCREMOTE").read_bytes()
+    assert marker == f"mvc-remote 2\nchunk-size {SMALL}\n".encode()
+    with pytest.raises(CorruptObject, match="uses remote layout 2; this mvc reads layout 1: upgrade mvc"):
+        old.parse_marker(marker, "x")
+    assert (root / "refs/tags/v1").read_bytes() == v1  # unfenced, as written before the upgrade
+    with mvc.Repository.clone(str(root), tmp_path / "c") as clone:
+        assert clone.resolve("v1") == origin.resolve("v1") and clone.resolve("main") == origin.resolve("main")
+        assert same(clone.load("v1"), origin.load("v1")) and clone.remotes.fsck().ok
+
+
+def test_a_remote_gc_that_deletes_upgrades_a_layout_1_remote(origin, tmp_path):
+    root = tmp_path / "remote"
+    origin.commit(state(7), "exp", branch="exp")
+    origin.remotes.push(refs=("exp",))
+    origin.remotes.push(refs=(":exp",))  # a tombstone: exp's packs are garbage now
+    folder_as_layout_1(root)
+    assert origin.remotes.gc(grace=0, dry_run=True).packs_deleted  # deletes nothing: no upgrade
+    assert (root / "MVCREMOTE").read_bytes().startswith(b"mvc-remote 1\n")
+    assert origin.remotes.gc(grace=0).packs_deleted
+    assert (root / "MVCREMOTE").read_bytes() == f"mvc-remote 2\nchunk-size {SMALL}\n".encode()
+    with mvc.Repository.clone(str(root), tmp_path / "b") as clone:
+        assert same(clone.load("main"), origin.load("main")) and clone.remotes.fsck().ok
+
+
+def test_an_upgrade_that_loses_the_race_reads_again(origin, tmp_path):
+    from mvc.remote.connection import Connection
+    root = tmp_path / "remote"
+    folder_as_layout_1(root)
+
+    class Raced(FolderBucket):  # another writer upgrades between this one's read and its put
+        puts = 0
+
+        def put(self, key, data, **kw):
+            if key == layout.MARKER and not self.puts:
+                other = Connection(origin, "origin")
+                other.upgrade()
+                other.close()
+            self.puts += key == layout.MARKER
+            return super().put(key, data, **kw)
+
+    conn = Connection(origin, "origin")
+    conn._bucket = Raced(root)
+    try:
+        conn.upgrade()
+        assert conn.layout == 2 and conn.bucket.puts == 1  # its put failed; it read the other's layout 2
+    finally:
+        conn.close()
+    assert (root / "MVCREMOTE").read_bytes() == f"mvc-remote 2\nchunk-size {SMALL}\n".encode()
+
+
+def test_every_command_refuses_a_layout_it_does_not_read_and_changes_nothing(origin, tmp_path):
+    root = tmp_path / "remote"
+    (root / "MVCREMOTE").write_bytes(f"mvc-remote 3\nchunk-size {SMALL}\n".encode())
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and ".tmp" not in p.parts}
+    origin.commit(state(9), "third")
+    for command in (origin.remotes.push, origin.remotes.fetch, lambda: origin.remotes.gc(grace=0),
+                    origin.remotes.fsck, origin.remotes.repair,
+                    lambda: mvc.Repository.clone(str(root), tmp_path / "b")):
+        with pytest.raises(CorruptObject, match="uses remote layout 3; this mvc reads layouts 1, 2: upgrade mvc"):
+            command()
+    after = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and ".tmp" not in p.parts}
+    assert {p: d for p, d in after.items() if not p.relative_to(root).parts[0] == "tmp"} == before
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "gc", "--remote", "origin"])
+    assert result.exit_code != 0 and "uses remote layout 3" in result.stderr and "Traceback" not in result.output
+
+
+def old_mvc(tmp_path):
+    """A command line running mvc as of ``OLD`` (its tree from this checkout's git history)."""
+    import subprocess
+    import sys
+    tree = tmp_path / f"mvc-{OLD}"
+    tree.mkdir()
+    try:
+        archive = subprocess.run(["git", "archive", OLD, "mvc"], cwd=Path(__file__).parent.parent, capture_output=True,
+                                 check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"needs mvc's git history (commit {OLD})")
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return lambda *args: subprocess.run([sys.executable, "-m", "mvc", *map(str, args)], capture_output=True,
+                                        text=True, env=env, cwd=tmp_path)
+
+
+def test_an_older_mvc_reads_a_layout_1_remote_and_refuses_it_once_upgraded(origin, tmp_path):
+    root, old = tmp_path / "remote", old_mvc(tmp_path)
+    folder_as_layout_1(root)
+    cloned = old("clone", root, tmp_path / "b")
+    assert cloned.returncode == 0, cloned.stderr
+    origin.commit(state(3), "third")
+    origin.remotes.push()
+    fetched = old("-C", tmp_path / "b", "fetch")
+    assert fetched.returncode == 1
+    assert fetched.stderr.strip() == f"mvc: error: {root} uses remote layout 2; this mvc reads layout 1: upgrade mvc"
+
+
+def test_evict_keeps_what_the_cached_remote_holds_only_as_garbage(origin, tmp_path):
+    """A rejected push leaves its packs on the cached remote, which its refs do not need: a remote gc
+    deletes them. Eviction dropped the local copies of chunks in them that another remote's tracking
+    ref needs, and the gc then took the last copy here. Only what the remote's refs reach counts."""
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        lazy.remotes.add("backup", str(tmp_path / "backup"))
+        s = lazy.load("main")
+        s["model"]["w"][:64] = 7.0  # new chunks, only here
+        mine = lazy.commit(s, "only on backup").id
+        origin.commit(state(3), "third")
+        origin.remotes.push()  # origin's main moved on: the lazy clone's push is refused...
+        with pytest.raises(RefRejected):
+            lazy.remotes.push()  # ...after it uploaded its packs: garbage on origin
+        lazy.remotes.push("backup")
+        lazy.create_branch("main", "origin/main", force=True)  # only backup/main reaches `mine` now
+        assert lazy.resolve("backup/main") == mine
+        report = lazy.cache.evict(0)
+        assert report.kept_garbage > 0
+        origin.remotes.gc(grace=0)  # deletes the rejected push's packs
+        assert same(lazy.load("backup/main"), s)  # bit for bit, from the local copies
+        assert lazy.fsck().ok
+        for rev in ("main", "main~1"):
+            assert same(lazy.load(rev), origin.load(rev + "~1"))
+    finally:
+        lazy.close()
+
+
+@pytest.mark.parametrize("name", ["heads", "tags", "remotes", "refs", "HEAD"])
+def test_a_remote_named_like_a_ref_namespace_is_refused(tmp_path, name):
+    """A remote named 'tags' made tags/v1 mean the tag v1 or the tracking ref of its branch v1."""
+    repo = mvc.Repository.init(tmp_path / "a", chunk_size=SMALL)
+    try:
+        with pytest.raises(mvc.errors.InvalidRemoteName) as info:
+            repo.remotes.add(name, str(tmp_path / "remote"))
+        assert (info.value.name, info.value.problem) == (name, "reserved")
+        assert repo.remotes.list() == []
+        repo.remotes.add(name + "2", str(tmp_path / "remote"))  # only the exact names
+    finally:
+        repo.close()
+    result = CliRunner().invoke(main, ["-C", str(tmp_path / "a"), "remote", "add", name, str(tmp_path / "r")])
+    assert result.exit_code == 1 and "reserved" in result.output and "Traceback" not in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_evict_keeps_what_the_cached_remotes_retention_pruned_since_the_last_fetch(origin, tmp_path):
+    """A remote gc with retention pruned history this clone holds whole (its packs stay while young):
+    eviction took the remote's copy for one that stays, and the next remote gc took it."""
+    lazy = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True)
+    try:
+        first = lazy.load("main~1")  # every chunk of both commits is here now
+        lazy.load("main")
+        origin.commit({"other": torch.randn(500, generator=torch.Generator().manual_seed(9))}, "third")
+        origin.remotes.push()
+        lazy.remotes.fetch()
+        report = origin.remotes.gc(keep_last=1)  # prunes second and first; their packs are young: kept
+        assert len(report.pruned) == 2 and report.packs_deleted == ()
+        lazy.cache.evict(0)  # HEAD (second) stays pinned; first is the remote's garbage now
+        origin.remotes.gc(grace=0)
+        assert same(lazy.load("main~1"), first)  # bit for bit, from the local copies
+        assert lazy.fsck().ok
     finally:
         lazy.close()

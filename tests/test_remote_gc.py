@@ -232,3 +232,23 @@ def test_a_real_concurrent_push_racing_remote_gcs_loses_nothing(pushed, tmp_path
         assert same(clone.load(f"origin/b{i}"), state(100 + i))
     assert clone.fsck().verified
     clone.close()
+
+
+def test_a_remote_gc_that_deletes_upgrades_a_layout_1_remote_on_s3(tmp_path, seaweedfs):
+    from test_remote import as_layout_1
+    url = seaweedfs.url()
+    repo = pushed_repo(tmp_path / "a", url, seaweedfs.endpoint, [(state(0), "first")], CHUNK)
+    try:
+        repo.commit(state(1), "exp", branch="exp")
+        repo.remotes.push(refs=("exp",))
+        repo.remotes.push(refs=(":exp",))  # a tombstone: exp's packs are garbage
+        as_layout_1(lambda key: seaweedfs.get(url, key), lambda key, data: seaweedfs.put(url, key, data),
+                    [key for key, _ in seaweedfs.keys(url, "refs/")])
+        assert repo.remotes.gc(grace=0, dry_run=True).packs_deleted
+        assert seaweedfs.get(url, "MVCREMOTE") == f"mvc-remote 1\nchunk-size {CHUNK}\n".encode()
+        assert repo.remotes.gc(grace=0).packs_deleted
+        assert seaweedfs.get(url, "MVCREMOTE") == f"mvc-remote 2\nchunk-size {CHUNK}\n".encode()
+        with mvc.Repository.clone(url, tmp_path / "b", endpoint_url=seaweedfs.endpoint) as clone:
+            assert same(clone.load("main"), repo.load("main")) and clone.remotes.fsck().ok
+    finally:
+        repo.close()

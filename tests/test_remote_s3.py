@@ -481,3 +481,55 @@ def test_fetch_in_a_lazy_clone_notices_a_damaged_pack_on_s3(pushed, tmp_path, s3
     result = CliRunner().invoke(main, ["-C", str(tmp_path / "lz"), "fetch"])
     assert result.exit_code == 1 and "up to date" not in result.output, result.output
     assert "fsck --remote" in result.output, result.output
+
+
+def test_a_layout_1_remote_on_s3_is_upgraded_at_the_first_push_and_reads_on(pushed_sw, tmp_path, seaweedfs):
+    from test_remote import as_layout_1, old_layout
+    from mvc.errors import CorruptObject
+    repo, url = pushed_sw
+    assert seaweedfs.get(url, "MVCREMOTE") == f"mvc-remote 2\nchunk-size {CHUNK}\n".encode()  # a new remote
+    repo.create_tag("v1")
+    repo.remotes.push(refs=("v1",))
+    as_layout_1(lambda key: seaweedfs.get(url, key), lambda key, data: seaweedfs.put(url, key, data),
+                [key for key, _ in seaweedfs.keys(url, "refs/")])
+    v1 = seaweedfs.get(url, "refs/tags/v1")
+    old = old_layout()
+    assert old.parse_marker(seaweedfs.get(url, "MVCREMOTE"), url) == CHUNK
+    repo.commit(state(1), "second")
+    assert repo.remotes.push().refs[0].status == "updated"
+    marker = seaweedfs.get(url, "MVCREMOTE")
+    assert marker == f"mvc-remote 2\nchunk-size {CHUNK}\n".encode()
+    with pytest.raises(CorruptObject, match="uses remote layout 2; this mvc reads layout 1: upgrade mvc"):
+        old.parse_marker(marker, url)
+    assert seaweedfs.get(url, "refs/tags/v1") == v1  # written before the upgrade, unfenced
+    with mvc.Repository.clone(url, tmp_path / "b", endpoint_url=seaweedfs.endpoint) as clone:
+        assert clone.resolve("v1") == repo.resolve("v1") and clone.resolve("main") == repo.resolve("main")
+        assert same(clone.load("main"), repo.load("main")) and same(clone.load("v1"), repo.load("v1"))
+
+
+def test_evict_keeps_chunks_a_sigkilled_push_left_as_garbage_on_the_cached_remote(tmp_path, seaweedfs):
+    """A push SIGKILLed mid-transfer leaves packs its ref never named: a remote gc deletes them.
+    Eviction dropped the local copies of their chunks that only another remote's tracking ref
+    needs; the gc then took the last copy this repository could read."""
+    url = seaweedfs.url()
+    pushed_repo(tmp_path / "a", url, seaweedfs.endpoint, [(state(0), "first")], CHUNK).close()
+    lazy = mvc.Repository.clone(url, tmp_path / "lz", lazy=True, endpoint_url=seaweedfs.endpoint)
+    try:
+        big = state(3, n=128 * 1024)  # 512 new chunks
+        lazy.commit(big, "side work", branch="side")
+        lazy.remotes.add("backup", str(tmp_path / "backup"))
+        lazy.remotes.push("backup", refs=("side",))
+        before = count_packs(seaweedfs, url)
+        proc = mvc_cli("-C", str(tmp_path / "lz"), "push", "origin", "side", env=SMALL_PACKS)
+        _wait_for_packs(seaweedfs, url, before + 30, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert "origin/side" not in {r.name for r in lazy.remotes.branches()}
+        lazy.delete_branch("side", force=True)  # only backup/side needs its commit now
+        report = lazy.cache.evict(0)
+        assert report.kept_garbage >= 30
+        lazy.remotes.gc("origin", grace=0)  # deletes the killed push's packs
+        assert same(lazy.load("backup/side"), big)  # bit for bit, from the local copies
+        assert same(lazy.load("main"), state(0)) and lazy.fsck().ok
+    finally:
+        lazy.close()

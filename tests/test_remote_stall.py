@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -181,12 +182,14 @@ def test_a_gc_stalled_past_its_lease_never_deletes_what_a_push_counted_on(reused
     gc = _start(GC, tmp_path / "a", "delete")
     try:
         _stopped(gc)  # past its last lease check, about to delete a pack of the deleted branch
-        for _ in range(200):  # its lease runs out; the push goes ahead
+        deadline = time.monotonic() + 120  # its lease runs out (a few seconds); the push goes ahead
+        while True:
             try:
                 repo.remotes.push()
                 break
             except RemoteBusy:
-                continue
+                assert time.monotonic() < deadline, "the stalled gc's lease never ran out"
+                time.sleep(0.1)  # a count of tries ran out before the lease on a busy machine
     finally:
         os.kill(gc.pid, signal.SIGCONT)
     out, err = gc.communicate(timeout=120)

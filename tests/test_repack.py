@@ -601,3 +601,48 @@ def test_repack_killed_between_its_index_write_and_its_unlinks_loses_nothing(tmp
         _commit_b_again_and_check(repo, b)
     finally:
         repo.close()
+
+
+def test_a_fetch_after_repack_fetches_the_chunks_of_a_deleted_branchs_tensor(tmp_path):
+    # repack dropped the chunk entries of a deleted branch but kept its tensor objects: a fetch of
+    # a commit holding the same tensor took it as held, fetched none of its chunks, and the
+    # fetched branch could not be loaded (found by the soak test)
+    def mask(i):
+        m = torch.zeros(64, dtype=torch.uint8)
+        m[i] = 1
+        return {"m": m}
+    a = mvc.Repository.init(tmp_path / "a", chunk_size=64)
+    a.remotes.add("fold", str(tmp_path / "fold"))
+    a.commit(mask(0), "c1")
+    a.remotes.push("fold")
+    b = mvc.Repository.clone(str(tmp_path / "fold"), tmp_path / "b")
+    b.commit(mask(1), "x", branch="x")
+    b.delete_branch("x", force=True)
+    b.reflog.expire(older_than=0)
+    b.repack()
+    a.commit(mask(1), "the same bytes on main")
+    a.remotes.push("fold")
+    b.remotes.fetch()
+    assert b.fsck().ok
+    assert torch.equal(b.load("origin/main")["m"], mask(1)["m"])
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("scale, deltas", [(1e-2, 16), (0.3, 0)])
+def test_a_tensor_takes_deltas_where_they_save_enough_of_its_bytes_together(tmp_path, scale, deltas):
+    # dense training moves every weight a little: XOR against the next checkpoint saves about a
+    # sixth of each chunk, never a half (the per-chunk rule), yet a sixth of a model is worth a
+    # decode when an older version is read; a large move saves almost nothing and stays grouped
+    repo = mvc.Repository.init(tmp_path, chunk_size=4096)
+    g = torch.Generator().manual_seed(0)
+    old = torch.randn(16, 1024, generator=g)
+    new = old + scale * torch.randn(16, 1024, generator=g)
+    first, second = repo.commit({"w": old}), repo.commit({"w": new})
+    rows = [(a.numpy().view("uint8"), b.numpy().view("uint8")) for a, b in zip(old, new)]
+    assert all(codec.encode(a, 4, b, bytes(32))[0] != codec.DELTA for a, b in rows)  # no delta halves a chunk
+    report = repo.repack()
+    assert (report.deltas, report.grouped) == (deltas, 32 - deltas)
+    assert torch.equal(repo.load(first.id)["w"], old) and torch.equal(repo.load(second.id)["w"], new)
+    assert repo.fsck().ok
+    repo.close()

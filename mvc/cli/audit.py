@@ -3,22 +3,20 @@
 
 import sys
 import time
-import unicodedata
 
 import click
 
 from ..errors import SigningKeyError
-from .base import plural, echo_json, main, open_repo, title, to_jsonable
+from .base import echo_json, escaped, main, open_repo, plural, title, to_jsonable
 
 MARKS = {"good": "Good", "bad": "BAD", "unknown": "Unknown-signer", "unsigned": "No"}
 
 
 def shown(value) -> str:
-    """``value`` as text with control, format and line-separator characters escaped (``\\x1b``,
-    ``\\n``): an author, message or context of a fetched commit is anyone's text, and raw it
-    could move the cursor over a verdict or add lines that read as another commit's."""
-    return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c)[0] == "C"
-                   or unicodedata.category(c) in ("Zl", "Zp") else c for c in str(value))
+    """``value`` as text with every control, format and line-separator character escaped, line
+    breaks too: an author, message or context of a fetched commit is anyone's text, and raw it
+    could add lines that read as another commit's verdict."""
+    return escaped(str(value), keep="")
 
 
 def load_signer(repo, sign: bool, key_path):

@@ -15,6 +15,7 @@ import re
 import shlex
 import sys
 import time
+import unicodedata
 
 import click
 
@@ -48,6 +49,31 @@ def first_sentence(text: str) -> str:
     return text if end is None else text[:end.start() + 1]
 
 
+def escaped(text: str, keep: str = "\n\t") -> str:
+    """``text`` with control, format and line-separator characters written as escapes
+    (``\\x1b``), but those in ``keep``: a commit's author, message, record or a tensor's key
+    is anyone's text (a fetched commit, a folder's file names), and raw on a terminal it could
+    move the cursor, retitle the window or forge lines of mvc's own output."""
+    return "".join(c if c in keep or not (unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp"))
+                   else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+class EscapedStream:
+    """Standard output as the commands see it: every write escaped (``escaped``), the rest of the
+    stream (its buffer, encoding, isatty) as it is. One seam for every command's text."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError("a text stream")  # click asks whether this is a binary stream so
+        return self._stream.write(escaped(text))
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 class Group(click.Group):
     def format_commands(self, ctx, formatter):
         """The commands in groups (COMMAND_GROUPS), each with its first sentence."""
@@ -61,6 +87,13 @@ class Group(click.Group):
                     formatter.write_dl([(n, first_sentence(self.get_command(ctx, n).help or "")) for n in members])
 
     def invoke(self, ctx):
+        plain, sys.stdout = sys.stdout, EscapedStream(sys.stdout)
+        try:
+            return self._invoke(ctx)
+        finally:
+            sys.stdout = plain
+
+    def _invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:  # one line, like every other error
@@ -175,7 +208,7 @@ BUG = 70  # exit code of an unexpected exception (sysexits' EX_SOFTWARE)
 
 
 def fail(message: str, code: int = 1):
-    click.echo(f"mvc: error: {message}", err=True)
+    click.echo(f"mvc: error: {escaped(message)}", err=True)
     sys.exit(code)
 
 

@@ -6,7 +6,7 @@ from .base import echo_json, human_bytes, main, open_repo, to_jsonable
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", metavar="DIRECTORY")  # not click.Path: it stats the path, which hangs on a stuck mount
 @click.option("--rev", default=None, metavar="REV", help="Show only this revision's files at the top "
               "(the commit REV names now).")
 @click.option("--json", "as_json", is_flag=True, help="Print what the mount served as JSON when it stops.")
@@ -36,7 +36,7 @@ def mount(directory, rev, as_json):
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", metavar="DIRECTORY")  # not click.Path: it stats the path, which hangs on a stuck mount
 def umount(directory):
     """Unmount an 'mvc mount' at DIRECTORY (also one a killed mount left behind)."""
     from .. import mount as mounting
@@ -72,8 +72,9 @@ def verify_model(directory, public_key, signature, as_json):
 @click.option("--signature", type=click.Path(dir_okay=False), default=None,
               help="Where to write the signature (default: DIRECTORY/model.sig; give another path for a "
                    "folder of an 'mvc mount', which is read-only).")
-@click.option("--commit", default=None, metavar="ID", help="The mvc commit to name in the signature (default: "
-              "the commit of a DIR/commits/ID folder of an 'mvc mount').")
+@click.option("--commit", default=None, metavar="ID", callback=lambda ctx, param, value: _full_id(value),
+              help="The full id of the mvc commit to name in the signature (default: the commit of a "
+                   "DIR/commits/ID folder of an 'mvc mount').")
 def sign_model(directory, private_key, signature, commit):
     """Sign a model folder with OpenSSF model signing (OMS v1.0, key method, offline).
 
@@ -83,10 +84,25 @@ def sign_model(directory, private_key, signature, commit):
     import os
     from pathlib import Path
     from .. import oms
+    folder = directory
     if commit is None:  # a mounted revision folder: DIR/main resolves to DIR/commits/<id>
         real = Path(os.path.realpath(directory))
-        if real.parent.name == "commits" and len(real.name) == 64:
-            commit = real.name
-    signed = oms.sign_folder(directory, private_key, commit, signature=signature)
+        if real.parent.name == "commits" and _is_full_id(real.name):
+            # sign that folder, not the branch link: the link may move while the files are read,
+            # and the signature would name one commit over another's files
+            commit, folder = real.name, real
+    signed = oms.sign_folder(folder, private_key, commit, signature=signature)
     named = f"; it names mvc commit {commit}" if commit else ""
     click.echo(f"signed {signed.files} files of {directory} in {signed.signature}{named}")
+
+
+def _is_full_id(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def _full_id(value):
+    """--commit as given, if it is a full commit id: the signature names it and verify-model
+    repeats it as the commit the folder came from, so a branch name or short id would mislead."""
+    if value is not None and not _is_full_id(value):
+        raise click.BadParameter(f"{value!r} is not a full commit id (64 hex digits, as 'mvc show' prints it)")
+    return value

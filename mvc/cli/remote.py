@@ -346,6 +346,9 @@ def cache_evict(max_bytes, as_json):
                f"{human_bytes(r.bytes_before)} -> {human_bytes(r.bytes_after)} (budget {human_bytes(r.budget)})")
     if r.kept_pinned or r.kept_local:
         click.echo(f"kept {plural(r.kept_pinned, 'chunk')} of pinned commits and {r.kept_local} not yet on the remote")
+    if r.kept_garbage:
+        click.echo(f"kept {plural(r.kept_garbage, 'chunk')} the remote holds only in packs its branches and tags "
+                   "do not need (its gc may delete them)")
     if r.remote_ahead:
         click.echo(f"the remote's {', '.join(x.split('/', 1)[-1] for x in r.remote_ahead)} moved past what this "
                    "clone holds: what they reach is not known here, so nothing they may have left is evicted; "

@@ -482,6 +482,9 @@ def repair_remote(repo, name: Optional[str] = None) -> RemoteRepairReport:
     """
     conn = Connection(repo, name)
     try:
+        if conn.marker(create=False) is None:  # and a layout this mvc does not read is refused here
+            raise conn.vanished() if conn.known() else \
+                RemoteError(f"{conn.info.url} holds no mvc remote (no {layout.MARKER}); nothing was changed")
         with lease.held(conn, lease.GC) as lease_:
             seen, refs, _, _ = _scan(conn.bucket)
             salvaged = {i: raw for key, records in seen.broken.items() if seen.listed.get(key) is None

@@ -32,7 +32,7 @@ from typing import Optional
 
 from .. import gc as local_gc
 from .. import reach
-from ..errors import ObjectNotFound, RemoteBusy, RemoteDamaged
+from ..errors import ObjectNotFound, RemoteBusy, RemoteDamaged, RemoteError
 from ..objects import object_id
 from ..store.index import RefValue
 from . import layout, lease, transfer
@@ -123,6 +123,9 @@ def gc_remote(repo, name: Optional[str] = None, keep_last: Optional[int] = None,
     policy.check()
     conn = Connection(repo, name)
     try:
+        if conn.marker(create=False) is None:  # and a layout this mvc does not read is refused here
+            raise conn.vanished() if conn.known() else \
+                RemoteError(f"{conn.info.url} holds no mvc remote (no {layout.MARKER}); nothing was deleted")
         with lease.held(conn, lease.GC) as held:
             now = dict((k, t) for k, _, t in conn.bucket.list_times(held.key)).get(held.key)
             conn.catalogue.refresh(conn.bucket)
@@ -176,6 +179,7 @@ def _sweep(conn, held, need_objects: set, need_chunks: set, now: Optional[float]
             garbage.append(key)
             reclaimed += size
     if garbage and not dry_run:
+        conn.upgrade()  # condemned packs and fenced refs: layout 2 first (docs/format.md 11.1.1)
         held.condemn(garbage)  # named before the fence: a push that reads a ref after it avoids them
         _fence(conn, fence)
         for key in garbage:

@@ -16,7 +16,8 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 from .. import encoding
-from ..errors import BadInput, CorruptObject, RemoteExists, UnknownRemote  # noqa: F401  (UnknownRemote re-exported)
+from ..errors import (BadInput, CorruptObject, InvalidRemoteName, RemoteExists,  # noqa: F401
+                      UnknownRemote)  # (UnknownRemote re-exported)
 from .bucket import parse_url
 
 PREFIX = "remote/"
@@ -60,9 +61,25 @@ def check_endpoint(endpoint_url: str) -> str:
     return endpoint_url
 
 
+# names a new remote may not take: tracking refs are remotes/NAME/BRANCH and revisions name them
+# NAME/BRANCH, so a remote named like a ref namespace makes tags/v1 (or heads/x) mean two refs
+RESERVED = ("heads", "tags", "remotes", "refs", "HEAD")
+
+
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name.endswith((".", ".lock")):
-        raise BadInput(f"remote name {name!r} is not valid: use letters, digits, '.', '_' and '-' (like 'origin')")
+        raise InvalidRemoteName(f"remote name {name!r} is not valid: use letters, digits, '.', '_' and '-' "
+                                "(like 'origin')", name=name, problem="invalid")
+    return name
+
+
+def check_new_name(name: str) -> str:
+    """``check_name``, and not a RESERVED name (checked for new remotes only: one added before
+    the rule stays usable, so it can be removed)."""
+    check_name(name)
+    if name in RESERVED:
+        raise InvalidRemoteName(f"remote name {name!r} is reserved: {name}/X would also name a ref "
+                                f"(reserved: {', '.join(RESERVED)})", name=name, problem="reserved")
     return name
 
 
@@ -82,7 +99,7 @@ def put(txn, info: RemoteInfo) -> None:
 
 
 def add(txn, name: str, url: str, endpoint_url: Optional[str]) -> RemoteInfo:
-    check_name(name)
+    check_new_name(name)
     kind, where, _ = parse_url(url)
     if kind == "folder":
         url = where  # absolute: a relative path would change meaning with the working directory

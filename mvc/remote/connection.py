@@ -14,10 +14,10 @@ from typing import Optional
 
 from .. import encoding
 from .. import refs as refnames
-from ..errors import CorruptObject, RemoteVanished
+from ..errors import CorruptObject, RemoteError, RemoteVanished
 from ..objects import CommitObject, TensorObject, TreeObject
 from . import config, layout
-from .bucket import PreconditionFailed, open_bucket
+from .bucket import NotFound, PreconditionFailed, open_bucket
 from .catalogue import Catalogue
 
 REMOTES = refnames.REMOTES
@@ -32,6 +32,7 @@ class Connection:
             self.name = config.default(txn, name)
             self.info = config.get(txn, self.name)
         self._bucket = None
+        self.layout: Optional[int] = None  # the remote's layout, once MVCREMOTE was read
         self.catalogue = Catalogue(repo.dir, self.name)
 
     @property
@@ -75,7 +76,33 @@ class Connection:
             current = self.bucket.get_versioned(layout.MARKER)
         if current is None:
             return None
-        return layout.parse_marker(current[0], self.bucket.url)
+        self.layout, size = layout.read_marker(current[0], self.bucket.url)
+        return size
+
+    def upgrade(self) -> None:
+        """Make the remote's MVCREMOTE name layout 2 (``layout.LAYOUT_VERSION``) before this command's
+        first fenced ref or tombstone or condemned lease, so an mvc that reads only layout 1 refuses
+        the remote ("upgrade mvc") instead of reading fenced refs as damaged or pushing without
+        honouring condemned packs (docs/format.md 11.1.1). A conditional put on the etag read; a lost
+        race reads again. RemoteVanished if the remote holds no MVCREMOTE."""
+        if self.layout == layout.LAYOUT_VERSION:
+            return
+        for _ in range(5):
+            current = self.bucket.get_versioned(layout.MARKER)
+            if current is None:
+                raise self.vanished()
+            version, size = layout.read_marker(current[0], self.bucket.url)
+            if version == layout.LAYOUT_VERSION:
+                self.layout = version
+                return
+            try:
+                self.bucket.put(layout.MARKER, layout.marker(size), if_match=current[1])
+            except (PreconditionFailed, NotFound):
+                continue  # someone else rewrote or removed it meanwhile: read it again
+            self.layout = layout.LAYOUT_VERSION
+            return
+        raise RemoteError(f"{self.bucket.url}/{layout.MARKER} kept changing while this command upgraded it to "
+                          f"layout {layout.LAYOUT_VERSION}; it moved no ref: run the command again")
 
     def remote_refs(self) -> dict:
         """{heads/X or tags/X: (commit id, protected, etag)} as the remote holds them now.

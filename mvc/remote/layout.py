@@ -26,7 +26,12 @@ from ..store import packformat
 from ..store.packformat import FOOTER, HEADER, RECORD_HEAD  # noqa: F401 (FOOTER: callers size a pack's tail with it)
 from .backend import _KEY
 
-LAYOUT_VERSION = 1
+# layout 2: refs and tombstones carry a ``fence`` and gc leases ``condemned`` (docs/format.md 11.1.1,
+# 11.6); an mvc that reads only layout 1 refuses such a remote by its MVCREMOTE ("upgrade mvc")
+# instead of reading its fenced refs as damaged. Writers upgrade a layout-1 remote before their
+# first such write (``Connection.upgrade``); layout 1 is still read.
+LAYOUT_VERSION = 2
+READS = (1, 2)
 MARKER = "MVCREMOTE"
 CHUNK_PACKS, OBJECT_PACKS, REFS, LOCKS, HEAD = "packs/", "objects/", "refs/", "locks/", "HEAD"
 # 32 MiB packs, from benchmarks/bench_remote.py --pack-sizes on SeaweedFS: a
@@ -43,14 +48,20 @@ def marker(chunk_size: int) -> bytes:
 
 def parse_marker(data: bytes, url: str) -> int:
     """The chunk size a remote's MVCREMOTE names; CorruptObject if it is not one this mvc reads."""
+    return read_marker(data, url)[1]
+
+
+def read_marker(data: bytes, url: str) -> tuple:
+    """(layout, chunk size) a remote's MVCREMOTE names; CorruptObject if it is not one this mvc reads."""
     try:
         fields = dict(line.split(" ", 1) for line in data.decode().splitlines() if line)
         version, size = int(fields["mvc-remote"]), int(fields["chunk-size"])
     except (ValueError, KeyError, UnicodeDecodeError):
         raise CorruptObject(f"{url}/{MARKER} is damaged; it is not an mvc remote") from None
-    if version != LAYOUT_VERSION:
-        raise CorruptObject(f"{url} uses remote layout {version}; this mvc reads layout {LAYOUT_VERSION}: upgrade mvc")
-    return size
+    if version not in READS:
+        raise CorruptObject(f"{url} uses remote layout {version}; this mvc reads layouts "
+                            f"{', '.join(map(str, READS))}: upgrade mvc")
+    return version, size
 
 
 def new_name() -> bytes:

@@ -33,6 +33,7 @@ from .. import ondisk
 from .. import reach
 from .. import refs as refnames
 from ..errors import (BadInput, BranchLocked, CorruptObject, Diverged, LockHeld, MvcError, ProtectedRef,  # noqa: F401
+                      HistoryRewritten,
                       PrunedOnRemote, RefRejected, RemoteBusy, RemoteDamaged, UntrustedAnswer)  # RefRejected re-exported
 from ..objects import TensorLeaf, object_id
 from ..store import locks as locking
@@ -51,10 +52,22 @@ class RefUpdate:
     ref: str  # heads/X or tags/X
     old: Optional[str]  # hex ids
     new: Optional[str]
-    status: str  # "new", "updated", "up to date", "forced", CLASHES
+    status: str  # "new", "updated", "up to date", "forced", CLASHES, REFUSED
 
 
 CLASHES = "not fetched: a local branch has this name"  # a fetched tag that would hide or be hidden by a branch
+# a fetched tag signing.require refuses (signing.fetch flag or off: the rest of the fetch is taken)
+REFUSED = "not fetched: its policy requires good signatures"
+
+
+@dataclass(frozen=True)
+class Flagged:
+    """A remote ref whose move breaks the signing policy, fetched anyway (``signing.fetch flag``):
+    a branch's tracking ref moved; a tag is not made here (its RefUpdate says REFUSED)."""
+    ref: str  # heads/X or tags/X
+    id: Optional[str]  # hex: the commit whose signature is not good, or the tip a rewrite moved to
+    status: str  # that commit's verdict (unsigned, unknown, bad), or "rewritten"
+    message: str
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,7 @@ class FetchReport:
     pruned: tuple = ()
     # chunks refs here need (beyond the remote's refs) that are neither here nor on the cached remote
     lost: int = 0
+    flagged: tuple = ()  # Flagged: the policy's findings that signing.fetch flag let through
 
 
 @dataclass(frozen=True)
@@ -153,6 +167,8 @@ def _read_targets(conn: Connection, targets: dict) -> tuple:
     (refs as ``remote_refs`` gives them, {deleted ref: etag}, {damaged ref: etag})."""
     current = conn.remote_refs()
     absent = [ref for ref in targets if ref not in current and ref not in conn.deleted and ref not in conn.damaged]
+    if absent:
+        conn.upgrade()  # a tombstone is fenced: layout 2 first (docs/format.md 11.1.1)
     for ref in absent:
         try:
             conn.bucket.put(layout.ref_key(ref), layout.encode_tombstone(time.time()), if_absent=True)
@@ -307,6 +323,7 @@ def _delete_refs(repo, conn: Connection, names: tuple, force: bool, held) -> lis
             raise ProtectedRef(f"{refnames.human(ref)} is protected on remote {conn.name!r}; nothing was deleted",
                                ref=ref, action="delete", forced="delete it")
         _check_remote_lock(conn, ref, me)
+        conn.upgrade()  # a tombstone is fenced: layout 2 first (docs/format.md 11.1.1)
         held.check()
         try:
             conn.bucket.put(layout.ref_key(ref), layout.encode_tombstone(time.time()), if_match=etag)
@@ -408,6 +425,7 @@ def _move_refs(repo, conn: Connection, targets: dict, force: bool, current: dict
                 rejected.append(ref)
                 continue
         _check_remote_lock(conn, ref, me)
+        conn.upgrade()  # a ref is fenced: layout 2 first (docs/format.md 11.1.1)
         body = layout.encode_ref(tip, protected or old_protected)
         try:
             written = conn.bucket.put(key, body, if_absent=True) if etag is None else \
@@ -680,13 +698,22 @@ def fetch(repo, name: Optional[str] = None, progress=None, prune: bool = False) 
         lazy = lazy_for(repo, conn.name)
         with repo.gc_lock.shared():
             inc, fetched = _plan_fetch(repo, conn, [oid for oid, _, _ in remote.values()], lazy)
-            _audit.check_fetch(repo, conn.name, {ref: oid for ref, (oid, _, _) in remote.items()}, fetched)
+            errors = _audit.check_fetch(repo, conn.name, {ref: oid for ref, (oid, _, _) in remote.items()}, fetched)
             received = 0 if lazy else download(repo, conn, inc.chunks, progress)
-            updates = _store_fetch(repo, conn, inc, remote, prune)
+            refused: list = []
+            updates = _store_fetch(repo, conn, inc, remote, prune, refused)
+        flagged = {f.ref: f for f in map(_flagged, errors + refused)}
         return FetchReport(conn.name, tuple(updates), len(inc.objects), 0 if lazy else len(inc.chunks),
-                           received, lazy, tuple(sorted(conn.damaged)), inc.pruned_here, inc.lost)
+                           received, lazy, tuple(sorted(conn.damaged)), inc.pruned_here, inc.lost,
+                           tuple(flagged[ref] for ref in sorted(flagged)))
     finally:
         conn.close()
+
+
+def _flagged(error) -> Flagged:
+    if isinstance(error, HistoryRewritten):
+        return Flagged(error.ref, error.new, "rewritten", str(error))
+    return Flagged(error.ref, error.id.hex() if isinstance(error.id, bytes) else error.id, error.status, str(error))
 
 
 def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> tuple:
@@ -746,7 +773,10 @@ def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetc
     return [cid for cid in out if txn.chunk(cid) is None and cid not in known]
 
 
-def _store_fetch(repo, conn: Connection, inc: _Incoming, remote: dict, prune: bool = False) -> list:
+def _store_fetch(repo, conn: Connection, inc: _Incoming, remote: dict, prune: bool = False,
+                 refused: Optional[list] = None) -> list:
+    """Index what came, move the tracking refs, make the remote's new tags here; the RefUpdates.
+    ``refused`` gets the policy's error of each tag left out."""
     updates = []
     for name in sorted(inc.extensions):  # FORMAT first, then the data that needs it
         ondisk.require_extension(repo.dir, name)
@@ -771,6 +801,15 @@ def _store_fetch(repo, conn: Connection, inc: _Incoming, remote: dict, prune: bo
             elif ref.startswith(refnames.TAGS) and txn.ref(ref) is None and refnames.is_valid_name(ref[len(refnames.TAGS):]):
                 if txn.ref(refnames.BRANCHES + refnames.short_name(ref)) is not None:
                     updates.append(RefUpdate(ref, None, oid.hex(), CLASHES))  # the name would mean two things
+                    continue
+                # a local tag is a local ref move: the policy refuses one onto a commit whose signature is
+                # not good, whatever signing.fetch says (refuse stopped the fetch before this; flag and off
+                # take the rest of the fetch and leave the tag out)
+                error = _audit.check_ref_move(repo, txn, ref, None, oid, f"from remote {conn.name!r}")
+                if error is not None:
+                    updates.append(RefUpdate(ref, None, oid.hex(), REFUSED))
+                    if refused is not None:
+                        refused.append(error)
                     continue
                 repo.refs.set_if_equals(txn, ref, None, oid, f"fetch: {conn.name}")
                 updates.append(RefUpdate(ref, None, oid.hex(), "new"))

@@ -8,10 +8,12 @@ Vocabulary:
   verified on arrival and kept in a new local pack.
 - **evictable chunk**: one the catalogue shows in a pack on the cached
   remote (after a fresh listing), whose bytes there read back and hash to
-  its id at eviction time, that no pinned commit uses nor any commit the
+  its id at eviction time, that a commit the remote's refs reach (as they
+  are now) uses, and that no pinned commit uses nor any commit the
   remote's branches do not reach (a remote gc may delete what they do not
-  need). Chunks only here (not yet pushed), or whose remote copy is
-  damaged, are never evicted.
+  need). Chunks only here (not yet pushed), whose remote copy is damaged,
+  or that the remote lists only in packs its refs do not need (garbage: a
+  killed push's, a deleted branch's), are never evicted.
 - **pinned commits**: what HEAD names, the tips of branches with a live
   write lock (a run is training there), and refs pinned with ``mvc cache
   pin REF`` (``keep-local``).
@@ -52,8 +54,8 @@ from ..store import fs
 from ..store.chunks import THREADS, ChunkStore, Forwarding
 from ..traverse import walk as walk_tree
 from . import config, transfer
-from .catalogue import Catalogue
-from .connection import Connection
+from .catalogue import Catalogue, read_trailer
+from .connection import Connection, classify
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class EvictReport:
     kept_pinned: int = 0  # chunks the remote holds, kept because a pinned commit uses them
     kept_local: int = 0  # chunks kept because the remote does not hold them
     kept_unverified: int = 0  # chunks kept because their remote copy did not read back intact
+    # chunks the remote lists only in packs its refs do not need (a killed push's, a deleted
+    # branch's): a remote gc deletes those, so they are no copy to drop the local one for
+    kept_garbage: int = 0
     unverified: tuple = ()  # (chunk hex, remote pack key, why) of those, the first few
     # remote refs at commits this clone does not hold (pushed since its last fetch): what they reach
     # cannot be told here, so every commit here counts as not on the remote until a fetch
@@ -389,31 +394,59 @@ def pinned_commits(repo, txn) -> set:
     return out
 
 
+def _history(repo, txn, tips, stop=frozenset()) -> set:
+    """The commits held here that ``tips`` reach (a commit not held here ends its line)."""
+    def commit(oid):
+        return repo.objects.commit(txn, oid) if txn.get("commits", oid) is not None else None
+    return set(reach.ancestry(commit, tips, stop=stop))
+
+
 def _unpushed(repo, txn, remote_tips: list) -> set:
     """Commits local branches and tags reach that no ref of the remote reaches (``remote_tips``:
     its refs as it holds them now, not the tracking refs: a branch deleted there since the last
     fetch keeps its tracking ref here). The remote keeps only what its refs need (a remote gc deletes
     the rest), so a chunk such a commit shares with the remote's packs today is not safe there
     tomorrow: it stays local."""
-    def commit(oid):  # one not held here ends its line
-        return repo.objects.commit(txn, oid) if txn.get("commits", oid) is not None else None
-
-    def history(tips, stop=frozenset()) -> set:
-        return set(reach.ancestry(commit, tips, stop=stop))
-    tracked = history(remote_tips)
+    tracked = _history(repo, txn, remote_tips)
     mine = [v.id for name, v in txn.refs() if v.id is not None and name.startswith((refnames.BRANCHES, refnames.TAGS))]
-    return history(mine, tracked)
+    return _history(repo, txn, mine, tracked)
+
+
+def _kept_by_remote(repo, txn, remote_tips: list, pruned_there: set) -> set:
+    """The chunks the remote's refs need (``remote_tips``: as it holds them now), as far as the
+    commits held here tell, less those of commits its retention pruned (``pruned_there``): the
+    only remote copies a remote gc keeps. A chunk its packs list that they do not need (a killed
+    or rejected push's, a deleted branch's, a pruned commit's) is garbage there, however many
+    local or other remotes' refs need it: no copy to drop the local one for."""
+    return commit_chunks(repo, txn, _history(repo, txn, remote_tips) - pruned_there)
+
+
+def _pruned_there(repo, conn: Connection) -> set:
+    """The commits the remote's retention pruned: its ``pruned`` notes, read (verified) from the
+    object packs holding records not indexed here (notes never are; fetch reads the same packs).
+    A retention run since the last fetch is seen here, before its young packs are deleted."""
+    with repo.index.read() as txn:
+        wanted = [key for key, ids in conn.catalogue.object_packs().items()
+                  if any(all(txn.get(kind, oid) is None for kind in ("commits", "trees", "tensors")) for oid in ids)]
+    out = set()
+    for key in sorted(wanted):
+        for oid, data in transfer.read_pack_records(conn.bucket, key, read_trailer(conn.bucket, key)).items():
+            kind, obj = classify(data, oid)
+            if kind == "pruned":
+                out.add(obj["commit"])
+    return out
 
 
 def commit_chunks(repo, txn, commits: set) -> set:
     """The chunk ids the trees of ``commits`` use (pruned commits use none)."""
-    out = set()
+    out, seen = set(), set()
     for oid in commits:
         if repo.objects.pruned(txn, oid) is not None:
             continue
         tree = repo.objects.commit_tree(txn, oid)
         for _, leaf in walk_tree(tree.root):
-            if isinstance(leaf, TensorLeaf):
+            if isinstance(leaf, TensorLeaf) and leaf.id not in seen:  # commits share most tensors
+                seen.add(leaf.id)
                 out.update(repo.objects.tensor(txn, leaf.id).chunks)
     return out
 
@@ -440,19 +473,20 @@ def evict(repo, budget: Optional[int] = None) -> EvictReport:
         tips = [oid for oid, _, _ in refs.values()]  # its branches and tags keep their data there
         with repo.index.read() as txn:
             ahead = tuple(sorted(ref for ref, (oid, _, _) in refs.items() if txn.get("commits", oid) is None))
+        pruned_there = _pruned_there(repo, conn) if local_bytes(repo) > budget else set()
         with repo.gc_lock.exclusive():
             repo.reread_format()  # the packs it rewrites may hold records a repack elsewhere encoded
-            return replace(_evict(repo, conn, budget, tips), remote_ahead=ahead)
+            return replace(_evict(repo, conn, budget, tips, pruned_there), remote_ahead=ahead)
     finally:
         conn.close()
 
 
-def _evict(repo, conn: Connection, budget: int, remote_tips: list) -> EvictReport:
+def _evict(repo, conn: Connection, budget: int, remote_tips: list, pruned_there: set) -> EvictReport:
     catalogue = conn.catalogue
     packs = local_packs(repo)
     before = total = sum(size for _, size in packs.values())
     report = dict(packs_evicted=0, packs_rewritten=0, chunks_evicted=0, kept_pinned=0, kept_local=0, kept_base=0,
-                  kept_unverified=0)
+                  kept_unverified=0, kept_garbage=0)
     unverified = []
     if total <= budget:
         return EvictReport(budget, before, total)
@@ -461,6 +495,7 @@ def _evict(repo, conn: Connection, budget: int, remote_tips: list) -> EvictRepor
         for cid, loc in repo.chunks.records(txn):
             by_pack.setdefault(loc.pack, []).append((cid, loc))
         pinned = commit_chunks(repo, txn, pinned_commits(repo, txn) | _unpushed(repo, txn, remote_tips))
+        kept_there = _kept_by_remote(repo, txn, remote_tips, pruned_there)
     users: dict = {}  # delta base -> the local records that decode through it
     for items in by_pack.values():
         for cid, loc in items:
@@ -474,7 +509,7 @@ def _evict(repo, conn: Connection, budget: int, remote_tips: list) -> EvictRepor
             break
         items = by_pack[name]
         remote = catalogue.chunks([cid for cid, _ in items])
-        drop = {cid for cid, _ in items if cid in remote and cid not in pinned}
+        drop = {cid for cid, _ in items if cid in remote and cid in kept_there and cid not in pinned}
         # the last good copy is sacred: drop only what the remote's bytes prove it holds
         bad = transfer.verify_chunks(conn.bucket, {cid: remote[cid] for cid in drop})
         report["kept_unverified"] += len(bad)
@@ -484,7 +519,10 @@ def _evict(repo, conn: Connection, budget: int, remote_tips: list) -> EvictRepor
         keep = [(cid, loc) for cid, loc in items if cid not in dropped]
         report["kept_pinned"] += sum(1 for cid, _ in keep if cid in pinned and cid in remote)
         report["kept_local"] += sum(1 for cid, _ in keep if cid not in remote)
-        report["kept_base"] += sum(1 for cid, _ in keep if cid in remote and cid not in pinned and cid not in bad)
+        report["kept_garbage"] += sum(1 for cid, _ in keep if cid in remote and cid not in kept_there
+                                      and cid not in pinned)
+        report["kept_base"] += sum(1 for cid, _ in keep if cid in remote and cid in kept_there and cid not in pinned
+                                   and cid not in bad)
         gone |= dropped
         if not drop:
             continue

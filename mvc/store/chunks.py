@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
+import numpy as np
+
 from .. import hashing
 from ..errors import (BadChunkLocation, BadEncoding, ChecksumMismatch, CorruptObject, HashMismatch,
                       ObjectNotFound, PackMissing)
@@ -53,7 +55,7 @@ from . import codec
 from .verify import intact, mismatch, verified
 from .compact import Compacted, compact
 from .fs import entries
-from .index import read_only
+from .index import RAW_VALUE, read_only
 from .packs import (NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, PackReader, PackWriter, list_packs, pack_filename,
                     read_trailer)
 
@@ -154,6 +156,10 @@ class ChunkStore(ABC):
         """Whether this store holds chunk ``cid`` itself, not through a remote: what a writer may skip
         writing. A cache's remote is no such proof (its listing may be older than a remote gc)."""
         return self.has(cid, txn)
+
+    def kept(self, ids: list, txn) -> set:
+        """Those of ``ids`` this store ``keeps`` (a commit asks once per batch of hashed chunks)."""
+        return {cid for cid in ids if self.keeps(cid, txn)}
 
     @abstractmethod
     def locate(self, cid: bytes, txn, what: str = "") -> Location:
@@ -297,6 +303,14 @@ class ChunkWriter(ABC):
     def add(self, cid: bytes, data) -> bool:
         """Add a chunk; False if this batch already holds it."""
 
+    def add_many(self, ids: list, data, size: int, rows: list) -> int:
+        """Add chunks ``data[r * size:(r + 1) * size]`` (the last row may be shorter, where
+        ``data`` ends) for each row r of ``rows``, under ``ids``; the bytes of those added
+        (not those the batch already held)."""
+        view = memoryview(data).cast("B")
+        return sum(len(piece) for cid, piece in ((cid, view[r * size:(r + 1) * size]) for cid, r in zip(ids, rows))
+                   if self.add(cid, piece))
+
     def add_record(self, cid: bytes, payload, kind: int = codec.RAW, size: int = -1, depth: int = 0,
                    base: Optional[bytes] = None) -> bool:
         """Add a record whose stored bytes are ``payload``: the chunk itself
@@ -391,6 +405,9 @@ class PackStore(ChunkStore):
         left entries behind, or by hand) is no reason to skip writing the bytes: the commit would
         name a chunk nobody holds."""
         return on_disk(txn, self.directory, txn.chunk(cid))
+
+    def kept(self, ids: list, txn) -> set:
+        return {cid for cid, loc in txn.chunks_among(ids).items() if on_disk(txn, self.directory, loc)}
 
     def records(self, txn) -> Iterator[tuple]:
         return txn.chunks()
@@ -726,6 +743,18 @@ def publish(txn, directory: Path, located: dict) -> None:
             txn.put_chunk(cid, loc, overwrite=True)
 
 
+def _publish_raw(txn, directory: Path, writer: PackWriter) -> None:
+    """``publish`` for a pack of raw records only, its index values built as one array and
+    put in one loop: a commit of millions of small chunks spends no Location per chunk."""
+    ids = writer.ids
+    values = np.empty(len(ids), dtype=RAW_VALUE)
+    values["pack"], values["offset"], values["length"] = writer.name, writer.offsets, writer.lengths
+    blob, width = values.tobytes(), RAW_VALUE.itemsize
+    for row in txn.put_new_chunks(ids, [blob[i:i + width] for i in range(0, len(blob), width)]):
+        if not on_disk(txn, directory, txn.chunk(ids[row])):
+            txn.put_chunk(ids[row], writer.location(row), overwrite=True)
+
+
 class PackBatch(ChunkWriter):
     """New chunks appended to one new pack of this process."""
 
@@ -734,11 +763,37 @@ class PackBatch(ChunkWriter):
         self.version = version
         self.durable = durable  # False: not fsynced (``PackWriter``)
         self._writer: Optional[PackWriter] = None
-        self._locs: dict = {}
+        self._rows: dict = {}  # id -> its row in the writer
         self.bytes = 0
 
     def add(self, cid: bytes, data) -> bool:
-        return self.add_record(cid, data)
+        if cid in self._rows:
+            return False
+        if self._writer is None:
+            self._writer = PackWriter(self.directory, self.version, self.durable)
+        self._rows[cid] = len(self._writer.ids)
+        self._writer.append(cid, data)
+        self.bytes += self._writer.lengths[-1]
+        return True
+
+    def add_many(self, ids: list, data, size: int, rows: list) -> int:
+        if not ids:
+            return 0
+        if self._writer is None:
+            self._writer = PackWriter(self.directory, self.version, self.durable)
+        known, fresh, where = self._rows, [], []
+        row = len(self._writer.ids)
+        for cid, r in zip(ids, rows):
+            if cid not in known:
+                known[cid] = row
+                row += 1
+                fresh.append(cid)
+                where.append(r)
+        before = self._writer.offset
+        self._writer.append_rows(fresh, data, size, where)
+        added = self._writer.offset - before - RECORD_HEAD.size * len(fresh)
+        self.bytes += added
+        return added
 
     def add_record(self, cid: bytes, payload, kind: int = codec.RAW, size: int = -1, depth: int = 0,
                    base: Optional[bytes] = None) -> bool:
@@ -746,12 +801,16 @@ class PackBatch(ChunkWriter):
         (RAW) or an encoding of it (``codec``) that decodes to ``size`` bytes.
         The caller has proven the encoding decodes to ``cid``. False if this
         batch already holds the chunk."""
-        if cid in self._locs:
+        if kind == codec.RAW:
+            return self.add(cid, payload)
+        if cid in self._rows:
             return False
         if self._writer is None:
             self._writer = PackWriter(self.directory, self.version, self.durable)
-        self._locs[cid] = self._writer.add(cid, payload, kind, size, depth, base)
-        self.bytes += self._locs[cid].length
+        row = len(self._writer.ids)
+        self._writer.add(cid, payload, kind, size, depth, base)
+        self._rows[cid] = row
+        self.bytes += self._writer.lengths[-1]
         return True
 
     def seal(self) -> None:
@@ -759,7 +818,12 @@ class PackBatch(ChunkWriter):
             self._writer.seal()
 
     def publish(self, txn) -> None:
-        publish(txn, self.directory, self._locs)
+        if self._writer is None:
+            return
+        if self._writer.coding:
+            publish(txn, self.directory, self.locations)
+        else:
+            _publish_raw(txn, self.directory, self._writer)
 
     def abort(self) -> None:
         if self._writer is not None:
@@ -767,11 +831,13 @@ class PackBatch(ChunkWriter):
 
     @property
     def count(self) -> int:
-        return len(self._locs)
+        return len(self._rows)
 
     @property
     def locations(self) -> dict:
-        return dict(self._locs)
+        if self._writer is None:
+            return {}
+        return {cid: self._writer.location(row) for cid, row in self._rows.items()}
 
 
 class _Adopted(ChunkWriter):

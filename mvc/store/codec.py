@@ -124,26 +124,49 @@ def group(data: np.ndarray, width: int) -> bytes:
                     + [data[n * width:].tobytes()])
 
 
-def encode(data, width: int, base=None, base_id: bytes = None) -> tuple:
+def encode(data, width: int, base=None, base_id: bytes = None, gain: float = DELTA_GAIN) -> tuple:
     """(kind, payload) for chunk bytes ``data``: GROUPED, DELTA against ``base``
-    (bytes of the same length, whose id is ``base_id``) when that is smaller,
-    or (RAW, None) when neither saves at least MIN_SAVING."""
-    data = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1)
-    size = len(data)
+    (bytes of the same length, whose id is ``base_id``) when that is under ``gain``
+    times the grouped encoding, or (RAW, None) when neither saves at least MIN_SAVING."""
+    data = _as_bytes(data)
+    grouped, delta = candidates(data, width, base, base_id)
+    return choose(len(data), grouped, delta, gain)
+
+
+def _as_bytes(data) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1)
+
+
+def candidates(data, width: int, base=None, base_id: bytes = None) -> tuple:
+    """(grouped, delta): the GROUPED payload of chunk bytes ``data``, and its DELTA payload
+    against ``base`` (None without a base, or with one of another length)."""
+    data = _as_bytes(data)
     width = width if 1 <= width <= MAX_WIDTH else 1
-    best = (RAW, None, size)
-    grouped = group(data, width)
-    if len(grouped) < best[2]:
-        best = (GROUPED, grouped, len(grouped))
+    grouped, delta = group(data, width), None
     if base is not None:
-        other = np.frombuffer(base, dtype=np.uint8) if not isinstance(base, np.ndarray) else base.reshape(-1)
-        if len(other) == size:
+        other = _as_bytes(base)
+        if len(other) == len(data):
             delta = base_id + group(np.bitwise_xor(data, other), width)
-            if len(delta) < best[2] * DELTA_GAIN:
-                best = (DELTA, delta, len(delta))
+    return grouped, delta
+
+
+def choose(size: int, grouped: bytes, delta, gain: float = DELTA_GAIN) -> tuple:
+    """(kind, payload) of a chunk of ``size`` bytes from its candidates: the grouped payload
+    where it is smaller than the chunk, the delta where it is under ``gain`` times that (1.0:
+    wherever it is smaller), and (RAW, None) when the choice does not save MIN_SAVING."""
+    best = (RAW, None, size)
+    if len(grouped) < size:
+        best = (GROUPED, grouped, len(grouped))
+    if delta is not None and len(delta) < best[2] * gain:
+        best = (DELTA, delta, len(delta))
     if best[0] == RAW or best[2] > size - max(1, int(size * MIN_SAVING)):
         return RAW, None
     return best[0], best[1]
+
+
+def stored_size(size: int, choice: tuple) -> int:
+    """The bytes a record of ``choose``'s ``choice`` takes for a chunk of ``size`` bytes."""
+    return size if choice[0] == RAW else len(choice[1])
 
 
 def delta_base(payload) -> bytes:

@@ -24,7 +24,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import lmdb
 import numpy as np
@@ -129,8 +129,8 @@ def _location(raw: bytes) -> Location:
 
 SCAN_BATCH = 1 << 16  # chunk entries a scan holds at once: about 6 MB
 # A chunk index value of a raw record as numpy reads it (INDEX_RAW's layout, 28 bytes).
-_RAW_VALUE = np.dtype([("pack", "V16"), ("offset", "<u8"), ("length", "<u4")])
-assert _RAW_VALUE.itemsize == INDEX_RAW.size
+RAW_VALUE = np.dtype([("pack", "V16"), ("offset", "<u8"), ("length", "<u4")])
+assert RAW_VALUE.itemsize == INDEX_RAW.size
 # Locations as columns: ``size`` is the decoded size, ``bad`` marks a value that does not decode.
 LOCATIONS = np.dtype([("pack", "V16"), ("offset", "<u8"), ("length", "<u4"), ("size", "<i8"), ("kind", "u1"),
                       ("bad", "?")])
@@ -167,7 +167,7 @@ def _batch(keys: list, values: list) -> ChunkBatch:
     raw = np.fromiter(map(len, values), dtype=np.int64, count=n) == INDEX_RAW.size
     plain = np.flatnonzero(raw)
     if len(plain):
-        parsed = np.frombuffer(b"".join(values if len(plain) == n else [values[i] for i in plain]), _RAW_VALUE)
+        parsed = np.frombuffer(b"".join(values if len(plain) == n else [values[i] for i in plain]), RAW_VALUE)
         for name in ("pack", "offset", "length"):
             locs[name][plain] = parsed[name]
         locs["size"][plain] = parsed["length"]
@@ -206,6 +206,37 @@ class Txn:
     def put_chunk(self, cid: bytes, loc: Location, overwrite: bool = False) -> bool:
         raw = encode_location(loc)
         return self._txn.put(cid, raw, db=self._dbs["chunks"], overwrite=overwrite)
+
+    def chunks_among(self, ids: Iterable[bytes]) -> dict:
+        """{id: Location} of those of ``ids`` the chunk table holds (one lookup each, no Location for the rest)."""
+        get, db, found = self._txn.get, self._dbs["chunks"], {}
+        for cid in ids:
+            raw = get(cid, db=db)
+            if raw is not None:
+                found[cid] = _location(raw)
+        return found
+
+    def put_new_chunks(self, ids: list, values: list) -> list:
+        """Put chunk index values (``encode_location``'s bytes) under ``ids`` where no entry is
+        yet; the positions in ``ids`` of those that already had one (left as they were). Put in
+        id order (by the first 8 bytes: order only helps, it decides nothing), neighbouring keys
+        landing on the same B-tree pages (about 3x fewer cycles per put), in one ``putmulti``."""
+        db = self._dbs["chunks"]
+        if not ids:
+            return []
+        keys = b"".join(ids)
+        if len(keys) != idarray.WIDTH * len(ids):  # not all chunk ids: one at a time, in the order given
+            return [i for i, (cid, raw) in enumerate(zip(ids, values)) if not self._txn.put(cid, raw, db=db,
+                                                                                              overwrite=False)]
+        order = np.frombuffer(keys, dtype=">u8")[::idarray.WIDTH // 8].argsort(kind="stable").tolist()
+        with self._txn.cursor(db=db) as cursor:
+            consumed, added = cursor.putmulti([(ids[i], values[i]) for i in order], dupdata=False, overwrite=False)
+        if added == consumed:
+            return []
+        # some were indexed already: those whose value is not the one just offered (each new value
+        # names this batch's new pack, so no older entry can equal it)
+        get = self._txn.get
+        return [i for i in order if get(ids[i], db=db) != values[i]]
 
     def delete_chunk(self, cid: bytes) -> None:
         self._txn.delete(cid, db=self._dbs["chunks"])

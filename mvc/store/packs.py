@@ -109,12 +109,25 @@ def pack_filename(name: bytes) -> str:
     return f"pack-{name.hex()}.pack"
 
 
+COPY_BELOW = 64 << 10  # records smaller than this are copied into the write buffer, larger ones written at once
+BUFFER_BYTES = 1 << 20  # copied records written with one system call once they reach this many bytes
+_RAW_ENTRY = np.dtype([("id", "S32"), ("offset", "<u8"), ("length", "<u4")])  # a version 1 trailer entry
+assert _RAW_ENTRY.itemsize == ENTRY.size
+
+
 class PackWriter:
     """Appends chunk records to a new pack; ``seal`` makes it durable.
 
-    Call order: ``add`` any number of times, then ``seal`` once (or
-    ``abort``). Nothing is visible under a ``.pack`` name before ``seal``
-    returns; a writer that is never sealed leaves only a ``.tmp`` file.
+    Call order: ``add`` (or ``append``) any number of times, then ``seal``
+    once (or ``abort``). Nothing is visible under a ``.pack`` name before
+    ``seal`` returns; a writer that is never sealed leaves only a ``.tmp`` file.
+
+    Small records are copied into a buffer of about BUFFER_BYTES and written
+    with one system call (a commit of millions of small chunks would
+    otherwise spend its time in one ``writev`` per record); ``seal`` writes
+    what is buffered before the trailer and the fsync. The records are kept
+    as columns (``ids``, ``offsets``, ``lengths``; ``coding`` {row: (kind,
+    size, depth, base)} for encoded ones), not a Location each.
 
     ``durable`` False: a pack of copies of bytes that are safe elsewhere
     (a cache of a remote): no early writeback, no fsync of the file or its
@@ -129,8 +142,12 @@ class PackWriter:
         self.name = secrets.token_bytes(NAME_BYTES)
         self.tmp_path = self.directory / (pack_filename(self.name) + ".tmp")
         self.fd = open_file(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        self.offset = self._written_back = 0
-        self.entries: list = []
+        self.offset = self._written = self._written_back = 0  # offset: the end, buffered bytes included
+        self._buffer = bytearray()
+        self.ids: list = []
+        self.offsets: list = []
+        self.lengths: list = []
+        self.coding: dict = {}
         try:
             self._write([packformat.HEADERS[version]])
         except BaseException:  # a full disk already: leave no .tmp behind
@@ -138,33 +155,115 @@ class PackWriter:
             raise
 
     def _write(self, buffers: list) -> None:
+        """Write the buffered records, then ``buffers``."""
+        if self._buffer:
+            buffers = [self._buffer] + buffers
         total = sum(len(b) for b in buffers)
         written = os.writev(self.fd, buffers)
         while written < total:  # short write: finish the rest plainly
             rest = b"".join(bytes(b) for b in buffers)[written:]
             written += os.write(self.fd, rest)
-        self.offset += total
-        if self.durable and self.offset - self._written_back >= WRITEBACK_BYTES:
-            start_writeback(self.fd, self._written_back, self.offset - self._written_back)
-            self._written_back = self.offset
+        self._buffer = bytearray()
+        self._written += total
+        self.offset = self._written
+        if self.durable and self._written - self._written_back >= WRITEBACK_BYTES:
+            start_writeback(self.fd, self._written_back, self._written - self._written_back)
+            self._written_back = self._written
+
+    def append(self, chunk_id: bytes, data) -> int:
+        """Append one raw chunk record; returns the offset of its data."""
+        mv = memoryview(data).cast("B")
+        n = len(mv)
+        head = RECORD_HEAD.pack(chunk_id, n)
+        if n < COPY_BELOW:  # copied now: the caller's bytes may change once this returns
+            self._buffer += head
+            self._buffer += mv
+            self.offset += RECORD_HEAD.size + n
+            if len(self._buffer) >= BUFFER_BYTES:
+                self._write([])
+        else:
+            self._write([head, mv])
+        self.ids.append(chunk_id)
+        self.offsets.append(self.offset - n)
+        self.lengths.append(n)
+        return self.offset - n
+
+    def append_rows(self, ids: list, data, size: int, rows: list) -> None:
+        """Append raw records of chunks ``data[r * size:(r + 1) * size]`` (the last row may be
+        shorter, where ``data`` ends) for each row r of ``rows``, under ``ids``. Records of
+        small chunks are built as one array and written with one call (a commit of millions
+        of small chunks would otherwise spend its time here), large ones one by one."""
+        view = memoryview(data).cast("B")
+        full = len(view) // size
+        if size >= COPY_BELOW or any(r >= full for r in rows[:-1]):  # big chunks, or rows out of order
+            for cid, r in zip(ids, rows):
+                self.append(cid, view[r * size:(r + 1) * size])
+            return
+        if rows and rows[-1] >= full:  # a short last chunk: the rest as one array, then it
+            self.append_rows(ids[:-1], data, size, rows[:-1])
+            self.append(ids[-1], view[rows[-1] * size:(rows[-1] + 1) * size])
+            return
+        k, width = len(ids), RECORD_HEAD.size + size
+        if not k:
+            return
+        records = np.empty((k, width), dtype=np.uint8)
+        records[:, :32] = np.frombuffer(b"".join(ids), dtype=np.uint8).reshape(k, 32)
+        records[:, 32:RECORD_HEAD.size] = np.frombuffer(RECORD_HEAD.pack(bytes(32), size)[32:], dtype=np.uint8)
+        grid = np.frombuffer(view, dtype=np.uint8, count=full * size).reshape(full, size)
+        # a copy: the caller's bytes may change once this returns
+        records[:, RECORD_HEAD.size:] = grid[np.asarray(rows, dtype=np.int64)]
+        at = self.offset
+        self.ids += ids
+        self.offsets += range(at + RECORD_HEAD.size, at + k * width, width)
+        self.lengths += [size] * k
+        self.offset = at + k * width
+        flat = memoryview(records).cast("B")
+        if records.nbytes >= BUFFER_BYTES:
+            self._write([flat])
+        else:
+            self._buffer += flat
+            if len(self._buffer) >= BUFFER_BYTES:
+                self._write([])
 
     def add(self, chunk_id: bytes, data, kind: int = 0, size: int = -1, depth: int = 0,
             base: Optional[bytes] = None) -> Location:
         """Append one chunk record (its bytes, or with ``kind`` an encoding of
         them that decodes to ``size`` bytes); returns where its data lies."""
-        mv = memoryview(data).cast("B")
         if kind and self.version < 2:  # a caller that did not re-read FORMAT after a repack elsewhere
             raise UnsupportedFormat(f"chunk {chunk_id.hex()[:12]}: encoded records go only into version 2 packs, "
                                     "and this process opened the repository before its FORMAT listed "
                                     "encoded-records: open it again", problem="stale", version=self.version)
-        self._write([RECORD_HEAD.pack(chunk_id, len(mv)), mv])
-        loc = Location(self.name, self.offset - len(mv), len(mv), kind, size if kind else -1, depth, base)
-        self.entries.append((chunk_id, loc))
-        return loc
+        offset = self.append(chunk_id, data)
+        if kind:
+            self.coding[len(self.ids) - 1] = (kind, size, depth, base)
+        return self.location(len(self.ids) - 1) if kind else Location(self.name, offset, self.lengths[-1])
+
+    def location(self, row: int) -> Location:
+        """The Location of the ``row``-th record appended."""
+        coding = self.coding.get(row)
+        if coding is None:
+            return Location(self.name, self.offsets[row], self.lengths[row])
+        kind, size, depth, base = coding
+        return Location(self.name, self.offsets[row], self.lengths[row], kind, size if kind else -1, depth, base)
+
+    @property
+    def entries(self) -> list:
+        """(id, Location) of every record appended, in order."""
+        return [(cid, self.location(row)) for row, cid in enumerate(self.ids)]
+
+    def _trailer(self) -> bytes:
+        if self.version >= 2 or self.coding:
+            return packformat.trailer(self.entries, self.offset, self.version)
+        table = np.empty(len(self.ids), dtype=_RAW_ENTRY)  # version 1: built as one array, same bytes
+        table["id"] = np.frombuffer(b"".join(self.ids), dtype="S32") if self.ids else []
+        table["offset"], table["length"] = self.offsets, self.lengths
+        body = packformat.COUNT.pack(len(self.ids)) + table.tobytes()
+        return body + FOOTER.pack(hashing.digest(body), self.offset, SEAL)
 
     def seal(self) -> Path:
-        """Write the trailer, fsync (if ``durable``), and rename into place; returns the path."""
-        self._write([packformat.trailer(self.entries, self.offset, self.version)])
+        """Write the buffered records and the trailer, fsync (if ``durable``), and rename
+        into place; returns the path."""
+        self._write([self._trailer()])
         if self.durable:
             os.fsync(self.fd)
         os.close(self.fd)
@@ -177,6 +276,7 @@ class PackWriter:
 
     def abort(self) -> None:
         """Close and remove the unsealed file (best effort)."""
+        self._buffer = bytearray()
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

@@ -307,7 +307,13 @@ def test_a_name_with_its_kind_is_not_taken_by_a_remote_of_that_name(repo, tmp_pa
     other.remotes.add("o", str(tmp_path / "remote"))
     other.remotes.push("o", ("v1",))
     other.close()
-    repo.remotes.add("tags", str(tmp_path / "remote"))
+    import dataclasses
+    from mvc.remote import config
+    with pytest.raises(mvc.errors.InvalidRemoteName):  # refused as a new name now,
+        repo.remotes.add("tags", str(tmp_path / "remote"))
+    repo.remotes.add("o", str(tmp_path / "remote"))
+    with repo.index.write() as txn:  # but one an older mvc added stays usable: settings as it wrote them
+        config.put(txn, dataclasses.replace(config.get(txn, "o"), name="tags"))
     repo.remotes.fetch("tags")
     assert repo.resolve("remotes/tags/v1") == theirs.id
     assert repo.resolve("tags/v1") == mine.id and repo.resolve("v1") == mine.id

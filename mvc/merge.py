@@ -637,6 +637,15 @@ class _Plan:
     not_merged: tuple = ()
 
 
+def _every_rule_matches(rules: tuple, keys: list) -> None:
+    """BadRecipe naming the first rule whose glob matches none of ``keys``: a misspelt rule
+    would otherwise leave its tensors to the default strategy without a word (as ``only``
+    that matches nothing is refused)."""
+    for i, rule in enumerate(rules):
+        if not any(fnmatch.fnmatchcase(key, rule.keys) for key in keys):
+            raise BadRecipe(f"rules[{i}] (keys {rule.keys!r}) matches no tensor of the inputs", field=f"rules[{i}]")
+
+
 def _plan(recipe: Recipe, inputs: list, base: Optional[_Input]) -> _Plan:
     n = len(inputs)
     default = _spec(recipe.strategy, recipe.params, recipe.weights, n, "recipe")
@@ -649,6 +658,7 @@ def _plan(recipe: Recipe, inputs: list, base: Optional[_Input]) -> _Plan:
         strategy = rule.strategy or recipe.strategy
         params = rule.params if rule.strategy else {**recipe.params, **rule.params}
         specs[i] = _spec(strategy, params, rule.weights or recipe.weights, n, f"rules[{i}]")
+    _every_rule_matches(recipe.rules, [format_path(path) for path in inputs[0].objs])
     actions, refused, unmergeable, not_merged = {}, [], {}, []
     for path, obj in inputs[0].objs.items():
         key = format_path(path)

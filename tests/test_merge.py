@@ -318,6 +318,7 @@ def test_optimizer_state_is_refused_unless_left_out_or_taken(repo):
     ({"weights": [1.0]}, "weights"),
     ({"strategy": "nope"}, "strategy"),
     ({"rules": [{"keys": "w", "take": 7}]}, "rules[0]"),
+    ({"rules": [{"keys": "w", "take": 1}, {"keys": "model.*", "take": 0}]}, "rules[1]"),  # matches no key
     ({"params": {"normalize": "yes"}}, "normalize"),
 ])
 def test_bad_recipes_are_refused_before_any_work(repo, options, field):

@@ -24,7 +24,8 @@ folders only, and a matched folder leaves out all it holds). **Hidden
 files** (a part of the path starts with ``.``: ``.ssh/id_ed25519``,
 ``.env``, ``.netrc``) are committed like any other file, and reported as
 ``hidden`` so that a secret is never stored without a word (the usual
-``.gitattributes``, ``.gitignore`` and ``.mvcignore`` are not reported). Symbolic links: a
+``.gitattributes``, ``.gitignore`` and ``.mvcignore`` are not reported), and so is a
+file linked from outside the folder (but a hub cache's ``blobs/``). Symbolic links: a
 link to a regular file is read (a hub cache snapshot is made of them, and
 reading a file cannot loop); a link to a folder is refused (``FolderLink``),
 since it may loop (``again -> .``) or lead out of the folder, as is a link
@@ -93,8 +94,19 @@ def _files(root: Path, skipped: Optional[list] = None, hidden: Optional[list] = 
             elif skipped is not None:  # a FIFO, socket, device or dangling link: never read
                 skipped.append((rel / name).as_posix())
     if hidden is not None:
-        hidden.extend(n for n in sorted(out) if _hidden(n))
+        hidden.extend(n for n in sorted(out) if _hidden(n) or _leads_out(root, n))
     return sorted(out)
+
+
+def _leads_out(root: Path, rel: str) -> bool:
+    """Whether file ``rel`` is a link whose target lies outside the folder, other than a hub
+    cache's ``blobs/`` (a snapshot's files link there): ``tokenizer.model -> ~/.ssh/id_ed25519``
+    would store a secret as a model file."""
+    path = Path(root) / rel
+    if not path.is_symlink():
+        return False
+    target = path.resolve()
+    return not target.is_relative_to(Path(root).resolve()) and target.parent.name != "blobs"
 
 
 def _hidden(rel: str) -> bool:

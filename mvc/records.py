@@ -41,7 +41,8 @@ class Commit:
     pruned: bool = False  # retention deleted its tensors; its record stays in history
     branch: Optional[str] = None  # the branch a new commit moved (None when detached or read back)
     left_out: tuple = ()  # what a new commit of a model folder did not store (".mvc/", ".git/", a FIFO)
-    hidden: tuple = ()  # hidden files a new commit of a model folder stored (".ssh/id_ed25519", ".env")
+    hidden: tuple = ()  # hidden files a new commit of a model folder stored (".ssh/id_ed25519", ".env"), and
+    # files linked from outside the folder
 
     @property
     def short_id(self) -> str:

@@ -33,9 +33,29 @@ def test_hidden_files_a_folder_commit_stores_are_reported(repo, tmp_path):
     assert ".ssh/id_ed25519" in files and ".gitattributes" in files  # stored as the folder holds them, and said
     r = run_cli(repo, "commit", folder, "-m", "again")
     assert r.exit_code == 0, r.output
-    assert ("warning: this commit holds the folder's hidden files .env, .ssh/id_ed25519, sub/.aws/credentials; "
+    assert ("warning: this commit holds the folder's hidden files (or files linked from outside it) .env, "
+            ".ssh/id_ed25519, sub/.aws/credentials; "
             f"to leave them out, list them in {folder}/.mvcignore") in r.stderr
     assert json.loads(run_cli(repo, "commit", folder, "--json").stdout)["hidden"] == list(c.hidden)
+
+
+def test_a_file_linked_from_outside_the_folder_is_reported(repo, tmp_path):
+    """tokenizer.model -> ~/.ssh/id_ed25519 went in as a model file without a word; a hub cache
+    snapshot's links into its blobs/ are what a snapshot is made of, and are not reported."""
+    secret = tmp_path / "home" / ".ssh" / "id_ed25519"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    blob = tmp_path / "hub" / "blobs" / "abc123"
+    blob.parent.mkdir(parents=True)
+    blob.write_text('{"hidden_size": 4}')
+    folder = tmp_path / "hub" / "snapshots" / "main"
+    folder.mkdir(parents=True)
+    save_file({"w": torch.ones(2)}, folder / "model.safetensors")
+    (folder / "config.json").symlink_to(blob)
+    (folder / "tokenizer.model").symlink_to(secret)
+    (folder / "inside.json").symlink_to(folder / "config.json")
+    c = repo.commit_file(folder)
+    assert c.hidden == ("tokenizer.model",)
 
 
 def test_mvcignore_leaves_out_what_it_names_and_says_so(repo, tmp_path):

@@ -105,7 +105,8 @@ def commit(file, message, branch, orphan, step, epoch, metrics, context, as_json
     if c.hidden:  # .ssh/, .env ...: a secret must not go into history without a word
         shown = ", ".join(c.hidden[:5]) + (f" and {len(c.hidden) - 5} more" if len(c.hidden) > 5 else "")
         ignore = str(file).rstrip("/") + "/.mvcignore"
-        click.echo(f"warning: this commit holds the folder's hidden files {shown}; to leave them out, list them "
+        click.echo(f"warning: this commit holds the folder's hidden files (or files linked from outside it) {shown}; "
+                   f"to leave them out, list them "
                    f"in {ignore} (e.g. '.ssh/' or '.env') and commit again", err=True)
 
 

@@ -132,8 +132,14 @@ def test_push_fetch_and_clone_show_bytes_and_rate_on_a_terminal(repo, tmp_path, 
     cli(repo, "remote", "add", "origin", tmp_path / "remote")
     out = cli(repo, "push")
     assert "sending" in out.stderr and "KiB" in out.stderr and "/s" in out.stderr
+    assert "of 1.0 KiB" in out.stderr  # the chunks' total, said before they go: the time left too
     cloned = CliRunner().invoke(main, ["clone", str(tmp_path / "remote"), str(tmp_path / "copy")])
     assert cloned.exit_code == 0 and "receiving" in cloned.stderr and "KiB" in cloned.stderr
+    assert "of 1.0 KiB" in cloned.stderr
+    line = base.Transfer("sending")
+    line.expect(1000)
+    line.done = 250
+    assert line.line(1.0) == "sending   250 B of 1000 B  250 B/s  ETA 0:03"
     monkeypatch.setattr(base.Progress, "_on_terminal", lambda self: False)
     assert "sending" not in cli(repo, "push").stderr  # piped: no bar
 

@@ -330,16 +330,20 @@ def clock(seconds: float) -> str:
 
 
 class Transfer:
-    """A ``progress(nbytes)`` callback for transfers whose total is not known up front (push,
-    fetch, clone): on a terminal (stderr) one line, redrawn at most 5 times a second, with
-    the bytes moved so far and the rate; nothing when piped."""
+    """A ``progress(nbytes)`` callback for transfers (push, fetch, clone): on a terminal
+    (stderr) one line, redrawn at most 5 times a second, with the bytes moved so far and the
+    rate, and once the API said how many chunk bytes it will move (``expect``) their total and
+    the time left; nothing when piped. (Object packs and refs are moved on top of that total.)"""
 
     REDRAW_S = 0.2
 
     def __init__(self, phase: str, stream=None):
         self.phase, self.stream = phase, stream or sys.stderr
-        self.done, self.started, self.drawn, self.shown = 0, time.monotonic(), 0.0, False
+        self.done, self.total, self.started, self.drawn, self.shown = 0, 0, time.monotonic(), 0.0, False
         self.terminal = Progress._on_terminal(self)
+
+    def expect(self, nbytes: int) -> None:
+        self.total += nbytes
 
     def __call__(self, nbytes: int) -> None:
         self.done += nbytes
@@ -350,8 +354,12 @@ class Transfer:
             self.stream.flush()
 
     def line(self, seconds: float) -> str:
-        rate = f"  {human_bytes(self.done / seconds)}/s" if seconds > 0 and self.done else ""
-        return f"{self.phase:<9} {human_bytes(self.done)}{rate}"
+        moved = f"{human_bytes(self.done)} of {human_bytes(self.total)}" if self.total else human_bytes(self.done)
+        if not (seconds > 0 and self.done):
+            return f"{self.phase:<9} {moved}"
+        rate = self.done / seconds
+        left = f"  ETA {clock(max(0, self.total - self.done) / rate)}" if self.total > self.done else ""
+        return f"{self.phase:<9} {moved}  {human_bytes(rate)}/s{left}"
 
     def __enter__(self):
         return self

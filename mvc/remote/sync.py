@@ -826,6 +826,7 @@ def download(repo, conn: Connection, chunks: dict, progress=None) -> int:
     if absent:
         raise RemoteDamaged(f"chunk {absent[0].hex()[:12]} (and {len(absent) - 1} more) is missing on remote "
                             f"{conn.name!r}; it is damaged", remote=conn.name, ids=absent)
+    transfer.expect(progress, sum(loc.length for loc in located.values()))
     return sum(_download_group(repo, conn, group, progress) for group in _location_groups(located))
 
 

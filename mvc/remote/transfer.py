@@ -234,11 +234,20 @@ class Uploader:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
+def expect(progress, nbytes: int) -> None:
+    """Tell a ``progress(nbytes)`` callback that has an ``expect`` method (the CLI's, for an ETA)
+    how many more bytes the transfer will move; a plain callable is left alone."""
+    announce = getattr(progress, "expect", None)
+    if announce is not None and nbytes:
+        announce(nbytes)
+
+
 def upload_chunks(repo, bucket, catalogue, chunks: list, progress=None) -> tuple:
     """Pack and upload (id, length) chunks read through ``repo.chunks``; (packs, bytes) sent.
 
     The caller holds ``repo.gc_lock.shared()``.
     """
+    expect(progress, sum(length for _, length in chunks))
     uploader = Uploader(bucket, catalogue, progress)
     try:
         for group in pack_groups(chunks):

@@ -49,6 +49,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import mvc
+from bench_storage import _flat, _fsync_save, _tensors  # this folder is on sys.path when run as a script
 from mvc.ondisk import DEFAULT_CHUNK_SIZE
 from mvc.store import codec
 
@@ -284,15 +285,6 @@ def trajectories(cfg) -> list:
 
 # -- what users do instead ----------------------------------------------------------------------
 
-def _fsync_save(obj, path: Path) -> float:
-    start = time.perf_counter()
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    return time.perf_counter() - start
-
-
 def zstd_bytes(files: list, level: int, sample: bool = False) -> tuple:
     """Bytes and seconds of each file compressed alone at ``level`` (2 threads, as ``zstd -T2``).
     ``sample``: compress ``WINDOWS`` windows of ``WINDOW`` bytes spread evenly over the last file,
@@ -330,7 +322,7 @@ def zipnn_bytes(files: list) -> tuple:
     coder = ZipNN(input_format="torch", threads=2)
     total, start = 0, time.perf_counter()
     for path in files:
-        floats = [t for t in _tensors(torch.load(path, weights_only=True))
+        floats = [t for t in _tensors(torch.load(path, weights_only=True), [])
                   if t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.numel()]
         total += path.stat().st_size - sum(t.numel() * t.element_size() for t in floats)
         total += sum(len(coder.compress(t.contiguous().reshape(-1))) for t in floats)
@@ -355,19 +347,6 @@ def restic_bytes(files: list, work: Path) -> tuple:
 
 def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def _tensors(node, out=None) -> list:
-    out = [] if out is None else out
-    if isinstance(node, torch.Tensor):
-        out.append(node)
-    elif isinstance(node, dict):
-        for v in node.values():
-            _tensors(v, out)
-    elif isinstance(node, (list, tuple)):
-        for v in node:
-            _tensors(v, out)
-    return out
 
 
 # -- mvc ----------------------------------------------------------------------------------------
@@ -459,19 +438,6 @@ def _squeezed(piece: np.ndarray, width: int) -> int:
         return len(codec.group(piece, width))
     finally:
         codec.PLANE_SAVING, codec.ENTROPY_SKIP = saving, skip
-
-
-def _flat(node, path=(), out=None) -> dict:
-    out = {} if out is None else out
-    if isinstance(node, dict):
-        for k, v in node.items():
-            _flat(v, path + (k,), out)
-    elif isinstance(node, (list, tuple)):
-        for k, v in enumerate(node):
-            _flat(v, path + (k,), out)
-    else:
-        out[path] = node
-    return out
 
 
 def _width(dtype: str) -> int:

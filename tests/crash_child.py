@@ -120,6 +120,23 @@ def child(root: str, kind: str, phase: str, nth: int, keep_last: int) -> None:
     time.sleep(STOP_S)
 
 
+def fork_and_reap(fn, *args) -> None:
+    """Run ``fn(*args)`` in a forked child (exit 1 with its traceback if it raises), saying its
+    pid first (the test kills it by that) and how it ended once reaped."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            fn(*args)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    say(f"pid {pid}")
+    _, status = os.waitpid(pid, 0)
+    say(f"reaped {pid} {status}")
+
+
 def serve(root: str) -> None:
     for line in sys.stdin:
         kind, phase, nth, keep_last = line.split()
@@ -131,18 +148,7 @@ def serve(root: str) -> None:
                 os._exit(0)
             os.waitpid(pid, 0)
             continue
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                child(root, kind, phase, int(nth), int(keep_last))
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            os._exit(code)
-        say(f"pid {pid}")
-        _, status = os.waitpid(pid, 0)
-        say(f"reaped {pid} {status}")
+        fork_and_reap(child, root, kind, phase, int(nth), int(keep_last))
 
 
 if __name__ == "__main__":

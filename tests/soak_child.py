@@ -17,19 +17,14 @@ repository open (``tip -`` if none).
 """
 
 import json
-import os
 import sys
-import traceback
 
 import torch
 
 import mvc
 
+from crash_child import fork_and_reap, say
 from soak_driver import make_state
-
-
-def say(line: str) -> None:
-    os.write(1, (line + "\n").encode())  # one unbuffered write: lines from server and child never mix
 
 
 def run(cmd: dict) -> None:
@@ -62,19 +57,7 @@ def run(cmd: dict) -> None:
 def serve() -> None:
     torch.set_num_threads(1)
     for line in sys.stdin:
-        cmd = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                run(cmd)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            os._exit(code)
-        say(f"pid {pid}")
-        _, status = os.waitpid(pid, 0)
-        say(f"reaped {pid} {status}")
+        fork_and_reap(run, json.loads(line))
 
 
 if __name__ == "__main__":

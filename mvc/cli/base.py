@@ -54,6 +54,11 @@ def escaped(text: str, keep: str = "\n\t") -> str:
     (``\\x1b``), but those in ``keep``: a commit's author, message, record or a tensor's key
     is anyone's text (a fetched commit, a folder's file names), and raw on a terminal it could
     move the cursor, retitle the window or forge lines of mvc's own output."""
+    plain = text
+    for c in keep:
+        plain = plain.replace(c, "")
+    if plain.isprintable():  # the common case, checked in C: nothing to escape
+        return text
     return "".join(c if c in keep or not (unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp"))
                    else c.encode("unicode_escape").decode("ascii") for c in text)
 

@@ -71,6 +71,16 @@ def test_chunk_batches_cover_the_table_in_order(repo, batch):
             assert seen[cid] == (index_module.decode_location(value), None)
 
 
+@pytest.mark.parametrize("lo,hi", [(b"", None), (b"\x40", b"\xc0"), (b"\x80", None), (b"", b"\x10"),
+                                   (b"\xff\xff", None)])
+def test_chunk_batches_take_a_slice_of_the_id_space(repo, lo, hi):
+    entries = {os.urandom(32): encode_location(Location(os.urandom(16), 40, 64)) for _ in range(200)}
+    _fill(repo, entries)
+    with repo.index.read() as txn:
+        ids = [cid for b in txn.chunk_batches(7, lo=lo, hi=hi) for cid in idarray.ids(b.ids)]
+    assert ids == sorted(cid for cid in entries if cid >= lo and (hi is None or cid < hi))
+
+
 @pytest.fixture
 def small_batches(monkeypatch):
     monkeypatch.setattr(index_module, "SCAN_BATCH", 2)  # every pass over the index in many batches

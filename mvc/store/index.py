@@ -245,8 +245,11 @@ class Txn:
         for key, raw in self._txn.cursor(db=self._dbs["chunks"]):
             yield key, _location(raw)
 
-    def chunk_batches(self, batch: Optional[int] = None) -> Iterator[ChunkBatch]:
-        """The whole chunk table in id order, ``batch`` (default SCAN_BATCH) entries at a time.
+    def chunk_batches(self, batch: Optional[int] = None, lo: bytes = b"",
+                      hi: Optional[bytes] = None) -> Iterator[ChunkBatch]:
+        """The chunk table in id order, ``batch`` (default SCAN_BATCH) entries at a time: the
+        entries with ``lo`` <= id < ``hi`` (``hi`` None: to the end), so that a walk can take the
+        uniform id space a slice at a time.
 
         One cursor pass: LMDB reads its B-tree's leaves in order, where a
         ``chunk`` call per id would land on a random leaf each time (a cache
@@ -254,7 +257,10 @@ class Txn:
         once it outgrows memory). A key that is not 32 bytes long is no
         chunk id and is left out.
         """
-        entries, batch = self._txn.cursor(db=self._dbs["chunks"]).iternext(), batch or SCAN_BATCH
+        cursor, batch = self._txn.cursor(db=self._dbs["chunks"]), batch or SCAN_BATCH
+        entries = cursor.iternext() if not lo or cursor.set_range(lo) else iter(())
+        if hi is not None:
+            entries = itertools.takewhile(lambda row: row[0] < hi, entries)
         while True:
             rows = list(itertools.islice(entries, batch))
             if not rows:

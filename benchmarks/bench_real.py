@@ -1,7 +1,7 @@
 """Storage and speed on real training trajectories: what mvc stores and costs against what users do instead.
 
-Run ``python benchmarks/bench_real.py`` (about 15-20 minutes on 2 cores) or ``--quick`` (a smaller
-model and fewer steps, under 3 minutes). Every model here is trained on this machine, on real text no
+Run ``python benchmarks/bench_real.py`` (about 7 minutes on 2 quiet cores, 25 on busy ones) or
+``--quick`` (a smaller model and fewer steps, about 2 minutes). Every model here is trained on this machine, on real text no
 one here wrote: the bytes of the Python standard library's own ``.py`` files (present on every
 machine), read as a byte-level corpus. The trajectories, each a run of full checkpoints (model,
 optimizer, LR scheduler, RNG) as a training loop commits them:

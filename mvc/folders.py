@@ -209,7 +209,7 @@ def folder_summary(state) -> tuple:
     return len(folder.get("safetensors", {})), len(folder.get("files", {}))
 
 
-def _layout(state) -> tuple:
+def layout(state) -> tuple:
     """(files, {shard: (keys, metadata)}) of a folder state; BadInput if malformed."""
     folder = state[FOLDER_KEY]
     files, shards = folder.get("files", {}), folder.get("safetensors", {})
@@ -247,7 +247,7 @@ def write_folder(state, out, force: bool = False,
     a ``.mvc`` or holding one; OSError (a full disk) saying the folder is
     unchanged.
     """
-    files, shards = _layout(state)
+    files, shards = layout(state)
     tensors = tensors_by_key({k: v for k, v in state.items() if k != FOLDER_KEY})
     placed = [k for keys, _ in shards.values() for k in keys]
     missing = [k for k in placed if k not in tensors]

@@ -141,7 +141,7 @@ def build_revision(repo, commit: str) -> Revision:
     root, objs = view["root"], view["tensors"]
     files = {}
     if _folders.is_folder_state(root):
-        blobs, shards = _folders._layout(root)
+        blobs, shards = _folders.layout(root)
         files.update(blobs)
         leaves = {p[0]: leaf for p, leaf in _walk_top(root)}
         for name, (keys, metadata) in shards.items():

@@ -6,7 +6,7 @@ from ..bisect import VERDICTS
 from .. import plot
 from ..files import FORMATS
 from ..diff import section_of
-from .base import echo_json, human_bytes, main, open_repo, record_line, title
+from .base import echo_json, human_bytes, main, number, open_repo, record_line, title
 
 TOP_CHANGES = 10  # tensors listed under a first bad commit
 
@@ -199,7 +199,7 @@ def diff(a, b, stat, only, plot_file, show_context, as_json):
               help="Only commits whose metric passes, e.g. 'step>=1000' (< <= > >= == !=; repeat: all must pass).")
 @click.option("--json", "as_json", is_flag=True, help="Print the best commit, what changed since and the diff as JSON.")
 def best(metric, rev, highest, all_refs, where, as_json):
-    """Which checkpoint had the best METRIC, and what changed since: one command.
+    """Which checkpoint had the best METRIC, and what changed since.
 
     Finds the commit of REV's history (default HEAD; --all: every ref's) with
     the lowest METRIC (--max or '-METRIC': the highest), the one 'mvc log
@@ -223,7 +223,7 @@ def best(metric, rev, highest, all_refs, where, as_json):
 def _render_best(b, rev: str) -> None:
     """The best commit and its record, then what changed from it to REV."""
     c, way = b.commit, "highest" if b.highest else "lowest"
-    click.echo(f"best {b.metric}: {_num(b.value)} ({way} of {b.candidates} commit{'' if b.candidates == 1 else 's'} "
+    click.echo(f"best {b.metric}: {number(b.value)} ({way} of {b.candidates} commit{'' if b.candidates == 1 else 's'} "
                f"recording it)")
     record = record_line(c, beside=title(c))
     click.echo(f"  {c.short_id}  {record + '  ' if record else ''}{title(c) or '(no message)'}"
@@ -234,7 +234,7 @@ def _render_best(b, rev: str) -> None:
     click.echo(f"since then: {_since(b, rev)}")
     if b.latest is not None and b.latest.id != c.id:
         at = "" if b.latest.id == b.target.id else f" at {b.latest.short_id}, the newest of {rev}'s commits recording it"
-        click.echo(f"  {b.metric} now {_num(b.latest_value)}{at} ({_signed(b.latest_value - b.value)} from the best)")
+        click.echo(f"  {b.metric} now {number(b.latest_value)}{at} ({_signed(b.latest_value - b.value)} from the best)")
     elif b.latest is not None and c.id != b.target.id:
         click.echo(f"  no later commit of {rev}'s history records {b.metric}")
     if b.diff is not None:

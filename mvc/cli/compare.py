@@ -237,6 +237,8 @@ def _render_best(b, rev: str) -> None:
         click.echo(f"  {b.metric} now {number(b.latest_value)}{at} ({_signed(b.latest_value - b.value)} from the best)")
     elif b.latest is not None and c.id != b.target.id:
         click.echo(f"  no later commit of {rev}'s history records {b.metric}")
+    elif b.latest is None:
+        click.echo(f"  no commit of {rev}'s history records {b.metric}")
     if b.diff is not None:
         click.echo(f"diff {c.short_id} -> {b.target.short_id} ({rev}):")
         _render_stat(b.diff)

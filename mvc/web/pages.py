@@ -246,7 +246,9 @@ def history(view: View, query: dict) -> str:
     deco = view.decorations()
     graph = not where and not sort
     width = max((rows[i].width for i in window), default=1) if graph else 0
-    best = {name: best_commit(chosen, name) for name in metrics}
+    # every metric's best, not only the columns': a run that records more metrics than fit
+    # still gets its "best by eval_loss" link, the first click of "which was best?"
+    best = {name: best_commit(chosen, name) for name in _metric_columns(chosen, metrics, None)}
     best_ids = {name: (c.id if c is not None else None) for name, c in best.items()}
     more_column = any(_more(c, metrics) for c in chosen)
     body_rows = [_log_row(commits[i], svg.graph_row(rows[i], width, commits[i].pruned) if graph else None,
@@ -266,11 +268,11 @@ def history(view: View, query: dict) -> str:
     return page("History", body, view.where(), "/")
 
 
-def _metric_columns(commits, first) -> list:
+def _metric_columns(commits, first, most=MAX_METRIC_COLUMNS) -> list:
     """The metric names shown as columns: those filtered or sorted by first, then the rest
-    by name, at most MAX_METRIC_COLUMNS."""
+    by name, at most ``most`` (None: all of them)."""
     names = sorted({k for c in commits for k in c.metrics if record_number(c, k) is not None})
-    return list(dict.fromkeys([n for n in first if n in names] + names))[:MAX_METRIC_COLUMNS]
+    return list(dict.fromkeys([n for n in first if n in names] + names))[:most]
 
 
 def _more(c, metrics) -> int:

@@ -10,8 +10,8 @@ A **range** ``A..B`` names the commits B reaches and A does not (either side
 defaults to HEAD). Moving the branch HEAD is on is also logged in HEAD's
 reflog, as Git does, so ``HEAD@{1}`` is where HEAD was before the last
 commit or checkout. A **deleted** branch or tag keeps its reflog, ending in
-the deletion, so ``NAME@{1}`` still names its last tip; gc keeps what it
-reaches for ``DELETED_REFLOG_S`` (``deleted_entry_expired``).
+the deletion, so ``NAME@{1}`` still names its last tip; ``deleted_entry_expired``
+says when its entries may go (``DELETED_REFLOG_S``, 30 days), for gc.
 """
 
 import itertools

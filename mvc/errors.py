@@ -654,6 +654,15 @@ class MetricNotRecorded(BadInput):
         self.metric, self.recorded, self.branches = metric, tuple(recorded), tuple(branches)
 
 
+class NothingQualifies(BadInput):
+    """Commits record metric ``metric`` (``recorded``: how many), but none passes every
+    condition of ``conditions`` (texts such as "eval_loss<2.3"): there is no best one."""
+
+    def __init__(self, message: str = "", *, metric: str = "", conditions=(), recorded: int = 0):
+        super().__init__(message)
+        self.metric, self.conditions, self.recorded = metric, tuple(conditions), recorded
+
+
 class Unstorable(BadInput):
     """A state holds something mvc does not store: ``key`` is its dotted key path ("<root>"
     for the state itself; None for the whole state, or where the encoder does not know it), ``reason`` one of "type" (not a tensor

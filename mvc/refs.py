@@ -9,7 +9,9 @@ of ``~N`` (N-th first-parent ancestor), ``^`` / ``^N`` (first / N-th parent).
 A **range** ``A..B`` names the commits B reaches and A does not (either side
 defaults to HEAD). Moving the branch HEAD is on is also logged in HEAD's
 reflog, as Git does, so ``HEAD@{1}`` is where HEAD was before the last
-commit or checkout.
+commit or checkout. A **deleted** branch or tag keeps its reflog, ending in
+the deletion, so ``NAME@{1}`` still names its last tip; ``deleted_entry_expired``
+says when its entries may go (``DELETED_REFLOG_S``, 30 days), for gc.
 """
 
 import itertools
@@ -42,6 +44,10 @@ _SUFFIX_CHARS = frozenset("~^0123456789")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 MAX_REVISION = 1024  # characters: a longest name, @{N}, and more ~N / ^N steps than any history needs
 _AT = re.compile(r"^(.*)@\{(\d+)\}$")
+# How long the reflog of a deleted branch or tag keeps its commits from gc: Git keeps
+# unreachable reflog entries 30 days (gc.reflogExpireUnreachable), and a deleted branch's
+# tip is the commit a user comes back for days later, not within gc's grace for packs.
+DELETED_REFLOG_S = 30 * 86400.0
 
 
 def check_name(name: str, what: str = "ref", existing: bool = False) -> str:
@@ -232,7 +238,7 @@ class Refs:
             ref = HEAD
         else:
             ref = next((r for r in (BRANCHES + name, TAGS + name, name) if r.startswith((BRANCHES, TAGS))
-                        and txn.ref(r) is not None), None)
+                        and txn.ref(r) is not None), None) or deleted_ref(txn, name)
             if ref is None:
                 raise UnknownRevision(f"unknown revision {name + '@{' + str(n) + '}'!r}: no branch or tag {name!r}",
                                       rev=f"{name}@{{{n}}}", reason="unknown")
@@ -243,8 +249,10 @@ class Refs:
                                   f"entr{'y' if len(entries) == 1 else 'ies'}", rev=f"{name}@{{{n}}}", reason="reflog")
         new = entries[n][1].get("new")
         if not isinstance(new, bytes):
-            raise UnknownRevision(f"{shown}@{{{n}}}: that reflog entry names no commit", rev=f"{name}@{{{n}}}",
-                                  reason="reflog")
+            deleted = entries[n][1].get("old") if entries[n][1].get("message") == "deleted" else None
+            why = (f"{shown} was deleted there; {shown}@{{{n + 1}}} is its tip before that" if deleted
+                   else "that reflog entry names no commit")
+            raise UnknownRevision(f"{shown}@{{{n}}}: {why}", rev=f"{name}@{{{n}}}", reason="reflog")
         return new
 
     def _base(self, txn, base: str) -> bytes:
@@ -520,6 +528,22 @@ class Refs:
                 doomed.append((name, seq))
         forget(txn, doomed)
         return len(doomed)
+
+
+def deleted_ref(txn, name: str) -> Optional[str]:
+    """The ref of a deleted branch (or else tag) ``name`` whose reflog is still kept; None if none."""
+    for ref in (BRANCHES + name, TAGS + name):
+        if txn.ref(ref) is None and any(True for _ in txn.reflog_raw(ref)):
+            return ref
+    return None
+
+
+def deleted_entry_expired(txn, ref: str, entry, now_us: int, keep_s: float = DELETED_REFLOG_S) -> bool:
+    """Whether reflog ``entry`` (decoded; None if it does not decode) of ``ref`` belongs to a
+    deleted branch or tag and is older than ``keep_s`` seconds at ``now_us``: then gc may
+    expire it, and with it the deleted tip. HEAD's entries and a live ref's are never expired so."""
+    when = entry.get("time") if entry is not None else None
+    return ref != HEAD and type(when) is int and when < now_us - int(keep_s * 1e6) and txn.ref(ref) is None
 
 
 def forget(txn, entries) -> None:

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -25,11 +26,41 @@ def test_branch_d_refuses_an_unmerged_branch_and_D_keeps_its_tip_in_the_reflog(r
     assert [b.name for b in repo.branches()] == ["main"]
     newest = json.loads(cli(repo, "reflog", "exp", "--json").stdout)[0]
     assert (newest["old"], newest["new"], newest["message"]) == (tip, None, "deleted")
-    assert repo.gc().commits_removed == 0  # within gc's grace period the deleted tip stays
+    assert repo.gc().commits_removed == 0  # the deleted tip stays
     cli(repo, "branch", "exp", tip)  # recovered as it was
     assert [c.message for c in repo.log("exp")][:2] == ["exp 7", "exp 6"]
     cli(repo, "branch", "-D", "exp")
-    assert repo.gc(grace=0).commits_removed == 8  # past the grace period gc reclaims it
+    assert "expired 11 reflog entries" in cli(repo, "reflog", "expire", "exp").stdout  # 8 commits, -D, branch, -D
+    assert repo.gc(grace=0).commits_removed == 8  # then gc reclaims it
+
+
+def test_a_deleted_branch_comes_back_by_its_reflog_name(repo):
+    repo.commit({"w": torch.zeros(4)}, "base")
+    tips = [repo.commit({"w": torch.full((4,), float(i))}, f"exp {i}", branch="exp").id for i in range(3)]
+    cli(repo, "branch", "-D", "exp")
+    assert cli(repo, "reflog", "exp").stdout.splitlines()[:2] == ["(deleted)    exp@{0}: deleted",
+                                                                  f"{tips[2][:12]} exp@{{1}}: commit: exp 2"]
+    err = cli(repo, "show", "exp@{0}", code=1).stderr
+    assert err == "mvc: error: exp@{0}: exp was deleted there; exp@{1} is its tip before that\n"
+    assert repo.resolve("exp@{2}") == tips[1]
+    assert cli(repo, "branch", "exp", "exp@{1}").stdout == f"Branch exp at {tips[2][:12]}\n"
+    assert [c.id for c in repo.log("exp")][:3] == tips[::-1]
+    assert "no branch or tag 'nothing'" in cli(repo, "show", "nothing@{1}", code=1).stderr
+
+
+def test_a_deleted_ref_s_reflog_expires_after_30_days_not_gc_s_grace(repo):
+    from mvc import refs
+    repo.commit({"w": torch.zeros(4)}, "base")
+    repo.commit({"w": torch.ones(4)}, "exp", branch="exp")
+    day = 86400 * 10 ** 6
+    with repo.index.read() as txn:
+        live = refs.deleted_entry_expired(txn, "heads/exp", {"time": 0}, 40 * day)
+    cli(repo, "branch", "-D", "exp")
+    with repo.index.read() as txn:
+        expired = [refs.deleted_entry_expired(txn, ref, {"time": 0}, now) for ref, now in
+                   (("heads/exp", 29 * day), ("heads/exp", 31 * day), ("HEAD", 31 * day))]
+    assert (live, expired) == (False, [False, True, False])  # HEAD's and a live branch's: never so
+    assert refs.DELETED_REFLOG_S == 30 * 86400
 
 
 def test_branch_d_deletes_a_merged_branch(repo):
@@ -252,3 +283,16 @@ def test_log_and_status_say_where_the_commits_are_when_head_s_branch_has_none(re
     out = cli(repo, "log")
     assert out.stdout == "" and "branch 'main' has no commits yet; the commits are on run: 'mvc log run'" in out.stderr
     assert "the commits are on run" in cli(repo, "status").stdout
+
+
+@pytest.mark.xfail(strict=True, reason="needs mvc/gc.py to expire a deleted ref's reflog by refs.deleted_entry_expired "
+                                       "(30 days) instead of its 60 s grace for packs: the change is in the best "
+                                       "branch's report; drop this mark with it")
+def test_gc_keeps_a_deleted_branch_for_days_not_its_grace(repo):
+    repo.commit({"w": torch.zeros(4)}, "base")
+    tip = [repo.commit({"w": torch.full((4,), float(i))}, f"exp {i}", branch="exp").id for i in range(3)][-1]
+    cli(repo, "branch", "-D", "exp")
+    assert repo.gc(grace=0).commits_removed == 0  # no pack grace decides: the reflog keeps it 30 days
+    assert repo.load(tip)["w"].tolist() == [2.0] * 4
+    cli(repo, "reflog", "expire", "exp")  # the way to let it go now, as git reflog expire --expire=now
+    assert repo.gc(grace=0).commits_removed == 3

@@ -182,3 +182,28 @@ def test_a_lazy_clone_in_chromium(browser, made, screens):
         with mvc.Repository.open(lazy) as repo:
             assert repo.cache.status().local_chunks == local  # these pages fetched nothing
         tab.close()
+
+
+def test_best_eval_loss_and_what_changed_since_in_two_clicks(browser, tmp_path, screens):
+    """Issue 36's question in the browser: from the history page, "best by eval_loss" (one
+    click) and "compare with HEAD" (two) show the best commit and the diff from it to HEAD."""
+    from test_best import _run
+    with mvc.Repository.init(tmp_path / "run", chunk_size=64) as repo:
+        ids = _run(repo)  # eval_loss 3.1 2.6 2.2 2.4 2.25: the best is the third, HEAD the fifth
+        _run(repo, [2.9, 2.7], branch="exp", start=ids[1])  # another line, none of it better
+    with served(tmp_path / "run") as server:
+        tab = Tab(browser, server.url.rstrip("/"))
+        page = tab.go("/")
+        page.click("a.best:text-is('best by eval_loss')")  # click 1
+        assert page.locator("p .id").first.inner_text() == ids[2]
+        assert "2.2" in page.inner_text("#record")
+        page.click("a:text-is('compare with HEAD')")  # click 2
+        head = page.inner_text("#compared")
+        assert ids[2][:12] in head and ids[4][:12] in head and "HEAD" in head
+        assert "B is 2 commits past A" in head  # how far HEAD is past the best one
+        changed = page.locator("#tensors tbody tr[data-status=changed]").evaluate_all("rows => rows.map(r => r.dataset.key)")
+        assert changed == ["model.w", "optimizer.state.0.step"]  # the model first
+        record = page.inner_text("#record-diff")
+        assert "metrics.eval_loss" in record and "2.2" in record and "2.25" in record
+        tab.shot(screens, "best-since.png")
+        tab.close()

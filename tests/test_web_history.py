@@ -48,6 +48,18 @@ def test_history_has_sortable_metric_columns_with_the_best_marked_and_best_links
         assert status == 200 and only_a == body
 
 
+def test_every_metric_has_its_best_link_though_only_six_are_columns(repo):
+    names = ["accuracy", "bleu", "epoch_time", "eval_acc", "eval_bleu", "eval_f1"]  # sort before eval_loss
+    ids = [repo.commit({"w": torch.full((4,), float(i))}, f"step {i}", step=i,
+                       metrics={"eval_loss": loss, **{n: float(i) for n in names}}).id
+           for i, loss in enumerate([2.0, 1.5, 1.8])]
+    with served(repo.root) as server:
+        page = fetch(server.url.rstrip("/") + "/")[2].decode()
+    assert not any(">eval_loss<" in h for h in re.findall(r"<th>(.*?)</th>", page))  # past the columns
+    link = re.search(r'<a href="([^"]+)" class="best"[^>]*>best by eval_loss</a>', page)
+    assert html.unescape(link[1]) == f"/commit?rev={ids[1]}"
+
+
 def test_a_diff_shows_the_norms_by_default_within_a_budget(repo, monkeypatch):
     from mvc.web import pages
     _run(repo)

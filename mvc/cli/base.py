@@ -31,7 +31,7 @@ from ..errors import (BisectEndMisjudged, BisectFinished, BisectInProgress, Bise
 # the order a user meets them. A command not named here is listed under "other commands".
 COMMAND_GROUPS = (
     ("start a repository", ("init", "clone")),
-    ("record checkpoints and look at them", ("commit", "status", "log", "show", "diff", "checkout", "export",
+    ("record checkpoints and look at them", ("commit", "status", "log", "show", "diff", "best", "checkout", "export",
                                              "reflog", "mount", "umount")),
     ("branches, tags and merging", ("branch", "tag", "merge", "average")),
     ("find a regression", ("bisect",)),

@@ -6,7 +6,7 @@ from ..bisect import VERDICTS
 from .. import plot
 from ..files import FORMATS
 from ..diff import section_of
-from .base import echo_json, human_bytes, main, open_repo, record_line, title
+from .base import echo_json, human_bytes, main, number, open_repo, record_line, title
 
 TOP_CHANGES = 10  # tensors listed under a first bad commit
 
@@ -184,6 +184,81 @@ def diff(a, b, stat, only, plot_file, show_context, as_json):
         _render_stat(d)
     else:
         _render_diff(d, show_context)
+
+
+# -- best -----------------------------------------------------------------------
+
+@main.command()
+@click.argument("metric", metavar="[-]METRIC")
+@click.argument("rev", required=False)
+@click.option("--max", "highest", is_flag=True,
+              help="The highest value is the best (accuracy, reward); the same as '-METRIC'. Default: the lowest.")
+@click.option("--all", "all_refs", is_flag=True,
+              help="Look at every commit any branch, tag, remote-tracking branch or HEAD reaches, as 'mvc log --all'.")
+@click.option("--where", "where", multiple=True, metavar="METRIC<VALUE",
+              help="Only commits whose metric passes, e.g. 'step>=1000' (< <= > >= == !=; repeat: all must pass).")
+@click.option("--json", "as_json", is_flag=True, help="Print the best commit, what changed since and the diff as JSON.")
+def best(metric, rev, highest, all_refs, where, as_json):
+    """Which checkpoint had the best METRIC, and what changed since.
+
+    Finds the commit of REV's history (default HEAD; --all: every ref's) with
+    the lowest METRIC (--max or '-METRIC': the highest), the one 'mvc log
+    --sort METRIC -n 1' lists first, and prints it with its record; then how
+    many commits REV is past it, METRIC now against the best, and the diff
+    from the best commit to REV as 'mvc diff BEST REV --stat' shows it (the
+    model's tensors first, optimizer and RNG state summarised). A metric no
+    commit records is an error naming those that are recorded.
+    """
+    from .. import best as verb
+    with open_repo() as repo:
+        answer = verb.best(repo, metric, rev, all_refs, where, highest)
+    if as_json:
+        echo_json(answer)
+        return
+    if not answer.highest and verb.higher_is_better(answer.metric):
+        click.echo(f"mvc: note: the lowest {answer.metric} is taken as the best; --max takes the highest", err=True)
+    _render_best(answer, rev or "HEAD")
+
+
+def _render_best(b, rev: str) -> None:
+    """The best commit and its record, then what changed from it to REV."""
+    c, way = b.commit, "highest" if b.highest else "lowest"
+    click.echo(f"best {b.metric}: {number(b.value)} ({way} of {b.candidates} commit{'' if b.candidates == 1 else 's'} "
+               f"recording it)")
+    record = record_line(c, beside=title(c))
+    click.echo(f"  {c.short_id}  {record + '  ' if record else ''}{title(c) or '(no message)'}"
+               + ("  [pruned]" if c.pruned else ""))
+    if b.target is None:
+        click.echo("since then: HEAD has no commits yet")
+        return
+    click.echo(f"since then: {_since(b, rev)}")
+    if b.latest is not None and b.latest.id != c.id:
+        at = "" if b.latest.id == b.target.id else f" at {b.latest.short_id}, the newest of {rev}'s commits recording it"
+        click.echo(f"  {b.metric} now {number(b.latest_value)}{at} ({_signed(b.latest_value - b.value)} from the best)")
+    elif b.latest is not None and c.id != b.target.id:
+        click.echo(f"  no later commit of {rev}'s history records {b.metric}")
+    elif b.latest is None:
+        click.echo(f"  no commit of {rev}'s history records {b.metric}")
+    if b.diff is not None:
+        click.echo(f"diff {c.short_id} -> {b.target.short_id} ({rev}):")
+        _render_stat(b.diff)
+    elif c.pruned and c.id != b.target.id:
+        click.echo("  (gc retention pruned the best commit's tensors: no diff; its record is kept)")
+
+
+def _since(b, rev: str) -> str:
+    target = f"{rev} ({b.target.short_id})" if rev != b.target.short_id else rev
+    if b.commit.id == b.target.id:
+        return f"nothing: {target} is the best commit"
+    commits = f"{b.since} commit{'' if b.since == 1 else 's'}"
+    if b.apart == 0:
+        return f"{commits} to {target}"
+    return (f"{target} is on another line of history: it has {commits} the best lacks, the best has "
+            f"{b.apart} commit{'' if b.apart == 1 else 's'} it lacks")
+
+
+def _signed(x: float) -> str:
+    return f"+{_num(x)}" if x > 0 else _num(x)
 
 
 # -- bisect ---------------------------------------------------------------------

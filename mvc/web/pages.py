@@ -25,7 +25,8 @@ from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
 from ..errors import BadInput, CommitPruned, GcLockBusy, MvcError
 from .. import reach, usage
 from ..store.chunks import PackStore
-from ..history import decorations as ref_decorations, pruned_digest, walk as walk_history
+from ..best import higher_is_better  # one home for the guess: mvc best's note says it too
+from ..history import ahead_behind, decorations as ref_decorations, pruned_digest, walk as walk_history
 from . import lanes, svg
 from .html import a, esc, human_bytes, number, page, table, title_of, url, when
 
@@ -194,15 +195,6 @@ def parse_condition(text: str):
 # -- history ---------------------------------------------------------------------
 
 MAX_METRIC_COLUMNS = 6  # more metrics than this are counted in the last column, so the table fits
-_HIGHER_IS_BETTER = ("acc", "f1", "bleu", "rouge", "auc", "precision", "recall", "score", "reward", "map",
-                     "iou", "return", "win")
-
-
-def higher_is_better(name: str) -> bool:
-    """Whether a larger ``name`` is the better one (accuracy, F1, reward …); losses,
-    errors, perplexities and names it does not know: the smaller."""
-    words = name.lower().replace("-", "_").replace(".", "_").split("_")
-    return any(w.startswith(good) for w in words for good in _HIGHER_IS_BETTER)
 
 
 def best_commit(commits, name: str):
@@ -254,7 +246,9 @@ def history(view: View, query: dict) -> str:
     deco = view.decorations()
     graph = not where and not sort
     width = max((rows[i].width for i in window), default=1) if graph else 0
-    best = {name: best_commit(chosen, name) for name in metrics}
+    # every metric's best, not only the columns': a run that records more metrics than fit
+    # still gets its "best by eval_loss" link, the first click of "which was best?"
+    best = {name: best_commit(chosen, name) for name in _metric_columns(chosen, metrics, None)}
     best_ids = {name: (c.id if c is not None else None) for name, c in best.items()}
     more_column = any(_more(c, metrics) for c in chosen)
     body_rows = [_log_row(commits[i], svg.graph_row(rows[i], width, commits[i].pruned) if graph else None,
@@ -274,11 +268,11 @@ def history(view: View, query: dict) -> str:
     return page("History", body, view.where(), "/")
 
 
-def _metric_columns(commits, first) -> list:
+def _metric_columns(commits, first, most=MAX_METRIC_COLUMNS) -> list:
     """The metric names shown as columns: those filtered or sorted by first, then the rest
-    by name, at most MAX_METRIC_COLUMNS."""
+    by name, at most ``most`` (None: all of them)."""
     names = sorted({k for c in commits for k in c.metrics if record_number(c, k) is not None})
-    return list(dict.fromkeys([n for n in first if n in names] + names))[:MAX_METRIC_COLUMNS]
+    return list(dict.fromkeys([n for n in first if n in names] + names))[:most]
 
 
 def _more(c, metrics) -> int:
@@ -522,8 +516,8 @@ def diff(view: View, query: dict) -> str:
                f"{human_bytes(s.bytes_changed)} of {human_bytes(s.bytes_total)} in changed chunks")
     if s.elements_changed is not None:
         summary += f"; {s.parameters_changed:.2%} of parameters changed"
-    head = (f'<p>{a(url("/commit", rev=d.a.id), d.a.short_id, "id")} → {a(url("/commit", rev=d.b.id), d.b.short_id, "id")}'
-            f' · {esc(title_of(d.a))} → {esc(title_of(d.b))}</p><p id=summary>{esc(summary)}</p>')
+    head = (f'<p id=compared>{_side(d.a, rev_a)} → {_side(d.b, rev_b)} · {esc(title_of(d.a))} → {esc(title_of(d.b))}'
+            f'<br><span class=muted>{esc(_apart(repo, d.a, d.b))}</span></p><p id=summary>{esc(summary)}</p>')
     if numbers:
         head += f'<p>{a(url("/diff", **dict(base, numbers="0")), "chunk ids only")}</p>'
     else:
@@ -563,6 +557,26 @@ def diff(view: View, query: dict) -> str:
             + f'<div class=cols><div><h2>Tensors</h2>{tensor_table}{values}</div>'
             f'<div><h2>Record</h2>{record}</div></div>')
     return page(f"Diff {d.a.short_id} → {d.b.short_id}", body, view.where())
+
+
+def _side(c, rev: str) -> str:
+    """A diff side's link, and the name it was asked by when that is not its id (HEAD, main)."""
+    named = "" if c.id.startswith(rev.lower()) else f' <span class=muted>({esc(rev)})</span>'
+    return a(url("/commit", rev=c.id), c.short_id, "id") + named
+
+
+def _apart(repo, a_commit, b_commit) -> str:
+    """How far B is past A in history ("what changed since"), or that they are on different lines."""
+    since, apart = ahead_behind(repo, b_commit.id, a_commit.id)
+    def n(k):
+        return f"{k} commit{'' if k == 1 else 's'}"
+    if since == apart == 0:
+        return "the same commit"
+    if apart == 0:
+        return f"B is {n(since)} past A"
+    if since == 0:
+        return f"A is {n(apart)} past B"
+    return f"on different lines of history: B has {n(since)} A lacks, A has {n(apart)} B lacks"
 
 
 NORMS_BUDGET = 256 << 20  # bytes of changed tensors a diff page reads unasked to show the norms

@@ -50,6 +50,18 @@ def test_commit_log_show(cli, tmp_path):
     assert keys["step"]["value"] == 3
 
 
+def test_checkout_says_it_wrote_no_file(cli, tmp_path):
+    """mvc has no working tree: a Git user expects checkout to change the file, so it says it did not."""
+    torch.save(_state(), tmp_path / "a.pt")
+    cli("commit", "a.pt", "-m", "one")
+    cli("commit", "a.pt", "-m", "two")
+    before = (tmp_path / "a.pt").read_bytes()
+    out = cli("checkout", "HEAD~1")
+    assert "HEAD is now detached at" in out.stdout
+    assert "No file was written; 'mvc checkout HEAD~1 -o FILE' writes this checkpoint out." in out.stderr
+    assert (tmp_path / "a.pt").read_bytes() == before
+
+
 def test_checkout_to_files_round_trips(cli, tmp_path):
     state = _state()
     torch.save(state, tmp_path / "a.pt")

@@ -407,6 +407,9 @@ def checkout(rev, new_branch, output, fmt, force, only, strip_prefix):
         else:
             click.echo(f"Switched to branch '{head.branch}'" if head.branch
                        else f"HEAD is now detached at {head.id[:12]}")
+        # mvc has no working tree: a Git user expects the files to change here, and none did
+        click.echo(f"No file was written; 'mvc checkout {rev or 'HEAD'} -o FILE' writes this checkpoint out.",
+                   err=True)
         return
     if new_branch:
         raise click.UsageError("-b moves HEAD; it does not go with -o/--output")

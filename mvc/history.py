@@ -164,7 +164,9 @@ def metric_value(c, name: str) -> Optional[float]:
 
 def select(commits: list, where: Iterable[Condition] = (), sort: Optional[str] = None) -> list:
     """The commits that meet every condition of ``where``, ordered by metric ``sort``
-    (lowest first; ``-NAME``: highest first; commits without it last, in their order).
+    (lowest first; ``-NAME``: highest first; among equal values the one given last, the
+    oldest in history order, first: the commit that reached the value, not a later copy of
+    it such as Lightning's "last" save of the same step; commits without it last, in their order).
 
     Raises MetricNotRecorded if no commit given records a metric named here (a typo
     must not read as "no commit qualifies")."""
@@ -178,9 +180,9 @@ def select(commits: list, where: Iterable[Condition] = (), sort: Optional[str] =
     out = [c for c in commits if all(cond.holds(c) for cond in where)]
     if sort:
         name, sign = sort.lstrip("-"), (-1 if sort.startswith("-") else 1)
-        have = [c for c in out if metric_value(c, name) is not None]
-        have.sort(key=lambda c: sign * metric_value(c, name))  # stable: ties keep history order
-        out = have + [c for c in out if metric_value(c, name) is None]
+        have = [(sign * metric_value(c, name), -i, c) for i, c in enumerate(out) if metric_value(c, name) is not None]
+        have.sort(key=lambda row: row[:2])
+        out = [c for _, _, c in have] + [c for c in out if metric_value(c, name) is None]
     return out
 
 

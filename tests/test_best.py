@@ -98,3 +98,11 @@ def test_a_pruned_best_commit_is_named_without_a_diff(repo):
                                          ("eval_loss", False), ("mape", False), ("perplexity", False)])
 def test_which_way_a_metric_name_looks_better(name, higher):
     assert higher_is_better(name) is higher
+
+
+def test_among_equal_values_the_commit_that_reached_it_first_is_best(repo):
+    """Lightning's save_last copy of a top-k save records the same metrics one commit later."""
+    ids = _run(repo, losses=[3.0, 2.0, 2.0, 2.5])
+    assert best(repo, "eval_loss").commit.id == ids[1]
+    assert [c.id for c in history.select(list(repo.log()), sort="eval_loss")] == [ids[1], ids[2], ids[3], ids[0]]
+    assert [c.id for c in history.select(list(repo.log()), sort="-eval_loss")] == [ids[0], ids[3], ids[1], ids[2]]

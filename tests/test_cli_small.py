@@ -95,3 +95,22 @@ def test_strip_prefix_takes_whole_dotted_components(repo, tmp_path):
     repo.commit({"model": {"0": {"bias": torch.ones(2)}}, "step": 3}, "one")
     cli(repo, "checkout", "HEAD", "-o", str(tmp_path / "a.pt"), "--only", "model.*", "--strip-prefix", "model")
     assert list(torch.load(tmp_path / "a.pt")) == ["0.bias"]
+
+
+def test_init_names_the_whole_path_and_branch_a_lists_local_and_tracking_branches(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = CliRunner().invoke
+    out = run(main, ["init", "here"])
+    assert out.exit_code == 0 and out.output.strip() == f"Initialized empty mvc repository in {tmp_path / 'here' / '.mvc'}"
+    repo_dir = str(tmp_path / "here")
+    torch.save({"w": torch.ones(4)}, tmp_path / "s.pt")
+    assert run(main, ["-C", repo_dir, "commit", str(tmp_path / "s.pt"), "-m", "one"]).exit_code == 0
+    assert run(main, ["-C", repo_dir, "branch", "side"]).exit_code == 0
+    assert run(main, ["-C", repo_dir, "remote", "add", "origin", str(tmp_path / "remote")]).exit_code == 0
+    assert run(main, ["-C", repo_dir, "push"]).exit_code == 0
+    listed = run(main, ["-C", repo_dir, "branch", "-a"]).output.splitlines()
+    assert [line.replace("*", " * ").split()[:-1] for line in listed] == [["*", "main"], ["side"], ["remotes/origin/main"]]
+    as_json = json.loads(run(main, ["-C", repo_dir, "branch", "--all", "--json"]).output)
+    assert [r["name"] for r in as_json] == ["main", "side", "remotes/origin/main"]
+    bad = run(main, ["-C", repo_dir, "branch", "-a", "-d", "side"])
+    assert bad.exit_code == 2 and "take no NAME" in bad.output

@@ -1,5 +1,7 @@
 """Core commands: init, commit, log, show, checkout, export, branch, tag, status."""
 
+import dataclasses
+import os
 import time
 
 import click
@@ -52,7 +54,7 @@ def _flat(mapping: dict, prefix: str = "") -> list:
 def init(path, chunk_size):
     """Create an empty repository in PATH/.mvc."""
     repo = Repository.init(path, chunk_size=chunk_size)
-    click.echo(f"Initialized empty mvc repository in {repo.dir}")
+    click.echo(f"Initialized empty mvc repository in {os.path.abspath(repo.dir)}")
     repo.close()
 
 
@@ -550,12 +552,19 @@ A protected {kind} is not moved or deleted without --force."""
 @click.option("--protect/--unprotect", default=None, help="Protect NAME from moves and deletion.")
 @click.option("--json", "as_json", is_flag=True, help="List branches as JSON.")
 @click.option("-r", "--remotes", "remotes", is_flag=True, help="List remote-tracking branches (REMOTE/BRANCH).")
-def branch(name, rev, more, delete, move, force, protect, as_json, remotes=False, force_delete=None):
+@click.option("-a", "--all", "all_", is_flag=True, help="List local and remote-tracking branches (remotes/REMOTE/BRANCH).")
+def branch(name, rev, more, delete, move, force, protect, as_json, remotes=False, force_delete=None, all_=False):
     if force_delete is not None:
         delete, force = force_delete, True
+    if (remotes or all_) and (name is not None or delete or move or protect is not None):
+        raise click.UsageError("-r and -a list branches; they take no NAME and go with no -d, -m or --protect")
     if remotes:
         with open_repo() as repo:
             return _list_refs(repo.remotes.branches(), as_json=as_json)
+    if all_:
+        with open_repo() as repo:
+            tracking = [dataclasses.replace(r, name="remotes/" + r.name) for r in repo.remotes.branches()]
+            return _list_refs(repo.branches() + tracking, repo.head().branch, as_json)
     _ref_command("branch", name, rev, delete, force, protect, as_json, move, more)
 
 

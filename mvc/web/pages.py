@@ -22,7 +22,8 @@ from collections import OrderedDict
 
 from .. import refs as _refs
 from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
-from ..errors import BadInput, CommitPruned, GcLockBusy, MvcError
+from ..errors import (AmbiguousRevision, BadInput, CommitPruned, GcLockBusy, InvalidRefName, MetricNotRecorded,
+                      MvcError, UnknownRevision)
 from .. import reach, usage
 from ..store.chunks import PackStore
 from ..history import decorations as ref_decorations, pruned_digest, walk as walk_history
@@ -191,6 +192,15 @@ def parse_condition(text: str):
     return name, lambda c: (v := record_number(c, name)) is not None and _OPS[op](v, bound)
 
 
+def check_recorded(commits, name: str) -> None:
+    """MetricNotRecorded (as ``mvc log --where`` says it) if no commit of ``commits`` records
+    number ``name``: a typo must not read as "no commit qualifies"."""
+    if commits and all(record_number(c, name) is None for c in commits):
+        recorded = sorted({k for c in commits for k in c.metrics})
+        raise MetricNotRecorded(f"no commit here records metric {name!r}; recorded: {', '.join(recorded) or 'none'}",
+                                metric=name, recorded=recorded)
+
+
 # -- history ---------------------------------------------------------------------
 
 MAX_METRIC_COLUMNS = 6  # more metrics than this are counted in the last column, so the table fits
@@ -228,21 +238,19 @@ def history(view: View, query: dict) -> str:
     sort = one(query, "sort", "").strip()
     per = _int(query, "per", PER_PAGE, 1, MAX_PER_PAGE)
     start = _int(query, "start", 0, 0, 1 << 40)
-    include, exclude = (), ()
-    if span:
-        pair = _refs.split_range(span)
-        if not pair:
-            raise BadInput(f"range {span!r}: write it as A..B (the commits B reaches and A does not)")
-        exclude, include = (pair[0],), (pair[1],)
-    elif ref:
-        include = (ref,)
-    commits, rows = view.walk(include, exclude, False) if include else view.everything()
+    walked, problems = _walk_asked(view, ref, span)
     shown_metric = None
     if where:
-        shown_metric, keep = parse_condition(where)
-        picked = [i for i, c in enumerate(commits) if keep(c)]
-    else:
-        picked = range(len(commits))
+        try:
+            shown_metric, keep = parse_condition(where)
+            if walked is not None:
+                check_recorded(walked[0], shown_metric)
+        except BadInput as exc:
+            problems["where"] = str(exc)
+    if problems:  # what the boxes ask cannot be shown: say why beside them, the form kept to fix it
+        return page("History", _history_filters(view, ref, span, where, problems), view.where(), "/")
+    commits, rows = walked
+    picked = [i for i, c in enumerate(commits) if keep(c)] if where else range(len(commits))
     chosen = [commits[i] for i in picked]
     metrics = _metric_columns(chosen, [n for n in (shown_metric, sort.lstrip("-")) if n])
     if sort:
@@ -271,7 +279,22 @@ def history(view: View, query: dict) -> str:
             + '<p><button type=submit>Compare A → B</button> <span class=muted>pick A and B in the table '
             '(the diff page shows what changed from A to B; B left out: HEAD)</span></p>'
             + table_html + "</form>" + pager)
+    if where and not total:
+        body += f'<p class=muted id=none-met>No commit here meets {esc(where)}.</p>'
     return page("History", body, view.where(), "/")
+
+
+def _walk_asked(view, ref: str, span: str) -> tuple:
+    """((commits, rows) of the walk the boxes ask for, or None; {box: what is wrong with it})."""
+    if not span:
+        return (view.walk((ref,), (), False) if ref else view.everything()), {}
+    pair = _refs.split_range(span)
+    if not pair:
+        return None, {"range": f"range {span!r}: write it as A..B (the commits B reaches and A does not)"}
+    try:
+        return view.walk((pair[1],), (pair[0],), False), {}
+    except (UnknownRevision, AmbiguousRevision, InvalidRefName, BadInput) as exc:
+        return None, {"range": str(exc)}
 
 
 def _metric_columns(commits, first) -> list:
@@ -326,7 +349,9 @@ def _metric_cell(c, name: str, best: bool) -> str:
     return f"<td class=num>{esc(number(value))}</td>"
 
 
-def _history_filters(view, ref, span, where) -> str:
+def _history_filters(view, ref, span, where, problems=None) -> str:
+    """The form of the history page; ``problems``: {box name: what is wrong}, said beside the box."""
+    problems = problems or {}
     options = ['<option value="">all branches and tags</option>']
     for r in view.repo.branches():
         options.append(f'<option value="{esc(r.name)}"{" selected" if r.name == ref else ""}>'
@@ -339,9 +364,19 @@ def _history_filters(view, ref, span, where) -> str:
                        f'tag {esc(r.name)}</option>')
     return ('<form class=filters method=get action="/">'
             f'<label>branch or tag<select name=ref>{"".join(options)}</select></label>'
-            f'<label>range A..B<input name=range value="{esc(span)}" placeholder="main~10..main"></label>'
-            f'<label>record filter<input name=where value="{esc(where)}" placeholder="loss&lt;2.5"></label>'
+            f'<label>range A..B<input name=range value="{esc(span)}" placeholder="main~10..main"'
+            f'{_problem(problems, "range")}</label>'
+            f'<label>record filter<input name=where value="{esc(where)}" placeholder="loss&lt;2.5"'
+            f'{_problem(problems, "where")}</label>'
             '<button type=submit>Show</button></form>')
+
+
+def _problem(problems: dict, box: str) -> str:
+    """The end of box ``box``'s input tag, and what is wrong with what it holds (if anything)."""
+    if box not in problems:
+        return ">"
+    return (f' aria-invalid=true aria-describedby={box}-error>'
+            f'<span class=err id={box}-error role=alert>{esc(problems[box])}</span>')
 
 
 def _pager(total: int, start: int, per: int, params: dict) -> str:

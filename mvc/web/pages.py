@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 
 from .. import refs as _refs
-from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
+from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key, section_of
 from ..errors import (AmbiguousRevision, BadInput, CommitPruned, GcLockBusy, InvalidRefName, MetricNotRecorded,
                       MvcError, UnknownRevision)
 from .. import reach, usage
@@ -545,7 +545,10 @@ def diff(view: View, query: dict) -> str:
         d = repo.diff(rev_a, rev_b, read_data=True)
     base = dict(a=rev_a, b=rev_b, numbers="1" if numbers else "0")
     tensors = list(d.tensors)
-    strip = _strip(tensors, numbers, base)
+    strip = _strip([t for t in tensors if section_of(t.key) == "model"], numbers, base) + _sections(tensors, base)
+    section = one(query, "section", "")
+    if section:
+        tensors = [t for t in tensors if section_of(t.key) == section]
     if show != "all":
         tensors = [t for t in tensors if t.status != UNCHANGED]
     if q:
@@ -553,7 +556,8 @@ def diff(view: View, query: dict) -> str:
     if SORTS.get(sort):
         tensors.sort(key=SORTS[sort])
     s = d.summary
-    summary = (f"{s.tensors_changed} of {s.tensors} tensors differ ({s.tensors_added} added, {s.tensors_removed} removed); "
+    kinds = ", ".join(f"{n} {status}" for status, n in _status_counts(d.tensors))
+    summary = (f"{s.tensors_changed} of {s.tensors} tensors differ{f' ({kinds})' if kinds else ''}; "
                f"{human_bytes(s.bytes_changed)} of {human_bytes(s.bytes_total)} in changed chunks")
     if s.elements_changed is not None:
         summary += f"; {s.parameters_changed:.2%} of parameters changed"
@@ -568,7 +572,7 @@ def diff(view: View, query: dict) -> str:
                  f'data-busy=busy id=numbers>Compute the norms of the changes</a> (reads up to '
                  f'{esc(human_bytes(read))} of changed tensors; a lazy clone fetches what it lacks) '
                  '<span id=busy class=busy>reading tensors… the page follows when done</span></p>')
-    controls = _diff_controls(base, sort, show, q, numbers)
+    controls = _diff_controls(dict(base, section=section), sort, show, q, numbers)
     cols = ["key", "status", "dtype", "shape", "bytes", "chunks changed", "changed share", "bytes changed"]
     if numbers:
         cols += ["‖B−A‖/‖A‖", "max |B−A|", "cosine"]
@@ -594,7 +598,7 @@ def diff(view: View, query: dict) -> str:
     if d.values:
         values = "<h2>Plain values</h2>" + table(["key", "status", "A", "B"], [
             [esc(v.key), esc(v.status), esc(_brief(v.a, 120)), esc(_brief(v.b, 120))] for v in d.values])
-    body = (head + "<h2>Layers</h2>" + strip + controls
+    body = (head + "<h2>Layers of the model</h2>" + strip + controls
             + f'<div class=cols><div><h2>Tensors</h2>{tensor_table}{values}</div>'
             f'<div><h2>Record</h2>{record}</div></div>')
     return page(f"Diff {d.a.short_id} → {d.b.short_id}", body, view.where())
@@ -618,9 +622,12 @@ def _shape_change(a_shape, b_shape) -> str:
 
 
 def _strip(tensors: list, numbers: bool, base: dict) -> str:
-    """The heat strip: one cell per layer, in model order; its heat is the share of the
-    layer's bytes in changed chunks, or with numbers its largest relative change against the
-    largest of any layer."""
+    """The heat strip of the model's ``tensors``: one cell per layer, in model order; its heat
+    is the share of the layer's bytes in changed chunks, or with numbers its largest relative
+    change against the largest of any of the model's layers (the optimizer's moments move far
+    more than the weights: on one scale they would leave the model white)."""
+    if not tensors:
+        return "<p class=muted>No tensor of the model is compared.</p>"
     layers: "OrderedDict[str, list]" = OrderedDict()
     for t in sorted(tensors, key=lambda t: natural_key(t.key)):
         layers.setdefault(layer_of(t.key), []).append(t)
@@ -639,9 +646,44 @@ def _strip(tensors: list, numbers: bool, base: dict) -> str:
             share = 1.0 if not math.isfinite(rel) else (rel / top if top else 0.0)
             tip += f", largest ‖B−A‖/‖A‖ {number(rel)}"
         cells.append((name, share, tip, url("/diff", **base, q=name + ".", show="all")))
-    legend = ("heat: share of each layer's bytes in changed chunks" if not numbers
-              else "heat: each layer's largest relative change, against the largest of all")
-    return svg.heat_strip(cells) + f'<p class=muted>{esc(legend)}; click a layer to list its tensors</p>'
+    legend = (f"{len(cells)} layers of the model ({len(tensors)} tensors) in model order; heat: the share of each "
+              "layer's bytes in changed chunks" if not numbers else
+              f"{len(cells)} layers of the model ({len(tensors)} tensors) in model order; heat: each layer's largest "
+              f"relative change ‖B−A‖/‖A‖, against the model's largest ({number(top)}, the darkest)")
+    return (svg.heat_strip(cells) + f'<p class=muted id=strip-legend>{esc(legend)}; click a layer to list its '
+            'tensors</p>')
+
+
+SECTION_NAMES = {"data": "data-loader state", "optimizer": "optimizer state", "rng": "RNG state"}
+
+
+def _sections(tensors: list, base: dict) -> str:
+    """One line for each section of the state that is not the model's (optimizer, RNG, data
+    loader), as ``mvc diff --stat`` sums them up: they are left out of the strip."""
+    lines = []
+    for section, name in SECTION_NAMES.items():
+        ts = [t for t in tensors if section_of(t.key) == section]
+        if not ts:
+            continue
+        moved = [t for t in ts if t.status != UNCHANGED]
+        what = ", ".join(f"{n} {status}" for status, n in _status_counts(moved)) or "none differ"
+        said = f"{name}: {len(ts)} tensor{'' if len(ts) == 1 else 's'}, {what}"
+        if moved:
+            said += f"; {human_bytes(sum(t.bytes_changed for t in moved))} in changed chunks"
+            rels = [t.relative_change for t in moved if t.relative_change is not None]
+            if rels and section == "optimizer":  # RNG and data positions are bytes and counters: no scale
+                said += f", largest ‖B−A‖/‖A‖ {number(max(rels))}"
+        lines.append(f'<li data-section="{esc(section)}">{esc(said)} · '
+                     f'{a(url("/diff", **base, section=section, show="all"), "list them")}</li>')
+    if not lines:
+        return ""
+    return f'<ul id=sections class=muted>{"".join(lines)}</ul>'
+
+
+def _status_counts(tensors: list) -> list:
+    """[(status, how many)] of ``tensors``, in the order changed, reshaped, added, removed."""
+    order = ("changed", "reshaped", "added", "removed")
+    return [(status, n) for status in order if (n := sum(t.status == status for t in tensors))]
 
 
 def _diff_controls(base, sort, show, q, numbers) -> str:

@@ -471,6 +471,31 @@ def test_serve_command_refuses_a_port_in_use(made):
         with mvc.Repository.open(path) as repo:
             result = run_cli(repo, "serve", "--port", str(s.getsockname()[1]))
     assert result.exit_code == 1 and "cannot listen" in result.stderr
+    assert result.stderr.rstrip().endswith("Address already in use; pass another --port (--port 0: any free one)")
+
+
+def test_serve_without_a_port_moves_past_a_taken_default(made, monkeypatch):
+    from mvc.cli import serve as command
+    from mvc.web import Server
+    path, _ = made
+    served_on = []
+
+    def serve_once(server, *args):  # answer nothing: note the port, and stop as Ctrl-C would
+        served_on.append(server.server_address[1])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Server, "serve_forever", serve_once)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        monkeypatch.setattr(command, "DEFAULT_PORT", taken)
+        with mvc.Repository.open(path) as repo:
+            result = run_cli(repo, "serve")
+    assert result.exit_code == 0, result.output
+    assert served_on and served_on[0] != taken and taken < served_on[0] <= taken + command.NEXT_PORTS
+    assert f"port {taken} is in use: serving on {served_on[0]} instead" in result.stderr
+    assert f":{served_on[0]}/" in result.stderr
 
 
 # -- the graph's lanes --------------------------------------------------------------

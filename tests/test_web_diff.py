@@ -44,3 +44,14 @@ def test_a_section_s_link_lists_its_tensors(repo):
         link = re.search(r'<li data-section="optimizer">.*?<a href="([^"]+)">list them</a>', page)[1]
         listed = fetch(base + html.unescape(link))[2].decode()
     assert re.findall(r'<tr data-key="([^"]+)"', listed) == ["optimizer.state.0.exp_avg"]
+
+
+def test_the_summary_says_what_happened_to_the_tensors_that_differ(repo):
+    repo.commit(_state(1.0, 1.0), "with the optimizer")
+    repo.commit({"model": _state(1.01, 1.0)["model"]}, "the model alone")
+    with served(repo.root) as server:
+        page = fetch(server.url.rstrip("/") + "/diff?a=HEAD~1")[2].decode()
+    summary = html.unescape(re.search(r"<p id=summary>(.*?)</p>", page)[1])
+    assert summary.startswith("3 of 3 tensors differ (2 changed, 1 removed); ")
+    assert html.unescape(re.search(r'<li data-section="optimizer">(.*?) · <a', page)[1]).startswith(
+        "optimizer state: 1 tensor, 1 removed; 64 B removed")

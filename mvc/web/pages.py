@@ -556,7 +556,8 @@ def diff(view: View, query: dict) -> str:
     if SORTS.get(sort):
         tensors.sort(key=SORTS[sort])
     s = d.summary
-    kinds = ", ".join(f"{n} {status}" for status, n in _status_counts(d.tensors))
+    counts = _status_counts(d.tensors)  # what happened, where more than a change did
+    kinds = ", ".join(f"{n} {status}" for status, n in counts) if [st for st, _ in counts] != ["changed"] else ""
     summary = (f"{s.tensors_changed} of {s.tensors} tensors differ{f' ({kinds})' if kinds else ''}; "
                f"{human_bytes(s.bytes_changed)} of {human_bytes(s.bytes_total)} in changed chunks")
     if s.elements_changed is not None:
@@ -668,8 +669,12 @@ def _sections(tensors: list, base: dict) -> str:
         moved = [t for t in ts if t.status != UNCHANGED]
         what = ", ".join(f"{n} {status}" for status, n in _status_counts(moved)) or "none differ"
         said = f"{name}: {len(ts)} tensor{'' if len(ts) == 1 else 's'}, {what}"
+        kept = [t for t in moved if t.status != "removed"]  # a removed tensor's bytes are gone, not changed
+        gone = sum(t.bytes_changed for t in moved if t.status == "removed")
+        sizes = ([f"{human_bytes(sum(t.bytes_changed for t in kept))} in changed chunks"] if kept else []) + \
+            ([f"{human_bytes(gone)} removed"] if gone else [])
         if moved:
-            said += f"; {human_bytes(sum(t.bytes_changed for t in moved))} in changed chunks"
+            said += "; " + ", ".join(sizes or ["no bytes"])
             rels = [t.relative_change for t in moved if t.relative_change is not None]
             if rels and section == "optimizer":  # RNG and data positions are bytes and counters: no scale
                 said += f", largest ‖B−A‖/‖A‖ {number(max(rels))}"

@@ -19,4 +19,5 @@ def test_a_mistyped_remote_name_is_answered_with_the_closest_configured_one(repo
     assert not (tmp_path / "remote").exists()  # nothing was pushed anywhere
     assert run_cli(repo, "push", "bakup").stderr.endswith("did you mean 'backup'?\n")
     far = run_cli(repo, "push", "zzz")  # like no configured remote: the advice to add it stands
-    assert far.exit_code == 1 and far.stderr == "mvc: error: no remote named 'zzz'; add it with 'mvc remote add zzz URL'\n"
+    assert far.exit_code == 1
+    assert far.stderr == "mvc: error: no remote named 'zzz'; add it with 'mvc remote add zzz URL'\n"

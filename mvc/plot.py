@@ -113,13 +113,23 @@ def plot_diff(diff, path, max_rows: int = MAX_ROWS) -> Path:
     per = ("tensor" if len(rows) == len(diff.tensors)
            else "layer: mean over its tensors weighted by bytes, unchanged ones as 0")
     ax.set_xlabel(f"relative change ‖B−A‖ / ‖A‖ per {per}")
-    s = diff.summary
-    ax.set_title(f"{diff.a.short_id} → {diff.b.short_id}: {s.tensors_changed} of {s.tensors} tensors changed, "
-                 f"{100 * s.parameters_changed:.2g}% of parameters", fontsize=10)
+    ax.set_title(_title(diff), fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     _legend(ax, {status for _, _, status in rows})
     _save(fig, path)
     return Path(path)
+
+
+def _title(diff) -> str:
+    """"A → B: 20 of 20 tensors differ (4 changed, 16 removed), 12% of parameters": what happened,
+    not "changed" for tensors that were removed or added."""
+    s = diff.summary
+    kinds = [(n, status) for status in ("changed", "reshaped", "added", "removed")
+             if (n := sum(t.status == status for t in diff.tensors))]
+    what = (f"differ ({', '.join(f'{n} {status}' for n, status in kinds)})"
+            if [status for _, status in kinds] not in ([], ["changed"]) else "changed")
+    return (f"{diff.a.short_id} → {diff.b.short_id}: {s.tensors_changed} of {s.tensors} tensors {what}, "
+            f"{100 * s.parameters_changed:.3g}% of parameters")  # .2g wrote 100% as 1e+02%
 
 
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")

@@ -44,7 +44,7 @@ def test_tensors_come_first_and_the_context_is_summarised(two):
 def test_stat_totals_count_removed_tensors(two):
     last = cli(two, "diff", "HEAD~1", "--stat").stdout.splitlines()[-1]
     # keep 64 B (unchanged), move 64 B (changed), new 32 B (added), gone 128 B (removed)
-    assert "3 of 4 tensors changed (1 added, 1 removed)" in last
+    assert "3 of 4 tensors differ (1 changed, 1 added, 1 removed)" in last
     assert "224 B of 288 B in changed chunks (128 B of them removed)" in last
     s = two.diff("HEAD~1").summary
     assert (s.bytes_total, s.bytes_changed, s.bytes_removed) == (288, 224, 128)
@@ -70,3 +70,29 @@ def test_a_tensor_that_became_nan_has_a_nan_cosine(repo):
     (t,) = repo.diff("HEAD~1").tensors
     assert math.isnan(t.cosine) and math.isnan(t.relative_change)
     assert "cos nan" in cli(repo, "diff", "HEAD~1").stdout
+
+
+def _merged_like(moved: float, optimizer: bool, extra: int = 0) -> dict:
+    """A model of 4 tensors and, when ``optimizer``, Adam-like state of 16 tensors (as a merge's
+    second parent has and the model-only merge has not); ``extra`` more moments of one."""
+    state = {"model": {f"layer{i}": torch.full((8,), float(i) + moved) for i in range(4)}}
+    if optimizer:
+        moments = {i: {"exp_avg": torch.full((8,), float(i) + moved), "exp_avg_sq": torch.ones(8),
+                       "step": torch.tensor(float(i)), "max": torch.zeros(2)} for i in range(4)}
+        for i in range(extra):
+            moments[4 + i] = {"exp_avg": torch.ones(8)}
+        state["optimizer"] = {"state": moments}
+    return state
+
+
+def test_stat_says_what_happened_to_the_tensors_that_differ(repo):
+    repo.commit(_merged_like(0.0, optimizer=True), "the second parent")
+    repo.commit(_merged_like(1.0, optimizer=False), "a model-only merge")
+    lines = cli(repo, "diff", "HEAD~1", "HEAD", "--stat").stdout.splitlines()
+    assert lines[4] == " optimizer state: 16 tensors removed (304 B removed)"  # 4 x (32 + 32 + 4 + 8)
+    assert lines[-1].startswith(" 20 of 20 tensors differ (4 changed, 16 removed), ")
+    repo.commit(_merged_like(2.0, optimizer=True, extra=2), "the optimizer back, and two more moments")
+    lines = cli(repo, "diff", "HEAD~2", "HEAD", "--stat").stdout.splitlines()
+    # 4 changed moments of 32 B and 2 added ones
+    assert lines[4].startswith(" optimizer state: 4 tensors changed, 2 added (192 B in changed chunks, ")
+    assert lines[-1].startswith(" 10 of 22 tensors differ (8 changed, 2 added), ")

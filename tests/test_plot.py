@@ -79,6 +79,15 @@ def test_plot_metric(history, tmp_path):
     assert (err.value.metric, err.value.recorded) == ("accuracy", ("loss",))
 
 
+def test_the_diff_plot_s_title_says_what_happened_to_the_tensors(repo, tmp_path):
+    pytest.importorskip("matplotlib")
+    repo.commit({"model": {"w": torch.ones(4)}, "optimizer": {"m": torch.ones(4), "v": torch.ones(4)}}, "parent")
+    repo.commit({"model": {"w": torch.zeros(4)}}, "model only")
+    drawn = plot.plot_diff(repo.diff("HEAD~1"), tmp_path / "diff.svg").read_text()
+    title = next(line.strip() for line in drawn.splitlines() if "tensors" in line)  # svg keeps text as a comment
+    assert title.endswith(": 3 of 3 tensors differ (1 changed, 2 removed), 100% of parameters -->")
+
+
 def test_cli_diff_plot(history, tmp_path):
     pytest.importorskip("matplotlib")
     target = tmp_path / "cli.png"

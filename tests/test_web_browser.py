@@ -106,7 +106,8 @@ def test_every_page_in_chromium(browser, made, screens):
         assert "model.layers.1.weight" in keys and "model.head.weight" in keys
         assert "model.layers.0.weight" not in keys  # frozen: same chunk ids, not listed as differing
         layers = page.locator("svg.heat rect").evaluate_all("cells => cells.map(c => c.dataset.layer)")
-        assert layers == ["model.embed", "model.head", "model.layers.0", "model.layers.1", "model.layers.2", "ranks.0"]
+        assert layers == ["model.embed", "model.head", "model.layers.0", "model.layers.1", "model.layers.2"]
+        assert page.inner_text("#sections li[data-section=rng]").startswith("RNG state: 3 tensors, none differ")
         assert page.locator("th:text('‖B−A‖/‖A‖')").count() == 1  # small enough: the norms by default
         tab.shot(screens, "diff.png")
         page.click("a:text('chunk ids only')")

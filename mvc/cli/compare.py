@@ -27,11 +27,30 @@ def _shape(dtype, shape) -> str:
     return f"{dtype} {'x'.join(map(str, shape)) or 'scalar'}"
 
 
-def _summary_line(s) -> str:
-    extra = [f"{n} {what}" for n, what in ((s.tensors_added, "added"), (s.tensors_removed, "removed")) if n]
+def _kinds(tensors) -> list:
+    """[(how many, status)] of the ``tensors`` that differ, in the order changed, reshaped, added, removed."""
+    return [(n, status) for status in ("changed", "reshaped", "added", "removed")
+            if (n := sum(t.status == status for t in tensors))]
+
+
+def _differ(tensors, total=None) -> str:
+    """What happened to ``tensors`` (those that differ): "4 tensors changed", or "20 of 20 tensors
+    differ (4 changed, 16 removed)" when more than a change happened (``total``: out of how many)."""
+    kinds = _kinds(tensors)
+    n = sum(k for k, _ in kinds)
+    counted = f"{n} of {total} tensors" if total is not None else f"{n} tensor{'' if n == 1 else 's'}"
+    if len(kinds) == 1 and (total is None or kinds[0][1] == "changed"):
+        return f"{counted} {kinds[0][1]}"
+    if not kinds:
+        return f"{counted} changed"
+    return f"{counted} differ ({', '.join(f'{k} {status}' for k, status in kinds)})"
+
+
+def _summary_line(d) -> str:
+    s = d.summary
     values = f", {s.values_changed} value{'' if s.values_changed == 1 else 's'} changed" if s.values_changed else ""
     removed = f" ({human_bytes(s.bytes_removed)} of them removed)" if s.bytes_removed else ""
-    return (f"{s.tensors_changed} of {s.tensors} tensors changed{' (' + ', '.join(extra) + ')' if extra else ''}, "
+    return (f"{_differ(d.changed(), s.tensors)}, "
             f"{human_bytes(s.bytes_changed)} of {human_bytes(s.bytes_total)} in changed chunks{removed}, "
             f"{100 * s.parameters_changed:.3g}% of parameters{values}")
 
@@ -102,7 +121,7 @@ def _render_diff(d, show_context: bool = False) -> None:
         for v in d.values:
             click.echo(f"  {v.status:<9} {v.key:<{vwidth}}  {_brief(v.a)} -> {_brief(v.b)}")
     _render_record(d.commit, show_context)
-    click.echo(_summary_line(d.summary))
+    click.echo(_summary_line(d))
 
 
 def _by_section(tensors) -> tuple:
@@ -120,11 +139,17 @@ _SECTION_NAMES = {"optimizer": "optimizer state", "rng": "RNG state", "data": "d
 
 
 def _section_line(section: str, tensors: list) -> str:
-    """One line for a section's changed tensors: how many, how many bytes, the largest change."""
+    """One line for a section's tensors that differ: what happened to how many, how many
+    bytes, the largest change."""
     moved = [t.relative_change for t in tensors if t.relative_change is not None]
     largest = f", largest rel {_num(max(moved))}" if moved and section == "optimizer" else ""  # RNG bytes: no scale
-    return (f"{_SECTION_NAMES[section]}: {len(tensors)} tensor{'' if len(tensors) == 1 else 's'} changed "
-            f"({human_bytes(sum(t.bytes_changed for t in tensors))} in changed chunks{largest})")
+    (n, first), *more = _kinds(tensors)  # "12 tensors removed", "3 tensors changed, 2 added"
+    counted = ", ".join([f"{n} tensor{'' if n == 1 else 's'} {first}"] + [f"{k} {status}" for k, status in more])
+    kept = [t for t in tensors if t.status != "removed"]  # a removed tensor's bytes are gone, not changed
+    gone = sum(t.bytes_changed for t in tensors if t.status == "removed")
+    sizes = ([f"{human_bytes(sum(t.bytes_changed for t in kept))} in changed chunks"] if kept else []) + \
+        ([f"{human_bytes(gone)} removed"] if gone else [])
+    return f"{_SECTION_NAMES[section]}: {counted} ({', '.join(sizes) or 'no bytes'}{largest})"
 
 
 def _render_stat(d) -> None:
@@ -137,7 +162,7 @@ def _render_stat(d) -> None:
         click.echo(f" {_section_line(section, tensors)}")
     if rest:
         click.echo(" (mvc diff without --stat lists every tensor)")
-    click.echo(" " + _summary_line(d.summary))
+    click.echo(" " + _summary_line(d))
 
 
 # -- diff -----------------------------------------------------------------------
@@ -300,7 +325,7 @@ def _render_first_bad(s) -> None:
         if s.changes_note:
             click.echo(f"  ({s.changes_note})")
         return
-    click.echo(f"  against its parent {s.changes.a.short_id}: {_summary_line(s.changes.summary)}")
+    click.echo(f"  against its parent {s.changes.a.short_id}: {_summary_line(s.changes)}")
     model, rest = _by_section(s.changes.changed())
     changed = sorted(model, key=lambda t: -(t.relative_change or 0))  # the weights that moved most
     width = max([len(t.key) for t in changed[:TOP_CHANGES]] + [1])

@@ -106,6 +106,7 @@ table.log td.g{padding:0;line-height:0}table.log td.c{white-space:normal;max-wid
 .bar.bg{background:#eceff4;width:60px;position:relative}.bar.bg .bar{position:absolute;left:0;top:0}
 form.filters{display:flex;gap:8px;flex-wrap:wrap;align-items:end;margin:6px 0}
 form.filters label{display:flex;flex-direction:column;font-size:12px;color:#55607a}
+form.filters label .err{max-width:36em;overflow-wrap:anywhere;font-size:13px}form.filters input[aria-invalid]{border-color:#a3262b}
 form.filters label.inline{display:inline-flex;flex-direction:row;gap:4px;margin-right:10px;font-size:13px;color:#1d2330}
 fieldset{border:1px solid #d5dae3;padding:2px 8px;max-width:900px}fieldset legend{font-size:12px;color:#55607a}
 .cols{display:flex;gap:24px;align-items:flex-start;flex-wrap:wrap}.cols>div{min-width:280px}

@@ -21,8 +21,9 @@ import threading
 from collections import OrderedDict
 
 from .. import refs as _refs
-from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key
-from ..errors import BadInput, CommitPruned, GcLockBusy, MvcError
+from ..diff import CHANGED, UNCHANGED, flatten_record, natural_key, section_of
+from ..errors import (AmbiguousRevision, BadInput, CommitPruned, GcLockBusy, InvalidRefName, MetricNotRecorded,
+                      MvcError, UnknownRevision)
 from .. import reach, usage
 from ..store.chunks import PackStore
 from ..best import higher_is_better  # one home for the guess: mvc best's note says it too
@@ -192,26 +193,36 @@ def parse_condition(text: str):
     return name, lambda c: (v := record_number(c, name)) is not None and _OPS[op](v, bound)
 
 
+def check_recorded(commits, name: str) -> None:
+    """MetricNotRecorded (as ``mvc log --where`` says it) if no commit of ``commits`` records
+    number ``name``: a typo must not read as "no commit qualifies"."""
+    if commits and all(record_number(c, name) is None for c in commits):
+        recorded = sorted({k for c in commits for k in c.metrics})
+        raise MetricNotRecorded(f"no commit here records metric {name!r}; recorded: {', '.join(recorded) or 'none'}",
+                                metric=name, recorded=recorded)
+
+
 # -- history ---------------------------------------------------------------------
 
 MAX_METRIC_COLUMNS = 6  # more metrics than this are counted in the last column, so the table fits
 
 
 def best_commit(commits, name: str):
-    """The commit with the best value of metric ``name`` (the newest of ties), or None."""
+    """The commit with the best value of metric ``name`` (the oldest of ties: the one that reached it,
+    as ``history.select`` orders them), or None."""
     have = [(record_number(c, name), i) for i, c in enumerate(commits) if record_number(c, name) is not None]
     if not have:
         return None
     sign = -1 if higher_is_better(name) else 1
-    return commits[min(have, key=lambda vi: (sign * vi[0], vi[1]))[1]]
+    return commits[min(have, key=lambda vi: (sign * vi[0], -vi[1]))[1]]
 
 
 def _sorted_by(commits, picked, sort: str) -> list:
-    """``picked`` (indexes into ``commits``) by metric ``sort`` (``-NAME``: highest first),
-    those without it last, in history order."""
+    """``picked`` (indexes into ``commits``) by metric ``sort`` (``-NAME``: highest first; ties
+    oldest first, as ``history.select``), those without it last, in history order."""
     name, sign = sort.lstrip("-"), (-1 if sort.startswith("-") else 1)
     have = [i for i in picked if record_number(commits[i], name) is not None]
-    have.sort(key=lambda i: sign * record_number(commits[i], name))
+    have.sort(key=lambda i: (sign * record_number(commits[i], name), -i))
     return have + [i for i in picked if record_number(commits[i], name) is None]
 
 
@@ -220,21 +231,19 @@ def history(view: View, query: dict) -> str:
     sort = one(query, "sort", "").strip()
     per = _int(query, "per", PER_PAGE, 1, MAX_PER_PAGE)
     start = _int(query, "start", 0, 0, 1 << 40)
-    include, exclude = (), ()
-    if span:
-        pair = _refs.split_range(span)
-        if not pair:
-            raise BadInput(f"range {span!r}: write it as A..B (the commits B reaches and A does not)")
-        exclude, include = (pair[0],), (pair[1],)
-    elif ref:
-        include = (ref,)
-    commits, rows = view.walk(include, exclude, False) if include else view.everything()
+    walked, problems = _walk_asked(view, ref, span)
     shown_metric = None
     if where:
-        shown_metric, keep = parse_condition(where)
-        picked = [i for i, c in enumerate(commits) if keep(c)]
-    else:
-        picked = range(len(commits))
+        try:
+            shown_metric, keep = parse_condition(where)
+            if walked is not None:
+                check_recorded(walked[0], shown_metric)
+        except BadInput as exc:
+            problems["where"] = str(exc)
+    if problems:  # what the boxes ask cannot be shown: say why beside them, the form kept to fix it
+        return page("History", _history_filters(view, ref, span, where, problems), view.where(), "/")
+    commits, rows = walked
+    picked = [i for i, c in enumerate(commits) if keep(c)] if where else range(len(commits))
     chosen = [commits[i] for i in picked]
     metrics = _metric_columns(chosen, [n for n in (shown_metric, sort.lstrip("-")) if n])
     if sort:
@@ -265,7 +274,22 @@ def history(view: View, query: dict) -> str:
             + '<p><button type=submit>Compare A → B</button> <span class=muted>pick A and B in the table '
             '(the diff page shows what changed from A to B; B left out: HEAD)</span></p>'
             + table_html + "</form>" + pager)
+    if where and not total:
+        body += f'<p class=muted id=none-met>No commit here meets {esc(where)}.</p>'
     return page("History", body, view.where(), "/")
+
+
+def _walk_asked(view, ref: str, span: str) -> tuple:
+    """((commits, rows) of the walk the boxes ask for, or None; {box: what is wrong with it})."""
+    if not span:
+        return (view.walk((ref,), (), False) if ref else view.everything()), {}
+    pair = _refs.split_range(span)
+    if not pair:
+        return None, {"range": f"range {span!r}: write it as A..B (the commits B reaches and A does not)"}
+    try:
+        return view.walk((pair[1],), (pair[0],), False), {}
+    except (UnknownRevision, AmbiguousRevision, InvalidRefName, BadInput) as exc:
+        return None, {"range": str(exc)}
 
 
 def _metric_columns(commits, first, most=MAX_METRIC_COLUMNS) -> list:
@@ -320,7 +344,9 @@ def _metric_cell(c, name: str, best: bool) -> str:
     return f"<td class=num>{esc(number(value))}</td>"
 
 
-def _history_filters(view, ref, span, where) -> str:
+def _history_filters(view, ref, span, where, problems=None) -> str:
+    """The form of the history page; ``problems``: {box name: what is wrong}, said beside the box."""
+    problems = problems or {}
     options = ['<option value="">all branches and tags</option>']
     for r in view.repo.branches():
         options.append(f'<option value="{esc(r.name)}"{" selected" if r.name == ref else ""}>'
@@ -333,9 +359,19 @@ def _history_filters(view, ref, span, where) -> str:
                        f'tag {esc(r.name)}</option>')
     return ('<form class=filters method=get action="/">'
             f'<label>branch or tag<select name=ref>{"".join(options)}</select></label>'
-            f'<label>range A..B<input name=range value="{esc(span)}" placeholder="main~10..main"></label>'
-            f'<label>record filter<input name=where value="{esc(where)}" placeholder="loss&lt;2.5"></label>'
+            f'<label>range A..B<input name=range value="{esc(span)}" placeholder="main~10..main"'
+            f'{_problem(problems, "range")}</label>'
+            f'<label>record filter<input name=where value="{esc(where)}" placeholder="loss&lt;2.5"'
+            f'{_problem(problems, "where")}</label>'
             '<button type=submit>Show</button></form>')
+
+
+def _problem(problems: dict, box: str) -> str:
+    """The end of box ``box``'s input tag, and what is wrong with what it holds (if anything)."""
+    if box not in problems:
+        return ">"
+    return (f' aria-invalid=true aria-describedby={box}-error>'
+            f'<span class=err id={box}-error role=alert>{esc(problems[box])}</span>')
 
 
 def _pager(total: int, start: int, per: int, params: dict) -> str:
@@ -504,7 +540,10 @@ def diff(view: View, query: dict) -> str:
         d = repo.diff(rev_a, rev_b, read_data=True)
     base = dict(a=rev_a, b=rev_b, numbers="1" if numbers else "0")
     tensors = list(d.tensors)
-    strip = _strip(tensors, numbers, base)
+    strip = _strip([t for t in tensors if section_of(t.key) == "model"], numbers, base) + _sections(tensors, base)
+    section = one(query, "section", "")
+    if section:
+        tensors = [t for t in tensors if section_of(t.key) == section]
     if show != "all":
         tensors = [t for t in tensors if t.status != UNCHANGED]
     if q:
@@ -512,7 +551,9 @@ def diff(view: View, query: dict) -> str:
     if SORTS.get(sort):
         tensors.sort(key=SORTS[sort])
     s = d.summary
-    summary = (f"{s.tensors_changed} of {s.tensors} tensors differ ({s.tensors_added} added, {s.tensors_removed} removed); "
+    counts = _status_counts(d.tensors)  # what happened, where more than a change did
+    kinds = ", ".join(f"{n} {status}" for status, n in counts) if [st for st, _ in counts] != ["changed"] else ""
+    summary = (f"{s.tensors_changed} of {s.tensors} tensors differ{f' ({kinds})' if kinds else ''}; "
                f"{human_bytes(s.bytes_changed)} of {human_bytes(s.bytes_total)} in changed chunks")
     if s.elements_changed is not None:
         summary += f"; {s.parameters_changed:.2%} of parameters changed"
@@ -527,7 +568,7 @@ def diff(view: View, query: dict) -> str:
                  f'data-busy=busy id=numbers>Compute the norms of the changes</a> (reads up to '
                  f'{esc(human_bytes(read))} of changed tensors; a lazy clone fetches what it lacks) '
                  '<span id=busy class=busy>reading tensors… the page follows when done</span></p>')
-    controls = _diff_controls(base, sort, show, q, numbers)
+    controls = _diff_controls(dict(base, section=section), sort, show, q, numbers)
     cols = ["key", "status", "dtype", "shape", "bytes", "chunks changed", "changed share", "bytes changed"]
     if numbers:
         cols += ["‖B−A‖/‖A‖", "max |B−A|", "cosine"]
@@ -553,7 +594,7 @@ def diff(view: View, query: dict) -> str:
     if d.values:
         values = "<h2>Plain values</h2>" + table(["key", "status", "A", "B"], [
             [esc(v.key), esc(v.status), esc(_brief(v.a, 120)), esc(_brief(v.b, 120))] for v in d.values])
-    body = (head + "<h2>Layers</h2>" + strip + controls
+    body = (head + "<h2>Layers of the model</h2>" + strip + controls
             + f'<div class=cols><div><h2>Tensors</h2>{tensor_table}{values}</div>'
             f'<div><h2>Record</h2>{record}</div></div>')
     return page(f"Diff {d.a.short_id} → {d.b.short_id}", body, view.where())
@@ -597,9 +638,12 @@ def _shape_change(a_shape, b_shape) -> str:
 
 
 def _strip(tensors: list, numbers: bool, base: dict) -> str:
-    """The heat strip: one cell per layer, in model order; its heat is the share of the
-    layer's bytes in changed chunks, or with numbers its largest relative change against the
-    largest of any layer."""
+    """The heat strip of the model's ``tensors``: one cell per layer, in model order; its heat
+    is the share of the layer's bytes in changed chunks, or with numbers its largest relative
+    change against the largest of any of the model's layers (the optimizer's moments move far
+    more than the weights: on one scale they would leave the model white)."""
+    if not tensors:
+        return "<p class=muted>No tensor of the model is compared.</p>"
     layers: "OrderedDict[str, list]" = OrderedDict()
     for t in sorted(tensors, key=lambda t: natural_key(t.key)):
         layers.setdefault(layer_of(t.key), []).append(t)
@@ -618,9 +662,48 @@ def _strip(tensors: list, numbers: bool, base: dict) -> str:
             share = 1.0 if not math.isfinite(rel) else (rel / top if top else 0.0)
             tip += f", largest ‖B−A‖/‖A‖ {number(rel)}"
         cells.append((name, share, tip, url("/diff", **base, q=name + ".", show="all")))
-    legend = ("heat: share of each layer's bytes in changed chunks" if not numbers
-              else "heat: each layer's largest relative change, against the largest of all")
-    return svg.heat_strip(cells) + f'<p class=muted>{esc(legend)}; click a layer to list its tensors</p>'
+    legend = (f"{len(cells)} layers of the model ({len(tensors)} tensors) in model order; heat: the share of each "
+              "layer's bytes in changed chunks" if not numbers else
+              f"{len(cells)} layers of the model ({len(tensors)} tensors) in model order; heat: each layer's largest "
+              f"relative change ‖B−A‖/‖A‖, against the model's largest ({number(top)}, the darkest)")
+    return (svg.heat_strip(cells) + f'<p class=muted id=strip-legend>{esc(legend)}; click a layer to list its '
+            'tensors</p>')
+
+
+SECTION_NAMES = {"data": "data-loader state", "optimizer": "optimizer state", "rng": "RNG state"}
+
+
+def _sections(tensors: list, base: dict) -> str:
+    """One line for each section of the state that is not the model's (optimizer, RNG, data
+    loader), as ``mvc diff --stat`` sums them up: they are left out of the strip."""
+    lines = []
+    for section, name in SECTION_NAMES.items():
+        ts = [t for t in tensors if section_of(t.key) == section]
+        if not ts:
+            continue
+        moved = [t for t in ts if t.status != UNCHANGED]
+        what = ", ".join(f"{n} {status}" for status, n in _status_counts(moved)) or "none differ"
+        said = f"{name}: {len(ts)} tensor{'' if len(ts) == 1 else 's'}, {what}"
+        kept = [t for t in moved if t.status != "removed"]  # a removed tensor's bytes are gone, not changed
+        gone = sum(t.bytes_changed for t in moved if t.status == "removed")
+        sizes = ([f"{human_bytes(sum(t.bytes_changed for t in kept))} in changed chunks"] if kept else []) + \
+            ([f"{human_bytes(gone)} removed"] if gone else [])
+        if moved:
+            said += "; " + ", ".join(sizes or ["no bytes"])
+            rels = [t.relative_change for t in moved if t.relative_change is not None]
+            if rels and section == "optimizer":  # RNG and data positions are bytes and counters: no scale
+                said += f", largest ‖B−A‖/‖A‖ {number(max(rels))}"
+        lines.append(f'<li data-section="{esc(section)}">{esc(said)} · '
+                     f'{a(url("/diff", **base, section=section, show="all"), "list them")}</li>')
+    if not lines:
+        return ""
+    return f'<ul id=sections class=muted>{"".join(lines)}</ul>'
+
+
+def _status_counts(tensors: list) -> list:
+    """[(status, how many)] of ``tensors``, in the order changed, reshaped, added, removed."""
+    order = ("changed", "reshaped", "added", "removed")
+    return [(status, n) for status in order if (n := sum(t.status == status for t in tensors))]
 
 
 def _diff_controls(base, sort, show, q, numbers) -> str:

@@ -86,6 +86,7 @@ class MvcCallback(TrainerCallback):
         self.output_dir: Optional[str] = None  # the Trainer's, once it told us (checkout's default parent)
         self._pusher: Optional[Pusher] = None
         self._committed: set = set()  # steps whose checkpoint-N folder this callback committed
+        self._resumed: Optional[tuple] = None  # (step, commit or None) of a resume from behind the tip
 
     def on_init_end(self, args, state, control, **kwargs):
         self.output_dir = args.output_dir
@@ -96,6 +97,7 @@ class MvcCallback(TrainerCallback):
             self.repo, self._pusher = open_run(self.repo_path, self.chunk_size, self.branch, self.remote)
             self._signer = self.repo.trust.signer(self.sign)
             self._committed |= _committed_folders(self.repo, self.branch, args.output_dir)
+            self._resumed = _resumed_behind(self.repo, self.branch, state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.repo is not None:
@@ -125,14 +127,20 @@ class MvcCallback(TrainerCallback):
             checkpoint["optimizer"] = optimizer.state_dict()
         if lr_scheduler is not None:
             checkpoint["scheduler"] = lr_scheduler.state_dict()
+        message, about = f"hf checkpoint-{state.global_step}", {}
+        if self._resumed is not None:  # said once, on the first commit after the resume
+            step, commit = self._resumed
+            message += f" (resumed from checkpoint-{step}" + (f", {commit.short_id})" if commit else ")")
+            about = {"resumed_from": {"step": step, "commit": commit.id if commit else None}}
+            self._resumed = None
         self.last_commit = self.repo.commit(
-            checkpoint, message=f"hf checkpoint-{state.global_step}", step=state.global_step,
+            checkpoint, message=message, step=state.global_step,
             epoch=int(state.epoch or 0), metrics=_metrics(state), branch=self.branch, rebase=False,
             sign=self._signer,
             context={"transformers": {"epoch": state.epoch, "max_steps": state.max_steps,
                                       "train_batch_size": state.train_batch_size,
                                       "learning_rate": args.learning_rate, "seed": args.seed,
-                                      "world_size": args.world_size}})
+                                      "world_size": args.world_size, **about}})
         follow_first_commit(self.repo, self.branch)
         if self._pusher is not None:
             self._pusher.request()
@@ -183,6 +191,20 @@ class MvcCallback(TrainerCallback):
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return out
+
+
+def _resumed_behind(repo, branch: str, step: int) -> Optional[tuple]:
+    """(step, the branch's commit of that step or None) when a run resumes at ``step`` while the
+    branch's tip is another step: its next commit follows the tip, so its message and context say
+    where the run really resumed from. None for a fresh run or a resume from the tip."""
+    if not step or branch not in {b.name for b in repo.branches()}:
+        return None
+    commits = iter(repo.log(branch))
+    tip = next(commits, None)
+    if tip is None or tip.step == step:
+        return None
+    same = next((c for c in commits if c.step == step and c.message.startswith("hf checkpoint-")), None)
+    return step, same
 
 
 def _committed_folders(repo, branch: str, output_dir) -> set:

@@ -111,7 +111,19 @@ def test_a_trainer_resumed_from_a_commit_is_bit_exact(tmp_path):
         assert torch.equal(a, b), name
     with mvc.Repository.open(tmp_path / "repo") as repo:
         assert [c.step for c in repo.log("hf")] == [12, 10, 5]
+        assert [c.message for c in repo.log("hf")] == ["hf checkpoint-12", "hf checkpoint-10", "hf checkpoint-5"]
+        ten = repo.get_commit("hf~1")
     assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-12"]  # the first process's folder went too
+
+    # resumed from behind the tip: the new step-12 commit follows the old one and says where it resumed
+    third = trainer(tmp_path, "again", callback)
+    third.train(resume_from_checkpoint=callback.checkout("hf~1"))
+    assert third.losses == {s: v for s, v in straight.losses.items() if s >= 10}
+    with mvc.Repository.open(tmp_path / "repo") as repo:
+        newest = next(iter(repo.log("hf")))
+        assert [c.step for c in repo.log("hf")] == [12, 12, 10, 5]
+    assert newest.message == f"hf checkpoint-12 (resumed from checkpoint-10, {ten.short_id})"
+    assert newest.context["transformers"]["resumed_from"] == {"step": 10, "commit": ten.id}
 
 
 def test_checkout_of_another_commit_is_refused(tmp_path):

@@ -36,6 +36,7 @@ An entry costs 24 bytes, whatever the number of packs.
 import mmap
 import os
 import struct
+import threading
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -408,3 +409,167 @@ def classify(index: PackIndex, spill: IdSpill, full_ids, budget: int = 1 << 20) 
                 if int(index.packs[j]) == pack[i] and int(index.rows[j]) == row[i]:
                     used[j - s] = True
         yield ids, pack, row, np.flatnonzero(~used) + s
+
+
+# -- the registered pack indexes of a repository, as the chunk index reads them ------------------
+
+MAX_TIERS = 8  # searched one after the other; more are merged (in memory) into fewer
+
+
+class Tier:
+    """Entries of one or more registered packs in index order, searched as one array: a pack index
+    file (memory-mapped) or several merged in memory. ``numbers`` maps the tier's own pack numbers
+    to the numbers of the ``Registered`` set it belongs to (0 the newest); within a tier a smaller
+    pack number is a newer pack, so among entries of one prefix the newest comes first."""
+
+    candidates = PackIndex.candidates
+    slices = PackIndex.slices
+
+    def __init__(self, names: list, heads, tails, packs, rows, fanout=None):
+        self.names, self.heads, self.tails, self.packs, self.rows = names, heads, tails, packs, rows
+        self.fanout = _fanout(heads) if fanout is None else fanout
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    @classmethod
+    def of(cls, idx: PackIndex) -> "Tier":
+        return cls(list(idx.names), idx.heads, idx.tails, idx.packs, idx.rows, idx.fanout)
+
+    def only(self, keep: set) -> Optional["Tier"]:
+        """This tier without the entries of packs not in ``keep`` (None if nothing is left)."""
+        mine = [name in keep for name in self.names]
+        if all(mine):
+            return self
+        if not any(mine):
+            return None
+        renumber = np.cumsum(mine) - 1
+        sel = np.asarray(mine, dtype=bool)[self.packs]
+        return Tier([n for n, m in zip(self.names, mine) if m], self.heads[sel], self.tails[sel],
+                    renumber[self.packs[sel]].astype("<u4"), self.rows[sel])
+
+
+def merge_tiers(tiers: list) -> Tier:
+    """One tier of ``tiers`` (newest first), in memory: pack numbers renumbered in that order."""
+    names, parts, base = [], [], 0
+    for tier in tiers:
+        names += tier.names
+        parts.append((tier.heads, tier.tails, tier.packs.astype("<u4") + np.uint32(base), tier.rows))
+        base += len(tier.names)
+    columns = [np.concatenate([p[c] for p in parts]).astype(d) for c, d in enumerate(COLUMNS)]
+    return Tier(names, *_sorted(*columns))
+
+
+class Registered:
+    """The pack indexes a transaction's snapshot registers, newest pack first, as a few tiers.
+
+    ``names``: the packs, newest first (a pack's number is its place here); ``broken``: {pack
+    name: why} of registered packs whose index file cannot be read (their chunks look absent)."""
+
+    def __init__(self, folder: Path, packs: tuple, tiers: list, broken: dict):
+        self.folder, self.packs, self.tiers, self.broken = folder, packs, tiers, broken
+        self.names = [name for _, name in packs]
+        number = {name: i for i, name in enumerate(self.names)}
+        self.numbers = [np.array([number[n] for n in tier.names], dtype=np.int64) for tier in tiers]
+
+    def locate(self, ids: np.ndarray, full_ids) -> tuple:
+        """(pack number, row) per id of ``ids`` (an id array), -1 where no registered pack lists it;
+        the newest pack that does wins. ``full_ids(pack number, rows)``: the ids that pack's
+        trailer lists at ``rows`` (proof of each hit)."""
+        pack = np.full(len(ids), -1, dtype=np.int64)
+        row = np.full(len(ids), -1, dtype=np.int64)
+        todo = np.arange(len(ids))
+        for tier, numbers in zip(self.tiers, self.numbers):
+            if not len(todo):
+                break
+            want = ids[todo]
+            p, r = tier.candidates(want).verify(want, lambda k, rows: full_ids(int(numbers[k]), rows))
+            hit = p >= 0
+            pack[todo[hit]], row[todo[hit]] = numbers[p[hit]], r[hit]
+            todo = todo[~hit]
+        return pack, row
+
+    def entries(self, first: int, last: int) -> tuple:
+        """(pack numbers, rows) of every entry whose id's first byte is in [first, last), all tiers."""
+        packs, rows = [], []
+        for tier, numbers in zip(self.tiers, self.numbers):
+            start = _starts(tier.fanout)
+            s, t = int(start[first]), int(start[last])
+            packs.append(numbers[tier.packs[s:t].astype(np.int64)])
+            rows.append(tier.rows[s:t].astype(np.int64))
+        if not packs:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(packs), np.concatenate(rows)
+
+    def counts(self) -> np.ndarray:
+        """Entries per first id byte, all tiers together (256)."""
+        out = np.zeros(FANOUT, dtype=np.int64)
+        for tier in self.tiers:
+            out += np.diff(_starts(tier.fanout))
+        return out
+
+
+def pidx_path(folder: Path, name: bytes) -> Path:
+    return Path(folder) / f"pack-{name.hex()}.pidx"
+
+
+_VIEWS: dict = {}  # (pid, folder) -> the Registered built last there
+_VIEWS_LOCK = threading.Lock()
+
+
+def registered(folder, packs: tuple) -> Registered:
+    """The Registered set of ``packs`` ((sequence, name), newest first) in pack folder ``folder``.
+    Built from the one built last for that folder where it can be (a new commit adds one small
+    tier), so a long-lived process does not re-read every index for each transaction."""
+    folder = Path(folder)
+    key = (os.getpid(), str(folder))
+    with _VIEWS_LOCK:
+        last = _VIEWS.get(key)
+    if last is not None and last.packs == packs:
+        return last
+    tiers, broken = _reuse(last, packs) if last is not None else ([], {})
+    covered = {name for tier in tiers for name in tier.names} | set(broken)
+    fresh = []
+    for _, name in packs:
+        if name in covered:
+            continue
+        try:
+            idx = PackIndex(pidx_path(folder, name))
+        except (OSError, CorruptObject) as exc:
+            broken[name] = str(exc)
+            continue
+        if idx.names != [name]:
+            broken[name] = f"{pidx_path(folder, name).name} does not index pack {name.hex()}"
+            continue
+        fresh.append(Tier.of(idx))
+    tiers = _fewer(fresh + tiers)
+    view = Registered(folder, packs, tiers, broken)
+    with _VIEWS_LOCK:
+        _VIEWS[key] = view
+    return view
+
+
+def _reuse(last: Registered, packs: tuple) -> tuple:
+    """(tiers, broken) of ``last`` that ``packs`` still registers, or nothing if a pack it lacks is
+    older than one it has (tiers are kept newest first: such a set is built anew)."""
+    keep = {name for _, name in packs}
+    seqs = dict((name, seq) for seq, name in packs)
+    old = [seqs[n] for n in last.names if n in keep]
+    new = [seq for seq, name in packs if name not in set(last.names)]
+    if old and new and min(new) < max(old):
+        return [], {}
+    tiers = [t for t in (tier.only(keep) for tier in last.tiers) if t is not None]
+    return tiers, {n: why for n, why in last.broken.items() if n in keep}
+
+
+def _fewer(tiers: list) -> list:
+    """``tiers`` (newest first) with runs of the newest merged while there are more than MAX_TIERS:
+    each merge takes the newest tiers as long as they hold at least half as many entries as the
+    next older one, so sizes grow geometrically and each entry is merged a few times at most."""
+    while len(tiers) > MAX_TIERS:
+        j, total = 1, len(tiers[0]) + len(tiers[1])
+        while j + 1 < len(tiers) and (total * 2 > len(tiers[j + 1]) or len(tiers) - j > MAX_TIERS):
+            j += 1
+            total += len(tiers[j])
+        tiers = [merge_tiers(tiers[:j + 1])] + tiers[j + 1:]
+    return tiers

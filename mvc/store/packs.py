@@ -23,6 +23,7 @@ The bytes themselves are parsed and built in ``packformat`` (no I/O there);
 this module reads and writes files with them.
 """
 
+import mmap
 import os
 import re
 import secrets
@@ -345,6 +346,74 @@ def read_trailer_table(path: Path) -> np.ndarray:
     if ((table["offset"] < len(HEADER) + RECORD_HEAD.size) | (ends > trailer_offset)).any():
         raise packformat._damaged(what, "lists a record outside its data", "outside")
     return table
+
+
+# The trailer entries of each version, as numpy reads them in place (packed, little-endian).
+TRAILER_V1 = np.dtype([("id", "S32"), ("offset", "<u8"), ("length", "<u4")])
+TRAILER_V2 = np.dtype([("id", "S32"), ("offset", "<u8"), ("length", "<u4"), ("kind", "u1"), ("size", "<u4"),
+                       ("depth", "u1"), ("base", "S32")])
+assert TRAILER_V1.itemsize == ENTRY.size and TRAILER_V2.itemsize == ENTRY_V2.size
+
+
+@dataclass(frozen=True)
+class TrailerView:
+    """A sealed pack's trailer entries read in place (memory-mapped, nothing copied): what a
+    pack index's rows point into. ``table`` is a TRAILER_V1 or TRAILER_V2 array; ``end`` the
+    trailer's offset, which every record's data must end before."""
+
+    name: bytes
+    table: np.ndarray
+    end: int
+    version: int
+
+    def locations(self, rows: np.ndarray) -> tuple:
+        """(LOCATIONS-like columns, {position: (base, depth)}, {position: why}) of ``rows``: each
+        checked to lie inside the pack's data (and, in a version 2 pack, to have a valid coding)."""
+        entries = self.table[rows]
+        bad = {}
+        outside = (entries["offset"] < len(HEADER) + RECORD_HEAD.size) | (entries["offset"] + entries["length"] > self.end)
+        for i in np.flatnonzero(outside).tolist():
+            bad[i] = f"pack {pack_filename(self.name)} lists a record outside its data"
+        deltas = {}
+        if self.version >= 2:
+            for i in np.flatnonzero(entries["kind"] != 0).tolist():
+                e = entries[i]
+                try:
+                    loc = packformat.coded_location(self.name, int(e["offset"]), int(e["length"]), int(e["kind"]),
+                                                    int(e["size"]), int(e["depth"]), entries["base"][i:i + 1].tobytes(),
+                                                    what=f"an entry of pack {pack_filename(self.name)}")
+                except CorruptObject as exc:
+                    bad[i] = str(exc)
+                    continue
+                if loc.base is not None:
+                    deltas[i] = (loc.base, loc.depth)
+        return entries, deltas, bad
+
+
+def trailer_view(path: Path, name: bytes) -> TrailerView:
+    """The TrailerView of the sealed pack at ``path``; PackDamaged if its header, footer or trailer
+    length say it is no sealed pack (the trailer's checksum is not checked here: each entry a
+    lookup uses is proven by its id and checked to lie in the pack, and every chunk read is
+    verified; fsck checks the checksum)."""
+    what = f"pack {path.name}"
+    fd = open_file(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size < packformat.SMALLEST:
+            raise PackDamaged(f"{what} has no valid header or is truncated", pack=path.name, problem="header")
+        view = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    version = pack_version(view[:len(HEADER)])
+    if not version:
+        raise PackDamaged(f"{what} has no valid header or is truncated", pack=path.name, problem="header")
+    start, stop = packformat.trailer_span(view[size - FOOTER.size:], size, what)
+    count = packformat.COUNT.unpack_from(view, start)[0]
+    dtype = TRAILER_V2 if version >= 2 else TRAILER_V1
+    if stop - start != packformat.COUNT.size + count * dtype.itemsize:
+        raise packformat._damaged(what, "trailer length does not match its count", "trailer-count")
+    table = np.frombuffer(view, dtype=dtype, count=count, offset=start + packformat.COUNT.size)
+    return TrailerView(name, table, start, version)
 
 
 def salvage_records(path: Path, limit: int = 1 << 32) -> Iterator[tuple]:

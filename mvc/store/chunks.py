@@ -50,7 +50,7 @@ import numpy as np
 
 from .. import hashing
 from ..errors import (BadChunkLocation, BadEncoding, ChecksumMismatch, CorruptObject, HashMismatch,
-                      ObjectNotFound, PackMissing)
+                      ObjectNotFound, PackDamaged, PackMissing)
 from . import codec, idarray, packindex
 from .verify import intact, mismatch, verified
 from .compact import Compacted, compact
@@ -151,6 +151,12 @@ class ChunkStore(ABC):
         fsck and gc count these as present though the chunk index lacks them.
         """
         return set()
+
+    def lost(self, ids: list, txn) -> dict:
+        """{id: pack name} of those of ``ids`` that the index lists in a local pack that cannot say
+        where (its file is gone, or cut short before the record): fsck reports them as that
+        pack's damage. None by default."""
+        return {}
 
     def keeps(self, cid: bytes, txn) -> bool:
         """Whether this store holds chunk ``cid`` itself, not through a remote: what a writer may skip
@@ -260,6 +266,9 @@ class Forwarding(ChunkStore):
 
     def keeps(self, cid, txn):
         return self.inner.keeps(cid, txn)
+
+    def lost(self, ids, txn):
+        return self.inner.lost(ids, txn)
 
     def locate(self, cid, txn, what=""):
         return self.inner.locate(cid, txn, what)
@@ -474,7 +483,18 @@ class PackStore(ChunkStore):
         loc = txn.chunk(cid)
         if loc is None:
             raise ObjectNotFound(f"{_named(cid, what)} is missing from the index", id=cid)
+        if loc.offset == 0:  # listed by the index of a registered pack that cannot say where
+            fname = pack_filename(loc.pack)
+            if on_disk(txn, self.directory, Location(loc.pack, 0, 0)):
+                raise PackDamaged(f"pack {fname} is truncated or damaged before the record of {_named(cid, what)}",
+                                  pack=fname, problem="truncated")
+            raise PackMissing(f"pack {fname} is missing", pack=fname, problem="missing")
         return loc
+
+    def lost(self, ids: list, txn) -> dict:
+        """{id: pack name} of those of ``ids`` that the index of a registered pack lists where that
+        pack cannot say (its file is gone, or cut short before the record): offset 0."""
+        return {cid: loc.pack for cid, loc in txn.chunks_among(ids).items() if loc.offset == 0}
 
     def length(self, cid: bytes, txn, what: str = "") -> int:
         return self.locate(cid, txn, what).size  # decoded: what the caller's buffer must hold

@@ -38,13 +38,15 @@ from .. import encoding, hashing
 from ..errors import BadInput, CorruptObject, MvcError, ReaderClash, ReadOnlyRepository
 from . import idarray, packindex
 from .fs import check_file, open_file
-from .packs import INDEX_RAW, Location, decode_location, encode_location, pack_filename, trailer_view
+from .packs import (INDEX_RAW, Location, cached_trailer_view, decode_location, encode_location, pack_filename,
+                    walked_view)
 
 OBJECT_KINDS = ("tensors", "trees", "commits")
 DB_NAMES = ("chunks",) + OBJECT_KINDS + ("refs", "reflog", "locks", "meta", "pruned", "packidx")
 OPTIONAL_DBS = ("packidx",)  # absent from repositories older than pack indexes: made when first written
 TOMBSTONE = b""  # a chunks value: not indexed, though a registered pack index lists the id
 REGISTRATION = struct.Struct("<QQ")  # packidx value: sequence number, entries
+MISSING = "missing"  # a registered pack whose file is gone: its chunks are located there, offset 0
 NEXT_SEQ = b"next-seq"  # packidx key (not 16 bytes, so no pack name) of the next sequence number
 _SEQ = struct.Struct(">Q")
 DIRECT, SYMBOLIC = 0, 1
@@ -436,7 +438,7 @@ class Txn:
         ids = []
         for name in gone:
             t = self._trailer(name)
-            if t is not None:
+            if t is not MISSING:
                 ids.append(t.table["id"])
         for name in gone:
             self._txn.delete(name, db=db)
@@ -486,22 +488,33 @@ class Txn:
         return self.memo["pack indexes"]
 
     def _trailer(self, name: bytes):
-        """The TrailerView of pack ``name`` (None if it cannot be read), once per transaction."""
+        """The TrailerView of pack ``name``, once per transaction: read from its records where its
+        trailer is damaged, MISSING if the pack file is gone (or cannot be read)."""
         views = self.memo.setdefault("trailers", {})
         if name not in views:
+            path = self.repo_dir / "packs" / pack_filename(name)
             try:
-                views[name] = trailer_view(self.repo_dir / "packs" / pack_filename(name), name)
-            except (OSError, CorruptObject):
-                views[name] = None
+                views[name] = cached_trailer_view(path, name)
+            except CorruptObject:
+                try:
+                    views[name] = walked_view(path, name)
+                except (OSError, CorruptObject):
+                    views[name] = MISSING
+            except OSError:
+                views[name] = MISSING
         return views[name]
 
-    def _full_ids(self, view, k: int, rows: np.ndarray) -> np.ndarray:
+    def _full_ids(self, view, k: int, rows: np.ndarray, prove: bool = True):
+        """The ids pack number ``k``'s trailer lists at ``rows`` (zeros past its end); None if
+        its pack is gone and ``prove`` is False (the index's prefix is then taken as it is, for a
+        location that names the missing pack: see ``_located``)."""
         out = np.zeros(len(rows), dtype=idarray.ID)
         t = self._trailer(view.names[k])
-        if t is not None:
-            ok = rows < len(t.table)
-            out[ok] = t.table["id"][rows[ok]]
-        return out
+        if t is MISSING:
+            return None if not prove else out
+        ok = rows < len(t.table)
+        out[ok] = t.table["id"][rows[ok]]
+        return out if prove or ok.all() else (out, ~ok)
 
     def _located(self, view, pack: np.ndarray, row: np.ndarray) -> tuple:
         """(LOCATIONS array, bases {i: (base, depth)}, bad {i: why}) of entries (pack number, row)."""
@@ -513,8 +526,12 @@ class Txn:
         for sel in np.split(order, cuts) if n else []:
             name = view.names[int(pack[sel[0]])]
             t = self._trailer(name)
-            entries, deltas, wrong = t.locations(row[sel])
             locs["pack"][sel] = np.frombuffer(name, dtype="V16")[0]
+            if t is not MISSING:  # else where in it and how long is lost with it: offset 0, which no record has
+                sel = sel[row[sel] < len(t.table)]  # the rest: records cut off a damaged pack, likewise
+            if t is MISSING or not len(sel):
+                continue
+            entries, deltas, wrong = t.locations(row[sel])
             locs["offset"][sel], locs["length"][sel] = entries["offset"], entries["length"]
             if t.version >= 2:
                 locs["kind"][sel] = entries["kind"]
@@ -532,7 +549,7 @@ class Txn:
         """{id: Location} of ``ids`` as the registered pack indexes alone locate them."""
         view = self._view()
         arr = idarray.pack(ids)
-        pack, row = view.locate(arr, lambda k, rows: self._full_ids(view, k, rows))
+        pack, row = view.locate(arr, lambda k, rows: self._full_ids(view, k, rows, prove=False))
         hit = np.flatnonzero(pack >= 0)
         locs, bases, bad = self._located(view, pack[hit], row[hit])
         out = {}

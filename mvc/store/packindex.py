@@ -237,7 +237,8 @@ class Candidates:
 
     def verify(self, ids: np.ndarray, full_ids) -> tuple:
         """(pack number, row) per needle, -1 where none of its candidates is it: ``full_ids(pack
-        number, rows)`` returns the id array its pack's trailer lists at ``rows``."""
+        number, rows)`` returns the id array its pack's trailer lists at ``rows`` (or what
+        ``_proven`` takes for a pack that cannot say)."""
         n = len(ids)
         pack = np.full(n, -1, dtype=np.int64)
         row = np.full(n, -1, dtype=np.int64)
@@ -248,15 +249,26 @@ class Candidates:
         cuts = np.flatnonzero(np.diff(packs[by_pack])) + 1
         for sel in np.split(by_pack, cuts) if len(by_pack) else []:  # each pack's trailer asked once
             k = int(packs[sel[0]])
-            ok = full_ids(k, rows[sel]) == ids[one[sel]]
+            ok = _proven(full_ids(k, rows[sel]), ids[one[sel]])
             pack[one[sel[ok]]], row[one[sel[ok]]] = k, rows[sel[ok]]
         for i in np.flatnonzero(self.hi - self.lo > 1).tolist():  # a shared prefix: each checked
             for j in range(int(self.lo[i]), int(self.hi[i])):
                 k, r = int(self.index.packs[j]), int(self.index.rows[j])
-                if full_ids(k, np.array([r]))[0:1].tobytes() == ids[i:i + 1].tobytes():
+                if _proven(full_ids(k, np.array([r])), ids[i:i + 1])[0]:
                     pack[i], row[i] = k, r
                     break
         return pack, row
+
+
+def _proven(got, needles: np.ndarray) -> np.ndarray:
+    """Which needles the trailer's ids ``got`` prove. ``got`` may be None (the pack's file is
+    gone: every prefix match is taken) or (ids, unknown) where rows marked ``unknown`` cannot
+    be read from the pack and are taken likewise, for a location that names the damaged pack."""
+    if got is None:
+        return np.ones(len(needles), dtype=bool)
+    if isinstance(got, tuple):
+        return (got[0] == needles) | got[1]
+    return got == needles
 
 
 def merge(path, inputs: list, budget: int = 1 << 22) -> None:

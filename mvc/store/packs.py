@@ -391,10 +391,8 @@ class TrailerView:
 
 
 def trailer_view(path: Path, name: bytes) -> TrailerView:
-    """The TrailerView of the sealed pack at ``path``; PackDamaged if its header, footer or trailer
-    length say it is no sealed pack (the trailer's checksum is not checked here: each entry a
-    lookup uses is proven by its id and checked to lie in the pack, and every chunk read is
-    verified; fsck checks the checksum)."""
+    """The TrailerView of the sealed pack at ``path``; PackDamaged if it is no sealed pack (its
+    header, footer, trailer length or trailer checksum)."""
     what = f"pack {path.name}"
     fd = open_file(path)
     try:
@@ -412,8 +410,56 @@ def trailer_view(path: Path, name: bytes) -> TrailerView:
     dtype = TRAILER_V2 if version >= 2 else TRAILER_V1
     if stop - start != packformat.COUNT.size + count * dtype.itemsize:
         raise packformat._damaged(what, "trailer length does not match its count", "trailer-count")
+    digest = FOOTER.unpack(view[size - FOOTER.size:])[0]
+    if hashing.digest(memoryview(view)[start:stop]) != digest:
+        raise packformat._damaged(what, "has a damaged trailer (checksum mismatch)", "trailer-checksum")
     table = np.frombuffer(view, dtype=dtype, count=count, offset=start + packformat.COUNT.size)
     return TrailerView(name, table, start, version)
+
+
+_VIEWS: OrderedDict = OrderedDict()  # (path, inode, size, mtime) -> TrailerView, verified once
+_VIEWS_LOCK = threading.Lock()
+MAX_VIEWS = 1024
+
+
+def cached_trailer_view(path: Path, name: bytes) -> TrailerView:
+    """``trailer_view``, kept (up to MAX_VIEWS) while the file is the same file: a sealed pack
+    never changes, so its trailer's checksum is checked once per process, not per lookup."""
+    st = os.stat(path)
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    with _VIEWS_LOCK:
+        hit = _VIEWS.get(key)
+        if hit is not None:
+            _VIEWS.move_to_end(key)
+            return hit
+    view = trailer_view(path, name)
+    with _VIEWS_LOCK:
+        _VIEWS[key] = view
+        while len(_VIEWS) > MAX_VIEWS:
+            _VIEWS.popitem(last=False)
+    return view
+
+
+def walked_view(path: Path, name: bytes) -> TrailerView:
+    """A TrailerView of a pack whose trailer or header is damaged, from its record heads: records
+    are read in order from the start, as they were written (so a record's place is its trailer
+    row), until one does not fit in the file. Raw records only (a version 2 pack's coding is in
+    its trailer): what such a record holds is verified when it is read, as always."""
+    found, size = [], os.path.getsize(path)
+    with os.fdopen(open_file(path), "rb") as f:
+        at = len(HEADER)
+        f.seek(at)
+        while at + RECORD_HEAD.size <= size:
+            head = f.read(RECORD_HEAD.size)
+            if len(head) < RECORD_HEAD.size:
+                break
+            cid, length = RECORD_HEAD.unpack(head)
+            if at + RECORD_HEAD.size + length > size:
+                break
+            found.append((cid, at + RECORD_HEAD.size, length))
+            at += RECORD_HEAD.size + length
+            f.seek(at)
+    return TrailerView(name, np.array(found, dtype=TRAILER_V1), size, 1)
 
 
 def salvage_records(path: Path, limit: int = 1 << 32) -> Iterator[tuple]:

@@ -494,7 +494,13 @@ class PackStore(ChunkStore):
     def lost(self, ids: list, txn) -> dict:
         """{id: pack name} of those of ``ids`` that the index of a registered pack lists where that
         pack cannot say (its file is gone, or cut short before the record): offset 0."""
-        return {cid: loc.pack for cid, loc in txn.chunks_among(ids).items() if loc.offset == 0}
+        out = {cid: loc.pack for cid, loc in txn.chunks_among(ids).items() if loc.offset == 0}
+        # a registered pack whose index went with it (the folder lost): what nothing locates is
+        # taken as the newest such pack's, so fsck says a pack is gone, not only its chunks
+        gone = [name for name in txn.unreadable_packs() if not on_disk(txn, self.directory, Location(name, 0, 0))]
+        if gone:
+            out.update({cid: gone[0] for cid in ids if cid not in out and txn.chunk(cid) is None})
+        return out
 
     def length(self, cid: bytes, txn, what: str = "") -> int:
         return self.locate(cid, txn, what).size  # decoded: what the caller's buffer must hold

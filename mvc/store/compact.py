@@ -33,7 +33,7 @@ from typing import Iterable
 from ..errors import MvcError
 from .fs import fsync_dir
 from .packindex import pidx_path
-from .packs import PACK_NAME, pack_filename
+from .packs import PACK_NAME, forget_trailer_views, pack_filename
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,7 @@ def _unlink(store, index, names: list) -> int:
         with index.write() as txn:
             txn.unregister_packs(_names(names))
     store.packs.close()  # no descriptor may keep a deleted pack's space
+    forget_trailer_views(store.directory / fname for fname in names)
     removed = 0
     for fname in names:
         try:

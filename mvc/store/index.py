@@ -413,6 +413,11 @@ class Txn:
                 out.append(REGISTRATION.unpack(raw) + (key,))
         return [(seq, name, n) for seq, n, name in sorted(out, reverse=True)]
 
+    def unreadable_packs(self) -> list:
+        """Registered packs whose pack index cannot be read (their chunks look absent), newest first."""
+        view = self._view()
+        return [] if view is None else [name for name in view.names if name in view.broken]
+
     def register_pack(self, name: bytes, entries: int) -> None:
         """Make the pack index of pack ``name`` (``pack-<name>.pidx`` beside it, written and
         fsynced) part of the chunk index when this transaction commits, as the newest pack."""

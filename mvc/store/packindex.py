@@ -46,6 +46,7 @@ from .. import hashing
 from ..errors import CorruptObject
 from . import idarray
 from .fs import open_file
+from .packs import forget_trailer_views, pack_filename
 
 MAGIC = b"MVCPIDX1"
 HEAD = struct.Struct("<8sIQB3s")
@@ -556,6 +557,9 @@ def registered(folder, packs: tuple) -> Registered:
         fresh.append(Tier.of(idx))
     tiers = _fewer(fresh + tiers)
     view = Registered(folder, packs, tiers, broken)
+    if last is not None:  # packs taken out of the index: no mapping may keep their space
+        kept = set(view.names)
+        forget_trailer_views(folder / pack_filename(n) for n in last.names if n not in kept)
     with _VIEWS_LOCK:
         _VIEWS[key] = view
     return view

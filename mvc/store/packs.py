@@ -422,6 +422,15 @@ _VIEWS_LOCK = threading.Lock()
 MAX_VIEWS = 1024
 
 
+def forget_trailer_views(paths) -> None:
+    """Drop the kept TrailerViews of packs at ``paths`` (taken out of the index: about to be
+    deleted, or deleted by another process), so no mapping keeps a deleted pack's space."""
+    paths = {str(p) for p in paths}
+    with _VIEWS_LOCK:
+        for key in [k for k in _VIEWS if k[0] in paths]:
+            del _VIEWS[key]
+
+
 def cached_trailer_view(path: Path, name: bytes) -> TrailerView:
     """``trailer_view``, kept (up to MAX_VIEWS) while the file is the same file: a sealed pack
     never changes, so its trailer's checksum is checked once per process, not per lookup."""

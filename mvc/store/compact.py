@@ -73,11 +73,8 @@ def compact(store, index, rewrite: list, drop: Iterable = (), remove: Iterable =
             registered = getattr(batch, "register", None) is not None and batch.register(txn)
             moved = {cid for cid, old in moves if now[cid] == old}
             for cid in new:
-                if cid in moved:
-                    if registered:
-                        txn.set_chunk(cid, new[cid])
-                    else:
-                        txn.put_chunk(cid, new[cid], overwrite=True)
+                if cid in moved:  # with the pack registered, an entry only where it says otherwise
+                    txn.put_chunk(cid, new[cid], overwrite=True)
                 elif registered:
                     txn.set_chunk(cid, now[cid])
             for cid, old in drop:

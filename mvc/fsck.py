@@ -457,7 +457,8 @@ def _rebuild_index(repo) -> RebuildReport:
         dropped = sum(1 for _ in txn.ids("chunks"))
         txn.drop_chunks()
         chunks = duplicates = 0
-        for name, pack in packs.items():
+        done = repo.chunks.reindex(txn, [(name, p.path) for name, p in packs.items() if p.records is not None])
+        for name, pack in packs.items() if done is None else ():  # a store with an entry per chunk
             if pack.records is None:
                 continue
             for cid, loc in read_locations(pack.path, name):
@@ -465,6 +466,7 @@ def _rebuild_index(repo) -> RebuildReport:
                     chunks += 1
                 else:
                     duplicates += 1
+        chunks, duplicates = done or (chunks, duplicates)
         salvaged = _salvage(repo, txn, [p for p in packs.values() if p.records is None])
     skipped = tuple((pack.path.name, pack.error) for pack in packs.values() if pack.records is None)
     return RebuildReport(sum(1 for p in packs.values() if p.records is not None), chunks + salvaged,

@@ -13,6 +13,7 @@ import torch
 import mvc
 from mvc import ondisk
 from mvc.errors import UnsupportedFormat
+from mvc.fsck import rebuild_index
 from mvc.store import idarray, packindex
 from mvc.store.index import TOMBSTONE
 from mvc.store.packs import PACK_NAME, Location, encode_location, read_locations
@@ -193,3 +194,16 @@ def test_a_damaged_pack_index_makes_chunks_absent_never_wrong(repo):
         found = txn.chunks_among(list(repo.entries(c.id)[0].chunks))
     assert len(found) == 1  # only the chunk that is at row 0 is proven
     assert not repo.fsck().ok
+
+
+def test_an_index_rebuilt_from_the_packs_equals_the_one_written(repo):
+    for k in range(3):
+        repo.commit(_state(20 + k), f"c{k}")
+    with repo.index.read() as txn:
+        written = dict(txn.chunks())
+    report = rebuild_index(repo)
+    assert report.chunks == len(written) == 24
+    with repo.index.read() as txn:
+        assert dict(txn.chunks()) == written
+    assert _raw_db(repo, "chunks") == [] and len([k for k, _ in _raw_db(repo, "packidx") if len(k) == 16]) == 3
+    assert repo.fsck().ok

@@ -57,7 +57,7 @@ from .compact import Compacted, compact
 from .fs import entries, fsync_dir
 from .index import RAW_VALUE, TOMBSTONE, read_only
 from .packs import (NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, PackReader, PackWriter, decode_location, list_packs,
-                    pack_filename, read_trailer)
+                    pack_filename, read_trailer, read_trailer_table)
 
 THREADS = max(1, min(8, os.cpu_count() or 1))
 # Bytes read with one call and then hashed: small enough to still be in the
@@ -151,6 +151,13 @@ class ChunkStore(ABC):
         fsck and gc count these as present though the chunk index lacks them.
         """
         return set()
+
+    def reindex(self, txn, packs: list) -> Optional[tuple]:
+        """Index the sealed local packs ``packs`` [(name, path)] in write transaction ``txn`` from
+        their trailers, the chunk index having been emptied; where several hold an id, the first
+        in ``packs`` wins. (chunks, duplicates); None if this store indexes an entry per chunk
+        (the caller then puts them)."""
+        return None
 
     def lost(self, ids: list, txn) -> dict:
         """{id: pack name} of those of ``ids`` that the index lists in a local pack that cannot say
@@ -269,6 +276,9 @@ class Forwarding(ChunkStore):
 
     def lost(self, ids, txn):
         return self.inner.lost(ids, txn)
+
+    def reindex(self, txn, packs):
+        return self.inner.reindex(txn, packs)
 
     def locate(self, cid, txn, what=""):
         return self.inner.locate(cid, txn, what)
@@ -490,6 +500,23 @@ class PackStore(ChunkStore):
                                   pack=fname, problem="truncated")
             raise PackMissing(f"pack {fname} is missing", pack=fname, problem="missing")
         return loc
+
+    def reindex(self, txn, packs: list) -> Optional[tuple]:
+        """Write each pack's index from its trailer (fsynced) and register it, the first pack of
+        ``packs`` last (the newest registration wins where several packs hold an id)."""
+        if self.pack_indexes is None:
+            return None
+        self._listed()
+        seen = []
+        for name, path in reversed(packs):
+            ids = read_trailer_table(path)["id"].astype(idarray.ID)
+            packindex.write(packindex.pidx_path(self.directory, name), [name], [ids])
+            txn.register_pack(name, len(ids))
+            seen.append(ids)
+        fsync_dir(self.directory)
+        every = np.concatenate(seen) if seen else np.zeros(0, dtype=idarray.ID)
+        unique = len(idarray.unique(every)[0]) if len(every) else 0
+        return unique, len(every) - unique
 
     def lost(self, ids: list, txn) -> dict:
         """{id: pack name} of those of ``ids`` that the index of a registered pack lists where that

@@ -325,10 +325,11 @@ class Txn:
         keys = b"".join(ids)
         if self._view() is not None or len(keys) != idarray.WIDTH * len(ids):
             # pack indexes (or odd ids): one at a time, in the order given
-            known = self.chunks_among(ids) if len(keys) == idarray.WIDTH * len(ids) else {}
+            whole = len(keys) == idarray.WIDTH * len(ids)
+            known = self.chunks_among(ids) if whole else {}
             out = []
             for i, (cid, raw) in enumerate(zip(ids, values)):
-                if cid in known or (not known and self.chunk(cid) is not None):
+                if cid in known if whole else self.chunk(cid) is not None:
                     out.append(i)
                 else:
                     self._txn.put(cid, raw, db=db)
@@ -423,8 +424,10 @@ class Txn:
         fsynced) part of the chunk index when this transaction commits, as the newest pack."""
         db = self._packidx_db()
         raw = self._txn.get(NEXT_SEQ, db=db)
-        seq = _SEQ.unpack(raw)[0] if raw is not None and len(raw) == _SEQ.size else 0
-        seq = max([seq] + [s + 1 for s, _, _ in self.registered_packs()])
+        if raw is not None and len(raw) == _SEQ.size:
+            seq = _SEQ.unpack(raw)[0]
+        else:  # no counter (or a damaged one): above every registration
+            seq = max([0] + [s + 1 for s, _, _ in self.registered_packs()])
         self._txn.put(name, REGISTRATION.pack(seq, entries), db=db)
         self._txn.put(NEXT_SEQ, _SEQ.pack(seq + 1), db=db)
         self.memo.pop("pack indexes", None)
@@ -565,9 +568,24 @@ class Txn:
         return out
 
     def _listed(self, cid: bytes) -> Optional[Location]:
-        if self._view() is None or len(cid) != idarray.WIDTH:
+        view = self._view()
+        if view is None or len(cid) != idarray.WIDTH:
             return None
-        return self._listed_many([cid]).get(cid)
+        head, tail = int.from_bytes(cid[:8], "big"), int.from_bytes(cid[8:16], "big")
+        for tier, numbers in zip(view.tiers, view.numbers):
+            heads, j = tier.heads, int(tier.heads.searchsorted(np.uint64(head)))
+            while j < len(heads) and int(heads[j]) == head:
+                if int(tier.tails[j]) == tail:
+                    name = view.names[int(numbers[int(tier.packs[j])])]
+                    t = self._trailer(name)
+                    row = int(tier.rows[j])
+                    if t is MISSING or row >= len(t.table):  # a pack that cannot say where: offset 0
+                        return Location(name, 0, 0)
+                    loc = t.location(row, cid)
+                    if loc is not None:
+                        return loc
+                j += 1
+        return None
 
     def _merged(self, view, first: int, last: int, lo: bytes, hi: Optional[bytes]) -> ChunkBatch:
         """The chunk index's entries with first id byte in [first, last) and lo <= id < hi: the

@@ -365,6 +365,26 @@ class TrailerView:
     table: np.ndarray
     end: int
     version: int
+    buf: object = None  # the trailer's entries as bytes (from ``at``), for one entry at a time
+    at: int = 0
+
+    def location(self, row: int, cid: bytes) -> Optional[Location]:
+        """The Location of entry ``row`` if it lists ``cid`` (None if it does not, or is past the
+        end); CorruptObject if the entry lies outside the pack's data or its coding is invalid."""
+        if row >= len(self.table):
+            return None
+        buf, at = (self.buf, self.at) if self.buf is not None else (self.table.tobytes(), 0)
+        entry = ENTRY_V2 if self.version >= 2 else ENTRY
+        fields = entry.unpack_from(buf, at + row * entry.size)
+        if fields[0] != cid:
+            return None
+        offset, length = fields[1], fields[2]
+        what = f"pack {pack_filename(self.name)}"
+        if offset < len(HEADER) + RECORD_HEAD.size or offset + length > self.end:
+            raise CorruptObject(f"{what} lists a record outside its data", kind="index", field="location")
+        if entry is ENTRY:
+            return Location(self.name, offset, length)
+        return packformat.coded_location(self.name, *fields[1:], what=f"an entry of {what}")
 
     def locations(self, rows: np.ndarray) -> tuple:
         """(LOCATIONS-like columns, {position: (base, depth)}, {position: why}) of ``rows``: each
@@ -414,7 +434,7 @@ def trailer_view(path: Path, name: bytes) -> TrailerView:
     if hashing.digest(memoryview(view)[start:stop]) != digest:
         raise packformat._damaged(what, "has a damaged trailer (checksum mismatch)", "trailer-checksum")
     table = np.frombuffer(view, dtype=dtype, count=count, offset=start + packformat.COUNT.size)
-    return TrailerView(name, table, start, version)
+    return TrailerView(name, table, start, version, view, start + packformat.COUNT.size)
 
 
 _VIEWS: OrderedDict = OrderedDict()  # (path, inode, size, mtime) -> TrailerView, verified once

@@ -1,7 +1,9 @@
 """Pack indexes: immutable sorted files that say which pack holds a chunk, searched in numpy.
 
-A prototype of the chunk index that issue 35 asks for (``docs/scale.md``, "Pack indexes"):
-nothing in mvc reads or writes these files yet; the LMDB ``chunks`` table is still the index.
+The chunk index of a repository with the ``pack-indexes`` extension (``docs/format.md`` 5.9):
+a commit writes its pack's index (``pack-<name>.pidx``) and registers the pack in its index
+transaction (``index.Txn.register_pack``); ``Registered`` is the set a transaction sees, kept
+per process as a few tiers (``Tier``) so a lookup searches a handful of arrays.
 
 Vocabulary:
 
@@ -18,7 +20,7 @@ Vocabulary:
   1/256 slice of the uniform id space starts, so merges and scans work a slice at a time
   in bounded memory.
 
-File layout (little-endian; ``docs/format.md`` would gain it as a section when wired in)::
+File layout (little-endian; ``docs/format.md`` 5.9)::
 
     header   b"MVCPIDX1" | pack count u32 | entry count u64 | prefix width u8 (16) | 3 zero bytes
     names    pack count x 16-byte pack names (pack number = place in this list)

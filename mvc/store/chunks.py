@@ -778,6 +778,7 @@ class PackStore(ChunkStore):
 
     def close(self) -> None:
         self.packs.close()
+        packindex.forget(self.directory)
 
 
 def on_disk(txn, directory: Path, loc: Optional[Location]) -> bool:

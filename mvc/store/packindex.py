@@ -567,6 +567,14 @@ def registered(folder, packs: tuple) -> Registered:
     return view
 
 
+def forget(folder) -> None:
+    """Drop what this process keeps of pack folder ``folder`` (its repository was closed)."""
+    with _VIEWS_LOCK:
+        last = _VIEWS.pop((os.getpid(), str(Path(folder))), None)
+    if last is not None:
+        forget_trailer_views(Path(folder) / pack_filename(n) for n in last.names)
+
+
 def _reuse(last: Registered, packs: tuple) -> tuple:
     """(tiers, broken) of ``last`` that ``packs`` still registers, or nothing if a pack it lacks is
     older than one it has (tiers are kept newest first: such a set is built anew)."""

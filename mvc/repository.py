@@ -19,8 +19,8 @@ from . import repack as repacks
 from .audit import RefPolicy, Trust
 from .bisect import Bisect
 from .errors import CorruptObject
-from .ondisk import (DEFAULT_CHUNK_SIZE, ENCODED_RECORDS, MVC_DIR, PACK_INDEXES, SEALED_VALUES, SUBDIRS, create, find_root,
-                     read_format, require_extension, write_format)
+from .ondisk import (DEFAULT_CHUNK_SIZE, ENCODED_RECORDS, MVC_DIR, PACK_INDEXES, SEALED_VALUES, SUBDIRS, create,
+                     find_root, read_format, require_extension, write_format)
 from .objects import TensorLeaf, TensorObject
 from .records import Commit, Entry, Export, Head, Ref, Status
 from .refverbs import Reflog

@@ -391,7 +391,8 @@ class TrailerView:
         checked to lie inside the pack's data (and, in a version 2 pack, to have a valid coding)."""
         entries = self.table[rows]
         bad = {}
-        outside = (entries["offset"] < len(HEADER) + RECORD_HEAD.size) | (entries["offset"] + entries["length"] > self.end)
+        ends = entries["offset"] + entries["length"]
+        outside = (entries["offset"] < len(HEADER) + RECORD_HEAD.size) | (ends > self.end)
         for i in np.flatnonzero(outside).tolist():
             bad[i] = f"pack {pack_filename(self.name)} lists a record outside its data"
         deltas = {}

@@ -207,3 +207,17 @@ def test_an_index_rebuilt_from_the_packs_equals_the_one_written(repo):
         assert dict(txn.chunks()) == written
     assert _raw_db(repo, "chunks") == [] and len([k for k, _ in _raw_db(repo, "packidx") if len(k) == 16]) == 3
     assert repo.fsck().ok
+
+
+def test_a_commit_never_deduplicates_against_a_registered_pack_whose_file_is_gone(repo):
+    repo.commit(_state(30), "one")
+    (gone,) = _packs(repo)
+    os.unlink(gone)  # by hand: its registration and index stay
+    ids = list(repo.entries()[0].chunks)
+    with repo.index.read() as txn:
+        assert not repo.chunks.kept(ids, txn) and {loc.offset for loc in txn.chunks_among(ids).values()} == {0}
+    c = repo.commit(_state(30), "again")  # writes every chunk again, and they are found there
+    assert torch.equal(repo.load(c.id)["w"], _state(30)["w"])
+    with repo.index.read() as txn:
+        assert {loc.pack.hex() for loc in txn.chunks_among(ids).values()} == {
+            PACK_NAME.fullmatch(p.name).group(1) for p in _packs(repo)}

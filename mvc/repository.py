@@ -10,6 +10,7 @@ Every verb lives in a module that takes this core as its narrow input
 "What moved" lists the old method names; ``docs/architecture.md`` the map.
 """
 
+import functools
 import itertools
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -73,7 +74,7 @@ class Repository:
         self.index = Index(self.dir / "index")
         self.objects = ObjectStore()
         self.chunks = PackStore(self.dir / "packs", 2 if ENCODED_RECORDS in extensions else 1, self.index.readonly,
-                                lambda: require_extension(self.dir, PACK_INDEXES))
+                                functools.partial(require_extension, self.dir, PACK_INDEXES))
         self.refs = refs.Refs(self.objects, commits.now_us, RefPolicy(self.root))  # signing.require, on every move
         self.gc_lock = GcLock(self.dir / "locks")
         self._live = None  # mvc.live.LiveRecords, made on first use

@@ -54,7 +54,7 @@ from ..errors import (BadChunkLocation, BadEncoding, ChecksumMismatch, CorruptOb
 from . import codec, idarray, packindex
 from .verify import intact, mismatch, verified
 from .compact import Compacted, compact
-from .fs import entries, fsync_dir
+from .fs import entries, fsync_dir, open_file
 from .index import RAW_VALUE, TOMBSTONE, read_only
 from .packs import (NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, PackReader, PackWriter, decode_location, list_packs,
                     pack_filename, read_trailer, read_trailer_table)
@@ -495,10 +495,12 @@ class PackStore(ChunkStore):
             raise ObjectNotFound(f"{_named(cid, what)} is missing from the index", id=cid)
         if loc.offset == 0:  # listed by the index of a registered pack that cannot say where
             fname = pack_filename(loc.pack)
-            if on_disk(txn, self.directory, Location(loc.pack, 0, 0)):
-                raise PackDamaged(f"pack {fname} is truncated or damaged before the record of {_named(cid, what)}",
-                                  pack=fname, problem="truncated")
-            raise PackMissing(f"pack {fname} is missing", pack=fname, problem="missing")
+            try:
+                os.close(open_file(self.directory / fname))  # NotRegular for a link or FIFO in its place
+            except FileNotFoundError:
+                raise PackMissing(f"pack {fname} is missing", pack=fname, problem="missing") from None
+            raise PackDamaged(f"pack {fname} is truncated or damaged before the record of {_named(cid, what)}",
+                              pack=fname, problem="truncated")
         return loc
 
     def reindex(self, txn, packs: list) -> Optional[tuple]:

@@ -26,6 +26,7 @@ import itertools
 import os
 import struct
 import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ import lmdb
 import numpy as np
 
 from .. import encoding, hashing
-from ..errors import BadInput, CorruptObject, MvcError, ReaderClash, ReadOnlyRepository
+from ..errors import BadInput, CorruptObject, MvcError, NotRegular, ReaderClash, ReadOnlyRepository
 from . import idarray, packindex
 from .fs import check_file, open_file
 from .packs import (INDEX_RAW, Location, cached_trailer_view, decode_location, encode_location, pack_filename,
@@ -46,6 +47,7 @@ DB_NAMES = ("chunks",) + OBJECT_KINDS + ("refs", "reflog", "locks", "meta", "pru
 OPTIONAL_DBS = ("packidx",)  # absent from repositories older than pack indexes: made when first written
 TOMBSTONE = b""  # a chunks value: not indexed, though a registered pack index lists the id
 REGISTRATION = struct.Struct("<QQ")  # packidx value: sequence number, entries
+TRAILERS_HELD = 16  # pack trailers a transaction keeps mapped
 MISSING = "missing"  # a registered pack whose file is gone: its chunks are located there, offset 0
 NEXT_SEQ = b"next-seq"  # packidx key (not 16 bytes, so no pack name) of the next sequence number
 _SEQ = struct.Struct(">Q")
@@ -377,7 +379,8 @@ class Txn:
         if view is None:
             yield from _table_batches(self._table(lo, hi), batch, skip_tombstones=True)
             return
-        counts = view.counts()
+        # the table's entries are taken as spread evenly over the id space, as ids are
+        counts = view.counts() + self._table_entries() // packindex.FANOUT
         first = lo[0] if lo else 0
         last = min(packindex.FANOUT, hi[0] + 1) if hi else packindex.FANOUT
         b = first
@@ -498,18 +501,22 @@ class Txn:
     def _trailer(self, name: bytes):
         """The TrailerView of pack ``name``, once per transaction: read from its records where its
         trailer is damaged, MISSING if the pack file is gone (or cannot be read)."""
-        views = self.memo.setdefault("trailers", {})
-        if name not in views:
+        views = self.memo.setdefault("trailers", OrderedDict())
+        if name in views:
+            views.move_to_end(name)
+        else:
+            while len(views) >= TRAILERS_HELD:  # each mapping holds a descriptor: a few at a time
+                views.popitem(last=False)
             path = self.repo_dir / "packs" / pack_filename(name)
             try:
                 views[name] = cached_trailer_view(path, name)
+            except (FileNotFoundError, NotRegular):  # what it is reading it says (PackStore.locate)
+                views[name] = MISSING
             except CorruptObject:
                 try:
                     views[name] = walked_view(path, name)
-                except (OSError, CorruptObject):
+                except (FileNotFoundError, CorruptObject):
                     views[name] = MISSING
-            except OSError:
-                views[name] = MISSING
         return views[name]
 
     def _full_ids(self, view, k: int, rows: np.ndarray, prove: bool = True):

@@ -149,12 +149,17 @@ class PackIndex:
     """One pack index file, memory-mapped (``close`` unmaps it). CorruptObject if its layout is
     not one; its checksum is checked by ``verify`` only (a lookup proves each hit anyway)."""
 
-    def __init__(self, path):
+    def __init__(self, path, in_memory: bool = False):
         self.path = Path(path)
         fd = open_file(self.path)
         try:
             size = os.fstat(fd).st_size
-            self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
+            if in_memory:  # read whole: a mapping would hold a descriptor (CPython's mmap keeps one)
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    self._map = f.read()
+                size = len(self._map)
+            else:
+                self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
         finally:
             os.close(fd)
         if size < HEAD.size:
@@ -223,7 +228,7 @@ class PackIndex:
     def close(self) -> None:
         for name in ("heads", "tails", "packs", "rows", "fanout"):
             setattr(self, name, None)
-        if self._map is not None:
+        if self._map is not None and not isinstance(self._map, bytes):
             try:
                 self._map.close()
             except BufferError:  # an array still views it: the mapping goes with the last view
@@ -549,7 +554,7 @@ def registered(folder, packs: tuple) -> Registered:
         if name in covered:
             continue
         try:
-            idx = PackIndex(pidx_path(folder, name))
+            idx = PackIndex(pidx_path(folder, name), in_memory=True)
         except (OSError, CorruptObject) as exc:
             broken[name] = str(exc)
             continue

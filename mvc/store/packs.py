@@ -411,9 +411,10 @@ class TrailerView:
         return entries, deltas, bad
 
 
-def trailer_view(path: Path, name: bytes) -> TrailerView:
+def trailer_view(path: Path, name: bytes, verified: bool = False) -> TrailerView:
     """The TrailerView of the sealed pack at ``path``; PackDamaged if it is no sealed pack (its
-    header, footer, trailer length or trailer checksum)."""
+    header, footer, trailer length or trailer checksum; ``verified``: the checksum was found
+    to match before, in this very file)."""
     what = f"pack {path.name}"
     fd = open_file(path)
     try:
@@ -432,15 +433,18 @@ def trailer_view(path: Path, name: bytes) -> TrailerView:
     if stop - start != packformat.COUNT.size + count * dtype.itemsize:
         raise packformat._damaged(what, "trailer length does not match its count", "trailer-count")
     digest = FOOTER.unpack(view[size - FOOTER.size:])[0]
-    if hashing.digest(memoryview(view)[start:stop]) != digest:
+    if not verified and hashing.digest(memoryview(view)[start:stop]) != digest:
         raise packformat._damaged(what, "has a damaged trailer (checksum mismatch)", "trailer-checksum")
     table = np.frombuffer(view, dtype=dtype, count=count, offset=start + packformat.COUNT.size)
     return TrailerView(name, table, start, version, view, start + packformat.COUNT.size)
 
 
-_VIEWS: OrderedDict = OrderedDict()  # (path, inode, size, mtime) -> TrailerView, verified once
+# (path, inode, size, mtime) -> TrailerView. Each mapping holds a descriptor (CPython's mmap keeps
+# one), so few are kept, beside PackReader's MAX_OPEN; a trailer's checksum is checked once.
+_VIEWS: OrderedDict = OrderedDict()
 _VIEWS_LOCK = threading.Lock()
-MAX_VIEWS = 1024
+_VERIFIED: set = set()
+MAX_VIEWS = 32
 
 
 def forget_trailer_views(paths) -> None:
@@ -462,8 +466,9 @@ def cached_trailer_view(path: Path, name: bytes) -> TrailerView:
         if hit is not None:
             _VIEWS.move_to_end(key)
             return hit
-    view = trailer_view(path, name)
+    view = trailer_view(path, name, verified=key in _VERIFIED)
     with _VIEWS_LOCK:
+        _VERIFIED.add(key)
         _VIEWS[key] = view
         while len(_VIEWS) > MAX_VIEWS:
             _VIEWS.popitem(last=False)

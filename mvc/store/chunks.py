@@ -162,7 +162,7 @@ class ChunkStore(ABC):
     def lost(self, ids: list, txn) -> dict:
         """{id: pack name} of those of ``ids`` that the index lists in a local pack that cannot say
         where (its file is gone, or cut short before the record): fsck reports them as that
-        pack's damage. None by default."""
+        pack's damage. Empty for a store without pack indexes."""
         return {}
 
     def keeps(self, cid: bytes, txn) -> bool:

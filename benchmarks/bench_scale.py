@@ -103,7 +103,12 @@ def _peak_bytes(path: Path, op: str) -> int:
 
 
 def _index_bytes(repo) -> int:
-    return (repo.dir / "index" / "data.mdb").stat().st_size
+    """``data.mdb`` and the pack index files (``pack-<name>.pidx``): all the chunk index takes."""
+    return (repo.dir / "index" / "data.mdb").stat().st_size + _pidx_bytes(repo)
+
+
+def _pidx_bytes(repo) -> int:
+    return sum(p.stat().st_size for p in (repo.dir / "packs").glob("*.pidx"))
 
 
 def _db_bytes(index_dir: Path, name: str) -> int:
@@ -140,7 +145,7 @@ def chunk_series(n: int, work: Path, repeat: int, remote_too: bool = True) -> di
     if remote_too:
         _remote_part(repo, remote, work / f"clone-{n}", g, repeat, out)
     repo.close()
-    out["chunk_db_per_chunk"] = _db_bytes(repo.dir / "index", "chunks") / n
+    out["chunk_db_per_chunk"] = (_db_bytes(repo.dir / "index", "chunks") + _pidx_bytes(repo)) / n
     out["tensor_db_per_chunk"] = _db_bytes(repo.dir / "index", "tensors") / n
     assert chunks >= n * 0.99
     shutil.rmtree(work / f"chunks-{n}", ignore_errors=True)

@@ -197,6 +197,14 @@ def _by_pack(names: np.ndarray, rows: np.ndarray) -> Iterator[tuple]:
         yield raw[k * NAME_BYTES:(k + 1) * NAME_BYTES], group
 
 
+def _rows_lost(checker, rows: np.ndarray, lost) -> list:
+    """(row, V16 pack name) of ``rows`` whose chunk ``lost`` places in a pack that cannot say where."""
+    if not len(rows):
+        return []
+    where = lost([checker.cid(i) for i in rows.tolist()])
+    return [(i, np.frombuffer(where[c], dtype="V16")[0]) for i in rows.tolist() if (c := checker.cid(i)) in where]
+
+
 class _Checker:
     """One fsck run: the walk's Reach, where reachable chunks are, what is broken.
 
@@ -215,11 +223,17 @@ class _Checker:
     def cid(self, row: int) -> bytes:
         return idarray.one(self.reach.chunk_length.ids, row)
 
-    def locate_chunks(self, elsewhere: Callable[[list], set]) -> set:
+    def locate_chunks(self, elsewhere: Callable[[list], set], lost: Callable[[list], dict] = lambda ids: {}) -> set:
         """Check every reachable chunk's index entry (from the walk's pass over the index);
-        returns the ids not indexed here that ``elsewhere`` (a remote) holds."""
+        returns the ids not indexed here that ``elsewhere`` (a remote) holds. ``lost``: {id:
+        pack} of ids a pack index lists in a pack that cannot say where (gone, cut short):
+        located there, at offset 0, so that the pack's damage names them."""
         r = self.reach
         locs, lengths = r.locations, r.chunk_length.lengths
+        unplaced = np.flatnonzero(~r.located)
+        for i, pack in _rows_lost(self, unplaced, lost):
+            r.located[i] = True
+            locs["pack"][i], locs["offset"][i], locs["length"][i], locs["size"][i] = pack, 0, lengths[i], lengths[i]
         bad = r.located & locs["bad"]
         wrong = r.located & ~locs["bad"] & (locs["size"] != lengths)
         self.ok = r.located & ~bad & ~wrong
@@ -365,7 +379,8 @@ def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
     start = time.perf_counter()
     with repo.index.read() as txn:
         checker = _Checker(reach.walk(txn, repo.objects, reach.COLLECT, locate=True))
-        unverified = checker.locate_chunks(lambda ids: repo.chunks.remote_only(ids, txn))
+        unverified = checker.locate_chunks(lambda ids: repo.chunks.remote_only(ids, txn),
+                                           lambda ids: repo.chunks.lost(ids, txn))
         # Scanned after the snapshot was taken: every pack it names was sealed before.
         packs, tmps, odd = scan_packs(repo)
     for name in odd:
@@ -442,7 +457,8 @@ def _rebuild_index(repo) -> RebuildReport:
         dropped = sum(1 for _ in txn.ids("chunks"))
         txn.drop_chunks()
         chunks = duplicates = 0
-        for name, pack in packs.items():
+        done = repo.chunks.reindex(txn, [(name, p.path) for name, p in packs.items() if p.records is not None])
+        for name, pack in packs.items() if done is None else ():  # a store with an entry per chunk
             if pack.records is None:
                 continue
             for cid, loc in read_locations(pack.path, name):
@@ -450,6 +466,7 @@ def _rebuild_index(repo) -> RebuildReport:
                     chunks += 1
                 else:
                     duplicates += 1
+        chunks, duplicates = done or (chunks, duplicates)
         salvaged = _salvage(repo, txn, [p for p in packs.values() if p.records is None])
     skipped = tuple((pack.path.name, pack.error) for pack in packs.values() if pack.records is None)
     return RebuildReport(sum(1 for p in packs.values() if p.records is not None), chunks + salvaged,

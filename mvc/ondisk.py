@@ -33,8 +33,11 @@ SIGNATURES = "signatures"  # commit objects may carry a signature field (format.
 SHARDED = "sharded"  # commits of sharded saves: trees may carry DCP metadata (format.md 7.2.1)
 DICT_METADATA = "dict-metadata"  # trees may carry torch's _metadata of their dicts (format.md 7.2.2)
 LOCK_HOLDERS = "lock-holders"  # lock records carry pidns and flock (format.md 5.5)
+# pack-indexes: chunks are located by registered per-pack index files (pack-<name>.pidx) and the
+# chunks table holds overrides and tombstones (format.md 5.10); listed before the first is written.
+PACK_INDEXES = "pack-indexes"
 KNOWN_EXTENSIONS: frozenset = frozenset({SEALED_VALUES, ENCODED_RECORDS, SHARDED, SIGNATURES, DICT_METADATA,
-                                         LOCK_HOLDERS})
+                                         LOCK_HOLDERS, PACK_INDEXES})
 # 256 KiB, from benchmarks/bench_core.py --chunk-sizes (1 GiB state): commits
 # and loads are as fast as with 1-4 MiB chunks (per-chunk costs show only at
 # 128 KiB and below), while a few touched embedding rows rewrite a quarter

@@ -10,6 +10,7 @@ Every verb lives in a module that takes this core as its narrow input
 "What moved" lists the old method names; ``docs/architecture.md`` the map.
 """
 
+import functools
 import itertools
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -19,8 +20,8 @@ from . import repack as repacks
 from .audit import RefPolicy, Trust
 from .bisect import Bisect
 from .errors import CorruptObject
-from .ondisk import (DEFAULT_CHUNK_SIZE, ENCODED_RECORDS, MVC_DIR, SEALED_VALUES, SUBDIRS, create, find_root,
-                     read_format, require_extension, write_format)
+from .ondisk import (DEFAULT_CHUNK_SIZE, ENCODED_RECORDS, MVC_DIR, PACK_INDEXES, SEALED_VALUES, SUBDIRS, create,
+                     find_root, read_format, require_extension, write_format)
 from .objects import TensorLeaf, TensorObject
 from .records import Commit, Entry, Export, Head, Ref, Status
 from .refverbs import Reflog
@@ -72,7 +73,8 @@ class Repository:
                 pass
         self.index = Index(self.dir / "index")
         self.objects = ObjectStore()
-        self.chunks = PackStore(self.dir / "packs", 2 if ENCODED_RECORDS in extensions else 1, self.index.readonly)
+        self.chunks = PackStore(self.dir / "packs", 2 if ENCODED_RECORDS in extensions else 1, self.index.readonly,
+                                functools.partial(require_extension, self.dir, PACK_INDEXES))
         self.refs = refs.Refs(self.objects, commits.now_us, RefPolicy(self.root))  # signing.require, on every move
         self.gc_lock = GcLock(self.dir / "locks")
         self._live = None  # mvc.live.LiveRecords, made on first use

@@ -181,15 +181,47 @@ def test_sealed_value_golden_bytes():
         "c1" + blake3.blake3(b"refs\x00heads/main\x00" + bytes(34)).digest()[:8].hex() + "00" * 34)
 
 
+def spec_pack_indexes(env, mvc_dir: Path) -> list:
+    """(pack name, its index's bytes, its trailer's bytes) of the registered packs, newest first (section 5.9)."""
+    db = env.open_db(b"packidx", create=False)
+    with env.begin() as txn:
+        packs = sorted(((struct.unpack("<QQ", v)[0], k) for k, v in txn.cursor(db=db) if len(k) == 16), reverse=True)
+    out = []
+    for _, name in packs:
+        pidx = (mvc_dir / "packs" / f"pack-{name.hex()}.pidx").read_bytes()
+        pack = (mvc_dir / "packs" / f"pack-{name.hex()}.pack").read_bytes()
+        start = struct.unpack("<Q", pack[-16:-8])[0]
+        out.append((name, pidx, pack[start:-48]))
+    return out
+
+
+def spec_locate(registered: list, cid: bytes) -> tuple:
+    """(pack, offset, length) of ``cid`` from the newest registered pack index that lists it."""
+    for name, pidx, trailer in registered:
+        magic, npacks, n, width = struct.unpack("<8sIQB", pidx[:21])
+        assert magic == b"MVCPIDX1" and npacks == 1 and width == 16 and pidx[24:40] == name
+        at = 40 + 256 * 8
+        heads = [pidx[at + 8 * i:at + 8 * i + 8] for i in range(n)]
+        tails = [pidx[at + 8 * n + 8 * i:at + 8 * n + 8 * i + 8] for i in range(n)]
+        rows = struct.unpack(f"<{n}I", pidx[at + 20 * n:at + 24 * n])
+        for i in range(n):  # u64 LE numbers whose values are the id's bytes read big-endian
+            if heads[i][::-1] + tails[i][::-1] == cid[:16]:
+                entry = trailer[4 + 44 * rows[i]:4 + 44 * (rows[i] + 1)]
+                if entry[:32] == cid:
+                    return (name,) + struct.unpack("<QI", entry[32:])
+    raise KeyError(cid.hex())
+
+
 def spec_read(root: Path, rev_ref: str = "HEAD"):
     """Load the state HEAD names, using only lmdb, msgpack and blake3 (docs/format.md)."""
     mvc_dir = root / ".mvc"
     fields = dict(line.split(" ", 1) if " " in line else (line, "")
                   for line in (mvc_dir / "FORMAT").read_text("utf-8").splitlines() if line)
-    assert fields["mvc-format"] == "1" and fields["extensions"] == "sealed-values"
+    assert fields["mvc-format"] == "1" and set(fields["extensions"].split()) <= {"sealed-values", "pack-indexes"}
     env = lmdb.open(str(mvc_dir / "index"), subdir=True, readonly=True, lock=False, max_dbs=16)
     db = {name: env.open_db(name.encode(), create=False)
           for name in ("chunks", "tensors", "trees", "commits", "refs", "meta")}
+    registered = spec_pack_indexes(env, mvc_dir) if "pack-indexes" in fields["extensions"].split() else []
     with env.begin() as txn:
         assert struct.unpack("<Q", txn.get(b"chunk_size", db=db["meta"]))[0] > 0
         def ref_value(name: bytes) -> bytes:  # a sealed value: 0xC1, 8-byte check, inner value
@@ -213,7 +245,8 @@ def spec_read(root: Path, rev_ref: str = "HEAD"):
             obj = msgpack.unpackb(txn.get(tid, db=db["tensors"]), raw=False)
             data = b""
             for cid in obj["chunks"]:
-                pack, offset, length = struct.unpack("<16sQI", txn.get(cid, db=db["chunks"]))
+                raw = txn.get(cid, db=db["chunks"])
+                pack, offset, length = struct.unpack("<16sQI", raw) if raw else spec_locate(registered, cid)
                 with open(mvc_dir / "packs" / f"pack-{pack.hex()}.pack", "rb") as f:
                     f.seek(offset - 36)
                     head_id, head_len = struct.unpack("<32sI", f.read(36))

@@ -35,7 +35,7 @@ def raw(txn, db: str, key: bytes):
 
 
 def test_database_names():
-    assert DB_NAMES == ("chunks", "tensors", "trees", "commits", "refs", "reflog", "locks", "meta", "pruned")
+    assert DB_NAMES == ("chunks", "tensors", "trees", "commits", "refs", "reflog", "locks", "meta", "pruned", "packidx")
 
 
 def test_chunk_location_bytes(index):

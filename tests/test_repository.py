@@ -299,7 +299,7 @@ def test_a_state_dicts_module_metadata_round_trips(repo):
     fresh.load_state_dict(nested["model"])
     assert fresh[0].loaded_version == 7
     assert mvc.reader.load_keys(repo, "HEAD~1", ["model"])["model"]._metadata == sd._metadata
-    assert (repo.dir / "FORMAT").read_bytes() == b"mvc-format 1\nextensions dict-metadata sealed-values\n"
+    assert (repo.dir / "FORMAT").read_bytes() == b"mvc-format 1\nextensions dict-metadata pack-indexes sealed-values\n"
 
 
 @pytest.mark.parametrize("metadata", [{"": {"version": Exploit()}}, {"": {"version": 2**64}}, {"": 1}, [1]])
@@ -316,7 +316,7 @@ def test_a_state_without_module_metadata_leaves_the_format_as_it_was(repo):
     from collections import OrderedDict
     repo.commit({"model": OrderedDict(w=torch.ones(2))})
     assert type(repo.load()["model"]) is dict
-    assert (repo.dir / "FORMAT").read_bytes() == b"mvc-format 1\nextensions sealed-values\n"
+    assert (repo.dir / "FORMAT").read_bytes() == b"mvc-format 1\nextensions pack-indexes sealed-values\n"
 
 
 # -- metadata and history ----------------------------------------------------

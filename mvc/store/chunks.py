@@ -50,14 +50,14 @@ import numpy as np
 
 from .. import hashing
 from ..errors import (BadChunkLocation, BadEncoding, ChecksumMismatch, CorruptObject, HashMismatch,
-                      ObjectNotFound, PackMissing)
-from . import codec
+                      ObjectNotFound, PackDamaged, PackMissing)
+from . import codec, idarray, packindex
 from .verify import intact, mismatch, verified
 from .compact import Compacted, compact
-from .fs import entries
-from .index import RAW_VALUE, read_only
-from .packs import (NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, PackReader, PackWriter, list_packs, pack_filename,
-                    read_trailer)
+from .fs import entries, fsync_dir, open_file
+from .index import RAW_VALUE, TOMBSTONE, read_only
+from .packs import (NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, PackReader, PackWriter, decode_location, list_packs,
+                    pack_filename, read_trailer, read_trailer_table)
 
 THREADS = max(1, min(8, os.cpu_count() or 1))
 # Bytes read with one call and then hashed: small enough to still be in the
@@ -151,6 +151,19 @@ class ChunkStore(ABC):
         fsck and gc count these as present though the chunk index lacks them.
         """
         return set()
+
+    def reindex(self, txn, packs: list) -> Optional[tuple]:
+        """Index the sealed local packs ``packs`` [(name, path)] in write transaction ``txn`` from
+        their trailers, the chunk index having been emptied; where several hold an id, the first
+        in ``packs`` wins. (chunks, duplicates); None if this store indexes an entry per chunk
+        (the caller then puts them)."""
+        return None
+
+    def lost(self, ids: list, txn) -> dict:
+        """{id: pack name} of those of ``ids`` that the index lists in a local pack that cannot say
+        where (its file is gone, or cut short before the record): fsck reports them as that
+        pack's damage. Empty for a store without pack indexes."""
+        return {}
 
     def keeps(self, cid: bytes, txn) -> bool:
         """Whether this store holds chunk ``cid`` itself, not through a remote: what a writer may skip
@@ -260,6 +273,12 @@ class Forwarding(ChunkStore):
 
     def keeps(self, cid, txn):
         return self.inner.keeps(cid, txn)
+
+    def lost(self, ids, txn):
+        return self.inner.lost(ids, txn)
+
+    def reindex(self, txn, packs):
+        return self.inner.reindex(txn, packs)
 
     def locate(self, cid, txn, what=""):
         return self.inner.locate(cid, txn, what)
@@ -383,10 +402,17 @@ class _Bases:
 
 
 class PackStore(ChunkStore):
-    """Chunks in the local ``packs/`` folder, located through the index's chunk table."""
+    """Chunks in the local ``packs/`` folder, located through the index's chunk table.
 
-    def __init__(self, directory: Path, pack_version: int = 1, readonly: bool = False):
+    ``pack_indexes``: called once before the first pack index is written (it lists the
+    ``pack-indexes`` extension in FORMAT); given, every durable batch writes its pack's index
+    and registers the pack instead of putting an index entry per chunk. None: entries per
+    chunk, as repositories older than pack indexes have them."""
+
+    def __init__(self, directory: Path, pack_version: int = 1, readonly: bool = False,
+                 pack_indexes: Optional[Callable[[], None]] = None):
         self.directory = Path(directory)
+        self.pack_indexes = pack_indexes
         self.readonly = readonly  # the repository may only be read here: writer() refuses at once
         self.packs = PackReader(self.directory)
         self._scratch = threading.local()
@@ -419,7 +445,13 @@ class PackStore(ChunkStore):
         """``durable`` False: a batch of copies of bytes safe elsewhere (a remote's cache), not fsynced."""
         if self.readonly:
             raise read_only(self.directory.parent)
-        return PackBatch(self.directory, self.pack_version, durable)
+        return PackBatch(self.directory, self.pack_version, durable, self._listed if durable else None)
+
+    def _listed(self) -> None:
+        """Say the repository has pack indexes (once per store) before the first is written."""
+        if self.pack_indexes is not None:
+            self.pack_indexes()
+            self.pack_indexes = _done
 
     def accept_encoded(self) -> None:
         self.pack_version = 2
@@ -461,7 +493,43 @@ class PackStore(ChunkStore):
         loc = txn.chunk(cid)
         if loc is None:
             raise ObjectNotFound(f"{_named(cid, what)} is missing from the index", id=cid)
+        if loc.offset == 0:  # listed by the index of a registered pack that cannot say where
+            fname = pack_filename(loc.pack)
+            try:
+                os.close(open_file(self.directory / fname))  # NotRegular for a link or FIFO in its place
+            except FileNotFoundError:
+                raise PackMissing(f"pack {fname} is missing", pack=fname, problem="missing") from None
+            raise PackDamaged(f"pack {fname} is truncated or damaged before the record of {_named(cid, what)}",
+                              pack=fname, problem="truncated")
         return loc
+
+    def reindex(self, txn, packs: list) -> Optional[tuple]:
+        """Write each pack's index from its trailer (fsynced) and register it, the first pack of
+        ``packs`` last (the newest registration wins where several packs hold an id)."""
+        if self.pack_indexes is None:
+            return None
+        self._listed()
+        seen = []
+        for name, path in reversed(packs):
+            ids = read_trailer_table(path)["id"].astype(idarray.ID)
+            packindex.write(packindex.pidx_path(self.directory, name), [name], [ids])
+            txn.register_pack(name, len(ids))
+            seen.append(ids)
+        fsync_dir(self.directory)
+        every = np.concatenate(seen) if seen else np.zeros(0, dtype=idarray.ID)
+        unique = len(idarray.unique(every)[0]) if len(every) else 0
+        return unique, len(every) - unique
+
+    def lost(self, ids: list, txn) -> dict:
+        """{id: pack name} of those of ``ids`` that the index of a registered pack lists where that
+        pack cannot say (its file is gone, or cut short before the record): offset 0."""
+        out = {cid: loc.pack for cid, loc in txn.chunks_among(ids).items() if loc.offset == 0}
+        # a registered pack whose index went with it (the folder lost): what nothing locates is
+        # taken as the newest such pack's, so fsck says a pack is gone, not only its chunks
+        gone = [name for name in txn.unreadable_packs() if not on_disk(txn, self.directory, Location(name, 0, 0))]
+        if gone:
+            out.update({cid: gone[0] for cid in ids if cid not in out and txn.chunk(cid) is None})
+        return out
 
     def length(self, cid: bytes, txn, what: str = "") -> int:
         return self.locate(cid, txn, what).size  # decoded: what the caller's buffer must hold
@@ -712,6 +780,7 @@ class PackStore(ChunkStore):
 
     def close(self) -> None:
         self.packs.close()
+        packindex.forget(self.directory)
 
 
 def on_disk(txn, directory: Path, loc: Optional[Location]) -> bool:
@@ -755,13 +824,40 @@ def _publish_raw(txn, directory: Path, writer: PackWriter) -> None:
             txn.put_chunk(ids[row], writer.location(row), overwrite=True)
 
 
-class PackBatch(ChunkWriter):
-    """New chunks appended to one new pack of this process."""
+def _done() -> None:
+    pass
 
-    def __init__(self, directory: Path, version: int = 1, durable: bool = True):
+
+def _register(txn, directory: Path, writer: PackWriter) -> None:
+    """Register the pack ``writer`` sealed (its pack index written): its chunks are indexed when
+    ``txn`` commits. A chunks-table entry of one of its ids stays where it names a copy on disk
+    (the first copy wins, as with entries per chunk); a tombstone, or an entry naming a pack that
+    is gone, goes, so that this pack's copy is the one indexed."""
+    shadow = txn.table_among(writer.ids)
+    txn.register_pack(writer.name, len(writer.ids))
+    for cid, raw in shadow.items():
+        if raw != TOMBSTONE:
+            try:
+                if on_disk(txn, directory, decode_location(raw)):
+                    continue
+            except CorruptObject:
+                pass
+        txn.drop_entry(cid)
+
+
+class PackBatch(ChunkWriter):
+    """New chunks appended to one new pack of this process.
+
+    ``indexed``: called before the pack's index is written at ``seal`` (None: no pack index;
+    ``publish`` puts an index entry per chunk)."""
+
+    def __init__(self, directory: Path, version: int = 1, durable: bool = True,
+                 indexed: Optional[Callable[[], None]] = None):
         self.directory = directory
         self.version = version
         self.durable = durable  # False: not fsynced (``PackWriter``)
+        self.indexed = indexed
+        self._pidx = False  # its pack index is written
         self._writer: Optional[PackWriter] = None
         self._rows: dict = {}  # id -> its row in the writer
         self.bytes = 0
@@ -816,11 +912,31 @@ class PackBatch(ChunkWriter):
     def seal(self) -> None:
         if self._writer is not None:
             self._writer.seal()
+            if self.indexed is not None:
+                self.indexed()
+                self.write_index()
+
+    def write_index(self) -> None:
+        """Write (and fsync) the sealed pack's index, ``pack-<name>.pidx`` beside it."""
+        w = self._writer
+        packindex.write(packindex.pidx_path(self.directory, w.name), [w.name], [idarray.pack(w.ids)])
+        fsync_dir(self.directory)
+        self._pidx = True
+
+    def register(self, txn) -> bool:
+        """Register the sealed pack's index in ``txn`` with no more (compaction sets each of its
+        chunks' entries itself); False if it has none."""
+        if not self._pidx:
+            return False
+        txn.register_pack(self._writer.name, len(self._writer.ids))
+        return True
 
     def publish(self, txn) -> None:
         if self._writer is None:
             return
-        if self._writer.coding:
+        if self._pidx:
+            _register(txn, self.directory, self._writer)
+        elif self._writer.coding:
             publish(txn, self.directory, self.locations)
         else:
             _publish_raw(txn, self.directory, self._writer)

@@ -2,8 +2,13 @@
 
 Named databases (``docs/format.md`` gives keys and values exactly):
 
-- ``chunks``   chunk id -> Location (pack name, offset, length); derived data,
-  rebuildable from the packs' trailers
+- ``chunks``   chunk id -> Location (pack name, offset, length): the entries of
+  repositories older than pack indexes, and per-chunk overrides of them (an empty value: a
+  tombstone, the chunk is not indexed though a registered pack index lists it)
+- ``packidx``  pack name -> (sequence number, entries): the packs whose pack index
+  (``packindex``, ``pack-<name>.pidx``) is part of the chunk index; a chunk is located by
+  the ``chunks`` table first, then by the newest registered pack that lists it. Both are
+  derived data, rebuildable from the packs' trailers
 - ``tensors``, ``trees``, ``commits``   object id -> canonical encoding
 - ``refs``     ref name -> direct (id + flags) or symbolic (target name)
 - ``reflog``   ref name, NUL, sequence number -> encoded entry
@@ -21,6 +26,7 @@ import itertools
 import os
 import struct
 import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +36,20 @@ import lmdb
 import numpy as np
 
 from .. import encoding, hashing
-from ..errors import BadInput, CorruptObject, MvcError, ReaderClash, ReadOnlyRepository
-from . import idarray
+from ..errors import BadInput, CorruptObject, MvcError, NotRegular, ReaderClash, ReadOnlyRepository
+from . import idarray, packindex
 from .fs import check_file, open_file
-from .packs import INDEX_RAW, Location, decode_location, encode_location
+from .packs import (INDEX_RAW, Location, cached_trailer_view, decode_location, encode_location, pack_filename,
+                    walked_view)
 
 OBJECT_KINDS = ("tensors", "trees", "commits")
-DB_NAMES = ("chunks",) + OBJECT_KINDS + ("refs", "reflog", "locks", "meta", "pruned")
+DB_NAMES = ("chunks",) + OBJECT_KINDS + ("refs", "reflog", "locks", "meta", "pruned", "packidx")
+OPTIONAL_DBS = ("packidx",)  # absent from repositories older than pack indexes: made when first written
+TOMBSTONE = b""  # a chunks value: not indexed, though a registered pack index lists the id
+REGISTRATION = struct.Struct("<QQ")  # packidx value: sequence number, entries
+TRAILERS_HELD = 16  # pack trailers a transaction keeps mapped
+MISSING = "missing"  # a registered pack whose file is gone: its chunks are located there, offset 0
+NEXT_SEQ = b"next-seq"  # packidx key (not 16 bytes, so no pack name) of the next sequence number
 _SEQ = struct.Struct(">Q")
 DIRECT, SYMBOLIC = 0, 1
 FLAG_PROTECTED = 1
@@ -185,6 +198,64 @@ def _batch(keys: list, values: list) -> ChunkBatch:
     return ChunkBatch(idarray.pack(keys), locs, bases, bad)
 
 
+def _table_batches(entries, batch: int, skip_tombstones: bool = False) -> Iterator[ChunkBatch]:
+    """ChunkBatches of (key, value) rows of the chunks table; keys that are no ids left out."""
+    while True:
+        rows = list(itertools.islice(entries, batch))
+        if not rows:
+            return
+        if len(b"".join(k for k, _ in rows)) != idarray.WIDTH * len(rows):
+            rows = [(k, v) for k, v in rows if len(k) == idarray.WIDTH]
+        if skip_tombstones:
+            rows = [(k, v) for k, v in rows if v != TOMBSTONE]
+        if rows:
+            keys, values = zip(*rows)
+            yield _batch(list(keys), list(values))
+
+
+def _after(prefix: bytes) -> Optional[bytes]:
+    """The smallest key above every key that starts with ``prefix`` (None: no bound)."""
+    head = prefix.rstrip(b"\xff")
+    return head[:-1] + bytes([head[-1] + 1]) if head else None
+
+
+def _sliced(b: ChunkBatch, start: int, stop: int) -> ChunkBatch:
+    if start == 0 and stop >= len(b.ids):
+        return b
+    keep = range(start, min(stop, len(b.ids)))
+    return ChunkBatch(b.ids[start:stop], b.locs[start:stop], {i - start: v for i, v in b.bases.items() if i in keep},
+                      {i - start: v for i, v in b.bad.items() if i in keep})
+
+
+def _id_order(ids: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """The order that sorts ``ids`` (an id array), ties by ``rank`` ascending: the u64 heads of the
+    ids sorted as numbers, and the whole ids where two share 16 bytes (numbers sort far faster)."""
+    if not len(ids):
+        return np.zeros(0, dtype=np.int64)
+    heads, tails = packindex.halves(ids)
+    order = np.lexsort((rank, tails, heads))
+    h, t = heads[order], tails[order]
+    tie = (h[1:] == h[:-1]) & (t[1:] == t[:-1])
+    if tie.any() and (ids[order][1:][tie] != ids[order][:-1][tie]).any():
+        order = np.argsort(rank, kind="stable")
+        order = order[np.argsort(ids[order], kind="stable")]
+    return order
+
+
+def _combined(a: ChunkBatch, b: ChunkBatch) -> ChunkBatch:
+    """The entries of two ChunkBatches with no id in common, in id order."""
+    ids = np.concatenate([a.ids, b.ids])
+    order = _id_order(ids, np.zeros(len(ids), dtype=np.int64))
+    where = np.empty(len(ids), dtype=np.int64)
+    where[order] = np.arange(len(ids))
+    n = len(a.ids)
+    bases = {int(where[i]): v for i, v in a.bases.items()}
+    bases.update({int(where[n + i]): v for i, v in b.bases.items()})
+    bad = {int(where[i]): v for i, v in a.bad.items()}
+    bad.update({int(where[n + i]): v for i, v in b.bad.items()})
+    return ChunkBatch(ids[order], np.concatenate([a.locs, b.locs])[order], bases, bad)
+
+
 class Txn:
     """One LMDB transaction, speaking in mvc's types.
 
@@ -198,22 +269,50 @@ class Txn:
         # facts its users derive once per transaction (which pack files are on disk: PackStore.keeps)
         self.memo: dict = {}
 
-    # chunks
+    # chunks: the ``chunks`` table first (entries of older repositories, overrides, tombstones),
+    # then the registered pack indexes, newest pack first
     def chunk(self, cid: bytes) -> Optional[Location]:
         raw = self._txn.get(cid, db=self._dbs["chunks"])
-        return None if raw is None else _location(raw)
+        if raw is not None:
+            return None if raw == TOMBSTONE else _location(raw)
+        return self._listed(cid)
 
     def put_chunk(self, cid: bytes, loc: Location, overwrite: bool = False) -> bool:
-        raw = encode_location(loc)
-        return self._txn.put(cid, raw, db=self._dbs["chunks"], overwrite=overwrite)
+        """Index ``cid`` at ``loc``; False (and nothing changed) if it is indexed and not ``overwrite``."""
+        if not overwrite and self.chunk(cid) is not None:
+            return False
+        self.set_chunk(cid, loc)
+        return True
+
+    def set_chunk(self, cid: bytes, loc: Optional[Location]) -> None:
+        """Make ``chunk(cid)`` return ``loc`` (None: not indexed), with a ``chunks`` entry only
+        where the registered pack indexes alone would say otherwise."""
+        db = self._dbs["chunks"]
+        if self._view() is not None and self._listed(cid) == loc:
+            self._txn.delete(cid, db=db)
+        elif loc is None:
+            if self._view() is None:
+                self._txn.delete(cid, db=db)
+            else:
+                self._txn.put(cid, TOMBSTONE, db=db)
+        else:
+            self._txn.put(cid, encode_location(loc), db=db)
 
     def chunks_among(self, ids: Iterable[bytes]) -> dict:
-        """{id: Location} of those of ``ids`` the chunk table holds (one lookup each, no Location for the rest)."""
+        """{id: Location} of those of ``ids`` the chunk index holds (no Location for the rest)."""
         get, db, found = self._txn.get, self._dbs["chunks"], {}
-        for cid in ids:
-            raw = get(cid, db=db)
-            if raw is not None:
-                found[cid] = _location(raw)
+        ids = ids if isinstance(ids, list) else list(ids)
+        rest = ids
+        if self._table_entries():
+            rest = []
+            for cid in ids:
+                raw = get(cid, db=db)
+                if raw is None:
+                    rest.append(cid)
+                elif raw != TOMBSTONE:
+                    found[cid] = _location(raw)
+        if rest and self._view() is not None:
+            found.update(self._listed_many(rest))
         return found
 
     def put_new_chunks(self, ids: list, values: list) -> list:
@@ -226,9 +325,17 @@ class Txn:
         if not ids:
             return []
         keys = b"".join(ids)
-        if len(keys) != idarray.WIDTH * len(ids):  # not all chunk ids: one at a time, in the order given
-            return [i for i, (cid, raw) in enumerate(zip(ids, values)) if not self._txn.put(cid, raw, db=db,
-                                                                                              overwrite=False)]
+        if self._view() is not None or len(keys) != idarray.WIDTH * len(ids):
+            # pack indexes (or odd ids): one at a time, in the order given
+            whole = len(keys) == idarray.WIDTH * len(ids)
+            known = self.chunks_among(ids) if whole else {}
+            out = []
+            for i, (cid, raw) in enumerate(zip(ids, values)):
+                if cid in known if whole else self.chunk(cid) is not None:
+                    out.append(i)
+                else:
+                    self._txn.put(cid, raw, db=db)
+            return out
         with self._txn.cursor(db=db) as cursor:
             consumed, added = cursor.putmulti(list(zip(ids, values)), dupdata=False, overwrite=False)
         if added == consumed:
@@ -239,15 +346,23 @@ class Txn:
         return [i for i, (cid, raw) in enumerate(zip(ids, values)) if get(cid, db=db) != raw]
 
     def delete_chunk(self, cid: bytes) -> None:
+        self.set_chunk(cid, None)
+
+    def drop_entry(self, cid: bytes) -> None:
+        """Delete ``cid``'s entry in the chunks table itself (the pack indexes then locate it)."""
         self._txn.delete(cid, db=self._dbs["chunks"])
 
     def chunks(self) -> Iterator[tuple]:
-        for key, raw in self._txn.cursor(db=self._dbs["chunks"]):
-            yield key, _location(raw)
+        for batch in self.chunk_batches():
+            raw = batch.ids.tobytes()
+            for i in range(len(batch.ids)):
+                if i in batch.bad:
+                    raise CorruptObject(batch.bad[i], kind="index", field="location")
+                yield raw[i * idarray.WIDTH:(i + 1) * idarray.WIDTH], location_row(batch.locs, i, batch.bases.get(i))
 
     def chunk_batches(self, batch: Optional[int] = None, lo: bytes = b"",
                       hi: Optional[bytes] = None) -> Iterator[ChunkBatch]:
-        """The chunk table in id order, ``batch`` (default SCAN_BATCH) entries at a time: the
+        """The chunk index in id order, ``batch`` (default SCAN_BATCH) entries at a time: the
         entries with ``lo`` <= id < ``hi`` (``hi`` None: to the end), so that a walk can take the
         uniform id space a slice at a time.
 
@@ -255,25 +370,260 @@ class Txn:
         ``chunk`` call per id would land on a random leaf each time (a cache
         miss per tree level once the table outgrows the caches, a disk read
         once it outgrows memory). A key that is not 32 bytes long is no
-        chunk id and is left out.
+        chunk id and is left out. With registered pack indexes, the id space
+        is taken a run of first-byte slices at a time (about ``batch`` pack
+        index entries each), the table's entries of the run merged in.
         """
-        cursor, batch = self._txn.cursor(db=self._dbs["chunks"]), batch or SCAN_BATCH
+        batch = batch or SCAN_BATCH
+        view = self._view()
+        if view is None:
+            yield from _table_batches(self._table(lo, hi), batch, skip_tombstones=True)
+            return
+        # the table's entries are taken as spread evenly over the id space, as ids are
+        counts = view.counts() + self._table_entries() // packindex.FANOUT
+        first = lo[0] if lo else 0
+        last = min(packindex.FANOUT, hi[0] + 1) if hi else packindex.FANOUT
+        b = first
+        while b < last:
+            e, total = b + 1, counts[b]
+            while e < last and total + counts[e] <= batch:
+                total += counts[e]
+                e += 1
+            rlo = lo if b == first and lo else bytes([b])
+            rhi = bytes([e]) if e < packindex.FANOUT else None
+            if hi is not None and (rhi is None or hi < rhi):
+                rhi = hi
+            merged = self._merged(view, b, e, rlo, rhi)
+            for at in range(0, len(merged.ids), batch):
+                yield _sliced(merged, at, at + batch)
+            b = e
+
+    def drop_chunks(self) -> None:
+        """Empty the chunk index (before rebuilding it from packs): the table and the registrations."""
+        self._txn.drop(self._dbs["chunks"], delete=False)
+        if self._dbs.get("packidx") is not None:
+            self._txn.drop(self._dbs["packidx"], delete=False)
+        self.memo.pop("pack indexes", None)
+
+    # -- pack indexes
+    def registered_packs(self) -> list:
+        """(sequence number, pack name, entries) of the registered packs, newest first."""
+        db = self._dbs.get("packidx")
+        if db is None:
+            return []
+        out = []
+        for key, raw in self._txn.cursor(db=db):
+            if len(key) == packindex.NAME and len(raw) == REGISTRATION.size:
+                out.append(REGISTRATION.unpack(raw) + (key,))
+        return [(seq, name, n) for seq, n, name in sorted(out, reverse=True)]
+
+    def unreadable_packs(self) -> list:
+        """Registered packs whose pack index cannot be read (their chunks look absent), newest first."""
+        view = self._view()
+        return [] if view is None else [name for name in view.names if name in view.broken]
+
+    def register_pack(self, name: bytes, entries: int) -> None:
+        """Make the pack index of pack ``name`` (``pack-<name>.pidx`` beside it, written and
+        fsynced) part of the chunk index when this transaction commits, as the newest pack."""
+        db = self._packidx_db()
+        raw = self._txn.get(NEXT_SEQ, db=db)
+        if raw is not None and len(raw) == _SEQ.size:
+            seq = _SEQ.unpack(raw)[0]
+        else:  # no counter (or a damaged one): above every registration
+            seq = max([0] + [s + 1 for s, _, _ in self.registered_packs()])
+        self._txn.put(name, REGISTRATION.pack(seq, entries), db=db)
+        self._txn.put(NEXT_SEQ, _SEQ.pack(seq + 1), db=db)
+        self.memo.pop("pack indexes", None)
+
+    def unregister_packs(self, names: Iterable[bytes]) -> list:
+        """Take packs ``names`` out of the chunk index (before their files are deleted); the chunks
+        table's tombstones for ids no registered pack lists any more go too. Returns the names
+        that were registered."""
+        db = self._dbs.get("packidx")
+        if db is None:
+            return []
+        view = self._view()
+        gone = [name for name in names if self._txn.get(name, db=db) is not None]
+        if not gone:
+            return []
+        ids = []
+        for name in gone:
+            t = self._trailer(name)
+            if t is not MISSING:
+                ids.append(t.table["id"])
+        for name in gone:
+            self._txn.delete(name, db=db)
+        self.memo.pop("pack indexes", None)
+        if ids and view is not None and self._table_entries():
+            chunks, after = self._dbs["chunks"], self._view()
+            for cid in idarray.ids(np.concatenate(ids)):
+                if self._txn.get(cid, db=chunks) == TOMBSTONE and (after is None or self._listed(cid) is None):
+                    self._txn.delete(cid, db=chunks)
+        return gone
+
+    def table_among(self, ids: list) -> dict:
+        """{id: raw value} of those of ``ids`` that have an entry in the chunks table itself."""
+        n = self._table_entries()
+        if not n:
+            return {}
+        db, out = self._dbs["chunks"], {}
+        if n < len(ids) // 4:  # a few overrides: one pass over them, not a lookup per id
+            wanted = set(ids)
+            return {k: v for k, v in self._txn.cursor(db=db) if k in wanted}
+        for cid in ids:
+            raw = self._txn.get(cid, db=db)
+            if raw is not None:
+                out[cid] = raw
+        return out
+
+    def _packidx_db(self):
+        db = self._dbs.get("packidx")
+        if db is None:  # a repository opened read-only that predates pack indexes
+            raise MvcError("the index has no pack index registry: open the repository writable")
+        return db
+
+    def _table_entries(self) -> int:
+        return self._txn.stat(self._dbs["chunks"])["entries"]
+
+    def _table(self, lo: bytes, hi: Optional[bytes]) -> Iterator[tuple]:
+        cursor = self._txn.cursor(db=self._dbs["chunks"])
         entries = cursor.iternext() if not lo or cursor.set_range(lo) else iter(())
         if hi is not None:
             entries = itertools.takewhile(lambda row: row[0] < hi, entries)
-        while True:
-            rows = list(itertools.islice(entries, batch))
-            if not rows:
-                return
-            if len(b"".join(k for k, _ in rows)) != idarray.WIDTH * len(rows):
-                rows = [(k, v) for k, v in rows if len(k) == idarray.WIDTH]
-            if rows:
-                keys, values = zip(*rows)
-                yield _batch(list(keys), list(values))
+        return entries
 
-    def drop_chunks(self) -> None:
-        """Empty the chunk index (before rebuilding it from packs)."""
-        self._txn.drop(self._dbs["chunks"], delete=False)
+    def _view(self) -> Optional["packindex.Registered"]:
+        if "pack indexes" not in self.memo:
+            packs = tuple((seq, name) for seq, name, _ in self.registered_packs())
+            self.memo["pack indexes"] = packindex.registered(self.repo_dir / "packs", packs) if packs else None
+        return self.memo["pack indexes"]
+
+    def _trailer(self, name: bytes):
+        """The TrailerView of pack ``name``, once per transaction: read from its records where its
+        trailer is damaged, MISSING if the pack file is gone (or cannot be read)."""
+        views = self.memo.setdefault("trailers", OrderedDict())
+        if name in views:
+            views.move_to_end(name)
+        else:
+            while len(views) >= TRAILERS_HELD:  # each mapping holds a descriptor: a few at a time
+                views.popitem(last=False)
+            path = self.repo_dir / "packs" / pack_filename(name)
+            try:
+                views[name] = cached_trailer_view(path, name)
+            except (FileNotFoundError, NotRegular):  # what it is reading it says (PackStore.locate)
+                views[name] = MISSING
+            except CorruptObject:
+                try:
+                    views[name] = walked_view(path, name)
+                except (FileNotFoundError, CorruptObject):
+                    views[name] = MISSING
+        return views[name]
+
+    def _full_ids(self, view, k: int, rows: np.ndarray, prove: bool = True):
+        """The ids pack number ``k``'s trailer lists at ``rows`` (zeros past its end); None if
+        its pack is gone and ``prove`` is False (the index's prefix is then taken as it is, for a
+        location that names the missing pack: see ``_located``)."""
+        out = np.zeros(len(rows), dtype=idarray.ID)
+        t = self._trailer(view.names[k])
+        if t is MISSING:
+            return None if not prove else out
+        ok = rows < len(t.table)
+        out[ok] = t.table["id"][rows[ok]]
+        return out if prove or ok.all() else (out, ~ok)
+
+    def _located(self, view, pack: np.ndarray, row: np.ndarray) -> tuple:
+        """(LOCATIONS array, bases {i: (base, depth)}, bad {i: why}) of entries (pack number, row)."""
+        n = len(pack)
+        locs = np.zeros(n, dtype=LOCATIONS)
+        bases, bad = {}, {}
+        order = np.argsort(pack, kind="stable")
+        cuts = np.flatnonzero(np.diff(pack[order])) + 1
+        for sel in np.split(order, cuts) if n else []:
+            name = view.names[int(pack[sel[0]])]
+            t = self._trailer(name)
+            locs["pack"][sel] = np.frombuffer(name, dtype="V16")[0]
+            if t is not MISSING:  # else where in it and how long is lost with it: offset 0, which no record has
+                sel = sel[row[sel] < len(t.table)]  # the rest: records cut off a damaged pack, likewise
+            if t is MISSING or not len(sel):
+                continue
+            entries, deltas, wrong = t.locations(row[sel])
+            locs["offset"][sel], locs["length"][sel] = entries["offset"], entries["length"]
+            if t.version >= 2:
+                locs["kind"][sel] = entries["kind"]
+                locs["size"][sel] = np.where(entries["kind"] != 0, entries["size"], entries["length"])
+            else:
+                locs["size"][sel] = entries["length"]
+            for i, delta in deltas.items():
+                bases[int(sel[i])] = delta
+            for i, why in wrong.items():
+                bad[int(sel[i])] = why
+                locs[int(sel[i])] = (bytes(16), 0, 0, 0, 0, True)
+        return locs, bases, bad
+
+    def _listed_many(self, ids: list) -> dict:
+        """{id: Location} of ``ids`` as the registered pack indexes alone locate them."""
+        view = self._view()
+        arr = idarray.pack(ids)
+        pack, row = view.locate(arr, lambda k, rows: self._full_ids(view, k, rows, prove=False))
+        hit = np.flatnonzero(pack >= 0)
+        locs, bases, bad = self._located(view, pack[hit], row[hit])
+        out = {}
+        for j, i in enumerate(hit.tolist()):
+            if j in bad:
+                raise CorruptObject(bad[j], kind="index", field="location")
+            out[ids[i]] = location_row(locs, j, bases.get(j))
+        return out
+
+    def _listed(self, cid: bytes) -> Optional[Location]:
+        view = self._view()
+        if view is None or len(cid) != idarray.WIDTH:
+            return None
+        head, tail = int.from_bytes(cid[:8], "big"), int.from_bytes(cid[8:16], "big")
+        for tier, numbers in zip(view.tiers, view.numbers):
+            heads, j = tier.heads, int(tier.heads.searchsorted(np.uint64(head)))
+            while j < len(heads) and int(heads[j]) == head:
+                if int(tier.tails[j]) == tail:
+                    name = view.names[int(numbers[int(tier.packs[j])])]
+                    t = self._trailer(name)
+                    row = int(tier.rows[j])
+                    if t is MISSING or row >= len(t.table):  # a pack that cannot say where: offset 0
+                        return Location(name, 0, 0)
+                    loc = t.location(row, cid)
+                    if loc is not None:
+                        return loc
+                j += 1
+        return None
+
+    def _merged(self, view, first: int, last: int, lo: bytes, hi: Optional[bytes]) -> ChunkBatch:
+        """The chunk index's entries with first id byte in [first, last) and lo <= id < hi: the
+        pack indexes' (newest copy of each id) and the table's, the table's winning."""
+        pack, row = view.entries(first, last)
+        ids = np.zeros(len(pack), dtype=idarray.ID)
+        order = np.argsort(pack, kind="stable")
+        cuts = np.flatnonzero(np.diff(pack[order])) + 1
+        for sel in np.split(order, cuts) if len(pack) else []:
+            ids[sel] = self._full_ids(view, int(pack[sel[0]]), row[sel])
+        keep = ids >= lo if lo else np.ones(len(ids), dtype=bool)
+        if hi is not None:
+            keep &= ids < hi
+        keep &= ids != np.zeros(1, dtype=idarray.ID)  # an entry its trailer does not prove (unreadable pack)
+        ids, pack, row = ids[keep], pack[keep], row[keep]
+        order = _id_order(ids, pack)  # by id, the newest pack first among copies
+        ids, pack, row = ids[order], pack[order], row[order]
+        first_copy = np.ones(len(ids), dtype=bool)
+        first_copy[1:] = ids[1:] != ids[:-1]
+        ids, pack, row = ids[first_copy], pack[first_copy], row[first_copy]
+        table = [(k, v) for k, v in self._table(lo, hi) if len(k) == idarray.WIDTH]
+        if table:
+            keys = idarray.pack([k for k, _ in table])
+            shadowed = idarray.find(np.sort(keys), ids) >= 0
+            ids, pack, row = ids[~shadowed], pack[~shadowed], row[~shadowed]
+            table = [(k, v) for k, v in table if v != TOMBSTONE]
+        locs, bases, bad = self._located(view, pack, row)
+        listed = ChunkBatch(ids, locs, bases, bad)
+        if not table:
+            return listed
+        return _combined(listed, _batch([k for k, _ in table], [v for _, v in table]))
 
     # objects
     def get(self, kind: str, oid: bytes) -> Optional[bytes]:
@@ -287,6 +637,10 @@ class Txn:
         self._txn.delete(oid, db=self._dbs[kind])
 
     def ids(self, kind: str, prefix: bytes = b"") -> Iterator[bytes]:
+        if kind == "chunks" and self._view() is not None:  # the chunk index, pack indexes included
+            for batch in self.chunk_batches(lo=prefix, hi=_after(prefix)):
+                yield from idarray.ids(batch.ids)
+            return
         cursor = self._txn.cursor(db=self._dbs[kind])
         if not cursor.set_range(prefix):
             return
@@ -450,7 +804,13 @@ def _new_env(path: Path, create: bool) -> tuple:
     try:
         if not readonly:
             env.reader_check()  # slots of readers killed mid-transaction would pin pages for good
-        dbs = {n: env.open_db(n.encode(), create=create) for n in DB_NAMES}
+        dbs = {n: env.open_db(n.encode(), create=create) for n in DB_NAMES if n not in OPTIONAL_DBS}
+        for n in OPTIONAL_DBS:  # an older repository lacks them: made where it may be written
+            try:
+                dbs[n] = env.open_db(n.encode(), create=False)
+            except lmdb.NotFoundError:
+                if not readonly:
+                    dbs[n] = env.open_db(n.encode(), create=True)
     except lmdb.Error as exc:
         env.close()
         raise _damaged(path, exc) from None

@@ -1,7 +1,9 @@
 """Pack indexes: immutable sorted files that say which pack holds a chunk, searched in numpy.
 
-A prototype of the chunk index that issue 35 asks for (``docs/scale.md``, "Pack indexes"):
-nothing in mvc reads or writes these files yet; the LMDB ``chunks`` table is still the index.
+The chunk index of a repository with the ``pack-indexes`` extension (``docs/format.md`` 5.9):
+a commit writes its pack's index (``pack-<name>.pidx``) and registers the pack in its index
+transaction (``index.Txn.register_pack``); ``Registered`` is the set a transaction sees, kept
+per process as a few tiers (``Tier``) so a lookup searches a handful of arrays.
 
 Vocabulary:
 
@@ -18,7 +20,7 @@ Vocabulary:
   1/256 slice of the uniform id space starts, so merges and scans work a slice at a time
   in bounded memory.
 
-File layout (little-endian; ``docs/format.md`` would gain it as a section when wired in)::
+File layout (little-endian; ``docs/format.md`` 5.9)::
 
     header   b"MVCPIDX1" | pack count u32 | entry count u64 | prefix width u8 (16) | 3 zero bytes
     names    pack count x 16-byte pack names (pack number = place in this list)
@@ -36,6 +38,7 @@ An entry costs 24 bytes, whatever the number of packs.
 import mmap
 import os
 import struct
+import threading
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -45,6 +48,7 @@ from .. import hashing
 from ..errors import CorruptObject
 from . import idarray
 from .fs import open_file
+from .packs import forget_trailer_views, pack_filename
 
 MAGIC = b"MVCPIDX1"
 HEAD = struct.Struct("<8sIQB3s")
@@ -145,12 +149,17 @@ class PackIndex:
     """One pack index file, memory-mapped (``close`` unmaps it). CorruptObject if its layout is
     not one; its checksum is checked by ``verify`` only (a lookup proves each hit anyway)."""
 
-    def __init__(self, path):
+    def __init__(self, path, in_memory: bool = False):
         self.path = Path(path)
         fd = open_file(self.path)
         try:
             size = os.fstat(fd).st_size
-            self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
+            if in_memory:  # read whole: a mapping would hold a descriptor (CPython's mmap keeps one)
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    self._map = f.read()
+                size = len(self._map)
+            else:
+                self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
         finally:
             os.close(fd)
         if size < HEAD.size:
@@ -219,7 +228,7 @@ class PackIndex:
     def close(self) -> None:
         for name in ("heads", "tails", "packs", "rows", "fanout"):
             setattr(self, name, None)
-        if self._map is not None:
+        if self._map is not None and not isinstance(self._map, bytes):
             try:
                 self._map.close()
             except BufferError:  # an array still views it: the mapping goes with the last view
@@ -236,7 +245,8 @@ class Candidates:
 
     def verify(self, ids: np.ndarray, full_ids) -> tuple:
         """(pack number, row) per needle, -1 where none of its candidates is it: ``full_ids(pack
-        number, rows)`` returns the id array its pack's trailer lists at ``rows``."""
+        number, rows)`` returns the id array its pack's trailer lists at ``rows`` (or what
+        ``_proven`` takes for a pack that cannot say)."""
         n = len(ids)
         pack = np.full(n, -1, dtype=np.int64)
         row = np.full(n, -1, dtype=np.int64)
@@ -247,15 +257,26 @@ class Candidates:
         cuts = np.flatnonzero(np.diff(packs[by_pack])) + 1
         for sel in np.split(by_pack, cuts) if len(by_pack) else []:  # each pack's trailer asked once
             k = int(packs[sel[0]])
-            ok = full_ids(k, rows[sel]) == ids[one[sel]]
+            ok = _proven(full_ids(k, rows[sel]), ids[one[sel]])
             pack[one[sel[ok]]], row[one[sel[ok]]] = k, rows[sel[ok]]
         for i in np.flatnonzero(self.hi - self.lo > 1).tolist():  # a shared prefix: each checked
             for j in range(int(self.lo[i]), int(self.hi[i])):
                 k, r = int(self.index.packs[j]), int(self.index.rows[j])
-                if full_ids(k, np.array([r]))[0:1].tobytes() == ids[i:i + 1].tobytes():
+                if _proven(full_ids(k, np.array([r])), ids[i:i + 1])[0]:
                     pack[i], row[i] = k, r
                     break
         return pack, row
+
+
+def _proven(got, needles: np.ndarray) -> np.ndarray:
+    """Which needles the trailer's ids ``got`` prove. ``got`` may be None (the pack's file is
+    gone: every prefix match is taken) or (ids, unknown) where rows marked ``unknown`` cannot
+    be read from the pack and are taken likewise, for a location that names the damaged pack."""
+    if got is None:
+        return np.ones(len(needles), dtype=bool)
+    if isinstance(got, tuple):
+        return (got[0] == needles) | got[1]
+    return got == needles
 
 
 def merge(path, inputs: list, budget: int = 1 << 22) -> None:
@@ -408,3 +429,178 @@ def classify(index: PackIndex, spill: IdSpill, full_ids, budget: int = 1 << 20) 
                 if int(index.packs[j]) == pack[i] and int(index.rows[j]) == row[i]:
                     used[j - s] = True
         yield ids, pack, row, np.flatnonzero(~used) + s
+
+
+# -- the registered pack indexes of a repository, as the chunk index reads them ------------------
+
+MAX_TIERS = 8  # searched one after the other; more are merged (in memory) into fewer
+
+
+class Tier:
+    """Entries of one or more registered packs in index order, searched as one array: a pack index
+    file (memory-mapped) or several merged in memory. ``numbers`` maps the tier's own pack numbers
+    to the numbers of the ``Registered`` set it belongs to (0 the newest); within a tier a smaller
+    pack number is a newer pack, so among entries of one prefix the newest comes first."""
+
+    candidates = PackIndex.candidates
+    slices = PackIndex.slices
+
+    def __init__(self, names: list, heads, tails, packs, rows, fanout=None):
+        self.names, self.heads, self.tails, self.packs, self.rows = names, heads, tails, packs, rows
+        self.fanout = _fanout(heads) if fanout is None else fanout
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    @classmethod
+    def of(cls, idx: PackIndex) -> "Tier":
+        return cls(list(idx.names), idx.heads, idx.tails, idx.packs, idx.rows, idx.fanout)
+
+    def only(self, keep: set) -> Optional["Tier"]:
+        """This tier without the entries of packs not in ``keep`` (None if nothing is left)."""
+        mine = [name in keep for name in self.names]
+        if all(mine):
+            return self
+        if not any(mine):
+            return None
+        renumber = np.cumsum(mine) - 1
+        sel = np.asarray(mine, dtype=bool)[self.packs]
+        return Tier([n for n, m in zip(self.names, mine) if m], self.heads[sel], self.tails[sel],
+                    renumber[self.packs[sel]].astype("<u4"), self.rows[sel])
+
+
+def merge_tiers(tiers: list) -> Tier:
+    """One tier of ``tiers`` (newest first), in memory: pack numbers renumbered in that order."""
+    names, parts, base = [], [], 0
+    for tier in tiers:
+        names += tier.names
+        parts.append((tier.heads, tier.tails, tier.packs.astype("<u4") + np.uint32(base), tier.rows))
+        base += len(tier.names)
+    columns = [np.concatenate([p[c] for p in parts]).astype(d) for c, d in enumerate(COLUMNS)]
+    return Tier(names, *_sorted(*columns))
+
+
+class Registered:
+    """The pack indexes a transaction's snapshot registers, newest pack first, as a few tiers.
+
+    ``names``: the packs, newest first (a pack's number is its place here); ``broken``: {pack
+    name: why} of registered packs whose index file cannot be read (their chunks look absent)."""
+
+    def __init__(self, folder: Path, packs: tuple, tiers: list, broken: dict):
+        self.folder, self.packs, self.tiers, self.broken = folder, packs, tiers, broken
+        self.names = [name for _, name in packs]
+        number = {name: i for i, name in enumerate(self.names)}
+        self.numbers = [np.array([number[n] for n in tier.names], dtype=np.int64) for tier in tiers]
+
+    def locate(self, ids: np.ndarray, full_ids) -> tuple:
+        """(pack number, row) per id of ``ids`` (an id array), -1 where no registered pack lists it;
+        the newest pack that does wins. ``full_ids(pack number, rows)``: the ids that pack's
+        trailer lists at ``rows`` (proof of each hit)."""
+        pack = np.full(len(ids), -1, dtype=np.int64)
+        row = np.full(len(ids), -1, dtype=np.int64)
+        todo = np.arange(len(ids))
+        for tier, numbers in zip(self.tiers, self.numbers):
+            if not len(todo):
+                break
+            want = ids[todo]
+            p, r = tier.candidates(want).verify(want, lambda k, rows: full_ids(int(numbers[k]), rows))
+            hit = p >= 0
+            pack[todo[hit]], row[todo[hit]] = numbers[p[hit]], r[hit]
+            todo = todo[~hit]
+        return pack, row
+
+    def entries(self, first: int, last: int) -> tuple:
+        """(pack numbers, rows) of every entry whose id's first byte is in [first, last), all tiers."""
+        packs, rows = [], []
+        for tier, numbers in zip(self.tiers, self.numbers):
+            start = _starts(tier.fanout)
+            s, t = int(start[first]), int(start[last])
+            packs.append(numbers[tier.packs[s:t].astype(np.int64)])
+            rows.append(tier.rows[s:t].astype(np.int64))
+        if not packs:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(packs), np.concatenate(rows)
+
+    def counts(self) -> np.ndarray:
+        """Entries per first id byte, all tiers together (256)."""
+        out = np.zeros(FANOUT, dtype=np.int64)
+        for tier in self.tiers:
+            out += np.diff(_starts(tier.fanout))
+        return out
+
+
+def pidx_path(folder: Path, name: bytes) -> Path:
+    return Path(folder) / f"pack-{name.hex()}.pidx"
+
+
+_VIEWS: dict = {}  # (pid, folder) -> the Registered built last there
+_VIEWS_LOCK = threading.Lock()
+
+
+def registered(folder, packs: tuple) -> Registered:
+    """The Registered set of ``packs`` ((sequence, name), newest first) in pack folder ``folder``.
+    Built from the one built last for that folder where it can be (a new commit adds one small
+    tier), so a long-lived process does not re-read every index for each transaction."""
+    folder = Path(folder)
+    key = (os.getpid(), str(folder))
+    with _VIEWS_LOCK:
+        last = _VIEWS.get(key)
+    if last is not None and last.packs == packs:
+        return last
+    tiers, broken = _reuse(last, packs) if last is not None else ([], {})
+    covered = {name for tier in tiers for name in tier.names} | set(broken)
+    fresh = []
+    for _, name in packs:
+        if name in covered:
+            continue
+        try:
+            idx = PackIndex(pidx_path(folder, name), in_memory=True)
+        except (OSError, CorruptObject) as exc:
+            broken[name] = str(exc)
+            continue
+        if idx.names != [name]:
+            broken[name] = f"{pidx_path(folder, name).name} does not index pack {name.hex()}"
+            continue
+        fresh.append(Tier.of(idx))
+    tiers = _fewer(fresh + tiers)
+    view = Registered(folder, packs, tiers, broken)
+    if last is not None:  # packs taken out of the index: no mapping may keep their space
+        kept = set(view.names)
+        forget_trailer_views(folder / pack_filename(n) for n in last.names if n not in kept)
+    with _VIEWS_LOCK:
+        _VIEWS[key] = view
+    return view
+
+
+def forget(folder) -> None:
+    """Drop what this process keeps of pack folder ``folder`` (its repository was closed)."""
+    with _VIEWS_LOCK:
+        last = _VIEWS.pop((os.getpid(), str(Path(folder))), None)
+    if last is not None:
+        forget_trailer_views(Path(folder) / pack_filename(n) for n in last.names)
+
+
+def _reuse(last: Registered, packs: tuple) -> tuple:
+    """(tiers, broken) of ``last`` that ``packs`` still registers, or nothing if a pack it lacks is
+    older than one it has (tiers are kept newest first: such a set is built anew)."""
+    keep = {name for _, name in packs}
+    seqs = dict((name, seq) for seq, name in packs)
+    old = [seqs[n] for n in last.names if n in keep]
+    new = [seq for seq, name in packs if name not in set(last.names)]
+    if old and new and min(new) < max(old):
+        return [], {}
+    tiers = [t for t in (tier.only(keep) for tier in last.tiers) if t is not None]
+    return tiers, {n: why for n, why in last.broken.items() if n in keep}
+
+
+def _fewer(tiers: list) -> list:
+    """``tiers`` (newest first) with runs of the newest merged while there are more than MAX_TIERS:
+    each merge takes the newest tiers as long as they hold at least half as many entries as the
+    next older one, so sizes grow geometrically and each entry is merged a few times at most."""
+    while len(tiers) > MAX_TIERS:
+        j, total = 1, len(tiers[0]) + len(tiers[1])
+        while j + 1 < len(tiers) and (total * 2 > len(tiers[j + 1]) or len(tiers) - j > MAX_TIERS):
+            j += 1
+            total += len(tiers[j])
+        tiers = [merge_tiers(tiers[:j + 1])] + tiers[j + 1:]
+    return tiers

@@ -23,6 +23,7 @@ The bytes themselves are parsed and built in ``packformat`` (no I/O there);
 this module reads and writes files with them.
 """
 
+import mmap
 import os
 import re
 import secrets
@@ -345,6 +346,155 @@ def read_trailer_table(path: Path) -> np.ndarray:
     if ((table["offset"] < len(HEADER) + RECORD_HEAD.size) | (ends > trailer_offset)).any():
         raise packformat._damaged(what, "lists a record outside its data", "outside")
     return table
+
+
+# The trailer entries of each version, as numpy reads them in place (packed, little-endian).
+TRAILER_V1 = np.dtype([("id", "S32"), ("offset", "<u8"), ("length", "<u4")])
+TRAILER_V2 = np.dtype([("id", "S32"), ("offset", "<u8"), ("length", "<u4"), ("kind", "u1"), ("size", "<u4"),
+                       ("depth", "u1"), ("base", "S32")])
+assert TRAILER_V1.itemsize == ENTRY.size and TRAILER_V2.itemsize == ENTRY_V2.size
+
+
+@dataclass(frozen=True)
+class TrailerView:
+    """A sealed pack's trailer entries read in place (memory-mapped, nothing copied): what a
+    pack index's rows point into. ``table`` is a TRAILER_V1 or TRAILER_V2 array; ``end`` the
+    trailer's offset, which every record's data must end before."""
+
+    name: bytes
+    table: np.ndarray
+    end: int
+    version: int
+    buf: object = None  # the trailer's entries as bytes (from ``at``), for one entry at a time
+    at: int = 0
+
+    def location(self, row: int, cid: bytes) -> Optional[Location]:
+        """The Location of entry ``row`` if it lists ``cid`` (None if it does not, or is past the
+        end); CorruptObject if the entry lies outside the pack's data or its coding is invalid."""
+        if row >= len(self.table):
+            return None
+        buf, at = (self.buf, self.at) if self.buf is not None else (self.table.tobytes(), 0)
+        entry = ENTRY_V2 if self.version >= 2 else ENTRY
+        fields = entry.unpack_from(buf, at + row * entry.size)
+        if fields[0] != cid:
+            return None
+        offset, length = fields[1], fields[2]
+        what = f"pack {pack_filename(self.name)}"
+        if offset < len(HEADER) + RECORD_HEAD.size or offset + length > self.end:
+            raise CorruptObject(f"{what} lists a record outside its data", kind="index", field="location")
+        if entry is ENTRY:
+            return Location(self.name, offset, length)
+        return packformat.coded_location(self.name, *fields[1:], what=f"an entry of {what}")
+
+    def locations(self, rows: np.ndarray) -> tuple:
+        """(LOCATIONS-like columns, {position: (base, depth)}, {position: why}) of ``rows``: each
+        checked to lie inside the pack's data (and, in a version 2 pack, to have a valid coding)."""
+        entries = self.table[rows]
+        bad = {}
+        ends = entries["offset"] + entries["length"]
+        outside = (entries["offset"] < len(HEADER) + RECORD_HEAD.size) | (ends > self.end)
+        for i in np.flatnonzero(outside).tolist():
+            bad[i] = f"pack {pack_filename(self.name)} lists a record outside its data"
+        deltas = {}
+        if self.version >= 2:
+            for i in np.flatnonzero(entries["kind"] != 0).tolist():
+                e = entries[i]
+                try:
+                    loc = packformat.coded_location(self.name, int(e["offset"]), int(e["length"]), int(e["kind"]),
+                                                    int(e["size"]), int(e["depth"]), entries["base"][i:i + 1].tobytes(),
+                                                    what=f"an entry of pack {pack_filename(self.name)}")
+                except CorruptObject as exc:
+                    bad[i] = str(exc)
+                    continue
+                if loc.base is not None:
+                    deltas[i] = (loc.base, loc.depth)
+        return entries, deltas, bad
+
+
+def trailer_view(path: Path, name: bytes, verified: bool = False) -> TrailerView:
+    """The TrailerView of the sealed pack at ``path``; PackDamaged if it is no sealed pack (its
+    header, footer, trailer length or trailer checksum; ``verified``: the checksum was found
+    to match before, in this very file)."""
+    what = f"pack {path.name}"
+    fd = open_file(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size < packformat.SMALLEST:
+            raise PackDamaged(f"{what} has no valid header or is truncated", pack=path.name, problem="header")
+        view = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    version = pack_version(view[:len(HEADER)])
+    if not version:
+        raise PackDamaged(f"{what} has no valid header or is truncated", pack=path.name, problem="header")
+    start, stop = packformat.trailer_span(view[size - FOOTER.size:], size, what)
+    count = packformat.COUNT.unpack_from(view, start)[0]
+    dtype = TRAILER_V2 if version >= 2 else TRAILER_V1
+    if stop - start != packformat.COUNT.size + count * dtype.itemsize:
+        raise packformat._damaged(what, "trailer length does not match its count", "trailer-count")
+    digest = FOOTER.unpack(view[size - FOOTER.size:])[0]
+    if not verified and hashing.digest(memoryview(view)[start:stop]) != digest:
+        raise packformat._damaged(what, "has a damaged trailer (checksum mismatch)", "trailer-checksum")
+    table = np.frombuffer(view, dtype=dtype, count=count, offset=start + packformat.COUNT.size)
+    return TrailerView(name, table, start, version, view, start + packformat.COUNT.size)
+
+
+# (path, inode, size, mtime) -> TrailerView. Each mapping holds a descriptor (CPython's mmap keeps
+# one), so few are kept, beside PackReader's MAX_OPEN; a trailer's checksum is checked once.
+_VIEWS: OrderedDict = OrderedDict()
+_VIEWS_LOCK = threading.Lock()
+_VERIFIED: set = set()
+MAX_VIEWS = 32
+
+
+def forget_trailer_views(paths) -> None:
+    """Drop the kept TrailerViews of packs at ``paths`` (taken out of the index: about to be
+    deleted, or deleted by another process), so no mapping keeps a deleted pack's space."""
+    paths = {str(p) for p in paths}
+    with _VIEWS_LOCK:
+        for key in [k for k in _VIEWS if k[0] in paths]:
+            del _VIEWS[key]
+
+
+def cached_trailer_view(path: Path, name: bytes) -> TrailerView:
+    """``trailer_view``, kept (up to MAX_VIEWS) while the file is the same file: a sealed pack
+    never changes, so its trailer's checksum is checked once per process, not per lookup."""
+    st = os.stat(path)
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    with _VIEWS_LOCK:
+        hit = _VIEWS.get(key)
+        if hit is not None:
+            _VIEWS.move_to_end(key)
+            return hit
+    view = trailer_view(path, name, verified=key in _VERIFIED)
+    with _VIEWS_LOCK:
+        _VERIFIED.add(key)
+        _VIEWS[key] = view
+        while len(_VIEWS) > MAX_VIEWS:
+            _VIEWS.popitem(last=False)
+    return view
+
+
+def walked_view(path: Path, name: bytes) -> TrailerView:
+    """A TrailerView of a pack whose trailer or header is damaged, from its record heads: records
+    are read in order from the start, as they were written (so a record's place is its trailer
+    row), until one does not fit in the file. Raw records only (a version 2 pack's coding is in
+    its trailer): what such a record holds is verified when it is read, as always."""
+    found, size = [], os.path.getsize(path)
+    with os.fdopen(open_file(path), "rb") as f:
+        at = len(HEADER)
+        f.seek(at)
+        while at + RECORD_HEAD.size <= size:
+            head = f.read(RECORD_HEAD.size)
+            if len(head) < RECORD_HEAD.size:
+                break
+            cid, length = RECORD_HEAD.unpack(head)
+            if at + RECORD_HEAD.size + length > size:
+                break
+            found.append((cid, at + RECORD_HEAD.size, length))
+            at += RECORD_HEAD.size + length
+            f.seek(at)
+    return TrailerView(name, np.array(found, dtype=TRAILER_V1), size, 1)
 
 
 def salvage_records(path: Path, limit: int = 1 << 32) -> Iterator[tuple]:

@@ -415,9 +415,16 @@ def _publish(repo, batch, old: dict):
     new = batch.locations
     with repo.index.write() as txn:
         before = {loc.pack for _, loc in repo.chunks.records(txn)}
+        now = {cid: txn.chunk(cid) for cid in new}
+        # the new pack's index, where it has one, locates what moved (no entry per chunk, which
+        # at 10^8 chunks would be the B-tree pages the pack indexes replaced); a record whose
+        # chunk moved meanwhile keeps the location it had, as compaction does
+        registered = getattr(batch, "register", None) is not None and batch.register(txn)
         for cid, loc in new.items():
-            if txn.chunk(cid) == old[cid]:
+            if now[cid] == old[cid]:
                 txn.put_chunk(cid, loc, overwrite=True)
+            elif registered:
+                txn.set_chunk(cid, now[cid])
         walked = reach.walk(txn, repo.objects, reach.RAISE, locate=True)
         _gc.drop_dead(txn, walked)
         live = _gc.LiveRecords(walked)

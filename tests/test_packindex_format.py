@@ -221,3 +221,24 @@ def test_a_commit_never_deduplicates_against_a_registered_pack_whose_file_is_gon
     with repo.index.read() as txn:
         assert {loc.pack.hex() for loc in txn.chunks_among(ids).values()} == {
             PACK_NAME.fullmatch(p.name).group(1) for p in _packs(repo)}
+
+
+def test_repack_registers_its_pack_and_puts_no_entry_per_chunk(tmp_path):
+    """Repack's re-encoded records are located by its pack's index, as a commit's are: an entry
+    per chunk would bring back the B-tree pages pack indexes replaced."""
+    repo = mvc.Repository.init(tmp_path / "r4k", chunk_size=4096)  # chunks large enough to encode
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(8 * 4096 // 4, generator=g) * 1e-2
+    states = [{"w": w + i * 1e-4 * torch.randn(w.shape, generator=g)} for i in range(3)]
+    for i, state in enumerate(states):
+        repo.commit(state, f"v{i}")
+    report = repo.repack()
+    assert report.grouped + report.deltas > 0
+    assert [k for k, v in _raw_db(repo, "chunks")] == []
+    registered = {bytes(k) for k, _ in _raw_db(repo, "packidx") if len(k) == 16}
+    assert {bytes.fromhex(p.name[len("pack-"):-len(".pidx")]) for p in _pidx(repo)} == registered
+    assert {bytes.fromhex(PACK_NAME.fullmatch(p.name).group(1)) for p in _packs(repo)} == registered
+    for i, state in enumerate(states):
+        assert torch.equal(repo.load(f"HEAD~{2 - i}")["w"], state["w"])
+    assert repo.fsck().ok
+    repo.close()

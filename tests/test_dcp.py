@@ -571,3 +571,21 @@ def test_filesystem_writer_keywords_are_taken_and_a_bad_one_is_one_clean_error(t
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "TypeError" in r.stdout and "overwrit" in r.stdout
     assert "Exception ignored" not in r.stderr and "AttributeError" not in r.stderr, r.stderr
+
+
+def test_a_sharded_save_registers_its_packs_and_puts_no_index_entry_per_chunk(repo):
+    """The ranks' packs get pack indexes as a commit's own pack does (docs/format.md 5.9): a save
+    of millions of chunks per rank must not put an LMDB entry per chunk."""
+    state = model_state()
+    c = save(repo, state)
+    with repo.index.read() as txn:
+        table = list(txn._txn.cursor(db=txn._dbs["chunks"]))
+        registered = {name for _, name, _ in txn.registered_packs()}
+        assert table == [] and registered
+        assert {loc.pack for _, loc in txn.chunks()} <= registered
+    assert {p.name for p in (repo.dir / "packs").glob("*.pidx")} == {f"pack-{n.hex()}.pidx" for n in registered}
+    loaded = repo.load(c.id)
+    for k, v in state["model"].items():
+        assert torch.equal(loaded["model"][k], v)
+    assert repo.fsck().ok
+    assert save(repo, state).stats.chunks_new == 0  # deduplicated against the registered packs

@@ -487,7 +487,7 @@ class PackStore(ChunkStore):
                     raise BadChunkLocation(f"pack {fname} does not hold chunk {cid.hex()[:12]} where its rank said; "
                                            "nothing was committed", pack=fname, id=cid, problem="not-listed")
                 out[cid] = loc
-        return _Adopted(self.directory, out)
+        return _Adopted(self.directory, out, self._listed if self.pack_indexes is not None else None)
 
     def locate(self, cid: bytes, txn, what: str = "") -> Location:
         loc = txn.chunk(cid)
@@ -833,8 +833,13 @@ def _register(txn, directory: Path, writer: PackWriter) -> None:
     ``txn`` commits. A chunks-table entry of one of its ids stays where it names a copy on disk
     (the first copy wins, as with entries per chunk); a tombstone, or an entry naming a pack that
     is gone, goes, so that this pack's copy is the one indexed."""
-    shadow = txn.table_among(writer.ids)
-    txn.register_pack(writer.name, len(writer.ids))
+    _register_ids(txn, directory, writer.name, writer.ids)
+
+
+def _register_ids(txn, directory: Path, name: bytes, ids: list) -> None:
+    """``_register`` of pack ``name`` whose trailer lists ``ids``."""
+    shadow = txn.table_among(ids)
+    txn.register_pack(name, len(ids))
     for cid, raw in shadow.items():
         if raw != TOMBSTONE:
             try:
@@ -957,10 +962,15 @@ class PackBatch(ChunkWriter):
 
 
 class _Adopted(ChunkWriter):
-    """Chunks another process wrote into sealed packs, checked by ``PackStore.adopt``."""
+    """Chunks another process wrote into sealed packs, checked by ``PackStore.adopt``.
 
-    def __init__(self, directory: Path, located: dict):
-        self._directory, self._located = directory, located
+    ``indexed``: called before the first pack index is written (None: no pack indexes; an index
+    entry per chunk, as a repository older than them keeps). With it, each adopted pack gets its
+    pack index from its trailer and is registered, as a commit's own pack is: a sharded save of
+    millions of chunks per rank puts no entry per chunk."""
+
+    def __init__(self, directory: Path, located: dict, indexed: Optional[Callable[[], None]] = None):
+        self._directory, self._located, self._indexed = directory, located, indexed
 
     def add(self, cid: bytes, data) -> bool:
         raise TypeError("an adopted batch is sealed: it takes no chunks")
@@ -969,7 +979,16 @@ class _Adopted(ChunkWriter):
         pass
 
     def publish(self, txn) -> None:
-        publish(txn, self._directory, self._located)
+        if self._indexed is None:
+            publish(txn, self._directory, self._located)
+            return
+        self._indexed()
+        registered = {name for _, name, _ in txn.registered_packs()}
+        for name in sorted({loc.pack for loc in self._located.values()} - registered):
+            ids = read_trailer_table(self._directory / pack_filename(name))["id"].astype(idarray.ID)
+            packindex.write(packindex.pidx_path(self._directory, name), [name], [ids])
+            fsync_dir(self._directory)  # durable before the transaction that registers it commits
+            _register_ids(txn, self._directory, name, idarray.ids(ids))
 
     def abort(self) -> None:
         pass  # the packs are the ranks'; unreferenced, gc reclaims them

@@ -25,6 +25,7 @@ pass over that range of the chunk index found for the live ids in it. Every live
 exactly one step. What fsck and gc make of a step is theirs.
 """
 
+import errno
 import os
 import shutil
 import tempfile
@@ -71,6 +72,7 @@ class Scratch:
 
     def __init__(self, mvc_dir: Optional[Path] = None):
         self.mvc_dir, self.path, self._n = mvc_dir, None, 0
+        self.full = False  # the disk took no more: spills hold their records in memory
 
     def folder(self) -> Path:
         if self.path is None:
@@ -87,6 +89,32 @@ class Scratch:
         sub.mkdir()
         return sub
 
+    def append(self, folder: Optional[Path], parts: dict) -> Optional[Path]:
+        """Append each of ``parts`` ({file name: records}) to its file in ``folder`` (made here if
+        None); the folder. On a full disk, every file is cut back to what it held, nothing more
+        is spilled (``full``: the records stay in memory, as before slicing) and None is returned."""
+        if self.full:
+            return None
+        done = []
+        try:
+            folder = folder or self.folder()
+            for name, recs in parts.items():
+                path = folder / name
+                done.append((path, path.stat().st_size if path.exists() else 0))
+                with open(path, "ab") as f:
+                    f.write(recs.tobytes())
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            for path, size in done:
+                try:
+                    os.truncate(path, size)
+                except OSError:
+                    pass
+            self.full = True
+            return None
+        return folder
+
     def close(self) -> None:
         if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
@@ -102,7 +130,7 @@ class Scratch:
 class Spill:
     """Records of ``dtype`` (its first field an id) by the slice of their id: in memory until
     more than ``budget`` are pending, then appended to a file per slice. ``take`` reads a run
-    of slices back in the order they were added."""
+    of slices back, each slice's in the order they were added."""
 
     def __init__(self, dtype: np.dtype, budget: int, where: Scratch):
         self.dtype, self.budget, self.where = dtype, budget, where
@@ -124,23 +152,22 @@ class Spill:
             self.flush()
 
     def flush(self) -> None:
-        if not self._pending:
+        if not self._pending or self.where.full:
             return
-        if self._folder is None:
-            self._folder = self.where.folder()
         recs = np.concatenate(self._pending)
-        self._pending, self._size = [], 0
         first = first_bytes(recs["id"])
         order = np.argsort(first, kind="stable")
         cuts = np.concatenate([[0], np.cumsum(np.bincount(first, minlength=SLICES))])
         recs = recs[order]
-        for b in np.flatnonzero(np.diff(cuts)).tolist():
-            with open(self._folder / f"{b:02x}", "ab") as f:
-                f.write(recs[cuts[b]:cuts[b + 1]].tobytes())
-        self._disk += np.diff(cuts)
+        parts = {f"{b:02x}": recs[cuts[b]:cuts[b + 1]] for b in np.flatnonzero(np.diff(cuts)).tolist()}
+        folder = self.where.append(self._folder, parts)
+        if folder is not None:
+            self._folder = folder
+            self._pending, self._size = [], 0
+            self._disk += np.diff(cuts)
 
     def take(self, b: int, e: int) -> np.ndarray:
-        """The records of slices b..e-1, in the order they were added."""
+        """The records of slices b..e-1, slice by slice; a slice's in the order they were added."""
         parts = [np.fromfile(self._folder / f"{x:02x}", dtype=self.dtype) for x in range(b, e) if self._disk[x]]
         for recs in self._pending:
             first = first_bytes(recs["id"])
@@ -233,8 +260,7 @@ class LivePass:
         b = 0
         while b < SLICES:
             e = self.live.end(b)
-            if self.live.counts[b:e].any():
-                yield self._step(b, e)
+            yield self._step(b, e)  # a range with no live id still has its index entries: garbage
             b = e
         while self._late.total:
             late, self._late = self._late, Spill(RECORD, self.budget, self._where)
@@ -399,14 +425,14 @@ class PackRows:
             self.flush()
 
     def flush(self) -> None:
-        if self._folder is None:
-            self._folder = self.where.folder()
-        for name, parts in self._pending.items():
-            with open(self._folder / name.hex(), "ab") as f:
-                for part in parts:
-                    f.write(part.tobytes())
-            self._disk.add(name)
-        self._pending, self._size = {}, 0
+        if self.where.full:
+            return
+        parts = {name.hex(): np.concatenate(p) for name, p in self._pending.items()}
+        folder = self.where.append(self._folder, parts)
+        if folder is not None:
+            self._folder = folder
+            self._disk |= set(self._pending)
+            self._pending, self._size = {}, 0
 
     def packs(self) -> set:
         return self._disk | set(self._pending)

@@ -428,7 +428,7 @@ def fsck(repo, quick: bool = False, threads: Optional[int] = None,
 
     ``quick`` skips reading and re-hashing chunk data. ``progress`` is called
     with (bytes verified, bytes to verify). ``budget``: live records held in
-    memory at once (``mvc.sliced``; default ``MVC_WALK_BUDGET`` or 2**22);
+    memory at once (``mvc.sliced``; default ``MVC_WALK_BUDGET`` or 2**20);
     beyond it they go to a scratch folder, a slice of the id space at a time.
     Holds the shared gc lock while it runs. Raises LockHeld if gc runs too
     long, CorruptObject if the index itself cannot be read, OSError if the
@@ -448,6 +448,7 @@ def _fsck(repo, quick: bool, threads: int, progress, budget: int) -> FsckReport:
         walk = sliced.LivePass(txn, live, where)
         for step in walk.steps():
             checker.locate(step, lambda ids: repo.chunks.remote_only(ids, txn))
+            del step  # not held while the next one is made
         checker.edges = walk.edges
         # Listed after the snapshot was taken: every pack it names was sealed before.
         try:

@@ -155,7 +155,7 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
     ``lock_timeout``; 0: do not wait, as an estimate asked for on a page).
     The report's ``left`` says what was kept on purpose and why. ``budget``: live
     records held in memory at once (``mvc.sliced``; default ``MVC_WALK_BUDGET``
-    or 2**22); beyond it they go to a scratch folder, a slice of the id space
+    or 2**20); beyond it they go to a scratch folder, a slice of the id space
     at a time.
 
     Raises BadInput for a bad policy, UnknownRevision for an unknown
@@ -366,6 +366,7 @@ def _sweep_chunks(sweep: _Sweep, txn, spill: sliced.Spill, chunks, dry_run: bool
         ids = step.ids[step.located] if step.late else step.dead
         (revived if step.late else dead).add(_id_records(ids) if not dry_run else _id_records(ids[:0]))
         count += -len(ids) if step.late else len(ids)
+        del step, ids  # not held while the next step is made
     if missing:
         raise CorruptObject(f"gc stopped, nothing was deleted: {missing} live chunks (e.g. {example.hex()[:12]}) "
                             "are not in the chunk index", id=example)
@@ -386,7 +387,7 @@ def _sweep_chunks(sweep: _Sweep, txn, spill: sliced.Spill, chunks, dry_run: bool
 
 def _id_records(ids: np.ndarray) -> np.ndarray:
     out = np.zeros(len(ids), dtype=sliced.ID_ONLY)
-    out["id"] = ids
+    sliced.put_ids(out, "id", ids)
     return out
 
 

@@ -9,7 +9,7 @@ Vocabulary:
 - **step**: a run of consecutive slices whose records fit the budget (a slice above it
   alone); the step's range of ids is ``lo <= id < hi``.
 - **budget**: records a spill holds in memory and a step reads back at once
-  (``MVC_WALK_BUDGET``, default 2**22). Tests set it tiny to make many steps of a small
+  (``MVC_WALK_BUDGET``, default 2**20). Tests set it tiny to make many steps of a small
   repository; a repository whose live set fits it never touches the disk.
 - **spill**: records set aside by the slice of their id: in memory until they pass the
   budget, then appended to one file per slice in a scratch folder (``.mvc/tmp/walk-...``).
@@ -42,7 +42,7 @@ from .store.index import LOCATIONS
 from .store.packs import Location
 
 BUDGET_ENV = "MVC_WALK_BUDGET"
-BUDGET = 1 << 22
+BUDGET = 1 << 20
 SLICES = 256
 
 RECORD = np.dtype([("id", idarray.ID), ("length", "<i8"), ("owner", "<i4")])
@@ -60,6 +60,41 @@ def budget(value: Optional[int] = None) -> int:
     if value < 1:
         raise ValueError(f"the walk budget must be at least 1 record, not {value}")
     return value
+
+
+def put_ids(out: np.ndarray, name: str, ids: np.ndarray) -> None:
+    """``out[name] = ids`` for an id field of a structured array."""
+    out[name] = ids
+
+
+def heads(ids: np.ndarray) -> np.ndarray:
+    """Each id's first 8 bytes as a number that orders as the bytes do."""
+    raw = np.ascontiguousarray(ids).view(np.uint8).reshape(len(ids), idarray.WIDTH)[:, :8]
+    return np.ascontiguousarray(raw).view(">u8").ravel().astype(np.uint64)
+
+
+def unique(ids: np.ndarray) -> tuple:
+    """``idarray.unique`` (sorted distinct ids, index of each one's first occurrence), sorting
+    the ids' first 8 bytes as numbers; ids that share those take the string sort (rare)."""
+    h = heads(ids)
+    order = np.argsort(h, kind="stable")
+    ordered = ids[order]
+    same = h[order][1:] == h[order][:-1]
+    if (ordered[1:][same] != ordered[:-1][same]).any():
+        return idarray.unique(ids)
+    first = np.concatenate([[True], ~same]) if len(ids) else np.zeros(0, dtype=bool)
+    return ordered[first], order[first]
+
+
+def find(sorted_ids: np.ndarray, sorted_heads: np.ndarray, needles: np.ndarray) -> np.ndarray:
+    """``idarray.find`` through the ids' heads (``heads`` of ``sorted_ids``, which must be
+    distinct: else the string search)."""
+    if not len(sorted_ids) or not len(needles):
+        return np.full(len(needles), -1, dtype=np.int64)
+    pos = np.searchsorted(sorted_heads, heads(needles))
+    hit = pos < len(sorted_ids)
+    hit[hit] = sorted_ids[pos[hit]] == needles[hit]
+    return np.where(hit, pos, -1)
 
 
 def first_bytes(ids: np.ndarray) -> np.ndarray:
@@ -90,7 +125,7 @@ class Scratch:
         return sub
 
     def append(self, folder: Optional[Path], parts: dict) -> Optional[Path]:
-        """Append each of ``parts`` ({file name: records}) to its file in ``folder`` (made here if
+        """Append each of ``parts`` ({file name: records or a list of them}) to its file in ``folder`` (made here if
         None); the folder. On a full disk, every file is cut back to what it held, nothing more
         is spilled (``full``: the records stay in memory, as before slicing) and None is returned."""
         if self.full:
@@ -102,7 +137,8 @@ class Scratch:
                 path = folder / name
                 done.append((path, path.stat().st_size if path.exists() else 0))
                 with open(path, "ab") as f:
-                    f.write(recs.tobytes())
+                    for part in recs if isinstance(recs, list) else [recs]:
+                        f.write(part.data if part.flags.c_contiguous else part.tobytes())
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -148,7 +184,7 @@ class Spill:
         self._pending.append(recs)
         self._size += len(recs)
         self.counts += np.bincount(first_bytes(recs["id"]), minlength=SLICES)
-        if self._size > self.budget:
+        if self._size >= self.budget:
             self.flush()
 
     def flush(self) -> None:
@@ -167,7 +203,7 @@ class Spill:
             self._disk += np.diff(cuts)
 
     def take(self, b: int, e: int) -> np.ndarray:
-        """The records of slices b..e-1, slice by slice; a slice's in the order they were added."""
+        """The records of slices b..e-1; each slice's in the order they were added."""
         parts = [np.fromfile(self._folder / f"{x:02x}", dtype=self.dtype) for x in range(b, e) if self._disk[x]]
         for recs in self._pending:
             first = first_bytes(recs["id"])
@@ -215,7 +251,7 @@ class Step:
     def rows(self, rows: np.ndarray) -> np.ndarray:
         """ROW records of ``rows`` (located ones)."""
         out = np.zeros(len(rows), dtype=ROW)
-        out["id"] = self.ids[rows]
+        put_ids(out, "id", self.ids[rows])
         for name in ("pack", "offset", "length", "size", "kind"):
             out[name] = self.locations[name][rows]
         if self.deltas:
@@ -224,7 +260,9 @@ class Step:
             slot[rows] = np.arange(len(rows))
             k = slot[idarray.find(self.ids, idarray.pack(keys))]
             sel = k >= 0
-            out["base"][k[sel]] = idarray.pack([self.deltas[c][0] for c in keys])[sel]
+            bases = np.zeros(len(rows), dtype=idarray.ID)
+            bases[k[sel]] = idarray.pack([self.deltas[c][0] for c in keys])[sel]
+            put_ids(out, "base", bases)
             out["depth"][k[sel]] = np.array([self.deltas[c][1] for c in keys], dtype=np.int64)[sel]
             out["delta"][k[sel]] = True
         return out
@@ -241,7 +279,7 @@ def location(rows: np.ndarray, i: int) -> Location:
 
 def _unique(recs: np.ndarray) -> tuple:
     """(sorted distinct ids of ``recs``, the length of each one's first record)."""
-    ids, first = idarray.unique(recs["id"])
+    ids, first = unique(recs["id"])
     return ids, recs["length"][first]
 
 
@@ -279,9 +317,10 @@ class LivePass:
         ids, lengths = _unique(self.live.take(b, e))
         lo, hi = bounds(b, e)
         step = Step(ids, lengths, np.zeros(len(ids), dtype=bool), np.zeros(len(ids), dtype=LOCATIONS))
-        dead = []
+        dead, h = [], heads(ids)
+        distinct = not len(h) or bool((h[1:] != h[:-1]).all())
         for batch in self.txn.chunk_batches(lo=lo, hi=hi):
-            pos = idarray.find(ids, batch.ids)
+            pos = find(ids, h, batch.ids) if distinct else idarray.find(ids, batch.ids)
             hit = pos >= 0
             step.located[pos[hit]] = True
             step.locations[pos[hit]] = batch.locs[hit]
@@ -330,8 +369,8 @@ class LivePass:
     def _edges(self, step: Step) -> None:
         if step.deltas:
             edges = np.zeros(len(step.deltas), dtype=EDGE)
-            edges["id"] = idarray.pack([base for base, _ in step.deltas.values()])
-            edges["user"] = idarray.pack(list(step.deltas))
+            put_ids(edges, "id", idarray.pack([base for base, _ in step.deltas.values()]))
+            put_ids(edges, "user", idarray.pack(list(step.deltas)))
             self.edges.add(edges)
 
     def _size(self, step: Step, cid: bytes, found: dict) -> int:
@@ -355,7 +394,7 @@ class LivePass:
     def _revive(self, late: np.ndarray, b: int, e: int) -> Step:
         """The step of the late bases of slices b..e-1 that no live record names."""
         ids, lengths = _unique(late)
-        live = idarray.unique(self.live.take(b, e)["id"])[0]
+        live = unique(self.live.take(b, e)["id"])[0]
         keep = idarray.find(live, ids) < 0
         ids, lengths = ids[keep], lengths[keep]
         step = Step(ids, lengths, np.zeros(len(ids), dtype=bool), np.zeros(len(ids), dtype=LOCATIONS), late=True)
@@ -378,7 +417,7 @@ class LivePass:
 
 def _records(ids: list, lengths) -> np.ndarray:
     out = np.zeros(len(ids), dtype=RECORD)
-    out["id"] = idarray.pack(list(ids))
+    put_ids(out, "id", idarray.pack(list(ids)))
     out["length"] = lengths
     out["owner"] = -1
     return out
@@ -418,16 +457,18 @@ class PackRows:
             return
         names, which = np.unique(rows["pack"], return_inverse=True)
         raw = names.tobytes()
-        for k in range(len(names)):
-            self._pending.setdefault(raw[k * 16:(k + 1) * 16], []).append(rows[which == k])
+        order = np.argsort(which, kind="stable")
+        cuts = np.cumsum(np.bincount(which, minlength=len(names)))[:-1]
+        for k, group in enumerate(np.split(rows[order], cuts)):
+            self._pending.setdefault(raw[k * 16:(k + 1) * 16], []).append(group)
         self._size += len(rows)
-        if self._size > self.budget:
+        if self._size >= self.budget:
             self.flush()
 
     def flush(self) -> None:
         if self.where.full:
             return
-        parts = {name.hex(): np.concatenate(p) for name, p in self._pending.items()}
+        parts = {name.hex(): p for name, p in self._pending.items()}
         folder = self.where.append(self._folder, parts)
         if folder is not None:
             self._folder = folder

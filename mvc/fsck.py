@@ -245,7 +245,7 @@ class _Checker:
             self.not_good.add(cid)
             self.find((1, 2, b"", cid), BAD_INDEX_ENTRY, f"chunk {_short(cid)}", f"the index gives it "
                       f"{int(locs['size'][i])} bytes, its tensor needs {int(lengths[i])}", chunks={cid})
-        self.rows.add(step.rows(np.flatnonzero(ok)))
+        self.rows.add(step, np.flatnonzero(ok))
 
     # -- packs -------------------------------------------------------------
 

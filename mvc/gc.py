@@ -563,15 +563,10 @@ class SlicedRecords:
 
     def add(self, step: sliced.Step, rows: np.ndarray) -> None:
         """The located ``rows`` of ``step``."""
-        if not len(rows):
-            return
-        names, which = np.unique(step.locations["pack"][rows], return_inverse=True)
+        names, which = self._rows.add(step, rows)
         total = np.bincount(which, weights=step.locations["length"][rows], minlength=len(names))
-        raw = names.tobytes()
-        for k in range(len(names)):
-            name = raw[k * 16:(k + 1) * 16]
+        for k, name in enumerate(names):
             self._bytes[name] = self._bytes.get(name, 0) + int(total[k])
-        self._rows.add(step.rows(rows))
 
     def __contains__(self, pack: bytes) -> bool:
         """Whether ``pack`` (a 16-byte name) holds a live record."""

@@ -36,7 +36,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from . import scratch
-from .errors import CorruptObject
+from .errors import BadInput, CorruptObject
 from .store import idarray
 from .store.index import LOCATIONS
 from .store.packs import Location
@@ -54,12 +54,17 @@ ROW = np.dtype([("id", idarray.ID), ("pack", "V16"), ("offset", "<u8"), ("length
 
 
 def budget(value: Optional[int] = None) -> int:
-    """The budget: ``value``, else ``MVC_WALK_BUDGET``, else BUDGET. ValueError if not >= 1."""
-    if value is None:
-        value = int(os.environ.get(BUDGET_ENV, BUDGET))
-    if value < 1:
-        raise ValueError(f"the walk budget must be at least 1 record, not {value}")
-    return value
+    """The budget: ``value``, else ``MVC_WALK_BUDGET``, else BUDGET. BadInput unless a whole
+    number of at least 1."""
+    raw = os.environ.get(BUDGET_ENV, BUDGET) if value is None else value
+    try:
+        got = int(raw)
+    except (TypeError, ValueError):
+        got = 0
+    if got < 1 or (isinstance(raw, float) and raw != got):
+        where = f"{BUDGET_ENV} " if value is None else ""
+        raise BadInput(f"the walk budget {where}must be a whole number of records of at least 1, not {raw!r}")
+    return got
 
 
 def put_ids(out: np.ndarray, name: str, ids: np.ndarray) -> None:
@@ -452,18 +457,22 @@ class PackRows:
         self.budget, self.where = budget, where
         self._pending, self._size, self._folder, self._disk = {}, 0, None, set()
 
-    def add(self, rows: np.ndarray) -> None:
+    def add(self, step: Step, rows: np.ndarray) -> tuple:
+        """The ROW records of ``step``'s located ``rows``; (the 16-byte names of their packs,
+        which of those each row's is)."""
         if not len(rows):
-            return
-        names, which = np.unique(rows["pack"], return_inverse=True)
-        raw = names.tobytes()
+            return [], np.zeros(0, dtype=np.intp)
+        names, which = np.unique(step.locations["pack"][rows], return_inverse=True)
         order = np.argsort(which, kind="stable")
         cuts = np.cumsum(np.bincount(which, minlength=len(names)))[:-1]
-        for k, group in enumerate(np.split(rows[order], cuts)):
-            self._pending.setdefault(raw[k * 16:(k + 1) * 16], []).append(group)
+        raw = names.tobytes()
+        names = [raw[k * 16:(k + 1) * 16] for k in range(len(names))]
+        for name, group in zip(names, np.split(step.rows(rows[order]), cuts)):
+            self._pending.setdefault(name, []).append(group)
         self._size += len(rows)
         if self._size >= self.budget:
             self.flush()
+        return names, which
 
     def flush(self) -> None:
         if self.where.full:

@@ -372,3 +372,26 @@ def test_a_spill_on_a_full_disk_keeps_its_records_in_memory(tmp_path, monkeypatc
         assert [p.stat().st_size for p in where.path.rglob("*") if p.is_file()] == [0, 0]  # cut back
         spill.add(_records(ids[2:]))
         assert [idarray.ids(spill.take(b, b + 1)["id"]) for b in (1, 2, 3)] == [[ids[0]], [ids[1]], [ids[2]]]
+
+
+def test_a_bad_budget_is_refused_clearly(repo, monkeypatch):
+    monkeypatch.setenv(sliced.BUDGET_ENV, "lots")
+    with pytest.raises(mvc.BadInput) as err:
+        repo.fsck()
+    assert sliced.BUDGET_ENV in str(err.value) and "'lots'" in str(err.value)
+    monkeypatch.setenv(sliced.BUDGET_ENV, "64")
+    assert repo.fsck().ok
+    for bad in (0, -3, 2.5):
+        with pytest.raises(mvc.BadInput):
+            repo.gc(dry_run=True, budget=bad)
+
+
+def test_a_killed_walks_spill_is_a_leftover_that_gc_removes(repo):
+    from mvc.store.processes import place
+    repo.commit(_state(0), "c")
+    dead = repo.dir / "tmp" / f"walk-{2 ** 22 + 12345}-{place()}-abc123"  # no such pid
+    (dead / "1").mkdir(parents=True)
+    (dead / "1" / "00").write_bytes(bytes(44))
+    assert repo.fsck().leftovers == (f"tmp/{dead.name}",)
+    assert repo.gc(budget=1).scratch_removed == (f"tmp/{dead.name}",) and not dead.exists()
+    assert not any((repo.dir / "tmp").iterdir())  # gc's own spills are gone too

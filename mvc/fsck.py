@@ -26,7 +26,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -36,8 +36,7 @@ from .reach import (CORRUPT_COMMIT, CORRUPT_REF, CORRUPT_REFLOG, CORRUPT_TENSOR,
                     MISSING_COMMIT, MISSING_TENSOR, MISSING_TREE, REFLOG, Finding)
 from .store import chunks as chunkstore
 from .store import idarray
-from .store.index import location_row
-from .store.packs import (NAME_BYTES, RECORD_HEAD, pack_filename, read_locations,
+from .store.packs import (RECORD_HEAD, pack_filename, read_locations,
                           read_trailer_table, salvage_records)
 
 # Kinds of damage, as they appear in reports (the walk's own kinds are in mvc.reach).
@@ -185,18 +184,6 @@ def scan_packs(repo) -> tuple:
     return packs, tmps, odd
 
 
-def _by_pack(names: np.ndarray, rows: np.ndarray) -> Iterator[tuple]:
-    """(pack name, the ``rows`` whose pack it is), grouping ``rows`` by ``names`` (V16 pack names)."""
-    if not len(rows):
-        return
-    unique, which = np.unique(names, return_inverse=True)
-    order = np.argsort(which, kind="stable")
-    cuts = np.cumsum(np.bincount(which, minlength=len(unique)))[:-1]
-    raw = unique.tobytes()
-    for k, group in enumerate(np.split(rows[order], cuts)):
-        yield raw[k * NAME_BYTES:(k + 1) * NAME_BYTES], group
-
-
 class _Checker:
     """One fsck run, a step of the id space at a time (``mvc.sliced``): the walk's Reach, what
     is broken, and where the reachable chunks whose index entries are sound lie (``rows``, by
@@ -250,58 +237,62 @@ class _Checker:
     # -- packs -------------------------------------------------------------
 
     def check_packs(self, listing: list) -> tuple:
-        """Check the located chunks' records against their packs' trailers, a pack at a time, and
-        count what no reachable chunk uses: (the Unreferenced of the sealed packs, in ``listing``'s
-        order; {pack name: (path, rows its trailer lists)} of the packs with records to verify;
-        the bytes those hold)."""
+        """Check the located chunks' records against their packs' trailers, a pack at a time
+        (its rows a budget at a time), and count what no reachable chunk uses: (the
+        Unreferenced of the sealed packs, in ``listing``'s order; {pack name: path} of the
+        packs with records to verify; the bytes those hold)."""
         out, good, total = [], {}, 0
         sealed = {f.pack: f for f in listing if f.regular and f.pack is not None}
         for name in sorted(self.rows.packs() - set(sealed)):
-            cids = set(idarray.ids(self.rows.rows(name)["id"]))
-            self.not_good |= cids
-            self.find((3, 0, name, b""), MISSING_PACK, f"pack {pack_filename(name)}",
-                      f"the pack file is missing; it held {_chunks(len(cids))}", chunks=cids)
+            self._whole_pack(name, MISSING_PACK, "the pack file is missing; it held")
         for name, f in sealed.items():
-            rows = self.rows.rows(name)
             table, error = _trailer(f.path)
             if table is None:
-                if len(rows):
-                    cids = set(idarray.ids(rows["id"]))
-                    self.not_good |= cids
-                    self.find((3, 0, name, b""), DAMAGED_PACK, f"pack {pack_filename(name)}",
-                              f"{error}; it holds {_chunks(len(cids))}", chunks=cids)
+                if name in self.rows.packs():
+                    self._whole_pack(name, DAMAGED_PACK, f"{error}; it holds")
                 else:
                     out.append(Unreferenced(UNREACHABLE_DAMAGED_PACK, f.path.name, 0, f.size))
                 continue
-            listed = _listed(table, rows)
-            for i in np.flatnonzero(~listed).tolist():
-                cid = idarray.one(rows["id"], i)
-                self.not_good.add(cid)
-                self.find((3, 0, name, cid), NOT_IN_PACK, f"chunk {_short(cid)}", f"sealed pack "
-                          f"{pack_filename(name)} does not list it at offset {int(rows['offset'][i])}", chunks={cid})
-            if listed.any():
-                good[name] = f.path
-                total += int(rows["length"][listed].sum(dtype=np.int64))
-            unused = _unused(f, table, rows, name in self.indexed_packs)
+            used, any_rows = np.zeros(len(table), dtype=bool), False
+            for rows in self.rows.blocks(name):
+                any_rows = any_rows or bool(len(rows))
+                listed = _listed(table, rows)
+                for i in np.flatnonzero(~listed).tolist():
+                    cid = idarray.one(rows["id"], i)
+                    self.not_good.add(cid)
+                    self.find((3, 0, name, cid), NOT_IN_PACK, f"chunk {_short(cid)}", f"sealed pack "
+                              f"{pack_filename(name)} does not list it at offset {int(rows['offset'][i])}",
+                              chunks={cid})
+                if listed.any():
+                    good[name] = f.path
+                    total += int(rows["length"][listed].sum(dtype=np.int64))
+                used |= np.isin(table["offset"], rows["offset"])
+            unused = _unused(f, table, used, any_rows, name in self.indexed_packs)
             if unused is not None:
                 out.append(unused)
         return out, good, total
 
+    def _whole_pack(self, name: bytes, kind: str, detail: str) -> None:
+        """Damage to a pack as a whole: every located chunk in it."""
+        cids = {cid for rows in self.rows.blocks(name) for cid in idarray.ids(rows["id"])}
+        self.not_good |= cids
+        self.find((3, 0, name, b""), kind, f"pack {pack_filename(name)}", f"{detail} {_chunks(len(cids))}",
+                  chunks=cids)
+
     def verify(self, chunks, txn, packs: dict, threads: int, step) -> None:
-        """Re-read and re-hash the records of ``packs`` (``check_packs``'s) a pack at a time; a
-        delta's base in another pack is located through ``txn`` unless its record is damaged."""
+        """Re-read and re-hash the records of ``packs`` (``check_packs``'s) a budget of them at a
+        time; a delta's base elsewhere is located through ``txn`` unless its record is damaged."""
         for name in sorted(packs):
-            rows = self.rows.rows(name)
             table, _ = _trailer(packs[name])
-            rows = rows[_listed(table, rows)] if table is not None else rows[:0]
-            jobs = _Jobs(txn, self.not_good)
-            for i in range(len(rows)):
-                jobs[idarray.one(rows["id"], i)] = sliced.location(rows, i)
-            for seq, p in enumerate(chunks.verify(jobs, threads=threads, progress=step)):
-                loc = dict.get(jobs, p.id)
-                key = (4, int(loc.coded), loc.pack, b"", loc.offset, seq) if loc else (4, 2, b"", b"", 0, seq)
-                self.find(key, p.kind, f"chunk {_short(p.id)}",
-                          p.detail, chunks={p.id})
+            for rows in self.rows.blocks(name):
+                rows = rows[_listed(table, rows)] if table is not None else rows[:0]
+                jobs = _Jobs(txn, self.not_good)
+                for i in range(len(rows)):
+                    jobs[idarray.one(rows["id"], i)] = sliced.location(rows, i)
+                for seq, p in enumerate(chunks.verify(jobs, threads=threads, progress=step) if jobs else ()):
+                    loc = dict.get(jobs, p.id)
+                    key = (4, int(loc.coded), loc.pack, b"", loc.offset, seq) if loc else (4, 2, b"", b"", 0, seq)
+                    self.find(key, p.kind, f"chunk {_short(p.id)}", p.detail, chunks={p.id})
 
     # -- consequences ------------------------------------------------------
 
@@ -407,11 +398,12 @@ def _listed(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
         & (table["length"][at] == rows["length"])
 
 
-def _unused(f, table: np.ndarray, rows: np.ndarray, indexed: bool) -> Optional[Unreferenced]:
-    """The records of a sealed pack that no located reachable chunk (``rows``) is at."""
-    if not indexed and not len(rows):
+def _unused(f, table: np.ndarray, used: np.ndarray, any_rows: bool, indexed: bool) -> Optional[Unreferenced]:
+    """The records of a sealed pack that no located reachable chunk is at (``used``: the
+    trailer's records some located chunk's offset names; ``any_rows``: whether any does)."""
+    if not indexed and not any_rows:
         return Unreferenced(UNINDEXED_PACK, f.path.name, len(table), f.size)
-    unused = table["length"][~np.isin(table["offset"], rows["offset"])] if len(rows) else table["length"]
+    unused = table["length"][~used]
     if len(unused) and len(unused) == len(table):
         return Unreferenced(UNUSED_PACK, f.path.name, len(unused), f.size)
     if len(unused):

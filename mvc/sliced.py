@@ -492,6 +492,15 @@ class PackRows:
         parts += self._pending.get(pack, [])
         return np.concatenate(parts) if parts else np.zeros(0, dtype=ROW)
 
+    def blocks(self, pack: bytes) -> Iterator[np.ndarray]:
+        """One pack's rows, at most ``budget`` at a time: a pack of any size in bounded memory."""
+        if pack in self._disk:
+            path = self._folder / pack.hex()
+            count = path.stat().st_size // ROW.itemsize
+            for at in range(0, count, self.budget):
+                yield np.fromfile(path, dtype=ROW, count=min(self.budget, count - at), offset=at * ROW.itemsize)
+        yield from self._pending.get(pack, [])
+
 
 def holders(live: Spill, cids: set) -> dict:
     """{chunk id: ids (owner numbers) of the tensors that list it} for ``cids``, read from the

@@ -4,8 +4,9 @@ memory").
 
 Vocabulary:
 
-- **slice**: the chunk ids whose first byte is b, 1/256 of the id space. BLAKE3 ids are
-  uniform, so every slice holds about as many ids.
+- **slice**: the chunk ids whose first two bytes are p, 1/65536 of the id space. BLAKE3 ids
+  are uniform, so every slice holds about as many ids. Spills keep a file per first byte
+  (256 slices) and read a step's part of one in blocks of the budget.
 - **step**: a run of consecutive slices whose records fit the budget (a slice above it
   alone); the step's range of ids is ``lo <= id < hi``.
 - **budget**: records a spill holds in memory and a step reads back at once
@@ -43,7 +44,8 @@ from .store.packs import Location
 
 BUDGET_ENV = "MVC_WALK_BUDGET"
 BUDGET = 1 << 20
-SLICES = 256
+SLICES = 1 << 16  # slices: by the ids' first two bytes
+FILES = 256  # spill files: by the ids' first byte
 
 RECORD = np.dtype([("id", idarray.ID), ("length", "<i8"), ("owner", "<i4")])
 EDGE = np.dtype([("id", idarray.ID), ("user", idarray.ID)])  # id: the delta base; user: the delta on it
@@ -102,8 +104,14 @@ def find(sorted_ids: np.ndarray, sorted_heads: np.ndarray, needles: np.ndarray) 
     return np.where(hit, pos, -1)
 
 
-def first_bytes(ids: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(ids).view(np.uint8).reshape(len(ids), idarray.WIDTH)[:, 0].astype(np.intp)
+def prefixes(ids: np.ndarray) -> np.ndarray:
+    """Each id's slice: its first two bytes as a number."""
+    raw = np.ascontiguousarray(ids).view(np.uint8).reshape(len(ids), idarray.WIDTH)
+    return (raw[:, 0].astype(np.intp) << 8) | raw[:, 1]
+
+
+def slice_of(cid: bytes) -> int:
+    return cid[0] << 8 | cid[1]
 
 
 class Scratch:
@@ -170,13 +178,13 @@ class Scratch:
 
 class Spill:
     """Records of ``dtype`` (its first field an id) by the slice of their id: in memory until
-    more than ``budget`` are pending, then appended to a file per slice. ``take`` reads a run
-    of slices back, each slice's in the order they were added."""
+    ``budget`` are pending, then appended to a file per first id byte. ``take`` reads a run
+    of slices back, each slice's in the order they were added, ``scan`` a file's records."""
 
     def __init__(self, dtype: np.dtype, budget: int, where: Scratch):
         self.dtype, self.budget, self.where = dtype, budget, where
         self.counts = np.zeros(SLICES, dtype=np.int64)  # records per slice, pending or on disk
-        self._disk = np.zeros(SLICES, dtype=np.int64)
+        self._disk = np.zeros(FILES, dtype=np.int64)  # records per file
         self._pending, self._size, self._folder = [], 0, None
 
     @property
@@ -188,7 +196,7 @@ class Spill:
             return
         self._pending.append(recs)
         self._size += len(recs)
-        self.counts += np.bincount(first_bytes(recs["id"]), minlength=SLICES)
+        self.counts += np.bincount(prefixes(recs["id"]), minlength=SLICES)
         if self._size >= self.budget:
             self.flush()
 
@@ -196,9 +204,9 @@ class Spill:
         if not self._pending or self.where.full:
             return
         recs = np.concatenate(self._pending)
-        first = first_bytes(recs["id"])
+        first = prefixes(recs["id"]) >> 8
         order = np.argsort(first, kind="stable")
-        cuts = np.concatenate([[0], np.cumsum(np.bincount(first, minlength=SLICES))])
+        cuts = np.concatenate([[0], np.cumsum(np.bincount(first, minlength=FILES))])
         recs = recs[order]
         parts = {f"{b:02x}": recs[cuts[b]:cuts[b + 1]] for b in np.flatnonzero(np.diff(cuts)).tolist()}
         folder = self.where.append(self._folder, parts)
@@ -209,26 +217,41 @@ class Spill:
 
     def take(self, b: int, e: int) -> np.ndarray:
         """The records of slices b..e-1; each slice's in the order they were added."""
-        parts = [np.fromfile(self._folder / f"{x:02x}", dtype=self.dtype) for x in range(b, e) if self._disk[x]]
-        for recs in self._pending:
-            first = first_bytes(recs["id"])
-            parts.append(recs[(first >= b) & (first < e)])
+        parts = []
+        for f in range(b >> 8, ((e - 1) >> 8) + 1):
+            whole = b <= f << 8 and (f + 1) << 8 <= e
+            for recs in self.scan(f, pending=False):
+                parts.append(recs if whole else _within(recs, b, e))
+        parts += [_within(recs, b, e) for recs in self._pending]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
+
+    def scan(self, f: int, pending: bool = True) -> Iterator[np.ndarray]:
+        """The records of file ``f`` (first id byte f), ``budget`` at a time, in the order they
+        were added (and, with ``pending``, those of it still in memory)."""
+        if self._disk[f]:
+            path, count = self._folder / f"{f:02x}", int(self._disk[f])
+            for at in range(0, count, self.budget):
+                yield np.fromfile(path, dtype=self.dtype, count=min(self.budget, count - at),
+                                  offset=at * self.dtype.itemsize)
+        if pending:
+            yield from (_within(recs, f << 8, (f + 1) << 8) for recs in self._pending)
 
     def end(self, b: int, also: Optional[np.ndarray] = None) -> int:
         """The end of the step that starts at slice ``b``: as many slices as fit the budget
         (counting ``also``'s records per slice too), at least one."""
-        counts = self.counts if also is None else self.counts + also
-        total, e = int(counts[b]), b + 1
-        while e < SLICES and total + int(counts[e]) <= self.budget:
-            total += int(counts[e])
-            e += 1
-        return e
+        counts = self.counts[b:] if also is None else self.counts[b:] + also[b:]
+        return b + max(1, int(np.searchsorted(np.cumsum(counts), self.budget, "right")))
+
+
+def _within(recs: np.ndarray, b: int, e: int) -> np.ndarray:
+    """The records of slices b..e-1 among ``recs``."""
+    p = prefixes(recs["id"])
+    return recs[(p >= b) & (p < e)]
 
 
 def bounds(b: int, e: int) -> tuple:
     """(lo, hi) ids of slices b..e-1 for ``Txn.chunk_batches`` (hi None: to the end)."""
-    return bytes([b]), (bytes([e]) if e < SLICES else None)
+    return bytes([b >> 8, b & 255]), (bytes([e >> 8, e & 255]) if e < SLICES else None)
 
 
 @dataclass
@@ -353,9 +376,9 @@ class LivePass:
             if base in sent or base in added or len(base) != idarray.WIDTH:
                 continue
             size = self._size(step, cid, found)
-            if not b <= base[0] < e:
+            if not b <= slice_of(base) < e:
                 sent.add(base)
-                spill = self.live if base[0] >= e else self._late
+                spill = self.live if slice_of(base) >= e else self._late
                 spill.add(_records([base], [size]))
                 continue
             if idarray.contains(step.ids, base) >= 0:
@@ -504,35 +527,38 @@ class PackRows:
 
 def holders(live: Spill, cids: set) -> dict:
     """{chunk id: ids (owner numbers) of the tensors that list it} for ``cids``, read from the
-    live spill a slice at a time."""
+    live spill a file and a budget at a time."""
     out = {cid: set() for cid in cids}
-    by_slice = {}
-    for cid in cids:
-        if len(cid) == idarray.WIDTH:
-            by_slice.setdefault(cid[0], []).append(cid)
-    for b, wanted in sorted(by_slice.items()):
-        recs = live.take(b, b + 1)
-        recs = recs[(recs["owner"] >= 0) & np.isin(recs["id"], idarray.pack(wanted))]
-        for cid, owner in zip(idarray.ids(recs["id"]), recs["owner"].tolist()):
-            out[cid].add(owner)
+    for f, wanted in _by_file(cids):
+        for recs in live.scan(f):
+            recs = recs[(recs["owner"] >= 0) & np.isin(recs["id"], wanted)]
+            for cid, owner in zip(idarray.ids(recs["id"]), recs["owner"].tolist()):
+                out[cid].add(owner)
     return out
 
 
 def users(edges: Spill, cids: set) -> dict:
     """{base: [ids of the live chunks that are deltas on it]} for ``cids`` and, transitively, for
-    the chunks that are deltas on them, read from the edges a slice at a time."""
+    the chunks that are deltas on them, read from the edges a file and a budget at a time."""
     out, todo = {}, {cid for cid in cids if len(cid) == idarray.WIDTH}
     while todo:
-        by_slice, found = {}, set()
-        for cid in todo:
-            by_slice.setdefault(cid[0], []).append(cid)
-        for b, wanted in sorted(by_slice.items()):
-            recs = edges.take(b, b + 1)
-            recs = recs[np.isin(recs["id"], idarray.pack(wanted))]
-            for base, user in zip(idarray.ids(recs["id"]), idarray.ids(recs["user"])):
-                out.setdefault(base, []).append(user)
-                found.add(user)
+        found = set()
+        for f, wanted in _by_file(todo):
+            for recs in edges.scan(f):
+                recs = recs[np.isin(recs["id"], wanted)]
+                for base, user in zip(idarray.ids(recs["id"]), idarray.ids(recs["user"])):
+                    out.setdefault(base, []).append(user)
+                    found.add(user)
         for cid in todo:
             out.setdefault(cid, [])
         todo = {cid for cid in found if cid not in out}
     return out
+
+
+def _by_file(cids) -> list:
+    """[(first byte, id array of those of ``cids`` that start with it)], by first byte."""
+    groups = {}
+    for cid in cids:
+        if len(cid) == idarray.WIDTH:
+            groups.setdefault(cid[0], []).append(cid)
+    return [(f, idarray.pack(ids)) for f, ids in sorted(groups.items())]

@@ -316,7 +316,7 @@ def test_a_small_budget_takes_many_steps_of_at_most_a_slice_over_it(repo, monkey
     monkeypatch.setattr(sliced.LivePass, "_step", step)
     F.fsck(repo, quick=True, budget=4)
     assert len(seen) > 20
-    assert all(n <= 4 or width == 1 for width, n in seen)  # a slice over the budget goes alone
+    assert all(n <= 4 or width == 1 for width, n in seen)  # a slice (two id bytes) over the budget goes alone
     seen.clear()
     F.fsck(repo, quick=True, budget=WHOLE)
     assert len(seen) == 1
@@ -330,17 +330,20 @@ def _records(ids: list) -> np.ndarray:
 
 
 def test_a_spill_gives_records_back_by_slice_in_the_order_added(tmp_path):
-    ids = [bytes([b]) + os.urandom(31) for b in (5, 200, 5, 7, 200, 0)] + [bytes([5]) + bytes(31)]
+    # slices are the ids' first two bytes; files the first byte
+    ids = [bytes(p) + os.urandom(30) for p in ((5, 1), (200, 0), (5, 2), (7, 0), (200, 0), (0, 9), (5, 0))]
     with sliced.Scratch(tmp_path) as where:
         spill = sliced.Spill(sliced.RECORD, 2, where)
         for k in range(0, len(ids), 2):
             spill.add(_records(ids[k:k + 2]))
         assert where.path is not None and where.path.parent == tmp_path / "tmp"  # it went to disk
-        got = spill.take(5, 8)
-        assert sorted(idarray.ids(got["id"])) == sorted([ids[0], ids[2], ids[6], ids[3]])
-        assert idarray.ids(spill.take(5, 6)["id"]) == [ids[0], ids[2], ids[6]]  # as added, disk and memory
-        assert spill.counts[5] == 3 and spill.total == len(ids)
-        assert (spill.end(0), spill.end(5), spill.end(6), spill.end(201)) == (5, 6, 200, 256)
+        assert idarray.ids(spill.take(0x0501, 0x0503)["id"]) == [ids[0], ids[2]]  # part of a file, as added
+        assert idarray.ids(spill.take(0x0500, 0x0600)["id"]) == [ids[0], ids[2], ids[6]]  # disk, then memory
+        assert sorted(idarray.ids(spill.take(0, sliced.SLICES)["id"])) == sorted(ids)
+        assert spill.counts[0xC800] == 2 and spill.total == len(ids)
+        assert [spill.end(x) for x in (0, 0x0501, 0x0700, 0xC800)] == [0x0501, 0x0700, 0xC800, sliced.SLICES]
+        blocks = list(spill.scan(5))
+        assert all(len(b) <= 2 for b in blocks) and sum(map(len, blocks)) == 3
     assert not (tmp_path / "tmp").exists() or not any((tmp_path / "tmp").iterdir())
 
 
@@ -371,7 +374,7 @@ def test_a_spill_on_a_full_disk_keeps_its_records_in_memory(tmp_path, monkeypatc
         assert where.full
         assert [p.stat().st_size for p in where.path.rglob("*") if p.is_file()] == [0, 0]  # cut back
         spill.add(_records(ids[2:]))
-        assert [idarray.ids(spill.take(b, b + 1)["id"]) for b in (1, 2, 3)] == [[ids[0]], [ids[1]], [ids[2]]]
+        assert [idarray.ids(spill.take(b << 8, (b + 1) << 8)["id"]) for b in (1, 2, 3)] == [[ids[0]], [ids[1]], [ids[2]]]
 
 
 def test_a_bad_budget_is_refused_clearly(repo, monkeypatch):

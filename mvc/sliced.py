@@ -286,7 +286,8 @@ class Step:
             keys = list(self.deltas)
             slot = np.full(len(self.ids), -1, dtype=np.int64)
             slot[rows] = np.arange(len(rows))
-            k = slot[idarray.find(self.ids, idarray.pack(keys))]
+            at = idarray.find(self.ids, idarray.pack(keys))
+            k = np.where(at >= 0, slot[at], -1)
             sel = k >= 0
             bases = np.zeros(len(rows), dtype=idarray.ID)
             bases[k[sel]] = idarray.pack([self.deltas[c][0] for c in keys])[sel]

@@ -387,7 +387,7 @@ def _sweep_chunks(sweep: _Sweep, txn, spill: sliced.Spill, chunks, dry_run: bool
 
 def _id_records(ids: np.ndarray) -> np.ndarray:
     out = np.zeros(len(ids), dtype=sliced.ID_ONLY)
-    sliced.put_ids(out, "id", ids)
+    out["id"] = ids
     return out
 
 

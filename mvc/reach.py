@@ -395,7 +395,7 @@ class _Walker:
                 continue
             self.reach.tensors += 1
             recs = np.zeros(len(obj.chunks), dtype=sliced.RECORD)
-            sliced.put_ids(recs, "id", np.frombuffer(b"".join(obj.chunks), dtype=idarray.ID))
+            recs["id"] = np.frombuffer(b"".join(obj.chunks), dtype=idarray.ID)
             recs["length"] = _lengths(obj)
             recs["owner"] = len(held)
             spill.add(recs)

@@ -1,6 +1,6 @@
 """Sliced walks: the live chunks a slice of the id space at a time, so that fsck and gc hold a
-fixed budget of them in memory whatever the size of the repository (docs/scale.md, "Bounded
-memory").
+fixed budget of them in memory whatever the size of the repository (docs/scale.md, "fsck and
+gc in bounded memory").
 
 Vocabulary:
 
@@ -12,8 +12,9 @@ Vocabulary:
 - **budget**: records a spill holds in memory and a step reads back at once
   (``MVC_WALK_BUDGET``, default 2**20). Tests set it tiny to make many steps of a small
   repository; a repository whose live set fits it never touches the disk.
-- **spill**: records set aside by the slice of their id: in memory until they pass the
-  budget, then appended to one file per slice in a scratch folder (``.mvc/tmp/walk-...``).
+- **spill**: records set aside by the slice of their id: in memory until they reach the
+  budget, then appended to one file per first id byte in a scratch folder
+  (``.mvc/tmp/walk-...``, a scratch entry: ``mvc.scratch``).
 - **live record**: (chunk id, length, owner) per chunk a live tensor object lists; the owner
   is the tensor's number in the walk, -1 for a delta base made live by a chunk that is a
   delta on it (such a base is not *held* by a tensor, see ``reach``).
@@ -67,11 +68,6 @@ def budget(value: Optional[int] = None) -> int:
         where = f"{BUDGET_ENV} " if value is None else ""
         raise BadInput(f"the walk budget {where}must be a whole number of records of at least 1, not {raw!r}")
     return got
-
-
-def put_ids(out: np.ndarray, name: str, ids: np.ndarray) -> None:
-    """``out[name] = ids`` for an id field of a structured array."""
-    out[name] = ids
 
 
 def heads(ids: np.ndarray) -> np.ndarray:
@@ -279,7 +275,7 @@ class Step:
     def rows(self, rows: np.ndarray) -> np.ndarray:
         """ROW records of ``rows`` (located ones)."""
         out = np.zeros(len(rows), dtype=ROW)
-        put_ids(out, "id", self.ids[rows])
+        out["id"] = self.ids[rows]
         for name in ("pack", "offset", "length", "size", "kind"):
             out[name] = self.locations[name][rows]
         if self.deltas:
@@ -291,7 +287,7 @@ class Step:
             sel = k >= 0
             bases = np.zeros(len(rows), dtype=idarray.ID)
             bases[k[sel]] = idarray.pack([self.deltas[c][0] for c in keys])[sel]
-            put_ids(out, "base", bases)
+            out["base"] = bases
             out["depth"][k[sel]] = np.array([self.deltas[c][1] for c in keys], dtype=np.int64)[sel]
             out["delta"][k[sel]] = True
         return out
@@ -376,13 +372,14 @@ class LivePass:
             base = step.deltas[cid][0]
             if base in sent or base in added or len(base) != idarray.WIDTH:
                 continue
+            here = b <= slice_of(base) < e
+            if here and idarray.contains(step.ids, base) >= 0:
+                continue
             size = self._size(step, cid, found)
-            if not b <= slice_of(base) < e:
+            if not here:
                 sent.add(base)
                 spill = self.live if slice_of(base) >= e else self._late
                 spill.add(_records([base], [size]))
-                continue
-            if idarray.contains(step.ids, base) >= 0:
                 continue
             added[base] = size
             loc = self._lookup(base)
@@ -398,8 +395,8 @@ class LivePass:
     def _edges(self, step: Step) -> None:
         if step.deltas:
             edges = np.zeros(len(step.deltas), dtype=EDGE)
-            put_ids(edges, "id", idarray.pack([base for base, _ in step.deltas.values()]))
-            put_ids(edges, "user", idarray.pack(list(step.deltas)))
+            edges["id"] = idarray.pack([base for base, _ in step.deltas.values()])
+            edges["user"] = idarray.pack(list(step.deltas))
             self.edges.add(edges)
 
     def _size(self, step: Step, cid: bytes, found: dict) -> int:
@@ -446,7 +443,7 @@ class LivePass:
 
 def _records(ids: list, lengths) -> np.ndarray:
     out = np.zeros(len(ids), dtype=RECORD)
-    put_ids(out, "id", idarray.pack(list(ids)))
+    out["id"] = idarray.pack(list(ids))
     out["length"] = lengths
     out["owner"] = -1
     return out

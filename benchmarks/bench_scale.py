@@ -31,6 +31,12 @@ run. It prints µs per new chunk: the commit, hashing, writing, and the rest (bo
 wall time and in CPU time of the process (all threads; on a shared machine the steadier one).
 ``--profile FILE`` also writes a cProfile of one commit there.
 
+``--old DIR`` (a folder holding an export of older mvc code, e.g. ``git archive REV mvc | tar -x
+-C DIR``) also runs ``fsck --quick`` and ``gc --dry-run`` of the chunk series with that code, each
+in a fresh process alternating with this code's, and prints their times and peak memory side
+by side: all of it (``VmHWM``, which counts the index's memory-mapped pages that the walk reads)
+and the anonymous part (``RssAnon``, sampled every 5 ms: what the process itself holds). ``--budget N`` sets ``MVC_WALK_BUDGET`` (live records fsck and gc hold in memory at once).
+
 Times are best of ``--repeat`` on a shared machine; the fit uses the best. ``--no-remote``
 leaves out push and lazy clone (for the largest sizes); ``--rows FILE`` prints the tables of
 earlier runs' ``measured`` lines together, measuring nothing.
@@ -79,27 +85,52 @@ def _plan_push(repo, remote: str) -> int:
 
 
 _PEAK = """
-import json, sys
+import json, sys, threading, time
 import mvc
 
 def status(field):
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
 
+anon, done = [0], threading.Event()
+
+def sample():  # the kernel keeps no peak of anonymous memory alone: sampled every 5 ms
+    while not done.wait(0.005):
+        anon[0] = max(anon[0], status("RssAnon"))
+
 repo = mvc.Repository.open(sys.argv[1])
 repo.resolve("HEAD")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # Linux: the peak resident size starts again from the current one
-before = status("VmRSS")
+before, anon_before = status("VmRSS"), status("RssAnon")
+watch = threading.Thread(target=sample, daemon=True)
+watch.start()
+start = time.perf_counter()
 repo.fsck(quick=True) if sys.argv[2] == "fsck" else repo.gc(dry_run=True)
-print(json.dumps(status("VmHWM") - before))
+seconds = time.perf_counter() - start
+done.set()
+watch.join()
+print(json.dumps([status("VmHWM") - before, seconds, max(anon[0], status("RssAnon")) - anon_before]))
 """
+
+
+def _fresh(path: Path, op: str, code: str = "") -> tuple:
+    """(how far ``op`` ("fsck" or "gc", planning only) raises a fresh process's peak resident
+    memory, its seconds there, how far it raises the anonymous part of the resident memory,
+    sampled: the peak without the index's memory-mapped pages, which the kernel may drop), with
+    the mvc at ``code`` first on the path if given (an export of older code, to compare with in
+    the same run)."""
+    env = dict(os.environ)
+    if code:
+        env["PYTHONPATH"] = os.pathsep.join([code] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    out = subprocess.run([sys.executable, "-c", _PEAK, str(path), op], check=True, capture_output=True, text=True,
+                         env=env, cwd=path)
+    return tuple(json.loads(out.stdout))
 
 
 def _peak_bytes(path: Path, op: str) -> int:
     """How far ``op`` ("fsck" or "gc", planning only) raises a fresh process's peak resident memory."""
-    out = subprocess.run([sys.executable, "-c", _PEAK, str(path), op], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)
+    return _fresh(path, op)[0]
 
 
 def _index_bytes(repo) -> int:
@@ -123,9 +154,10 @@ def _db_bytes(index_dir: Path, name: str) -> int:
         env.close()
 
 
-def chunk_series(n: int, work: Path, repeat: int, remote_too: bool = True) -> dict:
+def chunk_series(n: int, work: Path, repeat: int, remote_too: bool = True, old: str = "") -> dict:
     """Measurements of a repository with ``n`` chunk entries in 10 commits (push and
-    lazy clone only with ``remote_too``)."""
+    lazy clone only with ``remote_too``; with ``old``, an export of older mvc code, fsck and
+    gc planning of that code too, each in fresh processes, alternating with this code's)."""
     repo = mvc.Repository.init(work / f"chunks-{n}", chunk_size=CHUNK)
     g = torch.Generator().manual_seed(n)
     per_tensor = n // 10 // PER_COMMIT_TENSORS * CHUNK
@@ -139,8 +171,11 @@ def chunk_series(n: int, work: Path, repeat: int, remote_too: bool = True) -> di
     out = dict(n=n, build=build, index_bytes_per_chunk=_index_bytes(repo) / n)
     out["fsck_quick"] = _best(lambda: repo.fsck(quick=True), repeat)
     out["gc_plan"] = _best(lambda: repo.gc(dry_run=True), repeat)
-    out["fsck_mem_per_chunk"] = _peak_bytes(repo.dir.parent, "fsck") / n
-    out["gc_mem_per_chunk"] = _peak_bytes(repo.dir.parent, "gc") / n
+    if old:
+        _old_and_new(repo.dir.parent, n, repeat, old, out)
+    else:
+        out["fsck_mem_per_chunk"] = _peak_bytes(repo.dir.parent, "fsck") / n
+        out["gc_mem_per_chunk"] = _peak_bytes(repo.dir.parent, "gc") / n
     remote = work / f"remote-{n}"
     if remote_too:
         _remote_part(repo, remote, work / f"clone-{n}", g, repeat, out)
@@ -156,6 +191,21 @@ def chunk_series(n: int, work: Path, repeat: int, remote_too: bool = True) -> di
 
 INDEX_PACKS = 10  # the index series' entries come in this many packs, as 10 commits write them
 LOOKUPS = 100_000  # ids looked up at random in the index series
+
+
+def _old_and_new(path: Path, n: int, repeat: int, old: str, out: dict) -> None:
+    """fsck --quick and gc --dry-run of this code and of the code at ``old``, each run in a fresh
+    process, the two alternating ``repeat`` times: best seconds and peak memory per chunk
+    (``old_`` columns for the old code; ``fsck_fresh`` and ``gc_fresh`` for this one's times)."""
+    for op, name in (("fsck", "fsck"), ("gc", "gc")):
+        runs = {"": [], "old_": []}
+        for _ in range(repeat):
+            for tag, code in (("old_", old), ("", "")):
+                runs[tag].append(_fresh(path, op, code))
+        for tag, got in runs.items():
+            out[f"{tag}{name}_mem_per_chunk"] = min(m for m, _, _ in got) / n
+            out[f"{tag}{name}_anon_per_chunk"] = min(a for _, _, a in got) / n
+            out[f"{tag}{name}_fresh"] = min(t for _, t, _ in got)
 
 
 def index_series(n: int, work: Path, repeat: int) -> dict:
@@ -428,6 +478,13 @@ def report(chunks: list, commits: list, tensors: list) -> list:
                   ["build", "index_bytes_per_chunk", "chunk_db_per_chunk", "tensor_db_per_chunk", "fsck_quick", "gc_plan",
                    "fsck_mem_per_chunk", "gc_mem_per_chunk", "push_plan_all", "push_s",
                    "push_plan_one", "lazy_clone", "lazy_open"]) if chunks else []
+    if chunks and any("old_fsck_fresh" in r for r in chunks):
+        lines += table("fsck --quick and gc --dry-run in fresh processes, this code and the --old code "
+                       "(seconds; peak bytes per chunk)", chunks,
+                       ["fsck_fresh", "old_fsck_fresh", "gc_fresh", "old_gc_fresh", "fsck_mem_per_chunk",
+                        "old_fsck_mem_per_chunk", "gc_mem_per_chunk", "old_gc_mem_per_chunk",
+                        "fsck_anon_per_chunk", "old_fsck_anon_per_chunk", "gc_anon_per_chunk",
+                        "old_gc_anon_per_chunk"])
     lines += table("commit series (seconds)", commits, ["build", "log_all", "fsck_quick", "gc_plan",
                                                         "push_plan_all"]) if commits else []
     lines += table("tensor series (seconds)", tensors, ["commit", "commit_again", "load"]) if tensors else []
@@ -508,7 +565,14 @@ def main():
     ap.add_argument("--bookkeeping", type=float, default=0, help="only a commit of this many new 64-byte chunks: "
                     "µs per new chunk, beyond hashing and writing")
     ap.add_argument("--profile", default="", help="with --bookkeeping: write a cProfile of one commit to this file")
+    ap.add_argument("--old", default="", help="a folder holding an export of older mvc code (its 'mvc' package): "
+                    "the chunk series also runs fsck and gc planning with it, in fresh processes alternating "
+                    "with this code's, for old and new side by side")
+    ap.add_argument("--budget", type=float, default=0, help="MVC_WALK_BUDGET for fsck and gc (live records "
+                    "held in memory at once; default: mvc's own)")
     args = ap.parse_args()
+    if args.budget:
+        os.environ["MVC_WALK_BUDGET"] = str(int(args.budget))
     if args.bookkeeping:
         work = Path(args.dir or tempfile.mkdtemp(prefix="mvc-bench-scale-"))
         work.mkdir(parents=True, exist_ok=True)
@@ -532,7 +596,8 @@ def main():
         if rows:
             print("\n".join(table("index series (microseconds per entry or lookup; bytes per entry; "
                                    "old = LMDB chunk table, new = pack indexes)", rows, list(rows[0])[1:])))
-        chunks = [_shown(chunk_series(n, work, args.repeat, not args.no_remote)) for n in _sizes(args.chunks)]
+        old = str(Path(args.old).resolve()) if args.old else ""
+        chunks = [_shown(chunk_series(n, work, args.repeat, not args.no_remote, old)) for n in _sizes(args.chunks)]
         commits = [_shown(commit_series(c, work, args.repeat)) for c in _sizes(args.commits)]
         tensors = [_shown(tensor_series(t, work, args.repeat)) for t in _sizes(args.tensors)]
     finally:

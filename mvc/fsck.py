@@ -26,18 +26,17 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
-from . import reach, scratch
+from . import reach, scratch, sliced
 from .errors import CorruptObject
 from .reach import (CORRUPT_COMMIT, CORRUPT_REF, CORRUPT_REFLOG, CORRUPT_TENSOR, CORRUPT_TREE,  # noqa: F401
                     MISSING_COMMIT, MISSING_TENSOR, MISSING_TREE, REFLOG, Finding)
 from .store import chunks as chunkstore
 from .store import idarray
-from .store.index import location_row
-from .store.packs import (NAME_BYTES, RECORD_HEAD, pack_filename, read_locations,
+from .store.packs import (RECORD_HEAD, pack_filename, read_locations,
                           read_trailer_table, salvage_records)
 
 # Kinds of damage, as they appear in reports (the walk's own kinds are in mvc.reach).
@@ -185,147 +184,165 @@ def scan_packs(repo) -> tuple:
     return packs, tmps, odd
 
 
-def _by_pack(names: np.ndarray, rows: np.ndarray) -> Iterator[tuple]:
-    """(pack name, the ``rows`` whose pack it is), grouping ``rows`` by ``names`` (V16 pack names)."""
-    if not len(rows):
-        return
-    unique, which = np.unique(names, return_inverse=True)
-    order = np.argsort(which, kind="stable")
-    cuts = np.cumsum(np.bincount(which, minlength=len(unique)))[:-1]
-    raw = unique.tobytes()
-    for k, group in enumerate(np.split(rows[order], cuts)):
-        yield raw[k * NAME_BYTES:(k + 1) * NAME_BYTES], group
-
-
-def _rows_lost(checker, rows: np.ndarray, lost) -> list:
-    """(row, V16 pack name) of ``rows`` whose chunk ``lost`` places in a pack that cannot say where."""
-    if not len(rows):
-        return []
-    where = lost([checker.cid(i) for i in rows.tolist()])
-    return [(i, np.frombuffer(where[c], dtype="V16")[0]) for i in rows.tolist() if (c := checker.cid(i)) in where]
-
-
 class _Checker:
-    """One fsck run: the walk's Reach, where reachable chunks are, what is broken.
+    """One fsck run, a step of the id space at a time (``mvc.sliced``): the walk's Reach, what
+    is broken, and where the reachable chunks whose index entries are sound lie (``rows``, by
+    pack). Findings after the walk's carry a sort key, so that the report lists them in the
+    same order whatever the steps: located chunks by id, then packs by name, then records."""
 
-    Reachable chunks are rows of the walk's sorted id array; ``ok`` marks the
-    rows whose index entry was found and agrees with the tensor's length."""
+    def __init__(self, found: reach.Reach, live: sliced.Spill, held: list, where: sliced.Scratch):
+        self.reach, self.live, self.held = found, live, held
+        self.rows = sliced.PackRows(live.budget, where)
+        self.edges: Optional[sliced.Spill] = None
+        self.later: list = []  # (sort key, Finding)
+        self.chunks = 0  # reachable chunks, delta bases included
+        self.away, self.away_bytes = 0, 0  # reachable chunks only a remote holds
+        self.indexed_packs: set = set()
+        self.not_good: set = set()  # reachable ids whose entry is sound but whose record is not where it says
+        self._names: Optional[tuple] = None
 
-    def __init__(self, found: reach.Reach):
-        self.reach = found
-        self.ok = np.zeros(len(found.chunk_length), dtype=bool)
-        self.used: dict = {}  # pack name -> sorted offsets of the located chunks' records there
-        self._users: Optional[dict] = None  # base id -> ids of the live chunks that are deltas on it
+    def find(self, key: tuple, kind, what, detail, **where) -> None:
+        self.later.append((key, Finding(kind, what, detail, **{k: set(v) for k, v in where.items()})))
 
-    def find(self, kind, what, detail, **where) -> None:
-        self.reach.find(kind, what, detail, **where)
-
-    def cid(self, row: int) -> bytes:
-        return idarray.one(self.reach.chunk_length.ids, row)
-
-    def locate_chunks(self, elsewhere: Callable[[list], set], lost: Callable[[list], dict] = lambda ids: {}) -> set:
-        """Check every reachable chunk's index entry (from the walk's pass over the index);
-        returns the ids not indexed here that ``elsewhere`` (a remote) holds. ``lost``: {id:
-        pack} of ids a pack index lists in a pack that cannot say where (gone, cut short):
-        located there, at offset 0, so that the pack's damage names them."""
-        r = self.reach
-        locs, lengths = r.locations, r.chunk_length.lengths
-        unplaced = np.flatnonzero(~r.located)
-        for i, pack in _rows_lost(self, unplaced, lost):
-            r.located[i] = True
-            locs["pack"][i], locs["offset"][i], locs["length"][i], locs["size"][i] = pack, 0, lengths[i], lengths[i]
-        bad = r.located & locs["bad"]
-        wrong = r.located & ~locs["bad"] & (locs["size"] != lengths)
-        self.ok = r.located & ~bad & ~wrong
-        missing = [self.cid(i) for i in np.flatnonzero(~r.located).tolist()]
+    def locate(self, step: sliced.Step, elsewhere: Callable[[list], set],
+               lost: Callable[[list], dict] = lambda ids: {}) -> None:
+        """Check each of the step's reachable chunks' index entry; those not indexed here that
+        ``elsewhere`` (a remote) holds are counted as held there. ``lost``: {id: pack} of ids a
+        pack index lists in a pack that cannot say where (gone, cut short): located there, at
+        offset 0, so that the pack's damage names them."""
+        locs, lengths = step.locations, step.lengths
+        unplaced = np.flatnonzero(~step.located)
+        where = lost(idarray.ids(step.ids[unplaced])) if len(unplaced) else {}
+        for i in unplaced.tolist() if where else ():
+            pack = where.get(step.cid(i))
+            if pack is not None:
+                step.located[i] = True
+                locs["pack"][i] = np.frombuffer(pack, dtype="V16")[0]
+                locs["offset"][i], locs["length"][i], locs["size"][i] = 0, lengths[i], lengths[i]
+        bad = step.located & locs["bad"]
+        wrong = step.located & ~locs["bad"] & (locs["size"] != lengths)
+        ok = step.located & ~bad & ~wrong
+        self.chunks += len(step.ids)
+        self.indexed_packs |= step.packs
+        lost = np.flatnonzero(~step.located)
+        missing = idarray.ids(step.ids[lost])
         away = elsewhere(missing) if missing else set()  # evicted or never fetched: read from a remote
-        for cid in missing:
-            if cid not in away:
-                self.find(MISSING_CHUNK, f"chunk {_short(cid)}", "the chunk is missing from the chunk index",
-                          chunks={cid})
+        for i, cid in zip(lost.tolist(), missing):
+            if cid in away:
+                self.away += 1
+                self.away_bytes += int(lengths[i])
+            else:
+                self.find((1, 0, b"", cid), MISSING_CHUNK, f"chunk {_short(cid)}",
+                          "the chunk is missing from the chunk index", chunks={cid})
         for i in np.flatnonzero(bad).tolist():
-            cid = self.cid(i)
-            self.find(BAD_INDEX_ENTRY, f"chunk {_short(cid)}", r.bad_entries.get(cid, "damaged"), chunks={cid})
+            cid = step.cid(i)
+            self.find((1, 1, b"", cid), BAD_INDEX_ENTRY, f"chunk {_short(cid)}", step.bad.get(cid, "damaged"),
+                      chunks={cid})
         for i in np.flatnonzero(wrong).tolist():
-            cid = self.cid(i)
-            self.find(BAD_INDEX_ENTRY, f"chunk {_short(cid)}", f"the index gives it {int(locs['size'][i])} bytes, "
-                      f"its tensor needs {int(lengths[i])}", chunks={cid})
-        rows = np.flatnonzero(self.ok)
-        for name, group in _by_pack(locs["pack"][rows], rows):
-            self.used[name] = np.sort(locs["offset"][group])
-        return away
+            cid = step.cid(i)
+            self.not_good.add(cid)
+            self.find((1, 2, b"", cid), BAD_INDEX_ENTRY, f"chunk {_short(cid)}", f"the index gives it "
+                      f"{int(locs['size'][i])} bytes, its tensor needs {int(lengths[i])}", chunks={cid})
+        self.rows.add(step, np.flatnonzero(ok))
 
     # -- packs -------------------------------------------------------------
 
-    def check_packed(self, packs: dict) -> np.ndarray:
-        """Rows of the located chunks whose pack lists them; the rest become findings."""
-        r, locs = self.reach, self.reach.locations
-        good = np.zeros(len(self.ok), dtype=bool)
-        rows = np.flatnonzero(self.ok)
-        for name, group in _by_pack(locs["pack"][rows], rows):
-            pack = packs.get(name)
-            if pack is None or pack.records is None:
-                kind, detail = (MISSING_PACK, "the pack file is missing; it held") if pack is None else \
-                    (DAMAGED_PACK, f"{pack.error}; it holds")
-                cids = {self.cid(i) for i in group.tolist()}
-                self.find(kind, f"pack {pack_filename(name)}", f"{detail} {_chunks(len(cids))}", chunks=cids)
+    def check_packs(self, listing: list) -> tuple:
+        """Check the located chunks' records against their packs' trailers, a pack at a time
+        (its rows a budget at a time), and count what no reachable chunk uses: (the
+        Unreferenced of the sealed packs, in ``listing``'s order; {pack name: path} of the
+        packs with records to verify; the bytes those hold)."""
+        out, good, total = [], {}, 0
+        sealed = {f.pack: f for f in listing if f.regular and f.pack is not None}
+        for name in sorted(self.rows.packs() - set(sealed)):
+            self._whole_pack(name, MISSING_PACK, "the pack file is missing; it held")
+        for name, f in sealed.items():
+            table, error = _trailer(f.path)
+            if table is None:
+                if name in self.rows.packs():
+                    self._whole_pack(name, DAMAGED_PACK, f"{error}; it holds")
+                else:
+                    out.append(Unreferenced(UNREACHABLE_DAMAGED_PACK, f.path.name, 0, f.size))
                 continue
-            table = pack.records
-            at = np.minimum(np.searchsorted(table["offset"], locs["offset"][group]), max(len(table) - 1, 0))
-            listed = np.zeros(len(group), dtype=bool)
-            if len(table):
-                listed = (table["offset"][at] == locs["offset"][group]) & (table["id"][at] == r.chunk_length.ids[group]) \
-                    & (table["length"][at] == locs["length"][group])
-            good[group[listed]] = True
-            for i in group[~listed].tolist():
-                self.find(NOT_IN_PACK, f"chunk {_short(self.cid(i))}", f"sealed pack {pack_filename(name)} does "
-                          f"not list it at offset {int(locs['offset'][i])}", chunks={self.cid(i)})
-        return good
+            used, any_rows = np.zeros(len(table), dtype=bool), False
+            for rows in self.rows.blocks(name):
+                any_rows = any_rows or bool(len(rows))
+                listed = _listed(table, rows)
+                for i in np.flatnonzero(~listed).tolist():
+                    cid = idarray.one(rows["id"], i)
+                    self.not_good.add(cid)
+                    self.find((3, 0, name, cid), NOT_IN_PACK, f"chunk {_short(cid)}", f"sealed pack "
+                              f"{pack_filename(name)} does not list it at offset {int(rows['offset'][i])}",
+                              chunks={cid})
+                if listed.any():
+                    good[name] = f.path
+                    total += int(rows["length"][listed].sum(dtype=np.int64))
+                used |= np.isin(table["offset"], rows["offset"])
+            unused = _unused(f, table, used, any_rows, name in self.indexed_packs)
+            if unused is not None:
+                out.append(unused)
+        return out, good, total
 
-    def jobs(self, good: np.ndarray) -> dict:
-        """{chunk id: Location} of the ``good`` rows, for reading and re-hashing their data."""
-        r, out = self.reach, {}
-        for i in np.flatnonzero(good).tolist():
-            cid = self.cid(i)
-            out[cid] = location_row(r.locations, i, r.deltas.get(cid))
-        return out
+    def _whole_pack(self, name: bytes, kind: str, detail: str) -> None:
+        """Damage to a pack as a whole: every located chunk in it."""
+        cids = {cid for rows in self.rows.blocks(name) for cid in idarray.ids(rows["id"])}
+        self.not_good |= cids
+        self.find((3, 0, name, b""), kind, f"pack {pack_filename(name)}", f"{detail} {_chunks(len(cids))}",
+                  chunks=cids)
 
-    def unreferenced(self, packs: dict, tmps: list, indexed_packs: set) -> list:
-        out = [Unreferenced(TMP_PACK, name, 0, size) for name, size in tmps]
-        for name, pack in packs.items():
-            fname = pack_filename(name)
-            used = self.used.get(name)
-            if pack.records is None:
-                if used is None:
-                    out.append(Unreferenced(UNREACHABLE_DAMAGED_PACK, fname, 0, pack.size))
-                continue
-            if name not in indexed_packs and used is None:
-                out.append(Unreferenced(UNINDEXED_PACK, fname, len(pack.records), pack.size))
-                continue
-            offsets = pack.records["offset"]
-            unused = pack.records["length"][~np.isin(offsets, used)] if used is not None else pack.records["length"]
-            if len(unused) and len(unused) == len(pack.records):
-                out.append(Unreferenced(UNUSED_PACK, fname, len(unused), pack.size))
-            elif len(unused):
-                out.append(Unreferenced(UNUSED_RECORDS, fname, len(unused),
-                                        int(unused.sum(dtype=np.int64)) + len(unused) * RECORD_HEAD.size))
-        return out
+    def verify(self, chunks, txn, packs: dict, threads: int, step) -> None:
+        """Re-read and re-hash the records of ``packs`` (``check_packs``'s) a budget of them at a
+        time; a delta's base elsewhere is located through ``txn`` unless its record is damaged."""
+        for name in sorted(packs):
+            table, _ = _trailer(packs[name])
+            for rows in self.rows.blocks(name):
+                rows = rows[_listed(table, rows)] if table is not None else rows[:0]
+                jobs = _Jobs(txn, self.not_good)
+                for i in range(len(rows)):
+                    jobs[idarray.one(rows["id"], i)] = sliced.location(rows, i)
+                for seq, p in enumerate(chunks.verify(jobs, threads=threads, progress=step) if jobs else ()):
+                    loc = dict.get(jobs, p.id)
+                    key = (4, int(loc.coded), loc.pack, b"", loc.offset, seq) if loc else (4, 2, b"", b"", 0, seq)
+                    self.find(key, p.kind, f"chunk {_short(p.id)}", p.detail, chunks={p.id})
 
     # -- consequences ------------------------------------------------------
 
     def damage(self) -> tuple:
         r = self.reach
-        paths = reach.reachable_from(r.parents, r.roots) if r.findings else {}
+        r.findings += [f for _, f in sorted(self.later, key=lambda kf: kf[0])]
+        self.later = []
+        if not r.findings:
+            return ()
+        paths = reach.reachable_from(r.parents, r.roots)
+        named = set().union(*(f.chunks for f in r.findings))
+        users = sliced.users(self.edges, named) if self.edges is not None else {}
+        holders = sliced.holders(self.live, named | {u for us in users.values() for u in us})
+        self._names = users, {cid: {self.held[k] for k in owners} for cid, owners in holders.items()}
         return tuple(self._consequences(f, paths) for f in r.findings)
+
+    def _holders(self, cid: bytes) -> set:
+        return self._names[1].get(cid, set())
+
+    def _tensors(self, cid: bytes) -> set:
+        """The tensors that hold ``cid`` or a chunk that is a delta on it, at any depth."""
+        users, out, seen, todo = self._names[0], set(), {cid}, [cid]
+        while todo:
+            at = todo.pop()
+            out |= self._holders(at)
+            for user in users.get(at, ()):
+                if user not in seen:
+                    seen.add(user)
+                    todo.append(user)
+        return out
 
     def _consequences(self, f: Finding, reachable: dict) -> Damage:
         r = self.reach
         tensors = set(f.tensors)
         for cid in f.chunks:
-            tensors |= r.chunk_tensors.get(cid, set())
+            tensors |= self._tensors(cid)
         paths = {p for tid in tensors for p in r.tensor_paths.get(tid, ())}
         commits = self._commits(tensors, f.trees, f.commits)
-        held = self._commits({t for cid in f.chunks for t in r.chunk_tensors.holders(cid)}, f.trees, f.commits)
+        held = self._commits({t for cid in f.chunks for t in self._holders(cid)}, f.trees, f.commits)
         labels = set(f.refs) | {label for label, ids in reachable.items() if ids & commits}
         # a ref's reflog adds nothing when the ref itself reaches the damage
         labels = {x for x in labels if not (x.startswith(REFLOG) and x[len(REFLOG):] in labels)}
@@ -343,68 +360,126 @@ class _Checker:
         """((chunk, commits), ...) hex, of the live chunks that are deltas on ``chunks`` at any
         depth, each with the commits that hold it and are not in ``held``: such a commit loses
         nothing of its own when a remote lists its chunk whole (see ``mark_restorable``)."""
-        if self._users is None:
-            self._users = {}
-            for cid, (base, _) in self.reach.deltas.items():
-                self._users.setdefault(base, []).append(cid)
+        users = self._names[0]
         out, seen, todo = [], set(chunks), list(chunks)
         while todo:
-            for cid in self._users.get(todo.pop(), ()):
+            for cid in users.get(todo.pop(), ()):
                 if cid not in seen:
                     seen.add(cid)
                     todo.append(cid)
-                    commits = self._commits(self.reach.chunk_tensors.holders(cid)) - held
+                    commits = self._commits(self._holders(cid)) - held
                     if commits:
                         out.append((cid.hex(), tuple(sorted(c.hex() for c in commits))))
         return tuple(sorted(out))
 
 
+class _Jobs(dict):
+    """{chunk id: Location} of one pack's records to verify; a delta base among them or, unless
+    its record is damaged (``not_good``), located in the index."""
+
+    def __init__(self, txn, not_good: set):
+        super().__init__()
+        self.txn, self.not_good = txn, not_good
+
+    def get(self, cid, default=None):
+        loc = dict.get(self, cid)
+        if loc is None and cid not in self.not_good:
+            try:
+                loc = self.txn.chunk(cid)
+            except CorruptObject:
+                loc = None
+        return default if loc is None else loc
+
+
+def _trailer(path: Path) -> tuple:
+    """(the pack's trailer records sorted by offset, None) or (None, why it cannot be read)."""
+    try:
+        table = read_trailer_table(path)
+    except (CorruptObject, FileNotFoundError) as exc:
+        return None, str(exc)
+    return table[np.argsort(table["offset"], kind="stable")], ""
+
+
+def _listed(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Whether the trailer (sorted by offset) lists each of ``rows`` (sliced.ROW) where it says."""
+    if not len(table) or not len(rows):
+        return np.zeros(len(rows), dtype=bool)
+    at = np.minimum(np.searchsorted(table["offset"], rows["offset"]), len(table) - 1)
+    return (table["offset"][at] == rows["offset"]) & (table["id"][at] == rows["id"]) \
+        & (table["length"][at] == rows["length"])
+
+
+def _unused(f, table: np.ndarray, used: np.ndarray, any_rows: bool, indexed: bool) -> Optional[Unreferenced]:
+    """The records of a sealed pack that no located reachable chunk is at (``used``: the
+    trailer's records some located chunk's offset names; ``any_rows``: whether any does)."""
+    if not indexed and not any_rows:
+        return Unreferenced(UNINDEXED_PACK, f.path.name, len(table), f.size)
+    unused = table["length"][~used]
+    if len(unused) and len(unused) == len(table):
+        return Unreferenced(UNUSED_PACK, f.path.name, len(unused), f.size)
+    if len(unused):
+        return Unreferenced(UNUSED_RECORDS, f.path.name, len(unused),
+                            int(unused.sum(dtype=np.int64)) + len(unused) * RECORD_HEAD.size)
+    return None
+
+
 # -- entry points -------------------------------------------------------------
 
 def fsck(repo, quick: bool = False, threads: Optional[int] = None,
-         progress: Optional[Callable[[int, int], None]] = None) -> FsckReport:
+         progress: Optional[Callable[[int, int], None]] = None, budget: Optional[int] = None) -> FsckReport:
     """Check everything reachable from refs and the reflog; never raises on damage.
 
     ``quick`` skips reading and re-hashing chunk data. ``progress`` is called
-    with (bytes verified, bytes to verify). Holds the shared gc lock while it
-    runs. Raises LockHeld if gc runs too long, CorruptObject if the index
-    itself cannot be read, OSError if the packs directory cannot be read.
+    with (bytes verified, bytes to verify). ``budget``: live records held in
+    memory at once (``mvc.sliced``; default ``MVC_WALK_BUDGET`` or 2**20);
+    beyond it they go to a scratch folder, a slice of the id space at a time.
+    Holds the shared gc lock while it runs. Raises LockHeld if gc runs too
+    long, CorruptObject if the index itself cannot be read, OSError if the
+    packs directory cannot be read.
     """
     # gc must not delete a pack between reading the index and reading the pack
     with repo.gc_lock.shared():
-        return _fsck(repo, quick, threads or os.cpu_count() or 1, progress)
+        return _fsck(repo, quick, threads or os.cpu_count() or 1, progress, sliced.budget(budget))
 
 
-def _fsck(repo, quick: bool, threads: int, progress) -> FsckReport:
+def _fsck(repo, quick: bool, threads: int, progress, budget: int) -> FsckReport:
     start = time.perf_counter()
-    with repo.index.read() as txn:
-        checker = _Checker(reach.walk(txn, repo.objects, reach.COLLECT, locate=True))
-        unverified = checker.locate_chunks(lambda ids: repo.chunks.remote_only(ids, txn),
-                                           lambda ids: repo.chunks.lost(ids, txn))
-        # Scanned after the snapshot was taken: every pack it names was sealed before.
-        packs, tmps, odd = scan_packs(repo)
-    for name in odd:
-        checker.find(NOT_REGULAR, f"packs/{name}", "it is not a regular file (a symlink, FIFO or device); "
-                     "mvc never reads it: remove it")
-    good = checker.check_packed(packs)
-    verified = 0
-    if not quick and good.any():
-        jobs = checker.jobs(good)
-        total, done = sum(loc.length for loc in jobs.values()), 0
+    with sliced.Scratch(repo.dir) as where, repo.index.read() as txn:
+        live = sliced.Spill(sliced.RECORD, budget, where)
+        found, held = reach.walk_spilled(txn, repo.objects, live, reach.COLLECT)
+        checker = _Checker(found, live, held, where)
+        walk = sliced.LivePass(txn, live, where)
+        for step in walk.steps():
+            checker.locate(step, lambda ids: repo.chunks.remote_only(ids, txn), lambda ids: repo.chunks.lost(ids, txn))
+            del step  # not held while the next one is made
+        checker.edges = walk.edges
+        # Listed after the snapshot was taken: every pack it names was sealed before.
+        try:
+            listing = repo.chunks.pack_files()
+        except FileNotFoundError:  # every pack is missing: the findings will say what that breaks
+            listing = []
+        for seq, f in enumerate(x for x in listing if not x.regular):
+            checker.find((2, 0, b"", b"", seq), NOT_REGULAR, f"packs/{f.path.name}", "it is not a regular file "
+                         "(a symlink, FIFO or device); mvc never reads it: remove it")
+        unreferenced, good, total = checker.check_packs(listing)
+        tmps = [Unreferenced(TMP_PACK, f.path.name, 0, f.size) for f in listing if f.regular and f.pack is None]
+        verified = 0
+        if not quick and good:
+            done = 0
 
-        def step(n):
-            nonlocal done
-            done += n
-            progress(done, total)
-        for p in repo.chunks.verify(jobs, threads=threads, progress=step if progress else None):
-            checker.find(p.kind, f"chunk {_short(p.id)}", p.detail, chunks={p.id})
-        verified = total
+            def step(n):
+                nonlocal done
+                done += n
+                progress(done, total)
+            checker.verify(repo.chunks, txn, good, threads, step if progress else None)
+            verified = total
+        damage = checker.damage()
     r = checker.reach
-    return FsckReport(quick, len(r.parents), r.trees, r.tensors, len(r.chunk_length),
-                      len(packs), verified, time.perf_counter() - start, checker.damage(),
-                      tuple(checker.unreferenced(packs, tmps, r.indexed_packs)),
-                      unverified=len(unverified), unverified_bytes=sum(r.chunk_length[cid] for cid in unverified),
-                      unverified_remote=getattr(repo.chunks, "name", None) if unverified else None,
+    return FsckReport(quick, len(r.parents), r.trees, r.tensors, checker.chunks,
+                      sum(1 for f in listing if f.regular and f.pack is not None), verified,
+                      time.perf_counter() - start, damage, tuple(tmps + unreferenced),
+                      unverified=checker.away, unverified_bytes=checker.away_bytes,
+                      unverified_remote=getattr(repo.chunks, "name", None) if checker.away else None,
                       leftovers=tuple(p.relative_to(repo.dir).as_posix() for p in scratch.leftovers(repo.dir)))
 
 

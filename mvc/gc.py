@@ -41,11 +41,11 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
-from . import reach, refs, scratch
+from . import reach, refs, scratch, sliced
 from .errors import BadInput, CorruptObject, MetricNotRecorded, MvcError, ProtectedRef, UnknownRevision, WalkDamaged
 from .store import idarray
 from .store.locks import GcLock
@@ -144,7 +144,8 @@ class GcReport:
 
 def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep_best: Optional[str] = None,
        mode: str = "min", top: int = 1, force: bool = False, dry_run: bool = False,
-       grace: float = GRACE_S, repack: bool = False, wait: Optional[float] = None) -> GcReport:
+       grace: float = GRACE_S, repack: bool = False, wait: Optional[float] = None,
+       budget: Optional[int] = None) -> GcReport:
     """Prune by the retention policy (if any), then delete garbage and reclaim pack space.
 
     ``grace``: seconds a ``.tmp`` file or a pack no index entry names is left
@@ -152,7 +153,10 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
     every pack that holds any garbage, not only those over a quarter garbage.
     ``wait``: seconds to wait for the gc lock (None: the repository's
     ``lock_timeout``; 0: do not wait, as an estimate asked for on a page).
-    The report's ``left`` says what was kept on purpose and why.
+    The report's ``left`` says what was kept on purpose and why. ``budget``: live
+    records held in memory at once (``mvc.sliced``; default ``MVC_WALK_BUDGET``
+    or 2**20); beyond it they go to a scratch folder, a slice of the id space
+    at a time.
 
     Raises BadInput for a bad policy, UnknownRevision for an unknown
     ``branch``, ProtectedRef for a protected ``branch`` without ``force``,
@@ -161,10 +165,11 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
     """
     policy = Retention(keep_last, branch, keep_best, mode, top)
     policy.check()
+    budget = sliced.budget(budget)
     # a dry run changes nothing: the shared lock keeps packs in place while it looks, and
     # it neither waits for running commits nor writes the exclusive lock's holder note
     lock = repo.gc_lock if wait is None else GcLock(repo.gc_lock.dir, wait)
-    with (lock.shared() if dry_run else lock.exclusive()):
+    with (lock.shared() if dry_run else lock.exclusive()), sliced.Scratch(repo.dir) as where:
         repo.reread_format()  # a repack elsewhere may have turned on encoded records since open
         before, packs_before = disk_usage(repo.dir), _packs_usage(repo.chunks)
         # what needs no index write goes first: on a full disk it is the room the rest needs
@@ -172,12 +177,14 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
                                         for p in scratch.remove_leftovers(repo.dir))
         try:
             with (repo.index.read() if dry_run else repo.index.write()) as txn:
-                sweep = _sweep(txn, repo.objects, policy, force, dry_run, repo.chunks, grace=grace)
+                sweep = _sweep(txn, repo.objects, policy, force, dry_run, repo.chunks, grace=grace,
+                               where=where, budget=budget)
         except OSError as exc:
             if dry_run or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            sweep = _sweep_on_a_full_disk(repo, policy, force, grace)
+            sweep = _sweep_on_a_full_disk(repo, policy, force, grace, where, budget)
         plan = plan_packs(repo.chunks.pack_files(), sweep.live, sweep.indexed_packs, grace, repack)
+        where.close()  # the plan holds what it needs; the spills go before the bytes on disk are counted
         if dry_run:
             saved = plan.reclaimable()
             return sweep.report(True, before, before - saved, packs_before, packs_before - saved, plan)
@@ -287,7 +294,7 @@ class _Sweep:
     skipped: tuple
     reflog_expired: int = 0
     removed: dict = field(default_factory=dict)  # kind -> count
-    live: Optional["LiveRecords"] = None  # where the live chunks lie
+    live: Optional["SlicedRecords"] = None  # where the live chunks lie
     indexed_packs: set = field(default_factory=set)  # pack names any chunk entry named before the sweep
     writes: list = field(default_factory=list)  # (Txn method or function of txn, args): the index writes, in order
 
@@ -301,9 +308,10 @@ class _Sweep:
 
 
 def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=None, apply: bool = True,
-           grace: float = GRACE_S) -> _Sweep:
+           grace: float = GRACE_S, where: Optional[sliced.Scratch] = None, budget: Optional[int] = None) -> _Sweep:
     """Retention, marking and sweeping in ``txn``; the writes are made there
-    unless ``dry_run`` or not ``apply`` (then ``_Sweep.writes`` lists them)."""
+    unless ``dry_run`` or not ``apply`` (then ``_Sweep.writes`` lists them).
+    ``where``: the scratch folder of the live records (kept for ``plan_packs``)."""
     prune, skipped = _retention(txn, objects, policy, force) if policy.active else (set(), ())
     sweep = _Sweep(prune, skipped)
     expired = []  # entries whose new commit is (being) pruned: they would keep its data alive
@@ -317,38 +325,75 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
             expired.append((ref, seq))
     sweep.reflog_expired = len(expired)
     # The one walk fsck makes too; damage stops gc before anything is deleted.
-    live = reach.walk(txn, objects, reach.RAISE, prune=prune, skip_reflog=expired, locate=True)
+    where = where if where is not None else sliced.Scratch()
+    spill = sliced.Spill(sliced.RECORD, sliced.budget(budget), where)
+    live, _ = reach.walk_spilled(txn, objects, spill, reach.RAISE, prune=prune, skip_reflog=expired)
     writes = sweep.writes  # retention's notes first: a sweep cut short leaves pruned commits, never lost ones
     note = {"time": time.time_ns() // 1000, "policy": policy.describe()}
     writes += [("put_pruned", (oid, note)) for oid in prune] + [(refs.forget, ([e],)) for e in expired]
     for kind, dead in dead_objects(txn, live).items():
         sweep.removed[kind] = len(dead)
         writes += [("delete", (kind, oid)) for oid in dead]
-    _sweep_chunks(sweep, live, txn, chunks, dry_run)
+    dead = _sweep_chunks(sweep, txn, spill, chunks, dry_run, where)
+    if not dry_run:
+        writes += [(_delete_chunks, (dead,))] if apply else [("delete_chunk", (cid,)) for cid in dead()]
     writes += [("delete_pruned", (oid,)) for oid in txn.ids("pruned") if oid not in live.commits]
     if apply and not dry_run:
         _write(txn, writes)
     return sweep
 
 
-def _sweep_chunks(sweep: _Sweep, live: reach.Reach, txn, chunks, dry_run: bool) -> None:
-    """The chunk part of the sweep, from the walk's one pass over the chunk index:
-    where each live chunk lies, which packs the index names, which entries are garbage."""
-    for cid, why in live.bad_entries.items():
-        raise WalkDamaged(f"gc stopped, nothing was deleted: chunk {cid.hex()[:12]}: {why}", kind="bad-chunk-entry",
-                          what=f"chunk {cid.hex()[:12]}", id=cid)
-    sweep.indexed_packs = live.indexed_packs
-    sweep.live = LiveRecords(live)
-    ids = live.chunk_length.ids
-    missing = [idarray.one(ids, i) for i in np.flatnonzero(~live.located).tolist()]
-    missing = set(missing) - (chunks.remote_only(missing, txn) if chunks is not None and missing else set())
-    if missing:  # not even a remote holds them
-        raise CorruptObject(f"gc stopped, nothing was deleted: {len(missing)} live chunks (e.g. "
-                            f"{next(iter(missing)).hex()[:12]}) are not in the chunk index", id=next(iter(missing)))
-    dead = dead_chunks(live)
-    sweep.removed["chunks"] = len(dead)
-    if not dry_run:
-        sweep.writes += [("delete_chunk", (cid,)) for cid in dead]
+def _sweep_chunks(sweep: _Sweep, txn, spill: sliced.Spill, chunks, dry_run: bool, where: sliced.Scratch):
+    """The chunk part of the sweep, a step of the id space at a time (``sliced.LivePass``):
+    where each live chunk lies, which packs the index names, which entries are garbage.
+    Returns a function that yields the garbage entries' ids (none with ``dry_run``)."""
+    budget = spill.budget
+    records = SlicedRecords(budget, where)
+    dead = sliced.Spill(sliced.ID_ONLY, budget, where)
+    revived = sliced.Spill(sliced.ID_ONLY, budget, where)
+    missing, example, count = 0, None, 0
+    for step in sliced.LivePass(txn, spill, where).steps():
+        for cid, why in step.bad.items():
+            raise WalkDamaged(f"gc stopped, nothing was deleted: chunk {cid.hex()[:12]}: {why}",
+                              kind="bad-chunk-entry", what=f"chunk {cid.hex()[:12]}", id=cid)
+        sweep.indexed_packs |= step.packs
+        lost = idarray.ids(step.ids[~step.located])
+        away = chunks.remote_only(lost, txn) if chunks is not None and lost else set()
+        for cid in lost:
+            if cid not in away:  # not even a remote holds it
+                missing, example = missing + 1, example or cid
+        records.add(step, np.flatnonzero(step.located))
+        ids = step.ids[step.located] if step.late else step.dead
+        (revived if step.late else dead).add(_id_records(ids) if not dry_run else _id_records(ids[:0]))
+        count += -len(ids) if step.late else len(ids)
+        del step, ids  # not held while the next step is made
+    if missing:
+        raise CorruptObject(f"gc stopped, nothing was deleted: {missing} live chunks (e.g. {example.hex()[:12]}) "
+                            "are not in the chunk index", id=example)
+    sweep.live = records
+    sweep.removed["chunks"] = count
+
+    def dead_ids() -> Iterator[bytes]:
+        b = 0
+        while b < sliced.SLICES:
+            e = dead.end(b, revived.counts)
+            gone = dead.take(b, e)["id"]
+            if len(gone):
+                back = revived.take(b, e)["id"]
+                yield from idarray.ids(gone[~np.isin(gone, back)] if len(back) else gone)
+            b = e
+    return dead_ids
+
+
+def _id_records(ids: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(ids), dtype=sliced.ID_ONLY)
+    out["id"] = ids
+    return out
+
+
+def _delete_chunks(txn, dead) -> None:
+    for cid in dead():
+        txn.delete_chunk(cid)
 
 
 def dead_chunks(live: reach.Reach) -> list:
@@ -397,7 +442,8 @@ def _of_deleted_ref(txn, ref: str, entry, before_us: int) -> bool:
 STEP = 256  # index writes per transaction when the disk is full
 
 
-def _sweep_on_a_full_disk(repo, policy: Retention, force: bool, grace: float = GRACE_S) -> _Sweep:
+def _sweep_on_a_full_disk(repo, policy: Retention, force: bool, grace: float = GRACE_S,
+                          where: Optional[sliced.Scratch] = None, budget: Optional[int] = None) -> _Sweep:
     """The sweep in small transactions, for a disk too full for it in one.
 
     LMDB reuses the pages each small transaction frees for the next, so
@@ -406,7 +452,8 @@ def _sweep_on_a_full_disk(repo, policy: Retention, force: bool, grace: float = G
     deleted (retention's notes go first), so stopping halfway leaves less
     garbage, never a lost commit; the packs are deleted after."""
     with repo.index.read() as txn:
-        sweep = _sweep(txn, repo.objects, policy, force, False, repo.chunks, apply=False, grace=grace)
+        sweep = _sweep(txn, repo.objects, policy, force, False, repo.chunks, apply=False, grace=grace,
+                       where=where, budget=budget)
     start, step = 0, STEP
     while start < len(sweep.writes):
         try:
@@ -504,6 +551,37 @@ class LiveRecords:
             cid = idarray.one(self._ids, i)
             out.append((cid, location_row(self._locs, i, self._deltas.get(cid))))
         return out
+
+
+class SlicedRecords:
+    """Where the live chunks lie, as a sliced sweep found them: each pack's live bytes, and
+    the live records (``sliced.PackRows``) read back only for the packs gc rewrites."""
+
+    def __init__(self, budget: int, where: sliced.Scratch):
+        self._rows = sliced.PackRows(budget, where)
+        self._bytes: dict = {}
+
+    def add(self, step: sliced.Step, rows: np.ndarray) -> None:
+        """The located ``rows`` of ``step``."""
+        names, which = self._rows.add(step, rows)
+        total = np.bincount(which, weights=step.locations["length"][rows], minlength=len(names))
+        for k, name in enumerate(names):
+            self._bytes[name] = self._bytes.get(name, 0) + int(total[k])
+
+    def __contains__(self, pack: bytes) -> bool:
+        """Whether ``pack`` (a 16-byte name) holds a live record."""
+        return pack in self._bytes
+
+    def live_bytes(self, pack: bytes) -> int:
+        """Stored bytes of the live records in ``pack`` (a 16-byte name); 0 if none."""
+        return self._bytes.get(pack, 0)
+
+    def records(self, pack: bytes) -> list:
+        """(chunk id, Location) of the live records in ``pack``, by offset."""
+        rows = self._rows.rows(pack)
+        rows = rows[np.argsort(rows["id"], kind="stable")]
+        rows = rows[np.argsort(rows["offset"], kind="stable")]
+        return [(idarray.one(rows["id"], i), sliced.location(rows, i)) for i in range(len(rows))]
 
 
 def plan_packs(files: list, live: LiveRecords, indexed: set, grace: float, repack: bool = False) -> _PackPlan:

@@ -48,6 +48,7 @@ import numpy as np
 
 from .errors import CorruptObject, MvcError, WalkDamaged
 from .objects import TensorLeaf
+from . import sliced
 from .store import idarray
 from .store.index import LOCATIONS, reflog_entry
 from .store.objectstore import CORRUPT, MISSING
@@ -384,6 +385,23 @@ class _Walker:
         if self.policy == COLLECT:  # only a report of damage names tensors (RAISE stops instead)
             self.reach.chunk_tensors = ChunkTensors(ordered, owners[order], held)
 
+    def spill_tensors(self, spill) -> list:
+        """Set every live tensor's chunks aside in ``spill`` (``sliced.Spill`` of
+        ``sliced.RECORD``) instead of holding them; the tensor ids, by owner number."""
+        held = []
+        for tid in list(self.reach.tensor_trees):
+            obj = self.get("tensors", tid, tensors={tid})
+            if obj is None:
+                continue
+            self.reach.tensors += 1
+            recs = np.zeros(len(obj.chunks), dtype=sliced.RECORD)
+            recs["id"] = np.frombuffer(b"".join(obj.chunks), dtype=idarray.ID)
+            recs["length"] = _lengths(obj)
+            recs["owner"] = len(held)
+            spill.add(recs)
+            held.append(tid)
+        return held
+
     def index(self, locate: bool) -> None:
         """One pass over the chunk index, in id order, merged with the sorted live ids:
         the delta bases of live chunks and, with ``locate``, where each live chunk lies,
@@ -510,6 +528,20 @@ def walk(txn, objects, policy: str = COLLECT, prune: Iterable[bytes] = (), skip_
     walker.tensors()
     walker.index(locate)
     return walker.reach
+
+
+def walk_spilled(txn, objects, spill, policy: str = COLLECT, prune: Iterable[bytes] = (),
+                 skip_reflog: Iterable = ()) -> tuple:
+    """``walk`` up to the tensors, whose chunks go to ``spill`` (a ``sliced.Spill`` of
+    ``sliced.RECORD``, owner: a number in the list returned) rather than into the Reach:
+    (Reach without its chunk fields, the live tensor ids by owner number). fsck and gc go on
+    a slice of the id space at a time (``sliced.LivePass``), in bounded memory."""
+    walker = _Walker(txn, objects, policy, set(prune), set(skip_reflog))
+    walker.roots()
+    walker.commits()
+    walker.trees()
+    held = walker.spill_tensors(spill)
+    return walker.reach, held
 
 
 def parents_first(parents: dict, roots: Iterable[bytes]) -> list:

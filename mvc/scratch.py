@@ -1,7 +1,8 @@
 """Scratch space: the temporary files and folders commands make under ``.mvc/tmp``.
 
 A **scratch** entry is named ``PREFIX<tag>-...`` by the process that made it
-(``bisect-`` for the checkpoints ``bisect run`` hands its evaluation command);
+(``bisect-`` for the checkpoints ``bisect run`` hands its evaluation command,
+``walk-`` for the live chunk records fsck and gc spill, ``mvc.sliced``);
 its **tag** is ``<pid>-<place>``: the pid, and where it means that process
 (host, boot and pid namespace, ``mvc.store.processes.place``). An older mvc
 wrote the pid alone. A **leftover** is one whose process is gone (killed
@@ -18,7 +19,7 @@ from typing import Optional
 
 from .store.processes import Seen, place, process_alive, seen_place
 
-PREFIXES = ("bisect-",)
+PREFIXES = ("bisect-", "walk-")  # walk-: the spills of fsck and gc (mvc.sliced)
 
 
 def leftovers(mvc_dir) -> list:

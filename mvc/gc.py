@@ -5,7 +5,9 @@ Vocabulary:
 - **root**: a commit a ref names (``HEAD``, branches, tags) or a reflog
   entry names (old or new id). The reflog of a deleted branch or tag is
   kept (it ends in the deletion) so its tip can be recovered; gc expires its
-  entries once they are older than its grace period.
+  entries once they are older than ``refs.DELETED_REFLOG_S`` (30 days, as
+  Git's gc.reflogExpireUnreachable), not the grace period packs get
+  (``mvc reflog expire NAME`` drops them at once).
 - **live**: a root; a parent of a live commit; the tree of a live commit that
   is not pruned, that tree's tensors and their chunks. Everything else in
   the index is **garbage**, and so is every pack record no live chunk's
@@ -177,7 +179,7 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
                                         for p in scratch.remove_leftovers(repo.dir))
         try:
             with (repo.index.read() if dry_run else repo.index.write()) as txn:
-                sweep = _sweep(txn, repo.objects, policy, force, dry_run, repo.chunks, grace=grace,
+                sweep = _sweep(txn, repo.objects, policy, force, dry_run, repo.chunks,
                                where=where, budget=budget)
         except OSError as exc:
             if dry_run or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -308,20 +310,20 @@ class _Sweep:
 
 
 def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=None, apply: bool = True,
-           grace: float = GRACE_S, where: Optional[sliced.Scratch] = None, budget: Optional[int] = None) -> _Sweep:
+           where: Optional[sliced.Scratch] = None, budget: Optional[int] = None) -> _Sweep:
     """Retention, marking and sweeping in ``txn``; the writes are made there
     unless ``dry_run`` or not ``apply`` (then ``_Sweep.writes`` lists them).
     ``where``: the scratch folder of the live records (kept for ``plan_packs``)."""
     prune, skipped = _retention(txn, objects, policy, force) if policy.active else (set(), ())
     sweep = _Sweep(prune, skipped)
     expired = []  # entries whose new commit is (being) pruned: they would keep its data alive
-    before = time.time_ns() // 1000 - int(grace * 1e6)
+    now = time.time_ns() // 1000
     for ref, seq, raw in txn.reflog_raw():
         entry = reflog_entry(raw)
         new = entry.get("new") if entry is not None else None
         if new is not None and (new in prune or txn.pruned(new) is not None):
             expired.append((ref, seq))
-        elif _of_deleted_ref(txn, ref, entry, before):
+        elif refs.deleted_entry_expired(txn, ref, entry, now):
             expired.append((ref, seq))
     sweep.reflog_expired = len(expired)
     # The one walk fsck makes too; damage stops gc before anything is deleted.
@@ -336,6 +338,11 @@ def _sweep(txn, objects, policy: Retention, force: bool, dry_run: bool, chunks=N
         writes += [("delete", (kind, oid)) for oid in dead]
     dead = _sweep_chunks(sweep, txn, spill, chunks, dry_run, where)
     if not dry_run:
+        # a registered pack no live chunk lies in leaves the index whole, one write, before the
+        # chunk entries go: its dead chunks then need no tombstone each (pages a full disk may
+        # not have), and no commit can deduplicate against it once this commits
+        unused = [name for _, name, _ in txn.registered_packs() if name not in sweep.live]
+        writes += [("unregister_packs", (unused,))] if unused else []
         writes += [(_delete_chunks, (dead,))] if apply else [("delete_chunk", (cid,)) for cid in dead()]
     writes += [("delete_pruned", (oid,)) for oid in txn.ids("pruned") if oid not in live.commits]
     if apply and not dry_run:
@@ -432,13 +439,6 @@ def _write(txn, writes: list) -> None:
             getattr(txn, method)(*args)
 
 
-def _of_deleted_ref(txn, ref: str, entry, before_us: int) -> bool:
-    """Whether a reflog entry belongs to a deleted branch or tag and is older than
-    ``before_us``: a deleted ref's history is kept for gc's grace period only."""
-    when = entry.get("time") if entry is not None else None
-    return (ref != refs.HEAD and type(when) is int and when < before_us and txn.ref(ref) is None)
-
-
 STEP = 256  # index writes per transaction when the disk is full
 
 
@@ -452,7 +452,7 @@ def _sweep_on_a_full_disk(repo, policy: Retention, force: bool, grace: float = G
     deleted (retention's notes go first), so stopping halfway leaves less
     garbage, never a lost commit; the packs are deleted after."""
     with repo.index.read() as txn:
-        sweep = _sweep(txn, repo.objects, policy, force, False, repo.chunks, apply=False, grace=grace,
+        sweep = _sweep(txn, repo.objects, policy, force, False, repo.chunks, apply=False,
                        where=where, budget=budget)
     start, step = 0, STEP
     while start < len(sweep.writes):

@@ -285,9 +285,6 @@ def test_log_and_status_say_where_the_commits_are_when_head_s_branch_has_none(re
     assert "the commits are on run" in cli(repo, "status").stdout
 
 
-@pytest.mark.xfail(strict=True, reason="needs mvc/gc.py to expire a deleted ref's reflog by refs.deleted_entry_expired "
-                                       "(30 days) instead of its 60 s grace for packs: the change is in the best "
-                                       "branch's report; drop this mark with it")
 def test_gc_keeps_a_deleted_branch_for_days_not_its_grace(repo):
     repo.commit({"w": torch.zeros(4)}, "base")
     tip = [repo.commit({"w": torch.full((4,), float(i))}, f"exp {i}", branch="exp").id for i in range(3)][-1]

@@ -126,8 +126,10 @@ def test_unreachable_objects_are_removed_once_no_reflog_entry_names_them(repo):
     repo.delete_branch("keep", force=True)
     assert repo.gc(grace=0).commits_removed == 0  # side's own reflog still remembers side
     repo.delete_branch("side", force=True)
-    assert repo.gc().commits_removed == 0  # a deleted branch's reflog keeps it for gc's grace period...
-    report = repo.gc(grace=0)  # ...and no longer
+    assert repo.gc(grace=0).commits_removed == 0  # a deleted branch's reflog keeps it (30 days)...
+    repo.reflog.expire("keep")
+    repo.reflog.expire("side")
+    report = repo.gc(grace=0)  # ...until its reflog is expired
     assert report.commits_removed == 3 and report.trees_removed == 3 and report.packs_deleted == 3
     assert report.tensors_removed == 3  # "frozen" is shared with main, so only side's "w"s go
     with pytest.raises(mvc.UnknownRevision):

@@ -121,6 +121,7 @@ def test_gc_takes_a_pack_out_of_the_index_before_deleting_it(repo):
     repo.commit(_state(5), "two")
     repo.commit(_state(4), "one", branch="gone", start="main")
     repo.delete_branch("gone", force=True)
+    repo.reflog.expire("gone")
     report = repo.gc(grace=0)
     assert report.chunks_removed == 8
     assert len(_packs(repo)) == 1 == len(_pidx(repo)) == len([k for k, _ in _raw_db(repo, "packidx") if len(k) == 16])

@@ -586,6 +586,7 @@ out["commit_full"] = mvc_cli("-C", os.path.join(root, "r3"), "commit", os.path.j
 empty()
 mvc.Repository.open(os.path.join(root, "r3")).close()  # lock.mdb made again
 fill()
+out["expire_full"] = mvc_cli("-C", os.path.join(root, "r3"), "reflog", "expire", "tmp")  # as Git's reflog expire
 out["gc_full"] = mvc_cli("-C", os.path.join(root, "r3"), "gc", "--grace", "0")
 out["free_after_gc"] = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
 out["fsck"] = mvc_cli("-C", os.path.join(root, "r3"), "fsck")

@@ -57,6 +57,7 @@ def test_delete_a_remote_branch_and_prune_its_tracking_ref(pushed, tmp_path, s3)
     assert [u.status for u in report.refs if u.ref == "remotes/origin/exp"] == ["pruned"]
     assert "origin/exp" not in {r.name for r in other.remotes.branches()}
     other.delete_tag("v1")  # the tag came here as a local tag (as in git): it would keep exp's commit
+    other.reflog.expire("v1")  # and its reflog would, for 30 days
     gc = other.gc(grace=0)
     assert gc.chunks_removed > 0  # the deleted branch's tracking ref (and its reflog) kept them alive before
     repo.commit(state(2), "exp again", branch="exp")

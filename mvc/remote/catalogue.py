@@ -8,6 +8,17 @@ database maps chunk id -> (remote pack name, data offset, length), whose
 ``meta`` holds ``pack:KEY`` -> the ids a pack lists and ``used:PACK`` -> when
 this repository last read local pack PACK, for LRU eviction).
 
+A lazy clone lists the chunk packs without reading their trailers
+(``refresh(bucket, trailers=False)``): such a pack is **unread**
+(``unread:KEY`` -> its listing stamp). Every chunk lookup is still complete
+against the listing: one that misses reads unread trailers (a batch at a
+time, in threads) until it finds its ids or none is left unread, so an id is
+called absent only once every listed pack's trailer was read. So a load
+reads the trailers it needs (and, at worst, all of them), never more than a
+refresh would. An unread pack listed again with another size or stamp, or
+whose trailer does not read when it is needed, is **damaged**
+(``damaged:KEY`` -> its stamp): packs are written whole and never modified.
+
 It is derived data: deleting the folder loses nothing; the next command
 that needs it lists the remote and reads the trailers again. ``refresh``
 also forgets packs that are no longer listed (deleted on the remote), so
@@ -17,10 +28,11 @@ nothing is evicted locally on the strength of a copy that is gone.
 import os
 import shutil
 import struct
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from .. import encoding
 from ..errors import CorruptObject
@@ -56,6 +68,11 @@ class Catalogue:
         # names of packs the lookups treat as absent: those a remote gc condemned (a push must
         # not count on them, docs/format.md 11.6)
         self.avoid: frozenset = frozenset()
+        # () -> the remote's bucket: set by the connection, so a lookup can read unread trailers
+        self.source: Optional[Callable] = None
+        self.orphans: set = set()  # ids the last refresh found gone with their pack (and not elsewhere)
+        self.trailers_read = 0  # trailers this catalogue read (a measure for benchmarks and tests)
+        self._reading = threading.Lock()
 
     def shun(self, keys) -> None:
         """Treat the packs ``keys`` as absent in every lookup from now on (for this command)."""
@@ -64,19 +81,82 @@ class Catalogue:
     # -- lookups ----------------------------------------------------------------
 
     def chunk(self, cid: bytes, txn=None) -> Optional[Location]:
+        """Where the remote holds chunk ``cid`` (None: nowhere); with ``txn``, as far as the
+        trailers read so far say (no unread trailer is read)."""
         if txn is None:
-            with self.index.read() as txn:
-                return self.chunk(cid, txn)
+            return self.chunks([cid]).get(cid)
         loc = txn.chunk(cid)
         return None if loc is None or loc.pack in self.avoid else loc
 
     def has_chunk(self, cid: bytes) -> bool:
         return self.chunk(cid) is not None
 
-    def chunks(self, ids: Iterable[bytes]) -> dict:
-        """{id: Location} of the ids the remote holds."""
+    def chunks(self, ids: Iterable[bytes], complete: bool = True) -> dict:
+        """{id: Location} of the ids the remote holds. ``complete``: an id no trailer read so far
+        lists is looked for in the unread ones (read until it is found); False: only those read."""
+        ids = list(ids)
         with self.index.read() as txn:
-            return {cid: loc for cid in ids if (loc := self.chunk(cid, txn)) is not None}
+            out = {cid: loc for cid in ids if (loc := self.chunk(cid, txn)) is not None}
+        if complete and len(out) < len(ids) and self.source is not None:
+            lacking = {cid for cid in ids if cid not in out}
+            if self.read_unread(lacking):
+                with self.index.read() as txn:
+                    out.update((cid, loc) for cid in lacking if (loc := self.chunk(cid, txn)) is not None)
+        return out
+
+    def unread(self) -> dict:
+        """{chunk pack key: its listing stamp} of the packs listed whose trailers were not read."""
+        with self.index.read() as txn:
+            return {key.decode()[7:]: encoding.unpack(txn.meta(key.decode()), "catalogue entry")
+                    for key in txn.ids("meta", b"unread:")}
+
+    def damaged(self) -> list:
+        """Keys of the listed packs found damaged before their trailers were read (see the module's docstring)."""
+        with self.index.read() as txn:
+            return sorted(key.decode()[8:] for key in txn.ids("meta", b"damaged:"))
+
+    def read_unread(self, wanted: Optional[set] = None) -> int:
+        """Read unread trailers, a batch of ``THREADS`` at a time, until every id of ``wanted`` is
+        located (None: read them all); how many were read. Raises RemoteError."""
+        with self._reading:
+            pending = self.unread()
+            if not pending or self.source is None:
+                return 0
+            bucket, done = self.source(), 0
+            keys = sorted(pending)
+            while keys:
+                batch, keys = keys[:THREADS], keys[THREADS:]
+                self._read_packs(bucket, {key: pending[key] for key in batch})
+                done += len(batch)
+                if wanted is not None:
+                    with self.index.read() as txn:
+                        wanted = {cid for cid in wanted if self.chunk(cid, txn) is None}
+                    if not wanted:
+                        break
+            return done
+
+    def _read_packs(self, bucket, stamps: dict) -> None:
+        """Read the trailers of packs {key: (size, stamp)} and catalogue them; one that does not
+        read (damaged, or deleted since it was listed) is noted damaged or forgotten."""
+        def read(key):
+            if stamps[key][0] < MIN_PACK_BYTES:  # a zero-byte object, say: no reader can parse it
+                return key, CorruptObject
+            try:
+                return key, read_trailer(bucket, key, stamps[key][0])
+            except CorruptObject:
+                return key, CorruptObject
+            except NotFound:
+                return key, NotFound
+        with ThreadPoolExecutor(THREADS) as pool:
+            for key, entries in pool.map(read, sorted(stamps)):
+                self.trailers_read += 1
+                if isinstance(entries, list):
+                    self.add_pack(key, entries, stamps[key])
+                    continue
+                with self.index.write() as txn:
+                    txn.delete("meta", ("unread:" + key).encode())
+                    if entries is CorruptObject and key.startswith(layout.CHUNK_PACKS):
+                        txn.put_meta("damaged:" + key, encoding.pack(_plain(stamps[key])))
 
     def has_objects(self, ids: Iterable[bytes]) -> set:
         with self.index.read() as txn:
@@ -98,11 +178,26 @@ class Catalogue:
                     for key in txn.ids("meta", b"pack:")}
 
     def pack_keys(self) -> set:
+        """Keys of the packs catalogued (their trailers read) or listed unread."""
         with self.index.read() as txn:
-            return {key.decode()[5:] for key in txn.ids("meta", b"pack:")}
+            return {key.decode()[5:] for key in txn.ids("meta", b"pack:")} | \
+                {key.decode()[7:] for key in txn.ids("meta", b"unread:")}
+
+    def object_locations(self, ids: Iterable[bytes]) -> dict:
+        """{id: (object pack key, data offset, length)} of the ids the remote's object packs hold."""
+        with self.index.read() as txn:
+            out = {}
+            for oid in ids:
+                raw = txn.get(OBJECTS_DB, oid)
+                if raw is not None:
+                    name, offset, length = _LOC.unpack(raw)
+                    if name not in self.avoid:
+                        out[oid] = (layout.pack_key(layout.OBJECT_PACKS, name), offset, length)
+            return out
 
     def remote_bytes(self) -> tuple:
-        """(chunks, bytes of chunk data) the remote holds, as catalogued."""
+        """(chunks, bytes of chunk data) the remote holds, as catalogued (unread trailers read first)."""
+        self.read_unread()
         with self.index.read() as txn:
             n = total = 0
             for _, loc in txn.chunks():
@@ -125,6 +220,8 @@ class Catalogue:
                 else:
                     txn.put_chunk(cid, Location(name, offset, length))
             txn.put_meta("pack:" + key, encoding.pack([cid for cid, _, _ in entries]))
+            txn.delete("meta", ("unread:" + key).encode())
+            txn.delete("meta", ("damaged:" + key).encode())
             if stamp is not None:
                 txn.put_meta("stamp:" + key, encoding.pack(_plain(stamp)))
 
@@ -149,43 +246,57 @@ class Catalogue:
         txn.delete("meta", ("stamp:" + key).encode())
         return orphans
 
-    def refresh(self, bucket) -> int:
+    def refresh(self, bucket, trailers: bool = True) -> int:
         """List the remote's packs; read the trailers of new ones, forget vanished ones.
 
-        Returns how many packs were new. A pack whose trailer is damaged is
-        left out (``mvc fsck --remote`` names it), also one catalogued before
-        whose listing changed since. Raises RemoteError.
+        ``trailers=False`` (a lazy clone): new chunk packs are noted unread instead (object packs
+        are always read), and read when a lookup needs them. Returns how many packs were new. A
+        pack whose trailer is damaged is left out (``mvc fsck --remote`` names it), also one
+        catalogued before whose listing changed since; one noted unread whose listing changed is
+        noted damaged if its trailer does not read now. Raises RemoteError.
         """
         stamps = {key: (size, stamp) for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS)
                   for key, size, stamp in bucket.list_stamps(folder) if layout.pack_name(key) is not None}
         listed = {key: size for key, (size, _) in stamps.items()}
-        known = self.pack_keys()
-        # a pack is written whole and never modified: one listed with another size or stamp (time,
-        # etag) than when its trailer was read (cut short, emptied, rewritten) is read again, so a
-        # damaged pack is dropped here instead of being relied on (fsck --remote names it)
         with self.index.read() as txn:
+            known = {key.decode()[5:] for key in txn.ids("meta", b"pack:")}
+            # a pack is written whole and never modified: one listed with another size or stamp (time,
+            # etag) than when its trailer was read (cut short, emptied, rewritten) is read again, so a
+            # damaged pack is dropped here instead of being relied on (fsck --remote names it)
             changed = {key for key in known & stamps.keys() if _stamp(txn, key) != _plain(stamps[key])}
+        unread, damaged = self.unread(), self._damaged_stamps()
         gone = (known - listed.keys()) | changed
         orphans = set()
-        if gone:
+        with self.index.write() as txn:
+            for key in gone:
+                orphans |= self._drop_pack(txn, key)
+            for key in unread.keys() - listed.keys():
+                txn.delete("meta", ("unread:" + key).encode())
+            for key in damaged:
+                if damaged[key] != _plain(stamps.get(key)):  # gone, or listed anew (a repair's rewrite)
+                    txn.delete("meta", ("damaged:" + key).encode())
+        recheck = {key for key in unread.keys() & listed.keys() if unread[key] != _plain(stamps[key])}
+        new = [key for key in listed if key in changed or key in recheck or
+               (key not in known and key not in unread and damaged.get(key) != _plain(stamps[key]))]
+        later = {} if trailers else {key: stamps[key] for key in new
+                                     if key.startswith(layout.CHUNK_PACKS) and key not in recheck and key not in changed}
+        if later:
             with self.index.write() as txn:
-                for key in gone:
-                    orphans |= self._drop_pack(txn, key)
-        new = [key for key in listed if key not in known or key in changed]
-
-        def read(key):
-            if listed[key] < MIN_PACK_BYTES:  # a zero-byte object, say: no reader can parse it
-                return key, None
-            try:
-                return key, read_trailer(bucket, key, listed[key])
-            except (CorruptObject, NotFound):  # damaged, or deleted since the listing
-                return key, None
-        with ThreadPoolExecutor(THREADS) as pool:
-            for key, entries in pool.map(read, new):
-                if entries is not None:
-                    self.add_pack(key, entries, stamps[key])
+                for key, stamp in later.items():
+                    txn.put_meta("unread:" + key, encoding.pack(_plain(stamp)))
+        self._read_packs(bucket, {key: stamps[key] for key in new if key not in later})
+        if trailers:
+            self._read_packs(bucket, {key: stamps[key] for key in unread.keys() & listed.keys()
+                                      if key not in recheck})
         self._relist(bucket, stamps, orphans)
-        return len(new) - len(changed)
+        with self.index.read() as txn:
+            self.orphans = {i for i in orphans if txn.chunk(i) is None}
+        return len(new) - len(changed) - len(recheck)
+
+    def _damaged_stamps(self) -> dict:
+        with self.index.read() as txn:
+            return {key.decode()[8:]: encoding.unpack(txn.meta(key.decode()), "catalogue entry")
+                    for key in txn.ids("meta", b"damaged:")}
 
     def _relist(self, bucket, stamps: dict, orphans: set) -> None:
         """Point ``orphans`` (ids a forgotten pack listed) at another known pack that lists them.

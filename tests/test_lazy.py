@@ -82,11 +82,12 @@ def test_a_load_of_one_key_reads_its_tensor_object_and_only_the_trailers_it_need
         got = lazy.load("main", only="a")
         assert same(got, {"a": origin.load("main")["a"]})
         assert tensor_ids(lazy) == {leaf(lazy, "a")}  # kept here, verified
-        # trailers are read in key order, two at a time, until the packs holding a's chunks are found
+        # trailers are read newest first, two at a time, until the packs holding a's chunks are found
         with lazy.index.read() as txn:
             wanted = set(lazy.objects.tensor(txn, leaf(lazy, "a")).chunks)
-        order = sorted(f"packs/{p.name}" for p in chunk_packs(tmp_path))
-        holds = [bool(wanted & {cid for cid, _, _ in read_trailer(FolderBucket(tmp_path / "remote"), key)})
+        remote = FolderBucket(tmp_path / "remote")
+        order = catalogue.read_order({key: [size, stamp] for key, size, stamp in remote.list_stamps("packs/")})
+        holds = [bool(wanted & {cid for cid, _, _ in read_trailer(remote, key)})
                  for key in order]
         last = max(i for i, held in enumerate(holds) if held)
         assert packs - len(unread(lazy)) == min(packs, (last // 2 + 1) * 2)
@@ -171,3 +172,19 @@ def test_a_lazy_clone_of_seaweedfs_reads_one_tensor_on_demand(tmp_path, seaweedf
             assert same(lazy.load("main"), state(0)) and lazy.fsck().ok
     finally:
         repo.close()
+
+
+def test_a_lazy_clone_that_read_nothing_finds_lost_packs_at_its_first_read(origin, tmp_path):
+    """What a lazy clone never read it cannot check cheaply (every tensor object and trailer): its
+    fetch passes, and the first read of the lost data fails clearly; fsck (a walk) names it."""
+    mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True).close()
+    for pack in chunk_packs(tmp_path):
+        pack.unlink()
+    with mvc.Repository.open(tmp_path / "lz") as lazy:
+        assert lazy.remotes.fetch().lost == 0
+        with pytest.raises(mvc.errors.ObjectNotFound) as err:
+            lazy.load("main", only="a")
+        assert "neither here nor on remote 'origin'" in str(err.value)
+        assert not lazy.fsck().ok
+        with pytest.raises(RemoteDamaged):  # now it read them, it relies on them
+            lazy.remotes.fetch()

@@ -123,7 +123,7 @@ class Catalogue:
             if not pending or self.source is None:
                 return 0
             bucket, done = self.source(), 0
-            keys = sorted(pending)
+            keys = read_order(pending)
             while keys:
                 batch, keys = keys[:THREADS], keys[THREADS:]
                 self._read_packs(bucket, {key: pending[key] for key in batch})
@@ -335,6 +335,20 @@ class Catalogue:
 def _plain(stamp):
     """``stamp`` as msgpack gives it back (tuples as lists), so a stored one compares equal."""
     return [_plain(v) for v in stamp] if isinstance(stamp, (tuple, list)) else stamp
+
+
+def _when(entry) -> float:
+    """The listing time in an unread pack's (size, stamp) entry (a stamp is a time, or [time, etag])."""
+    stamp = entry[1] if isinstance(entry, (list, tuple)) and len(entry) == 2 else None
+    stamp = stamp[0] if isinstance(stamp, (list, tuple)) and stamp else stamp
+    return float(stamp) if isinstance(stamp, (int, float)) else 0.0
+
+
+def read_order(unread: dict) -> list:
+    """The order lookups read unread trailers in: newest pack first. Reads go mostly to recent
+    history, whose chunks the latest pushes wrote; a chunk every push shares lies in an old pack
+    and is found last (at worst every trailer is read, as a full refresh would)."""
+    return sorted(unread, key=lambda key: (-_when(unread[key]), key))
 
 
 def _stamp(txn, key: str):

@@ -278,8 +278,8 @@ class Catalogue:
         recheck = {key for key in unread.keys() & listed.keys() if unread[key] != _plain(stamps[key])}
         new = [key for key in listed if key in changed or key in recheck or
                (key not in known and key not in unread and damaged.get(key) != _plain(stamps[key]))]
-        later = {} if trailers else {key: stamps[key] for key in new
-                                     if key.startswith(layout.CHUNK_PACKS) and key not in recheck and key not in changed}
+        later = {} if trailers else {key: stamps[key] for key in new if key.startswith(layout.CHUNK_PACKS)
+                                     and key not in recheck and key not in changed}
         if later:
             with self.index.write() as txn:
                 for key, stamp in later.items():

@@ -147,7 +147,7 @@ def _behind(repo, conn: Connection, tips: list) -> set:
     still stops where the remote's history begins."""
     with repo.index.read() as txn:
         stale = any(txn.get("commits", tip) is None for tip in tips)
-    fetched = _incoming_objects(repo, conn) if stale else {}
+    fetched = _incoming_lazy(repo, conn, tips) if stale else {}  # their commits (and trees), not tensor objects
     with repo.index.read() as txn:
         def commit(oid):
             if txn.get("commits", oid) is not None:
@@ -296,7 +296,7 @@ def _refuse_pruned_tips(repo, conn: Connection, targets: dict) -> None:
     if not held:
         return
     notes = {}
-    for oid, data in _incoming_objects(repo, conn).items():
+    for oid, data in _incoming_lazy(repo, conn, []).items():  # the notes are among the small records
         kind, obj = classify(data, oid)
         if kind == "pruned":
             notes[obj["commit"]] = obj.get("policy", "retention")
@@ -501,7 +501,7 @@ def _check_landed(repo, conn: Connection, key: str, body: bytes, etag: str, tip:
 def _remote_descends(repo, conn: Connection, new: bytes, old: bytes) -> bool:
     """Whether commit ``new`` (on the remote, maybe not here) is ``old`` or descends from it."""
     conn.catalogue.refresh(conn.bucket)
-    fetched = _incoming_objects(repo, conn)
+    fetched = _incoming_lazy(repo, conn, [new])
     with repo.index.read() as txn:
         def commit(oid):  # here, or among the remote's objects; anything else ends the line
             if txn.get("commits", oid) is not None:
@@ -803,22 +803,20 @@ def _refuse_damaged_packs(conn: Connection) -> None:
                             "gone", remote=conn.name, ids=())
 
 
-SMALL_RECORD = 4 << 10  # object records a lazy fetch reads without knowing their kind (see _incoming_lazy)
-
-
 def _incoming_lazy(repo, conn: Connection, tips: list) -> dict:
     """{id: bytes} of the remote's objects a lazy clone's fetch reads, verified: the commits and trees
     the remote's ``tips`` reach that are not here, and every record not here of at most
-    ``SMALL_RECORD`` bytes (pruned notes are found that way: nothing names their ids). Tensor objects
+    ``transfer.SMALL_RECORD`` bytes (pruned notes are found that way: nothing names their ids). Tensor objects
     stay on the remote until a read or a walk needs one (``tiers.LazyObjects``): what this reads
-    grows with commits and tensors, never with chunks (a tensor object under ``SMALL_RECORD`` lists
+    grows with commits and tensors, never with chunks (a tensor object under ``transfer.SMALL_RECORD`` lists
     at most about 110 chunks). The commits are read a generation at a time, each by ranged reads
     of the object packs (the catalogue's object table, from their trailers)."""
     with repo.index.read() as txn:
         lacking = [oid for ids in conn.catalogue.object_packs().values() for oid in ids
                    if all(txn.get(kind, oid) is None for kind in ("commits", "trees", "tensors"))]
     located = conn.catalogue.object_locations(lacking)
-    out = transfer.read_records(conn.bucket, {oid: loc for oid, loc in located.items() if loc[2] <= SMALL_RECORD})
+    small = {oid: loc for oid, loc in located.items() if loc[2] <= transfer.SMALL_RECORD}
+    out = transfer.read_records(conn.bucket, small)
     seen: set = set()
     wave = list(tips)
     while wave:

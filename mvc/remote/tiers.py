@@ -64,7 +64,6 @@ from ..store.chunks import THREADS, ChunkStore, Forwarding
 from ..store.objectstore import CORRUPT, MISSING, ObjectStore
 from ..traverse import walk as walk_tree
 from . import config, transfer
-from .catalogue import Catalogue, read_trailer
 from .connection import Connection, classify
 
 
@@ -526,17 +525,19 @@ def _kept_by_remote(repo, txn, remote_tips: list, pruned_there: set) -> set:
 
 def _pruned_there(repo, conn: Connection) -> set:
     """The commits the remote's retention pruned: its ``pruned`` notes, read (verified) from the
-    object packs holding records not indexed here (notes never are; fetch reads the same packs).
-    A retention run since the last fetch is seen here, before its young packs are deleted."""
+    small records of its object packs not indexed here (notes never are, and are small; fetch
+    reads the same). A retention run since the last fetch is seen here, before its young packs
+    are deleted."""
     with repo.index.read() as txn:
-        wanted = [key for key, ids in conn.catalogue.object_packs().items()
-                  if any(all(txn.get(kind, oid) is None for kind in ("commits", "trees", "tensors")) for oid in ids)]
+        lacking = [oid for ids in conn.catalogue.object_packs().values() for oid in ids
+                   if all(txn.get(kind, oid) is None for kind in ("commits", "trees", "tensors"))]
+    located = conn.catalogue.object_locations(lacking)
     out = set()
-    for key in sorted(wanted):
-        for oid, data in transfer.read_pack_records(conn.bucket, key, read_trailer(conn.bucket, key)).items():
-            kind, obj = classify(data, oid)
-            if kind == "pruned":
-                out.add(obj["commit"])
+    small = {oid: loc for oid, loc in located.items() if loc[2] <= transfer.SMALL_RECORD}
+    for oid, data in transfer.read_records(conn.bucket, small).items():
+        kind, obj = classify(data, oid)
+        if kind == "pruned":
+            out.add(obj["commit"])
     return out
 
 

@@ -304,6 +304,11 @@ def read_pack_records(bucket, key: str, entries: list) -> dict:
 
 
 
+# object records at most this long are read without knowing their kind (a pack's trailer does not
+# say it): pruned notes, most commits and trees, and tensor objects of at most about 110 chunks
+SMALL_RECORD = 4 << 10
+
+
 def read_records(bucket, located: dict, gap: int = 4 << 10, threads: int = THREADS) -> dict:
     """{id: bytes} of object records {id: (object pack key, data offset, length)}, read with ranged
     GETs (records of one pack less than ``gap`` bytes apart share one), each verified against its

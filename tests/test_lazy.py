@@ -110,10 +110,17 @@ def test_fetch_into_a_lazy_clone_reads_no_tensor_object_nor_new_chunk_trailer(or
         assert same(lazy.load("origin/main"), state(2))
 
 
-def test_a_walk_in_a_lazy_clone_reads_the_tensor_objects_it_needs(origin, tmp_path):
+@pytest.mark.parametrize("walk", ["fsck", "gc", "diff"])
+def test_a_walk_in_a_lazy_clone_reads_the_tensor_objects_it_needs(origin, tmp_path, walk):
     with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
-        report = lazy.fsck()
-        assert report.ok and len(tensor_ids(lazy)) == 2 * len(KEYS)
+        if walk == "fsck":
+            assert lazy.fsck().ok
+        elif walk == "gc":
+            assert lazy.gc().chunks_removed == 0
+        else:
+            assert len(lazy.diff("main~1", "main", read_data=False).changed()) == len(KEYS)
+        assert len(tensor_ids(lazy)) == 2 * len(KEYS)
+        assert lazy.fsck().ok and same(lazy.load("main"), origin.load("main"))
 
 
 def test_a_tensor_object_damaged_on_the_remote_is_refused_and_not_kept(origin, tmp_path):

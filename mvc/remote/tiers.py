@@ -61,6 +61,7 @@ from ..errors import (CorruptObject, LockHeld, MvcError, NotConfigured, NotFound
 from ..objects import TensorLeaf, TensorObject
 from ..store import fs
 from ..store.chunks import THREADS, ChunkStore, Forwarding
+from ..store import index as index_module
 from ..store.objectstore import CORRUPT, MISSING, ObjectStore
 from ..traverse import walk as walk_tree
 from . import config, transfer
@@ -142,7 +143,7 @@ class LazyObjects(ObjectStore):
         if verdict != MISSING or kind != "tensors":
             return verdict, value
         try:
-            data = self._remote(oid)
+            data = self._remote(txn, oid)
         except (CorruptObject, NotFound) as exc:  # RemoteCorrupt: a damaged copy there
             return CORRUPT, f"its copy on remote {self.cache.name!r} is damaged: {exc}"
         if data is None:
@@ -157,10 +158,10 @@ class LazyObjects(ObjectStore):
         tensor object this store read from the remote (verified); None if neither."""
         data = txn.get(kind, oid)
         if data is None and kind == "tensors":
-            data = self._remote(oid)
+            data = self._remote(txn, oid)
         return data
 
-    def _remote(self, oid: bytes):
+    def _remote(self, txn, oid: bytes):
         """The verified bytes of tensor object ``oid`` from the remote (kept here), or None if it holds none."""
         with self._lock:
             if oid in self._memo:
@@ -183,9 +184,13 @@ class LazyObjects(ObjectStore):
                 return None
             data = transfer.read_records(conn.bucket, located)[oid]
         TensorObject.decode(data)  # CorruptObject before it is kept
-        if not self.index.readonly:
-            with self.index.write() as txn:
-                txn.put("tensors", oid, data)
+        if self.index.env in index_module._writing():
+            # asked inside this thread's write transaction (``txn`` is it: one writer a thread): kept
+            # with it, as a new write transaction here would wait on its own lock
+            txn.put("tensors", oid, data)
+        elif not self.index.readonly:
+            with self.index.write() as w:
+                w.put("tensors", oid, data)
         with self._lock:
             self.fetched += 1
             self.fetched_bytes += len(data)

@@ -116,16 +116,18 @@ class Catalogue:
             return sorted(key.decode()[8:] for key in txn.ids("meta", b"damaged:"))
 
     def read_unread(self, wanted: Optional[set] = None) -> int:
-        """Read unread trailers, a batch of ``THREADS`` at a time, until every id of ``wanted`` is
-        located (None: read them all); how many were read. Raises RemoteError."""
+        """Read unread trailers in ``read_order``, in batches of 1, 2, 4 ... up to ``THREADS`` (read
+        in threads), until every id of ``wanted`` is located (None: read them all); how many were
+        read. Raises RemoteError."""
         with self._reading:
             pending = self.unread()
             if not pending or self.source is None:
                 return 0
-            bucket, done = self.source(), 0
+            bucket, done, size = self.source(), 0, 1 if wanted is not None else THREADS
             keys = read_order(pending)
             while keys:
-                batch, keys = keys[:THREADS], keys[THREADS:]
+                batch, keys = keys[:size], keys[size:]
+                size = min(THREADS, 2 * size)
                 self._read_packs(bucket, {key: pending[key] for key in batch})
                 done += len(batch)
                 if wanted is not None:

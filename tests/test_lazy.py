@@ -200,3 +200,26 @@ def test_a_lazy_clone_that_read_nothing_finds_lost_packs_at_its_first_read(origi
         assert not lazy.fsck().ok
         with pytest.raises(RemoteDamaged):  # now it read them, it relies on them
             lazy.remotes.fetch()
+
+
+def test_a_trailer_read_as_arrays_is_the_trailer_read_entry_by_entry():
+    """``parse_trailer_table`` (numpy, for the 3·10⁵-record trailers of 64-byte chunks) lists what
+    ``parse_trailer`` does, ids ending in zero bytes included, and refuses the same damage."""
+    import os
+    items = [(os.urandom(30) + b"\0\0", 64), (bytes(32), 10), (os.urandom(32), 100)] * 30
+    image = layout.PackImage(items)
+    data = bytes(image.data)
+    footer = data[-layout.FOOTER.size:]
+    start, stop = layout.trailer_span(footer, len(data), "k")
+    ids, offsets, lengths = layout.parse_trailer_table(data[start:stop], footer, len(data), "k")
+    assert list(zip(ids, offsets.tolist(), lengths.tolist())) == layout.parse_trailer(data[start:stop], footer,
+                                                                                      len(data), "k")
+    assert ids[0].endswith(b"\0\0") and ids[1] == bytes(32)
+    flipped = bytearray(data[start:stop])
+    flipped[10] ^= 1
+    with pytest.raises(CorruptObject):
+        layout.parse_trailer_table(bytes(flipped), footer, len(data), "k")
+    short = data[:start - 1] + data[start:]  # every offset now points one byte past the data it names
+    with pytest.raises(CorruptObject):
+        layout.parse_trailer_table(data[start:stop], footer[:-16] + (start - 1).to_bytes(8, "little") +
+                                   footer[-8:], len(short), "k")

@@ -34,11 +34,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+import numpy as np
+
 from .. import encoding
 from ..errors import CorruptObject
 from ..store import fs
 from ..store.index import Index
-from ..store.packs import Location
+from ..store.packs import INDEX_RAW, Location
 from . import layout
 from .bucket import NotFound
 
@@ -47,6 +49,8 @@ THREADS = 8
 MIN_PACK_BYTES = len(layout.HEADER) + 4 + layout.FOOTER.size  # header, an empty trailer, the footer
 _LOC = struct.Struct("<16sQI")
 OBJECTS_DB = "tensors"  # this environment's object table: id -> location in an object pack
+_INDEX_RAW = np.dtype([("pack", "V16"), ("offset", "<u8"), ("length", "<u4")])
+assert _INDEX_RAW.itemsize == INDEX_RAW.size
 
 
 def folder(repo_dir: Path, name: str) -> Path:
@@ -144,7 +148,7 @@ class Catalogue:
             if stamps[key][0] < MIN_PACK_BYTES:  # a zero-byte object, say: no reader can parse it
                 return key, CorruptObject
             try:
-                return key, read_trailer(bucket, key, stamps[key][0])
+                return key, read_trailer_table(bucket, key)
             except CorruptObject:
                 return key, CorruptObject
             except NotFound:
@@ -152,8 +156,8 @@ class Catalogue:
         with ThreadPoolExecutor(THREADS) as pool:
             for key, entries in pool.map(read, sorted(stamps)):
                 self.trailers_read += 1
-                if isinstance(entries, list):
-                    self.add_pack(key, entries, stamps[key])
+                if isinstance(entries, tuple):
+                    self.add_table(key, *entries, stamps[key])
                     continue
                 with self.index.write() as txn:
                     txn.delete("meta", ("unread:" + key).encode())
@@ -222,6 +226,25 @@ class Catalogue:
                 else:
                     txn.put_chunk(cid, Location(name, offset, length))
             txn.put_meta("pack:" + key, encoding.pack([cid for cid, _, _ in entries]))
+            txn.delete("meta", ("unread:" + key).encode())
+            txn.delete("meta", ("damaged:" + key).encode())
+            if stamp is not None:
+                txn.put_meta("stamp:" + key, encoding.pack(_plain(stamp)))
+
+    def add_table(self, key: str, ids: list, offsets, lengths, stamp: Optional[tuple] = None) -> None:
+        """``add_pack`` of a trailer as ``read_trailer_table`` gives it: a chunk pack's entries go in
+        with one ``putmulti`` (an id some pack catalogued before keeps that entry, as in ``add_pack``)."""
+        if key.startswith(layout.OBJECT_PACKS) or len(ids) < 64:
+            self.add_pack(key, list(zip(ids, offsets.tolist(), lengths.tolist())), stamp)
+            return
+        values = np.zeros(len(ids), dtype=_INDEX_RAW)  # packs.INDEX_RAW (a raw record) as an array
+        values["pack"] = np.void(layout.pack_name(key))
+        values["offset"], values["length"] = offsets, lengths
+        raw = values.tobytes()
+        width = _INDEX_RAW.itemsize
+        with self.index.write() as txn:
+            txn.put_new_chunks(ids, [raw[i:i + width] for i in range(0, len(raw), width)])
+            txn.put_meta("pack:" + key, encoding.pack(ids))
             txn.delete("meta", ("unread:" + key).encode())
             txn.delete("meta", ("damaged:" + key).encode())
             if stamp is not None:
@@ -360,10 +383,22 @@ def _stamp(txn, key: str):
 
 def read_trailer(bucket, key: str, size: Optional[int] = None) -> list:
     """The entries of remote pack ``key``'s trailer, verified; CorruptObject / RemoteError."""
+    body, footer, size = _trailer_bytes(bucket, key)
+    return layout.parse_trailer(body, footer, size, key)
+
+
+def read_trailer_table(bucket, key: str) -> tuple:
+    """``read_trailer`` as (ids, offsets, lengths) (``layout.parse_trailer_table``)."""
+    body, footer, size = _trailer_bytes(bucket, key)
+    return layout.parse_trailer_table(body, footer, size, key)
+
+
+def _trailer_bytes(bucket, key: str) -> tuple:
+    """(trailer, footer, pack size) of remote pack ``key``."""
     tail, size = bucket.get_tail(key, TAIL_BYTES)
     start, stop = layout.trailer_span(tail, size, key)
     if start >= size - len(tail):
         body = tail[start - (size - len(tail)):stop - (size - len(tail))]
     else:
         body = bucket.get_range(key, start, stop)
-    return layout.parse_trailer(body, tail[-layout.FOOTER.size:], size, key)
+    return body, tail[-layout.FOOTER.size:], size

@@ -751,7 +751,7 @@ def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> tuple:
         except CorruptObject:
             if attempt == 2:
                 raise
-            conn.catalogue.refresh(conn.bucket)
+            conn.catalogue.refresh(conn.bucket, trailers=not lazy)
 
 
 def _lost_here(repo, txn, conn: Connection, inc: _Incoming, fetched: dict, seen: set) -> int:

@@ -223,3 +223,40 @@ def test_a_trailer_read_as_arrays_is_the_trailer_read_entry_by_entry():
     with pytest.raises(CorruptObject):
         layout.parse_trailer_table(data[start:stop], footer[:-16] + (start - 1).to_bytes(8, "little") +
                                    footer[-8:], len(short), "k")
+
+
+def test_reading_tensor_metadata_makes_no_fetch_read_every_trailer(origin, tmp_path):
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+        assert len(lazy.entries("main")) == len(KEYS) + 1  # reads main's tensor objects, no chunk
+        before = unread(lazy)
+        assert lazy.remotes.fetch().lost == 0
+        assert unread(lazy) == before
+
+
+def test_a_lost_pack_a_lazy_clone_relied_on_is_named_at_every_fetch_until_repaired(origin, tmp_path):
+    """Relied on: main's chunks, loaded then evicted (read there when next needed). Packs pushed
+    since are listed, not read; the lost pack is still noticed, at every fetch, not only the first."""
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+        lazy.load("main")
+        lazy.checkout("main~1")
+        assert lazy.cache.evict(0).chunks_evicted > 0
+        origin.commit(state(5), "third")
+        origin.remotes.push()
+        assert lazy.remotes.fetch().objects == 2 and unread(lazy)
+        with lazy.index.read() as txn:
+            first = lazy.objects.tensor(txn, leaf(lazy, "a")).chunks[0]
+        catalogue = Catalogue(lazy.dir, "origin")
+        try:
+            with catalogue.index.read() as txn:
+                name = catalogue.chunk(first, txn).pack
+        finally:
+            catalogue.close()
+        (tmp_path / "remote" / layout.pack_key(layout.CHUNK_PACKS, name)).unlink()
+        for seed in (6, 7):  # a push between the two: packs listed and not read at each fetch
+            origin.commit(state(seed), "more")
+            origin.remotes.push()
+            with pytest.raises(RemoteDamaged) as err:
+                lazy.remotes.fetch()
+            assert first in err.value.ids
+        origin.remotes.repair()
+        assert lazy.remotes.fetch().lost == 0 and same(lazy.load("main"), state(1))

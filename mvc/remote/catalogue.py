@@ -49,6 +49,7 @@ THREADS = 8
 MIN_PACK_BYTES = len(layout.HEADER) + 4 + layout.FOOTER.size  # header, an empty trailer, the footer
 _LOC = struct.Struct("<16sQI")
 OBJECTS_DB = "tensors"  # this environment's object table: id -> location in an object pack
+LOST = "lost:"  # meta key prefix: chunk id (hex) -> b"", see Catalogue.lost
 _INDEX_RAW = np.dtype([("pack", "V16"), ("offset", "<u8"), ("length", "<u4")])
 assert _INDEX_RAW.itemsize == INDEX_RAW.size
 
@@ -74,7 +75,6 @@ class Catalogue:
         self.avoid: frozenset = frozenset()
         # () -> the remote's bucket: set by the connection, so a lookup can read unread trailers
         self.source: Optional[Callable] = None
-        self.orphans: set = set()  # ids the last refresh found gone with their pack (and not elsewhere)
         self.trailers_read = 0  # trailers this catalogue read (a measure for benchmarks and tests)
         self._reading = threading.Lock()
 
@@ -133,6 +133,7 @@ class Catalogue:
                 batch, keys = keys[:size], keys[size:]
                 size = min(THREADS, 2 * size)
                 self._read_packs(bucket, {key: pending[key] for key in batch})
+                self._settle()
                 done += len(batch)
                 if wanted is not None:
                     with self.index.read() as txn:
@@ -314,9 +315,30 @@ class Catalogue:
             self._read_packs(bucket, {key: stamps[key] for key in unread.keys() & listed.keys()
                                       if key not in recheck})
         self._relist(bucket, stamps, orphans)
-        with self.index.read() as txn:
-            self.orphans = {i for i in orphans if txn.chunk(i) is None}
+        with self.index.write() as txn:  # chunks located once whose pack went: see lost()
+            for cid in orphans:
+                if txn.chunk(cid) is None and txn.get(OBJECTS_DB, cid) is None:
+                    txn.put_meta(LOST + cid.hex(), b"")
+        self._settle()
         return len(new) - len(changed) - len(recheck)
+
+    def lost(self, ids: Iterable[bytes]) -> set:
+        """Those of ``ids`` (chunks) that a trailer read here listed once, in a pack since gone or
+        found damaged, and that no trailer read since lists: a lazy clone relied on them there."""
+        with self.index.read() as txn:
+            if not any(True for _ in txn.ids("meta", LOST.encode())):
+                return set()
+            return {cid for cid in ids if txn.meta(LOST + cid.hex()) is not None}
+
+    def _settle(self) -> None:
+        """Forget the lost marks of ids a trailer read since lists again (a repair's new pack)."""
+        with self.index.read() as txn:
+            found = [key for key in txn.ids("meta", LOST.encode())
+                     if txn.chunk(bytes.fromhex(key.decode()[len(LOST):])) is not None]
+        if found:
+            with self.index.write() as txn:
+                for key in found:
+                    txn.delete("meta", key)
 
     def _damaged_stamps(self) -> dict:
         with self.index.read() as txn:

@@ -769,10 +769,11 @@ def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetc
                    seen: Optional[set] = None) -> list:
     """Ids the closures of ``tips`` need that are neither here nor listed on the remote, as far as
     a lazy clone can tell without reading what it never used: the tensor objects that are neither
-    here nor in the remote's object packs, and the chunks of the tensor objects held here (those a
-    read or a walk used) that no pack the remote lists holds (looked for in every trailer, also
-    those not read yet). A lazy clone reads them from there, so a pack deleted there is noticed at
-    the next fetch. ``seen``: as ``reach.closure``'s."""
+    here nor in the remote's object packs, and the chunks of the tensor objects held here that it
+    relied on the remote for (located there once: ``Catalogue.lost``) and that no pack the remote
+    lists holds now (looked for in every trailer, also those not read yet); once every trailer is
+    read, every chunk of those tensor objects. A lazy clone reads them from there, so a pack
+    deleted there is noticed at the next fetch. ``seen``: as ``reach.closure``'s."""
     decoded = {oid: classify(data, oid) for _, oid, data in inc.objects}
     pruned = set(inc.pruned) | set(inc.notes)  # the remote's retention, not damage
     away: list = []
@@ -787,9 +788,14 @@ def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetc
     out = [cid for cid, _ in reach.closure(get, tips, lambda oid: oid in pruned or
                                            repo.objects.pruned(txn, oid) is not None, seen)]
     there = conn.catalogue.has_objects(away)
-    known = conn.catalogue.chunks(cid for cid in out if txn.chunk(cid) is None)
-    return [oid for oid in away if oid not in there] + \
-        [cid for cid in out if txn.chunk(cid) is None and cid not in known]
+    elsewhere = [cid for cid in out if txn.chunk(cid) is None]
+    known = conn.catalogue.chunks(elsewhere, complete=False)
+    unknown = [cid for cid in elsewhere if cid not in known]
+    if unknown and conn.catalogue.unread():  # a chunk never located may be in a trailer not read yet
+        relied = conn.catalogue.lost(unknown)
+        unknown = [cid for cid in unknown if cid in relied]
+        known = conn.catalogue.chunks(unknown)
+    return [oid for oid in away if oid not in there] + [cid for cid in unknown if cid not in known]
 
 
 def _refuse_damaged_packs(conn: Connection) -> None:

@@ -39,6 +39,7 @@ COMMITS, TENSORS = 10, 10
 _CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
+import torch  # imported before the clock starts: both versions load into torch tensors
 import mvc
 from mvc.remote import bucket as buckets
 read = {"bytes": 0, "calls": 0}

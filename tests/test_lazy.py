@@ -76,7 +76,7 @@ def test_a_lazy_clone_holds_no_tensor_object_and_reads_no_chunk_trailer(origin, 
 
 def test_a_load_of_one_key_reads_its_tensor_object_and_only_the_trailers_it_needs(origin, tmp_path, monkeypatch):
     from mvc.remote import catalogue
-    monkeypatch.setattr(catalogue, "THREADS", 2)  # trailers are read one, then two at a time
+    monkeypatch.setattr(catalogue, "THREADS", 2)  # trailers are read one, one, then two at a time
     # they are read newest first until the packs holding the key's chunks are found: how many that is
     remote = FolderBucket(tmp_path / "remote")
     order = catalogue.read_order({key: [size, stamp] for key, size, stamp in remote.list_stamps("packs/")})
@@ -85,9 +85,9 @@ def test_a_load_of_one_key_reads_its_tensor_object_and_only_the_trailers_it_need
     def reads(key: str) -> int:
         with origin.index.read() as txn:
             wanted = set(origin.objects.tensor(txn, leaf(origin, key)).chunks)
-        last, read, size = max(i for i, ids in enumerate(listed) if wanted & ids), 0, 1
+        last, read = max(i for i, ids in enumerate(listed) if wanted & ids), 0
         while read <= last:
-            read, size = read + size, 2
+            read += min(2, max(1, read))  # batches of 1, 1, 2, 2 ...
         return min(read, len(order))
     key = min(KEYS, key=reads)
     assert reads(key) < len(order)

@@ -120,18 +120,19 @@ class Catalogue:
             return sorted(key.decode()[8:] for key in txn.ids("meta", b"damaged:"))
 
     def read_unread(self, wanted: Optional[set] = None) -> int:
-        """Read unread trailers in ``read_order``, in batches of 1, 2, 4 ... up to ``THREADS`` (read
-        in threads), until every id of ``wanted`` is located (None: read them all); how many were
-        read. Raises RemoteError."""
+        """Read unread trailers in ``read_order`` until every id of ``wanted`` is located (None: read
+        them all); how many were read. Each batch (read in threads) is as large as all before it
+        (1, 1, 2, 4 ... up to ``THREADS``): at most twice the trailers needed, in few round trips.
+        Raises RemoteError."""
         with self._reading:
             pending = self.unread()
             if not pending or self.source is None:
                 return 0
-            bucket, done, size = self.source(), 0, 1 if wanted is not None else THREADS
+            bucket, done = self.source(), 0
             keys = read_order(pending)
             while keys:
+                size = THREADS if wanted is None else min(THREADS, max(1, done))
                 batch, keys = keys[:size], keys[size:]
-                size = min(THREADS, 2 * size)
                 self._read_packs(bucket, {key: pending[key] for key in batch})
                 self._settle()
                 done += len(batch)

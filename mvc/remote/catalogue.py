@@ -102,10 +102,9 @@ class Catalogue:
         with self.index.read() as txn:
             out = {cid: loc for cid in ids if (loc := self.chunk(cid, txn)) is not None}
         if complete and len(out) < len(ids) and self.source is not None:
-            lacking = {cid for cid in ids if cid not in out}
-            if self.read_unread(lacking):
-                with self.index.read() as txn:
-                    out.update((cid, loc) for cid in lacking if (loc := self.chunk(cid, txn)) is not None)
+            found: dict = {}
+            self.read_unread({cid for cid in ids if cid not in out}, found)
+            out.update(found)
         return out
 
     def unread(self) -> dict:
@@ -119,9 +118,9 @@ class Catalogue:
         with self.index.read() as txn:
             return sorted(key.decode()[8:] for key in txn.ids("meta", b"damaged:"))
 
-    def read_unread(self, wanted: Optional[set] = None) -> int:
+    def read_unread(self, wanted: Optional[set] = None, found: Optional[dict] = None) -> int:
         """Read unread trailers in ``read_order`` until every id of ``wanted`` is located (None: read
-        them all); how many were read. Each batch (read in threads) is as large as all before it
+        them all), putting their Locations in ``found``; how many were read. Each batch (read in threads) is as large as all before it
         (1, 1, 2, 4 ... up to ``THREADS``): at most twice the trailers needed, in few round trips.
         Raises RemoteError."""
         with self._reading:
@@ -138,7 +137,12 @@ class Catalogue:
                 done += len(batch)
                 if wanted is not None:
                     with self.index.read() as txn:
-                        wanted = {cid for cid in wanted if self.chunk(cid, txn) is None}
+                        for cid in list(wanted):
+                            loc = self.chunk(cid, txn)
+                            if loc is not None:
+                                wanted.discard(cid)
+                                if found is not None:
+                                    found[cid] = loc
                     if not wanted:
                         break
             return done

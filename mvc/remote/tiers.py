@@ -144,14 +144,11 @@ class LazyObjects(ObjectStore):
             return verdict, value
         try:
             data = self._remote(txn, oid)
-        except (CorruptObject, NotFound) as exc:  # RemoteCorrupt: a damaged copy there
+        except (RemoteCorrupt, NotFound) as exc:  # a damaged copy there (a pack cut short: NotFound)
             return CORRUPT, f"its copy on remote {self.cache.name!r} is damaged: {exc}"
         if data is None:
             return MISSING, None
-        try:
-            return None, TensorObject.decode(data)
-        except CorruptObject as exc:
-            return CORRUPT, f"its copy on remote {self.cache.name!r} does not decode: {exc}"
+        return None, TensorObject.decode(data)  # decoded once already, before it was kept
 
     def raw(self, txn, kind: str, oid: bytes):
         """The stored bytes of object ``oid`` (unchecked here, as ``txn.get`` gives them), or of a
@@ -183,7 +180,11 @@ class LazyObjects(ObjectStore):
             if not located:
                 return None
             data = transfer.read_records(conn.bucket, located)[oid]
-        TensorObject.decode(data)  # CorruptObject before it is kept
+        try:
+            TensorObject.decode(data)
+        except CorruptObject as exc:  # bytes that hash to the id yet do not decode: a hostile remote
+            raise RemoteCorrupt(f"tensor object {oid.hex()[:12]} on remote {self.cache.name!r} does not decode "
+                                f"({exc}); nothing was kept", key=located[oid][0], id=oid) from None
         if self.index.env in index_module._writing():
             # asked inside this thread's write transaction (``txn`` is it: one writer a thread): kept
             # with it, as a new write transaction here would wait on its own lock

@@ -88,6 +88,7 @@ class Repository:
             # this mvc writes sealed values: say so first, so an older mvc refuses clearly
             write_format(self.dir, extensions | {SEALED_VALUES})
         self.chunks = tiers.chunk_store(self)  # a CacheStore in front of PackStore when a remote is cached
+        self.objects = tiers.object_store(self)  # then tensor objects missing here are read from it too
 
     @property
     def lock_timeout(self) -> float:

@@ -8,6 +8,17 @@ database maps chunk id -> (remote pack name, data offset, length), whose
 ``meta`` holds ``pack:KEY`` -> the ids a pack lists and ``used:PACK`` -> when
 this repository last read local pack PACK, for LRU eviction).
 
+A lazy clone lists the chunk packs without reading their trailers
+(``refresh(bucket, trailers=False)``): such a pack is **unread**
+(``unread:KEY`` -> its listing stamp). Every chunk lookup is still complete
+against the listing: one that misses reads unread trailers (a batch at a
+time, in threads) until it finds its ids or none is left unread, so an id is
+called absent only once every listed pack's trailer was read. So a load
+reads the trailers it needs (and, at worst, all of them), never more than a
+refresh would. An unread pack listed again with another size or stamp, or
+whose trailer does not read when it is needed, is **damaged**
+(``damaged:KEY`` -> its stamp): packs are written whole and never modified.
+
 It is derived data: deleting the folder loses nothing; the next command
 that needs it lists the remote and reads the trailers again. ``refresh``
 also forgets packs that are no longer listed (deleted on the remote), so
@@ -17,16 +28,19 @@ nothing is evicted locally on the strength of a copy that is gone.
 import os
 import shutil
 import struct
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
+
+import numpy as np
 
 from .. import encoding
 from ..errors import CorruptObject
 from ..store import fs
 from ..store.index import Index
-from ..store.packs import Location
+from ..store.packs import INDEX_RAW, Location
 from . import layout
 from .bucket import NotFound
 
@@ -35,6 +49,9 @@ THREADS = 8
 MIN_PACK_BYTES = len(layout.HEADER) + 4 + layout.FOOTER.size  # header, an empty trailer, the footer
 _LOC = struct.Struct("<16sQI")
 OBJECTS_DB = "tensors"  # this environment's object table: id -> location in an object pack
+LOST = "lost:"  # meta key prefix: chunk id (hex) -> b"", see Catalogue.lost
+_INDEX_RAW = np.dtype([("pack", "V16"), ("offset", "<u8"), ("length", "<u4")])
+assert _INDEX_RAW.itemsize == INDEX_RAW.size
 
 
 def folder(repo_dir: Path, name: str) -> Path:
@@ -56,6 +73,10 @@ class Catalogue:
         # names of packs the lookups treat as absent: those a remote gc condemned (a push must
         # not count on them, docs/format.md 11.6)
         self.avoid: frozenset = frozenset()
+        # () -> the remote's bucket: set by the connection, so a lookup can read unread trailers
+        self.source: Optional[Callable] = None
+        self.trailers_read = 0  # trailers this catalogue read (a measure for benchmarks and tests)
+        self._reading = threading.Lock()
 
     def shun(self, keys) -> None:
         """Treat the packs ``keys`` as absent in every lookup from now on (for this command)."""
@@ -64,19 +85,95 @@ class Catalogue:
     # -- lookups ----------------------------------------------------------------
 
     def chunk(self, cid: bytes, txn=None) -> Optional[Location]:
+        """Where the remote holds chunk ``cid`` (None: nowhere); with ``txn``, as far as the
+        trailers read so far say (no unread trailer is read)."""
         if txn is None:
-            with self.index.read() as txn:
-                return self.chunk(cid, txn)
+            return self.chunks([cid]).get(cid)
         loc = txn.chunk(cid)
         return None if loc is None or loc.pack in self.avoid else loc
 
     def has_chunk(self, cid: bytes) -> bool:
         return self.chunk(cid) is not None
 
-    def chunks(self, ids: Iterable[bytes]) -> dict:
-        """{id: Location} of the ids the remote holds."""
+    def chunks(self, ids: Iterable[bytes], complete: bool = True) -> dict:
+        """{id: Location} of the ids the remote holds. ``complete``: an id no trailer read so far
+        lists is looked for in the unread ones (read until it is found); False: only those read."""
+        ids = list(ids)
         with self.index.read() as txn:
-            return {cid: loc for cid in ids if (loc := self.chunk(cid, txn)) is not None}
+            out = {cid: loc for cid in ids if (loc := self.chunk(cid, txn)) is not None}
+        if complete and len(out) < len(ids) and self.source is not None:
+            found: dict = {}
+            self.read_unread({cid for cid in ids if cid not in out}, found)
+            out.update(found)
+        return out
+
+    def unread(self) -> dict:
+        """{chunk pack key: its listing stamp} of the packs listed whose trailers were not read."""
+        with self.index.read() as txn:
+            return {key.decode()[7:]: encoding.unpack(txn.meta(key.decode()), "catalogue entry")
+                    for key in txn.ids("meta", b"unread:")}
+
+    def damaged(self) -> list:
+        """Keys of the listed packs found damaged before their trailers were read (see the module's docstring)."""
+        with self.index.read() as txn:
+            return sorted(key.decode()[8:] for key in txn.ids("meta", b"damaged:"))
+
+    def read_unread(self, wanted: Optional[set] = None, found: Optional[dict] = None) -> int:
+        """Read unread trailers in ``read_order`` until every id of ``wanted`` is located (None: read
+        them all), putting their Locations in ``found``; how many were read. Each batch (read in threads) is as large as all before it
+        (1, 1, 2, 4 ... up to ``THREADS``): at most twice the trailers needed, in few round trips.
+        Raises RemoteError."""
+        with self._reading:
+            pending = self.unread()
+            if not pending or self.source is None:
+                return 0
+            bucket, done = self.source(), 0
+            keys = read_order(pending)
+            while keys:
+                size = THREADS if wanted is None else min(THREADS, max(1, done))
+                batch, keys = keys[:size], keys[size:]
+                listed = self._read_packs(bucket, {key: pending[key] for key in batch})
+                self._settle()
+                done += len(batch)
+                if wanted is not None:
+                    hits = [cid for ids in listed for cid in ids if cid in wanted]  # only these can be found now
+                    with self.index.read() as txn:
+                        for cid in hits:
+                            loc = self.chunk(cid, txn)
+                            if loc is not None and cid in wanted:
+                                wanted.discard(cid)
+                                if found is not None:
+                                    found[cid] = loc
+                    if not wanted:
+                        break
+            return done
+
+    def _read_packs(self, bucket, stamps: dict) -> list:
+        """Read the trailers of packs {key: (size, stamp)} and catalogue them; one that does not
+        read (damaged, or deleted since it was listed) is noted damaged or forgotten. Returns
+        the id lists of those read."""
+        def read(key):
+            if stamps[key][0] < MIN_PACK_BYTES:  # a zero-byte object, say: no reader can parse it
+                return key, CorruptObject
+            try:
+                return key, read_trailer_table(bucket, key)
+            except CorruptObject:
+                return key, CorruptObject
+            except NotFound:
+                return key, NotFound
+        listed = []
+        with ThreadPoolExecutor(THREADS) as pool:
+            for key, entries in pool.map(read, sorted(stamps)):
+                self.trailers_read += 1
+                if isinstance(entries, tuple):
+                    self.add_table(key, *entries, stamps[key])
+                    listed.append(entries[0])
+                    continue
+                with self.index.write() as txn:
+                    txn.delete("meta", ("unread:" + key).encode())
+                    if entries is CorruptObject and key.startswith(layout.CHUNK_PACKS):
+                        txn.put_meta("damaged:" + key, encoding.pack(_plain(stamps[key])))
+        return listed
 
     def has_objects(self, ids: Iterable[bytes]) -> set:
         with self.index.read() as txn:
@@ -88,21 +185,35 @@ class Catalogue:
         with self.index.read() as txn:
             out = {}
             for key in txn.ids("meta", b"pack:" + layout.OBJECT_PACKS.encode()):
-                out[key.decode()[5:]] = encoding.unpack(txn.meta(key.decode()), "catalogue entry")
+                out[key.decode()[5:]] = _listed_ids(txn.meta(key.decode()))
             return out
 
     def pack_ids(self) -> dict:
         """{pack key: [ids its trailer lists]} of every catalogued pack."""
         with self.index.read() as txn:
-            return {key.decode()[5:]: encoding.unpack(txn.meta(key.decode()), "catalogue entry")
-                    for key in txn.ids("meta", b"pack:")}
+            return {key.decode()[5:]: _listed_ids(txn.meta(key.decode())) for key in txn.ids("meta", b"pack:")}
 
     def pack_keys(self) -> set:
+        """Keys of the packs catalogued (their trailers read) or listed unread."""
         with self.index.read() as txn:
-            return {key.decode()[5:] for key in txn.ids("meta", b"pack:")}
+            return {key.decode()[5:] for key in txn.ids("meta", b"pack:")} | \
+                {key.decode()[7:] for key in txn.ids("meta", b"unread:")}
+
+    def object_locations(self, ids: Iterable[bytes]) -> dict:
+        """{id: (object pack key, data offset, length)} of the ids the remote's object packs hold."""
+        with self.index.read() as txn:
+            out = {}
+            for oid in ids:
+                raw = txn.get(OBJECTS_DB, oid)
+                if raw is not None:
+                    name, offset, length = _LOC.unpack(raw)
+                    if name not in self.avoid:
+                        out[oid] = (layout.pack_key(layout.OBJECT_PACKS, name), offset, length)
+            return out
 
     def remote_bytes(self) -> tuple:
-        """(chunks, bytes of chunk data) the remote holds, as catalogued."""
+        """(chunks, bytes of chunk data) the remote holds, as catalogued (unread trailers read first)."""
+        self.read_unread()
         with self.index.read() as txn:
             n = total = 0
             for _, loc in txn.chunks():
@@ -125,6 +236,33 @@ class Catalogue:
                 else:
                     txn.put_chunk(cid, Location(name, offset, length))
             txn.put_meta("pack:" + key, encoding.pack([cid for cid, _, _ in entries]))
+            txn.delete("meta", ("unread:" + key).encode())
+            txn.delete("meta", ("damaged:" + key).encode())
+            if stamp is not None:
+                txn.put_meta("stamp:" + key, encoding.pack(_plain(stamp)))
+
+    def add_table(self, key: str, ids: list, offsets, lengths, stamp: Optional[tuple] = None) -> None:
+        """``add_pack`` of a trailer as ``read_trailer_table`` gives it: a chunk pack's entries go in
+        with one ``putmulti`` (an id some pack catalogued before keeps that entry, as in ``add_pack``)."""
+        if key.startswith(layout.OBJECT_PACKS) or len(ids) < 64:
+            self.add_pack(key, list(zip(ids, offsets.tolist(), lengths.tolist())), stamp)
+            return
+        joined = b"".join(ids)
+        # in id order: LMDB puts sorted keys 3-4x faster than random ones (this is derived data,
+        # so the full pages that leaves, which the repository's own index avoids, do no harm)
+        order = np.argsort(np.frombuffer(joined, dtype="S32"), kind="stable")
+        values = np.zeros(len(ids), dtype=_INDEX_RAW)  # packs.INDEX_RAW (a raw record) as an array
+        values["pack"] = np.void(layout.pack_name(key))
+        values["offset"], values["length"] = offsets[order], lengths[order]
+        raw = values.tobytes()
+        width = _INDEX_RAW.itemsize
+        ordered = np.frombuffer(joined, dtype="V32")[order].tobytes()
+        with self.index.write() as txn:
+            txn.put_new_chunks([ordered[i:i + 32] for i in range(0, len(ordered), 32)],
+                               [raw[i:i + width] for i in range(0, len(raw), width)])
+            txn.put_meta("pack:" + key, encoding.pack(joined))  # _listed_ids reads it back
+            txn.delete("meta", ("unread:" + key).encode())
+            txn.delete("meta", ("damaged:" + key).encode())
             if stamp is not None:
                 txn.put_meta("stamp:" + key, encoding.pack(_plain(stamp)))
 
@@ -132,7 +270,7 @@ class Catalogue:
         """Forget pack ``key``; the ids whose entries pointed into it (now unlisted)."""
         name = layout.pack_name(key)
         raw = txn.meta("pack:" + key)
-        ids = encoding.unpack(raw, "catalogue entry") if raw else []
+        ids = _listed_ids(raw) if raw else []
         orphans = set()
         for cid in ids:
             if key.startswith(layout.OBJECT_PACKS):
@@ -149,43 +287,78 @@ class Catalogue:
         txn.delete("meta", ("stamp:" + key).encode())
         return orphans
 
-    def refresh(self, bucket) -> int:
+    def refresh(self, bucket, trailers: bool = True) -> int:
         """List the remote's packs; read the trailers of new ones, forget vanished ones.
 
-        Returns how many packs were new. A pack whose trailer is damaged is
-        left out (``mvc fsck --remote`` names it), also one catalogued before
-        whose listing changed since. Raises RemoteError.
+        ``trailers=False`` (a lazy clone): new chunk packs are noted unread instead (object packs
+        are always read), and read when a lookup needs them. Returns how many packs were new. A
+        pack whose trailer is damaged is left out (``mvc fsck --remote`` names it), also one
+        catalogued before whose listing changed since; one noted unread whose listing changed is
+        noted damaged if its trailer does not read now. Raises RemoteError.
         """
         stamps = {key: (size, stamp) for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS)
                   for key, size, stamp in bucket.list_stamps(folder) if layout.pack_name(key) is not None}
         listed = {key: size for key, (size, _) in stamps.items()}
-        known = self.pack_keys()
-        # a pack is written whole and never modified: one listed with another size or stamp (time,
-        # etag) than when its trailer was read (cut short, emptied, rewritten) is read again, so a
-        # damaged pack is dropped here instead of being relied on (fsck --remote names it)
         with self.index.read() as txn:
+            known = {key.decode()[5:] for key in txn.ids("meta", b"pack:")}
+            # a pack is written whole and never modified: one listed with another size or stamp (time,
+            # etag) than when its trailer was read (cut short, emptied, rewritten) is read again, so a
+            # damaged pack is dropped here instead of being relied on (fsck --remote names it)
             changed = {key for key in known & stamps.keys() if _stamp(txn, key) != _plain(stamps[key])}
+        unread, damaged = self.unread(), self._damaged_stamps()
         gone = (known - listed.keys()) | changed
         orphans = set()
-        if gone:
+        with self.index.write() as txn:
+            for key in gone:
+                orphans |= self._drop_pack(txn, key)
+            for key in unread.keys() - listed.keys():
+                txn.delete("meta", ("unread:" + key).encode())
+            for key in damaged:
+                if damaged[key] != _plain(stamps.get(key)):  # gone, or listed anew (a repair's rewrite)
+                    txn.delete("meta", ("damaged:" + key).encode())
+        recheck = {key for key in unread.keys() & listed.keys() if unread[key] != _plain(stamps[key])}
+        new = [key for key in listed if key in changed or key in recheck or
+               (key not in known and key not in unread and damaged.get(key) != _plain(stamps[key]))]
+        later = {} if trailers else {key: stamps[key] for key in new if key.startswith(layout.CHUNK_PACKS)
+                                     and key not in recheck and key not in changed}
+        if later:
             with self.index.write() as txn:
-                for key in gone:
-                    orphans |= self._drop_pack(txn, key)
-        new = [key for key in listed if key not in known or key in changed]
-
-        def read(key):
-            if listed[key] < MIN_PACK_BYTES:  # a zero-byte object, say: no reader can parse it
-                return key, None
-            try:
-                return key, read_trailer(bucket, key, listed[key])
-            except (CorruptObject, NotFound):  # damaged, or deleted since the listing
-                return key, None
-        with ThreadPoolExecutor(THREADS) as pool:
-            for key, entries in pool.map(read, new):
-                if entries is not None:
-                    self.add_pack(key, entries, stamps[key])
+                for key, stamp in later.items():
+                    txn.put_meta("unread:" + key, encoding.pack(_plain(stamp)))
+        self._read_packs(bucket, {key: stamps[key] for key in new if key not in later})
+        if trailers:
+            self._read_packs(bucket, {key: stamps[key] for key in unread.keys() & listed.keys()
+                                      if key not in recheck})
         self._relist(bucket, stamps, orphans)
-        return len(new) - len(changed)
+        with self.index.write() as txn:  # chunks located once whose pack went: see lost()
+            for cid in orphans:
+                if txn.chunk(cid) is None and txn.get(OBJECTS_DB, cid) is None:
+                    txn.put_meta(LOST + cid.hex(), b"")
+        self._settle()
+        return len(new) - len(changed) - len(recheck)
+
+    def lost(self, ids: Iterable[bytes]) -> set:
+        """Those of ``ids`` (chunks) that a trailer read here listed once, in a pack since gone or
+        found damaged, and that no trailer read since lists: a lazy clone relied on them there."""
+        with self.index.read() as txn:
+            if not any(True for _ in txn.ids("meta", LOST.encode())):
+                return set()
+            return {cid for cid in ids if txn.meta(LOST + cid.hex()) is not None}
+
+    def _settle(self) -> None:
+        """Forget the lost marks of ids a trailer read since lists again (a repair's new pack)."""
+        with self.index.read() as txn:
+            found = [key for key in txn.ids("meta", LOST.encode())
+                     if txn.chunk(bytes.fromhex(key.decode()[len(LOST):])) is not None]
+        if found:
+            with self.index.write() as txn:
+                for key in found:
+                    txn.delete("meta", key)
+
+    def _damaged_stamps(self) -> dict:
+        with self.index.read() as txn:
+            return {key.decode()[8:]: encoding.unpack(txn.meta(key.decode()), "catalogue entry")
+                    for key in txn.ids("meta", b"damaged:")}
 
     def _relist(self, bucket, stamps: dict, orphans: set) -> None:
         """Point ``orphans`` (ids a forgotten pack listed) at another known pack that lists them.
@@ -226,6 +399,28 @@ def _plain(stamp):
     return [_plain(v) for v in stamp] if isinstance(stamp, (tuple, list)) else stamp
 
 
+def _listed_ids(raw: bytes) -> list:
+    """The ids a ``pack:KEY`` entry lists: a list of ids, or (``add_table``) one string of them."""
+    value = encoding.unpack(raw, "catalogue entry")
+    if isinstance(value, bytes):
+        return [value[i:i + 32] for i in range(0, len(value), 32)]
+    return value
+
+
+def _when(entry) -> float:
+    """The listing time in an unread pack's (size, stamp) entry (a stamp is a time, or [time, etag])."""
+    stamp = entry[1] if isinstance(entry, (list, tuple)) and len(entry) == 2 else None
+    stamp = stamp[0] if isinstance(stamp, (list, tuple)) and stamp else stamp
+    return float(stamp) if isinstance(stamp, (int, float)) else 0.0
+
+
+def read_order(unread: dict) -> list:
+    """The order lookups read unread trailers in: newest pack first. Reads go mostly to recent
+    history, whose chunks the latest pushes wrote; a chunk every push shares lies in an old pack
+    and is found last (at worst every trailer is read, as a full refresh would)."""
+    return sorted(unread, key=lambda key: (-_when(unread[key]), key))
+
+
 def _stamp(txn, key: str):
     raw = txn.meta("stamp:" + key)
     return encoding.unpack(raw, "catalogue entry") if raw else None
@@ -233,10 +428,22 @@ def _stamp(txn, key: str):
 
 def read_trailer(bucket, key: str, size: Optional[int] = None) -> list:
     """The entries of remote pack ``key``'s trailer, verified; CorruptObject / RemoteError."""
+    body, footer, size = _trailer_bytes(bucket, key)
+    return layout.parse_trailer(body, footer, size, key)
+
+
+def read_trailer_table(bucket, key: str) -> tuple:
+    """``read_trailer`` as (ids, offsets, lengths) (``layout.parse_trailer_table``)."""
+    body, footer, size = _trailer_bytes(bucket, key)
+    return layout.parse_trailer_table(body, footer, size, key)
+
+
+def _trailer_bytes(bucket, key: str) -> tuple:
+    """(trailer, footer, pack size) of remote pack ``key``."""
     tail, size = bucket.get_tail(key, TAIL_BYTES)
     start, stop = layout.trailer_span(tail, size, key)
     if start >= size - len(tail):
         body = tail[start - (size - len(tail)):stop - (size - len(tail))]
     else:
         body = bucket.get_range(key, start, stop)
-    return layout.parse_trailer(body, tail[-layout.FOOTER.size:], size, key)
+    return body, tail[-layout.FOOTER.size:], size

@@ -34,6 +34,7 @@ class Connection:
         self._bucket = None
         self.layout: Optional[int] = None  # the remote's layout, once MVCREMOTE was read
         self.catalogue = Catalogue(repo.dir, self.name)
+        self.catalogue.source = lambda: self.bucket  # a lookup may read trailers not read yet
 
     @property
     def bucket(self):

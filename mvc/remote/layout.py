@@ -20,6 +20,8 @@ import secrets
 import time
 from typing import Optional
 
+import numpy as np
+
 from .. import encoding, hashing, refs as refnames
 from ..errors import CorruptObject, InvalidRefName, LockDamaged
 from ..store import packformat
@@ -124,6 +126,27 @@ def parse_trailer(body: bytes, footer: bytes, size: int, key: str) -> list:
     """The (id, data offset, length) records a pack's trailer lists, checked as for local packs
     (``store/packformat.py``; a version 2 pack's encoded records are listed with their stored length)."""
     return [(cid, loc.offset, loc.length) for cid, loc in packformat.parse_trailer(body, footer, f"remote pack {key}")]
+
+
+_ENTRY_V1 = np.dtype([("id", "V32"), ("offset", "<u8"), ("length", "<u4")])  # packformat.ENTRY as an array
+
+
+def parse_trailer_table(body: bytes, footer: bytes, size: int, key: str) -> tuple:
+    """``parse_trailer``'s records as (ids, offsets, lengths): a list of 32-byte ids and two numpy
+    arrays, checked the same way in numpy (a pack of 64-byte chunks lists some 3·10⁵ records)."""
+    digest, trailer_offset, _ = FOOTER.unpack(footer[-FOOTER.size:])
+    count = int.from_bytes(body[:packformat.COUNT.size], "little") if len(body) >= packformat.COUNT.size else -1
+    if hashing.digest(body) != digest or len(body) != packformat.COUNT.size + count * _ENTRY_V1.itemsize:
+        entries = parse_trailer(body, footer, size, key)  # a version 2 trailer, or damage: its error
+        return ([cid for cid, _, _ in entries], np.array([o for _, o, _ in entries], dtype=np.uint64),
+                np.array([n for _, _, n in entries], dtype=np.uint64))
+    table = np.frombuffer(body, dtype=_ENTRY_V1, offset=packformat.COUNT.size, count=count)
+    offsets, lengths = table["offset"].astype(np.uint64), table["length"].astype(np.uint64)
+    if count and (int(offsets.min()) < len(HEADER) + RECORD_HEAD.size or
+                  int((offsets + lengths).max()) > trailer_offset):
+        parse_trailer(body, footer, size, key)  # raises, naming what is wrong
+    raw = np.ascontiguousarray(table["id"]).tobytes()
+    return [raw[i:i + 32] for i in range(0, len(raw), 32)], offsets, lengths
 
 
 # -- refs -----------------------------------------------------------------------

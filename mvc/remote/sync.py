@@ -33,7 +33,7 @@ from .. import ondisk
 from .. import reach
 from .. import refs as refnames
 from ..errors import (BadInput, BranchLocked, CorruptObject, Diverged, LockHeld, MvcError, ProtectedRef,  # noqa: F401
-                      HistoryRewritten,
+                      HistoryRewritten, ObjectNotFound,
                       PrunedOnRemote, RefRejected, RemoteBusy, RemoteDamaged, UntrustedAnswer)  # RefRejected re-exported
 from ..objects import TensorLeaf, object_id
 from ..store import locks as locking
@@ -147,7 +147,7 @@ def _behind(repo, conn: Connection, tips: list) -> set:
     still stops where the remote's history begins."""
     with repo.index.read() as txn:
         stale = any(txn.get("commits", tip) is None for tip in tips)
-    fetched = _incoming_objects(repo, conn) if stale else {}
+    fetched = _incoming_lazy(repo, conn, tips) if stale else {}  # their commits (and trees), not tensor objects
     with repo.index.read() as txn:
         def commit(oid):
             if txn.get("commits", oid) is not None:
@@ -196,8 +196,8 @@ def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has,
     for tid in leaves:  # in tree order, so chunks keep their neighbours
         seen.add(tid)
         tensor = objects.tensor(txn, tid)
-        if tid not in present:
-            out.records.append((tid, txn.get("tensors", tid)))
+        if tid not in present:  # a lazy clone's object store may have read it from its remote just now
+            out.records.append((tid, getattr(objects, "raw", lambda t, k, o: t.get(k, o))(txn, "tensors", tid)))
         spans = {cid: n for cid, _, n in tensor.chunk_spans() if cid not in out.chunks}
         known = conn.catalogue.chunks(spans)
         out.chunks.update({cid: n for cid, n in spans.items() if cid not in known})
@@ -296,7 +296,7 @@ def _refuse_pruned_tips(repo, conn: Connection, targets: dict) -> None:
     if not held:
         return
     notes = {}
-    for oid, data in _incoming_objects(repo, conn).items():
+    for oid, data in _incoming_lazy(repo, conn, []).items():  # the notes are among the small records
         kind, obj = classify(data, oid)
         if kind == "pruned":
             notes[obj["commit"]] = obj.get("policy", "retention")
@@ -501,7 +501,7 @@ def _check_landed(repo, conn: Connection, key: str, body: bytes, etag: str, tip:
 def _remote_descends(repo, conn: Connection, new: bytes, old: bytes) -> bool:
     """Whether commit ``new`` (on the remote, maybe not here) is ``old`` or descends from it."""
     conn.catalogue.refresh(conn.bucket)
-    fetched = _incoming_objects(repo, conn)
+    fetched = _incoming_lazy(repo, conn, [new])
     with repo.index.read() as txn:
         def commit(oid):  # here, or among the remote's objects; anything else ends the line
             if txn.get("commits", oid) is not None:
@@ -631,8 +631,10 @@ def _extensions_of(kind: str, obj) -> set:
     return set()
 
 
-def _closure(repo, txn, tips: list, fetched: dict, remote: str) -> _Incoming:
-    """What the local repository lacks of the closures of ``tips``; RemoteDamaged if remote ``remote`` lacks it too."""
+def _closure(repo, txn, tips: list, fetched: dict, remote: str, lazy=None) -> _Incoming:
+    """What the local repository lacks of the closures of ``tips``; RemoteDamaged if remote ``remote`` lacks it too.
+    ``lazy``: the catalogue of a cached remote, whose tensor objects stay there (stored here only when
+    a read needs them): the walk checks that its object packs list them, and goes no deeper."""
     decoded, pruned_notes = {}, {}
     for oid, data in fetched.items():
         kind, obj = classify(data, oid)
@@ -645,6 +647,8 @@ def _closure(repo, txn, tips: list, fetched: dict, remote: str) -> _Incoming:
     def get(kind: str, oid: bytes):  # the walk asks for each object once
         if txn.get(kind, oid) is not None:
             return None  # local: its closure is local too (or readable through the cache)
+        if lazy is not None and kind == "tensors" and (oid in decoded or lazy.has_objects([oid])):
+            return None  # read from the remote when a read or a walk needs it
         if oid in decoded and decoded[oid][0] == kind:
             _, obj, data = decoded[oid]
             inc.objects.append((kind, oid, data))
@@ -671,7 +675,12 @@ def _pruned_away(repo, txn, notes: dict, catalogue) -> dict:
             continue
         tree = repo.objects.tree(txn, repo.objects.commit(txn, oid).tree)
         leaves = (leaf for _, leaf in walk_tree(tree.root) if isinstance(leaf, TensorLeaf))
-        away = {cid for leaf in leaves for cid in repo.objects.tensor(txn, leaf.id).chunks if txn.chunk(cid) is None}
+        try:  # a lazy clone reads the tensor objects from the remote (kept there, with the commit, or not)
+            away = {cid for leaf in leaves for cid in repo.objects.tensor(txn, leaf.id).chunks
+                    if txn.chunk(cid) is None}
+        except ObjectNotFound:  # neither here nor there: its data is gone
+            out[oid] = note
+            continue
         if away and len(catalogue.chunks(away)) < len(away):
             out[oid] = note
     return out
@@ -693,9 +702,9 @@ def fetch(repo, name: Optional[str] = None, progress=None, prune: bool = False) 
             if conn.known():
                 raise conn.vanished()
             raise RemoteError(f"{conn.info.url} holds no mvc remote yet (no {layout.MARKER}); push to it first")
-        conn.catalogue.refresh(conn.bucket)
-        remote = conn.remote_refs()
         lazy = lazy_for(repo, conn.name)
+        conn.catalogue.refresh(conn.bucket, trailers=not lazy)  # lazy: chunk pack trailers when a read needs them
+        remote = conn.remote_refs()
         with repo.gc_lock.shared():
             inc, fetched = _plan_fetch(repo, conn, [oid for oid, _, _ in remote.values()], lazy)
             errors = _audit.check_fetch(repo, conn.name, {ref: oid for ref, (oid, _, _) in remote.items()}, fetched)
@@ -722,10 +731,11 @@ def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> tuple:
     still missing after the remote is listed again makes it damaged (RemoteDamaged)."""
     for attempt in (1, 2):
         try:
-            fetched = _incoming_objects(repo, conn)
+            fetched = _incoming_lazy(repo, conn, tips) if lazy else _incoming_objects(repo, conn)
             with repo.index.read() as txn:
-                inc = _closure(repo, txn, tips, fetched, conn.name)
+                inc = _closure(repo, txn, tips, fetched, conn.name, conn.catalogue if lazy else None)
                 if lazy:
+                    _refuse_damaged_packs(conn)
                     away = _pruned_away(repo, txn, inc.notes, conn.catalogue)
                     inc.pruned.update(away)
                     inc.pruned_here = tuple(sorted(oid.hex() for oid in away))
@@ -741,7 +751,7 @@ def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> tuple:
         except CorruptObject:
             if attempt == 2:
                 raise
-            conn.catalogue.refresh(conn.bucket)
+            conn.catalogue.refresh(conn.bucket, trailers=not lazy)
 
 
 def _lost_here(repo, txn, conn: Connection, inc: _Incoming, fetched: dict, seen: set) -> int:
@@ -757,20 +767,76 @@ def _lost_here(repo, txn, conn: Connection, inc: _Incoming, fetched: dict, seen:
 
 def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetched: dict,
                    seen: Optional[set] = None) -> list:
-    """Chunks the closures of ``tips`` need that are neither here nor listed on the remote: a lazy
-    clone reads them from there, so a pack deleted there is noticed at the next fetch. ``seen``:
-    as ``reach.closure``'s."""
+    """Ids the closures of ``tips`` need that are neither here nor listed on the remote, as far as
+    a lazy clone can tell without reading what it never used: the tensor objects that are neither
+    here nor in the remote's object packs, and the chunks of the tensor objects held here that it
+    relied on the remote for (located there once: ``Catalogue.lost``) and that no pack the remote
+    lists holds now (looked for in every trailer, also those not read yet); once every trailer is
+    read, every chunk of those tensor objects. A lazy clone reads them from there, so a pack
+    deleted there is noticed at the next fetch. ``seen``: as ``reach.closure``'s."""
     decoded = {oid: classify(data, oid) for _, oid, data in inc.objects}
     pruned = set(inc.pruned) | set(inc.notes)  # the remote's retention, not damage
+    away: list = []
 
     def get(kind: str, oid: bytes):
         if oid in decoded and decoded[oid][0] == kind:
             return decoded[oid][1]
+        if kind == "tensors" and txn.get(kind, oid) is None:
+            away.append(oid)  # on the remote until a read needs it
+            return None
         return getattr(repo.objects, kind[:-1])(txn, oid)
     out = [cid for cid, _ in reach.closure(get, tips, lambda oid: oid in pruned or
                                            repo.objects.pruned(txn, oid) is not None, seen)]
-    known = conn.catalogue.chunks(cid for cid in out if txn.chunk(cid) is None)
-    return [cid for cid in out if txn.chunk(cid) is None and cid not in known]
+    there = conn.catalogue.has_objects(away)
+    elsewhere = [cid for cid in out if txn.chunk(cid) is None]
+    known = conn.catalogue.chunks(elsewhere, complete=False)
+    unknown = [cid for cid in elsewhere if cid not in known]
+    if unknown and conn.catalogue.unread():  # a chunk never located may be in a trailer not read yet
+        relied = conn.catalogue.lost(unknown)
+        unknown = [cid for cid in unknown if cid in relied]
+        known = conn.catalogue.chunks(unknown)
+    return [oid for oid in away if oid not in there] + [cid for cid in unknown if cid not in known]
+
+
+def _refuse_damaged_packs(conn: Connection) -> None:
+    """RemoteDamaged if the remote lists a chunk pack found damaged (changed since it was listed, or a
+    trailer that does not read). A lazy clone cannot tell which of its refs' chunks a pack whose
+    trailer it never read held, so any such pack is damage it relies on, until a repair replaces it."""
+    damaged = conn.catalogue.damaged()
+    if damaged:
+        raise RemoteDamaged(f"remote pack {damaged[0]} (and {len(damaged) - 1} more) on {conn.name!r} is damaged "
+                            "(changed since it was listed, or its trailer does not read); what it held may be "
+                            "gone", remote=conn.name, ids=())
+
+
+def _incoming_lazy(repo, conn: Connection, tips: list) -> dict:
+    """{id: bytes} of the remote's objects a lazy clone's fetch reads, verified: the commits and trees
+    the remote's ``tips`` reach that are not here, and every record not here of at most
+    ``transfer.SMALL_RECORD`` bytes (pruned notes are found that way: nothing names their ids). Tensor objects
+    stay on the remote until a read or a walk needs one (``tiers.LazyObjects``): what this reads
+    grows with commits and tensors, never with chunks (a tensor object under ``transfer.SMALL_RECORD`` lists
+    at most about 110 chunks). The commits are read a generation at a time, each by ranged reads
+    of the object packs (the catalogue's object table, from their trailers)."""
+    with repo.index.read() as txn:
+        lacking = [oid for ids in conn.catalogue.object_packs().values() for oid in ids
+                   if all(txn.get(kind, oid) is None for kind in ("commits", "trees", "tensors"))]
+    located = conn.catalogue.object_locations(lacking)
+    small = {oid: loc for oid, loc in located.items() if loc[2] <= transfer.SMALL_RECORD}
+    out = transfer.read_records(conn.bucket, small)
+    seen: set = set()
+    wave = list(tips)
+    while wave:
+        wave = [oid for oid in dict.fromkeys(wave) if oid not in seen]
+        seen.update(wave)
+        out.update(transfer.read_records(conn.bucket, {oid: located[oid] for oid in wave
+                                                       if oid not in out and oid in located}))
+        nxt = []
+        for oid in wave:
+            kind, obj = classify(out[oid], oid) if oid in out else (None, None)
+            if kind == "commits":
+                nxt += [*obj.parents, obj.tree]
+        wave = nxt
+    return out
 
 
 def _store_fetch(repo, conn: Connection, inc: _Incoming, remote: dict, prune: bool = False,

@@ -36,6 +36,13 @@ while the index (which is fsynced) still names it. Every read verifies,
 so such damage is found, and healed from the remote. Packs written by
 commit (the last good copy of unpushed chunks) are fsynced as before.
 
+A lazy clone holds refs, commits, trees and the small objects (``sync``);
+a tensor object missing here is read when a read or a walk asks for it
+(``LazyObjects``): from the object pack the remote's catalogue names for it
+(the object packs' trailers), verified against its id and decoded, kept
+here, then served, as a chunk is. Chunk pack trailers are read the same
+way, when a lookup needs them (``catalogue``).
+
 Eviction holds the exclusive gc lock, so no load reads a pack it deletes;
 it drops index entries in one transaction and deletes pack files after,
 so a crash in between leaves only unreferenced packs that gc reclaims.
@@ -44,17 +51,20 @@ so a crash in between leaves only unreferenced packs that gc reclaims.
 import os
 import queue
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from .. import reach, refs as refnames
-from ..errors import CorruptObject, LockHeld, NotConfigured, NotFound, ObjectNotFound, RemoteDamaged
-from ..objects import TensorLeaf
+from ..errors import (CorruptObject, LockHeld, MvcError, NotConfigured, NotFound, ObjectNotFound, RemoteCorrupt,
+                      RemoteDamaged)
+from ..objects import TensorLeaf, TensorObject
 from ..store import fs
 from ..store.chunks import THREADS, ChunkStore, Forwarding
+from ..store import index as index_module
+from ..store.objectstore import CORRUPT, MISSING, ObjectStore
 from ..traverse import walk as walk_tree
 from . import config, transfer
-from .catalogue import Catalogue, read_trailer
 from .connection import Connection, classify
 
 
@@ -100,6 +110,95 @@ def chunk_store(repo) -> ChunkStore:
         return repo.chunks
     return CacheStore(repo.chunks, repo.index, name, lambda: Connection(repo, name),
                       on_close=lambda: _evict_quietly(repo))
+
+
+def object_store(repo) -> ObjectStore:
+    """The object store for ``repo``: ``LazyObjects`` when its chunk store caches a remote, else ``repo.objects``."""
+    return LazyObjects(repo.index, repo.chunks) if isinstance(repo.chunks, CacheStore) else repo.objects
+
+
+class LazyObjects(ObjectStore):
+    """The object store of a repository that caches a remote: a tensor object missing here is read
+    from the remote (``_remote``), verified, kept here (unless the index is read-only), and served.
+
+    Only tensor objects: a lazy clone holds every commit and tree its refs reach (a fetch stores
+    them), so a missing commit or tree is damage here, reported as before. A tensor object neither
+    here nor on the remote stays MISSING. A copy on the remote whose bytes do not hash to its id,
+    or do not decode, is CORRUPT (nothing is kept). Objects just kept are served from a small
+    memo too: the caller's read transaction, older than the write, cannot see them.
+    """
+
+    MEMO = 32
+
+    def __init__(self, index, cache: "CacheStore"):
+        self.index, self.cache = index, cache
+        self._memo: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self._listed = False  # the catalogue was refreshed once for an object it lacked
+        self.fetched = 0  # tensor objects read from the remote
+        self.fetched_bytes = 0
+
+    def check(self, txn, kind: str, oid: bytes) -> tuple:
+        verdict, value = super().check(txn, kind, oid)
+        if verdict != MISSING or kind != "tensors":
+            return verdict, value
+        try:
+            data = self._remote(txn, oid)
+        except (RemoteCorrupt, NotFound) as exc:  # a damaged copy there (a pack cut short: NotFound)
+            return CORRUPT, f"its copy on remote {self.cache.name!r} is damaged: {exc}"
+        if data is None:
+            return MISSING, None
+        return None, TensorObject.decode(data)  # decoded once already, before it was kept
+
+    def raw(self, txn, kind: str, oid: bytes):
+        """The stored bytes of object ``oid`` (unchecked here, as ``txn.get`` gives them), or of a
+        tensor object this store read from the remote (verified); None if neither."""
+        data = txn.get(kind, oid)
+        if data is None and kind == "tensors":
+            data = self._remote(txn, oid)
+        return data
+
+    def _remote(self, txn, oid: bytes):
+        """The verified bytes of tensor object ``oid`` from the remote (kept here), or None if it holds none."""
+        with self._lock:
+            if oid in self._memo:
+                self._memo.move_to_end(oid)
+                return self._memo[oid]
+        conn = self.cache.conn
+        located = conn.catalogue.object_locations([oid])
+        if not located and not self._listed:  # the catalogue was deleted, or is older than this commit
+            self._listed = True
+            conn.catalogue.refresh(conn.bucket, trailers=False)
+            located = conn.catalogue.object_locations([oid])
+        if not located:
+            return None
+        try:
+            data = transfer.read_records(conn.bucket, located)[oid]
+        except NotFound:  # its pack went (a remote repair or gc rewrote it): list once, read it where it is now
+            conn.catalogue.refresh(conn.bucket, trailers=False)
+            located = conn.catalogue.object_locations([oid])
+            if not located:
+                return None
+            data = transfer.read_records(conn.bucket, located)[oid]
+        try:
+            TensorObject.decode(data)
+        except CorruptObject as exc:  # bytes that hash to the id yet do not decode: a hostile remote
+            raise RemoteCorrupt(f"tensor object {oid.hex()[:12]} on remote {self.cache.name!r} does not decode "
+                                f"({exc}); nothing was kept", key=located[oid][0], id=oid) from None
+        if self.index.env in index_module._writing():
+            # asked inside this thread's write transaction (``txn`` is it: one writer a thread): kept
+            # with it, as a new write transaction here would wait on its own lock
+            txn.put("tensors", oid, data)
+        elif not self.index.readonly:
+            with self.index.write() as w:
+                w.put("tensors", oid, data)
+        with self._lock:
+            self.fetched += 1
+            self.fetched_bytes += len(data)
+            self._memo[oid] = data
+            while len(self._memo) > self.MEMO:
+                self._memo.popitem(last=False)
+        return data
 
 
 class CacheStore(Forwarding):
@@ -156,9 +255,19 @@ class CacheStore(Forwarding):
             return self.inner.locate(cid, txn, what)
         loc = self.conn.catalogue.chunk(cid)  # remote records are raw: stored and decoded lengths agree
         if loc is None:
-            raise ObjectNotFound(f"chunk {cid.hex()[:12]}{' of ' + what if what else ''} is neither here nor on "
-                                 f"remote {self.name!r}", id=cid)
+            raise self._absent(cid, what)
         return loc
+
+    def _absent(self, cid: bytes, what: str) -> MvcError:
+        """The error for chunk ``cid`` found neither here nor in any intact pack the remote lists:
+        RemoteCorrupt naming a pack found damaged there (it may have held it), else ObjectNotFound."""
+        damaged = self.conn.catalogue.damaged()
+        named = f"chunk {cid.hex()[:12]}{' of ' + what if what else ''}"
+        if damaged:
+            return RemoteCorrupt(f"{named} is neither here nor in an intact pack on remote {self.name!r}; remote "
+                                 f"pack {damaged[0]} is damaged (cut short, emptied, or its trailer does not read) "
+                                 "and may have held it", key=damaged[0], id=cid, what=what)
+        return ObjectNotFound(f"{named} is neither here nor on remote {self.name!r}", id=cid)
 
     def read(self, requests: list, txn, progress=None, threads: int = THREADS) -> None:
         here, away = [], []
@@ -192,7 +301,7 @@ class CacheStore(Forwarding):
             by_id.setdefault(requests[i].id, []).append(requests[i])
         located = self.conn.catalogue.chunks(by_id)
         if len(located) < len(by_id):
-            self.conn.catalogue.refresh(self.conn.bucket)  # pushed from elsewhere since it was listed?
+            self.conn.catalogue.refresh(self.conn.bucket, trailers=False)  # pushed from elsewhere since it was listed?
             located = self.conn.catalogue.chunks(by_id)
         for i, exc in failed.items():
             if requests[i].id not in located:
@@ -202,7 +311,7 @@ class CacheStore(Forwarding):
         except NotFound:
             # a pack the catalogue names is gone (the remote was repaired or gc'd since it was
             # listed): list it once and read from the packs that hold the records now
-            self.conn.catalogue.refresh(self.conn.bucket)
+            self.conn.catalogue.refresh(self.conn.bucket, trailers=False)
             self._fetch_located(by_id, self.conn.catalogue.chunks(by_id), None, heal=True)
         self.healed += len(by_id)
 
@@ -238,7 +347,7 @@ class CacheStore(Forwarding):
         listed = len(located) < len(by_id)
         if listed:
             # the catalogue may be stale (a push from elsewhere): list the remote once, then decide
-            self.conn.catalogue.refresh(self.conn.bucket)
+            self.conn.catalogue.refresh(self.conn.bucket, trailers=False)
             located = self.conn.catalogue.chunks(by_id)
         try:
             self._fetch_located(by_id, located, progress)
@@ -247,7 +356,7 @@ class CacheStore(Forwarding):
                 raise
             # a pack the catalogue names is gone: the remote was repaired or gc'd since it was
             # listed, and its records live in other packs now; list it once and read from those
-            self.conn.catalogue.refresh(self.conn.bucket)
+            self.conn.catalogue.refresh(self.conn.bucket, trailers=False)
             self._fetch_located(by_id, self.conn.catalogue.chunks(by_id), progress)
 
     def _fetch_located(self, by_id: dict, located: dict, progress, heal: bool = False) -> None:
@@ -258,8 +367,7 @@ class CacheStore(Forwarding):
         for cid, reqs in by_id.items():
             loc = located.get(cid)
             if loc is None:
-                raise ObjectNotFound(f"chunk {cid.hex()[:12]} of {reqs[0].what or 'a tensor'} is neither here nor on "
-                                     f"remote {self.name!r}", id=cid)
+                raise self._absent(cid, reqs[0].what or "a tensor")
             if any(memoryview(r.buffer).nbytes != loc.length for r in reqs):
                 raise RemoteDamaged(f"chunk {cid.hex()[:12]} of {reqs[0].what} has another length on remote "
                                     f"{self.name!r}", remote=self.name, ids=(cid,))
@@ -423,17 +531,19 @@ def _kept_by_remote(repo, txn, remote_tips: list, pruned_there: set) -> set:
 
 def _pruned_there(repo, conn: Connection) -> set:
     """The commits the remote's retention pruned: its ``pruned`` notes, read (verified) from the
-    object packs holding records not indexed here (notes never are; fetch reads the same packs).
-    A retention run since the last fetch is seen here, before its young packs are deleted."""
+    small records of its object packs not indexed here (notes never are, and are small; fetch
+    reads the same). A retention run since the last fetch is seen here, before its young packs
+    are deleted."""
     with repo.index.read() as txn:
-        wanted = [key for key, ids in conn.catalogue.object_packs().items()
-                  if any(all(txn.get(kind, oid) is None for kind in ("commits", "trees", "tensors")) for oid in ids)]
+        lacking = [oid for ids in conn.catalogue.object_packs().values() for oid in ids
+                   if all(txn.get(kind, oid) is None for kind in ("commits", "trees", "tensors"))]
+    located = conn.catalogue.object_locations(lacking)
     out = set()
-    for key in sorted(wanted):
-        for oid, data in transfer.read_pack_records(conn.bucket, key, read_trailer(conn.bucket, key)).items():
-            kind, obj = classify(data, oid)
-            if kind == "pruned":
-                out.add(obj["commit"])
+    small = {oid: loc for oid, loc in located.items() if loc[2] <= transfer.SMALL_RECORD}
+    for oid, data in transfer.read_records(conn.bucket, small).items():
+        kind, obj = classify(data, oid)
+        if kind == "pruned":
+            out.add(obj["commit"])
     return out
 
 
@@ -556,20 +666,24 @@ def status(repo) -> CacheStatus:
             known = config.names(txn)
             name = "origin" if "origin" in known else (known[0] if len(known) == 1 else None)
         local_chunks = sum(1 for _ in txn.ids("chunks"))
-        live = reach.walk(txn, repo.objects).chunk_length if name else {}
+        walked = reach.walk(txn, repo.objects) if name else None
+        live = walked.chunk_length if name else {}
         here = {cid for cid in live if txn.chunk(cid) is not None}
+        # tensor objects neither here nor on the remote (a lazy clone reads them from there)
+        gone = {t for f in walked.findings if f.kind == reach.MISSING_TENSOR for t in f.tensors} if name else set()
     remote_chunks = remote_bytes = only_remote = only_local = lost = 0
     if name is not None and os.path.isdir(repo.dir / "remotes" / name):  # never listed: nothing known yet
-        catalogue = Catalogue(repo.dir, name)
+        conn = Connection(repo, name)  # a lookup may read trailers a lazy clone has not read yet
         try:
+            catalogue = conn.catalogue
             remote_chunks, remote_bytes = catalogue.remote_bytes()
             on_remote = set(catalogue.chunks(live))
             away = set(live) - here
             only_remote = len(away & on_remote)
-            lost = len(away - on_remote)
+            lost = len(away - on_remote) + len(gone)
             only_local = len(here - on_remote)
         finally:
-            catalogue.close()
+            conn.close()
     return CacheStatus(name, budget, local_bytes(repo), local_chunks, remote_chunks, remote_bytes,
                        only_remote, only_local, lost)
 

@@ -302,3 +302,49 @@ def read_pack_records(bucket, key: str, entries: list) -> dict:
         out[oid] = bytes(verified(oid, piece, where=f"remote pack {key}", noun="object", key=key))
     return out
 
+
+
+# object records at most this long are read without knowing their kind (a pack's trailer does not
+# say it): pruned notes, most commits and trees, and tensor objects of at most about 110 chunks
+SMALL_RECORD = 4 << 10
+
+
+def read_records(bucket, located: dict, gap: int = 4 << 10, threads: int = THREADS) -> dict:
+    """{id: bytes} of object records {id: (object pack key, data offset, length)}, read with ranged
+    GETs (records of one pack less than ``gap`` bytes apart share one), each verified against its
+    id. Raises RemoteCorrupt (bytes that do not hash to their id, a pack cut short), NotFound."""
+    by_key = defaultdict(list)
+    for oid, (key, offset, length) in located.items():
+        by_key[key].append((offset, length, oid))
+    work = []
+    for key, items in by_key.items():
+        items.sort()
+        current = None
+        for offset, length, oid in items:
+            if current and offset - current[2] <= gap and offset + length - current[1] <= SPAN_BYTES:
+                current[2] = max(current[2], offset + length)
+                current[3].append((offset, length, oid))
+            else:
+                current = [key, offset, offset + length, [(offset, length, oid)]]
+                work.append(current)
+    out, guard = {}, threading.Lock()
+
+    def one(span):
+        key, start, stop, items = span
+        data = memoryview(bucket.get_range(key, start, stop))
+        got = {}
+        for offset, length, oid in items:
+            piece = data[offset - start:offset - start + length]
+            if len(piece) != length:
+                raise RemoteCorrupt(f"remote pack {key} is shorter than its trailer says; nothing was stored",
+                                    key=key, id=oid)
+            got[oid] = bytes(verified(oid, piece, where=f"remote pack {key}", noun="object", key=key))
+        with guard:
+            out.update(got)
+    if len(work) <= 1 or threads <= 1:
+        for span in work:
+            one(span)
+    else:
+        with ThreadPoolExecutor(min(threads, len(work))) as pool:
+            list(pool.map(one, work))
+    return out

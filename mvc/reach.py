@@ -77,6 +77,25 @@ def _read(commit: Callable, oid: bytes, policy: str, damaged: Optional[list]):
         return None
 
 
+def generations(tips: Iterable[bytes], fetch: Callable[[list], None], get: Callable[[bytes], Optional[tuple]]) -> None:
+    """Commits from ``tips`` through every parent, a generation at a time, for a reader with a
+    round trip per call (a lazy clone reading a remote's object packs): ``fetch(ids)`` makes one
+    generation's objects readable, ``get(id)`` then gives (kind, object), or None for one it
+    could not read (that line ends there). A commit's tree is fetched with its parents."""
+    seen: set = set()
+    wave = list(tips)
+    while wave:
+        wave = [oid for oid in dict.fromkeys(wave) if oid not in seen]
+        seen.update(wave)
+        fetch(wave)
+        nxt = []
+        for oid in wave:
+            got = get(oid)
+            if got is not None and got[0] == "commits":
+                nxt += [*got[1].parents, got[1].tree]
+        wave = nxt
+
+
 def first_parents(commit: Callable, start: Optional[bytes], stop=frozenset(), policy: str = RAISE,
                   damaged: Optional[list] = None) -> Iterator[tuple]:
     """(id, commit object) along first parents from ``start``, newest first,

@@ -823,19 +823,11 @@ def _incoming_lazy(repo, conn: Connection, tips: list) -> dict:
     located = conn.catalogue.object_locations(lacking)
     small = {oid: loc for oid, loc in located.items() if loc[2] <= transfer.SMALL_RECORD}
     out = transfer.read_records(conn.bucket, small)
-    seen: set = set()
-    wave = list(tips)
-    while wave:
-        wave = [oid for oid in dict.fromkeys(wave) if oid not in seen]
-        seen.update(wave)
+
+    def fetch(wave: list) -> None:
         out.update(transfer.read_records(conn.bucket, {oid: located[oid] for oid in wave
                                                        if oid not in out and oid in located}))
-        nxt = []
-        for oid in wave:
-            kind, obj = classify(out[oid], oid) if oid in out else (None, None)
-            if kind == "commits":
-                nxt += [*obj.parents, obj.tree]
-        wave = nxt
+    reach.generations(tips, fetch, lambda oid: classify(out[oid], oid) if oid in out else None)
     return out
 
 

@@ -61,7 +61,6 @@ from ..errors import (CorruptObject, LockHeld, MvcError, NotConfigured, NotFound
 from ..objects import TensorLeaf, TensorObject
 from ..store import fs
 from ..store.chunks import THREADS, ChunkStore, Forwarding
-from ..store import index as index_module
 from ..store.objectstore import CORRUPT, MISSING, ObjectStore
 from ..traverse import walk as walk_tree
 from . import config, transfer
@@ -185,7 +184,7 @@ class LazyObjects(ObjectStore):
         except CorruptObject as exc:  # bytes that hash to the id yet do not decode: a hostile remote
             raise RemoteCorrupt(f"tensor object {oid.hex()[:12]} on remote {self.cache.name!r} does not decode "
                                 f"({exc}); nothing was kept", key=located[oid][0], id=oid) from None
-        if self.index.env in index_module._writing():
+        if self.index.writing_here():
             # asked inside this thread's write transaction (``txn`` is it: one writer a thread): kept
             # with it, as a new write transaction here would wait on its own lock
             txn.put("tensors", oid, data)

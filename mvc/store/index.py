@@ -965,6 +965,11 @@ class Index:
     def readonly(self) -> bool:
         return self.env.flags().get("readonly", False)
 
+    def writing_here(self) -> bool:
+        """Whether this thread is inside a write transaction of this index (a second one
+        here would wait on its own lock)."""
+        return self.env in _writing()
+
     @contextmanager
     def write(self) -> Iterator[Txn]:
         """A write transaction: committed (durably) if the block succeeds, else aborted.

@@ -260,7 +260,9 @@ class Catalogue:
         with self.index.write() as txn:
             txn.put_new_chunks([ordered[i:i + 32] for i in range(0, len(ordered), 32)],
                                [raw[i:i + width] for i in range(0, len(raw), width)])
-            txn.put_meta("pack:" + key, encoding.pack(joined))  # _listed_ids reads it back
+            # a list of ids, as add_pack and every earlier mvc write it: one string here would be
+            # misread by an mvc from before it that opens the same repository
+            txn.put_meta("pack:" + key, encoding.pack(list(ids)))
             txn.delete("meta", ("unread:" + key).encode())
             txn.delete("meta", ("damaged:" + key).encode())
             if stamp is not None:

@@ -148,6 +148,21 @@ def test_a_tensor_object_damaged_on_the_remote_is_refused_and_not_kept(origin, t
         assert same(lazy.load("main", only="b"), {"b": origin.load("main")["b"]})
 
 
+def _delete_remote_pack_of(lazy, remote, key: str) -> bytes:
+    """Delete from folder remote ``remote`` the chunk pack that holds the first chunk of tensor
+    ``key`` of the lazy clone's main, as its catalogue says; that chunk's id."""
+    with lazy.index.read() as txn:
+        first = lazy.objects.tensor(txn, leaf(lazy, key)).chunks[0]
+    catalogue = Catalogue(lazy.dir, "origin")
+    try:
+        with catalogue.index.read() as txn:
+            name = catalogue.chunk(first, txn).pack
+    finally:
+        catalogue.close()
+    (remote / layout.pack_key(layout.CHUNK_PACKS, name)).unlink()
+    return first
+
+
 def test_fetch_notices_a_chunk_pack_gone_that_an_evicted_read_relies_on(origin, tmp_path):
     """Loaded, then evicted: the chunks live only on the remote. A pack holding some of them is
     deleted there (not by gc: its refs still need it): the next fetch says the remote is damaged."""
@@ -155,15 +170,7 @@ def test_fetch_notices_a_chunk_pack_gone_that_an_evicted_read_relies_on(origin, 
         lazy.load("main", only="a")
         lazy.checkout("main~1")  # HEAD pins main~1, which shares nothing with main
         assert lazy.cache.evict(0).chunks_evicted > 0
-        with lazy.index.read() as txn:
-            first = lazy.objects.tensor(txn, leaf(lazy, "a")).chunks[0]
-        catalogue = Catalogue(lazy.dir, "origin")
-        try:
-            with catalogue.index.read() as txn:
-                name = catalogue.chunk(first, txn).pack
-        finally:
-            catalogue.close()
-        (tmp_path / "remote" / layout.pack_key(layout.CHUNK_PACKS, name)).unlink()
+        first = _delete_remote_pack_of(lazy, tmp_path / "remote", "a")
         with pytest.raises(RemoteDamaged) as err:
             lazy.remotes.fetch()
         assert err.value.remote == "origin" and err.value.ids
@@ -243,15 +250,7 @@ def test_a_lost_pack_a_lazy_clone_relied_on_is_named_at_every_fetch_until_repair
         origin.commit(state(5), "third")
         origin.remotes.push()
         assert lazy.remotes.fetch().objects == 2 and unread(lazy)
-        with lazy.index.read() as txn:
-            first = lazy.objects.tensor(txn, leaf(lazy, "a")).chunks[0]
-        catalogue = Catalogue(lazy.dir, "origin")
-        try:
-            with catalogue.index.read() as txn:
-                name = catalogue.chunk(first, txn).pack
-        finally:
-            catalogue.close()
-        (tmp_path / "remote" / layout.pack_key(layout.CHUNK_PACKS, name)).unlink()
+        first = _delete_remote_pack_of(lazy, tmp_path / "remote", "a")
         for seed in (6, 7):  # a push between the two: packs listed and not read at each fetch
             origin.commit(state(seed), "more")
             origin.remotes.push()

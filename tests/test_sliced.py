@@ -114,6 +114,16 @@ def _state(seed: int, n: int = 3, size: int = 96) -> dict:
 
 # -- damage, garbage ------------------------------------------------------------------------
 
+def _drop_a_branch(repo, seed: int) -> None:
+    """A commit on a branch that is then deleted, its reflog with it: garbage for gc."""
+    repo.create_branch("side")
+    repo.checkout("side")
+    repo.commit(_state(seed), "side")
+    repo.checkout("main")
+    repo.delete_branch("side", force=True)
+    repo.reflog.expire("side")
+
+
 @pytest.fixture
 def damaged(repo):
     """main: three commits; a dropped branch (garbage), an unindexed pack, a chunk missing from
@@ -122,11 +132,7 @@ def damaged(repo):
     for i in range(3):
         s = {k: v + (i == 0 or k == "t1") for k, v in s.items()}
         repo.commit(s, f"c{i}")
-    repo.create_branch("side")
-    repo.checkout("side")
-    repo.commit(_state(9), "side")
-    repo.checkout("main")
-    repo.delete_branch("side", force=True)
+    _drop_a_branch(repo, 9)
     writer = PackWriter(repo.dir / "packs")
     writer.add(bytes(range(32)), b"orphan record")
     writer.seal()
@@ -160,11 +166,7 @@ def test_gc_of_garbage_is_the_same_in_any_number_of_steps(repo, tmp_path):
     for i in range(4):
         s = {k: v + (k == f"t{i}") for k, v in s.items()}
         repo.commit(s, f"c{i}")
-    repo.create_branch("side")
-    repo.checkout("side")
-    repo.commit(_state(5), "side")
-    repo.checkout("main")
-    repo.delete_branch("side", force=True)
+    _drop_a_branch(repo, 5)
     want, (outcome, entries, loaded) = assert_gc_sliced_alike(repo, tmp_path, keep_last=2, expire_reflog=0)
     assert want.chunks_removed > 0 and want.pruned
     assert outcome.chunks_removed > 0 and len(entries) > 0

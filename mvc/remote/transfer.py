@@ -29,21 +29,36 @@ UPLOADS = 3  # packs in flight at once: bounded memory (3 x PACK_BYTES), the lin
 
 def spans(locations: dict) -> list:
     """[(pack name, start, stop, [(id, Location)])]: the ranged reads that fetch ``locations``."""
-    by_pack = defaultdict(list)
-    for cid, loc in locations.items():
-        by_pack[loc.pack].append((cid, loc))
+    return _runs(((loc.pack, loc.offset, loc.length, (cid, loc)) for cid, loc in locations.items()), GAP)
+
+
+def _runs(entries, gap: int) -> list:
+    """[(group, start, stop, [payload])]: ranged reads of records (group, offset, length, payload),
+    per group (a pack) in offset order; records less than ``gap`` bytes apart share a read of at
+    most SPAN_BYTES."""
+    by_group = defaultdict(list)
+    for group, offset, length, payload in entries:
+        by_group[group].append((offset, length, payload))
     out = []
-    for name, items in by_pack.items():
-        items.sort(key=lambda item: item[1].offset)
+    for group, items in by_group.items():
+        items.sort(key=lambda item: item[0])
         current = None
-        for cid, loc in items:
-            if current and loc.offset - current[2] <= GAP and loc.offset + loc.length - current[1] <= SPAN_BYTES:
-                current[2] = max(current[2], loc.offset + loc.length)
-                current[3].append((cid, loc))
+        for offset, length, payload in items:
+            if current and offset - current[2] <= gap and offset + length - current[1] <= SPAN_BYTES:
+                current[2] = max(current[2], offset + length)
+                current[3].append(payload)
             else:
-                current = [name, loc.offset, loc.offset + loc.length, [(cid, loc)]]
+                current = [group, offset, offset + length, [payload]]
                 out.append(current)
     return [tuple(s) for s in out]
+
+
+def _in_threads(one: Callable, work: list, threads: int) -> list:
+    """``one(item)`` for every item of ``work``, in up to ``threads`` threads; what they return."""
+    if len(work) <= 1 or threads <= 1:
+        return [one(item) for item in work]
+    with ThreadPoolExecutor(min(threads, len(work))) as pool:
+        return list(pool.map(one, work))
 
 
 def fetch_chunks(bucket, locations: dict, deliver: Callable, what: Callable = lambda cid: "",
@@ -106,11 +121,7 @@ def fetch_into(bucket, locations: dict, buffers: dict, done: Callable, what: Cal
 
 def _each_span(locations: dict, one: Callable, threads: int) -> int:
     """``one(span)`` for every ranged read of ``spans(locations)``, in threads; the sum of what they return."""
-    work = spans(locations)
-    if len(work) <= 1 or threads <= 1:
-        return sum(one(span) for span in work)
-    with ThreadPoolExecutor(min(threads, len(work))) as pool:
-        return sum(pool.map(one, work))
+    return sum(_in_threads(one, spans(locations), threads))
 
 
 def verify_chunks(bucket, locations: dict, threads: int = THREADS) -> dict:
@@ -139,13 +150,7 @@ def verify_chunks(bucket, locations: dict, threads: int = THREADS) -> dict:
                    if not intact(cid, data[loc.offset - start:loc.offset - start + loc.length])}
         with guard:
             bad.update(why)
-    work = spans(locations)
-    if len(work) <= 1 or threads <= 1:
-        for span in work:
-            one(span)
-    else:
-        with ThreadPoolExecutor(min(threads, len(work))) as pool:
-            list(pool.map(one, work))
+    _in_threads(one, spans(locations), threads)
     return bad
 
 
@@ -313,20 +318,7 @@ def read_records(bucket, located: dict, gap: int = 4 << 10, threads: int = THREA
     """{id: bytes} of object records {id: (object pack key, data offset, length)}, read with ranged
     GETs (records of one pack less than ``gap`` bytes apart share one), each verified against its
     id. Raises RemoteCorrupt (bytes that do not hash to their id, a pack cut short), NotFound."""
-    by_key = defaultdict(list)
-    for oid, (key, offset, length) in located.items():
-        by_key[key].append((offset, length, oid))
-    work = []
-    for key, items in by_key.items():
-        items.sort()
-        current = None
-        for offset, length, oid in items:
-            if current and offset - current[2] <= gap and offset + length - current[1] <= SPAN_BYTES:
-                current[2] = max(current[2], offset + length)
-                current[3].append((offset, length, oid))
-            else:
-                current = [key, offset, offset + length, [(offset, length, oid)]]
-                work.append(current)
+    work = _runs(((key, offset, length, (offset, length, oid)) for oid, (key, offset, length) in located.items()), gap)
     out, guard = {}, threading.Lock()
 
     def one(span):
@@ -341,10 +333,5 @@ def read_records(bucket, located: dict, gap: int = 4 << 10, threads: int = THREA
             got[oid] = bytes(verified(oid, piece, where=f"remote pack {key}", noun="object", key=key))
         with guard:
             out.update(got)
-    if len(work) <= 1 or threads <= 1:
-        for span in work:
-            one(span)
-    else:
-        with ThreadPoolExecutor(min(threads, len(work))) as pool:
-            list(pool.map(one, work))
+    _in_threads(one, work, threads)
     return out

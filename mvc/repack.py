@@ -419,7 +419,7 @@ def _publish(repo, batch, old: dict):
         # the new pack's index, where it has one, locates what moved (no entry per chunk, which
         # at 10^8 chunks would be the B-tree pages the pack indexes replaced); a record whose
         # chunk moved meanwhile keeps the location it had, as compaction does
-        registered = getattr(batch, "register", None) is not None and batch.register(txn)
+        registered = batch.register(txn)
         for cid, loc in new.items():
             if now[cid] == old[cid]:
                 txn.put_chunk(cid, loc, overwrite=True)

@@ -343,6 +343,11 @@ class ChunkWriter(ABC):
     def seal(self) -> None:
         """Make the batch durable (still invisible to readers)."""
 
+    def register(self, txn) -> bool:
+        """Register the sealed batch's pack index in ``txn`` and nothing more (the caller sets each
+        chunk's entry itself, as compaction and repack do); False if it has none."""
+        return False
+
     @abstractmethod
     def publish(self, txn) -> None:
         """Index the batch in ``txn``: visible when it commits."""

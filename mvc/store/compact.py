@@ -70,7 +70,7 @@ def compact(store, index, rewrite: list, drop: Iterable = (), remove: Iterable =
             # the new pack's index, where it has one, locates what moved: no entry per chunk; each
             # of its records that did not move (a concurrent change, a pack left whole) keeps
             # the location it had
-            registered = getattr(batch, "register", None) is not None and batch.register(txn)
+            registered = batch.register(txn)
             moved = {cid for cid, old in moves if now[cid] == old}
             for cid in new:
                 if cid in moved:  # with the pack registered, an entry only where it says otherwise

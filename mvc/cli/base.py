@@ -9,6 +9,7 @@ user; ``MVC_TRACEBACK=1`` in the environment shows it for a bug report.
 """
 
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -161,14 +162,22 @@ def _walk_hint(exc: WalkDamaged) -> str:
     return "run 'mvc fsck' (its --prune-lost lets gc run again without the lost commits)"
 
 
+def _remote_hint(exc: UnknownRemote) -> str:
+    """A mistyped remote is answered as a mistyped command is ("did you mean 'origin'?"); one
+    that resembles none can be added; several and none named are listed in the message."""
+    if exc.name is None:
+        return "" if exc.known else "add one with 'mvc remote add origin URL'"
+    close = difflib.get_close_matches(exc.name, exc.known, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"add it with 'mvc remote add {exc.name} URL'"
+
+
 # (error class, advice for it), the first class that matches wins: what to run about each error
 HINTS = (
     (NotARepository, lambda e: "run 'mvc init' first"),
     (ReaderClash, lambda e: "share the host's pid namespace between the containers that use this repository "
                             "(docker run --pid=host, Kubernetes hostPID or shareProcessNamespace), or run "
                             "this command again (its pid will differ)"),
-    (UnknownRemote, lambda e: "" if e.known else f"add it with 'mvc remote add {e.name} URL'" if e.name
-                              else "add one with 'mvc remote add origin URL'"),
+    (UnknownRemote, lambda e: _remote_hint(e)),
     (RemoteExists, lambda e: f"remove it first ('mvc remote remove {e.name}')"),
     (NotConfigured, lambda e: f"set it with 'mvc config {e.setting} VALUE'"),
     (RefRejected, lambda e: f"run 'mvc fetch {e.remote}', then build on {e.remote}/BRANCH"),

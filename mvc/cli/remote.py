@@ -1,13 +1,12 @@
 """Remote commands: remote, push, fetch, pull, clone, config, cache."""
 
-import difflib
 import textwrap
 from contextlib import contextmanager
 
 import click
 
 from .. import Repository
-from ..errors import RemoteDamaged, UnknownRemote
+from ..errors import RemoteDamaged
 from ..remote.backend import on_notice
 from ..remote.verbs import SETTINGS
 from .base import plural, Transfer, echo_json, fail, human_bytes, main, open_repo, to_jsonable
@@ -28,20 +27,6 @@ def _advice():
     except RemoteDamaged as exc:
         fail(f"{exc}: 'mvc fsck --remote {exc.remote}' names what is lost; 'mvc remote repair {exc.remote}' "
              "in a repository that holds it uploads it again")
-
-
-@contextmanager
-def _named_remote(repo):
-    """A remote name that is not configured but close to one that is: say which, as a
-    mistyped command is answered ("did you mean 'origin'?"), not "add it"."""
-    try:
-        yield
-    except UnknownRemote as exc:
-        if exc.name and not exc.known:
-            close = difflib.get_close_matches(exc.name, [r.name for r in repo.remotes.list()], n=1)
-            if close:
-                fail(f"{exc}; did you mean {close[0]!r}?")
-        raise
 
 
 SHOWN = 5
@@ -110,7 +95,7 @@ def remote_list(as_json=False):
 @click.argument("name")
 def remote_remove(name):
     """Forget remote NAME and its tracking refs (the remote's data is untouched)."""
-    with open_repo() as repo, _named_remote(repo):
+    with open_repo() as repo:
         repo.remotes.remove(name)
     click.echo(f"removed remote {name}")
 
@@ -121,7 +106,7 @@ def remote_remove(name):
 @click.option("--owner", default=None, help="Hold the lock as OWNER (default: your commit author).")
 def remote_lock(name, branch, owner):
     """Lock BRANCH on remote NAME: pushes to it by anyone else are refused."""
-    with open_repo() as repo, _named_remote(repo):
+    with open_repo() as repo:
         who = repo.remotes.lock(branch, name, owner)
     click.echo(f"locked branch {branch!r} on {name} for {who}")
 
@@ -133,7 +118,7 @@ def remote_lock(name, branch, owner):
 @click.option("--owner", default=None, help="Release as OWNER (default: your commit author).")
 def remote_unlock(name, branch, force, owner):
     """Release BRANCH's lock on remote NAME."""
-    with open_repo() as repo, _named_remote(repo):
+    with open_repo() as repo:
         had = repo.remotes.unlock(branch, name, force, owner)
     click.echo(f"unlocked branch {branch!r} on {name}" if had else f"branch {branch!r} was not locked on {name}")
 
@@ -149,7 +134,7 @@ def remote_repair(name, as_json):
     records out of damaged packs, then removes the damaged and unreadable
     packs (a zero-byte one, say). Exits 1 if something stays unrepaired.
     """
-    with open_repo() as repo, _named_remote(repo):
+    with open_repo() as repo:
         r = repo.remotes.repair(name)
     if as_json:
         out = to_jsonable(r)
@@ -197,7 +182,7 @@ def push(name, refs, force, delete, as_json):
         raise click.UsageError("--delete needs the names of the remote branches or tags to delete")
     if name is not None and name.startswith(":"):
         name, refs = None, (name,) + tuple(refs)
-    with open_repo() as repo, _named_remote(repo), Transfer("sending") as progress:
+    with open_repo() as repo, Transfer("sending") as progress:
         report = repo.remotes.push(name, () if delete else refs, force=force, delete=refs if delete else (),
                                    progress=progress)
     if as_json:
@@ -236,7 +221,7 @@ def _show_fetch(report) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def fetch(name, prune, as_json):
     """Bring REMOTE's branches (as REMOTE/BRANCH) and what they need that is missing here."""
-    with _advice(), open_repo() as repo, _named_remote(repo), Transfer("receiving") as progress:
+    with _advice(), open_repo() as repo, Transfer("receiving") as progress:
         report = repo.remotes.fetch(name, prune=prune, progress=progress)
     if as_json:
         echo_json(report)
@@ -250,7 +235,7 @@ def fetch(name, prune, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def pull(name, branch, as_json):
     """fetch REMOTE, then fast-forward BRANCH (default: the current one) to REMOTE/BRANCH."""
-    with _advice(), open_repo() as repo, _named_remote(repo), Transfer("receiving") as progress:
+    with _advice(), open_repo() as repo, Transfer("receiving") as progress:
         report = repo.remotes.pull(name, branch, progress=progress)
     if as_json:
         echo_json(report)
@@ -397,7 +382,7 @@ def cache_unpin(ref):
 
 def fsck_remote_or_repair(name, repair: bool, as_json: bool, read_subset=None) -> int:
     """Run 'mvc fsck --remote NAME' or 'mvc fsck --repair'; the exit code."""
-    with open_repo() as repo, _named_remote(repo):
+    with open_repo() as repo:
         if repair:
             r = repo.cache.repair()
         else:

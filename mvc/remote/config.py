@@ -86,7 +86,7 @@ def check_new_name(name: str) -> str:
 def get(txn, name: str) -> RemoteInfo:
     raw = txn.meta(PREFIX + check_name(name))
     if raw is None:
-        raise UnknownRemote(f"no remote named {name!r}", name=name)
+        raise UnknownRemote(f"no remote named {name!r}", name=name, known=names(txn))
     value = encoding.unpack(raw, f"settings of remote {name!r}")
     if type(value) is not dict or not isinstance(value.get("url"), str):
         raise CorruptObject(f"the settings of remote {name!r} are damaged; remove and add it again")

@@ -246,7 +246,7 @@ class _Checker:
 
     # -- packs -------------------------------------------------------------
 
-    def check_packs(self, chunks, listing: list) -> tuple:
+    def match_trailers(self, chunks, listing: list) -> tuple:
         """Check the located chunks' records against their packs' trailers, a pack at a time
         (its rows a budget at a time), and count what no reachable chunk uses: (the
         Unreferenced of the sealed packs, in ``listing``'s order; {pack name: path} of the
@@ -290,7 +290,7 @@ class _Checker:
                   chunks=cids)
 
     def verify(self, chunks, txn, packs: dict, threads: int, step) -> None:
-        """Re-read and re-hash the records of ``packs`` (``check_packs``'s) through the store's
+        """Re-read and re-hash the records of ``packs`` (``match_trailers``'s) through the store's
         pack checker, a budget of them at a time; a delta's base elsewhere is located through
         ``txn`` unless its record is damaged."""
         # each block made when the checker takes it, and read here beside its PackCheck (tee holds one)
@@ -470,7 +470,7 @@ def _fsck(repo, quick: bool, threads: int, progress, budget: int) -> FsckReport:
         for seq, f in enumerate(x for x in listing if not x.regular):
             checker.find((2, 0, b"", b"", seq), NOT_REGULAR, f"packs/{f.path.name}", "it is not a regular file "
                          "(a symlink, FIFO or device); mvc never reads it: remove it")
-        unreferenced, good, total = checker.check_packs(repo.chunks, listing)
+        unreferenced, good, total = checker.match_trailers(repo.chunks, listing)
         tmps = [Unreferenced(TMP_PACK, f.path.name, 0, f.size) for f in listing if f.regular and f.pack is None]
         verified = 0
         if not quick and good:

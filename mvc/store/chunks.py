@@ -12,7 +12,8 @@ Vocabulary:
 
 Every reader and writer of chunk bytes in mvc goes through a ``ChunkStore``:
 commit writes through ``writer()``, load, diff, export and gc's rewrite read
-through ``read()``, fsck re-hashes through ``verify()``. ``PackStore``, the
+through ``read()``, fsck and the scheduled scan re-hash through ``check_packs()``
+(the one pack checker; ``verify()`` is what it re-reads records with). ``PackStore``, the
 local packs indexed in LMDB, is the first implementation; how another one
 plugs in is in ``docs/architecture.md``.
 

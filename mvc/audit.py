@@ -26,6 +26,7 @@ Vocabulary (signatures themselves are in ``mvc/signing.py``):
   passes over it without judging it and counts it apart from what it verified.
 """
 
+import itertools
 import json
 import logging
 import math
@@ -42,7 +43,7 @@ from .errors import (BadInput, CorruptObject, HistoryRewritten, ObjectNotFound, 
                      SignatureRequired, SigningKeyError, UnknownRevision)
 from .objects import CommitObject, TagObject, object_id
 from .store import fs
-from .store.packs import pack_filename, read_locations
+from .store.chunks import pack_filename
 
 log = logging.getLogger("mvc.audit")
 SCAN_STATE = "scan-state"
@@ -561,8 +562,8 @@ def _save_state(path: Path, state: dict) -> None:
 
 
 def _ring(repo) -> list:
-    """(pack name bytes, path) of the sealed packs, by name."""
-    return [(f.pack, f.path) for f in repo.chunks.pack_files() if f.regular and f.pack is not None]
+    """(pack name bytes, file name) of the sealed packs, by name."""
+    return [(f.pack, f.name) for f in repo.chunks.pack_files() if f.regular and f.pack is not None]
 
 
 def scan(repo, budget="10%", progress: Optional[Callable[[int, int], None]] = None) -> ScanReport:
@@ -575,17 +576,17 @@ def scan(repo, budget="10%", progress: Optional[Callable[[int, int], None]] = No
         return _scan(repo, str(budget), kind, amount, progress)
 
 
-def _records(ring: list) -> tuple:
+def _records(chunks, ring: list) -> tuple:
     """(the ring's records [(key, id, Location)] in order, ScanProblems of packs whose trailer
     is damaged). ``key`` is (pack name hex, offset). Every trailer is verified here, each run."""
     items, problems = [], []
-    for name, path in ring:
+    for name, fname in ring:
         try:
-            located = read_locations(path, name)
+            located = chunks.pack_locations(name)
         except (CorruptObject, OSError) as exc:
-            problems.append(ScanProblem(path.name, None, "damaged-pack", str(exc)))
+            problems.append(ScanProblem(fname, None, "damaged-pack", str(exc)))
             continue
-        items += sorted(((name.hex(), loc.offset), cid, loc) for cid, loc in located)
+        items += [((name.hex(), loc.offset), cid, loc) for cid, loc in located]
     return items, problems
 
 
@@ -608,7 +609,7 @@ def _scan(repo, budget: str, kind: str, amount: float, progress) -> ScanReport:
     state_path = repo.dir / SCAN_STATE
     state = _load_state(state_path)
     ring = _ring(repo)
-    items, problems = _records(ring)
+    items, problems = _records(repo.chunks, ring)
     total = sum(loc.length for _, _, loc in items)
     limit = math.ceil(total * amount) if kind == "share" else None
     n = len(items)
@@ -625,10 +626,10 @@ def _scan(repo, budget: str, kind: str, amount: float, progress) -> ScanReport:
     for piece in _pieces(lap, 16 << 20):
         with repo.index.read() as txn:  # a delta's base may lie outside this piece: the index says where
             live = [item for item in piece if _indexed(txn, item[1], item[2])]
-            found = repo.chunks.verify({cid: loc for _, cid, loc in live}, txn, threads=1)
-        pack_of = {cid: key[0] for key, cid, _ in live}
-        problems += [ScanProblem(pack_filename(bytes.fromhex(pack_of[p.id])), p.id.hex(), p.kind, p.detail)
-                     for p in found]
+            by_pack = [(bytes.fromhex(pack), {cid: loc for _, cid, loc in records})
+                       for pack, records in itertools.groupby(live, key=lambda item: item[0][0])]
+            problems += [ScanProblem(check.pack, p.id.hex(), p.kind, p.detail)
+                         for check in repo.chunks.check_packs(by_pack, txn, threads=1) for p in check.problems]
         done += sum(loc.length for _, _, loc in piece)  # the budget counts every record passed
         visited += len(piece)
         verified += len(live)

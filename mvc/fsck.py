@@ -22,6 +22,7 @@ checks only the structure (objects, index entries, pack trailers).
 """
 
 import dataclasses
+import itertools
 import os
 import time
 from dataclasses import dataclass
@@ -36,8 +37,7 @@ from .reach import (CORRUPT_COMMIT, CORRUPT_REF, CORRUPT_REFLOG, CORRUPT_TENSOR,
                     MISSING_COMMIT, MISSING_TENSOR, MISSING_TREE, REFLOG, Finding)
 from .store import chunks as chunkstore
 from .store import idarray
-from .store.packs import (RECORD_HEAD, pack_filename, read_locations,
-                          read_trailer_table, salvage_records)
+from .store.chunks import RECORD_OVERHEAD, pack_filename
 
 # Kinds of damage, as they appear in reports (the walk's own kinds are in mvc.reach).
 MISSING_CHUNK, BAD_INDEX_ENTRY = "missing-chunk", "bad-index-entry"
@@ -176,8 +176,7 @@ def scan_packs(repo) -> tuple:
         else:
             pack = _Pack(f.path, f.size)
             try:
-                table = read_trailer_table(f.path)
-                pack.records = table[np.argsort(table["offset"], kind="stable")]
+                pack.records = repo.chunks.pack_records(f.pack)
             except (CorruptObject, FileNotFoundError) as exc:
                 pack.error = str(exc)
             packs[f.pack] = pack
@@ -247,7 +246,7 @@ class _Checker:
 
     # -- packs -------------------------------------------------------------
 
-    def check_packs(self, listing: list) -> tuple:
+    def match_trailers(self, chunks, listing: list) -> tuple:
         """Check the located chunks' records against their packs' trailers, a pack at a time
         (its rows a budget at a time), and count what no reachable chunk uses: (the
         Unreferenced of the sealed packs, in ``listing``'s order; {pack name: path} of the
@@ -257,7 +256,7 @@ class _Checker:
         for name in sorted(self.rows.packs() - set(sealed)):
             self._whole_pack(name, MISSING_PACK, "the pack file is missing; it held")
         for name, f in sealed.items():
-            table, error = _trailer(f.path)
+            table, error = _trailer(chunks, name)
             if table is None:
                 if name in self.rows.packs():
                     self._whole_pack(name, DAMAGED_PACK, f"{error}; it holds")
@@ -291,19 +290,29 @@ class _Checker:
                   chunks=cids)
 
     def verify(self, chunks, txn, packs: dict, threads: int, step) -> None:
-        """Re-read and re-hash the records of ``packs`` (``check_packs``'s) a budget of them at a
-        time; a delta's base elsewhere is located through ``txn`` unless its record is damaged."""
+        """Re-read and re-hash the records of ``packs`` (``match_trailers``'s) through the store's
+        pack checker, a budget of them at a time; a delta's base elsewhere is located through
+        ``txn`` unless its record is damaged."""
+        # each block made when the checker takes it, and read here beside its PackCheck (tee holds one)
+        mine, checked = itertools.tee(self._blocks(chunks, txn, packs))
+        for (_, jobs), check in zip(mine, chunks.check_packs(checked, threads=threads, progress=step)):
+            for seq, p in enumerate(check.problems):
+                loc = dict.get(jobs, p.id)
+                key = (4, int(loc.coded), loc.pack, b"", loc.offset, seq) if loc else (4, 2, b"", b"", 0, seq)
+                self.find(key, p.kind, f"chunk {_short(p.id)}", p.detail, chunks={p.id})
+
+    def _blocks(self, chunks, txn, packs: dict):
+        """(pack name, _Jobs) of the trailer-listed located records of ``packs``, a budget of
+        them at a time."""
         for name in sorted(packs):
-            table, _ = _trailer(packs[name])
+            table, _ = _trailer(chunks, name)
             for rows in self.rows.blocks(name):
                 rows = rows[_listed(table, rows)] if table is not None else rows[:0]
                 jobs = _Jobs(txn, self.not_good)
                 for i in range(len(rows)):
                     jobs[idarray.one(rows["id"], i)] = sliced.location(rows, i)
-                for seq, p in enumerate(chunks.verify(jobs, threads=threads, progress=step) if jobs else ()):
-                    loc = dict.get(jobs, p.id)
-                    key = (4, int(loc.coded), loc.pack, b"", loc.offset, seq) if loc else (4, 2, b"", b"", 0, seq)
-                    self.find(key, p.kind, f"chunk {_short(p.id)}", p.detail, chunks={p.id})
+                if jobs:
+                    yield name, jobs
 
     # -- consequences ------------------------------------------------------
 
@@ -391,13 +400,13 @@ class _Jobs(dict):
         return default if loc is None else loc
 
 
-def _trailer(path: Path) -> tuple:
-    """(the pack's trailer records sorted by offset, None) or (None, why it cannot be read)."""
+def _trailer(chunks, name: bytes) -> tuple:
+    """(the records sealed pack ``name``'s trailer lists, sorted by offset, "") or (None, why it
+    cannot be read)."""
     try:
-        table = read_trailer_table(path)
+        return chunks.pack_records(name), ""
     except (CorruptObject, FileNotFoundError) as exc:
         return None, str(exc)
-    return table[np.argsort(table["offset"], kind="stable")], ""
 
 
 def _listed(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -419,7 +428,7 @@ def _unused(f, table: np.ndarray, used: np.ndarray, any_rows: bool, indexed: boo
         return Unreferenced(UNUSED_PACK, f.path.name, len(unused), f.size)
     if len(unused):
         return Unreferenced(UNUSED_RECORDS, f.path.name, len(unused),
-                            int(unused.sum(dtype=np.int64)) + len(unused) * RECORD_HEAD.size)
+                            int(unused.sum(dtype=np.int64)) + len(unused) * RECORD_OVERHEAD)
     return None
 
 
@@ -461,7 +470,7 @@ def _fsck(repo, quick: bool, threads: int, progress, budget: int) -> FsckReport:
         for seq, f in enumerate(x for x in listing if not x.regular):
             checker.find((2, 0, b"", b"", seq), NOT_REGULAR, f"packs/{f.path.name}", "it is not a regular file "
                          "(a symlink, FIFO or device); mvc never reads it: remove it")
-        unreferenced, good, total = checker.check_packs(listing)
+        unreferenced, good, total = checker.match_trailers(repo.chunks, listing)
         tmps = [Unreferenced(TMP_PACK, f.path.name, 0, f.size) for f in listing if f.regular and f.pack is None]
         verified = 0
         if not quick and good:
@@ -536,13 +545,13 @@ def _rebuild_index(repo) -> RebuildReport:
         for name, pack in packs.items() if done is None else ():  # a store with an entry per chunk
             if pack.records is None:
                 continue
-            for cid, loc in read_locations(pack.path, name):
+            for cid, loc in repo.chunks.pack_locations(name):
                 if txn.put_chunk(cid, loc):
                     chunks += 1
                 else:
                     duplicates += 1
         chunks, duplicates = done or (chunks, duplicates)
-        salvaged = _salvage(repo, txn, [p for p in packs.values() if p.records is None])
+        salvaged = _salvage(repo, txn, [(name, p) for name, p in packs.items() if p.records is None])
     skipped = tuple((pack.path.name, pack.error) for pack in packs.values() if pack.records is None)
     return RebuildReport(sum(1 for p in packs.values() if p.records is not None), chunks + salvaged,
                          duplicates, dropped, skipped, salvaged)
@@ -554,8 +563,8 @@ def _salvage(repo, txn, damaged: list) -> int:
     unreferenced, for gc to delete. Returns how many records were saved."""
     batch = repo.chunks.writer()
     try:
-        for pack in damaged:
-            for cid, data in salvage_records(pack.path, repo.chunk_size):
+        for name, pack in damaged:
+            for cid, data in repo.chunks.salvage(name, repo.chunk_size):
                 if txn.chunk(cid) is None:
                     batch.add(cid, data)
         batch.seal()

@@ -52,7 +52,7 @@ from .errors import BadInput, CorruptObject, MetricNotRecorded, MvcError, Protec
 from .store import idarray
 from .store.locks import GcLock
 from .store.index import location_row, reflog_entry
-from .store.packs import PACK_NAME, RECORD_HEAD, read_trailer_table
+from .store.chunks import RECORD_OVERHEAD, pack_named
 
 # Rewrite a pack when less than this share of its record bytes is live. A pack
 # is rewritten once: its live records land in a new pack that is all live, so a
@@ -185,7 +185,7 @@ def gc(repo, keep_last: Optional[int] = None, branch: Optional[str] = None, keep
             if dry_run or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             sweep = _sweep_on_a_full_disk(repo, policy, force, grace, where, budget)
-        plan = plan_packs(repo.chunks.pack_files(), sweep.live, sweep.indexed_packs, grace, repack)
+        plan = plan_packs(repo.chunks.pack_files(), sweep.live, sweep.indexed_packs, grace, repack, store=repo.chunks)
         where.close()  # the plan holds what it needs; the spills go before the bytes on disk are counted
         if dry_run:
             saved = plan.reclaimable()
@@ -584,8 +584,9 @@ class SlicedRecords:
         return [(idarray.one(rows["id"], i), sliced.location(rows, i)) for i in range(len(rows))]
 
 
-def plan_packs(files: list, live: LiveRecords, indexed: set, grace: float, repack: bool = False) -> _PackPlan:
-    """What gc does with each of ``files``, the chunk store's PackFiles (``ChunkStore.pack_files``)."""
+def plan_packs(files: list, live: LiveRecords, indexed: set, grace: float, repack: bool = False, *,
+               store) -> _PackPlan:
+    """What gc does with each of ``files``, chunk store ``store``'s PackFiles (``ChunkStore.pack_files``)."""
     plan, small = _PackPlan(), []
     now = time.time()
     for f in files:
@@ -607,7 +608,7 @@ def plan_packs(files: list, live: LiveRecords, indexed: set, grace: float, repac
                 plan.left.append(_young(path, grace))
             continue
         try:
-            total = int(read_trailer_table(path)["length"].sum(dtype=np.int64))
+            total = int(store.pack_records(f.pack)["length"].sum(dtype=np.int64))
         except (CorruptObject, OSError) as exc:
             plan.notes.append(f"{path.name} left alone: {exc}")
             continue
@@ -624,7 +625,7 @@ def plan_packs(files: list, live: LiveRecords, indexed: set, grace: float, repac
 
 
 def unreferenced_fate(directory: Path, kind: str, pack: str, records: int, garbage: int,
-                      grace: float = GRACE_S) -> Optional[LeftAlone]:
+                      grace: float = GRACE_S, *, store) -> Optional[LeftAlone]:
     """What a plain ``mvc gc`` does with unreferenced bytes fsck reported
     (kinds from mvc.fsck): None if it reclaims them, else why it keeps them.
 
@@ -635,11 +636,14 @@ def unreferenced_fate(directory: Path, kind: str, pack: str, records: int, garba
         return _young(path, grace) if _age(path) <= grace else None
     if kind != "unused-records":
         return None
+    name = pack_named(pack)
     try:
-        total = int(read_trailer_table(path)["length"].sum(dtype=np.int64))
+        total = int(store.pack_records(name)["length"].sum(dtype=np.int64)) if name is not None else None
     except (CorruptObject, OSError):
         return None
-    data = garbage - records * RECORD_HEAD.size
+    if total is None:
+        return None
+    data = garbage - records * RECORD_OVERHEAD
     return None if should_rewrite(total - data, total) else _mostly_live(path, data, total)
 
 
@@ -649,7 +653,7 @@ def compact(repo, plan: _PackPlan) -> int:
     there; then those packs, packs holding nothing live and stale ``.tmp`` files are
     deleted. A pack with a live record that cannot be read verified is left whole (noted).
     Returns the number of records moved."""
-    names = {bytes.fromhex(PACK_NAME.fullmatch(path.name).group(1)): (path, live) for path, live in plan.rewrite}
+    names = {pack_named(path.name): (path, live) for path, live in plan.rewrite}
     done = repo.chunks.compact(repo.index, [(name, live) for name, (_, live) in names.items()],
                                remove=[path.name for path in plan.delete + plan.tmp])
     plan.notes += list(done.notes)

@@ -428,7 +428,7 @@ def _publish(repo, batch, old: dict):
         walked = reach.walk(txn, repo.objects, reach.RAISE, locate=True)
         _gc.drop_dead(txn, walked)
         live = _gc.LiveRecords(walked)
-    plan = _gc.plan_packs(repo.chunks.pack_files(), live, before, _gc.GRACE_S, repack=True)
+    plan = _gc.plan_packs(repo.chunks.pack_files(), live, before, _gc.GRACE_S, repack=True, store=repo.chunks)
     _gc.compact(repo, plan)
     return plan
 

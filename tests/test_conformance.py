@@ -402,6 +402,69 @@ def v_fsck_damaged_copy(k):
         k.check_all()
 
 
+def v_check_packs(k):
+    """The one pack checker (``ChunkStore.check_packs``) on every kind, and through a decorator:
+    clean packs pass; real flipped bits in a record's data and in its header, a pack cut short,
+    a damaged trailer and a pack gone are each named per pack, with chunk id and offset."""
+    from faulty import Faulty
+    from damage import flip_bit, flipped
+    from mvc.store import chunks as cs
+    if not any(f.pack for f in k.repo.chunks.pack_files()):
+        k.repo.load(k.main[-1])  # a lazy clone holds nothing here yet: now a pack of its cache
+    packs = sorted(f.pack for f in k.repo.chunks.pack_files() if f.regular and f.pack is not None)
+    assert packs, k.name
+    with k.repo.index.read() as txn:  # a delta's base in another pack: the index says where
+        checks = list(k.repo.chunks.check_packs([(name, None) for name in packs], txn))
+        assert [c.name for c in checks] == packs and all(c.ok for c in checks), (k.name, checks)
+        assert [c.records for c in checks] == [len(k.repo.chunks.pack_records(name)) for name in packs]
+        assert checks == list(Faulty(k.repo.chunks).check_packs([(name, None) for name in packs], txn))
+    name = max(packs, key=lambda n: len(k.repo.chunks.pack_records(n)))
+    path = k.repo.dir / "packs" / cs.pack_filename(name)
+    located = k.repo.chunks.pack_locations(name)
+    cid, loc = next(((c, x) for c, x in located if not x.coded), located[0])
+
+    def check(records=None, repo=k.repo):
+        with repo.index.read() as txn:
+            (found,) = repo.chunks.check_packs([(name, records)], txn)
+        assert (found.name, found.pack) == (name, path.name)
+        return found
+    with flipped(path, loc.offset + loc.length - 1, 4):  # the record's last data byte
+        found = check()
+        assert found.error == "" and found.records == len(located)
+        assert [(p.id, p.offset) for p in found.problems] == [(cid, loc.offset)], (k.name, found)
+        assert found.problems[0].kind in ({cs.CHECKSUM} if not loc.coded else {cs.CHECKSUM, cs.BAD_ENCODING})
+    with flipped(path, loc.offset - cs.RECORD_OVERHEAD + 3):  # a bit of the id in its record header
+        assert [(p.kind, p.id, p.offset) for p in check().problems] == [(cs.BAD_RECORD, cid, loc.offset)]
+    with flipped(path, path.stat().st_size - 50):  # the trailer's checksum no longer matches
+        found = check()
+        assert (found.kind, found.records, found.problems) == (cs.SHORT_PACK, 0, ()) and "trailer" in found.error
+        assert check(dict(located)).ok  # its records, located, are intact
+    original = path.read_bytes()
+    try:
+        last_id, last = located[-1]
+        path.write_bytes(original[:last.offset + last.length // 2])  # cut short inside its last record
+        found = check()
+        assert found.kind == cs.SHORT_PACK and found.error and found.records == 0
+        found = check(dict(located))
+        assert [(p.kind, p.id, p.offset) for p in found.problems] == [(cs.SHORT_PACK, last_id, last.offset)]
+    finally:
+        path.write_bytes(original)
+    aside = path.with_name("gone")
+    path.rename(aside)
+    fresh = mvc.Repository.open(k.repo.root)  # this process's reader still holds the file it opened
+    try:
+        found = check(repo=fresh)
+        assert (found.kind, found.records) == (cs.UNREADABLE, 0) and "missing" in found.error
+        found = check(dict(located), fresh)
+        assert {p.kind for p in found.problems} == {cs.UNREADABLE}
+        assert sorted((p.id, p.offset) for p in found.problems) == sorted((c, x.offset) for c, x in located)
+    finally:
+        fresh.close()
+        aside.rename(path)
+    assert check().ok
+    k.check_all()
+
+
 def _gc(k, **kwargs):
     if _refuses_when_read_only(k, lambda: k.repo.gc(grace=0, **kwargs)):
         return

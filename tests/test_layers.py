@@ -181,6 +181,45 @@ def test_only_the_store_lists_its_packs_folder():
     assert _lists_packs(ast.parse('entries(repo.dir / "packs")')) == [1]
 
 
+LAYOUT = {"mvc.store.packs", "mvc.store.packformat"}  # the pack layout: records, trailers, file names
+SEAM_TYPES = {"Location"}  # what ChunkStore.locate returns: a value above the seam may hold
+# Modules outside mvc/store that read pack bytes themselves, each with why: the remote layer
+# writes and reads packs in a bucket, not on a disk the chunk store owns.
+KNOWN_LAYOUT_READERS = {"mvc.remote"}
+
+
+def _layout_imports(name: str, is_package: bool, tree, known) -> list:
+    """(line, what) of the imports of module ``name`` that reach the pack layout past the seam:
+    the modules themselves, or any name of theirs but a seam type."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name in LAYOUT]
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                one = ast.ImportFrom(module=node.module, names=[alias], level=node.level)
+                for target in _targets(name, is_package, one, known) & LAYOUT:
+                    if target.endswith("." + alias.name) or alias.name not in SEAM_TYPES:
+                        found.append((node.lineno, f"{target}.{alias.name}"))
+    return found
+
+
+def test_only_the_store_reads_the_pack_layout():
+    """fsck, gc and the scheduled scan ask the chunk store about its packs (pack_records,
+    pack_locations, check_packs, salvage): none imports RECORD_HEAD, read_locations,
+    pack_filename … from store/packs.py, so one checker and one reader of the layout stay."""
+    known = modules()
+    readers = {name: found for name, (path, tree) in known.items()
+               if not name.startswith("mvc.store") and not name.startswith(tuple(KNOWN_LAYOUT_READERS))
+               for found in [_layout_imports(name, path.name == "__init__.py", tree, known)] if found}
+    assert readers == {}
+    for source in ("from .store.packs import RECORD_HEAD, pack_filename", "from .store import packs",
+                   "import mvc.store.packs", "from .store.packformat import HEADER"):
+        assert _layout_imports("mvc.fsck", False, ast.parse(source), known), source
+    assert _layout_imports("mvc.sliced", False, ast.parse("from .store.packs import Location"), known) == []
+    assert _layout_imports("mvc.gc", False, ast.parse("from .store.chunks import RECORD_OVERHEAD"), known) == []
+
+
 def test_the_repository_reaches_its_layers_through_ordinary_imports():
     source = (ROOT / "repository.py").read_text()
     assert "importlib" not in source and "_remote(" not in source and "_state_module" not in source

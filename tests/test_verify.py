@@ -149,3 +149,19 @@ def test_verified_returns_the_bytes_or_raises():
         verified(cid, data[:-1] + b"t", "w", "here")
     assert (err.value.id, err.value.what, err.value.where) == (cid.hex(), "w", "here")
     assert not intact(cid, data[1:])
+
+
+def test_record_fault_judges_a_records_header_then_its_bytes():
+    """The one judgement of a raw record read back, shared by the local and the remote pack check."""
+    from mvc import hashing
+    from mvc.store.packs import RECORD_HEAD
+    from mvc.store.verify import BAD_RECORD, CHECKSUM, record_fault
+    data = bytes(range(100))
+    cid = hashing.digest(data)
+    head = RECORD_HEAD.pack(cid, len(data))
+    assert record_fault(cid, len(data), head, data) is None
+    assert record_fault(cid, len(data), RECORD_HEAD.pack(cid, len(data) + 1), data) == BAD_RECORD
+    assert record_fault(cid, len(data), RECORD_HEAD.pack(bytes(32), len(data)), data) == BAD_RECORD
+    flipped = bytearray(data)
+    flipped[-1] ^= 1
+    assert record_fault(cid, len(data), memoryview(head), memoryview(flipped)) == CHECKSUM

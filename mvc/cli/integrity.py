@@ -138,7 +138,8 @@ def fsck(ctx, quick, rebuild_index, prune_lost, remote_name, repair, fetch_remot
             report = repo.fsck(quick=quick, progress=progress)
         if fetch_remote and report.unverified:
             report = repo.cache.fsck_fetch(report)
-        fates = [(u, collection.unreferenced_fate(repo.dir / "packs", u.kind, u.pack, u.records, u.bytes))
+        fates = [(u, collection.unreferenced_fate(repo.dir / "packs", u.kind, u.pack, u.records, u.bytes,
+                                                     store=repo.chunks))
                  for u in report.unreferenced]  # None: a plain gc reclaims it; else why it keeps it
     if as_json:
         out = to_jsonable(report)

@@ -22,6 +22,7 @@ from ..errors import CorruptObject, MvcError
 from ..objects import object_id
 from ..store.chunks import Request
 from ..store.packs import HEADER, RECORD_HEAD
+from ..store import verify
 from ..store.verify import intact as hashes_to
 from . import config, layout, transfer
 from .bucket import NotFound, RemoteError
@@ -29,7 +30,7 @@ from .catalogue import folder as catalogue_folder, read_trailer
 from . import lease
 from .connection import Connection, classify
 
-MISSING_PACK, DAMAGED_PACK, BAD_RECORD, CHECKSUM = "missing-pack", "damaged-pack", "bad-record-header", "checksum-mismatch"
+MISSING_PACK, DAMAGED_PACK, BAD_RECORD, CHECKSUM = "missing-pack", "damaged-pack", verify.BAD_RECORD, verify.CHECKSUM
 MISSING_OBJECT, MISSING_CHUNK, BAD_REF = "missing-object", "missing-chunk", "damaged-ref"
 
 
@@ -109,13 +110,13 @@ def _check_pack(bucket, key: str, seen: _Seen, lock) -> None:
         for cid, piece in _salvage(data):  # records that prove themselves, for a repair to move
             intact[cid] = piece
     view = memoryview(data)
-    for cid, offset, length in entries:
-        head = bytes(view[offset - RECORD_HEAD.size:offset])
+    for cid, offset, length in entries:  # judged as the local pack check judges a record (verify.record_fault)
         piece = view[offset:offset + length]
-        if RECORD_HEAD.unpack(head) != (cid, length):
+        fault = verify.record_fault(cid, length, view[offset - RECORD_HEAD.size:offset], piece)
+        if fault == BAD_RECORD:
             problems.append(RemoteProblem(BAD_RECORD, f"record {cid.hex()[:12]} of {key}",
                                           f"the record header at offset {offset} does not name this id and length"))
-        elif not hashes_to(cid, piece):
+        elif fault == CHECKSUM:
             problems.append(RemoteProblem(CHECKSUM, f"record {cid.hex()[:12]} of {key}",
                                           f"its {length} bytes at offset {offset} do not hash to its id "
                                           "(BLAKE3 mismatch)"))

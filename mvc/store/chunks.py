@@ -12,7 +12,8 @@ Vocabulary:
 
 Every reader and writer of chunk bytes in mvc goes through a ``ChunkStore``:
 commit writes through ``writer()``, load, diff, export and gc's rewrite read
-through ``read()``, fsck re-hashes through ``verify()``. ``PackStore``, the
+through ``read()``, fsck and the scheduled scan re-hash through ``check_packs()``
+(the one pack checker; ``verify()`` is what it re-reads records with). ``PackStore``, the
 local packs indexed in LMDB, is the first implementation; how another one
 plugs in is in ``docs/architecture.md``.
 
@@ -52,12 +53,12 @@ from .. import hashing
 from ..errors import (BadChunkLocation, BadEncoding, ChecksumMismatch, CorruptObject, HashMismatch,
                       ObjectNotFound, PackDamaged, PackMissing)
 from . import codec, idarray, packindex
-from .verify import intact, mismatch, verified
+from .verify import BAD_RECORD, CHECKSUM, intact, mismatch, record_fault, verified
 from .compact import Compacted, compact
 from .fs import entries, fsync_dir, open_file
 from .index import RAW_VALUE, TOMBSTONE, read_only
 from .packs import (NAME_BYTES, PACK_NAME, RECORD_HEAD, Location, PackReader, PackWriter, decode_location, list_packs,
-                    pack_filename, read_trailer, read_trailer_table)
+                    pack_filename, read_locations, read_trailer, read_trailer_table, salvage_records)
 
 THREADS = max(1, min(8, os.cpu_count() or 1))
 # Bytes read with one call and then hashed: small enough to still be in the
@@ -68,9 +69,19 @@ MAX_RUN = 500  # chunks in one read: each takes two of the kernel's 1024 iovec s
 TASK_BYTES = 16 << 20  # work handed to one thread at a time: amortises the pool's per-task cost
 CODED_TASK_BYTES = 4 << 20  # the same for encoded records, counted in decoded bytes
 
-# Kinds of problem ``verify`` reports.
-BAD_RECORD, CHECKSUM, SHORT_PACK, UNREADABLE = "bad-record-header", "checksum-mismatch", "damaged-pack", "missing-pack"
+# Kinds of problem ``verify`` and ``check_packs`` report (BAD_RECORD and CHECKSUM: ``verify.record_fault``).
+SHORT_PACK, UNREADABLE = "damaged-pack", "missing-pack"
 BAD_ENCODING, BROKEN_BASE = "bad-encoding", "broken-delta-base"
+
+# What a checker above the seam may know of a pack's layout: a record takes this many bytes
+# of its pack beyond its data (its header), and a pack's file name is ``pack_filename(name)``.
+RECORD_OVERHEAD = RECORD_HEAD.size
+
+
+def pack_named(file_name: str) -> Optional[bytes]:
+    """The 16-byte name of the sealed pack whose file is called ``file_name``; None for another file."""
+    found = PACK_NAME.fullmatch(file_name)
+    return bytes.fromhex(found.group(1)) if found else None
 
 
 @dataclass
@@ -84,11 +95,32 @@ class Request:
 
 @dataclass(frozen=True)
 class Problem:
-    """A chunk ``verify`` found broken: ``kind`` is one of the kinds above."""
+    """A chunk ``verify`` found broken: ``kind`` is one of the kinds above; ``offset``: where
+    its record's data lies in its pack (as the caller located it)."""
 
     kind: str
     id: bytes
     detail: str
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class PackCheck:
+    """What ``check_packs`` found in one sealed pack: the Problems of the records it re-read,
+    or, where the pack as a whole cannot be read (``kind`` UNREADABLE: missing; SHORT_PACK: its
+    header or trailer is damaged), ``error`` and no record checked."""
+
+    pack: str  # its file name
+    name: bytes  # its 16-byte name
+    records: int  # records re-read and re-hashed
+    bytes: int  # their stored bytes
+    problems: tuple = ()
+    error: str = ""
+    kind: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.error
 
 
 def batches(items: list, size_of: Callable, limit: int = TASK_BYTES) -> list:
@@ -194,6 +226,47 @@ class ChunkStore(ABC):
         without local packs. Nothing outside store/ lists the folder itself."""
         return []
 
+    # -- what its packs hold (nothing outside store/ reads the pack layout itself)
+
+    def pack_records(self, name: bytes) -> np.ndarray:
+        """The records local sealed pack ``name`` lists in its trailer (its checksum verified), as
+        a ``packs.TRAILER`` array (id, offset, stored length) sorted by offset: what fsck and gc
+        plan with. PackMissing if there is no such pack, PackDamaged if it is no intact sealed
+        pack (NotRegular if a link or FIFO stands in its place)."""
+        raise _no_pack(name)
+
+    def pack_locations(self, name: bytes) -> list:
+        """(id, Location) of every record local sealed pack ``name`` lists, by offset; raises
+        as ``pack_records``."""
+        raise _no_pack(name)
+
+    def salvage(self, name: bytes, limit: int) -> Iterator[tuple]:
+        """(id, bytes) of each record of local pack ``name``, whose trailer is damaged, that
+        proves itself (hashes, or decodes alone, to its id), read in order from its header;
+        ``limit`` bounds a record's length."""
+        return iter(())
+
+    def check_packs(self, packs: Iterable[tuple], txn=None, threads: int = THREADS,
+                    progress=None) -> Iterator[PackCheck]:
+        """Re-read and re-hash local sealed packs' records: one PackCheck per (pack name, records)
+        of ``packs``. ``records`` None: every record the pack's trailer lists (a missing pack,
+        or one whose header or trailer is damaged, is a PackCheck with ``error``); else
+        {id: Location} of the records of that pack to check (fsck's reachable ones, a scan's
+        slice). With ``txn``, a delta base not among them is located in the index (a mapping
+        may say otherwise through its ``get``). Never raises on damage: the one pack checker
+        of fsck and the scheduled scan, derived from ``pack_locations`` and ``verify``."""
+        for name, records in packs:
+            if records is None:
+                try:
+                    records = dict(self.pack_locations(name))
+                except (CorruptObject, OSError) as exc:
+                    kind = UNREADABLE if isinstance(exc, (PackMissing, FileNotFoundError)) else SHORT_PACK
+                    yield PackCheck(pack_filename(name), name, 0, 0, error=str(exc), kind=kind)
+                    continue
+            found = self.verify(records, txn, threads, progress) if records else []
+            yield PackCheck(pack_filename(name), name, len(records), sum(loc.length for loc in records.values()),
+                            tuple(found))
+
     # -- writing
 
     @abstractmethod
@@ -255,6 +328,11 @@ class ChunkStore(ABC):
         pass
 
 
+def _no_pack(name: bytes) -> PackMissing:
+    fname = pack_filename(name)
+    return PackMissing(f"pack {fname} is missing (this store keeps no local packs)", pack=fname, problem="missing")
+
+
 class Forwarding(ChunkStore):
     """A store that adds one concern to ``inner``: every call goes to ``inner``
     unless the subclass overrides it (a cache, a fault injector). Calls the ABC
@@ -288,6 +366,15 @@ class Forwarding(ChunkStore):
 
     def pack_files(self):
         return self.inner.pack_files()
+
+    def pack_records(self, name):
+        return self.inner.pack_records(name)
+
+    def pack_locations(self, name):
+        return self.inner.pack_locations(name)
+
+    def salvage(self, name, limit):
+        return self.inner.salvage(name, limit)
 
     def writer(self, durable: bool = True):
         # asked plainly when durable, so a wrapper whose writer() takes no argument still works
@@ -445,6 +532,23 @@ class PackStore(ChunkStore):
 
     def pack_files(self) -> list:
         return list_packs(self.directory)
+
+    def _pack_path(self, name: bytes) -> Path:
+        """The path of sealed pack ``name``; PackMissing if it is not there."""
+        path = self.directory / pack_filename(name)
+        if not os.path.lexists(path):
+            raise PackMissing(f"pack {path.name} is missing", pack=path.name, problem="missing")
+        return path
+
+    def pack_records(self, name: bytes) -> np.ndarray:
+        table = read_trailer_table(self._pack_path(name))
+        return table[np.argsort(table["offset"], kind="stable")]
+
+    def pack_locations(self, name: bytes) -> list:
+        return sorted(read_locations(self._pack_path(name), name), key=lambda item: item[1].offset)
+
+    def salvage(self, name: bytes, limit: int) -> Iterator[tuple]:
+        return salvage_records(self._pack_path(name), limit)
 
     def writer(self, durable: bool = True) -> "PackBatch":
         """``durable`` False: a batch of copies of bytes safe elsewhere (a remote's cache), not fsynced."""
@@ -730,16 +834,17 @@ class PackStore(ChunkStore):
                 return [p for job in run for p in self._verify_run([job])]
             kind = UNREADABLE if isinstance(exc, PackMissing) else SHORT_PACK
             return [Problem(kind, run[0][1], f"pack {pack_filename(first.pack)} ends before offset {first.offset}"
-                            if kind == SHORT_PACK else str(exc))]
+                            if kind == SHORT_PACK else str(exc), first.offset)]
         problems = []
         for (loc, cid), head, buffer in zip(run, heads, buffers):
+            fault = record_fault(cid, loc.length, head, buffer)
             where = f"offset {loc.offset} in {pack_filename(loc.pack)}"
-            if RECORD_HEAD.unpack(head) != (cid, loc.length):
+            if fault == BAD_RECORD:
                 problems.append(Problem(BAD_RECORD, cid, f"the record header before {where} does not name "
-                                        "this chunk and length"))
-            elif not intact(cid, buffer):
+                                        "this chunk and length", loc.offset))
+            elif fault == CHECKSUM:
                 problems.append(Problem(CHECKSUM, cid, f"its {loc.length} bytes at {where} do not hash to its "
-                                        "id (BLAKE3 mismatch)"))
+                                        "id (BLAKE3 mismatch)", loc.offset))
         return problems
 
     def _verify_coded(self, loc: Location, cid: bytes, locations: dict, txn=None) -> list:
@@ -752,9 +857,10 @@ class PackStore(ChunkStore):
             (head,) = self.packs.read_run([loc], [buffer])
         except CorruptObject as exc:
             kind = UNREADABLE if isinstance(exc, PackMissing) else SHORT_PACK
-            return [Problem(kind, cid, str(exc))]
+            return [Problem(kind, cid, str(exc), loc.offset)]
         if RECORD_HEAD.unpack(head) != (cid, loc.length):
-            return [Problem(BAD_RECORD, cid, f"the record header before {where} does not name this chunk and length")]
+            return [Problem(BAD_RECORD, cid, f"the record header before {where} does not name this chunk and length",
+                            loc.offset)]
         chain, at = [], loc
         while at.base is not None:
             base = locations.get(at.base)
@@ -765,7 +871,7 @@ class PackStore(ChunkStore):
                     base = None
             if base is None or len(chain) >= codec.MAX_DEPTH or at.base == cid:
                 return [Problem(BROKEN_BASE, cid, f"its delta base {at.base.hex()[:12]} cannot be read "
-                                "(missing, or the chain is too deep or loops)")]
+                                "(missing, or the chain is too deep or loops)", loc.offset)]
             chain.append((at.base, base))
             at = base
         try:
@@ -773,14 +879,14 @@ class PackStore(ChunkStore):
         except HashMismatch as exc:
             broken = exc.base is not None
             return [Problem(BROKEN_BASE if broken else CHECKSUM, cid, f"the record at {where} does not decode to "
-                            f"its id ({'a delta base is damaged' if broken else 'BLAKE3 mismatch'})")]
+                            f"its id ({'a delta base is damaged' if broken else 'BLAKE3 mismatch'})", loc.offset)]
         except BadEncoding as exc:
             if exc.base is not None:  # the base's own record is at fault: it is reported as itself
                 return [Problem(BROKEN_BASE, cid, f"the record at {where} is a delta on {exc.base[:12]}, whose "
-                                f"record at {exc.where} does not decode")]
-            return [Problem(BAD_ENCODING, cid, f"the record at {where} cannot be decoded: {exc}")]
+                                f"record at {exc.where} does not decode", loc.offset)]
+            return [Problem(BAD_ENCODING, cid, f"the record at {where} cannot be decoded: {exc}", loc.offset)]
         except CorruptObject as exc:
-            return [Problem(BAD_ENCODING, cid, f"the record at {where} cannot be decoded: {exc}")]
+            return [Problem(BAD_ENCODING, cid, f"the record at {where} cannot be decoded: {exc}", loc.offset)]
         return []
 
     def close(self) -> None:

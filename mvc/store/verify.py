@@ -12,10 +12,20 @@ Every reader of stored or fetched bytes (local packs, decoded records, remote
 packs, the object store, salvage) proves them here before anyone sees them:
 ``verified`` returns the bytes or raises ``HashMismatch``; ``intact`` is the
 same test as a value, for checkers that collect damage instead of stopping.
+
+``record_fault`` is the one judgement of a raw pack record read back (its
+header and its bytes), shared by the local pack check (``ChunkStore.check_packs``)
+and the remote check (``mvc.remote.check``), which read the bytes their own way.
 """
+
+from typing import Optional
 
 from .. import hashing
 from ..errors import HashMismatch, RemoteCorrupt
+from .packformat import RECORD_HEAD
+
+# What can be wrong with one record read back (``record_fault``).
+BAD_RECORD, CHECKSUM = "bad-record-header", "checksum-mismatch"
 
 
 def intact(cid: bytes, data) -> bool:
@@ -43,3 +53,14 @@ def verified(cid: bytes, data, what: str = "", where: str = "", noun: str = "chu
     if hashing.digest(data) != cid:
         raise mismatch(cid, what, where, noun=noun, key=key)
     return data
+
+
+def record_fault(cid: bytes, length: int, head, data) -> Optional[str]:
+    """What is wrong with a raw record that its pack lists as chunk ``cid`` of ``length`` bytes,
+    read back as its header ``head`` and its bytes ``data``: BAD_RECORD if the header names
+    another id or length, CHECKSUM if the bytes do not hash to ``cid``; None if it is intact."""
+    if RECORD_HEAD.unpack(head) != (cid, length):
+        return BAD_RECORD
+    if not intact(cid, data):
+        return CHECKSUM
+    return None

@@ -75,10 +75,14 @@ def _plan_push(repo, remote: str) -> int:
     """What a push of HEAD's branch would send (objects and chunks the remote lacks), without sending."""
     conn = sync.Connection(repo, remote, create=True)
     try:
+        conn.marker(create=True)  # as a push makes it: an empty folder is no remote yet
         conn.catalogue.refresh(conn.bucket)
         with repo.index.read() as txn:
             targets = sync._targets(repo, txn, ())
-            out = sync._outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn)
+        read = sync._read_targets(conn, targets)  # the remote's refs: the walk stops at what they reach
+        behind = sync._behind(repo, conn, [oid for oid, _, _ in read[0].values()])
+        with repo.index.read() as txn:
+            out = sync._outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn, behind)
         return len(out.records) + len(out.chunks)
     finally:
         conn.close()

@@ -106,6 +106,27 @@ def prefixes(ids: np.ndarray) -> np.ndarray:
     return (raw[:, 0].astype(np.intp) << 8) | raw[:, 1]
 
 
+def firsts(ids: np.ndarray) -> np.ndarray:
+    """Each id's first byte (its spill file), as uint8."""
+    return np.ascontiguousarray(ids).view(np.uint8).reshape(len(ids), idarray.WIDTH)[:, 0]
+
+
+def factorize(names: np.ndarray) -> tuple:
+    """(the distinct 16-byte names of ``names`` (a V16 array) as bytes, which of those each
+    element is). Grouped by their first 8 bytes as a number (sorting numbers is far faster than
+    sorting V16 elements); names that share those take the whole-name sort."""
+    raw = np.ascontiguousarray(names).view("<u8").reshape(len(names), 2)
+    heads, which = np.unique(raw[:, 0], return_inverse=True)
+    which = which.reshape(len(names))
+    rep = np.zeros((len(heads), 2), dtype="<u8")
+    rep[which] = raw  # one name per group: every other one in its group must equal it
+    if (rep[which] != raw).any():
+        distinct, which = np.unique(names, return_inverse=True)
+        rep, which = np.ascontiguousarray(distinct).view("<u8").reshape(len(distinct), 2), which.reshape(len(names))
+    blob = rep.tobytes()
+    return [blob[k * 16:(k + 1) * 16] for k in range(len(rep))], which
+
+
 def slice_of(cid: bytes) -> int:
     return cid[0] << 8 | cid[1]
 
@@ -200,8 +221,8 @@ class Spill:
         if not self._pending or self.where.full:
             return
         recs = np.concatenate(self._pending)
-        first = prefixes(recs["id"]) >> 8
-        order = np.argsort(first, kind="stable")
+        first = firsts(recs["id"])
+        order = np.argsort(first, kind="stable")  # one byte a key: a radix sort
         cuts = np.concatenate([[0], np.cumsum(np.bincount(first, minlength=FILES))])
         recs = recs[order]
         parts = {f"{b:02x}": recs[cuts[b]:cuts[b + 1]] for b in np.flatnonzero(np.diff(cuts)).tolist()}
@@ -483,11 +504,9 @@ class PackRows:
         which of those each row's is)."""
         if not len(rows):
             return [], np.zeros(0, dtype=np.intp)
-        names, which = np.unique(step.locations["pack"][rows], return_inverse=True)
-        order = np.argsort(which, kind="stable")
+        names, which = factorize(step.locations["pack"][rows])
+        order = np.argsort(which.astype(np.uint16) if len(names) <= 1 << 16 else which, kind="stable")
         cuts = np.cumsum(np.bincount(which, minlength=len(names)))[:-1]
-        raw = names.tobytes()
-        names = [raw[k * 16:(k + 1) * 16] for k in range(len(names))]
         for name, group in zip(names, np.split(step.rows(rows[order]), cuts)):
             self._pending.setdefault(name, []).append(group)
         self._size += len(rows)
@@ -521,6 +540,34 @@ class PackRows:
             for at in range(0, count, self.budget):
                 yield np.fromfile(path, dtype=ROW, count=min(self.budget, count - at), offset=at * ROW.itemsize)
         yield from self._pending.get(pack, [])
+
+
+class Listing:
+    """A sealed pack's trailer records (``table``, sorted by offset) against the located rows
+    (ROW) that name the pack: ``match`` says which rows it lists where they say, ``used`` which
+    of its records some row's offset names."""
+
+    def __init__(self, table: np.ndarray):
+        self.table = table
+        self.offsets = np.ascontiguousarray(table["offset"])
+        self.distinct = bool((self.offsets[1:] > self.offsets[:-1]).all())
+        self.used = np.zeros(len(table), dtype=bool)
+
+    def match(self, rows: np.ndarray) -> np.ndarray:
+        """Whether the trailer lists each of ``rows`` at its offset, with its id and length."""
+        if not len(self.table) or not len(rows):
+            return np.zeros(len(rows), dtype=bool)
+        offsets = np.ascontiguousarray(rows["offset"])
+        order = np.argsort(offsets)  # searched in offset order: one sweep through the trailer, not a cache miss each
+        at = np.empty(len(rows), dtype=np.intp)
+        at[order] = np.searchsorted(self.offsets, offsets[order])
+        np.minimum(at, len(self.table) - 1, out=at)
+        same = self.offsets[at] == offsets
+        if self.distinct:  # the record a row's offset names is the one searched out
+            self.used[at[same]] = True
+        else:  # a damaged trailer that lists an offset twice: every record at it
+            self.used |= np.isin(self.offsets, offsets)
+        return same & (self.table["id"][at] == rows["id"]) & (self.table["length"][at] == rows["length"])
 
 
 def holders(live: Spill, cids: set) -> dict:

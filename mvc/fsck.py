@@ -265,7 +265,7 @@ class _Checker:
                     out.append(Unreferenced(UNREACHABLE_DAMAGED_PACK, f.path.name, 0, f.size))
                 continue
             listing, any_rows = sliced.Listing(table), False
-            for rows in self.rows.blocks(name):
+            for rows in self.rows.blocks(name, plain=True):
                 any_rows = any_rows or bool(len(rows))
                 listed = listing.match(rows)
                 for i in np.flatnonzero(~listed).tolist():
@@ -284,7 +284,7 @@ class _Checker:
 
     def _whole_pack(self, name: bytes, kind: str, detail: str) -> None:
         """Damage to a pack as a whole: every located chunk in it."""
-        cids = {cid for rows in self.rows.blocks(name) for cid in idarray.ids(rows["id"])}
+        cids = {cid for rows in self.rows.blocks(name, plain=True) for cid in idarray.ids(rows["id"])}
         self.not_good |= cids
         self.find((3, 0, name, b""), kind, f"pack {pack_filename(name)}", f"{detail} {_chunks(len(cids))}",
                   chunks=cids)

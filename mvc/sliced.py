@@ -28,6 +28,7 @@ exactly one step. What fsck and gc make of a step is theirs.
 """
 
 import errno
+import itertools
 import os
 import shutil
 import tempfile
@@ -54,6 +55,8 @@ ID_ONLY = np.dtype([("id", idarray.ID)])
 # A located chunk, as fsck checks it against its pack and gc moves it: its LOCATIONS fields and delta.
 ROW = np.dtype([("id", idarray.ID), ("pack", "V16"), ("offset", "<u8"), ("length", "<u4"), ("size", "<i8"),
                 ("kind", "u1"), ("base", idarray.ID), ("depth", "<i4"), ("delta", "?")])
+# A located chunk whose record is no delta, as PackRows keeps it in its pack's file.
+PLAIN = np.dtype([("id", idarray.ID), ("offset", "<u8"), ("length", "<u4"), ("size", "<i8"), ("kind", "u1")])
 
 
 def budget(value: Optional[int] = None) -> int:
@@ -80,9 +83,14 @@ def unique(ids: np.ndarray) -> tuple:
     """``idarray.unique`` (sorted distinct ids, index of each one's first occurrence), sorting
     the ids' first 8 bytes as numbers; ids that share those take the string sort (rare)."""
     h = heads(ids)
-    order = np.argsort(h, kind="stable")
+    order = np.argsort(h)  # not stable (a far faster sort): runs of equal heads are put in place below
+    hs = h[order]
+    same = hs[1:] == hs[:-1]
+    if same.any():
+        run = np.flatnonzero(np.concatenate([[False], same]) | np.concatenate([same, [False]]))
+        within = order[run]
+        order[run] = within[np.lexsort((within, hs[run]))]  # each run by position: the first occurrence first
     ordered = ids[order]
-    same = h[order][1:] == h[order][:-1]
     if (ordered[1:][same] != ordered[:-1][same]).any():
         return idarray.unique(ids)
     first = np.concatenate([[True], ~same]) if len(ids) else np.zeros(0, dtype=bool)
@@ -375,8 +383,7 @@ class LivePass:
             for row, delta in batch.bases.items():
                 if pos[row] >= 0:
                     step.deltas[idarray.one(batch.ids, row)] = delta
-            packs = np.unique(batch.locs["pack"][~batch.locs["bad"]]).tobytes()
-            step.packs.update(packs[i:i + 16] for i in range(0, len(packs), 16))
+            step.packs.update(factorize(batch.locs["pack"][~batch.locs["bad"]])[0])
             dead.append(batch.ids[~hit])
         step.dead = np.concatenate(dead) if dead else np.zeros(0, dtype=idarray.ID)
         self._bases(step, b, e)
@@ -492,23 +499,39 @@ def _add(step: Step, added: dict, found: dict) -> None:
 
 
 class PackRows:
-    """ROW records by pack (16-byte name): in memory until more than ``budget`` are pending,
-    then appended to a file per pack. ``rows(pack)`` reads one pack's back."""
+    """The located rows of the walk by pack (16-byte name): in memory until more than ``budget``
+    are pending, then appended to files per pack. A row whose record is no delta (nearly all)
+    is kept as a PLAIN record, half a ROW (its pack is its file's, it names no base); the others
+    as ROW records, in a file of their own. ``blocks(pack)`` reads one pack's back a budget at
+    a time, ``rows(pack)`` all of them, as ROW records."""
+
+    DELTAS = "-deltas"  # the suffix of a pack's file of ROW records
 
     def __init__(self, budget: int, where: Scratch):
         self.budget, self.where = budget, where
-        self._pending, self._size, self._folder, self._disk = {}, 0, None, set()
+        self._pending, self._size, self._folder, self._disk = {}, 0, None, set()  # (name, delta) keys
 
     def add(self, step: Step, rows: np.ndarray) -> tuple:
-        """The ROW records of ``step``'s located ``rows``; (the 16-byte names of their packs,
+        """The rows ``rows`` of ``step`` (located ones); (the 16-byte names of their packs,
         which of those each row's is)."""
         if not len(rows):
             return [], np.zeros(0, dtype=np.intp)
         names, which = factorize(step.locations["pack"][rows])
-        order = np.argsort(which.astype(np.uint16) if len(names) <= 1 << 16 else which, kind="stable")
-        cuts = np.cumsum(np.bincount(which, minlength=len(names)))[:-1]
-        for name, group in zip(names, np.split(step.rows(rows[order]), cuts)):
-            self._pending.setdefault(name, []).append(group)
+        delta = np.zeros(len(rows), dtype=bool)
+        if step.deltas:
+            at = idarray.find(step.ids, idarray.pack(list(step.deltas)))
+            marked = np.zeros(len(step.ids), dtype=bool)
+            marked[at[at >= 0]] = True
+            delta = marked[rows]
+        key = (which.astype(np.uint16) if len(names) <= 1 << 15 else which) * 2 + delta  # by pack, then delta or not
+        order = np.argsort(key, kind="stable")
+        groups = np.bincount(key, minlength=2 * len(names))
+        cuts = np.cumsum(groups)[:-1]
+        parts = np.split(rows[order], cuts)
+        for k in np.flatnonzero(groups).tolist():
+            name, is_delta = names[k // 2], bool(k & 1)
+            got = step.rows(parts[k]) if is_delta else _plain(step, parts[k])
+            self._pending.setdefault((name, is_delta), []).append(got)
         self._size += len(rows)
         if self._size >= self.budget:
             self.flush()
@@ -517,7 +540,7 @@ class PackRows:
     def flush(self) -> None:
         if self.where.full:
             return
-        parts = {name.hex(): p for name, p in self._pending.items()}
+        parts = {_file(name, is_delta): p for (name, is_delta), p in self._pending.items()}
         folder = self.where.append(self._folder, parts)
         if folder is not None:
             self._folder = folder
@@ -525,21 +548,49 @@ class PackRows:
             self._pending, self._size = {}, 0
 
     def packs(self) -> set:
-        return self._disk | set(self._pending)
+        return {name for name, _ in self._disk | set(self._pending)}
 
     def rows(self, pack: bytes) -> np.ndarray:
-        parts = [np.fromfile(self._folder / pack.hex(), dtype=ROW)] if pack in self._disk else []
-        parts += self._pending.get(pack, [])
+        """All of one pack's rows, as ROW records."""
+        parts = list(self.blocks(pack))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=ROW)
 
-    def blocks(self, pack: bytes) -> Iterator[np.ndarray]:
-        """One pack's rows, at most ``budget`` at a time: a pack of any size in bounded memory."""
-        if pack in self._disk:
-            path = self._folder / pack.hex()
-            count = path.stat().st_size // ROW.itemsize
-            for at in range(0, count, self.budget):
-                yield np.fromfile(path, dtype=ROW, count=min(self.budget, count - at), offset=at * ROW.itemsize)
-        yield from self._pending.get(pack, [])
+    def blocks(self, pack: bytes, plain: bool = False) -> Iterator[np.ndarray]:
+        """One pack's rows, at most ``budget`` at a time: a pack of any size in bounded memory.
+        ROW records; with ``plain``, the rows of records that are no delta come as PLAIN ones
+        (their id, offset, length, size and kind are all a trailer check reads)."""
+        for is_delta, dtype in ((False, PLAIN), (True, ROW)):
+            key = (pack, is_delta)
+            blocks = []
+            if key in self._disk:
+                path = self._folder / _file(pack, is_delta)
+                count = path.stat().st_size // dtype.itemsize
+                blocks = (np.fromfile(path, dtype=dtype, count=min(self.budget, count - at), offset=at * dtype.itemsize)
+                          for at in range(0, count, self.budget))
+            for got in itertools.chain(blocks, self._pending.get(key, [])):
+                yield got if is_delta or plain else _widen(got, pack)
+
+
+def _file(pack: bytes, is_delta: bool) -> str:
+    return pack.hex() + (PackRows.DELTAS if is_delta else "")
+
+
+def _plain(step: Step, rows: np.ndarray) -> np.ndarray:
+    """PLAIN records of ``step``'s located ``rows``."""
+    out = np.empty(len(rows), dtype=PLAIN)
+    out["id"] = step.ids[rows]
+    for name in ("offset", "length", "size", "kind"):
+        out[name] = step.locations[name][rows]
+    return out
+
+
+def _widen(plain: np.ndarray, pack: bytes) -> np.ndarray:
+    """ROW records of PLAIN ones of ``pack``."""
+    out = np.zeros(len(plain), dtype=ROW)
+    for name in PLAIN.names:
+        out[name] = plain[name]
+    out["pack"] = np.frombuffer(pack, dtype="V16")[0]
+    return out
 
 
 class Listing:

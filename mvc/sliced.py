@@ -232,7 +232,7 @@ class Spill:
         first = firsts(recs["id"])
         order = np.argsort(first, kind="stable")  # one byte a key: a radix sort
         cuts = np.concatenate([[0], np.cumsum(np.bincount(first, minlength=FILES))])
-        recs = recs[order]
+        recs = np.take(recs, order)  # (take copies whole records; indexing copies them a field at a time)
         parts = {f"{b:02x}": recs[cuts[b]:cuts[b + 1]] for b in np.flatnonzero(np.diff(cuts)).tolist()}
         folder = self.where.append(self._folder, parts)
         if folder is not None:
@@ -377,7 +377,7 @@ class LivePass:
             pos = find(ids, h, batch.ids) if distinct else idarray.find(ids, batch.ids)
             hit = pos >= 0
             step.located[pos[hit]] = True
-            step.locations[pos[hit]] = batch.locs[hit]
+            np.put(step.locations, pos[hit], np.take(batch.locs, np.flatnonzero(hit)))
             for row, why in batch.bad.items():
                 step.bad[idarray.one(batch.ids, row)] = why
             for row, delta in batch.bases.items():
@@ -579,8 +579,9 @@ def _plain(step: Step, rows: np.ndarray) -> np.ndarray:
     """PLAIN records of ``step``'s located ``rows``."""
     out = np.empty(len(rows), dtype=PLAIN)
     out["id"] = step.ids[rows]
+    locations = np.take(step.locations, rows)
     for name in ("offset", "length", "size", "kind"):
-        out[name] = step.locations[name][rows]
+        out[name] = locations[name]
     return out
 
 

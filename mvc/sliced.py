@@ -523,15 +523,17 @@ class PackRows:
             marked = np.zeros(len(step.ids), dtype=bool)
             marked[at[at >= 0]] = True
             delta = marked[rows]
-        key = (which.astype(np.uint16) if len(names) <= 1 << 15 else which) * 2 + delta  # by pack, then delta or not
+        n = len(names)
+        key = (which.astype(np.uint16) if n <= 1 << 15 else which) + delta * n  # plain rows by pack, then delta rows
         order = np.argsort(key, kind="stable")
-        groups = np.bincount(key, minlength=2 * len(names))
-        cuts = np.cumsum(groups)[:-1]
-        parts = np.split(rows[order], cuts)
-        for k in np.flatnonzero(groups).tolist():
-            name, is_delta = names[k // 2], bool(k & 1)
-            got = step.rows(parts[k]) if is_delta else _plain(step, parts[k])
-            self._pending.setdefault((name, is_delta), []).append(got)
+        groups = np.bincount(key, minlength=2 * n)
+        ordered, plain = rows[order], int(groups[:n].sum())
+        # each kind made once for the step (a ROW looks its delta up among all of the step's)
+        for is_delta, made, counts in ((False, _plain(step, ordered[:plain]), groups[:n]),
+                                       (True, step.rows(ordered[plain:]), groups[n:])):
+            parts = np.split(made, np.cumsum(counts)[:-1])
+            for k in np.flatnonzero(counts).tolist():
+                self._pending.setdefault((names[k], is_delta), []).append(parts[k])
         self._size += len(rows)
         if self._size >= self.budget:
             self.flush()

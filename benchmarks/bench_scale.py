@@ -37,7 +37,9 @@ in a fresh process alternating with this code's, and prints their times and peak
 by side: all of it (``VmHWM``, which counts the index's memory-mapped pages that the walk reads)
 and the anonymous part (``RssAnon``, sampled every 5 ms: what the process itself holds). ``--budget N`` sets ``MVC_WALK_BUDGET`` (live records fsck and gc hold in memory at once).
 
-Times are best of ``--repeat`` on a shared machine; the fit uses the best. ``--no-remote``
+Times are best of ``--repeat`` on a shared machine; the fit uses the best. fsck and gc planning
+also give the CPU seconds of the process (``_cpu``; the steadier figure where others share the
+cores) and both as µs per chunk entry. ``--no-remote``
 leaves out push and lazy clone (for the largest sizes); ``--rows FILE`` prints the tables of
 earlier runs' ``measured`` lines together, measuring nothing.
 """
@@ -68,6 +70,16 @@ def _best(fn, repeat: int, clock=time.perf_counter) -> float:
         start = clock()
         fn()
         best = min(best, clock() - start)
+    return best
+
+
+def _best_both(fn, repeat: int) -> tuple:
+    """(wall seconds, CPU seconds of this process) of the run of ``fn`` with the least wall time."""
+    best = (float("inf"), float("inf"))
+    for _ in range(repeat):
+        wall, cpu = time.perf_counter(), time.process_time()
+        fn()
+        best = min(best, (time.perf_counter() - wall, time.process_time() - cpu))
     return best
 
 
@@ -109,19 +121,20 @@ with open("/proc/self/clear_refs", "w") as f:
 before, anon_before = status("VmRSS"), status("RssAnon")
 watch = threading.Thread(target=sample, daemon=True)
 watch.start()
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 repo.fsck(quick=True) if sys.argv[2] == "fsck" else repo.gc(dry_run=True)
-seconds = time.perf_counter() - start
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu  # the sampler's few reads included
 done.set()
 watch.join()
-print(json.dumps([status("VmHWM") - before, seconds, max(anon[0], status("RssAnon")) - anon_before]))
+print(json.dumps([status("VmHWM") - before, seconds, max(anon[0], status("RssAnon")) - anon_before, cpu]))
 """
 
 
 def _fresh(path: Path, op: str, code: str = "") -> tuple:
     """(how far ``op`` ("fsck" or "gc", planning only) raises a fresh process's peak resident
     memory, its seconds there, how far it raises the anonymous part of the resident memory,
-    sampled: the peak without the index's memory-mapped pages, which the kernel may drop), with
+    sampled: the peak without the index's memory-mapped pages, which the kernel may drop; its CPU
+    seconds, all threads: on a shared machine the steadier figure), with
     the mvc at ``code`` first on the path if given (an export of older code, to compare with in
     the same run)."""
     env = dict(os.environ)
@@ -173,8 +186,10 @@ def chunk_series(n: int, work: Path, repeat: int, remote_too: bool = True, old: 
     build = time.perf_counter() - start
     chunks = repo.status().chunks
     out = dict(n=n, build=build, index_bytes_per_chunk=_index_bytes(repo) / n)
-    out["fsck_quick"] = _best(lambda: repo.fsck(quick=True), repeat)
-    out["gc_plan"] = _best(lambda: repo.gc(dry_run=True), repeat)
+    out["fsck_quick"], out["fsck_quick_cpu"] = _best_both(lambda: repo.fsck(quick=True), repeat)
+    out["gc_plan"], out["gc_plan_cpu"] = _best_both(lambda: repo.gc(dry_run=True), repeat)
+    for key in ("fsck_quick", "fsck_quick_cpu", "gc_plan", "gc_plan_cpu"):
+        out[f"{key}_us_per_chunk"] = out[key] / n * 1e6
     if old:
         _old_and_new(repo.dir.parent, n, repeat, old, out)
     else:
@@ -207,9 +222,12 @@ def _old_and_new(path: Path, n: int, repeat: int, old: str, out: dict) -> None:
             for tag, code in (("old_", old), ("", "")):
                 runs[tag].append(_fresh(path, op, code))
         for tag, got in runs.items():
-            out[f"{tag}{name}_mem_per_chunk"] = min(m for m, _, _ in got) / n
-            out[f"{tag}{name}_anon_per_chunk"] = min(a for _, _, a in got) / n
-            out[f"{tag}{name}_fresh"] = min(t for _, t, _ in got)
+            out[f"{tag}{name}_mem_per_chunk"] = min(m for m, _, _, _ in got) / n
+            out[f"{tag}{name}_anon_per_chunk"] = min(a for _, _, a, _ in got) / n
+            out[f"{tag}{name}_fresh"] = min(t for _, t, _, _ in got)
+            out[f"{tag}{name}_fresh_cpu"] = min(c for _, _, _, c in got)
+            for key in (f"{tag}{name}_fresh", f"{tag}{name}_fresh_cpu"):
+                out[f"{key}_us_per_chunk"] = out[key] / n * 1e6
 
 
 def index_series(n: int, work: Path, repeat: int) -> dict:
@@ -369,8 +387,10 @@ def commit_series(c: int, work: Path, repeat: int) -> dict:
         repo.commit({"w": w, "step": i}, f"step {i}", step=i, metrics={"loss": 1.0 / (i + 1)})
     out = dict(n=c, build=time.perf_counter() - start)
     out["log_all"] = _best(lambda: sum(1 for _ in repo.log()), repeat)
-    out["fsck_quick"] = _best(lambda: repo.fsck(quick=True), repeat)
-    out["gc_plan"] = _best(lambda: repo.gc(dry_run=True), repeat)
+    out["fsck_quick"], out["fsck_quick_cpu"] = _best_both(lambda: repo.fsck(quick=True), repeat)
+    out["gc_plan"], out["gc_plan_cpu"] = _best_both(lambda: repo.gc(dry_run=True), repeat)
+    for key in ("fsck_quick", "fsck_quick_cpu", "gc_plan", "gc_plan_cpu"):
+        out[f"{key}_us_per_chunk"] = out[key] / n * 1e6
     repo.remotes.add("origin", str(work / f"remote-c{c}"))
     out["push_plan_all"] = _best(lambda: _plan_push(repo, "origin"), repeat)
     repo.close()
@@ -479,13 +499,22 @@ def _shown(row: dict) -> dict:
 
 def report(chunks: list, commits: list, tensors: list) -> list:
     lines = table("chunk series (seconds; index bytes per chunk; build = 10 commits writing them)", chunks,
-                  ["build", "index_bytes_per_chunk", "chunk_db_per_chunk", "tensor_db_per_chunk", "fsck_quick", "gc_plan",
+                  ["build", "index_bytes_per_chunk", "chunk_db_per_chunk", "tensor_db_per_chunk", "fsck_quick",
+                   "fsck_quick_cpu", "gc_plan", "gc_plan_cpu",
                    "fsck_mem_per_chunk", "gc_mem_per_chunk", "push_plan_all", "push_s",
                    "push_plan_one", "lazy_clone", "lazy_open"]) if chunks else []
+    lines += table("fsck --quick and gc --dry-run, µs per chunk entry (wall; CPU of the process)", chunks,
+                   ["fsck_quick_us_per_chunk", "fsck_quick_cpu_us_per_chunk", "gc_plan_us_per_chunk",
+                    "gc_plan_cpu_us_per_chunk"]) if chunks else []
+    if chunks and any("old_fsck_fresh" in r for r in chunks):
+        lines += table("the same in fresh processes, this code and the --old code (µs per chunk entry)", chunks,
+                       [f"{old}{op}_fresh{cpu}_us_per_chunk" for op in ("fsck", "gc") for cpu in ("", "_cpu")
+                        for old in ("", "old_")])
     if chunks and any("old_fsck_fresh" in r for r in chunks):
         lines += table("fsck --quick and gc --dry-run in fresh processes, this code and the --old code "
                        "(seconds; peak bytes per chunk)", chunks,
-                       ["fsck_fresh", "old_fsck_fresh", "gc_fresh", "old_gc_fresh", "fsck_mem_per_chunk",
+                       ["fsck_fresh", "old_fsck_fresh", "gc_fresh", "old_gc_fresh", "fsck_fresh_cpu",
+                        "old_fsck_fresh_cpu", "gc_fresh_cpu", "old_gc_fresh_cpu", "fsck_mem_per_chunk",
                         "old_fsck_mem_per_chunk", "gc_mem_per_chunk", "old_gc_mem_per_chunk",
                         "fsck_anon_per_chunk", "old_fsck_anon_per_chunk", "gc_anon_per_chunk",
                         "old_gc_anon_per_chunk"])

@@ -263,10 +263,10 @@ class _Checker:
                 else:
                     out.append(Unreferenced(UNREACHABLE_DAMAGED_PACK, f.path.name, 0, f.size))
                 continue
-            used, any_rows = np.zeros(len(table), dtype=bool), False
-            for rows in self.rows.blocks(name):
+            listing, any_rows = sliced.Listing(table), False
+            for rows in self.rows.blocks(name, plain=True):
                 any_rows = any_rows or bool(len(rows))
-                listed = _listed(table, rows)
+                listed = listing.match(rows)
                 for i in np.flatnonzero(~listed).tolist():
                     cid = idarray.one(rows["id"], i)
                     self.not_good.add(cid)
@@ -276,15 +276,14 @@ class _Checker:
                 if listed.any():
                     good[name] = f.path
                     total += int(rows["length"][listed].sum(dtype=np.int64))
-                used |= np.isin(table["offset"], rows["offset"])
-            unused = _unused(f, table, used, any_rows, name in self.indexed_packs)
+            unused = _unused(f, table, listing.used, any_rows, name in self.indexed_packs)
             if unused is not None:
                 out.append(unused)
         return out, good, total
 
     def _whole_pack(self, name: bytes, kind: str, detail: str) -> None:
         """Damage to a pack as a whole: every located chunk in it."""
-        cids = {cid for rows in self.rows.blocks(name) for cid in idarray.ids(rows["id"])}
+        cids = {cid for rows in self.rows.blocks(name, plain=True) for cid in idarray.ids(rows["id"])}
         self.not_good |= cids
         self.find((3, 0, name, b""), kind, f"pack {pack_filename(name)}", f"{detail} {_chunks(len(cids))}",
                   chunks=cids)
@@ -411,11 +410,7 @@ def _trailer(chunks, name: bytes) -> tuple:
 
 def _listed(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Whether the trailer (sorted by offset) lists each of ``rows`` (sliced.ROW) where it says."""
-    if not len(table) or not len(rows):
-        return np.zeros(len(rows), dtype=bool)
-    at = np.minimum(np.searchsorted(table["offset"], rows["offset"]), len(table) - 1)
-    return (table["offset"][at] == rows["offset"]) & (table["id"][at] == rows["id"]) \
-        & (table["length"][at] == rows["length"])
+    return sliced.Listing(table).match(rows)
 
 
 def _unused(f, table: np.ndarray, used: np.ndarray, any_rows: bool, indexed: bool) -> Optional[Unreferenced]:

@@ -33,8 +33,11 @@ be read.
 
 import math
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
+
+import msgpack
+import numpy as np
 
 from . import dtypes, encoding, hashing
 from .encoding import Ext
@@ -151,7 +154,13 @@ class TensorObject:
 
     @classmethod
     def decode(cls, data: bytes) -> "TensorObject":
-        v = _decode_map(data, "tensor")
+        return cls._checked(_decode_map(data, "tensor"))
+
+    @classmethod
+    def _checked(cls, v: dict, count=None) -> "TensorObject":
+        """The tensor the decoded map ``v`` holds, checked. ``count``: how many chunk ids were
+        taken out of ``v`` and checked apart (``decode_tensor_ids``; ``v``'s own list is then
+        empty), None when ``v`` holds them."""
         base = {"type", "dtype", "shape", "chunk_size", "chunks"}
         _fields(v, "tensor", base | {"shards"} if "shards" in v else base)
         dtype, shape, size, chunks = v["dtype"], v["shape"], v["chunk_size"], v["chunks"]
@@ -166,8 +175,67 @@ class TensorObject:
         shards = _decode_shards(v["shards"], tuple(shape)) if "shards" in v else ()
         obj = cls(dtype, tuple(shape), size, tuple(chunks), shards)
         expected = sum(-(-n // size) for _, _, _, n, _ in obj.pieces())
-        _check(len(chunks) == expected, "tensor chunk count does not match its size", "tensor", "chunks")
+        _check((len(chunks) if count is None else count) == expected, "tensor chunk count does not match its size",
+               "tensor", "chunks")
         return obj
+
+
+ID_ARRAY = np.dtype(f"S{ID_SIZE}")  # as mvc.store.idarray holds ids
+_ID_ITEM = 2 + ID_SIZE  # a chunk id in a tensor object: bin 8 (0xc4), length 32, the id
+
+
+def decode_tensor_ids(data: bytes) -> tuple:
+    """(the tensor, its chunk ids as one numpy array of ``S32``): what ``TensorObject.decode``
+    gives, for walks over millions of chunks. The tensor's ``chunks`` is () (its ids are the
+    array's). CorruptObject exactly where ``decode`` raises one.
+
+    A tensor object's list of ids is most of its bytes, and decoding it makes a Python bytes
+    object per chunk. Here the list is checked as the bytes it must be (the canonical array
+    header, then per id the bin 8 header of a 32-byte string: its canonical encoding) and
+    copied out in one go; the rest of the object, with an empty list in its place, goes through
+    ``decode``'s own checks (a canonical list of ids spliced out of a canonical encoding leaves
+    one). Anything else takes ``decode`` itself, so its error is the one decode raises."""
+    found = _spliced_ids(data)
+    if found is not None:
+        spliced, count, ids = found
+        try:
+            v = _decode_map(spliced, "tensor")
+            if type(v.get("chunks")) is list and not v["chunks"]:
+                return TensorObject._checked(v, count), ids
+        except CorruptObject:
+            pass  # decode says why
+    obj = TensorObject.decode(data)
+    return replace(obj, chunks=()), np.frombuffer(b"".join(obj.chunks), dtype=ID_ARRAY)
+
+
+def _spliced_ids(data: bytes):
+    """(``data`` with its map's "chunks" array emptied, how many ids it held, the ids) when that
+    array is a canonical array of 32-byte strings; else None."""
+    try:
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, ext_hook=encoding.Ext)
+        unpacker.feed(data[:256])  # a canonical tensor's chunks come second, after its chunk size
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() != "chunks":
+                unpacker.skip()
+                continue
+            at = unpacker.tell()
+            count = unpacker.read_array_header()
+            start = unpacker.tell()
+            break
+        else:
+            return None
+    except Exception:  # malformed, or not in the first bytes: decode says why
+        return None
+    if start - at != (1 if count < 16 else 3 if count < 1 << 16 else 5):  # canonical: the shortest form
+        return None
+    end = start + count * _ID_ITEM
+    if end > len(data):
+        return None
+    items = np.frombuffer(data, dtype=np.uint8, count=end - start, offset=start).reshape(count, _ID_ITEM)
+    if not ((items[:, 0] == 0xc4) & (items[:, 1] == ID_SIZE)).all():
+        return None
+    ids = np.ascontiguousarray(items[:, 2:]).view(ID_ARRAY).reshape(count)
+    return b"".join((data[:at], b"\x90", data[end:])), count, ids
 
 
 def _contiguous(offsets: tuple, sizes: tuple, shape: tuple) -> bool:

@@ -41,17 +41,18 @@ check and gc), ``parents_first`` orders a walk's commits (repack).
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
 from .errors import CorruptObject, MvcError, WalkDamaged
-from .objects import TensorLeaf
+from .objects import TensorLeaf, decode_tensor_ids
 from . import sliced
 from .store import idarray
 from .store.index import LOCATIONS, reflog_entry
 from .store.objectstore import CORRUPT, MISSING
+from .store.verify import intact
 from .traverse import format_path, walk as walk_tree
 
 REFLOG = "reflog:"
@@ -382,18 +383,38 @@ class _Walker:
                 self.reach.tensor_trees[leaf.id].add(tid)
                 self.reach.tensor_paths[leaf.id].add(format_path(path) or "<root>")
 
+    def chunk_ids(self, tid: bytes) -> Optional[tuple]:
+        """(tensor object ``tid`` without its chunks, its chunk ids as an id array), or None if it is
+        damaged (the damage recorded, as ``get`` does). Its bytes are decoded by
+        ``decode_tensor_ids``, no bytes object per chunk; whatever that or the hash refuses, and
+        an object not in ``txn``, goes to the object store, whose verdict stands (a store that
+        reads a tensor from a remote does so there)."""
+        data = self.txn.get("tensors", tid)
+        if data is not None:
+            try:
+                tensor, ids = decode_tensor_ids(data)
+            except CorruptObject:
+                pass
+            else:
+                if intact(tid, data):
+                    return tensor, ids
+        obj = self.get("tensors", tid, tensors={tid})
+        if obj is None:
+            return None
+        return replace(obj, chunks=()), np.frombuffer(b"".join(obj.chunks), dtype=idarray.ID)
+
     def tensors(self) -> None:
         ids, lengths, owners, held = [], [], [], []
         for tid in list(self.reach.tensor_trees):
-            obj = self.get("tensors", tid, tensors={tid})
-            if obj is None:
+            got = self.chunk_ids(tid)
+            if got is None:
                 continue
             self.reach.tensors += 1
-            ids.append(b"".join(obj.chunks))  # one buffer per tensor, not a bytes object per chunk
-            lengths.append(_lengths(obj))
-            owners.append(np.full(len(obj.chunks), len(held), dtype=np.int32))
+            ids.append(got[1])  # one array per tensor, not a bytes object per chunk
+            lengths.append(_lengths(*got))
+            owners.append(np.full(len(got[1]), len(held), dtype=np.int32))
             held.append(tid)
-        every = np.frombuffer(b"".join(ids), dtype=idarray.ID)
+        every = np.concatenate(ids) if ids else np.zeros(0, dtype=idarray.ID)
         lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
         owners = np.concatenate(owners) if owners else np.zeros(0, dtype=np.int32)
         order = np.argsort(every, kind="stable")  # stable: an id's first occurrence gives its length
@@ -409,13 +430,13 @@ class _Walker:
         ``sliced.RECORD``) instead of holding them; the tensor ids, by owner number."""
         held = []
         for tid in list(self.reach.tensor_trees):
-            obj = self.get("tensors", tid, tensors={tid})
-            if obj is None:
+            got = self.chunk_ids(tid)
+            if got is None:
                 continue
             self.reach.tensors += 1
-            recs = np.zeros(len(obj.chunks), dtype=sliced.RECORD)
-            recs["id"] = np.frombuffer(b"".join(obj.chunks), dtype=idarray.ID)
-            recs["length"] = _lengths(obj)
+            recs = np.empty(len(got[1]), dtype=sliced.RECORD)
+            recs["id"] = got[1]
+            recs["length"] = _lengths(*got)
             recs["owner"] = len(held)
             spill.add(recs)
             held.append(tid)
@@ -514,13 +535,15 @@ class _Walker:
         r.dead = [d[idarray.find(made_live, d) < 0] for d in r.dead]
 
 
-def _lengths(obj) -> np.ndarray:
-    """The length of each of a tensor object's chunks, in ``obj.chunks`` order."""
-    if obj.shards:  # each shard's stream ends in a short chunk of its own
-        return np.fromiter((n for _, _, n in obj.chunk_spans()), dtype=np.int64, count=len(obj.chunks))
-    out = np.full(len(obj.chunks), obj.chunk_size, dtype=np.int64)
-    if len(out):
-        out[-1] = obj.nbytes - obj.chunk_size * (len(out) - 1)
+def _lengths(obj, ids: np.ndarray) -> np.ndarray:
+    """The length of each of a tensor object's chunks (``ids``, which the decoder checked to be
+    as many as its pieces need): ``chunk_size`` but the last of each piece (a shard's stream
+    ends in a short chunk of its own), what is left of the piece."""
+    out = np.full(len(ids), obj.chunk_size, dtype=np.int64)
+    for _, _, _, n, first in obj.pieces():
+        k = -(-n // obj.chunk_size)
+        if k:
+            out[first + k - 1] = n - obj.chunk_size * (k - 1)
     return out
 
 

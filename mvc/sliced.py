@@ -28,6 +28,7 @@ exactly one step. What fsck and gc make of a step is theirs.
 """
 
 import errno
+import itertools
 import os
 import shutil
 import tempfile
@@ -54,6 +55,8 @@ ID_ONLY = np.dtype([("id", idarray.ID)])
 # A located chunk, as fsck checks it against its pack and gc moves it: its LOCATIONS fields and delta.
 ROW = np.dtype([("id", idarray.ID), ("pack", "V16"), ("offset", "<u8"), ("length", "<u4"), ("size", "<i8"),
                 ("kind", "u1"), ("base", idarray.ID), ("depth", "<i4"), ("delta", "?")])
+# A located chunk whose record is no delta, as PackRows keeps it in its pack's file.
+PLAIN = np.dtype([("id", idarray.ID), ("offset", "<u8"), ("length", "<u4"), ("size", "<i8"), ("kind", "u1")])
 
 
 def budget(value: Optional[int] = None) -> int:
@@ -80,9 +83,14 @@ def unique(ids: np.ndarray) -> tuple:
     """``idarray.unique`` (sorted distinct ids, index of each one's first occurrence), sorting
     the ids' first 8 bytes as numbers; ids that share those take the string sort (rare)."""
     h = heads(ids)
-    order = np.argsort(h, kind="stable")
+    order = np.argsort(h)  # not stable (a far faster sort): runs of equal heads are put in place below
+    hs = h[order]
+    same = hs[1:] == hs[:-1]
+    if same.any():
+        run = np.flatnonzero(np.concatenate([[False], same]) | np.concatenate([same, [False]]))
+        within = order[run]
+        order[run] = within[np.lexsort((within, hs[run]))]  # each run by position: the first occurrence first
     ordered = ids[order]
-    same = h[order][1:] == h[order][:-1]
     if (ordered[1:][same] != ordered[:-1][same]).any():
         return idarray.unique(ids)
     first = np.concatenate([[True], ~same]) if len(ids) else np.zeros(0, dtype=bool)
@@ -104,6 +112,27 @@ def prefixes(ids: np.ndarray) -> np.ndarray:
     """Each id's slice: its first two bytes as a number."""
     raw = np.ascontiguousarray(ids).view(np.uint8).reshape(len(ids), idarray.WIDTH)
     return (raw[:, 0].astype(np.intp) << 8) | raw[:, 1]
+
+
+def firsts(ids: np.ndarray) -> np.ndarray:
+    """Each id's first byte (its spill file), as uint8."""
+    return np.ascontiguousarray(ids).view(np.uint8).reshape(len(ids), idarray.WIDTH)[:, 0]
+
+
+def factorize(names: np.ndarray) -> tuple:
+    """(the distinct 16-byte names of ``names`` (a V16 array) as bytes, which of those each
+    element is). Grouped by their first 8 bytes as a number (sorting numbers is far faster than
+    sorting V16 elements); names that share those take the whole-name sort."""
+    raw = np.ascontiguousarray(names).view("<u8").reshape(len(names), 2)
+    heads, which = np.unique(raw[:, 0], return_inverse=True)
+    which = which.reshape(len(names))
+    rep = np.zeros((len(heads), 2), dtype="<u8")
+    rep[which] = raw  # one name per group: every other one in its group must equal it
+    if (rep[which] != raw).any():
+        distinct, which = np.unique(names, return_inverse=True)
+        rep, which = np.ascontiguousarray(distinct).view("<u8").reshape(len(distinct), 2), which.reshape(len(names))
+    blob = rep.tobytes()
+    return [blob[k * 16:(k + 1) * 16] for k in range(len(rep))], which
 
 
 def slice_of(cid: bytes) -> int:
@@ -200,10 +229,10 @@ class Spill:
         if not self._pending or self.where.full:
             return
         recs = np.concatenate(self._pending)
-        first = prefixes(recs["id"]) >> 8
-        order = np.argsort(first, kind="stable")
+        first = firsts(recs["id"])
+        order = np.argsort(first, kind="stable")  # one byte a key: a radix sort
         cuts = np.concatenate([[0], np.cumsum(np.bincount(first, minlength=FILES))])
-        recs = recs[order]
+        recs = np.take(recs, order)  # (take copies whole records; indexing copies them a field at a time)
         parts = {f"{b:02x}": recs[cuts[b]:cuts[b + 1]] for b in np.flatnonzero(np.diff(cuts)).tolist()}
         folder = self.where.append(self._folder, parts)
         if folder is not None:
@@ -348,14 +377,13 @@ class LivePass:
             pos = find(ids, h, batch.ids) if distinct else idarray.find(ids, batch.ids)
             hit = pos >= 0
             step.located[pos[hit]] = True
-            step.locations[pos[hit]] = batch.locs[hit]
+            np.put(step.locations, pos[hit], np.take(batch.locs, np.flatnonzero(hit)))
             for row, why in batch.bad.items():
                 step.bad[idarray.one(batch.ids, row)] = why
             for row, delta in batch.bases.items():
                 if pos[row] >= 0:
                     step.deltas[idarray.one(batch.ids, row)] = delta
-            packs = np.unique(batch.locs["pack"][~batch.locs["bad"]]).tobytes()
-            step.packs.update(packs[i:i + 16] for i in range(0, len(packs), 16))
+            step.packs.update(factorize(batch.locs["pack"][~batch.locs["bad"]])[0])
             dead.append(batch.ids[~hit])
         step.dead = np.concatenate(dead) if dead else np.zeros(0, dtype=idarray.ID)
         self._bases(step, b, e)
@@ -471,25 +499,41 @@ def _add(step: Step, added: dict, found: dict) -> None:
 
 
 class PackRows:
-    """ROW records by pack (16-byte name): in memory until more than ``budget`` are pending,
-    then appended to a file per pack. ``rows(pack)`` reads one pack's back."""
+    """The located rows of the walk by pack (16-byte name): in memory until more than ``budget``
+    are pending, then appended to files per pack. A row whose record is no delta (nearly all)
+    is kept as a PLAIN record, half a ROW (its pack is its file's, it names no base); the others
+    as ROW records, in a file of their own. ``blocks(pack)`` reads one pack's back a budget at
+    a time, ``rows(pack)`` all of them, as ROW records."""
+
+    DELTAS = "-deltas"  # the suffix of a pack's file of ROW records
 
     def __init__(self, budget: int, where: Scratch):
         self.budget, self.where = budget, where
-        self._pending, self._size, self._folder, self._disk = {}, 0, None, set()
+        self._pending, self._size, self._folder, self._disk = {}, 0, None, set()  # (name, delta) keys
 
     def add(self, step: Step, rows: np.ndarray) -> tuple:
-        """The ROW records of ``step``'s located ``rows``; (the 16-byte names of their packs,
+        """The rows ``rows`` of ``step`` (located ones); (the 16-byte names of their packs,
         which of those each row's is)."""
         if not len(rows):
             return [], np.zeros(0, dtype=np.intp)
-        names, which = np.unique(step.locations["pack"][rows], return_inverse=True)
-        order = np.argsort(which, kind="stable")
-        cuts = np.cumsum(np.bincount(which, minlength=len(names)))[:-1]
-        raw = names.tobytes()
-        names = [raw[k * 16:(k + 1) * 16] for k in range(len(names))]
-        for name, group in zip(names, np.split(step.rows(rows[order]), cuts)):
-            self._pending.setdefault(name, []).append(group)
+        names, which = factorize(step.locations["pack"][rows])
+        delta = np.zeros(len(rows), dtype=bool)
+        if step.deltas:
+            at = idarray.find(step.ids, idarray.pack(list(step.deltas)))
+            marked = np.zeros(len(step.ids), dtype=bool)
+            marked[at[at >= 0]] = True
+            delta = marked[rows]
+        n = len(names)
+        key = (which.astype(np.uint16) if n <= 1 << 15 else which) + delta * n  # plain rows by pack, then delta rows
+        order = np.argsort(key, kind="stable")
+        groups = np.bincount(key, minlength=2 * n)
+        ordered, plain = rows[order], int(groups[:n].sum())
+        # each kind made once for the step (a ROW looks its delta up among all of the step's)
+        for is_delta, made, counts in ((False, _plain(step, ordered[:plain]), groups[:n]),
+                                       (True, step.rows(ordered[plain:]), groups[n:])):
+            parts = np.split(made, np.cumsum(counts)[:-1])
+            for k in np.flatnonzero(counts).tolist():
+                self._pending.setdefault((names[k], is_delta), []).append(parts[k])
         self._size += len(rows)
         if self._size >= self.budget:
             self.flush()
@@ -498,7 +542,7 @@ class PackRows:
     def flush(self) -> None:
         if self.where.full:
             return
-        parts = {name.hex(): p for name, p in self._pending.items()}
+        parts = {_file(name, is_delta): p for (name, is_delta), p in self._pending.items()}
         folder = self.where.append(self._folder, parts)
         if folder is not None:
             self._folder = folder
@@ -506,21 +550,78 @@ class PackRows:
             self._pending, self._size = {}, 0
 
     def packs(self) -> set:
-        return self._disk | set(self._pending)
+        return {name for name, _ in self._disk | set(self._pending)}
 
     def rows(self, pack: bytes) -> np.ndarray:
-        parts = [np.fromfile(self._folder / pack.hex(), dtype=ROW)] if pack in self._disk else []
-        parts += self._pending.get(pack, [])
+        """All of one pack's rows, as ROW records."""
+        parts = list(self.blocks(pack))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=ROW)
 
-    def blocks(self, pack: bytes) -> Iterator[np.ndarray]:
-        """One pack's rows, at most ``budget`` at a time: a pack of any size in bounded memory."""
-        if pack in self._disk:
-            path = self._folder / pack.hex()
-            count = path.stat().st_size // ROW.itemsize
-            for at in range(0, count, self.budget):
-                yield np.fromfile(path, dtype=ROW, count=min(self.budget, count - at), offset=at * ROW.itemsize)
-        yield from self._pending.get(pack, [])
+    def blocks(self, pack: bytes, plain: bool = False) -> Iterator[np.ndarray]:
+        """One pack's rows, at most ``budget`` at a time: a pack of any size in bounded memory.
+        ROW records; with ``plain``, the rows of records that are no delta come as PLAIN ones
+        (their id, offset, length, size and kind are all a trailer check reads)."""
+        for is_delta, dtype in ((False, PLAIN), (True, ROW)):
+            key = (pack, is_delta)
+            blocks = []
+            if key in self._disk:
+                path = self._folder / _file(pack, is_delta)
+                count = path.stat().st_size // dtype.itemsize
+                blocks = (np.fromfile(path, dtype=dtype, count=min(self.budget, count - at), offset=at * dtype.itemsize)
+                          for at in range(0, count, self.budget))
+            for got in itertools.chain(blocks, self._pending.get(key, [])):
+                yield got if is_delta or plain else _widen(got, pack)
+
+
+def _file(pack: bytes, is_delta: bool) -> str:
+    return pack.hex() + (PackRows.DELTAS if is_delta else "")
+
+
+def _plain(step: Step, rows: np.ndarray) -> np.ndarray:
+    """PLAIN records of ``step``'s located ``rows``."""
+    out = np.empty(len(rows), dtype=PLAIN)
+    out["id"] = step.ids[rows]
+    locations = np.take(step.locations, rows)
+    for name in ("offset", "length", "size", "kind"):
+        out[name] = locations[name]
+    return out
+
+
+def _widen(plain: np.ndarray, pack: bytes) -> np.ndarray:
+    """ROW records of PLAIN ones of ``pack``."""
+    out = np.zeros(len(plain), dtype=ROW)
+    for name in PLAIN.names:
+        out[name] = plain[name]
+    out["pack"] = np.frombuffer(pack, dtype="V16")[0]
+    return out
+
+
+class Listing:
+    """A sealed pack's trailer records (``table``, sorted by offset) against the located rows
+    (ROW) that name the pack: ``match`` says which rows it lists where they say, ``used`` which
+    of its records some row's offset names."""
+
+    def __init__(self, table: np.ndarray):
+        self.table = table
+        self.offsets = np.ascontiguousarray(table["offset"])
+        self.distinct = bool((self.offsets[1:] > self.offsets[:-1]).all())
+        self.used = np.zeros(len(table), dtype=bool)
+
+    def match(self, rows: np.ndarray) -> np.ndarray:
+        """Whether the trailer lists each of ``rows`` at its offset, with its id and length."""
+        if not len(self.table) or not len(rows):
+            return np.zeros(len(rows), dtype=bool)
+        offsets = np.ascontiguousarray(rows["offset"])
+        order = np.argsort(offsets)  # searched in offset order: one sweep through the trailer, not a cache miss each
+        at = np.empty(len(rows), dtype=np.intp)
+        at[order] = np.searchsorted(self.offsets, offsets[order])
+        np.minimum(at, len(self.table) - 1, out=at)
+        same = self.offsets[at] == offsets
+        if self.distinct:  # the record a row's offset names is the one searched out
+            self.used[at[same]] = True
+        else:  # a damaged trailer that lists an offset twice: every record at it
+            self.used |= np.isin(self.offsets, offsets)
+        return same & (self.table["id"][at] == rows["id"]) & (self.table["length"][at] == rows["length"])
 
 
 def holders(live: Spill, cids: set) -> dict:

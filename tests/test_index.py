@@ -3,6 +3,7 @@
 import os
 import struct
 
+import numpy as np
 import pytest
 
 import torch
@@ -11,7 +12,8 @@ import mvc
 from mvc import hashing
 from mvc import encoding
 from mvc.errors import CorruptObject
-from mvc.store.index import DB_NAMES, Index, RefValue
+from mvc.store import idarray
+from mvc.store.index import DB_NAMES, Index, RefValue, _id_order
 from mvc.store.packs import Location
 
 CID = bytes(range(32))
@@ -264,3 +266,22 @@ def test_put_new_chunks_puts_only_absent_ids_and_names_the_others(index):
         for i, cid in enumerate(ids):
             want = Location(b"o" * 16, 40 + i // 3, 7) if i % 3 == 0 else Location(b"n" * 16, 40 + 10 * i, 9)
             assert txn.chunk(cid) == want
+
+
+def test_id_order_sorts_by_id_then_rank_where_ids_share_their_heads():
+    """_id_order's one sort of heads, with runs of equal heads ordered apart, gives the order a
+    stable sort by (id, rank) gives: copies of one id newest pack first, ids that share 8 or 16
+    bytes by the rest."""
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        pool = np.frombuffer(rng.bytes(32 * 30), dtype=idarray.ID).copy()
+        raw = pool.view(np.uint8).reshape(30, 32)
+        if trial % 2:
+            raw[:12, :8] = 5  # twelve share their heads
+        if trial % 3 == 0:
+            raw[:6, :16] = 9  # six their first 16 bytes
+        ids = pool[rng.integers(0, 30, 3000)]
+        rank = rng.integers(0, 5, len(ids))
+        order = np.argsort(rank, kind="stable")
+        want = order[np.argsort(ids[order], kind="stable")]
+        assert _id_order(ids, rank).tolist() == want.tolist()

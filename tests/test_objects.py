@@ -1,16 +1,18 @@
 """Tensor, tree and commit objects: encodings, ids, and decoders that check what they read."""
 
+import dataclasses
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mvc import encoding, hashing
+from mvc import encoding, hashing, objects
 from mvc.encoding import INT_MAX, INT_MIN, Ext
 from mvc.errors import CorruptObject
-from mvc.objects import (CommitObject, TensorLeaf, TensorObject, TreeObject, format_path, object_id,
-                         walk)
+from mvc.objects import (CommitObject, TensorLeaf, TensorObject, TreeObject, decode_tensor_ids, format_path,
+                         object_id, walk)
 
 ID_A, ID_B = b"\xaa" * 32, b"\xbb" * 32
 
@@ -254,3 +256,95 @@ def test_commit_decode_rejects(changes, field):
     with pytest.raises(CorruptObject) as exc:
         CommitObject.decode(encoding.pack(commit_map(**changes)))
     assert (exc.value.kind, exc.value.field) == ("commit", field)
+
+
+# -- tensor chunk ids as one array (decode_tensor_ids: the walks' decoder) ----
+
+
+def _decoded(decode, data):
+    """What ``decode`` makes of ``data``: its value, or the CorruptObject it raises as (kind, field, message)."""
+    try:
+        return decode(data)
+    except CorruptObject as exc:
+        return ("raised", exc.kind, exc.field, str(exc))
+
+
+def _as_ids(data):
+    obj = TensorObject.decode(data)
+    return dataclasses.replace(obj, chunks=()), b"".join(obj.chunks)
+
+
+def _ids_of(data):
+    tensor, ids = decode_tensor_ids(data)
+    assert ids.dtype == np.dtype("S32") and ids.shape == (len(ids),)
+    return tensor, ids.tobytes()
+
+
+def _tensors() -> list:
+    """Canonical tensor objects around the array header's forms (fixarray below 16 ids, array 16
+    below 65536, array 32 above) and a sharded one."""
+    ids = [hashing.digest(i.to_bytes(4, "big")) for i in range(70000)]
+    out = [TensorObject("F32", (2, 3), 16, (ID_A, ID_B)), TensorObject("F16", (0, 5), 64, ()),
+           TensorObject("I64", (), 64, (ID_A,)),
+           TensorObject("U8", (16 * 64,), 64, tuple(ids[:16])), TensorObject("U8", (15 * 64,), 64, tuple(ids[:15])),
+           TensorObject("U8", (65536,), 1, tuple(ids[:65536])), TensorObject("U8", (65535,), 1, tuple(ids[:65535])),
+           TensorObject("U8", (70000,), 1, tuple(ids)),
+           TensorObject("F32", (4, 3), 20, tuple(ids[:4]), (((0, 0), (2, 3)), ((2, 0), (2, 3))))]
+    return [t.encode() for t in out]
+
+
+def test_decode_tensor_ids_takes_the_array_path_for_canonical_tensors():
+    for data in _tensors():
+        assert objects._spliced_ids(data) is not None
+        assert _ids_of(data) == _as_ids(data)
+
+
+def test_decode_tensor_ids_decides_as_decode_on_every_damaged_byte():
+    """Every byte of small tensor objects (the fast path's header, each id's bin 8 header) set to
+    every value that matters, and cut short anywhere: the same verdict as ``decode``, the same
+    error, the same ids."""
+    for data in [t for t in _tensors() if len(t) < 1000]:
+        forged = [data[:cut] for cut in range(len(data))] + [data + b"\x00"]
+        for at in range(len(data)):
+            for value in {0x00, 0x20, 0x90, 0x91, 0x9f, 0xa6, 0xc4, 0xc5, 0xd9, 0xdc, 0xdd, 0xff,
+                          data[at] ^ 1, data[at] ^ 0x80}:
+                forged.append(data[:at] + bytes([value]) + data[at + 1:])
+        for bad in forged:
+            assert _decoded(_ids_of, bad) == _decoded(_as_ids, bad)
+
+
+@pytest.mark.parametrize("value", [
+    tensor_map(chunks=[ID_A, "aa" * 32]),  # a str where an id belongs
+    tensor_map(chunks=[ID_A, ID_B[:31]]),  # an id one byte short
+    tensor_map(chunks=[ID_A, ID_B, ID_A]),  # one id too many
+    tensor_map(chunks=[ID_A, [ID_B]]),
+    tensor_map(chunks=ID_A + ID_B),  # the ids as one string
+])
+def test_decode_tensor_ids_refuses_what_decode_refuses(value):
+    data = encoding.pack(value)
+    assert _decoded(_ids_of, data)[0] == "raised"
+    assert _decoded(_ids_of, data) == _decoded(_as_ids, data)
+
+
+def test_decode_tensor_ids_refuses_non_canonical_array_headers():
+    """The ids' array written in a longer form than needed (array 16 for 2 ids, array 32 for 20):
+    well formed msgpack, but not the canonical encoding, so not a tensor object."""
+    data = TensorObject("F32", (2, 3), 16, (ID_A, ID_B)).encode()
+    at = data.index(b"\xa6chunks") + 7
+    for header in (b"\xdc\x00\x02", b"\xdd\x00\x00\x00\x02"):
+        bad = data[:at] + header + data[at + 1:]
+        assert _decoded(_ids_of, bad)[0] == "raised"
+        assert _decoded(_ids_of, bad) == _decoded(_as_ids, bad)
+    many = TensorObject("U8", (20,), 1, tuple(bytes([i]) * 32 for i in range(20))).encode()
+    at = many.index(b"\xa6chunks") + 7
+    bad = many[:at] + b"\xdd\x00\x00\x00\x14" + many[at + 3:]
+    assert _decoded(_ids_of, bad)[0] == "raised" and _decoded(_ids_of, bad) == _decoded(_as_ids, bad)
+
+
+def test_decode_tensor_ids_refuses_a_repeated_chunks_key():
+    data = TensorObject("F32", (2, 3), 16, (ID_A, ID_B)).encode()
+    at = data.index(b"\xa6chunks")
+    end = at + 7 + 1 + 2 * 34
+    bad = bytes([data[0] + 1]) + data[1:end] + data[at:end] + data[end:]  # one more pair: "chunks" again
+    assert _decoded(_ids_of, bad)[0] == "raised"
+    assert _decoded(_ids_of, bad) == _decoded(_as_ids, bad)

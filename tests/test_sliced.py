@@ -399,3 +399,100 @@ def test_a_killed_walks_spill_is_a_leftover_that_gc_removes(repo):
     assert repo.fsck().leftovers == (f"tmp/{dead.name}",)
     assert repo.gc(budget=1).scratch_removed == (f"tmp/{dead.name}",) and not dead.exists()
     assert not any((repo.dir / "tmp").iterdir())  # gc's own spills are gone too
+
+
+# -- the vectorised parts, against the plain computation they replace -----------------------
+
+def _ids_sharing_heads(n: int, seed: int, share: bool = True) -> np.ndarray:
+    """``n`` ids drawn (with repeats) from a few; with ``share``, some of those share their first
+    8 or 16 bytes."""
+    rng = np.random.default_rng(seed)
+    pool = np.frombuffer(rng.bytes(32 * 12), dtype=idarray.ID).copy()
+    raw = pool.view(np.uint8).reshape(12, 32)
+    if share:
+        raw[:6, :8] = 7  # six share their heads
+        raw[:3, :16] = 9  # three of them their first 16 bytes
+    return pool[rng.integers(0, 12, n)]
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_unique_keeps_each_ids_first_occurrence_where_heads_tie(share):
+    for seed in range(20):
+        ids = _ids_sharing_heads(2000, seed, share)
+        got, want = sliced.unique(ids), idarray.unique(ids)
+        assert got[0].tobytes() == want[0].tobytes() and got[1].tolist() == want[1].tolist()
+
+
+def test_factorize_groups_pack_names_that_share_their_first_bytes():
+    names = _ids_sharing_heads(300, 1).view(np.uint8).reshape(300, 32)[:, :16].copy().view("V16").ravel()
+    distinct, which = sliced.factorize(names)
+    assert len(set(distinct)) == len(distinct) == len(np.unique(names))
+    assert b"".join(distinct[k] for k in which.tolist()) == names.tobytes()
+
+
+def _trailer(offsets: list) -> np.ndarray:
+    table = np.zeros(len(offsets), dtype=[("id", idarray.ID), ("offset", "<u8"), ("length", "<u4")])
+    table["id"] = idarray.pack([bytes([k]) * 32 for k in range(len(offsets))])
+    table["offset"], table["length"] = offsets, 10
+    return table
+
+
+def _naive(table: np.ndarray, rows: np.ndarray) -> tuple:
+    """(listed, used) as fsck computed them before: a search per row, np.isin for the used records."""
+    at = np.minimum(np.searchsorted(table["offset"], rows["offset"]), len(table) - 1)
+    listed = (table["offset"][at] == rows["offset"]) & (table["id"][at] == rows["id"]) \
+        & (table["length"][at] == rows["length"])
+    return listed.tolist(), np.isin(table["offset"], rows["offset"]).tolist()
+
+
+@pytest.mark.parametrize("offsets", [[8, 30, 52, 74, 96], [8, 30, 30, 74, 96]])  # the second lists 30 twice
+def test_a_trailer_listing_matches_rows_as_a_search_per_row_did(offsets):
+    table = _trailer(offsets)
+    rows = np.zeros(7, dtype=sliced.PLAIN)
+    rows["id"] = [table["id"][3], table["id"][0], table["id"][1], table["id"][4], b"x" * 32, table["id"][2],
+                  table["id"][3]]
+    rows["offset"] = [74, 8, 30, 97, 52, 30, 74]  # one offset no record has; a wrong id; the last a repeat
+    rows["length"] = [10, 10, 11, 10, 10, 10, 10]  # a wrong length
+    listing = sliced.Listing(table)
+    listed = [listing.match(rows[:4]).tolist(), listing.match(rows[4:]).tolist()]  # two blocks
+    want_listed, want_used = _naive(table, rows)
+    assert listed[0] + listed[1] == want_listed
+    assert listing.used.tolist() == want_used
+
+
+def _located_step(n: int, deltas: int, seed: int) -> sliced.Step:
+    """A step of ``n`` located ids in three packs, the first ``deltas`` of them delta records."""
+    rng = np.random.default_rng(seed)
+    ids = np.sort(np.frombuffer(rng.bytes(32 * n), dtype=idarray.ID))
+    locs = np.zeros(n, dtype=sliced.LOCATIONS)
+    locs["pack"] = np.frombuffer(b"".join(bytes([k]) * 16 for k in (1, 2, 3)), dtype="V16")[rng.integers(0, 3, n)]
+    locs["offset"], locs["length"] = rng.permutation(n) * 100 + 8, rng.integers(1, 64, n)
+    locs["size"], locs["kind"] = locs["length"], 0
+    step = sliced.Step(ids, locs["length"].astype(np.int64), np.ones(n, dtype=bool), locs)
+    for i in range(deltas):
+        locs["kind"][i] = codec.DELTA
+        step.deltas[step.cid(i)] = (bytes([i]) * 32, 1 + i)
+    return step
+
+
+def test_pack_rows_give_back_the_rows_of_each_pack_in_bounded_blocks(tmp_path):
+    steps = [_located_step(40, 5, seed) for seed in (1, 2)]
+    with sliced.Scratch(tmp_path) as where:
+        rows = sliced.PackRows(7, where)
+        for step in steps:
+            names, which = rows.add(step, np.arange(len(step.ids)))
+            assert b"".join(names[k] for k in which.tolist()) == step.locations["pack"].tobytes()
+        assert where.path is not None  # over the budget: on disk
+        for k in (1, 2, 3):
+            pack = bytes([k]) * 16
+            want = np.concatenate([step.rows(np.flatnonzero(step.locations["pack"] == np.frombuffer(pack, "V16")[0]))
+                                   for step in steps])
+            got = rows.rows(pack)
+            assert got.dtype == sliced.ROW
+            assert sorted(got.tolist()) == sorted(want.tolist())
+            blocks = list(rows.blocks(pack, plain=True))
+            assert all(len(b) <= 7 for b in blocks)
+            assert {b.dtype for b in blocks} <= {sliced.PLAIN, sliced.ROW}
+            plain = np.concatenate([b for b in blocks if b.dtype == sliced.PLAIN])
+            assert not plain["kind"].any()  # the delta records come as ROW, with their bases
+            assert sorted(idarray.ids(np.concatenate([b["id"] for b in blocks]))) == sorted(idarray.ids(want["id"]))

@@ -233,7 +233,13 @@ def _id_order(ids: np.ndarray, rank: np.ndarray) -> np.ndarray:
     if not len(ids):
         return np.zeros(0, dtype=np.int64)
     heads, tails = packindex.halves(ids)
-    order = np.lexsort((rank, tails, heads))
+    order = np.argsort(heads)  # not stable, far faster than lexsort: runs of equal heads are ordered below
+    h = heads[order]
+    same = h[1:] == h[:-1]
+    if same.any():  # within each run: by tail, rank, then place (lexsort's order of the three columns)
+        run = np.flatnonzero(np.concatenate([[False], same]) | np.concatenate([same, [False]]))
+        within = order[run]
+        order[run] = within[np.lexsort((within, rank[within], tails[within], h[run]))]
     h, t = heads[order], tails[order]
     tie = (h[1:] == h[:-1]) & (t[1:] == t[:-1])
     if tie.any() and (ids[order][1:][tie] != ids[order][:-1][tie]).any():

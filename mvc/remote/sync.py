@@ -35,10 +35,10 @@ from .. import refs as refnames
 from ..errors import (BadInput, BranchLocked, CorruptObject, Diverged, LockHeld, MvcError, ProtectedRef,  # noqa: F401
                       HistoryRewritten, ObjectNotFound,
                       PrunedOnRemote, RefRejected, RemoteBusy, RemoteDamaged, UntrustedAnswer)  # RefRejected re-exported
-from ..objects import TensorLeaf, object_id
+from ..objects import TensorLeaf, TensorObject, object_id
 from ..store import locks as locking
 from ..traverse import walk as walk_tree
-from . import config, layout, lease, transfer
+from . import config, layout, lease, transfer, where
 from .bucket import NotFound, PreconditionFailed, RemoteError, open_bucket
 from .catalogue import read_trailer
 from .connection import Connection, classify, is_ref  # noqa: F401  (Connection, is_ref re-exported)
@@ -119,6 +119,7 @@ class _Outgoing:
     records: list = field(default_factory=list)  # (id, bytes) of objects to send
     chunks: dict = field(default_factory=dict)  # id -> length
     commits: int = 0
+    tensors: set = field(default_factory=set)  # ids of the tensor objects among ``records``
 
 
 def _outgoing(txn, objects, tips: list, conn: Connection, behind) -> _Outgoing:
@@ -198,6 +199,7 @@ def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has,
         tensor = objects.tensor(txn, tid)
         if tid not in present:  # a lazy clone's object store may have read it from its remote just now
             out.records.append((tid, getattr(objects, "raw", lambda t, k, o: t.get(k, o))(txn, "tensors", tid)))
+            out.tensors.add(tid)
         spans = {cid: n for cid, _, n in tensor.chunk_spans() if cid not in out.chunks}
         known = conn.catalogue.chunks(spans)
         out.chunks.update({cid: n for cid, n in spans.items() if cid not in known})
@@ -275,7 +277,8 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
                 _audit.check_push_targets(repo, conn.remote_refs, targets, conn.name)  # before any upload
                 chunks = _in_pack_order(repo, out.chunks)
                 packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress)
-                opacks, osent = transfer.upload_objects(conn.bucket, conn.catalogue, out.records)
+                opacks, osent = transfer.upload_objects(conn.bucket, conn.catalogue, out.records,
+                                                        _where_hints(conn, out))
                 held.check()
                 updates = _move_refs(repo, conn, targets, force, *read)
             if delete:
@@ -284,6 +287,24 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
                           sum(out.chunks.values()), packs + opacks, sent + osent)
     finally:
         conn.close()
+
+
+def _where_hints(conn: Connection, out: _Outgoing):
+    """``upload_objects``'s ``hints``: for a pack of the records ``ids``, the where hint of the
+    tensor objects among them (``mvc.remote.where``), from the catalogue, which after the chunk
+    upload locates every chunk they use (None: no tensor object among them). The work is one
+    lookup per chunk of the tensor objects pushed, as planning took."""
+    data = dict(out.records)
+
+    def hints(ids: list):
+        tensors = {}
+        for tid in ids:
+            if tid in out.tensors:
+                chunks = TensorObject.decode(data[tid]).chunks
+                located = conn.catalogue.chunks(chunks, complete=False)
+                tensors[tid] = where.runs(chunks, lambda cid: loc.pack if (loc := located.get(cid)) else None)
+        return where.encode(tensors) if tensors else None
+    return hints
 
 
 def _refuse_pruned_tips(repo, conn: Connection, targets: dict) -> None:

@@ -63,7 +63,7 @@ from ..store import fs
 from ..store.chunks import THREADS, ChunkStore, Forwarding
 from ..store.objectstore import CORRUPT, MISSING, ObjectStore
 from ..traverse import walk as walk_tree
-from . import config, transfer
+from . import config, transfer, where
 from .connection import Connection, classify
 
 
@@ -140,6 +140,8 @@ class LazyObjects(ObjectStore):
     def check(self, txn, kind: str, oid: bytes) -> tuple:
         verdict, value = super().check(txn, kind, oid)
         if verdict != MISSING or kind != "tensors":
+            if verdict is None and kind == "tensors":
+                self.cache.noted.note(oid, value.chunks)  # its chunks may be read next: see where.Noted
             return verdict, value
         try:
             data = self._remote(txn, oid)
@@ -147,7 +149,9 @@ class LazyObjects(ObjectStore):
             return CORRUPT, f"its copy on remote {self.cache.name!r} is damaged: {exc}"
         if data is None:
             return MISSING, None
-        return None, TensorObject.decode(data)  # decoded once already, before it was kept
+        obj = TensorObject.decode(data)  # decoded once already, before it was kept
+        self.cache.noted.note(oid, obj.chunks)
+        return None, obj
 
     def raw(self, txn, kind: str, oid: bytes):
         """The stored bytes of object ``oid`` (unchecked here, as ``txn.get`` gives them), or of a
@@ -219,12 +223,19 @@ class CacheStore(Forwarding):
         self._used: set = set()
         self.fetched = 0  # chunk bytes fetched from the remote by this store
         self.healed = 0  # chunks whose local copy failed to read, read again from the remote
+        self.noted = where.Noted()  # the tensor objects read here: their where hints guide lookups
+
+    def _near(self, ids) -> set:
+        """The chunk packs the where hints of the noted tensors holding ``ids`` name for them."""
+        catalogue = self._conn.catalogue
+        return where.packs_for(self.noted.holders(ids), catalogue.hint)
 
     @property
     def conn(self) -> Connection:
         with self._lock:
             if self._conn is None:
                 self._conn = self._connect()
+                self._conn.catalogue.near = self._near
             return self._conn
 
     # -- the seam ------------------------------------------------------------------

@@ -188,9 +188,11 @@ class Uploader:
         self.pending = []
         self.packs = self.bytes = 0
 
-    def submit(self, folder: str, image: layout.PackImage) -> None:
+    def submit(self, folder: str, image: layout.PackImage, hint: Optional[bytes] = None) -> None:
+        """Upload ``image`` as a new pack under ``folder``; ``hint``: an object pack's where hint,
+        put at its key before the pack (so a pack listed has its hint there already)."""
         key = layout.pack_key(folder, layout.new_name())
-        self.pending.append(self.pool.submit(self._send, key, image))
+        self.pending.append(self.pool.submit(self._send, key, image, hint))
         self._reap(block=False)
 
     def reserve(self, size: int) -> bytearray:
@@ -208,8 +210,10 @@ class Uploader:
         return bytearray(max(size, layout.PACK_BYTES + (layout.PACK_BYTES >> 6)) if size > layout.PACK_BYTES // 2
                          else size)
 
-    def _send(self, key: str, image: layout.PackImage) -> int:
+    def _send(self, key: str, image: layout.PackImage, hint: Optional[bytes] = None) -> int:
         try:
+            if hint is not None:
+                self.bucket.put(layout.where_key(key), hint)
             self.bucket.put(key, image.data)
             entries = [(cid, off, n) for (cid, n), off in zip(image.items, image.offsets)]
             self.catalogue.add_pack(key, entries)
@@ -276,20 +280,22 @@ def upload_chunks(repo, bucket, catalogue, chunks: list, progress=None) -> tuple
     return uploader.packs, uploader.bytes
 
 
-def upload_objects(bucket, catalogue, records: list) -> tuple:
-    """Upload (id, bytes) object records as object packs; (packs, bytes) sent."""
-    return upload_records(bucket, catalogue, layout.OBJECT_PACKS, records)
+def upload_objects(bucket, catalogue, records: list, hints: Optional[Callable] = None) -> tuple:
+    """Upload (id, bytes) object records as object packs; (packs, bytes) sent. ``hints(ids)``: the
+    where hint of a pack of the records ``ids`` (None: none), put just before that pack."""
+    return upload_records(bucket, catalogue, layout.OBJECT_PACKS, records, hints)
 
 
-def upload_records(bucket, catalogue, folder: str, records: list) -> tuple:
-    """Upload (id, bytes) records, each already verified, as packs under ``folder``; (packs, bytes) sent."""
+def upload_records(bucket, catalogue, folder: str, records: list, hints: Optional[Callable] = None) -> tuple:
+    """Upload (id, bytes) records, each already verified, as packs under ``folder``; (packs, bytes)
+    sent. ``hints``: as ``upload_objects``'s."""
     uploader, data = Uploader(bucket, catalogue), dict(records)
     try:
         for group in pack_groups([(oid, len(raw)) for oid, raw in records]):
             image = layout.PackImage(group, uploader.reserve(layout.PackImage.size(group)))
             for i, (oid, _) in enumerate(group):
                 image.slot(i)[:] = data[oid]
-            uploader.submit(folder, image)
+            uploader.submit(folder, image, hints([oid for oid, _ in group]) if hints is not None else None)
     finally:
         uploader.finish()
     return uploader.packs, uploader.bytes

@@ -19,6 +19,22 @@ remote), then ``load(only="t0")`` of the tip (seconds, bytes read), and the
 tensor objects and chunk trailers each holds afterwards.
 
     python benchmarks/bench_lazy.py --chunks 1e5,1e6,1e7 --old /tmp/old
+
+``--sharded`` measures the other figure of issue 35: one rank of a 4-rank
+sharded load reads at most 30% of the remote's index bytes (the trailers
+of its chunk packs, which list each pack's chunk ids and locations). A
+real 4-rank save (gloo on CPU, FSDP2, AdamW state, 64-byte chunks) through
+``MvcStorageWriter`` into one repository, ``--saves`` commits with a
+training step between them, pushed to a folder remote in small packs
+(``--sharded-pack-bytes``, so each rank's shards span several); then 4
+ranks, each on "its own host" (its own lazy clone, its own catalogue),
+load the last commit through ``MvcStorageReader`` at the same world size,
+each reading only its own shards, checked bit for bit against what that
+rank saved. Printed per rank: the chunk-pack trailer bytes it read and
+their share of all on the remote. With ``--old``, the old code saves,
+pushes and loads a remote of its own, side by side.
+
+    python benchmarks/bench_lazy.py --chunks "" --sharded --saves 1,3 --old /tmp/old
 """
 
 import argparse
@@ -142,12 +158,169 @@ def run(code: str, remote: Path, target: Path) -> dict:
     return json.loads(done.stdout)
 
 
+_RANK = r"""
+import json, os, sys, time, warnings
+from datetime import timedelta
+from pathlib import Path
+code, scenario, rank, world, root = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
+saves = int(sys.argv[6])
+sys.path[:0] = [code, os.path.join(code, ".pp")]
+warnings.simplefilter("ignore")
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+import mvc
+from mvc.remote import catalogue
+from mvc_hooks.dcp import MvcStorageReader, MvcStorageWriter
+
+read = {"packs/": 0, "objects/": 0, "trailers": 0}
+real = catalogue._trailer_bytes
+def counted(bucket, key):
+    body, footer, size = real(bucket, key)
+    read[key.partition("/")[0] + "/"] += len(body) + len(footer)
+    read["trailers"] += key.startswith("packs/")
+    return body, footer, size
+catalogue._trailer_bytes = counted
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(3)], torch.nn.Linear(256, 64))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+def step(model, opt, seed):
+    g = torch.Generator().manual_seed(seed)
+    model(torch.randn(8, 256, generator=g)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+def local(state):
+    out = {}
+    def visit(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                visit(prefix + (str(k),), v)
+        elif isinstance(value, torch.Tensor):
+            out[".".join(prefix)] = (value.to_local() if hasattr(value, "to_local") else value).detach().clone()
+    visit((), state)
+    return out
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"file://{root / ('rdv-' + scenario)}", rank=rank, world_size=world,
+                        timeout=timedelta(seconds=300))
+try:
+    model, opt = build()
+    if scenario == "save":
+        for n in range(saves):
+            step(model, opt, n)
+            msd, osd = get_state_dict(model, opt)
+            writer = MvcStorageWriter(root / "repo", branch="main", message=f"save {n}", step=n, chunk_size=64)
+            dcp.save({"model": msd, "optim": osd}, storage_writer=writer)
+            writer.close()
+        torch.save(local({"model": msd, "optim": osd}), root / f"saved-{rank}.pt")
+    else:
+        step(model, opt, 99)  # other weights, and optimizer state to load into
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        host = root / f"host{rank}"
+        start = time.perf_counter()
+        mvc.Repository.clone(str(root / "remote"), host, lazy=True).close()
+        clone_s, cloned = time.perf_counter() - start, dict(read)
+        start = time.perf_counter()
+        dcp.load(state, storage_reader=MvcStorageReader(host, rev="origin/main", remote="origin"))
+        load_s = time.perf_counter() - start
+        want, got = torch.load(root / f"saved-{rank}.pt", weights_only=True), local(state)
+        same = want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+        print("measured " + json.dumps({"rank": rank, "same": same, "clone_s": clone_s, "load_s": load_s,
+                                        "chunk_trailer_bytes": read["packs/"] - cloned["packs/"],
+                                        "chunk_trailers": read["trailers"] - cloned["trailers"],
+                                        "object_trailer_bytes": read["objects/"]}), flush=True)
+    dist.barrier()
+finally:
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+"""
+
+_PUSH = r"""
+import os, sys
+sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], ".pp")]
+import mvc
+with mvc.Repository.open(sys.argv[2]) as repo:
+    repo.remotes.add("origin", sys.argv[3])
+    report = repo.remotes.push("origin", ("main",))
+    print(report.packs)
+"""
+
+
+def _ranks(code: str, scenario: str, root: Path, saves: int, env: dict, world: int = 4) -> list:
+    """Run ``world`` ranks of ``_RANK``; the JSON each printed after ``measured``."""
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK, code, scenario, str(r), str(world), str(root), str(saves)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    out = []
+    for p in procs:
+        text, _ = p.communicate(timeout=1800)
+        lines = [json.loads(line[9:]) for line in text.splitlines() if line.startswith("measured ")]
+        if scenario == "load" and not lines:
+            raise SystemExit(f"a rank of the {scenario} failed:\n{text[-3000:]}")
+        out += lines
+    return sorted(out, key=lambda r: r["rank"])
+
+
+def remote_trailer_bytes(remote: Path) -> tuple:
+    """(chunk packs, the bytes of all their trailers and footers) of a folder remote."""
+    from mvc.remote import catalogue
+    from mvc.remote.bucket import FolderBucket
+    bucket = FolderBucket(remote)
+    keys = [key for key, _ in bucket.list("packs/") if key.endswith(".pack")]
+    total = 0
+    for key in keys:
+        body, footer, _ = catalogue._trailer_bytes(bucket, key)
+        total += len(body) + len(footer)
+    return len(keys), total
+
+
+def sharded(name: str, code: str, work: Path, saves: int, pack_bytes: int) -> None:
+    root = work / f"sharded-{name}-{saves}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(MVC_REMOTE_PACK_BYTES=str(pack_bytes), PYTHONWARNINGS="ignore")
+    start = time.perf_counter()
+    _ranks(code, "save", root, saves, env)
+    pushed = subprocess.run([sys.executable, "-c", _PUSH, code, str(root / "repo"), str(root / "remote")], env=env,
+                            capture_output=True, text=True)
+    if pushed.returncode != 0:
+        raise SystemExit(pushed.stderr[-3000:])
+    packs, total = remote_trailer_bytes(root / "remote")
+    print(f"# sharded {name}: {saves} save(s) of 4 ranks pushed in {time.perf_counter() - start:.0f} s: "
+          f"{packs} chunk packs, {total / 1e3:.1f} kB of trailers", flush=True)
+    for r in _ranks(code, "load", root, saves, env):
+        print(f"{'sharded':>8} {name:>4} saves={saves} rank {r['rank']}: read {r['chunk_trailers']:>3} of {packs} "
+              f"chunk trailers, {r['chunk_trailer_bytes'] / 1e3:8.1f} of {total / 1e3:.1f} kB = "
+              f"{100 * r['chunk_trailer_bytes'] / total:5.1f}%; load {r['load_s']:.2f} s; bit for bit: {r['same']}",
+              flush=True)
+        print("measured " + json.dumps(dict(case="sharded", code=name, saves=saves, packs=packs, total=total, **r)),
+              flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--chunks", default="1e5,1e6", help="chunk entries on the remote, comma-separated")
     ap.add_argument("--old", help="a checkout of the old code, run side by side")
     ap.add_argument("--old-max", type=float, default=float("inf"), help="run the old code only up to this size")
     ap.add_argument("--work", help="folder for the remotes (default: a temporary one)")
+    ap.add_argument("--sharded", action="store_true", help="also measure one rank of a 4-rank sharded load")
+    ap.add_argument("--saves", default="1,3", help="sharded: commits on the remote (the last is loaded)")
+    ap.add_argument("--sharded-pack-bytes", type=int, default=128 << 10, help="sharded: the remote's pack size")
     args = ap.parse_args()
     new = str(Path(__file__).resolve().parent.parent)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-lazy-"))
@@ -171,6 +344,10 @@ def main() -> None:
                   flush=True)
             print("measured " + json.dumps(dict(n=n, code=name, **r)), flush=True)
         shutil.rmtree(remote, ignore_errors=True)
+    if args.sharded:
+        for saves in [int(x) for x in args.saves.split(",") if x]:
+            for name, code in [("new", new)] + ([("old", args.old)] if args.old else []):
+                sharded(name, code, work, saves, args.sharded_pack_bytes)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 

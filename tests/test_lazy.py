@@ -74,31 +74,121 @@ def test_a_lazy_clone_holds_no_tensor_object_and_reads_no_chunk_trailer(origin, 
         assert len(unread(lazy)) == len(chunk_packs(tmp_path)) > 8  # listed, no trailer read
 
 
-def test_a_load_of_one_key_reads_its_tensor_object_and_only_the_trailers_it_needs(origin, tmp_path, monkeypatch):
-    from mvc.remote import catalogue
-    monkeypatch.setattr(catalogue, "THREADS", 2)  # trailers are read one, one, then two at a time
-    # they are read newest first until the packs holding the key's chunks are found: how many that is
+def holding(tmp_path, ids) -> set:
+    """Keys of the remote's chunk packs whose trailers list some of ``ids``."""
     remote = FolderBucket(tmp_path / "remote")
-    order = catalogue.read_order({key: [size, stamp] for key, size, stamp in remote.list_stamps("packs/")})
-    listed = [{cid for cid, _, _ in read_trailer(remote, key)} for key in order]
+    return {key for key, _ in remote.list("packs/") if set(ids) & {cid for cid, _, _ in read_trailer(remote, key)}}
 
-    def reads(key: str) -> int:
-        with origin.index.read() as txn:
-            wanted = set(origin.objects.tensor(txn, leaf(origin, key)).chunks)
-        last, read = max(i for i, ids in enumerate(listed) if wanted & ids), 0
-        while read <= last:
-            read += min(2, max(1, read))  # batches of 1, 1, 2, 2 ...
-        return min(read, len(order))
-    key = min(KEYS, key=reads)
-    assert reads(key) < len(order)
+
+def chunks_of(repo, key: str, rev: str = "main") -> tuple:
+    with repo.index.read() as txn:
+        return repo.objects.tensor(txn, leaf(repo, key, rev)).chunks
+
+
+def test_a_load_of_one_key_reads_its_tensor_object_and_only_the_trailers_its_hint_names(origin, tmp_path):
+    """Key "a" of main~1: its chunks lie in the oldest packs, which a search newest first would
+    read last. The push's where hint names them: they are the only trailers read."""
+    wanted = holding(tmp_path, chunks_of(origin, "a", "main~1"))
+    assert len(chunk_packs(tmp_path)) > 2 * len(wanted)
     with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
-        got = lazy.load("main", only=key)
-        assert same(got, {key: origin.load("main")[key]})
-        assert tensor_ids(lazy) == {leaf(lazy, key)}  # kept here, verified
-        assert len(order) - len(unread(lazy)) == reads(key)
+        got = lazy.load("main~1", only="a")
+        assert same(got, {"a": origin.load("main~1")["a"]})
+        assert tensor_ids(lazy) == {leaf(lazy, "a", "main~1")}  # kept here, verified
+        catalogue = lazy.chunks.conn.catalogue
+        assert catalogue.trailers_read == catalogue.trailers_hinted == len(wanted)
+        assert set(unread(lazy)) == {p.relative_to(tmp_path / "remote").as_posix() for p in chunk_packs(tmp_path)} - wanted
     with mvc.Repository.open(tmp_path / "lz") as lazy:  # the next process finds them here
-        assert same(lazy.load("main"), origin.load("main")) and len(tensor_ids(lazy)) == len(KEYS)
+        assert same(lazy.load("main"), origin.load("main")) and len(tensor_ids(lazy)) == len(KEYS) + 1
         assert lazy.fsck().ok and len(tensor_ids(lazy)) == 2 * len(KEYS)  # its walk read main~1's too
+
+
+def _hint_of(tmp_path, lazy, tid: bytes) -> tuple:
+    """(where hint key, its decoded content) of the object pack the lazy clone's catalogue lists ``tid`` in."""
+    from mvc.remote import where
+    catalogue = Catalogue(lazy.dir, "origin")
+    try:
+        key = layout.where_key(catalogue.object_locations([tid])[tid][0])
+    finally:
+        catalogue.close()
+    return key, where.decode((tmp_path / "remote" / key).read_bytes())
+
+
+@pytest.mark.parametrize("stale", ["pack deleted, repaired elsewhere", "pack that lists none of them"])
+def test_a_stale_where_hint_still_loads_bit_for_bit(origin, tmp_path, stale):
+    """The hint names a pack a repair replaced (gone from the listing), or one that does not hold
+    the chunks (a repack moved them): the search goes on newest first and finds them."""
+    from mvc.remote import where
+    mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "probe", lazy=True).close()
+    with mvc.Repository.open(tmp_path / "probe") as probe:
+        tid = leaf(probe, "a", "main~1")
+        key, hints = _hint_of(tmp_path, probe, tid)
+    named = {layout.pack_key(layout.CHUNK_PACKS, n) for n in hints[tid][1]}
+    assert named == holding(tmp_path, chunks_of(origin, "a", "main~1"))
+    if stale.startswith("pack deleted"):
+        for pack in named:
+            (tmp_path / "remote" / pack).unlink()
+        origin.remotes.repair()  # the lost chunks go up again, in new packs
+        assert not named & {p.relative_to(tmp_path / "remote").as_posix() for p in chunk_packs(tmp_path)}
+    else:
+        other = sorted({p.relative_to(tmp_path / "remote").as_posix() for p in chunk_packs(tmp_path)} - named)[0]
+        hints[tid] = (hints[tid][0][:1], [layout.pack_name(other)])
+        (tmp_path / "remote" / key).write_bytes(where.encode({t: list(zip(s.tolist(), n)) for t, (s, n) in hints.items()}))
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+        assert same(lazy.load("main~1", only="a"), {"a": origin.load("main~1")["a"]})
+        catalogue = lazy.chunks.conn.catalogue
+        assert catalogue.trailers_hinted == (0 if stale.startswith("pack deleted") else 1)
+        assert catalogue.trailers_read > catalogue.trailers_hinted  # then newest first
+        assert same(lazy.load("main"), origin.load("main")) and lazy.fsck().ok
+
+
+def test_a_remote_without_where_hints_still_loads(origin, tmp_path):
+    """As an older mvc pushed it: no ``where/`` keys. Lookups search newest first, as before."""
+    import shutil
+    hints = tmp_path / "remote" / layout.WHERE
+    assert len(list(hints.iterdir())) == len(list((tmp_path / "remote" / layout.OBJECT_PACKS).iterdir()))
+    shutil.rmtree(hints)
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+        assert same(lazy.load("main~1", only="a"), {"a": origin.load("main~1")["a"]})
+        catalogue = lazy.chunks.conn.catalogue
+        assert catalogue.trailers_hinted == 0 and catalogue.trailers_read > 0
+        assert same(lazy.load("main"), origin.load("main")) and lazy.fsck().ok
+
+
+def test_one_rank_of_a_sharded_load_reads_only_its_own_packs_trailers(tmp_path, monkeypatch):
+    """A 4-rank sharded save (``repo.shards``, the DCP writer's path: each rank writes its own pack),
+    pushed; then each rank, on a lazy clone of its own, reads its own pieces (``read_pieces``, the
+    DCP reader's path): it reads the trailers of its own packs, a quarter of the remote's trailer bytes."""
+    from mvc.remote import catalogue as catalogues
+    monkeypatch.setattr(layout, "PACK_BYTES", 4096)
+    world, rows, names = 4, 16, ("w", "m", "v")
+    g = torch.Generator().manual_seed(3)
+    full = {n: torch.randn(world * rows, 32, generator=g) for n in names}
+    with mvc.Repository.init(tmp_path / "a", chunk_size=SMALL) as repo:
+        start, locations, descs = repo.shards.begin("main"), {}, []
+        for rank in range(world):
+            descs.append(repo.shards.write([full[n][rank * rows:(rank + 1) * rows].contiguous() for n in names]))
+            locations.update(descs[-1]["locations"])
+        leaves = {(n,): mvc.ShardedTensor(descs[0]["tensors"][i]["dtype"], (world * rows, 32),
+                                          [((r * rows, 0), (rows, 32), descs[r]["tensors"][i]["chunks"])
+                                           for r in range(world)]) for i, n in enumerate(names)}
+        repo.shards.commit(start, leaves, locations, None, "sharded")
+        repo.remotes.add("origin", str(tmp_path / "remote"))
+        repo.remotes.push()
+    remote = FolderBucket(tmp_path / "remote")
+    total = 0
+    for key, _ in remote.list("packs/"):
+        body, footer, _ = catalogues._trailer_bytes(remote, key)
+        total += len(body) + len(footer)
+    assert len(chunk_packs(tmp_path)) >= 2 * world
+    for rank in range(world):
+        with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"host{rank}", lazy=True) as host:
+            view = host.shards.view("main")
+            objs = [view["tensors"][(n,)] for n in names]
+            got = mvc.reader.read_pieces(host, [(obj, rank, 0, obj.pieces()[rank][3]) for obj in objs])
+            for n, data in zip(names, got):
+                assert data.tobytes() == full[n][rank * rows:(rank + 1) * rows].contiguous().numpy().tobytes()
+            catalogue = host.chunks.conn.catalogue
+            assert catalogue.trailer_bytes <= 0.30 * total, (rank, catalogue.trailer_bytes, total)
 
 
 def test_fetch_into_a_lazy_clone_reads_no_tensor_object_nor_new_chunk_trailer(origin, tmp_path):

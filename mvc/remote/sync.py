@@ -120,6 +120,7 @@ class _Outgoing:
     chunks: dict = field(default_factory=dict)  # id -> length
     commits: int = 0
     tensors: set = field(default_factory=set)  # ids of the tensor objects among ``records``
+    lone: set = field(default_factory=set)  # ids of ``chunks`` that are a whole tensor's only chunk
 
 
 def _outgoing(txn, objects, tips: list, conn: Connection, behind) -> _Outgoing:
@@ -203,6 +204,8 @@ def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has,
         spans = {cid: n for cid, _, n in tensor.chunk_spans() if cid not in out.chunks}
         known = conn.catalogue.chunks(spans)
         out.chunks.update({cid: n for cid, n in spans.items() if cid not in known})
+        if len(tensor.chunks) == 1 and tensor.chunks[0] in out.chunks:
+            out.lone.add(tensor.chunks[0])
 
 
 def _targets(repo, txn, names: tuple) -> dict:
@@ -275,8 +278,8 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
                     out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn, behind)
                 _refuse_pruned_tips(repo, conn, targets)
                 _audit.check_push_targets(repo, conn.remote_refs, targets, conn.name)  # before any upload
-                chunks = _in_pack_order(repo, out.chunks)
-                packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress)
+                chunks, cuts, hard = _in_pack_order(repo, out.chunks, out.lone)
+                packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress, cuts, hard)
                 opacks, osent = transfer.upload_objects(conn.bucket, conn.catalogue, out.records,
                                                         _where_hints(conn, out))
                 held.check()
@@ -366,18 +369,29 @@ def _untrack(repo, remote: str, ref: str) -> None:
 
 
 
-def _in_pack_order(repo, chunks: dict) -> list:
-    """(id, length) of ``chunks`` in the order their records lie in local packs.
+def _in_pack_order(repo, chunks: dict, lone: set = frozenset()) -> tuple:
+    """((id, length) of ``chunks`` in the order their records lie in local packs, the indices
+    where a new local pack begins: ``transfer.pack_groups``'s cuts, and its ``hard`` cut: where
+    the chunks of ``lone`` begin, put last in packs of their own).
 
     A commit writes a tensor's chunks one after the other, so this keeps
     them together in the remote's packs too: a later read of some tensors
     (a lazy load of a few keys, a streamed export) then takes a few long
-    ranged reads instead of one per chunk."""
+    ranged reads instead of one per chunk. Each rank of a sharded save
+    writes a local pack of its own, so the cuts keep one rank's shards in
+    remote packs of their own: a rank of a sharded load reads its own.
+    The tensors of one chunk go last, in packs of their own: DCP saves a
+    replicated value (an optimizer's ``step``) on one rank, and every rank
+    reads it; in that rank's pack it would make every rank read that pack's
+    trailer too."""
     with repo.index.read() as txn:
         def where(item):
             loc = txn.chunk(item[0])
-            return (loc.pack, loc.offset) if loc is not None else (b"", 0)
-        return sorted(chunks.items(), key=where)
+            return (item[0] in lone,) + ((loc.pack, loc.offset) if loc is not None else (b"", 0))
+        placed = sorted((where(item), item) for item in chunks.items())
+    cuts = frozenset(i for i in range(1, len(placed)) if placed[i][0][:2] != placed[i - 1][0][:2])
+    hard = next((i for i, (at, _) in enumerate(placed) if at[0]), None)
+    return [item for _, item in placed], cuts, hard
 
 
 def refresh(repo, name: str) -> int:

@@ -25,6 +25,7 @@ GAP = 256 << 10
 SPAN_BYTES = 16 << 20
 THREADS = 8
 UPLOADS = 3  # packs in flight at once: bounded memory (3 x PACK_BYTES), the link kept busy
+CUT_FILL = 8  # a pack ends where a new source begins once it is 1/8 full (see pack_groups)
 
 
 def spans(locations: dict) -> list:
@@ -154,12 +155,17 @@ def verify_chunks(bucket, locations: dict, threads: int = THREADS) -> dict:
     return bad
 
 
-def pack_groups(items: list, limit: Optional[int] = None) -> list:
-    """(id, length) items cut into lists of about ``limit`` (``layout.PACK_BYTES``) bytes each, one pack per list."""
+def pack_groups(items: list, limit: Optional[int] = None, cuts: frozenset = frozenset(), hard: Optional[int] = None) -> list:
+    """(id, length) items cut into lists of about ``limit`` (``layout.PACK_BYTES``) bytes each, one pack per list.
+
+    ``cuts``: indices of items where a new source begins (a local pack: one rank's shards, one
+    commit's new chunks); a pack at least ``1/CUT_FILL`` full ends there, so a reader of one rank's
+    shards finds them in that rank's packs, not in packs it shares with its neighbours. ``hard``:
+    an index where a pack ends however full it is."""
     limit = limit or layout.PACK_BYTES
     out, current, size = [], [], 0
-    for item in items:
-        if current and size + item[1] > limit:
+    for i, item in enumerate(items):
+        if current and (size + item[1] > limit or (i in cuts and size * CUT_FILL >= limit) or i == hard):
             out.append(current)
             current, size = [], 0
         current.append(item)
@@ -251,15 +257,17 @@ def expect(progress, nbytes: int) -> None:
         announce(nbytes)
 
 
-def upload_chunks(repo, bucket, catalogue, chunks: list, progress=None) -> tuple:
+def upload_chunks(repo, bucket, catalogue, chunks: list, progress=None, cuts: frozenset = frozenset(),
+                  hard: Optional[int] = None) -> tuple:
     """Pack and upload (id, length) chunks read through ``repo.chunks``; (packs, bytes) sent.
+    ``cuts``, ``hard``: as ``pack_groups``'s.
 
     The caller holds ``repo.gc_lock.shared()``.
     """
     expect(progress, sum(length for _, length in chunks))
     uploader = Uploader(bucket, catalogue, progress)
     try:
-        for group in pack_groups(chunks):
+        for group in pack_groups(chunks, cuts=cuts, hard=hard):
             # Every chunk is read back through the chunk store, verified against
             # its id, before it goes into an image, although the local store
             # checked it when it was written: a pack's own checksum (its

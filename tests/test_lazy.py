@@ -373,3 +373,23 @@ def test_a_catalogued_trailer_lists_its_ids_as_every_mvc_reads_them(tmp_path):
         assert catalogue.chunks(ids[:3]) == {cid: catalogue.chunk(cid) for cid in ids[:3]}
     finally:
         catalogue.close()
+
+
+def test_remote_gc_deletes_the_hints_of_the_object_packs_it_deletes_and_loads_stay_exact(origin, tmp_path):
+    """Retention prunes main~1's data: its packs go, with their hints, and a hint whose object pack
+    is gone (a killed push's) goes too. main~1's state committed again reuses tensor objects whose
+    hints may name packs gone now: a lazy clone loads it bit for bit all the same."""
+    remote = tmp_path / "remote"
+    before = {p.name for p in (remote / "where").iterdir()}
+    lone = remote / "where" / ("ab" * 16)
+    lone.write_bytes(b"from a push killed before its object pack went up")
+    report = origin.remotes.gc(grace=0, keep_last=1)
+    gone = {layout.pack_name(key).hex() for key in report.packs_deleted if key.startswith(layout.OBJECT_PACKS)}
+    assert gone & before  # object packs with hints were deleted
+    hints = {p.name for p in (remote / "where").iterdir()}
+    assert hints <= {p.stem for p in (remote / "objects").glob("*.pack")} and not hints & gone
+    assert not lone.exists() and report.hints_deleted == 1
+    origin.commit(state(0), "again")
+    origin.remotes.push()
+    with mvc.Repository.clone(str(remote), tmp_path / "lz", lazy=True) as lazy:
+        assert same(lazy.load("main"), state(0)) and lazy.fsck().ok

@@ -65,6 +65,15 @@ def counted(self, key, start=0, stop=None):
     read["bytes"] += len(data); read["calls"] += 1
     return data, size
 buckets.FolderBucket._read = counted
+from mvc.remote import catalogue
+trailers = {"n": 0, "bytes": 0}
+real_trailer = catalogue._trailer_bytes
+def trailer(bucket, key):
+    body, footer, size = real_trailer(bucket, key)
+    if key.startswith("packs/"):
+        trailers["n"] += 1; trailers["bytes"] += len(body) + len(footer)
+    return body, footer, size
+catalogue._trailer_bytes = trailer
 remote, target = sys.argv[2], sys.argv[3]
 start = time.perf_counter()
 repo = mvc.Repository.clone(remote, target, lazy=True)
@@ -73,7 +82,7 @@ read["bytes"] = read["calls"] = 0
 start = time.perf_counter()
 state = repo.load("main", only="t0")
 out.update(load_s=time.perf_counter() - start, load_bytes=read["bytes"], load_reads=read["calls"],
-           loaded=int(state["t0"].numel()))
+           loaded=int(state["t0"].numel()), chunk_trailers=trailers["n"], chunk_trailer_bytes=trailers["bytes"])
 with repo.index.read() as txn:
     out["tensor_objects_here"] = sum(1 for _ in txn.ids("tensors"))
 repo.close()
@@ -81,8 +90,9 @@ print(json.dumps(out))
 """
 
 
-def build_remote(path: Path, n: int, seed: int = 0) -> dict:
-    """A folder remote of ``n`` chunk entries (see the module's docstring); what the loaded tensor is."""
+def build_remote(path: Path, n: int, seed: int = 0, hints: bool = True) -> dict:
+    """A folder remote of ``n`` chunk entries (see the module's docstring); what the loaded tensor is.
+    ``hints``: with where hints, as mvc's push writes them (False: as an older mvc's)."""
     import mvc  # noqa: F401  (the code this script runs from builds it)
     from mvc import hashing
     from mvc.objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
@@ -97,6 +107,7 @@ def build_remote(path: Path, n: int, seed: int = 0) -> dict:
     zeros = bytes(CHUNK)
     records, items = [], []  # object records (id, bytes), newest commit first as a push sends them
     chunk_ids = []  # per tensor, oldest first
+    tensor_ids = []  # their tensor object ids
     parent = ()
     commits = []
     for c in range(COMMITS):
@@ -108,37 +119,48 @@ def build_remote(path: Path, n: int, seed: int = 0) -> dict:
             chunk_ids.append((ids, tip_t0))
             data = TensorObject("U8", (per * CHUNK,), CHUNK, ids).encode()
             tensors[f"t{k}"] = (object_id(data), data)
+            tensor_ids.append(object_id(data))
         tree = TreeObject({key: TensorLeaf(oid) for key, (oid, _) in tensors.items()}).encode()
         commit = CommitObject(object_id(tree), parent, f"c{c}", "bench", 1_700_000_000_000_000 + c).encode()
         parent = (object_id(commit),)
         commits.append([(object_id(commit), commit), (object_id(tree), tree)] + list(tensors.values()))
     for group in reversed(commits):
         records += group
-    # chunk packs: every record once, in tensor order, about PACK_BYTES a pack
-    pack, size = [], 0
+    # chunk packs: every record once, in tensor order, about PACK_BYTES a pack; and each tensor's
+    # runs (first chunk index, pack name), as a push's where hint gives them (docs/format.md 11.8)
+    pack, size, name = [], 0, layout.new_name()
+    runs = {}
 
     def flush():
         image = layout.PackImage([(cid, CHUNK) for cid, _ in pack])
         for i, (_, data) in enumerate(pack):
             image.slot(i)[:] = data
-        bucket.put(layout.pack_key(layout.CHUNK_PACKS, layout.new_name()), bytes(image.data))
-    for ids, is_real in chunk_ids:
+        bucket.put(layout.pack_key(layout.CHUNK_PACKS, name), bytes(image.data))
+    for (ids, is_real), tid in zip(chunk_ids, tensor_ids):
+        runs[tid] = []
         for i, cid in enumerate(ids):
+            if not runs[tid] or runs[tid][-1][1] != name:
+                runs[tid].append((i, name))
             pack.append((cid, real[i * CHUNK:(i + 1) * CHUNK] if is_real else zeros))
             size += CHUNK + 36
             if size >= layout.PACK_BYTES:
                 flush()
-                pack, size = [], 0
+                pack, size, name = [], 0, layout.new_name()
     if pack:
         flush()
-    # object packs
+    # object packs, each with its where hint first (as a push writes them)
+    from mvc.remote import where
     from mvc.remote.transfer import pack_groups
     data = dict(records)
     for group in pack_groups([(oid, len(raw)) for oid, raw in records]):
         image = layout.PackImage(group)
         for i, (oid, _) in enumerate(group):
             image.slot(i)[:] = data[oid]
-        bucket.put(layout.pack_key(layout.OBJECT_PACKS, layout.new_name()), bytes(image.data))
+        key = layout.pack_key(layout.OBJECT_PACKS, layout.new_name())
+        hinted = {oid: runs[oid] for oid, _ in group if oid in runs}
+        if hinted and hints:
+            bucket.put(layout.where_key(key), where.encode(hinted))
+        bucket.put(key, bytes(image.data))
     bucket.put(layout.REFS + "heads/main", layout.encode_ref(parent[0], False))
     bucket.put(layout.HEAD, layout.encode_head("heads/main"))
     bucket.close()
@@ -324,8 +346,9 @@ def main() -> None:
     args = ap.parse_args()
     new = str(Path(__file__).resolve().parent.parent)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-lazy-"))
-    print(f"{'n':>8} {'code':>4} {'clone s':>8} {'clone MB':>9} {'load s':>7} {'load MB':>8} "
-          f"{'ready s':>8} {'objects':>8}   (objects: tensor objects held after the load)")
+    print(f"{'n':>8} {'code':>8} {'clone s':>8} {'clone MB':>9} {'load s':>7} {'load MB':>8} "
+          f"{'ready s':>8} {'objects':>8} {'trailers':>8} {'trl MB':>7}   (objects: tensor objects held after the "
+          "load; trailers: chunk pack trailers read, and their MB)")
     for n in [int(float(x)) for x in args.chunks.split(",") if x]:
         remote = work / f"remote-{n}"
         start = time.perf_counter()
@@ -333,15 +356,18 @@ def main() -> None:
         print(f"# n={n}: built in {time.perf_counter() - start:.1f} s; object records {built['object_bytes'] / 1e6:.1f} MB; "
               f"the loaded tensor has {built['loaded_chunks']} chunks ({built['loaded_chunks'] * CHUNK / 1e6:.1f} MB)",
               flush=True)
-        versions = [("new", new)] + ([("old", args.old)] if args.old and n <= args.old_max else [])
+        versions = [("new", new)] + ([("old", args.old)] if args.old and n <= args.old_max else []) + \
+            [("no-hints", new)]  # last: the new code on the remote as an older mvc wrote it (no where/)
         for name, code in versions:
+            if name == "no-hints":
+                shutil.rmtree(remote / "where")
             r = run(code, remote, work / "clone")
             if "error" in r:
-                print(f"{n:>8.0e} {name:>4} failed: {r['error']}", flush=True)
+                print(f"{n:>8.0e} {name:>8} failed: {r['error']}", flush=True)
                 continue
-            print(f"{n:>8.0e} {name:>4} {r['clone_s']:>8.2f} {r['clone_bytes'] / 1e6:>9.2f} {r['load_s']:>7.2f} "
-                  f"{r['load_bytes'] / 1e6:>8.2f} {r['clone_s'] + r['load_s']:>8.2f} {r['tensor_objects_here']:>8}",
-                  flush=True)
+            print(f"{n:>8.0e} {name:>8} {r['clone_s']:>8.2f} {r['clone_bytes'] / 1e6:>9.2f} {r['load_s']:>7.2f} "
+                  f"{r['load_bytes'] / 1e6:>8.2f} {r['clone_s'] + r['load_s']:>8.2f} {r['tensor_objects_here']:>8} "
+                  f"{r['chunk_trailers']:>8} {r['chunk_trailer_bytes'] / 1e6:>7.2f}", flush=True)
             print("measured " + json.dumps(dict(n=n, code=name, **r)), flush=True)
         shutil.rmtree(remote, ignore_errors=True)
     if args.sharded:

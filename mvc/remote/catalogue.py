@@ -20,8 +20,9 @@ tensor's chunks, written by the push) choose the trailers read first:
 ``near(ids)`` (set by the cache) names the packs the hints of the tensors
 holding ``ids`` give, and those are read before the newest-first search,
 which reads on only for ids they did not list. ``where:KEY`` caches object
-pack KEY's hint (empty: it has none). An unread pack listed again with another size or stamp, or
-whose trailer does not read when it is needed, is **damaged**
+pack KEY's hint (empty: it has none). An unread pack listed again with
+another size or stamp, or whose trailer does not read when it is needed, is
+**damaged**
 (``damaged:KEY`` -> its stamp): packs are written whole and never modified.
 
 It is derived data: deleting the folder loses nothing; the next command

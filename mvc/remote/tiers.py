@@ -41,7 +41,10 @@ a tensor object missing here is read when a read or a walk asks for it
 (``LazyObjects``): from the object pack the remote's catalogue names for it
 (the object packs' trailers), verified against its id and decoded, kept
 here, then served, as a chunk is. Chunk pack trailers are read the same
-way, when a lookup needs them (``catalogue``).
+way, when a lookup needs them (``catalogue``): first those the where hints
+of the tensor objects read here name for the chunks looked for
+(``CacheStore.noted``, ``where``), so a load reads the trailers of the
+packs its tensors' chunks lie in.
 
 Eviction holds the exclusive gc lock, so no load reads a pack it deletes;
 it drops index entries in one transaction and deletes pack files after,
@@ -225,17 +228,14 @@ class CacheStore(Forwarding):
         self.healed = 0  # chunks whose local copy failed to read, read again from the remote
         self.noted = where.Noted()  # the tensor objects read here: their where hints guide lookups
 
-    def _near(self, ids) -> set:
-        """The chunk packs the where hints of the noted tensors holding ``ids`` name for them."""
-        catalogue = self._conn.catalogue
-        return where.packs_for(self.noted.holders(ids), catalogue.hint)
-
     @property
     def conn(self) -> Connection:
         with self._lock:
             if self._conn is None:
                 self._conn = self._connect()
-                self._conn.catalogue.near = self._near
+                catalogue = self._conn.catalogue
+                # the chunk packs the where hints of the noted tensors holding some ids name for them
+                catalogue.near = lambda ids: where.packs_for(self.noted.holders(ids), catalogue.hint)
             return self._conn
 
     # -- the seam ------------------------------------------------------------------

@@ -111,28 +111,37 @@ def read(bucket, object_pack: str) -> Optional[bytes]:
 # -- reading (a lazy reader) ------------------------------------------------------
 
 class Noted:
-    """The tensor objects a lazy reader decoded (the last ``LIMIT``), and which of them hold an id.
+    """The tensor objects a lazy reader decoded (the last ``LIMIT`` chunks' worth), and which of them hold an id.
 
-    ``note`` is called for every tensor object read (cheap: nothing is built); ``packs`` builds,
-    once after new tensors were noted, a sorted table of the first 8 bytes of each of their chunk
-    ids (16 bytes a chunk: key, tensor, index) and looks the wanted ids up in it with numpy. A
-    prefix shared by two ids can only pick a wrong pack: a speed matter, as every hint.
+    ``note`` keeps the first 8 bytes of each chunk id of a tensor read (8 bytes a chunk: a
+    fetch or a walk of a large history keeps no more than ``LIMIT`` of them); ``holders``
+    builds, once after new tensors were noted, a table of them sorted (20 bytes a chunk: key,
+    tensor, index) and looks the wanted ids up in it with numpy. A prefix shared by two ids can
+    only pick a wrong pack: a speed matter, as every hint.
     """
 
-    LIMIT = 1 << 16
+    LIMIT = 1 << 22  # chunks: every chunk of a 1 TB model at 256 KiB a chunk
 
     def __init__(self):
-        self._tensors: OrderedDict = OrderedDict()  # tensor id -> its chunk ids
+        self._tensors: OrderedDict = OrderedDict()  # tensor id -> its chunk ids' keys
+        self._count = 0
         self._table = None  # (tensor ids, keys, tensor slots, chunk indices), keys sorted
         self._lock = threading.Lock()
 
     def note(self, tid: bytes, chunks) -> None:
+        if not chunks:
+            return
         with self._lock:
-            if tid in self._tensors or not chunks:
+            if tid in self._tensors:
                 return
-            self._tensors[tid] = chunks
-            if len(self._tensors) > self.LIMIT:
-                self._tensors.popitem(last=False)
+        keys = _keys(chunks)
+        with self._lock:
+            if tid in self._tensors:
+                return
+            self._tensors[tid] = keys
+            self._count += len(keys)
+            while self._count > self.LIMIT and len(self._tensors) > 1:
+                self._count -= len(self._tensors.popitem(last=False)[1])
             self._table = None
 
     def holders(self, ids) -> dict:
@@ -152,13 +161,14 @@ class Noted:
 
 
 def _keys(ids) -> np.ndarray:
+    """The first 8 bytes of each 32-byte id, as u64."""
     return np.frombuffer(b"".join(ids), dtype="<u8").reshape(-1, 4)[:, 0].copy()
 
 
 def _table(tensors: OrderedDict) -> tuple:
     tids = list(tensors)
     counts = np.array([len(tensors[t]) for t in tids], dtype=np.int64)
-    keys = _keys([cid for t in tids for cid in tensors[t]])
+    keys = np.concatenate([tensors[t] for t in tids])
     slots = np.repeat(np.arange(len(tids), dtype=np.uint32), counts)
     starts = np.repeat(np.cumsum(counts) - counts, counts)
     indices = np.arange(len(keys), dtype=np.int64) - starts

@@ -16,7 +16,11 @@ Each version runs in a fresh process (``--old DIR``: a checkout of the code
 before, e.g. ``git worktree add /tmp/old <commit>``; the new one is the
 code this script runs from): ``clone --lazy`` (seconds, bytes read from the
 remote), then ``load(only="t0")`` of the tip (seconds, bytes read), and the
-tensor objects and chunk trailers each holds afterwards.
+tensor objects and chunk trailers each holds afterwards. The remote has
+where hints (``docs/format.md`` 11.8) as a push writes them; a last run
+("no-hints") reads it with them deleted, as an older mvc wrote it.
+``--oldest`` loads ``t0`` of the oldest commit instead, whose chunks lie in
+the oldest packs: read last when trailers are searched newest first.
 
     python benchmarks/bench_lazy.py --chunks 1e5,1e6,1e7 --old /tmp/old
 
@@ -74,13 +78,13 @@ def trailer(bucket, key):
         trailers["n"] += 1; trailers["bytes"] += len(body) + len(footer)
     return body, footer, size
 catalogue._trailer_bytes = trailer
-remote, target = sys.argv[2], sys.argv[3]
+remote, target, rev = sys.argv[2], sys.argv[3], sys.argv[4]
 start = time.perf_counter()
 repo = mvc.Repository.clone(remote, target, lazy=True)
 out = {"clone_s": time.perf_counter() - start, "clone_bytes": read["bytes"], "clone_reads": read["calls"]}
 read["bytes"] = read["calls"] = 0
 start = time.perf_counter()
-state = repo.load("main", only="t0")
+state = repo.load(rev, only="t0")
 out.update(load_s=time.perf_counter() - start, load_bytes=read["bytes"], load_reads=read["calls"],
            loaded=int(state["t0"].numel()), chunk_trailers=trailers["n"], chunk_trailer_bytes=trailers["bytes"])
 with repo.index.read() as txn:
@@ -90,9 +94,10 @@ print(json.dumps(out))
 """
 
 
-def build_remote(path: Path, n: int, seed: int = 0, hints: bool = True) -> dict:
+def build_remote(path: Path, n: int, seed: int = 0, hints: bool = True, oldest: bool = False) -> dict:
     """A folder remote of ``n`` chunk entries (see the module's docstring); what the loaded tensor is.
-    ``hints``: with where hints, as mvc's push writes them (False: as an older mvc's)."""
+    ``hints``: with where hints, as mvc's push writes them (False: as an older mvc's). ``oldest``:
+    the loaded tensor is ``t0`` of the oldest commit (its chunks in the oldest packs), not the tip's."""
     import mvc  # noqa: F401  (the code this script runs from builds it)
     from mvc import hashing
     from mvc.objects import CommitObject, TensorLeaf, TensorObject, TreeObject, object_id
@@ -113,7 +118,7 @@ def build_remote(path: Path, n: int, seed: int = 0, hints: bool = True) -> dict:
     for c in range(COMMITS):
         tensors = {}
         for k in range(TENSORS):
-            tip_t0 = c == COMMITS - 1 and k == 0
+            tip_t0 = c == (0 if oldest else COMMITS - 1) and k == 0
             raw = b"" if tip_t0 else rng.bytes(32 * per)
             ids = tuple(real_ids) if tip_t0 else tuple(raw[i:i + 32] for i in range(0, len(raw), 32))
             chunk_ids.append((ids, tip_t0))
@@ -169,10 +174,10 @@ def build_remote(path: Path, n: int, seed: int = 0, hints: bool = True) -> dict:
             "object_bytes": sum(len(raw) for _, raw in records)}
 
 
-def run(code: str, remote: Path, target: Path) -> dict:
+def run(code: str, remote: Path, target: Path, rev: str = "main") -> dict:
     shutil.rmtree(target, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", _CHILD, code, str(remote), str(target)], env=env,
+    done = subprocess.run([sys.executable, "-c", _CHILD, code, str(remote), str(target), rev], env=env,
                           capture_output=True, text=True)
     shutil.rmtree(target, ignore_errors=True)
     if done.returncode != 0:
@@ -340,6 +345,8 @@ def main() -> None:
     ap.add_argument("--old", help="a checkout of the old code, run side by side")
     ap.add_argument("--old-max", type=float, default=float("inf"), help="run the old code only up to this size")
     ap.add_argument("--work", help="folder for the remotes (default: a temporary one)")
+    ap.add_argument("--oldest", action="store_true",
+                    help="load t0 of the oldest commit (its chunks in the oldest packs) instead of the tip's")
     ap.add_argument("--sharded", action="store_true", help="also measure one rank of a 4-rank sharded load")
     ap.add_argument("--saves", default="1,3", help="sharded: commits on the remote (the last is loaded)")
     ap.add_argument("--sharded-pack-bytes", type=int, default=128 << 10, help="sharded: the remote's pack size")
@@ -352,7 +359,7 @@ def main() -> None:
     for n in [int(float(x)) for x in args.chunks.split(",") if x]:
         remote = work / f"remote-{n}"
         start = time.perf_counter()
-        built = build_remote(remote, n)
+        built = build_remote(remote, n, oldest=args.oldest)
         print(f"# n={n}: built in {time.perf_counter() - start:.1f} s; object records {built['object_bytes'] / 1e6:.1f} MB; "
               f"the loaded tensor has {built['loaded_chunks']} chunks ({built['loaded_chunks'] * CHUNK / 1e6:.1f} MB)",
               flush=True)
@@ -361,14 +368,14 @@ def main() -> None:
         for name, code in versions:
             if name == "no-hints":
                 shutil.rmtree(remote / "where")
-            r = run(code, remote, work / "clone")
+            r = run(code, remote, work / "clone", f"main~{COMMITS - 1}" if args.oldest else "main")
             if "error" in r:
                 print(f"{n:>8.0e} {name:>8} failed: {r['error']}", flush=True)
                 continue
             print(f"{n:>8.0e} {name:>8} {r['clone_s']:>8.2f} {r['clone_bytes'] / 1e6:>9.2f} {r['load_s']:>7.2f} "
                   f"{r['load_bytes'] / 1e6:>8.2f} {r['clone_s'] + r['load_s']:>8.2f} {r['tensor_objects_here']:>8} "
                   f"{r['chunk_trailers']:>8} {r['chunk_trailer_bytes'] / 1e6:>7.2f}", flush=True)
-            print("measured " + json.dumps(dict(n=n, code=name, **r)), flush=True)
+            print("measured " + json.dumps(dict(n=n, code=name, oldest=args.oldest, **r)), flush=True)
         shutil.rmtree(remote, ignore_errors=True)
     if args.sharded:
         for saves in [int(x) for x in args.saves.split(",") if x]:

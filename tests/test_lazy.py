@@ -117,10 +117,10 @@ def _hint_of(tmp_path, lazy, tid: bytes) -> tuple:
     return key, where.decode((tmp_path / "remote" / key).read_bytes())
 
 
-@pytest.mark.parametrize("stale", ["pack deleted, repaired elsewhere", "pack that lists none of them"])
+@pytest.mark.parametrize("stale", ["pack deleted, repaired elsewhere", "pack that lists none of them", "damaged"])
 def test_a_stale_where_hint_still_loads_bit_for_bit(origin, tmp_path, stale):
     """The hint names a pack a repair replaced (gone from the listing), or one that does not hold
-    the chunks (a repack moved them): the search goes on newest first and finds them."""
+    the chunks (a repack moved them), or it does not decode: the search goes on newest first."""
     from mvc.remote import where
     mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "probe", lazy=True).close()
     with mvc.Repository.open(tmp_path / "probe") as probe:
@@ -133,14 +133,19 @@ def test_a_stale_where_hint_still_loads_bit_for_bit(origin, tmp_path, stale):
             (tmp_path / "remote" / pack).unlink()
         origin.remotes.repair()  # the lost chunks go up again, in new packs
         assert not named & remote_keys(tmp_path)
+    elif stale == "damaged":
+        data = bytearray((tmp_path / "remote" / key).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (tmp_path / "remote" / key).write_bytes(bytes(data[:-3]))
     else:
         other = sorted(remote_keys(tmp_path) - named)[0]
         hints[tid] = (hints[tid][0][:1], [layout.pack_name(other)])
-        (tmp_path / "remote" / key).write_bytes(where.encode({t: list(zip(s.tolist(), n)) for t, (s, n) in hints.items()}))
+        runs = {t: list(zip(starts.tolist(), names)) for t, (starts, names) in hints.items()}
+        (tmp_path / "remote" / key).write_bytes(where.encode(runs))
     with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
         assert same(lazy.load("main~1", only="a"), {"a": origin.load("main~1")["a"]})
         catalogue = lazy.chunks.conn.catalogue
-        assert catalogue.trailers_hinted == (0 if stale.startswith("pack deleted") else 1)
+        assert catalogue.trailers_hinted == (1 if stale.startswith("pack that") else 0)
         assert catalogue.trailers_read > catalogue.trailers_hinted  # then newest first
         assert same(lazy.load("main"), origin.load("main")) and lazy.fsck().ok
 

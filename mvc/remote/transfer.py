@@ -155,7 +155,8 @@ def verify_chunks(bucket, locations: dict, threads: int = THREADS) -> dict:
     return bad
 
 
-def pack_groups(items: list, limit: Optional[int] = None, cuts: frozenset = frozenset(), hard: Optional[int] = None) -> list:
+def pack_groups(items: list, limit: Optional[int] = None, cuts: frozenset = frozenset(),
+                hard: Optional[int] = None) -> list:
     """(id, length) items cut into lists of about ``limit`` (``layout.PACK_BYTES``) bytes each, one pack per list.
 
     ``cuts``: indices of items where a new source begins (a local pack: one rank's shards, one

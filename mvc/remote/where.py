@@ -115,12 +115,17 @@ class Noted:
 
     ``note`` keeps the first 8 bytes of each chunk id of a tensor read (8 bytes a chunk: a
     fetch or a walk of a large history keeps no more than ``LIMIT`` of them); ``holders``
-    builds, once after new tensors were noted, a table of them sorted (20 bytes a chunk: key,
-    tensor, index) and looks the wanted ids up in it with numpy. A prefix shared by two ids can
-    only pick a wrong pack: a speed matter, as every hint.
+    builds, once after new tensors were noted, a table of them sorted (20 bytes a chunk: the
+    first 41 bits of the id and the row in the low ``ROW_BITS``, one u64 sorted by ``np.sort``,
+    0.1 s a 4·10⁶ chunks here; and each row's tensor and index) and looks the wanted ids up in
+    it with numpy. Readers note their tensors first and then look their chunks up (a load, a DCP view,
+    a walk), and a lookup asks only while some trailer is unread, reading at least one each
+    time: few builds. A prefix shared by two ids can only pick a wrong pack: a speed matter,
+    as every hint.
     """
 
     LIMIT = 1 << 22  # chunks: every chunk of a 1 TB model at 256 KiB a chunk
+    ROW_BITS = 23  # a table row's bits in its key: at most LIMIT rows (a tensor of more chunks is not noted)
 
     def __init__(self):
         self._tensors: OrderedDict = OrderedDict()  # tensor id -> its chunk ids' keys
@@ -129,7 +134,7 @@ class Noted:
         self._lock = threading.Lock()
 
     def note(self, tid: bytes, chunks) -> None:
-        if not chunks:
+        if not chunks or len(chunks) > self.LIMIT:
             return
         with self._lock:
             if tid in self._tensors:
@@ -140,7 +145,7 @@ class Noted:
                 return
             self._tensors[tid] = keys
             self._count += len(keys)
-            while self._count > self.LIMIT and len(self._tensors) > 1:
+            while self._count > self.LIMIT:
                 self._count -= len(self._tensors.popitem(last=False)[1])
             self._table = None
 
@@ -151,12 +156,14 @@ class Noted:
             if not ids or not self._tensors:
                 return {}
             if self._table is None:
-                self._table = _table(self._tensors)
+                self._table = _table(self._tensors, self.ROW_BITS)
             tids, keys, slots, indices = self._table
-        want = _keys(ids)
+        shift = np.uint64(self.ROW_BITS)
+        want = (_keys(ids) >> shift) << shift  # the prefix, row 0: the first row of that prefix
         at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
-        hit = at[keys[at] == want]
-        slots, indices = slots[hit], indices[hit]
+        hit = (keys[at] >> shift) << shift == want
+        rows = (keys[at[hit]] & np.uint64((1 << self.ROW_BITS) - 1)).astype(np.int64)
+        slots, indices = slots[rows], indices[rows]
         return {tids[s]: indices[slots == s] for s in np.unique(slots).tolist()}
 
 
@@ -165,15 +172,17 @@ def _keys(ids) -> np.ndarray:
     return np.frombuffer(b"".join(ids), dtype="<u8").reshape(-1, 4)[:, 0].copy()
 
 
-def _table(tensors: OrderedDict) -> tuple:
+def _table(tensors: OrderedDict, row_bits: int) -> tuple:
+    """(tensor ids, keys: id prefix and row in one u64, sorted; each row's tensor slot and chunk index)."""
     tids = list(tensors)
     counts = np.array([len(tensors[t]) for t in tids], dtype=np.int64)
     keys = np.concatenate([tensors[t] for t in tids])
     slots = np.repeat(np.arange(len(tids), dtype=np.uint32), counts)
     starts = np.repeat(np.cumsum(counts) - counts, counts)
     indices = np.arange(len(keys), dtype=np.int64) - starts
-    order = np.argsort(keys, kind="stable")
-    return tids, keys[order], slots[order], indices[order]
+    shift = np.uint64(row_bits)
+    keys = np.sort(((keys >> shift) << shift) | np.arange(len(keys), dtype=np.uint64))
+    return tids, keys, slots, indices
 
 
 def packs_for(holders: dict, hint_of: Callable[[bytes], Optional[tuple]]) -> set:

@@ -345,6 +345,7 @@ def main() -> None:
     ap.add_argument("--old", help="a checkout of the old code, run side by side")
     ap.add_argument("--old-max", type=float, default=float("inf"), help="run the old code only up to this size")
     ap.add_argument("--work", help="folder for the remotes (default: a temporary one)")
+    ap.add_argument("--repeat", type=int, default=1, help="run the versions this many times, in turn (a busy machine)")
     ap.add_argument("--oldest", action="store_true",
                     help="load t0 of the oldest commit (its chunks in the oldest packs) instead of the tip's")
     ap.add_argument("--sharded", action="store_true", help="also measure one rank of a 4-rank sharded load")
@@ -363,11 +364,11 @@ def main() -> None:
         print(f"# n={n}: built in {time.perf_counter() - start:.1f} s; object records {built['object_bytes'] / 1e6:.1f} MB; "
               f"the loaded tensor has {built['loaded_chunks']} chunks ({built['loaded_chunks'] * CHUNK / 1e6:.1f} MB)",
               flush=True)
-        versions = [("new", new)] + ([("old", args.old)] if args.old and n <= args.old_max else []) + \
-            [("no-hints", new)]  # last: the new code on the remote as an older mvc wrote it (no where/)
+        versions = ([("new", new)] + ([("old", args.old)] if args.old and n <= args.old_max else [])) * args.repeat + \
+            [("no-hints", new)] * args.repeat  # last: the new code on the remote as an older mvc wrote it (no where/)
         for name, code in versions:
             if name == "no-hints":
-                shutil.rmtree(remote / "where")
+                shutil.rmtree(remote / "where", ignore_errors=True)
             r = run(code, remote, work / "clone", f"main~{COMMITS - 1}" if args.oldest else "main")
             if "error" in r:
                 print(f"{n:>8.0e} {name:>8} failed: {r['error']}", flush=True)

@@ -117,7 +117,7 @@ class Noted:
     fetch or a walk of a large history keeps no more than ``LIMIT`` of them); ``holders``
     builds, once after new tensors were noted, a table of them sorted (20 bytes a chunk: the
     first 41 bits of the id and the row in the low ``ROW_BITS``, one u64 sorted by ``np.sort``,
-    0.1 s a 4·10⁶ chunks here; and each row's tensor and index) and looks the wanted ids up in
+    0.2-0.8 s a 4·10⁶ chunks here; and each row's tensor and index) and looks the wanted ids up in
     it with numpy. Readers note their tensors first and then look their chunks up (a load, a DCP view,
     a walk), and a lookup asks only while some trailer is unread, reading at least one each
     time: few builds. A prefix shared by two ids can only pick a wrong pack: a speed matter,

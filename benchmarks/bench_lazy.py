@@ -243,11 +243,15 @@ dist.init_process_group("gloo", init_method=f"file://{root / ('rdv-' + scenario)
                         timeout=timedelta(seconds=300))
 try:
     model, opt = build()
-    if scenario == "save":
+    if scenario in ("save", "save-hosts"):
+        if scenario == "save-hosts":  # every rank saves through a lazy clone of its own ("its own host")
+            mvc.Repository.clone(str(root / "remote"), root / f"saver{rank}", lazy=True).close()
         for n in range(saves):
             step(model, opt, n)
             msd, osd = get_state_dict(model, opt)
-            writer = MvcStorageWriter(root / "repo", branch="main", message=f"save {n}", step=n, chunk_size=64)
+            writer = MvcStorageWriter(root / "repo", branch="main", message=f"save {n}", step=n, chunk_size=64) \
+                if scenario == "save" else MvcStorageWriter(root / f"saver{rank}", branch="main", message=f"save {n}",
+                                                            step=n, remote="origin")
             dcp.save({"model": msd, "optim": osd}, storage_writer=writer)
             writer.close()
         torch.save(local({"model": msd, "optim": osd}), root / f"saved-{rank}.pt")
@@ -273,6 +277,16 @@ finally:
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)
+"""
+
+_SEED = r"""
+import os, sys
+sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], ".pp")]
+import torch, mvc
+with mvc.Repository.init(sys.argv[2], chunk_size=64) as repo:
+    repo.commit({"seed": torch.zeros(4)}, "seed")
+    repo.remotes.add("origin", sys.argv[3])
+    repo.remotes.push("origin", ("main",))
 """
 
 _PUSH = r"""
@@ -314,27 +328,38 @@ def remote_trailer_bytes(remote: Path) -> tuple:
     return len(keys), total
 
 
-def sharded(name: str, code: str, work: Path, saves: int, pack_bytes: int) -> None:
-    root = work / f"sharded-{name}-{saves}"
+def sharded(name: str, code: str, work: Path, saves: int, pack_bytes: int, hosts: bool = False) -> None:
+    """``hosts``: the ranks save across hosts (``MvcStorageWriter(remote=...)``, each through a lazy
+    clone of a remote holding one small seed commit, each uploading its own packs; the coordinator
+    pushes the commit), not into one repository pushed after."""
+    root = work / f"sharded-{name}-{saves}{'-hosts' if hosts else ''}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(MVC_REMOTE_PACK_BYTES=str(pack_bytes), PYTHONWARNINGS="ignore")
     start = time.perf_counter()
-    _ranks(code, "save", root, saves, env)
-    pushed = subprocess.run([sys.executable, "-c", _PUSH, code, str(root / "repo"), str(root / "remote")], env=env,
-                            capture_output=True, text=True)
-    if pushed.returncode != 0:
-        raise SystemExit(pushed.stderr[-3000:])
+    if hosts:
+        seeded = subprocess.run([sys.executable, "-c", _SEED, code, str(root / "seed"), str(root / "remote")], env=env,
+                                capture_output=True, text=True)
+        if seeded.returncode != 0:
+            raise SystemExit(seeded.stderr[-3000:])
+        _ranks(code, "save-hosts", root, saves, env)
+    else:
+        _ranks(code, "save", root, saves, env)
+        pushed = subprocess.run([sys.executable, "-c", _PUSH, code, str(root / "repo"), str(root / "remote")],
+                                env=env, capture_output=True, text=True)
+        if pushed.returncode != 0:
+            raise SystemExit(pushed.stderr[-3000:])
     packs, total = remote_trailer_bytes(root / "remote")
-    print(f"# sharded {name}: {saves} save(s) of 4 ranks pushed in {time.perf_counter() - start:.0f} s: "
+    how = "saved across hosts" if hosts else "pushed"
+    print(f"# sharded {name}: {saves} save(s) of 4 ranks {how} in {time.perf_counter() - start:.0f} s: "
           f"{packs} chunk packs, {total / 1e3:.1f} kB of trailers", flush=True)
     for r in _ranks(code, "load", root, saves, env):
-        print(f"{'sharded':>8} {name:>4} saves={saves} rank {r['rank']}: read {r['chunk_trailers']:>3} of {packs} "
+        print(f"{'hosts' if hosts else 'sharded':>8} {name:>4} saves={saves} rank {r['rank']}: read {r['chunk_trailers']:>3} of {packs} "
               f"chunk trailers, {r['chunk_trailer_bytes'] / 1e3:8.1f} of {total / 1e3:.1f} kB = "
               f"{100 * r['chunk_trailer_bytes'] / total:5.1f}%; load {r['load_s']:.2f} s; bit for bit: {r['same']}",
               flush=True)
-        print("measured " + json.dumps(dict(case="sharded", code=name, saves=saves, packs=packs, total=total, **r)),
+        print("measured " + json.dumps(dict(case="sharded-hosts" if hosts else "sharded", code=name, saves=saves, packs=packs, total=total, **r)),
               flush=True)
     shutil.rmtree(root, ignore_errors=True)
 
@@ -350,6 +375,7 @@ def main() -> None:
                     help="load t0 of the oldest commit (its chunks in the oldest packs) instead of the tip's")
     ap.add_argument("--sharded", action="store_true", help="also measure one rank of a 4-rank sharded load")
     ap.add_argument("--saves", default="1,3", help="sharded: commits on the remote (the last is loaded)")
+    ap.add_argument("--hosts", action="store_true", help="sharded: the ranks save across hosts (remote=)")
     ap.add_argument("--sharded-pack-bytes", type=int, default=128 << 10, help="sharded: the remote's pack size")
     args = ap.parse_args()
     new = str(Path(__file__).resolve().parent.parent)
@@ -381,7 +407,7 @@ def main() -> None:
     if args.sharded:
         for saves in [int(x) for x in args.saves.split(",") if x]:
             for name, code in [("new", new)] + ([("old", args.old)] if args.old else []):
-                sharded(name, code, work, saves, args.sharded_pack_bytes)
+                sharded(name, code, work, saves, args.sharded_pack_bytes, args.hosts)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -202,6 +202,63 @@ def test_one_rank_of_a_sharded_load_reads_only_its_own_packs_trailers(tmp_path, 
             assert host.chunks.conn.catalogue.trailer_bytes == read
 
 
+def trailer_sizes(tmp_path) -> dict:
+    """{chunk pack key: the bytes of its trailer and footer} of the folder remote."""
+    from mvc.remote import catalogue as catalogues
+    remote, sizes = FolderBucket(tmp_path / "remote"), {}
+    for key, _ in remote.list("packs/"):
+        body, footer, _ = catalogues._trailer_bytes(remote, key)
+        sizes[key] = len(body) + len(footer)
+    return sizes
+
+
+def test_ranks_saving_across_hosts_load_reading_only_their_own_packs_trailers(tmp_path, monkeypatch):
+    """The DCP writer's path across hosts: each rank, on a lazy clone of its own, writes its shards
+    and uploads them (``upload_shards``); rank 1 alone also saves a value every rank loads (as DCP
+    saves an optimizer's ``step``, replicated, on one rank). The coordinator commits and pushes.
+    Each rank, on a fresh clone, reads its own pieces and the value: at most 30% of the trailer bytes."""
+    monkeypatch.setattr(layout, "PACK_BYTES", 4096)
+    world, rows, names = 4, 16, ("w", "m", "v")
+    g = torch.Generator().manual_seed(4)
+    full = {n: torch.randn(world * rows, 32, generator=g) for n in names}
+    step = torch.tensor(7.0)
+    with mvc.Repository.init(tmp_path / "seed", chunk_size=SMALL) as seed:
+        seed.commit({"seed": torch.zeros(4)}, "seed")
+        seed.remotes.add("origin", str(tmp_path / "remote"))
+        seed.remotes.push()
+    hosts = [mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"saver{r}", lazy=True) for r in range(world)]
+    try:
+        start, descs = hosts[0].shards.begin("main"), []
+        for rank, host in enumerate(hosts):
+            parts = [full[n][rank * rows:(rank + 1) * rows].contiguous() for n in names]
+            descs.append(host.shards.write(parts + ([step] if rank == 1 else [])))
+            host.remotes.upload_shards("origin", descs[-1]["locations"],
+                                       [cid for t in descs[-1]["tensors"] for cid in t["chunks"]])
+        leaves = {(n,): mvc.ShardedTensor(descs[0]["tensors"][i]["dtype"], (world * rows, 32),
+                                          [((r * rows, 0), (rows, 32), descs[r]["tensors"][i]["chunks"])
+                                           for r in range(world)]) for i, n in enumerate(names)}
+        leaves[("step",)] = mvc.ShardedTensor(descs[1]["tensors"][3]["dtype"], (), [((), (), descs[1]["tensors"][3]["chunks"])])
+        hosts[0].remotes.refresh("origin")
+        hosts[0].shards.commit(start, leaves, {}, None, "sharded")
+        hosts[0].remotes.push("origin", ("main",))
+    finally:
+        for host in hosts:
+            host.close()
+    sizes = trailer_sizes(tmp_path)
+    total = sum(sizes.values())
+    for rank in range(world):
+        with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"host{rank}", lazy=True) as host:
+            view = host.shards.view("main")
+            objs = [view["tensors"][(n,)] for n in names + ("step",)]
+            got = mvc.reader.read_pieces(host, [(obj, rank, 0, obj.pieces()[rank][3]) for obj in objs[:-1]] +
+                                         [(objs[-1], 0, 0, 4)])
+            for n, data in zip(names, got):
+                assert data.tobytes() == full[n][rank * rows:(rank + 1) * rows].contiguous().numpy().tobytes()
+            assert got[-1].tobytes() == step.numpy().tobytes()
+            read = sum(sizes[key] for key in sizes.keys() - unread(host).keys())
+            assert read <= 0.30 * total, (rank, read, total)
+
+
 def test_fetch_into_a_lazy_clone_reads_no_tensor_object_nor_new_chunk_trailer(origin, tmp_path):
     with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
         lazy.load("main", only="a")

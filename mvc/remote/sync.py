@@ -427,7 +427,13 @@ def upload_shards(repo, name: str, locations: dict, ids) -> tuple:
             with repo.index.read() as txn:
                 lacking = [(cid, repo.chunks.length(cid, txn, "a chunk of this rank's shards"))
                            for cid in dict.fromkeys(ids) if not conn.catalogue.has_chunk(cid)]  # in tensor order
-            return transfer.upload_chunks(repo, conn.bucket, conn.catalogue, lacking)
+            # the short chunks last, in packs of their own (their trailers list a few entries): among
+            # them a value DCP saves on one rank only (an optimizer's step), which every rank reads,
+            # so no rank reads the trailer of a whole pack of another rank's shards for it
+            full = [item for item in lacking if item[1] == repo.chunk_size]
+            short = [item for item in lacking if item[1] != repo.chunk_size]
+            return transfer.upload_chunks(repo, conn.bucket, conn.catalogue, full + short,
+                                          hard=len(full) if full and short else None)
     finally:
         conn.close()
 

@@ -164,22 +164,27 @@ def test_a_remote_without_where_hints_still_loads(origin, tmp_path):
 
 
 def test_one_rank_of_a_sharded_load_reads_only_its_own_packs_trailers(tmp_path, monkeypatch):
-    """A 4-rank sharded save (``repo.shards``, the DCP writer's path: each rank writes its own pack),
-    pushed; then each rank, on a lazy clone of its own, reads its own pieces (``read_pieces``, the
-    DCP reader's path): it reads the trailers of its own packs, a quarter of the remote's trailer bytes."""
+    """A 4-rank sharded save (``repo.shards``, the DCP writer's path: each rank writes its own pack;
+    rank 1 also a value every rank loads, as DCP saves an optimizer's replicated ``step``), pushed;
+    then each rank, on a lazy clone of its own, reads its own pieces and the value (``read_pieces``,
+    the DCP reader's path): it reads the trailers of its own packs, a quarter of the trailer bytes."""
     from mvc.remote import catalogue as catalogues
     monkeypatch.setattr(layout, "PACK_BYTES", 4096)
     world, rows, names = 4, 16, ("w", "m", "v")
     g = torch.Generator().manual_seed(3)
     full = {n: torch.randn(world * rows, 32, generator=g) for n in names}
+    step = torch.tensor(7.0)
     with mvc.Repository.init(tmp_path / "a", chunk_size=SMALL) as repo:
         start, locations, descs = repo.shards.begin("main"), {}, []
         for rank in range(world):
-            descs.append(repo.shards.write([full[n][rank * rows:(rank + 1) * rows].contiguous() for n in names]))
+            parts = [full[n][rank * rows:(rank + 1) * rows].contiguous() for n in names]
+            descs.append(repo.shards.write(parts + ([step] if rank == 1 else [])))
             locations.update(descs[-1]["locations"])
         leaves = {(n,): mvc.ShardedTensor(descs[0]["tensors"][i]["dtype"], (world * rows, 32),
                                           [((r * rows, 0), (rows, 32), descs[r]["tensors"][i]["chunks"])
                                            for r in range(world)]) for i, n in enumerate(names)}
+        leaves[("step",)] = mvc.ShardedTensor(descs[1]["tensors"][3]["dtype"], (),
+                                              [((), (), descs[1]["tensors"][3]["chunks"])])
         repo.shards.commit(start, leaves, locations, None, "sharded")
         repo.remotes.add("origin", str(tmp_path / "remote"))
         repo.remotes.push()
@@ -193,10 +198,12 @@ def test_one_rank_of_a_sharded_load_reads_only_its_own_packs_trailers(tmp_path, 
     for rank in range(world):
         with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"host{rank}", lazy=True) as host:
             view = host.shards.view("main")
-            objs = [view["tensors"][(n,)] for n in names]
-            got = mvc.reader.read_pieces(host, [(obj, rank, 0, obj.pieces()[rank][3]) for obj in objs])
+            objs = [view["tensors"][(n,)] for n in names + ("step",)]
+            got = mvc.reader.read_pieces(host, [(obj, rank, 0, obj.pieces()[rank][3]) for obj in objs[:-1]] +
+                                         [(objs[-1], 0, 0, 4)])
             for n, data in zip(names, got):
                 assert data.tobytes() == full[n][rank * rows:(rank + 1) * rows].contiguous().numpy().tobytes()
+            assert got[-1].tobytes() == step.numpy().tobytes()
             read = sum(sizes[key] for key in sizes.keys() - unread(host).keys())  # the trailers it read
             assert read <= 0.30 * total, (rank, read, total)
             assert host.chunks.conn.catalogue.trailer_bytes == read
@@ -237,7 +244,8 @@ def test_ranks_saving_across_hosts_load_reading_only_their_own_packs_trailers(tm
         leaves = {(n,): mvc.ShardedTensor(descs[0]["tensors"][i]["dtype"], (world * rows, 32),
                                           [((r * rows, 0), (rows, 32), descs[r]["tensors"][i]["chunks"])
                                            for r in range(world)]) for i, n in enumerate(names)}
-        leaves[("step",)] = mvc.ShardedTensor(descs[1]["tensors"][3]["dtype"], (), [((), (), descs[1]["tensors"][3]["chunks"])])
+        leaves[("step",)] = mvc.ShardedTensor(descs[1]["tensors"][3]["dtype"], (),
+                                              [((), (), descs[1]["tensors"][3]["chunks"])])
         hosts[0].remotes.refresh("origin")
         hosts[0].shards.commit(start, leaves, {}, None, "sharded")
         hosts[0].remotes.push("origin", ("main",))

@@ -74,31 +74,197 @@ def test_a_lazy_clone_holds_no_tensor_object_and_reads_no_chunk_trailer(origin, 
         assert len(unread(lazy)) == len(chunk_packs(tmp_path)) > 8  # listed, no trailer read
 
 
-def test_a_load_of_one_key_reads_its_tensor_object_and_only_the_trailers_it_needs(origin, tmp_path, monkeypatch):
-    from mvc.remote import catalogue
-    monkeypatch.setattr(catalogue, "THREADS", 2)  # trailers are read one, one, then two at a time
-    # they are read newest first until the packs holding the key's chunks are found: how many that is
+def holding(tmp_path, ids) -> set:
+    """Keys of the remote's chunk packs whose trailers list some of ``ids``."""
     remote = FolderBucket(tmp_path / "remote")
-    order = catalogue.read_order({key: [size, stamp] for key, size, stamp in remote.list_stamps("packs/")})
-    listed = [{cid for cid, _, _ in read_trailer(remote, key)} for key in order]
+    return {key for key, _ in remote.list("packs/") if set(ids) & {cid for cid, _, _ in read_trailer(remote, key)}}
 
-    def reads(key: str) -> int:
-        with origin.index.read() as txn:
-            wanted = set(origin.objects.tensor(txn, leaf(origin, key)).chunks)
-        last, read = max(i for i, ids in enumerate(listed) if wanted & ids), 0
-        while read <= last:
-            read += min(2, max(1, read))  # batches of 1, 1, 2, 2 ...
-        return min(read, len(order))
-    key = min(KEYS, key=reads)
-    assert reads(key) < len(order)
+
+def remote_keys(tmp_path) -> set:
+    return {p.relative_to(tmp_path / "remote").as_posix() for p in chunk_packs(tmp_path)}
+
+
+def chunks_of(repo, key: str, rev: str = "main") -> tuple:
+    with repo.index.read() as txn:
+        return repo.objects.tensor(txn, leaf(repo, key, rev)).chunks
+
+
+def test_a_load_of_one_key_reads_its_tensor_object_and_only_the_trailers_its_hint_names(origin, tmp_path):
+    """Key "a" of main~1: its chunks lie in the oldest packs, which a search newest first would
+    read last. The push's where hint names them: they are the only trailers read."""
+    wanted = holding(tmp_path, chunks_of(origin, "a", "main~1"))
+    assert len(chunk_packs(tmp_path)) > 2 * len(wanted)
     with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
-        got = lazy.load("main", only=key)
-        assert same(got, {key: origin.load("main")[key]})
-        assert tensor_ids(lazy) == {leaf(lazy, key)}  # kept here, verified
-        assert len(order) - len(unread(lazy)) == reads(key)
+        got = lazy.load("main~1", only="a")
+        assert same(got, {"a": origin.load("main~1")["a"]})
+        assert tensor_ids(lazy) == {leaf(lazy, "a", "main~1")}  # kept here, verified
+        assert set(unread(lazy)) == remote_keys(tmp_path) - wanted
+        catalogue = lazy.chunks.conn.catalogue
+        assert catalogue.trailers_read == catalogue.trailers_hinted == len(wanted)
     with mvc.Repository.open(tmp_path / "lz") as lazy:  # the next process finds them here
-        assert same(lazy.load("main"), origin.load("main")) and len(tensor_ids(lazy)) == len(KEYS)
+        assert same(lazy.load("main"), origin.load("main")) and len(tensor_ids(lazy)) == len(KEYS) + 1
         assert lazy.fsck().ok and len(tensor_ids(lazy)) == 2 * len(KEYS)  # its walk read main~1's too
+
+
+def _hint_of(tmp_path, lazy, tid: bytes) -> tuple:
+    """(where hint key, its decoded content) of the object pack the lazy clone's catalogue lists ``tid`` in."""
+    from mvc.remote import where
+    catalogue = Catalogue(lazy.dir, "origin")
+    try:
+        key = "where/" + layout.pack_name(catalogue.object_locations([tid])[tid][0]).hex()
+    finally:
+        catalogue.close()
+    return key, where.decode((tmp_path / "remote" / key).read_bytes())
+
+
+@pytest.mark.parametrize("stale", ["pack deleted, repaired elsewhere", "pack that lists none of them", "damaged"])
+def test_a_stale_where_hint_still_loads_bit_for_bit(origin, tmp_path, stale):
+    """The hint names a pack a repair replaced (gone from the listing), or one that does not hold
+    the chunks (a repack moved them), or it does not decode: the search goes on newest first."""
+    from mvc.remote import where
+    mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "probe", lazy=True).close()
+    with mvc.Repository.open(tmp_path / "probe") as probe:
+        tid = leaf(probe, "a", "main~1")
+        key, hints = _hint_of(tmp_path, probe, tid)
+    named = {layout.pack_key(layout.CHUNK_PACKS, n) for n in hints[tid][1]}
+    assert named == holding(tmp_path, chunks_of(origin, "a", "main~1"))
+    if stale.startswith("pack deleted"):
+        for pack in named:
+            (tmp_path / "remote" / pack).unlink()
+        origin.remotes.repair()  # the lost chunks go up again, in new packs
+        assert not named & remote_keys(tmp_path)
+    elif stale == "damaged":
+        data = bytearray((tmp_path / "remote" / key).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (tmp_path / "remote" / key).write_bytes(bytes(data[:-3]))
+    else:
+        other = sorted(remote_keys(tmp_path) - named)[0]
+        hints[tid] = (hints[tid][0][:1], [layout.pack_name(other)])
+        runs = {t: list(zip(starts.tolist(), names)) for t, (starts, names) in hints.items()}
+        (tmp_path / "remote" / key).write_bytes(where.encode(runs))
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+        assert same(lazy.load("main~1", only="a"), {"a": origin.load("main~1")["a"]})
+        catalogue = lazy.chunks.conn.catalogue
+        assert catalogue.trailers_hinted == (1 if stale.startswith("pack that") else 0)
+        assert catalogue.trailers_read > catalogue.trailers_hinted  # then newest first
+        assert same(lazy.load("main"), origin.load("main")) and lazy.fsck().ok
+
+
+def test_a_remote_without_where_hints_still_loads(origin, tmp_path):
+    """As an older mvc pushed it: no ``where/`` keys. Lookups search newest first, as before."""
+    import shutil
+    hints = tmp_path / "remote" / "where"
+    assert hints.is_dir() and len(list(hints.iterdir())) == len(list((tmp_path / "remote" / "objects").iterdir()))
+    shutil.rmtree(hints)
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+        assert same(lazy.load("main~1", only="a"), {"a": origin.load("main~1")["a"]})
+        catalogue = lazy.chunks.conn.catalogue
+        assert catalogue.trailers_hinted == 0 and catalogue.trailers_read > 0
+        assert same(lazy.load("main"), origin.load("main")) and lazy.fsck().ok
+
+
+def test_one_rank_of_a_sharded_load_reads_only_its_own_packs_trailers(tmp_path, monkeypatch):
+    """A 4-rank sharded save (``repo.shards``, the DCP writer's path: each rank writes its own pack;
+    rank 1 also a value every rank loads, as DCP saves an optimizer's replicated ``step``), pushed;
+    then each rank, on a lazy clone of its own, reads its own pieces and the value (``read_pieces``,
+    the DCP reader's path): it reads the trailers of its own packs, a quarter of the trailer bytes."""
+    from mvc.remote import catalogue as catalogues
+    monkeypatch.setattr(layout, "PACK_BYTES", 4096)
+    world, rows, names = 4, 16, ("w", "m", "v")
+    g = torch.Generator().manual_seed(3)
+    full = {n: torch.randn(world * rows, 32, generator=g) for n in names}
+    step = torch.tensor(7.0)
+    with mvc.Repository.init(tmp_path / "a", chunk_size=SMALL) as repo:
+        start, locations, descs = repo.shards.begin("main"), {}, []
+        for rank in range(world):
+            parts = [full[n][rank * rows:(rank + 1) * rows].contiguous() for n in names]
+            descs.append(repo.shards.write(parts + ([step] if rank == 1 else [])))
+            locations.update(descs[-1]["locations"])
+        leaves = {(n,): mvc.ShardedTensor(descs[0]["tensors"][i]["dtype"], (world * rows, 32),
+                                          [((r * rows, 0), (rows, 32), descs[r]["tensors"][i]["chunks"])
+                                           for r in range(world)]) for i, n in enumerate(names)}
+        leaves[("step",)] = mvc.ShardedTensor(descs[1]["tensors"][3]["dtype"], (),
+                                              [((), (), descs[1]["tensors"][3]["chunks"])])
+        repo.shards.commit(start, leaves, locations, None, "sharded")
+        repo.remotes.add("origin", str(tmp_path / "remote"))
+        repo.remotes.push()
+    remote = FolderBucket(tmp_path / "remote")
+    sizes = {}
+    for key, _ in remote.list("packs/"):
+        body, footer, _ = catalogues._trailer_bytes(remote, key)
+        sizes[key] = len(body) + len(footer)
+    total = sum(sizes.values())
+    assert len(sizes) > world
+    for rank in range(world):
+        with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"host{rank}", lazy=True) as host:
+            view = host.shards.view("main")
+            objs = [view["tensors"][(n,)] for n in names + ("step",)]
+            got = mvc.reader.read_pieces(host, [(obj, rank, 0, obj.pieces()[rank][3]) for obj in objs[:-1]] +
+                                         [(objs[-1], 0, 0, 4)])
+            for n, data in zip(names, got):
+                assert data.tobytes() == full[n][rank * rows:(rank + 1) * rows].contiguous().numpy().tobytes()
+            assert got[-1].tobytes() == step.numpy().tobytes()
+            read = sum(sizes[key] for key in sizes.keys() - unread(host).keys())  # the trailers it read
+            assert read <= 0.30 * total, (rank, read, total)
+            assert host.chunks.conn.catalogue.trailer_bytes == read
+
+
+def trailer_sizes(tmp_path) -> dict:
+    """{chunk pack key: the bytes of its trailer and footer} of the folder remote."""
+    from mvc.remote import catalogue as catalogues
+    remote, sizes = FolderBucket(tmp_path / "remote"), {}
+    for key, _ in remote.list("packs/"):
+        body, footer, _ = catalogues._trailer_bytes(remote, key)
+        sizes[key] = len(body) + len(footer)
+    return sizes
+
+
+def test_ranks_saving_across_hosts_load_reading_only_their_own_packs_trailers(tmp_path, monkeypatch):
+    """The DCP writer's path across hosts: each rank, on a lazy clone of its own, writes its shards
+    and uploads them (``upload_shards``); rank 1 alone also saves a value every rank loads (as DCP
+    saves an optimizer's ``step``, replicated, on one rank). The coordinator commits and pushes.
+    Each rank, on a fresh clone, reads its own pieces and the value: at most 30% of the trailer bytes."""
+    monkeypatch.setattr(layout, "PACK_BYTES", 4096)
+    world, rows, names = 4, 16, ("w", "m", "v")
+    g = torch.Generator().manual_seed(4)
+    full = {n: torch.randn(world * rows, 32, generator=g) for n in names}
+    step = torch.tensor(7.0)
+    with mvc.Repository.init(tmp_path / "seed", chunk_size=SMALL) as seed:
+        seed.commit({"seed": torch.zeros(4)}, "seed")
+        seed.remotes.add("origin", str(tmp_path / "remote"))
+        seed.remotes.push()
+    hosts = [mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"saver{r}", lazy=True) for r in range(world)]
+    try:
+        start, descs = hosts[0].shards.begin("main"), []
+        for rank, host in enumerate(hosts):
+            parts = [full[n][rank * rows:(rank + 1) * rows].contiguous() for n in names]
+            descs.append(host.shards.write(parts + ([step] if rank == 1 else [])))
+            host.remotes.upload_shards("origin", descs[-1]["locations"],
+                                       [cid for t in descs[-1]["tensors"] for cid in t["chunks"]])
+        leaves = {(n,): mvc.ShardedTensor(descs[0]["tensors"][i]["dtype"], (world * rows, 32),
+                                          [((r * rows, 0), (rows, 32), descs[r]["tensors"][i]["chunks"])
+                                           for r in range(world)]) for i, n in enumerate(names)}
+        leaves[("step",)] = mvc.ShardedTensor(descs[1]["tensors"][3]["dtype"], (),
+                                              [((), (), descs[1]["tensors"][3]["chunks"])])
+        hosts[0].remotes.refresh("origin")
+        hosts[0].shards.commit(start, leaves, {}, None, "sharded")
+        hosts[0].remotes.push("origin", ("main",))
+    finally:
+        for host in hosts:
+            host.close()
+    sizes = trailer_sizes(tmp_path)
+    total = sum(sizes.values())
+    for rank in range(world):
+        with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"host{rank}", lazy=True) as host:
+            view = host.shards.view("main")
+            objs = [view["tensors"][(n,)] for n in names + ("step",)]
+            got = mvc.reader.read_pieces(host, [(obj, rank, 0, obj.pieces()[rank][3]) for obj in objs[:-1]] +
+                                         [(objs[-1], 0, 0, 4)])
+            for n, data in zip(names, got):
+                assert data.tobytes() == full[n][rank * rows:(rank + 1) * rows].contiguous().numpy().tobytes()
+            assert got[-1].tobytes() == step.numpy().tobytes()
+            read = sum(sizes[key] for key in sizes.keys() - unread(host).keys())
+            assert read <= 0.30 * total, (rank, read, total)
 
 
 def test_fetch_into_a_lazy_clone_reads_no_tensor_object_nor_new_chunk_trailer(origin, tmp_path):
@@ -277,3 +443,23 @@ def test_a_catalogued_trailer_lists_its_ids_as_every_mvc_reads_them(tmp_path):
         assert catalogue.chunks(ids[:3]) == {cid: catalogue.chunk(cid) for cid in ids[:3]}
     finally:
         catalogue.close()
+
+
+def test_remote_gc_deletes_the_hints_of_the_object_packs_it_deletes_and_loads_stay_exact(origin, tmp_path):
+    """Retention prunes main~1's data: its packs go, with their hints, and a hint whose object pack
+    is gone (a killed push's) goes too. main~1's state committed again reuses tensor objects whose
+    hints may name packs gone now: a lazy clone loads it bit for bit all the same."""
+    remote = tmp_path / "remote"
+    before = {p.name for p in (remote / "where").iterdir()}
+    lone = remote / "where" / ("ab" * 16)
+    lone.write_bytes(b"from a push killed before its object pack went up")
+    report = origin.remotes.gc(grace=0, keep_last=1)
+    gone = {layout.pack_name(key).hex() for key in report.packs_deleted if key.startswith(layout.OBJECT_PACKS)}
+    assert gone & before  # object packs with hints were deleted
+    hints = {p.name for p in (remote / "where").iterdir()}
+    assert hints <= {p.stem for p in (remote / "objects").glob("*.pack")} and not hints & gone
+    assert not lone.exists() and report.hints_deleted == 1
+    origin.commit(state(0), "again")
+    origin.remotes.push()
+    with mvc.Repository.clone(str(remote), tmp_path / "lz", lazy=True) as lazy:
+        assert same(lazy.load("main"), state(0)) and lazy.fsck().ok

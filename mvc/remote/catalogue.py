@@ -15,8 +15,14 @@ against the listing: one that misses reads unread trailers (a batch at a
 time, in threads) until it finds its ids or none is left unread, so an id is
 called absent only once every listed pack's trailer was read. So a load
 reads the trailers it needs (and, at worst, all of them), never more than a
-refresh would. An unread pack listed again with another size or stamp, or
-whose trailer does not read when it is needed, is **damaged**
+refresh would. Where hints (``mvc.remote.where``: which packs hold a
+tensor's chunks, written by the push) choose the trailers read first:
+``near(ids)`` (set by the cache) names the packs the hints of the tensors
+holding ``ids`` give, and those are read before the newest-first search,
+which reads on only for ids they did not list. ``where:KEY`` caches object
+pack KEY's hint (empty: it has none). An unread pack listed again with
+another size or stamp, or whose trailer does not read when it is needed, is
+**damaged**
 (``damaged:KEY`` -> its stamp): packs are written whole and never modified.
 
 It is derived data: deleting the folder loses nothing; the next command
@@ -41,8 +47,8 @@ from ..errors import CorruptObject
 from ..store import fs
 from ..store.index import Index
 from ..store.packs import INDEX_RAW, Location
-from . import layout
-from .bucket import NotFound
+from . import layout, where
+from .bucket import NotFound, RemoteError
 
 TAIL_BYTES = 64 << 10  # read from a pack's end first: footer and (usually) the whole trailer
 THREADS = 8
@@ -75,8 +81,13 @@ class Catalogue:
         self.avoid: frozenset = frozenset()
         # () -> the remote's bucket: set by the connection, so a lookup can read unread trailers
         self.source: Optional[Callable] = None
-        self.trailers_read = 0  # trailers this catalogue read (a measure for benchmarks and tests)
+        # (chunk ids) -> chunk pack keys to read first when they are looked for: set by the cache
+        self.near: Optional[Callable] = None
+        # measures for benchmarks and tests: trailers this catalogue read, their bytes (trailer
+        # and footer), and how many of them a hint named
+        self.trailers_read = self.trailer_bytes = self.trailers_hinted = 0
         self._reading = threading.Lock()
+        self._hints: dict = {}  # object pack key -> its decoded where hint ({} if none)
 
     def shun(self, keys) -> None:
         """Treat the packs ``keys`` as absent in every lookup from now on (for this command)."""
@@ -129,8 +140,14 @@ class Catalogue:
                 return 0
             bucket, done = self.source(), 0
             keys = read_order(pending)
+            hinted = self._hinted(wanted, pending)
+            if hinted:  # read first, in one batch; then newest first for what they do not list
+                keys = hinted + [key for key in keys if key not in hinted]
             while keys:
                 size = THREADS if wanted is None else min(THREADS, max(1, done))
+                if hinted:
+                    size, hinted = len(hinted), []
+                    self.trailers_hinted += size
                 batch, keys = keys[:size], keys[size:]
                 listed = self._read_packs(bucket, {key: pending[key] for key in batch})
                 self._settle()
@@ -148,6 +165,38 @@ class Catalogue:
                         break
             return done
 
+    def _hinted(self, wanted: Optional[set], pending: dict) -> list:
+        """The unread packs (``pending``) the hints name for ``wanted``, in reading order."""
+        if not wanted or self.near is None:
+            return []
+        try:
+            keys = self.near(wanted)
+        except (RemoteError, CorruptObject):  # a hint is only a speed matter: search as without one
+            return []
+        return read_order({key: pending[key] for key in keys if key in pending})
+
+    def hint(self, tid: bytes) -> Optional[tuple]:
+        """Tensor object ``tid``'s where hint, (first chunk indices, pack names) of its runs
+        (``where.decode``), from the hint of the object pack the catalogue lists it in; None if
+        there is none (or it does not decode). RemoteError."""
+        located = self.object_locations([tid])
+        if not located or self.source is None:
+            return None
+        key = located[tid][0]
+        if key not in self._hints:
+            with self.index.read() as txn:
+                raw = txn.meta("where:" + key)
+            if raw is None:
+                raw = where.read(self.source(), key) or b""
+                if not self.index.readonly:
+                    with self.index.write() as txn:
+                        txn.put_meta("where:" + key, raw)
+            try:
+                self._hints[key] = where.decode(raw) if raw else {}
+            except CorruptObject:  # damaged: searched for as without one
+                self._hints[key] = {}
+        return self._hints[key].get(tid)
+
     def _read_packs(self, bucket, stamps: dict) -> list:
         """Read the trailers of packs {key: (size, stamp)} and catalogue them; one that does not
         read (damaged, or deleted since it was listed) is noted damaged or forgotten. Returns
@@ -156,7 +205,7 @@ class Catalogue:
             if stamps[key][0] < MIN_PACK_BYTES:  # a zero-byte object, say: no reader can parse it
                 return key, CorruptObject
             try:
-                return key, read_trailer_table(bucket, key)
+                return key, _read_table(bucket, key)
             except CorruptObject:
                 return key, CorruptObject
             except NotFound:
@@ -166,6 +215,8 @@ class Catalogue:
             for key, entries in pool.map(read, sorted(stamps)):
                 self.trailers_read += 1
                 if isinstance(entries, tuple):
+                    entries, nbytes = entries
+                    self.trailer_bytes += nbytes
                     self.add_table(key, *entries, stamps[key])
                     listed.append(entries[0])
                     continue
@@ -287,6 +338,8 @@ class Catalogue:
                     orphans.add(cid)
         txn.delete("meta", ("pack:" + key).encode())
         txn.delete("meta", ("stamp:" + key).encode())
+        txn.delete("meta", ("where:" + key).encode())
+        self._hints.pop(key, None)
         return orphans
 
     def refresh(self, bucket, trailers: bool = True) -> int:
@@ -438,6 +491,12 @@ def read_trailer_table(bucket, key: str) -> tuple:
     """``read_trailer`` as (ids, offsets, lengths) (``layout.parse_trailer_table``)."""
     body, footer, size = _trailer_bytes(bucket, key)
     return layout.parse_trailer_table(body, footer, size, key)
+
+
+def _read_table(bucket, key: str) -> tuple:
+    """(``read_trailer_table``, the bytes of its trailer and footer)."""
+    body, footer, size = _trailer_bytes(bucket, key)
+    return layout.parse_trailer_table(body, footer, size, key), len(body) + len(footer)
 
 
 def _trailer_bytes(bucket, key: str) -> tuple:

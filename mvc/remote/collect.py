@@ -23,7 +23,10 @@ them, checking the lease before each. Any damage seen
 (a ref or object pack that does not decode, an object the refs need that
 no pack holds) stops the gc before it deletes anything. Packs whose
 records are partly needed are kept whole (no rewrite: a lazy clone's
-catalogue may point into them).
+catalogue may point into them). An object pack's where hint
+(``where/<name>``) is deleted with it, and one whose object pack is not
+listed is deleted once older than the grace; a hint naming a chunk pack
+this gc deleted is stale, which a reader survives (``mvc.remote.where``).
 """
 
 import time
@@ -54,6 +57,7 @@ class RemoteGcReport:
     young_bytes: int = 0
     mixed: int = 0  # packs kept whole that also hold records nothing needs
     unreadable: tuple = ()  # packs whose trailer cannot be read: left for 'remote repair'
+    hints_deleted: int = 0  # where hints found without their object pack, deleted (those of packs deleted go too)
 
 
 class _View:
@@ -185,11 +189,33 @@ def _sweep(conn, held, need_objects: set, need_chunks: set, now: Optional[float]
         for key in garbage:
             held.check()  # a gc that stalled past its lease deletes nothing more
             conn.bucket.delete(key)
+            if key.startswith(layout.OBJECT_PACKS):
+                conn.bucket.delete(layout.where_key(key))  # after its pack: no listed pack lacks its hint
         conn.catalogue.refresh(conn.bucket)
+    hints = 0
     if not dry_run:
         lease.drop_spent(conn.bucket, seen - set(garbage))
+        hints = _drop_lone_hints(conn, held, seen - set(garbage), now, grace)
     return RemoteGcReport(conn.name, dry_run, pruned, tuple(garbage), reclaimed, tuple(young), young_bytes, mixed,
-                          tuple(unreadable))
+                          tuple(unreadable), hints)
+
+
+def _drop_lone_hints(conn, held, listed: set, now: Optional[float], grace: float) -> int:
+    """Delete the where hints older than ``grace`` whose object pack is not ``listed`` (a push killed
+    between the two, a gc killed between them, an older gc that deleted only the pack); how many.
+    A hint is only ever a speed matter, so one deleted early costs a reader only time."""
+    lone = [key for key, _, when in conn.bucket.list_times(layout.WHERE)
+            if (name := _hinted_pack(key)) is not None and layout.pack_key(layout.OBJECT_PACKS, name) not in listed
+            and now is not None and now - when >= grace]
+    for key in lone:
+        held.check()
+        conn.bucket.delete(key)
+    return len(lone)
+
+
+def _hinted_pack(key: str) -> Optional[bytes]:
+    """The object pack name a where hint's key names, or None if it is no hint's key."""
+    return layout.pack_name(layout.OBJECT_PACKS + key[len(layout.WHERE):] + ".pack")
 
 
 def _fence_plan(refs: dict, deleted: dict) -> dict:

@@ -9,6 +9,9 @@ Vocabulary:
 - **object pack** (``objects/<name>.pack``): the same format, whose records
   are commit, tree and tensor objects (and notes of pruned commits); a
   record's id is the BLAKE3 of its bytes, like every id.
+- **where hint** (``where/<name>``): for the tensor objects of object pack
+  ``objects/<name>.pack``, which chunk packs their chunks lie in
+  (``mvc.remote.where``); only ever a speed matter.
 - **ref** (``refs/heads/NAME``, ``refs/tags/NAME``): a small object naming a
   commit; moved only by conditional puts, after everything it reaches is on
   the remote. ``HEAD`` names the default branch, ``locks/NAME`` a branch's
@@ -36,6 +39,7 @@ LAYOUT_VERSION = 2
 READS = (1, 2)
 MARKER = "MVCREMOTE"
 CHUNK_PACKS, OBJECT_PACKS, REFS, LOCKS, HEAD = "packs/", "objects/", "refs/", "locks/", "HEAD"
+WHERE = "where/"  # where hints, one per object pack (docs/format.md 11.8, ``mvc.remote.where``)
 # 32 MiB packs, from benchmarks/bench_remote.py --pack-sizes on SeaweedFS: a
 # first push of 1 GiB ran as fast with 32 MiB packs as with 64-128 MiB (the
 # per-object cost is gone by 16 MiB), while a killed push loses at most a few
@@ -72,6 +76,11 @@ def new_name() -> bytes:
 
 def pack_key(folder: str, name: bytes) -> str:
     return f"{folder}{name.hex()}.pack"
+
+
+def where_key(object_pack: str) -> str:
+    """The key of the where hint of object pack ``object_pack`` (``objects/<name>.pack``)."""
+    return WHERE + pack_name(object_pack).hex()
 
 
 def pack_name(key: str) -> Optional[bytes]:

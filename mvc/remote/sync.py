@@ -35,10 +35,10 @@ from .. import refs as refnames
 from ..errors import (BadInput, BranchLocked, CorruptObject, Diverged, LockHeld, MvcError, ProtectedRef,  # noqa: F401
                       HistoryRewritten, ObjectNotFound,
                       PrunedOnRemote, RefRejected, RemoteBusy, RemoteDamaged, UntrustedAnswer)  # RefRejected re-exported
-from ..objects import TensorLeaf, object_id
+from ..objects import TensorLeaf, TensorObject, object_id
 from ..store import locks as locking
 from ..traverse import walk as walk_tree
-from . import config, layout, lease, transfer
+from . import config, layout, lease, transfer, where
 from .bucket import NotFound, PreconditionFailed, RemoteError, open_bucket
 from .catalogue import read_trailer
 from .connection import Connection, classify, is_ref  # noqa: F401  (Connection, is_ref re-exported)
@@ -119,6 +119,8 @@ class _Outgoing:
     records: list = field(default_factory=list)  # (id, bytes) of objects to send
     chunks: dict = field(default_factory=dict)  # id -> length
     commits: int = 0
+    tensors: set = field(default_factory=set)  # ids of the tensor objects among ``records``
+    lone: set = field(default_factory=set)  # ids of ``chunks`` that are a whole tensor's only chunk
 
 
 def _outgoing(txn, objects, tips: list, conn: Connection, behind) -> _Outgoing:
@@ -198,9 +200,12 @@ def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has,
         tensor = objects.tensor(txn, tid)
         if tid not in present:  # a lazy clone's object store may have read it from its remote just now
             out.records.append((tid, getattr(objects, "raw", lambda t, k, o: t.get(k, o))(txn, "tensors", tid)))
+            out.tensors.add(tid)
         spans = {cid: n for cid, _, n in tensor.chunk_spans() if cid not in out.chunks}
         known = conn.catalogue.chunks(spans)
         out.chunks.update({cid: n for cid, n in spans.items() if cid not in known})
+        if len(tensor.chunks) == 1 and tensor.chunks[0] in out.chunks:
+            out.lone.add(tensor.chunks[0])
 
 
 def _targets(repo, txn, names: tuple) -> dict:
@@ -273,9 +278,10 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
                     out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn, behind)
                 _refuse_pruned_tips(repo, conn, targets)
                 _audit.check_push_targets(repo, conn.remote_refs, targets, conn.name)  # before any upload
-                chunks = _in_pack_order(repo, out.chunks)
-                packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress)
-                opacks, osent = transfer.upload_objects(conn.bucket, conn.catalogue, out.records)
+                chunks, cuts, hard = _in_pack_order(repo, out.chunks, out.lone)
+                packs, sent = transfer.upload_chunks(repo, conn.bucket, conn.catalogue, chunks, progress, cuts, hard)
+                opacks, osent = transfer.upload_objects(conn.bucket, conn.catalogue, out.records,
+                                                        _where_hints(conn, out))
                 held.check()
                 updates = _move_refs(repo, conn, targets, force, *read)
             if delete:
@@ -284,6 +290,24 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
                           sum(out.chunks.values()), packs + opacks, sent + osent)
     finally:
         conn.close()
+
+
+def _where_hints(conn: Connection, out: _Outgoing):
+    """``upload_objects``'s ``hints``: for a pack of the records ``ids``, the where hint of the
+    tensor objects among them (``mvc.remote.where``), from the catalogue, which after the chunk
+    upload locates every chunk they use (None: no tensor object among them). The work is one
+    lookup per chunk of the tensor objects pushed, as planning took."""
+    data = dict(out.records)
+
+    def hints(ids: list):
+        tensors = {}
+        for tid in ids:
+            if tid in out.tensors:
+                chunks = TensorObject.decode(data[tid]).chunks
+                located = conn.catalogue.chunks(chunks, complete=False)
+                tensors[tid] = where.runs(chunks, lambda cid: loc.pack if (loc := located.get(cid)) else None)
+        return where.encode(tensors) if tensors else None
+    return hints
 
 
 def _refuse_pruned_tips(repo, conn: Connection, targets: dict) -> None:
@@ -345,18 +369,29 @@ def _untrack(repo, remote: str, ref: str) -> None:
 
 
 
-def _in_pack_order(repo, chunks: dict) -> list:
-    """(id, length) of ``chunks`` in the order their records lie in local packs.
+def _in_pack_order(repo, chunks: dict, lone: set = frozenset()) -> tuple:
+    """((id, length) of ``chunks`` in the order their records lie in local packs, the indices
+    where a new local pack begins: ``transfer.pack_groups``'s cuts, and its ``hard`` cut: where
+    the chunks of ``lone`` begin, put last in packs of their own).
 
     A commit writes a tensor's chunks one after the other, so this keeps
     them together in the remote's packs too: a later read of some tensors
     (a lazy load of a few keys, a streamed export) then takes a few long
-    ranged reads instead of one per chunk."""
+    ranged reads instead of one per chunk. Each rank of a sharded save
+    writes a local pack of its own, so the cuts keep one rank's shards in
+    remote packs of their own: a rank of a sharded load reads its own.
+    The tensors of one chunk go last, in packs of their own: DCP saves a
+    replicated value (an optimizer's ``step``) on one rank, and every rank
+    reads it; in that rank's pack it would make every rank read that pack's
+    trailer too."""
     with repo.index.read() as txn:
         def where(item):
             loc = txn.chunk(item[0])
-            return (loc.pack, loc.offset) if loc is not None else (b"", 0)
-        return sorted(chunks.items(), key=where)
+            return (item[0] in lone,) + ((loc.pack, loc.offset) if loc is not None else (b"", 0))
+        placed = sorted((where(item), item) for item in chunks.items())
+    cuts = frozenset(i for i in range(1, len(placed)) if placed[i][0][:2] != placed[i - 1][0][:2])
+    hard = next((i for i, (at, _) in enumerate(placed) if at[0]), None)
+    return [item for _, item in placed], cuts, hard
 
 
 def refresh(repo, name: str) -> int:
@@ -392,7 +427,13 @@ def upload_shards(repo, name: str, locations: dict, ids) -> tuple:
             with repo.index.read() as txn:
                 lacking = [(cid, repo.chunks.length(cid, txn, "a chunk of this rank's shards"))
                            for cid in dict.fromkeys(ids) if not conn.catalogue.has_chunk(cid)]  # in tensor order
-            return transfer.upload_chunks(repo, conn.bucket, conn.catalogue, lacking)
+            # the short chunks last, in packs of their own (their trailers list a few entries): among
+            # them a value DCP saves on one rank only (an optimizer's step), which every rank reads,
+            # so no rank reads the trailer of a whole pack of another rank's shards for it
+            full = [item for item in lacking if item[1] == repo.chunk_size]
+            short = [item for item in lacking if item[1] != repo.chunk_size]
+            return transfer.upload_chunks(repo, conn.bucket, conn.catalogue, full + short,
+                                          hard=len(full) if full and short else None)
     finally:
         conn.close()
 

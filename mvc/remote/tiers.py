@@ -41,7 +41,10 @@ a tensor object missing here is read when a read or a walk asks for it
 (``LazyObjects``): from the object pack the remote's catalogue names for it
 (the object packs' trailers), verified against its id and decoded, kept
 here, then served, as a chunk is. Chunk pack trailers are read the same
-way, when a lookup needs them (``catalogue``).
+way, when a lookup needs them (``catalogue``): first those the where hints
+of the tensor objects read here name for the chunks looked for
+(``CacheStore.noted``, ``where``), so a load reads the trailers of the
+packs its tensors' chunks lie in.
 
 Eviction holds the exclusive gc lock, so no load reads a pack it deletes;
 it drops index entries in one transaction and deletes pack files after,
@@ -63,7 +66,7 @@ from ..store import fs
 from ..store.chunks import THREADS, ChunkStore, Forwarding
 from ..store.objectstore import CORRUPT, MISSING, ObjectStore
 from ..traverse import walk as walk_tree
-from . import config, transfer
+from . import config, transfer, where
 from .connection import Connection, classify
 
 
@@ -140,6 +143,8 @@ class LazyObjects(ObjectStore):
     def check(self, txn, kind: str, oid: bytes) -> tuple:
         verdict, value = super().check(txn, kind, oid)
         if verdict != MISSING or kind != "tensors":
+            if verdict is None and kind == "tensors":
+                self.cache.noted.note(oid, value.chunks)  # its chunks may be read next: see where.Noted
             return verdict, value
         try:
             data = self._remote(txn, oid)
@@ -147,7 +152,9 @@ class LazyObjects(ObjectStore):
             return CORRUPT, f"its copy on remote {self.cache.name!r} is damaged: {exc}"
         if data is None:
             return MISSING, None
-        return None, TensorObject.decode(data)  # decoded once already, before it was kept
+        obj = TensorObject.decode(data)  # decoded once already, before it was kept
+        self.cache.noted.note(oid, obj.chunks)
+        return None, obj
 
     def raw(self, txn, kind: str, oid: bytes):
         """The stored bytes of object ``oid`` (unchecked here, as ``txn.get`` gives them), or of a
@@ -219,12 +226,16 @@ class CacheStore(Forwarding):
         self._used: set = set()
         self.fetched = 0  # chunk bytes fetched from the remote by this store
         self.healed = 0  # chunks whose local copy failed to read, read again from the remote
+        self.noted = where.Noted()  # the tensor objects read here: their where hints guide lookups
 
     @property
     def conn(self) -> Connection:
         with self._lock:
             if self._conn is None:
                 self._conn = self._connect()
+                catalogue = self._conn.catalogue
+                # the chunk packs the where hints of the noted tensors holding some ids name for them
+                catalogue.near = lambda ids: where.packs_for(self.noted.holders(ids), catalogue.hint)
             return self._conn
 
     # -- the seam ------------------------------------------------------------------

@@ -25,6 +25,7 @@ GAP = 256 << 10
 SPAN_BYTES = 16 << 20
 THREADS = 8
 UPLOADS = 3  # packs in flight at once: bounded memory (3 x PACK_BYTES), the link kept busy
+CUT_FILL = 8  # a pack ends where a new source begins once it is 1/8 full (see pack_groups)
 
 
 def spans(locations: dict) -> list:
@@ -154,12 +155,18 @@ def verify_chunks(bucket, locations: dict, threads: int = THREADS) -> dict:
     return bad
 
 
-def pack_groups(items: list, limit: Optional[int] = None) -> list:
-    """(id, length) items cut into lists of about ``limit`` (``layout.PACK_BYTES``) bytes each, one pack per list."""
+def pack_groups(items: list, limit: Optional[int] = None, cuts: frozenset = frozenset(),
+                hard: Optional[int] = None) -> list:
+    """(id, length) items cut into lists of about ``limit`` (``layout.PACK_BYTES``) bytes each, one pack per list.
+
+    ``cuts``: indices of items where a new source begins (a local pack: one rank's shards, one
+    commit's new chunks); a pack at least ``1/CUT_FILL`` full ends there, so a reader of one rank's
+    shards finds them in that rank's packs, not in packs it shares with its neighbours. ``hard``:
+    an index where a pack ends however full it is."""
     limit = limit or layout.PACK_BYTES
     out, current, size = [], [], 0
-    for item in items:
-        if current and size + item[1] > limit:
+    for i, item in enumerate(items):
+        if current and (size + item[1] > limit or (i in cuts and size * CUT_FILL >= limit) or i == hard):
             out.append(current)
             current, size = [], 0
         current.append(item)
@@ -188,9 +195,11 @@ class Uploader:
         self.pending = []
         self.packs = self.bytes = 0
 
-    def submit(self, folder: str, image: layout.PackImage) -> None:
+    def submit(self, folder: str, image: layout.PackImage, hint: Optional[bytes] = None) -> None:
+        """Upload ``image`` as a new pack under ``folder``; ``hint``: an object pack's where hint,
+        put at its key before the pack (so a pack listed has its hint there already)."""
         key = layout.pack_key(folder, layout.new_name())
-        self.pending.append(self.pool.submit(self._send, key, image))
+        self.pending.append(self.pool.submit(self._send, key, image, hint))
         self._reap(block=False)
 
     def reserve(self, size: int) -> bytearray:
@@ -208,8 +217,10 @@ class Uploader:
         return bytearray(max(size, layout.PACK_BYTES + (layout.PACK_BYTES >> 6)) if size > layout.PACK_BYTES // 2
                          else size)
 
-    def _send(self, key: str, image: layout.PackImage) -> int:
+    def _send(self, key: str, image: layout.PackImage, hint: Optional[bytes] = None) -> int:
         try:
+            if hint is not None:
+                self.bucket.put(layout.where_key(key), hint)
             self.bucket.put(key, image.data)
             entries = [(cid, off, n) for (cid, n), off in zip(image.items, image.offsets)]
             self.catalogue.add_pack(key, entries)
@@ -247,15 +258,17 @@ def expect(progress, nbytes: int) -> None:
         announce(nbytes)
 
 
-def upload_chunks(repo, bucket, catalogue, chunks: list, progress=None) -> tuple:
+def upload_chunks(repo, bucket, catalogue, chunks: list, progress=None, cuts: frozenset = frozenset(),
+                  hard: Optional[int] = None) -> tuple:
     """Pack and upload (id, length) chunks read through ``repo.chunks``; (packs, bytes) sent.
+    ``cuts``, ``hard``: as ``pack_groups``'s.
 
     The caller holds ``repo.gc_lock.shared()``.
     """
     expect(progress, sum(length for _, length in chunks))
     uploader = Uploader(bucket, catalogue, progress)
     try:
-        for group in pack_groups(chunks):
+        for group in pack_groups(chunks, cuts=cuts, hard=hard):
             # Every chunk is read back through the chunk store, verified against
             # its id, before it goes into an image, although the local store
             # checked it when it was written: a pack's own checksum (its
@@ -276,20 +289,22 @@ def upload_chunks(repo, bucket, catalogue, chunks: list, progress=None) -> tuple
     return uploader.packs, uploader.bytes
 
 
-def upload_objects(bucket, catalogue, records: list) -> tuple:
-    """Upload (id, bytes) object records as object packs; (packs, bytes) sent."""
-    return upload_records(bucket, catalogue, layout.OBJECT_PACKS, records)
+def upload_objects(bucket, catalogue, records: list, hints: Optional[Callable] = None) -> tuple:
+    """Upload (id, bytes) object records as object packs; (packs, bytes) sent. ``hints(ids)``: the
+    where hint of a pack of the records ``ids`` (None: none), put just before that pack."""
+    return upload_records(bucket, catalogue, layout.OBJECT_PACKS, records, hints)
 
 
-def upload_records(bucket, catalogue, folder: str, records: list) -> tuple:
-    """Upload (id, bytes) records, each already verified, as packs under ``folder``; (packs, bytes) sent."""
+def upload_records(bucket, catalogue, folder: str, records: list, hints: Optional[Callable] = None) -> tuple:
+    """Upload (id, bytes) records, each already verified, as packs under ``folder``; (packs, bytes)
+    sent. ``hints``: as ``upload_objects``'s."""
     uploader, data = Uploader(bucket, catalogue), dict(records)
     try:
         for group in pack_groups([(oid, len(raw)) for oid, raw in records]):
             image = layout.PackImage(group, uploader.reserve(layout.PackImage.size(group)))
             for i, (oid, _) in enumerate(group):
                 image.slot(i)[:] = data[oid]
-            uploader.submit(folder, image)
+            uploader.submit(folder, image, hints([oid for oid, _ in group]) if hints is not None else None)
     finally:
         uploader.finish()
     return uploader.packs, uploader.bytes

@@ -274,10 +274,12 @@ class Catalogue:
 
     # -- updates ----------------------------------------------------------------
 
-    def add_pack(self, key: str, entries: list, stamp: Optional[tuple] = None) -> None:
+    def add_pack(self, key: str, entries: list, stamp: Optional[tuple] = None, sent: Optional[tuple] = None) -> None:
         """Record pack ``key`` with its trailer's (id, offset, length) entries; ``stamp``: its
-        (size, stamp) in the listing its trailer was read after (None: not known, e.g. just
-        uploaded: the next refresh reads the trailer once more to learn it)."""
+        (size, stamp) in the listing its trailer was read after. ``sent``: (size, etag) of a pack
+        this repository just uploaded, whose stamp no listing gave yet: the next refresh takes
+        the listed stamp if the listing shows that upload (same size, and same etag where the
+        listing has one) and reads the trailer once more otherwise (neither known: always)."""
         name = layout.pack_name(key)
         is_objects = key.startswith(layout.OBJECT_PACKS)
         with self.index.write() as txn:
@@ -291,6 +293,8 @@ class Catalogue:
             txn.delete("meta", ("damaged:" + key).encode())
             if stamp is not None:
                 txn.put_meta("stamp:" + key, encoding.pack(_plain(stamp)))
+            elif sent is not None:
+                txn.put_meta("sent:" + key, encoding.pack(list(sent)))
 
     def add_table(self, key: str, ids: list, offsets, lengths, stamp: Optional[tuple] = None) -> None:
         """``add_pack`` of a trailer as ``read_trailer_table`` gives it: a chunk pack's entries go in
@@ -338,6 +342,7 @@ class Catalogue:
                     orphans.add(cid)
         txn.delete("meta", ("pack:" + key).encode())
         txn.delete("meta", ("stamp:" + key).encode())
+        txn.delete("meta", ("sent:" + key).encode())
         txn.delete("meta", ("where:" + key).encode())
         self._hints.pop(key, None)
         return orphans
@@ -359,11 +364,18 @@ class Catalogue:
             # a pack is written whole and never modified: one listed with another size or stamp (time,
             # etag) than when its trailer was read (cut short, emptied, rewritten) is read again, so a
             # damaged pack is dropped here instead of being relied on (fsck --remote names it)
-            changed = {key for key in known & stamps.keys() if _stamp(txn, key) != _plain(stamps[key])}
+            differ = {key for key in known & stamps.keys() if _stamp(txn, key) != _plain(stamps[key])}
+            # an upload of ours listed as sent takes its stamp without its trailer read again: a
+            # push re-reading what it just wrote would cost the next one in proportion to this one
+            adopt = {key for key in differ if _stamp(txn, key) is None and _shows_upload(txn, key, stamps[key])}
+            changed = differ - adopt
         unread, damaged = self.unread(), self._damaged_stamps()
         gone = (known - listed.keys()) | changed
         orphans = set()
         with self.index.write() as txn:
+            for key in adopt:
+                txn.put_meta("stamp:" + key, encoding.pack(_plain(stamps[key])))
+                txn.delete("meta", ("sent:" + key).encode())
             for key in gone:
                 orphans |= self._drop_pack(txn, key)
             for key in unread.keys() - listed.keys():
@@ -474,6 +486,19 @@ def read_order(unread: dict) -> list:
     history, whose chunks the latest pushes wrote; a chunk every push shares lies in an old pack
     and is found last (at worst every trailer is read, as a full refresh would)."""
     return sorted(unread, key=lambda key: (-_when(unread[key]), key))
+
+
+def _shows_upload(txn, key: str, listed: tuple) -> bool:
+    """Whether pack ``key`` as listed, (size, stamp), is the one this repository uploaded: the size
+    it sent, and the etag the upload answered where the listing's stamp has one (S3's (time,
+    etag); a folder's stamp is a time). A pack cut short or rewritten since differs."""
+    raw = txn.meta("sent:" + key)
+    if not raw:
+        return False
+    size, etag = encoding.unpack(raw, "catalogue entry")
+    stamp = listed[1]
+    listed_etag = stamp[1] if isinstance(stamp, (list, tuple)) and len(stamp) == 2 and isinstance(stamp[1], str) else None
+    return listed[0] == size and (listed_etag is None or listed_etag == etag)
 
 
 def _stamp(txn, key: str):

@@ -221,9 +221,9 @@ class Uploader:
         try:
             if hint is not None:
                 self.bucket.put(layout.where_key(key), hint)
-            self.bucket.put(key, image.data)
+            etag = self.bucket.put(key, image.data)
             entries = [(cid, off, n) for (cid, n), off in zip(image.items, image.offsets)]
-            self.catalogue.add_pack(key, entries)
+            self.catalogue.add_pack(key, entries, sent=(len(image.data), etag))
             if self.progress:
                 self.progress(len(image.data))
             return len(image.data)

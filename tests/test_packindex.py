@@ -329,3 +329,12 @@ def test_a_view_of_more_packs_merges_the_newest_into_a_new_multi_pack_index_and_
     located, batches, found, fresh = _read(repo)  # a new process finds the same tiers on disk
     assert [t.names for t in fresh.tiers] == [t.names for t in view.tiers] and found == located
     assert len(located) == 20 * 8
+
+
+def test_collect_deletes_what_a_killed_multi_pack_index_writer_left_once_it_is_old(tmp_path):
+    left = tmp_path / f"multi-{'ab' * 16}.midx.1f-2e-0badcafe.tmp"
+    left.write_bytes(b"half")
+    assert packindex.collect(tmp_path) == [] and left.exists()  # a write may be in progress
+    old = left.stat().st_mtime - packindex.TMP_GRACE_S - 1
+    os.utime(left, (old, old))
+    assert packindex.collect(tmp_path) == [left] and not left.exists()

@@ -33,6 +33,27 @@ File layout (little-endian; ``docs/format.md`` 5.9)::
     footer   BLAKE3 of the BLAKE3 digests of every byte before it in 1 MiB blocks (32)
 
 An entry costs 24 bytes, whatever the number of packs.
+
+The view (``registered``): every tier is a file, memory-mapped, so a process holds the pages
+the kernel keeps mapped (and may drop), not an array per entry in its own memory; a mapping
+holds no file descriptor (``_mapped``), so thousands of packs can be mapped at once. Past
+MAX_TIERS tiers, runs of the newest are merged (``_fewer``, a geometric policy) into a
+multi-pack index ``multi-<id>.midx``, ``<id>`` naming the exact ordered list of packs it
+covers (``midx_path``):
+
+- **derived data**: a cache of the packs' own ``.pidx`` files, written by whichever process
+  first needs it (a reader too) under a name of its own, fsynced and renamed into place
+  (two writers of one write the same bytes); where it cannot be written (a read-only folder,
+  a full disk) the merge is held in memory as before, never failing a read. A new process
+  finds the ones on disk whose list is a run of its registered packs (``_on_disk``).
+- **trust**: lookups prove every hit against the trailer, so a damaged file only makes a
+  chunk look absent; but a walk (``Registered.entries``: fsck, gc) takes an absent entry for
+  a chunk not located, so before the first walk each multi-pack index is checked once per
+  process (checksum, order, fan-out, in bounded memory: ``Registered.trust``); one that fails
+  is deleted and rebuilt from the packs' own indexes.
+- **garbage**: a writer deletes the multi-pack indexes its merge replaced (a process that
+  maps one keeps its pages); ``collect`` (after packs are deleted) deletes those that name a
+  pack whose file is gone, and temporary files of killed writers.
 """
 
 import ctypes
@@ -41,6 +62,7 @@ import os
 import re
 import struct
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Iterator, Optional
@@ -469,6 +491,8 @@ def classify(index: PackIndex, spill: IdSpill, full_ids, budget: int = 1 << 20) 
 MAX_TIERS = 8  # searched one after the other; more are merged into fewer
 MERGE_BUDGET = 1 << 20  # entries a view's merge holds at a time (about 24 MiB of them)
 MIDX_NAME = re.compile(r"multi-([0-9a-f]{32})\.midx")  # group 1: the id of the packs it covers
+MIDX_TMP = re.compile(r"multi-[0-9a-f]{32}\.midx\.[0-9a-f-]+\.tmp")  # one being written (or left by a kill)
+TMP_GRACE_S = 3600  # a temporary file untouched this long is no write in progress
 
 
 def midx_path(folder, names: list) -> Path:
@@ -525,7 +549,7 @@ def merged_tier(folder: Path, tiers: list) -> Tier:
     indexes among ``tiers`` are deleted (a process that maps one keeps its pages)."""
     names = [name for tier in tiers for name in tier.names]
     path = midx_path(folder, names)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}.tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid():x}-{threading.get_ident():x}-{os.urandom(4).hex()}.tmp")
     try:
         merge(path, tiers, MERGE_BUDGET, tmp=tmp)
         idx = PackIndex(path)
@@ -756,13 +780,26 @@ def _listed_names(path: Path) -> Optional[list]:
 def collect(folder) -> list:
     """Delete the multi-pack indexes of pack folder ``folder`` that name a pack whose file is
     gone (a pack is deleted after it is taken out of the index and never registered again, so
-    such an index can never be used); returns the paths deleted. Run after packs are deleted."""
+    such an index can never be used), and their temporary files left by killed writers;
+    returns the paths deleted. Run after packs are deleted."""
     folder, gone = Path(folder), []
     for path in _midx_files(folder):
         listed = _listed_names(path)
         if listed is None or any(not os.path.lexists(folder / pack_filename(n)) for n in listed):
             _unlink(path)
             gone.append(path)
+    try:
+        with os.scandir(folder) as it:
+            tmps = [Path(e.path) for e in it if MIDX_TMP.fullmatch(e.name)]
+    except OSError:
+        tmps = []
+    for path in tmps:
+        try:
+            if time.time() - os.lstat(path).st_mtime > TMP_GRACE_S:
+                os.unlink(path)
+                gone.append(path)
+        except OSError:
+            pass
     return gone
 
 

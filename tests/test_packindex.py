@@ -3,6 +3,8 @@ the packs' trailers, merges in slices equal to a whole write, damage detected.""
 
 import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -338,3 +340,20 @@ def test_collect_deletes_what_a_killed_multi_pack_index_writer_left_once_it_is_o
     old = left.stat().st_mtime - packindex.TMP_GRACE_S - 1
     os.utime(left, (old, old))
     assert packindex.collect(tmp_path) == [left] and not left.exists()
+
+
+def test_processes_that_write_the_same_multi_pack_index_at_once_leave_one_whole_file(twelve):
+    repo, _ = twelve
+    located, batches, _, _ = _read(repo)
+    for p in _midx(repo):
+        os.unlink(p)
+    read = ("import sys, mvc\nr = mvc.Repository.open(sys.argv[1])\n"
+            "with r.index.read() as t:\n    print(len(dict(t.chunks())))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", read, str(repo.dir.parent)], stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    assert [p.communicate()[0].strip() for p in procs] == ["96"] * 4
+    (midx,) = _midx(repo)
+    packindex.PackIndex(midx).verify()
+    assert sorted(os.listdir(repo.dir / "packs")) == sorted(
+        [f"pack-{n.hex()}.{ext}" for n in _pack_names(repo) for ext in ("pack", "pidx")] + [midx.name])  # no .tmp
+    assert _read(repo)[:2] == (located, batches)

@@ -3,6 +3,8 @@ the packs' trailers, merges in slices equal to a whole write, damage detected.""
 
 import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -177,3 +179,181 @@ def test_unique_ids_with_shared_heads_and_repeats_come_out_as_numpys_unique():
     assert packindex._unique(many).tobytes() == np.unique(many).tobytes()
     plain = np.concatenate([ids[3:], ids[3:5]])
     assert packindex._unique(plain).tobytes() == np.unique(plain).tobytes()
+
+
+# -- the view: registered pack indexes mapped, merged into multi-pack index files ---------------
+
+def _state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randint(0, 256, (8 * 64,), dtype=torch.uint8, generator=g)}
+
+
+def _midx(repo) -> list:
+    return sorted(p for p in (repo.dir / "packs").iterdir() if packindex.MIDX_NAME.fullmatch(p.name))
+
+
+def _pack_names(repo) -> set:
+    return {bytes.fromhex(m.group(1)) for m in map(PACK_NAME.fullmatch, os.listdir(repo.dir / "packs")) if m}
+
+
+def _read(repo) -> tuple:
+    """What a new process reads of the chunk index: every location, the batches a walk takes,
+    and a lookup of every id (a commit's); and the view it read them through."""
+    packindex._VIEWS.clear()  # as a new process finds the folder
+    with repo.index.read() as txn:
+        located = dict(txn.chunks())
+        batches = [(b.ids.tobytes(), b.locs.tobytes(), b.bases, b.bad) for b in txn.chunk_batches(batch=20)]
+        found = txn.chunks_among(list(located))
+        view = txn._view()
+    return located, batches, found, view
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = mvc.Repository.init(tmp_path / "r", chunk_size=64)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def twelve(repo):
+    """A repository of 12 commits, a pack each: more than MAX_TIERS, so the view merges them."""
+    states = [_state(k) for k in range(12)]
+    for k, s in enumerate(states):
+        repo.commit(s, f"c{k}")
+    return repo, states
+
+
+def test_many_packs_are_searched_through_a_mapped_multi_pack_index_as_the_in_memory_merge_did(twelve):
+    repo, _ = twelve
+    located, batches, found, view = _read(repo)
+    (midx,) = _midx(repo)
+    assert len(view.tiers) <= packindex.MAX_TIERS < len(view.names) == 12
+    assert all(t.index is not None and not isinstance(t.index._map, bytes) for t in view.tiers)  # mapped
+    (tier,) = [t for t in view.tiers if t.derived]
+    assert tier.index.path == midx and packindex.midx_path(midx.parent, tier.names) == midx
+    at = view.names.index(tier.names[0])
+    assert tier.names == view.names[at:at + len(tier.names)]  # a run of the packs, newest first
+    stamp = midx.stat().st_mtime_ns
+    assert _read(repo)[:3] == (located, batches, found) and midx.stat().st_mtime_ns == stamp  # found, not rewritten
+    # where it cannot be written (here a folder stands in its place), the merge of before: in memory
+    for _ in range(3):  # each one a new process would write, till none can be
+        for p in _midx(repo):
+            if p.is_file():
+                os.unlink(p)
+                os.mkdir(p)
+        old_located, old_batches, old_found, old_view = _read(repo)
+    assert any(t.index is None for t in old_view.tiers) and not any(p.is_file() for p in _midx(repo))
+    assert (old_located, old_batches, old_found) == (located, batches, found)
+    assert len(located) == 12 * 8 and repo.fsck().ok
+
+
+def test_a_read_only_pack_folder_is_read_through_an_in_memory_merge(twelve):
+    repo, states = twelve
+    if os.geteuid() == 0:
+        pytest.skip("root writes to a read-only folder")
+    for p in _midx(repo):
+        os.unlink(p)
+    folder = repo.dir / "packs"
+    os.chmod(folder, 0o555)
+    try:
+        located, _, found, view = _read(repo)
+        assert not _midx(repo) and any(t.index is None for t in view.tiers) and found == located
+        assert torch.equal(repo.load("HEAD")["w"], states[-1]["w"])
+    finally:
+        os.chmod(folder, 0o755)
+
+
+def _damage(path, how: str) -> None:
+    """A real flipped bit (or a column zeroed) in a multi-pack index's pack numbers, written as a
+    new file in its place."""
+    data = bytearray(path.read_bytes())
+    n = struct.unpack_from("<Q", data, 12)[0]
+    packs_at = len(data) - 32 - 8 * n
+    if how == "bit":
+        data[packs_at] ^= 1  # the first entry names another pack: that chunk looks absent
+    else:
+        data[packs_at:packs_at + 4 * n] = bytes(4 * n)  # every entry names the newest pack
+    tmp = path.with_name("damaged")
+    tmp.write_bytes(bytes(data))
+    os.replace(tmp, path)
+
+
+@pytest.mark.parametrize("how", ["bit", "column"])
+def test_a_damaged_multi_pack_index_never_makes_gc_drop_a_live_chunk_nor_fsck_report_one(twelve, how):
+    repo, states = twelve
+    located, batches, _, _ = _read(repo)
+    (midx,) = _midx(repo)
+    written = midx.read_bytes()
+    _damage(midx, how)
+    packindex._VIEWS.clear()
+    report = repo.fsck()
+    assert report.ok, report.damage  # the damaged cache was found out and rebuilt
+    assert midx.read_bytes() == written
+    _damage(midx, how)
+    packindex._VIEWS.clear()
+    gc = repo.gc()
+    assert gc.packs_deleted == gc.packs_rewritten == gc.chunks_removed == 0 and len(_pack_names(repo)) == 12
+    assert midx.read_bytes() == written
+    assert _read(repo)[:2] == (located, batches)
+    for k, s in enumerate(states):
+        assert torch.equal(repo.load(f"HEAD~{11 - k}")["w"], s["w"])
+    assert repo.fsck().ok
+
+
+def test_gc_deletes_the_multi_pack_indexes_that_name_a_deleted_pack(twelve):
+    repo, states = twelve
+    _read(repo)
+    (old,) = _midx(repo)
+    report = repo.gc(keep_last=3)
+    assert report.packs_deleted == 9
+    assert not old.exists()
+    packs = _pack_names(repo)
+    for p in _midx(repo):
+        assert set(packindex.PackIndex(p).names) <= packs
+    _read(repo)
+    for k in range(3):
+        assert torch.equal(repo.load(f"HEAD~{k}")["w"], states[11 - k]["w"])
+    assert repo.fsck().ok
+
+
+def test_a_view_of_more_packs_merges_the_newest_into_a_new_multi_pack_index_and_drops_the_old(twelve):
+    repo, states = twelve
+    _read(repo)
+    (first,) = _midx(repo)
+    for k in range(12, 20):  # a long-lived process committing: its view grows a tier at a time
+        repo.commit(_state(k), f"c{k}")
+    with repo.index.read() as txn:
+        view = txn._view()
+    assert len(view.tiers) <= packindex.MAX_TIERS and len(view.names) == 20
+    kept = {t.index.path for t in view.tiers if t.derived}
+    assert set(_midx(repo)) >= kept and all(p.is_file() for p in kept)
+    located, batches, found, fresh = _read(repo)  # a new process finds the same tiers on disk
+    assert [t.names for t in fresh.tiers] == [t.names for t in view.tiers] and found == located
+    assert len(located) == 20 * 8
+
+
+def test_collect_deletes_what_a_killed_multi_pack_index_writer_left_once_it_is_old(tmp_path):
+    left = tmp_path / f"multi-{'ab' * 16}.midx.1f-2e-0badcafe.tmp"
+    left.write_bytes(b"half")
+    assert packindex.collect(tmp_path) == [] and left.exists()  # a write may be in progress
+    old = left.stat().st_mtime - packindex.TMP_GRACE_S - 1
+    os.utime(left, (old, old))
+    assert packindex.collect(tmp_path) == [left] and not left.exists()
+
+
+def test_processes_that_write_the_same_multi_pack_index_at_once_leave_one_whole_file(twelve):
+    repo, _ = twelve
+    located, batches, _, _ = _read(repo)
+    for p in _midx(repo):
+        os.unlink(p)
+    read = ("import sys, mvc\nr = mvc.Repository.open(sys.argv[1])\n"
+            "with r.index.read() as t:\n    print(len(dict(t.chunks())))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", read, str(repo.dir.parent)], stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    assert [p.communicate()[0].strip() for p in procs] == ["96"] * 4
+    (midx,) = _midx(repo)
+    packindex.PackIndex(midx).verify()
+    assert sorted(os.listdir(repo.dir / "packs")) == sorted(
+        [f"pack-{n.hex()}.{ext}" for n in _pack_names(repo) for ext in ("pack", "pidx")] + [midx.name])  # no .tmp
+    assert _read(repo)[:2] == (located, batches)

@@ -243,3 +243,11 @@ def test_repack_registers_its_pack_and_puts_no_entry_per_chunk(tmp_path):
         assert torch.equal(repo.load(f"HEAD~{2 - i}")["w"], state["w"])
     assert repo.fsck().ok
     repo.close()
+
+
+def test_a_multi_pack_index_is_named_by_the_blake3_of_its_pack_names_in_order(tmp_path):
+    a, b = bytes([7]) * 16, bytes([8]) * 16
+    path = packindex.midx_path(tmp_path, [a, b])
+    assert path == tmp_path / f"multi-{blake3.blake3(a + b).digest()[:16].hex()}.midx"
+    assert path != packindex.midx_path(tmp_path, [b, a]) and packindex.MIDX_NAME.fullmatch(path.name)
+    assert not PACK_NAME.fullmatch(path.name)  # no reader takes it for a pack

@@ -32,7 +32,7 @@ from typing import Iterable
 
 from ..errors import MvcError
 from .fs import fsync_dir
-from .packindex import pidx_path
+from .packindex import collect, pidx_path
 from .packs import PACK_NAME, forget_trailer_views, pack_filename
 
 
@@ -121,6 +121,7 @@ def _unlink(store, index, names: list) -> int:
             os.unlink(pidx_path(store.directory, name))
         except FileNotFoundError:
             pass
+    collect(store.directory)  # multi-pack indexes that name a deleted pack
     fsync_dir(store.directory)
     return removed
 

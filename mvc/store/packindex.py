@@ -33,12 +33,37 @@ File layout (little-endian; ``docs/format.md`` 5.9)::
     footer   BLAKE3 of the BLAKE3 digests of every byte before it in 1 MiB blocks (32)
 
 An entry costs 24 bytes, whatever the number of packs.
+
+The view (``registered``): every tier is a file, memory-mapped, so a process holds the pages
+the kernel keeps mapped (and may drop), not an array per entry in its own memory; a mapping
+holds no file descriptor (``_mapped``), so thousands of packs can be mapped at once. Past
+MAX_TIERS tiers, runs of the newest are merged (``_fewer``, a geometric policy) into a
+multi-pack index ``multi-<id>.midx``, ``<id>`` naming the exact ordered list of packs it
+covers (``midx_path``):
+
+- **derived data**: a cache of the packs' own ``.pidx`` files, written by whichever process
+  first needs it (a reader too) under a name of its own, fsynced and renamed into place
+  (two writers of one write the same bytes); where it cannot be written (a read-only folder,
+  a full disk) the merge is held in memory as before, never failing a read. A new process
+  finds the ones on disk whose list is a run of its registered packs (``_on_disk``).
+- **trust**: lookups prove every hit against the trailer, so a damaged file only makes a
+  chunk look absent; but a walk (``Registered.entries``: fsck, gc) takes an absent entry for
+  a chunk not located, so before the first walk each multi-pack index is checked once per
+  process (checksum, order, fan-out, in bounded memory: ``Registered.trust``); one that fails
+  is deleted and rebuilt from the packs' own indexes.
+- **garbage**: a writer deletes the multi-pack indexes its merge replaced (a process that
+  maps one keeps its pages); ``collect`` (after packs are deleted) deletes those that name a
+  pack whose file is gone, and temporary files of killed writers.
 """
 
+import ctypes
 import mmap
 import os
+import re
 import struct
 import threading
+import time
+import weakref
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -109,25 +134,33 @@ class _Checksum:
         return hashing.digest(b"".join(self.digests + [hashing.digest(bytes(self.pending))]))
 
 
-def _write_parts(path: Path, names: list, count: int, fanout: np.ndarray, parts) -> None:
+def _write_parts(path: Path, names: list, count: int, fanout: np.ndarray, parts, tmp=None) -> None:
     """Write an index file whose entries are ``parts()``'s (heads, tails, packs, rows) slices, in
-    order; each column is written in a pass of its own over them."""
-    tmp = Path(str(path) + ".tmp")
+    order; each column is written in a pass of its own over them. ``tmp``: the temporary name
+    (default ``path`` + ``.tmp``), deleted if the write fails."""
+    tmp = Path(str(path) + ".tmp") if tmp is None else Path(tmp)
     check = _Checksum()
-    with open(tmp, "wb") as f:
-        def out(data: bytes) -> None:
-            f.write(data)
-            check.update(data)
-        out(HEAD.pack(MAGIC, len(names), count, PREFIX, bytes(3)))
-        out(b"".join(names))
-        out(fanout.astype("<u8").tobytes())
-        for column, dtype in enumerate(COLUMNS):
-            for part in parts():
-                out(np.ascontiguousarray(part[column]).astype(dtype).tobytes())
-        f.write(check.digest())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            def out(data: bytes) -> None:
+                f.write(data)
+                check.update(data)
+            out(HEAD.pack(MAGIC, len(names), count, PREFIX, bytes(3)))
+            out(b"".join(names))
+            out(fanout.astype("<u8").tobytes())
+            for column, dtype in enumerate(COLUMNS):
+                for part in parts():
+                    out(np.ascontiguousarray(part[column]).astype(dtype).tobytes())
+            f.write(check.digest())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def write(path, names: list, ids_by_pack: list) -> None:
@@ -145,24 +178,45 @@ def write(path, names: list, ids_by_pack: list) -> None:
     _write_parts(Path(path), list(names), len(ids), _fanout(columns[0]), lambda: iter([columns]))
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_FAILED = ctypes.c_void_p(-1).value
+
+
+def _mapped(fd: int, size: int):
+    """The file ``fd`` read-only mapped, as a buffer that unmaps itself when its last view goes.
+    Not ``mmap.mmap``: CPython's mapping keeps a descriptor open, and a view of many packs (or a
+    merge of their indexes) would run out of them; the kernel's mapping needs none."""
+    addr = _LIBC.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == _FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    buf = (ctypes.c_char * size).from_address(addr)
+    weakref.finalize(buf, _LIBC.munmap, addr, size)
+    return buf
+
+
 class PackIndex:
-    """One pack index file, memory-mapped (``close`` unmaps it). CorruptObject if its layout is
-    not one; its checksum is checked by ``verify`` only (a lookup proves each hit anyway)."""
+    """One pack index file, memory-mapped (the mapping goes with the last array that views it;
+    it holds no descriptor). CorruptObject if its layout is not one; its checksum is checked by
+    ``verify`` only (a lookup proves each hit anyway)."""
 
     def __init__(self, path, in_memory: bool = False):
         self.path = Path(path)
         fd = open_file(self.path)
         try:
             size = os.fstat(fd).st_size
-            if in_memory:  # read whole: a mapping would hold a descriptor (CPython's mmap keeps one)
+            if in_memory:  # read whole
                 with os.fdopen(os.dup(fd), "rb") as f:
                     self._map = f.read()
                 size = len(self._map)
             else:
-                self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
+                self._map = _mapped(fd, size) if size else None
         finally:
             os.close(fd)
-        if size < HEAD.size:
+        if size < HEAD.size or self._map is None:
             raise _damaged(self.path, "it is shorter than its header")
         magic, npacks, count, width, _ = HEAD.unpack_from(self._map)
         if magic != MAGIC or width != PREFIX:
@@ -171,7 +225,7 @@ class PackIndex:
         need = at + npacks * NAME + FANOUT * 8 + count * ENTRY_BYTES + DIGEST
         if size != need:
             raise _damaged(self.path, f"it is {size} bytes long where its header says {need}")
-        buf = memoryview(self._map)
+        buf = memoryview(self._map).cast("B")
         self.names = [bytes(buf[at + k * NAME:at + (k + 1) * NAME]) for k in range(npacks)]
         at += npacks * NAME
         self.fanout = np.frombuffer(buf, dtype="<u8", count=FANOUT, offset=at)
@@ -189,20 +243,25 @@ class PackIndex:
     def __len__(self) -> int:
         return len(self.heads)
 
-    def verify(self) -> None:
-        """CorruptObject unless the checksum matches and the entries are sorted and in range."""
-        check, view = _Checksum(), memoryview(self._map)
+    def verify(self, budget: int = 1 << 20) -> None:
+        """CorruptObject unless the checksum matches and the entries are sorted, in range and
+        counted by the fan-out table: read a run of first-byte slices of about ``budget`` entries
+        at a time (bounded memory whatever the index's size)."""
+        check, view = _Checksum(), memoryview(self._map).cast("B")
         for at in range(0, len(view) - DIGEST, BLOCK):
             check.update(view[at:min(at + BLOCK, len(view) - DIGEST)])
         if check.digest() != bytes(view[-DIGEST:]):
             raise _damaged(self.path, "its checksum does not match")
-        if len(self):
-            down = (self.heads[1:] < self.heads[:-1]) | ((self.heads[1:] == self.heads[:-1])
-                                                         & (self.tails[1:] < self.tails[:-1]))
-            if down.any() or int(self.packs.max()) >= len(self.names):
+        starts = _starts(self.fanout)
+        for b, e, s, t in _cuts(self.fanout, budget):
+            heads, tails = self.heads[s:t], self.tails[s:t]
+            down = (heads[1:] < heads[:-1]) | ((heads[1:] == heads[:-1]) & (tails[1:] < tails[:-1]))
+            if down.any() or (t > s and int(self.packs[s:t].max()) >= len(self.names)):
                 raise _damaged(self.path, "its entries are out of order or name a pack it does not list")
-        if (_fanout(self.heads) != self.fanout).any():
-            raise _damaged(self.path, "its fan-out table does not match its entries")
+            first = _first_bytes(heads)
+            if len(first) and (int(first[0]) < b or int(first[-1]) >= e) or \
+                    (np.bincount(first - b, minlength=e - b)[:e - b] != np.diff(starts[b:e + 1])).any():
+                raise _damaged(self.path, "its fan-out table does not match its entries")
 
     def candidates(self, ids: np.ndarray, start: int = 0, stop: Optional[int] = None) -> "Candidates":
         """Every entry (among entries ``start:stop``) whose first 16 id bytes match one of
@@ -226,14 +285,10 @@ class PackIndex:
         return _cuts(self.fanout, budget)
 
     def close(self) -> None:
+        """Drop this object's arrays; the mapping goes with the last array that views it."""
         for name in ("heads", "tails", "packs", "rows", "fanout"):
             setattr(self, name, None)
-        if self._map is not None and not isinstance(self._map, bytes):
-            try:
-                self._map.close()
-            except BufferError:  # an array still views it: the mapping goes with the last view
-                pass
-            self._map = None
+        self._map = None
 
 
 class Candidates:
@@ -279,7 +334,7 @@ def _proven(got, needles: np.ndarray) -> np.ndarray:
     return got == needles
 
 
-def merge(path, inputs: list, budget: int = 1 << 22) -> None:
+def merge(path, inputs: list, budget: int = 1 << 22, tmp=None) -> None:
     """Write the multi-pack index of the pack indexes ``inputs`` (open PackIndex objects; a pack
     that several list is taken from the first). Memory: the entries of one step of about
     ``budget`` entries (whole 1/256 slices of the id space), not the whole index."""
@@ -316,7 +371,7 @@ def merge(path, inputs: list, budget: int = 1 << 22) -> None:
             got = [picked(k, b, e) for k in range(len(inputs))]
             yield _sorted(*(np.concatenate([g[c] for g in got]).astype(d) if got else np.zeros(0, dtype=d)
                             for c, d in enumerate(COLUMNS)))
-    _write_parts(Path(path), names, int(fanout[-1]), fanout, parts)
+    _write_parts(Path(path), names, int(fanout[-1]), fanout, parts, tmp)
 
 
 def _starts(fanout: np.ndarray) -> np.ndarray:
@@ -433,40 +488,46 @@ def classify(index: PackIndex, spill: IdSpill, full_ids, budget: int = 1 << 20) 
 
 # -- the registered pack indexes of a repository, as the chunk index reads them ------------------
 
-MAX_TIERS = 8  # searched one after the other; more are merged (in memory) into fewer
+MAX_TIERS = 8  # searched one after the other; more are merged into fewer
+MERGE_BUDGET = 1 << 20  # entries a view's merge holds at a time (about 24 MiB of them)
+MIDX_NAME = re.compile(r"multi-([0-9a-f]{32})\.midx")  # group 1: the id of the packs it covers
+MIDX_TMP = re.compile(r"multi-[0-9a-f]{32}\.midx\.[0-9a-f-]+\.tmp")  # one being written (or left by a kill)
+TMP_GRACE_S = 3600  # a temporary file untouched this long is no write in progress
+
+
+def midx_path(folder, names: list) -> Path:
+    """Where the multi-pack index of packs ``names`` (in this order) is kept: its file name is
+    the BLAKE3 of the names, so it says which packs it covers before it is opened."""
+    return Path(folder) / f"multi-{hashing.digest(b''.join(names))[:16].hex()}.midx"
 
 
 class Tier:
     """Entries of one or more registered packs in index order, searched as one array: a pack index
-    file (memory-mapped) or several merged in memory. ``numbers`` maps the tier's own pack numbers
-    to the numbers of the ``Registered`` set it belongs to (0 the newest); within a tier a smaller
-    pack number is a newer pack, so among entries of one prefix the newest comes first."""
+    file (per-pack or multi-pack, memory-mapped: ``index``) or, where no multi-pack index could be
+    written, several merged in memory (``index`` None). ``names``: its packs, newest first (a
+    smaller pack number is a newer pack, so among entries of one prefix the newest comes first).
+    ``trusted``: its entries may be walked (in memory, or a file whose checksum was checked)."""
 
     candidates = PackIndex.candidates
     slices = PackIndex.slices
 
-    def __init__(self, names: list, heads, tails, packs, rows, fanout=None):
+    def __init__(self, names: list, heads, tails, packs, rows, fanout=None, index: Optional[PackIndex] = None):
         self.names, self.heads, self.tails, self.packs, self.rows = names, heads, tails, packs, rows
         self.fanout = _fanout(heads) if fanout is None else fanout
+        self.index = index
+        self.trusted = not self.derived
 
     def __len__(self) -> int:
         return len(self.heads)
 
     @classmethod
     def of(cls, idx: PackIndex) -> "Tier":
-        return cls(list(idx.names), idx.heads, idx.tails, idx.packs, idx.rows, idx.fanout)
+        return cls(list(idx.names), idx.heads, idx.tails, idx.packs, idx.rows, idx.fanout, idx)
 
-    def only(self, keep: set) -> Optional["Tier"]:
-        """This tier without the entries of packs not in ``keep`` (None if nothing is left)."""
-        mine = [name in keep for name in self.names]
-        if all(mine):
-            return self
-        if not any(mine):
-            return None
-        renumber = np.cumsum(mine) - 1
-        sel = np.asarray(mine, dtype=bool)[self.packs]
-        return Tier([n for n, m in zip(self.names, mine) if m], self.heads[sel], self.tails[sel],
-                    renumber[self.packs[sel]].astype("<u4"), self.rows[sel])
+    @property
+    def derived(self) -> bool:
+        """Whether it is a multi-pack index file (a cache that may be thrown away and rebuilt)."""
+        return self.index is not None and MIDX_NAME.fullmatch(self.index.path.name) is not None
 
 
 def merge_tiers(tiers: list) -> Tier:
@@ -480,17 +541,50 @@ def merge_tiers(tiers: list) -> Tier:
     return Tier(names, *_sorted(*columns))
 
 
+def merged_tier(folder: Path, tiers: list) -> Tier:
+    """One tier of ``tiers`` (newest first): their multi-pack index, written in bounded memory
+    (``merge``) to a temporary name, fsynced and renamed into place, then mapped. Derived data
+    written by whichever process first needs it: where it cannot be written (a read-only folder,
+    a full disk) the merge is made in memory instead, never failing a read. The multi-pack
+    indexes among ``tiers`` are deleted (a process that maps one keeps its pages)."""
+    names = [name for tier in tiers for name in tier.names]
+    path = midx_path(folder, names)
+    tmp = path.with_name(f"{path.name}.{os.getpid():x}-{threading.get_ident():x}-{os.urandom(4).hex()}.tmp")
+    try:
+        merge(path, tiers, MERGE_BUDGET, tmp=tmp)
+        idx = PackIndex(path)
+    except (OSError, CorruptObject):
+        return merge_tiers(tiers)
+    tier = Tier.of(idx)
+    tier.trusted = True  # this process wrote it from trusted tiers
+    for old in tiers:
+        if old.derived and old.index.path != path:
+            _unlink(old.index.path)
+    return tier
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:  # gone already, or a read-only folder: it is only a cache
+        pass
+
+
 class Registered:
     """The pack indexes a transaction's snapshot registers, newest pack first, as a few tiers.
 
     ``names``: the packs, newest first (a pack's number is its place here); ``broken``: {pack
-    name: why} of registered packs whose index file cannot be read (their chunks look absent)."""
+    name: why} of registered packs whose index file cannot be read (their chunks look absent).
+    Lookups (``locate``) prove every hit against its pack's trailer, so they search any tier;
+    walks (``entries``, ``counts``: fsck, gc) first check the checksum of each multi-pack index
+    (``trust``), since an entry missing there would look like a chunk that is not located."""
 
     def __init__(self, folder: Path, packs: tuple, tiers: list, broken: dict):
         self.folder, self.packs, self.tiers, self.broken = folder, packs, tiers, broken
         self.names = [name for _, name in packs]
         number = {name: i for i, name in enumerate(self.names)}
         self.numbers = [np.array([number[n] for n in tier.names], dtype=np.int64) for tier in tiers]
+        self._lock = threading.Lock()
 
     def locate(self, ids: np.ndarray, full_ids) -> tuple:
         """(pack number, row) per id of ``ids`` (an id array), -1 where no registered pack lists it;
@@ -509,8 +603,32 @@ class Registered:
             todo = todo[~hit]
         return pack, row
 
+    def trust(self) -> None:
+        """Check each multi-pack index not yet checked in this process (its checksum, order and
+        fan-out, in bounded memory); one that fails is deleted and its packs' own indexes
+        merged anew in its place, so that a damaged cache never hides an entry from a walk."""
+        with self._lock:
+            for i, tier in enumerate(self.tiers):
+                if tier.trusted:
+                    continue
+                try:
+                    tier.index.verify(MERGE_BUDGET)
+                    tier.trusted = True
+                    continue
+                except CorruptObject:
+                    _unlink(tier.index.path)
+                singles, broken = _singles(self.folder, tier.names)
+                self.broken.update(broken)
+                names = [n for n in tier.names if n not in broken]
+                fresh = merged_tier(self.folder, singles) if len(singles) > 1 else \
+                    singles[0] if singles else Tier(names, *(np.zeros(0, dtype=d) for d in COLUMNS))
+                self.tiers[i] = fresh
+                number = {name: k for k, name in enumerate(self.names)}
+                self.numbers[i] = np.array([number[n] for n in fresh.names], dtype=np.int64)
+
     def entries(self, first: int, last: int) -> tuple:
         """(pack numbers, rows) of every entry whose id's first byte is in [first, last), all tiers."""
+        self.trust()
         packs, rows = [], []
         for tier, numbers in zip(self.tiers, self.numbers):
             start = _starts(tier.fanout)
@@ -523,6 +641,7 @@ class Registered:
 
     def counts(self) -> np.ndarray:
         """Entries per first id byte, all tiers together (256)."""
+        self.trust()
         out = np.zeros(FANOUT, dtype=np.int64)
         for tier in self.tiers:
             out += np.diff(_starts(tier.fanout))
@@ -540,7 +659,8 @@ _VIEWS_LOCK = threading.Lock()
 def registered(folder, packs: tuple) -> Registered:
     """The Registered set of ``packs`` ((sequence, name), newest first) in pack folder ``folder``.
     Built from the one built last for that folder where it can be (a new commit adds one small
-    tier), so a long-lived process does not re-read every index for each transaction."""
+    tier), else from the multi-pack indexes on disk that cover runs of them, the packs' own
+    indexes for the rest; tiers past MAX_TIERS are merged (``_fewer``) into a multi-pack index."""
     folder = Path(folder)
     key = (os.getpid(), str(folder))
     with _VIEWS_LOCK:
@@ -548,21 +668,24 @@ def registered(folder, packs: tuple) -> Registered:
     if last is not None and last.packs == packs:
         return last
     tiers, broken = _reuse(last, packs) if last is not None else ([], {})
+    names = [name for _, name in packs]
     covered = {name for tier in tiers for name in tier.names} | set(broken)
-    fresh = []
-    for _, name in packs:
-        if name in covered:
+    rest = [name for name in names if name not in covered]
+    found, got = _on_disk(folder, rest), []
+    at = 0
+    while at < len(rest):
+        tier = found.get((at, rest[at]))
+        if tier is not None:
+            got.append(tier)
+            at += len(tier.names)
             continue
-        try:
-            idx = PackIndex(pidx_path(folder, name), in_memory=True)
-        except (OSError, CorruptObject) as exc:
-            broken[name] = str(exc)
-            continue
-        if idx.names != [name]:
-            broken[name] = f"{pidx_path(folder, name).name} does not index pack {name.hex()}"
-            continue
-        fresh.append(Tier.of(idx))
-    tiers = _fewer(fresh + tiers)
+        single, why = _single(folder, rest[at])
+        if single is None:
+            broken[rest[at]] = why
+        else:
+            got.append(single)
+        at += 1
+    tiers = _fewer(got + tiers, lambda group: merged_tier(folder, group))
     view = Registered(folder, packs, tiers, broken)
     if last is not None:  # packs taken out of the index: no mapping may keep their space
         kept = set(view.names)
@@ -570,6 +693,114 @@ def registered(folder, packs: tuple) -> Registered:
     with _VIEWS_LOCK:
         _VIEWS[key] = view
     return view
+
+
+def _single(folder: Path, name: bytes) -> tuple:
+    """(Tier of pack ``name``'s own index, None) or (None, why it cannot be read)."""
+    try:
+        idx = PackIndex(pidx_path(folder, name))
+    except (OSError, CorruptObject) as exc:
+        return None, str(exc)
+    if idx.names != [name]:
+        return None, f"{pidx_path(folder, name).name} does not index pack {name.hex()}"
+    return Tier.of(idx), None
+
+
+def _singles(folder: Path, names: list) -> tuple:
+    """([Tier of each pack's own index], {name: why} of those that cannot be read)."""
+    tiers, broken = [], {}
+    for name in names:
+        tier, why = _single(folder, name)
+        if tier is None:
+            broken[name] = why
+        else:
+            tiers.append(tier)
+    return tiers, broken
+
+
+def _on_disk(folder: Path, names: list) -> dict:
+    """{(place, first name): Tier} of the multi-pack indexes in ``folder`` whose pack list is
+    the run of ``names`` (newest first) starting at that place; the longest where several start
+    there. One whose packs' files are gone is garbage (those packs are never registered again)
+    and is deleted; one whose list matches no run is left (another snapshot may use it)."""
+    place = {name: i for i, name in enumerate(names)}
+    out = {}
+    for path in _midx_files(folder):
+        listed = _listed_names(path)
+        if listed is None:
+            continue
+        if midx_path(folder, listed) != path:  # its name does not say what it covers
+            _unlink(path)
+            continue
+        first = place.get(listed[0]) if listed else None
+        if first is None or names[first:first + len(listed)] != listed:
+            if any(not os.path.lexists(folder / pack_filename(n)) for n in listed):
+                _unlink(path)
+            continue
+        have = out.get((first, listed[0]))
+        if have is not None and len(have.names) >= len(listed):
+            continue
+        try:
+            idx = PackIndex(path)
+        except (OSError, CorruptObject):
+            _unlink(path)
+            continue
+        if idx.names != listed:
+            continue
+        out[(first, listed[0])] = Tier.of(idx)
+    return out
+
+
+def _midx_files(folder: Path) -> list:
+    try:
+        with os.scandir(folder) as it:
+            return sorted(Path(e.path) for e in it if MIDX_NAME.fullmatch(e.name) and e.is_file(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def _listed_names(path: Path) -> Optional[list]:
+    """The pack names a multi-pack index's header lists (None if it has no valid header)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEAD.size)
+            if len(head) != HEAD.size:
+                return None
+            magic, npacks, _, width, _ = HEAD.unpack(head)
+            if magic != MAGIC or width != PREFIX:
+                return None
+            raw = f.read(npacks * NAME)
+    except OSError:
+        return None
+    if len(raw) != npacks * NAME:
+        return None
+    return [raw[k * NAME:(k + 1) * NAME] for k in range(npacks)]
+
+
+def collect(folder) -> list:
+    """Delete the multi-pack indexes of pack folder ``folder`` that name a pack whose file is
+    gone (a pack is deleted after it is taken out of the index and never registered again, so
+    such an index can never be used), and their temporary files left by killed writers;
+    returns the paths deleted. Run after packs are deleted."""
+    folder, gone = Path(folder), []
+    for path in _midx_files(folder):
+        listed = _listed_names(path)
+        if listed is None or any(not os.path.lexists(folder / pack_filename(n)) for n in listed):
+            _unlink(path)
+            gone.append(path)
+    try:
+        with os.scandir(folder) as it:
+            tmps = [Path(e.path) for e in it if MIDX_TMP.fullmatch(e.name)]
+    except OSError:
+        tmps = []
+    for path in tmps:
+        try:
+            if time.time() - os.lstat(path).st_mtime > TMP_GRACE_S:
+                os.unlink(path)
+                gone.append(path)
+        except OSError:
+            pass
+    return gone
 
 
 def forget(folder) -> None:
@@ -581,26 +812,30 @@ def forget(folder) -> None:
 
 
 def _reuse(last: Registered, packs: tuple) -> tuple:
-    """(tiers, broken) of ``last`` that ``packs`` still registers, or nothing if a pack it lacks is
-    older than one it has (tiers are kept newest first: such a set is built anew)."""
+    """(tiers, broken) of ``last`` that ``packs`` still registers, or nothing if a pack it lacks
+    is older than one it has, or some of a tier's packs went (tiers are kept newest first, and
+    whole: such a set is built anew, from the files, which are mapped, not read)."""
     keep = {name for _, name in packs}
     seqs = dict((name, seq) for seq, name in packs)
     old = [seqs[n] for n in last.names if n in keep]
     new = [seq for seq, name in packs if name not in set(last.names)]
     if old and new and min(new) < max(old):
         return [], {}
-    tiers = [t for t in (tier.only(keep) for tier in last.tiers) if t is not None]
+    tiers = [tier for tier in last.tiers if any(n in keep for n in tier.names)]
+    if any(n not in keep for tier in tiers for n in tier.names):
+        return [], {}
     return tiers, {n: why for n, why in last.broken.items() if n in keep}
 
 
-def _fewer(tiers: list) -> list:
-    """``tiers`` (newest first) with runs of the newest merged while there are more than MAX_TIERS:
-    each merge takes the newest tiers as long as they hold at least half as many entries as the
-    next older one, so sizes grow geometrically and each entry is merged a few times at most."""
+def _fewer(tiers: list, merged=merge_tiers) -> list:
+    """``tiers`` (newest first) with runs of the newest merged (``merged``) while there are more
+    than MAX_TIERS: each merge takes the newest tiers as long as they hold at least half as many
+    entries as the next older one, so sizes grow geometrically and each entry is merged a few
+    times at most."""
     while len(tiers) > MAX_TIERS:
         j, total = 1, len(tiers[0]) + len(tiers[1])
         while j + 1 < len(tiers) and (total * 2 > len(tiers[j + 1]) or len(tiers) - j > MAX_TIERS):
             j += 1
             total += len(tiers[j])
-        tiers = [merge_tiers(tiers[:j + 1])] + tiers[j + 1:]
+        tiers = [merged(tiers[:j + 1])] + tiers[j + 1:]
     return tiers

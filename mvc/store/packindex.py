@@ -585,8 +585,9 @@ def _reuse(last: Registered, packs: tuple) -> tuple:
     older than one it has (tiers are kept newest first: such a set is built anew)."""
     keep = {name for _, name in packs}
     seqs = dict((name, seq) for seq, name in packs)
-    old = [seqs[n] for n in last.names if n in keep]
-    new = [seq for seq, name in packs if name not in set(last.names)]
+    had = set(last.names)  # once: a set per pack made each commit cost the square of the packs
+    old = [seqs[n] for n in had if n in keep]
+    new = [seq for seq, name in packs if name not in had]
     if old and new and min(new) < max(old):
         return [], {}
     tiers = [t for t in (tier.only(keep) for tier in last.tiers) if t is not None]

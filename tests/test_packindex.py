@@ -357,3 +357,35 @@ def test_processes_that_write_the_same_multi_pack_index_at_once_leave_one_whole_
     assert sorted(os.listdir(repo.dir / "packs")) == sorted(
         [f"pack-{n.hex()}.{ext}" for n in _pack_names(repo) for ext in ("pack", "pidx")] + [midx.name])  # no .tmp
     assert _read(repo)[:2] == (located, batches)
+
+
+class _CountedNames(list):
+    """A view's pack names that count how often they are read through."""
+
+    reads = 0
+
+    def __iter__(self):
+        type(self).reads += 1
+        return super().__iter__()
+
+
+def test_a_commit_reads_the_last_views_pack_names_a_few_times_not_once_per_pack(tmp_path):
+    # each commit builds the new registered set from the last one; reading the last one's names
+    # once per pack made a commit cost the square of the packs (10^4 commits: 40 ms each)
+    repo = mvc.Repository.init(tmp_path, chunk_size=64)
+    try:
+        g = torch.Generator().manual_seed(0)
+        states = [{"w": torch.randn(40, generator=g)} for _ in range(12)]
+        ids = [repo.commit(s, f"s{i}").id for i, s in enumerate(states)]
+        key = (os.getpid(), str(tmp_path / ".mvc" / "packs"))
+        last = packindex._VIEWS[key]
+        assert len(last.names) >= 10
+        last.names = _CountedNames(last.names)
+        _CountedNames.reads = 0
+        ids.append(repo.commit({"w": torch.randn(40, generator=g)}, "one more").id)
+        assert packindex._VIEWS[key] is not last  # the new pack made a new view, from the last one
+        assert 1 <= _CountedNames.reads <= 3
+        for cid, state in zip(ids, states):
+            assert torch.equal(repo.load(cid)["w"], state["w"])
+    finally:
+        repo.close()

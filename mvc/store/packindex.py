@@ -817,8 +817,9 @@ def _reuse(last: Registered, packs: tuple) -> tuple:
     whole: such a set is built anew, from the files, which are mapped, not read)."""
     keep = {name for _, name in packs}
     seqs = dict((name, seq) for seq, name in packs)
-    old = [seqs[n] for n in last.names if n in keep]
-    new = [seq for seq, name in packs if name not in set(last.names)]
+    had = set(last.names)  # once: a set per pack made each commit cost the square of the packs
+    old = [seqs[n] for n in had if n in keep]
+    new = [seq for seq, name in packs if name not in had]
     if old and new and min(new) < max(old):
         return [], {}
     tiers = [tier for tier in last.tiers if any(n in keep for n in tier.names)]

@@ -50,6 +50,10 @@ REGISTRATION = struct.Struct("<QQ")  # packidx value: sequence number, entries
 TRAILERS_HELD = 16  # pack trailers a transaction keeps mapped
 MISSING = "missing"  # a registered pack whose file is gone: its chunks are located there, offset 0
 NEXT_SEQ = b"next-seq"  # packidx key (not 16 bytes, so no pack name) of the next sequence number
+# packidx key (not 16 bytes) of a random token every registration and unregistration rewrites: with
+# the entry count and NEXT_SEQ (which an mvc that writes no token changes too) a transaction
+# knows the registry is as a view was built under without reading every registration
+VERSION = b"version"
 _SEQ = struct.Struct(">Q")
 DIRECT, SYMBOLIC = 0, 1
 FLAG_PROTECTED = 1
@@ -432,6 +436,7 @@ class Txn:
         """Make the pack index of pack ``name`` (``pack-<name>.pidx`` beside it, written and
         fsynced) part of the chunk index when this transaction commits, as the newest pack."""
         db = self._packidx_db()
+        before = self._known_packs()
         raw = self._txn.get(NEXT_SEQ, db=db)
         if raw is not None and len(raw) == _SEQ.size:
             seq = _SEQ.unpack(raw)[0]
@@ -439,7 +444,26 @@ class Txn:
             seq = max([0] + [s + 1 for s, _, _ in self.registered_packs()])
         self._txn.put(name, REGISTRATION.pack(seq, entries), db=db)
         self._txn.put(NEXT_SEQ, _SEQ.pack(seq + 1), db=db)
+        self._txn.put(VERSION, os.urandom(8), db=db)
+        self._changed(None if before is None else ((seq, name),) + tuple(p for p in before if p[1] != name))
+
+    def _known_packs(self) -> Optional[tuple]:
+        """The registered (sequence, name) pairs, newest first, as a view this process built for
+        the registry as it is now knows them; None if it has none (nothing is read)."""
+        if "pack indexes" in self.memo:
+            view = self.memo["pack indexes"]
+            return () if view is None else view.packs
+        view = packindex.unchanged(self.repo_dir / "packs", self.registry_stamp())
+        return None if view is None else view.packs
+
+    def _changed(self, packs: Optional[tuple]) -> None:
+        """The registry changed to ``packs`` (None: not known): the view of them, built from the one
+        before (one tier more or fewer), so that the transactions after this one find the registry
+        as their view was built under instead of reading every registration again."""
         self.memo.pop("pack indexes", None)
+        if packs is not None:
+            folder = self.repo_dir / "packs"
+            self.memo["pack indexes"] = packindex.registered(folder, packs, self.registry_stamp()) if packs else None
 
     def unregister_packs(self, names: Iterable[bytes]) -> list:
         """Take packs ``names`` out of the chunk index (before their files are deleted); the chunks
@@ -459,7 +483,9 @@ class Txn:
                 ids.append(t.table["id"])
         for name in gone:
             self._txn.delete(name, db=db)
-        self.memo.pop("pack indexes", None)
+        self._txn.put(VERSION, os.urandom(8), db=db)
+        dropped = set(gone)
+        self._changed(None if view is None else tuple(p for p in view.packs if p[1] not in dropped))
         if ids and view is not None and self._table_entries():
             chunks, after = self._dbs["chunks"], self._view()
             for cid in idarray.ids(np.concatenate(ids)):
@@ -500,9 +526,23 @@ class Txn:
 
     def _view(self) -> Optional["packindex.Registered"]:
         if "pack indexes" not in self.memo:
-            packs = tuple((seq, name) for seq, name, _ in self.registered_packs())
-            self.memo["pack indexes"] = packindex.registered(self.repo_dir / "packs", packs) if packs else None
+            folder, stamp = self.repo_dir / "packs", self.registry_stamp()
+            view = packindex.unchanged(folder, stamp)  # O(1): no read of every registration
+            if view is None:
+                packs = tuple((seq, name) for seq, name, _ in self.registered_packs())
+                view = packindex.registered(folder, packs, stamp) if packs else None
+            self.memo["pack indexes"] = view
         return self.memo["pack indexes"]
+
+    def registry_stamp(self) -> Optional[tuple]:
+        """(token, entries, NEXT_SEQ) of the pack registry, None where it has no token: it differs
+        after any change of the registered set, by this mvc (the token) or by one that writes no
+        token (a registration moves NEXT_SEQ, an unregistration the entry count)."""
+        db = self._dbs.get("packidx")
+        token = self._txn.get(VERSION, db=db) if db is not None else None
+        if token is None:
+            return None
+        return token, self._txn.stat(db)["entries"], self._txn.get(NEXT_SEQ, db=db)
 
     def _trailer(self, name: bytes):
         """The TrailerView of pack ``name``, once per transaction: read from its records where its

@@ -581,6 +581,7 @@ class Registered:
 
     def __init__(self, folder: Path, packs: tuple, tiers: list, broken: dict):
         self.folder, self.packs, self.tiers, self.broken = folder, packs, tiers, broken
+        self.stamp = None  # the registry stamp it was built under (``unchanged``)
         self.names = [name for _, name in packs]
         number = {name: i for i, name in enumerate(self.names)}
         self.numbers = [np.array([number[n] for n in tier.names], dtype=np.int64) for tier in tiers]
@@ -656,16 +657,26 @@ _VIEWS: dict = {}  # (pid, folder) -> the Registered built last there
 _VIEWS_LOCK = threading.Lock()
 
 
-def registered(folder, packs: tuple) -> Registered:
+def unchanged(folder, stamp) -> Optional[Registered]:
+    """The Registered set this process built last for pack folder ``folder`` if it was built under
+    registry ``stamp`` (``Txn.registry_stamp``: it changes with every registration), else None."""
+    with _VIEWS_LOCK:
+        last = _VIEWS.get((os.getpid(), str(Path(folder))))
+    return last if last is not None and stamp is not None and last.stamp == stamp else None
+
+
+def registered(folder, packs: tuple, stamp=None) -> Registered:
     """The Registered set of ``packs`` ((sequence, name), newest first) in pack folder ``folder``.
     Built from the one built last for that folder where it can be (a new commit adds one small
     tier), else from the multi-pack indexes on disk that cover runs of them, the packs' own
-    indexes for the rest; tiers past MAX_TIERS are merged (``_fewer``) into a multi-pack index."""
+    indexes for the rest; tiers past MAX_TIERS are merged (``_fewer``) into a multi-pack index.
+    ``stamp``: the registry's stamp these packs were read under (see ``unchanged``)."""
     folder = Path(folder)
     key = (os.getpid(), str(folder))
     with _VIEWS_LOCK:
         last = _VIEWS.get(key)
     if last is not None and last.packs == packs:
+        last.stamp = stamp
         return last
     tiers, broken = _reuse(last, packs) if last is not None else ([], {})
     names = [name for _, name in packs]
@@ -687,6 +698,7 @@ def registered(folder, packs: tuple) -> Registered:
         at += 1
     tiers = _fewer(got + tiers, lambda group: merged_tier(folder, group))
     view = Registered(folder, packs, tiers, broken)
+    view.stamp = stamp
     if last is not None:  # packs taken out of the index: no mapping may keep their space
         kept = set(view.names)
         forget_trailer_views(folder / pack_filename(n) for n in last.names if n not in kept)

@@ -682,7 +682,9 @@ def registered(folder, packs: tuple, stamp=None) -> Registered:
     names = [name for _, name in packs]
     covered = {name for tier in tiers for name in tier.names} | set(broken)
     rest = [name for name in names if name not in covered]
-    found, got = _on_disk(folder, rest), []
+    # the files on disk are looked for when this process has no view to build on (a view built on
+    # adds the new packs' own indexes; a scan per commit would cost every multi-pack index's names)
+    found, got = (_on_disk(folder, rest) if not tiers else {}), []
     at = 0
     while at < len(rest):
         tier = found.get((at, rest[at]))

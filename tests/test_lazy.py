@@ -525,6 +525,17 @@ def test_a_chunk_a_lazy_push_sends_again_survives_remote_gc(origin, tmp_path):
                 fresh.load("main~2")
 
 
+def test_a_full_clones_push_still_sends_no_chunk_the_remote_holds(origin, tmp_path):
+    """The same new key "z" pushed from a full clone (every trailer read): nothing is sent twice."""
+    z = state(0)["a"].clone()
+    z[-1] = 0.5
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "full") as full:
+        full.commit(state(1) | {"z": z}, "third")
+        report = full.remotes.push()
+        assert report.chunks == 1  # the last chunk of "z", the one that changed
+    assert max(listings(tmp_path).values()) == 1
+
+
 def save_across_hosts(tmp_path, tag: str, full: dict, step, world: int = 4, rows: int = 16) -> tuple:
     """One sharded save across ``world`` fresh lazy clones (the DCP writer's path, as in
     ``test_ranks_saving_across_hosts...``), committed and pushed by rank 0's host. Returns per rank

@@ -238,11 +238,7 @@ def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has,
     named = [(path, leaf.id) for path, leaf in walk_tree(tree.root) if isinstance(leaf, TensorLeaf)]
     leaves = [tid for tid in dict.fromkeys(tid for _, tid in named) if tid not in seen]
     present = has(leaves)
-    lazy = before is not None
-    if lazy:
-        fresh = set(leaves)
-        like = set(present) | {old for path, tid in named if tid in fresh for old in before.get(path, ())}
-        conn.catalogue.read_named(conn.catalogue.hinted_packs(like))
+    lazy, hinted = before is not None, before is None
     for tid in leaves:  # in tree order, so chunks keep their neighbours
         seen.add(tid)
         tensor = objects.tensor(txn, tid)
@@ -250,6 +246,12 @@ def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has,
             out.records.append((tid, getattr(objects, "raw", lambda t, k, o: t.get(k, o))(txn, "tensors", tid)))
             out.tensors.add(tid)
         spans = {cid: n for cid, _, n in tensor.chunk_spans() if cid not in out.chunks}
+        if not hinted and len(conn.catalogue.chunks(spans, complete=False)) < len(spans):
+            # a chunk no trailer read lists: the trailers the hints name for the whole tree, in one batch
+            # (none when every chunk is known already: a coordinator's commit read its ranks' packs)
+            hinted, fresh = True, set(leaves)
+            like = set(present) | {old for path, t in named if t in fresh for old in before.get(path, ())}
+            conn.catalogue.read_named(conn.catalogue.hinted_packs(like))
         known = _held(conn, txn, spans, lazy)
         out.chunks.update({cid: n for cid, n in spans.items() if cid not in known})
         if len(tensor.chunks) == 1 and tensor.chunks[0] in out.chunks:
@@ -482,7 +484,7 @@ def upload_shards(repo, name: str, locations: dict, ids) -> tuple:
                     batch.publish(txn)
             ids = list(dict.fromkeys(ids))  # in tensor order
             lazy = conn.catalogue.lazy()
-            if lazy:
+            if lazy and len(conn.catalogue.chunks(ids, complete=False)) < len(ids):
                 conn.catalogue.read_named(_rank_packs(repo, conn, ids))
             with repo.index.read() as txn:
                 held = _held(conn, txn, ids, lazy)

@@ -20,7 +20,12 @@ tensor's chunks, written by the push) choose the trailers read first:
 ``near(ids)`` (set by the cache) names the packs the hints of the tensors
 holding ``ids`` give, and those are read before the newest-first search,
 which reads on only for ids they did not list. ``where:KEY`` caches object
-pack KEY's hint (empty: it has none). An unread pack listed again with
+pack KEY's hint (empty: it has none). A push or a rank's upload from a lazy
+clone does not prove a chunk absent (that reads every trailer): it reads the
+trailers the hints of what it sends and of their predecessors name
+(``read_named``, ``hinted_packs``) and sends again a chunk none read lists
+(``mvc.remote.sync._held``), so the remote may list an id in several packs;
+an id is indexed here at the first pack read that lists it. An unread pack listed again with
 another size or stamp, or whose trailer does not read when it is needed, is
 **damaged**
 (``damaged:KEY`` -> its stamp): packs are written whole and never modified.

@@ -46,7 +46,8 @@ and each rank prints the chunk trailer bytes its save read (the DCP
 writer's listing, its ``upload_shards``; rank 0 also commits and pushes)
 and their share of the remote's before that save; then the chunk entries
 the remote lists twice (sent again because no trailer read proved them
-there) and their bytes.
+there) and their bytes. ``--frozen``: the first layer does not train, so
+every save repeats its chunks (a rank then finds them through the hints).
 
 ``--push N`` (comma-separated): a lazy clone of the remote of N chunk
 entries (as above) commits the next checkpoint (``t0`` of the tip with one
@@ -233,6 +234,8 @@ catalogue._trailer_bytes = counted
 def build():
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(3)], torch.nn.Linear(256, 64))
+    if os.environ.get("BENCH_LAZY_FROZEN"):  # --frozen: the first layer does not train (its chunks repeat)
+        model[0].requires_grad_(False)
     mesh = init_device_mesh("cpu", (world,))
     for layer in model:
         fully_shard(layer, mesh=mesh)
@@ -444,7 +447,8 @@ def push_next(name: str, code: str, work: Path, n: int) -> None:
                                         extra=extra, **r)), flush=True)
 
 
-def sharded(name: str, code: str, work: Path, saves: int, pack_bytes: int, hosts: bool = False) -> None:
+def sharded(name: str, code: str, work: Path, saves: int, pack_bytes: int, hosts: bool = False,
+            frozen: bool = False) -> None:
     """``hosts``: the ranks save across hosts (``MvcStorageWriter(remote=...)``, each through a lazy
     clone of a remote holding one small seed commit, each uploading its own packs; the coordinator
     pushes the commit), not into one repository pushed after."""
@@ -453,6 +457,8 @@ def sharded(name: str, code: str, work: Path, saves: int, pack_bytes: int, hosts
     root.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(MVC_REMOTE_PACK_BYTES=str(pack_bytes), PYTHONWARNINGS="ignore")
+    if frozen:
+        env.update(BENCH_LAZY_FROZEN="1")
     start = time.perf_counter()
     if hosts:
         seeded = subprocess.run([sys.executable, "-c", _SEED, code, str(root / "seed"), str(root / "remote")], env=env,
@@ -500,6 +506,8 @@ def main() -> None:
     ap.add_argument("--saves", default="1,3", help="sharded: commits on the remote (the last is loaded)")
     ap.add_argument("--hosts", action="store_true", help="sharded: the ranks save across hosts (remote=)")
     ap.add_argument("--push", default="", help="chunk entries on the remote a lazy clone pushes the next commit to")
+    ap.add_argument("--frozen", action="store_true",
+                    help="sharded: the first layer does not train, so each save repeats its chunks")
     ap.add_argument("--sharded-pack-bytes", type=int, default=128 << 10, help="sharded: the remote's pack size")
     args = ap.parse_args()
     new = str(Path(__file__).resolve().parent.parent)
@@ -534,7 +542,7 @@ def main() -> None:
     if args.sharded:
         for saves in [int(x) for x in args.saves.split(",") if x]:
             for name, code in [("new", new)] + ([("old", args.old)] if args.old else []):
-                sharded(name, code, work, saves, args.sharded_pack_bytes, args.hosts)
+                sharded(name, code, work, saves, args.sharded_pack_bytes, args.hosts, args.frozen)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -530,7 +530,7 @@ def _rank_packs(repo, conn: Connection, ids: list) -> set:
         for tid in tids:
             try:
                 noted.note(tid, repo.objects.tensor(txn, tid).chunks)
-            except (CorruptObject, ObjectNotFound, RemoteError):
+            except MvcError:  # not read (damaged, pruned, the remote failing): only a speed matter
                 continue
     return where.packs_for(noted.holders(ids), conn.catalogue.hint)
 

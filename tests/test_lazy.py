@@ -480,6 +480,26 @@ def all_chunks(repo, rev: str) -> set:
     return {cid for key in KEYS for cid in chunks_of(repo, key, rev)}
 
 
+def test_read_named_reads_the_unread_trailers_named_and_hinted_packs_names_a_tensors_packs(origin, tmp_path):
+    """The catalogue's two steps of a lazy push: ``hinted_packs`` of main's tensors names the packs
+    that hold main's chunks; ``read_named`` reads those of them still unread, once, in one batch."""
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+        catalogue = Catalogue(lazy.dir, "origin")
+        try:
+            catalogue.source = lambda: FolderBucket(tmp_path / "remote")
+            tids = {leaf(lazy, key) for key in KEYS}
+            named = catalogue.hinted_packs(tids)
+            assert named == holding(tmp_path, all_chunks(origin, "main"))
+            before = set(catalogue.unread())
+            assert catalogue.read_named(named | {"packs/" + "ab" * 16 + ".pack"}) == len(named)
+            assert catalogue.trailers_read == catalogue.trailers_hinted == len(named)
+            assert set(catalogue.unread()) == before - named
+            assert catalogue.read_named(named) == 0 and catalogue.trailers_read == len(named)
+            assert set(catalogue.chunks(all_chunks(origin, "main"), complete=False)) == all_chunks(origin, "main")
+        finally:
+            catalogue.close()
+
+
 def test_a_lazy_clones_push_of_a_new_commit_reads_only_the_trailers_its_hints_name(origin, tmp_path):
     """A lazy clone commits main's state with "a" changed and pushes. It reads the trailers the
     where hints name of main's tensors it keeps and of main's "a" (the new "a"'s predecessor), not

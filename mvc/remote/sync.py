@@ -145,7 +145,7 @@ def _outgoing(txn, objects, tips: list, conn: Connection, behind) -> _Outgoing:
 
 
 def _parent_leaves(txn, objects, commit) -> dict:
-    """{path: tensor id} of the tensors of ``commit``'s parents' trees (those held here): a lazy
+    """{path: {tensor ids}} of the tensors of ``commit``'s parents' trees (those held here): a lazy
     push reads the trailers their where hints name, where the unchanged chunks of a new state lie."""
     out: dict = {}
     for parent in commit.parents:

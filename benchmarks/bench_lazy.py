@@ -39,6 +39,24 @@ their share of all on the remote. With ``--old``, the old code saves,
 pushes and loads a remote of its own, side by side.
 
     python benchmarks/bench_lazy.py --chunks "" --sharded --saves 1,3 --old /tmp/old
+
+``--hosts`` measures the save side too: the last of ``--saves`` goes
+through fresh lazy clones (a rank on a host that has not read the remote),
+and each rank prints the chunk trailer bytes its save read (the DCP
+writer's listing, its ``upload_shards``; rank 0 also commits and pushes)
+and their share of the remote's before that save; then the chunk entries
+the remote lists twice (sent again because no trailer read proved them
+there) and their bytes. ``--frozen``: the first layer does not train, so
+every save repeats its chunks (a rank then finds them through the hints).
+
+``--push N`` (comma-separated): a lazy clone of the remote of N chunk
+entries (as above) commits the next checkpoint (``t0`` of the tip with one
+chunk changed, ``t1``..``t9`` new) and pushes it: the push's planning
+seconds (listing and the walk that decides what the remote lacks), the
+chunk trailers it read and their share, the chunks sent and how many of
+them the remote held already (duplicates).
+
+    python benchmarks/bench_lazy.py --chunks "" --push 1e6 --old /tmp/old
 """
 
 import argparse
@@ -200,6 +218,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 import mvc
+import mvc.remote.bucket
 from mvc.remote import catalogue
 from mvc_hooks.dcp import MvcStorageReader, MvcStorageWriter
 
@@ -215,6 +234,8 @@ catalogue._trailer_bytes = counted
 def build():
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(3)], torch.nn.Linear(256, 64))
+    if os.environ.get("BENCH_LAZY_FROZEN"):  # --frozen: the first layer does not train (its chunks repeat)
+        model[0].requires_grad_(False)
     mesh = init_device_mesh("cpu", (world,))
     for layer in model:
         fully_shard(layer, mesh=mesh)
@@ -249,11 +270,23 @@ try:
         for n in range(saves):
             step(model, opt, n)
             msd, osd = get_state_dict(model, opt)
+            fresh = scenario == "save-hosts" and n == saves - 1 and n > 0
+            if fresh:  # the last save through a fresh lazy clone: a host that read nothing of the remote yet
+                dist.barrier()
+                path = root / f"fresh{rank}"
+                mvc.Repository.clone(str(root / "remote"), path, lazy=True).close()
+                bucket = mvc.remote.bucket.FolderBucket(root / "remote")
+                total = sum(len(b) + len(f) for key, _ in bucket.list("packs/") for b, f, _ in [real(bucket, key)])
+                before, start = dict(read), time.perf_counter()
             writer = MvcStorageWriter(root / "repo", branch="main", message=f"save {n}", step=n, chunk_size=64) \
-                if scenario == "save" else MvcStorageWriter(root / f"saver{rank}", branch="main", message=f"save {n}",
-                                                            step=n, remote="origin")
+                if scenario == "save" else MvcStorageWriter(path if fresh else root / f"saver{rank}", branch="main",
+                                                            message=f"save {n}", step=n, remote="origin")
             dcp.save({"model": msd, "optim": osd}, storage_writer=writer)
             writer.close()
+            if fresh:
+                print("measured " + json.dumps({"rank": rank, "save_s": time.perf_counter() - start, "total": total,
+                                                "chunk_trailer_bytes": read["packs/"] - before["packs/"],
+                                                "chunk_trailers": read["trailers"] - before["trailers"]}), flush=True)
         torch.save(local({"model": msd, "optim": osd}), root / f"saved-{rank}.pt")
     else:
         step(model, opt, 99)  # other weights, and optimizer state to load into
@@ -328,7 +361,94 @@ def remote_trailer_bytes(remote: Path) -> tuple:
     return len(keys), total
 
 
-def sharded(name: str, code: str, work: Path, saves: int, pack_bytes: int, hosts: bool = False) -> None:
+def duplicates(remote: Path) -> tuple:
+    """(chunk entries a folder remote lists beyond the first of their id, their data bytes)."""
+    from mvc.remote.bucket import FolderBucket
+    from mvc.remote.catalogue import read_trailer
+    bucket, seen, twice, extra = FolderBucket(remote), set(), 0, 0
+    for key, _ in bucket.list("packs/"):
+        if key.endswith(".pack"):
+            for cid, _, length in read_trailer(bucket, key):
+                if cid in seen:
+                    twice, extra = twice + 1, extra + length
+                seen.add(cid)
+    return twice, extra
+
+
+_PUSH_NEXT = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import torch
+import mvc
+from mvc.remote import catalogue, sync
+remote, target, n = sys.argv[2], sys.argv[3], int(sys.argv[4])
+trailers = {"n": 0, "bytes": 0}
+real_trailer = catalogue._trailer_bytes
+def trailer(bucket, key):
+    body, footer, size = real_trailer(bucket, key)
+    if key.startswith("packs/"):
+        trailers["n"] += 1; trailers["bytes"] += len(body) + len(footer)
+    return body, footer, size
+catalogue._trailer_bytes = trailer
+planning = {"s": 0.0}
+def timed(f):
+    def wrapper(*a, **k):
+        start = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            planning["s"] += time.perf_counter() - start
+    return wrapper
+sync._outgoing = timed(sync._outgoing)
+refresh = catalogue.Catalogue.refresh
+catalogue.Catalogue.refresh = timed(refresh)
+repo = mvc.Repository.clone(remote, target, lazy=True)
+per = max(1, n // 100)  # as build_remote: t0 of the tip holds its first draw
+t0 = np.random.default_rng(0).integers(0, 256, per * 64, dtype=np.uint8)
+t0[:64] ^= 1  # its first chunk changed
+g = np.random.default_rng(1)
+state = {"t0": torch.from_numpy(t0)} | {f"t{k}": torch.from_numpy(g.integers(0, 256, per * 64, dtype=np.uint8))
+                                        for k in range(1, 10)}
+repo.commit(state, "next")
+planning["s"], trailers["n"], trailers["bytes"] = 0.0, 0, 0
+start = time.perf_counter()
+report = repo.remotes.push()
+out = {"push_s": time.perf_counter() - start, "planning_s": planning["s"], "chunk_trailers": trailers["n"],
+       "chunk_trailer_bytes": trailers["bytes"], "chunks_sent": report.chunks, "new_chunks": 9 * per + 1}
+repo.close()
+print(json.dumps(out))
+"""
+
+
+def push_next(name: str, code: str, work: Path, n: int) -> None:
+    """``--push``: see the module's docstring."""
+    remote = work / f"remote-push-{n}"
+    build_remote(remote, n)
+    chunks, total = remote_trailer_bytes(remote)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    target = work / "push-clone"
+    shutil.rmtree(target, ignore_errors=True)
+    done = subprocess.run([sys.executable, "-c", _PUSH_NEXT, code, str(remote), str(target), str(n)], env=env,
+                          capture_output=True, text=True)
+    shutil.rmtree(target, ignore_errors=True)
+    twice, extra = duplicates(remote)
+    shutil.rmtree(remote, ignore_errors=True)
+    if done.returncode != 0:
+        print(f"{n:>8.0e} {name:>8} push failed: {done.stderr.strip()[-2000:]}", flush=True)
+        return
+    r = json.loads(done.stdout)
+    print(f"{n:>8.0e} {name:>8} push of the next commit from a lazy clone: planning {r['planning_s']:.2f} s "
+          f"(push {r['push_s']:.2f} s); read {r['chunk_trailers']} of {chunks} chunk trailers, "
+          f"{r['chunk_trailer_bytes'] / 1e6:.2f} of {total / 1e6:.2f} MB = {100 * r['chunk_trailer_bytes'] / total:.1f}%; "
+          f"sent {r['chunks_sent']} chunks ({r['new_chunks']} new); remote lists {twice} entries twice "
+          f"({extra / 1e3:.1f} kB)", flush=True)
+    print("measured " + json.dumps(dict(case="push", n=n, code=name, packs=chunks, total=total, twice=twice,
+                                        extra=extra, **r)), flush=True)
+
+
+def sharded(name: str, code: str, work: Path, saves: int, pack_bytes: int, hosts: bool = False,
+            frozen: bool = False) -> None:
     """``hosts``: the ranks save across hosts (``MvcStorageWriter(remote=...)``, each through a lazy
     clone of a remote holding one small seed commit, each uploading its own packs; the coordinator
     pushes the commit), not into one repository pushed after."""
@@ -337,13 +457,22 @@ def sharded(name: str, code: str, work: Path, saves: int, pack_bytes: int, hosts
     root.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(MVC_REMOTE_PACK_BYTES=str(pack_bytes), PYTHONWARNINGS="ignore")
+    if frozen:
+        env.update(BENCH_LAZY_FROZEN="1")
     start = time.perf_counter()
     if hosts:
         seeded = subprocess.run([sys.executable, "-c", _SEED, code, str(root / "seed"), str(root / "remote")], env=env,
                                 capture_output=True, text=True)
         if seeded.returncode != 0:
             raise SystemExit(seeded.stderr[-3000:])
-        _ranks(code, "save-hosts", root, saves, env)
+        for r in _ranks(code, "save-hosts", root, saves, env):
+            print(f"{'save':>8} {name:>4} saves={saves} rank {r['rank']} (fresh host): read {r['chunk_trailers']:>3} chunk "
+                  f"trailers, {r['chunk_trailer_bytes'] / 1e3:8.1f} of {r['total'] / 1e3:.1f} kB = "
+                  f"{100 * r['chunk_trailer_bytes'] / r['total']:5.1f}%; save {r['save_s']:.2f} s", flush=True)
+            print("measured " + json.dumps(dict(case="save-hosts", code=name, saves=saves, **r)), flush=True)
+        twice, extra = duplicates(root / "remote")
+        print(f"# save-hosts {name}: {twice} chunk entries listed more than once on the remote, {extra / 1e3:.1f} kB",
+              flush=True)
     else:
         _ranks(code, "save", root, saves, env)
         pushed = subprocess.run([sys.executable, "-c", _PUSH, code, str(root / "repo"), str(root / "remote")],
@@ -376,6 +505,9 @@ def main() -> None:
     ap.add_argument("--sharded", action="store_true", help="also measure one rank of a 4-rank sharded load")
     ap.add_argument("--saves", default="1,3", help="sharded: commits on the remote (the last is loaded)")
     ap.add_argument("--hosts", action="store_true", help="sharded: the ranks save across hosts (remote=)")
+    ap.add_argument("--push", default="", help="chunk entries on the remote a lazy clone pushes the next commit to")
+    ap.add_argument("--frozen", action="store_true",
+                    help="sharded: the first layer does not train, so each save repeats its chunks")
     ap.add_argument("--sharded-pack-bytes", type=int, default=128 << 10, help="sharded: the remote's pack size")
     args = ap.parse_args()
     new = str(Path(__file__).resolve().parent.parent)
@@ -404,10 +536,13 @@ def main() -> None:
                   f"{r['chunk_trailers']:>8} {r['chunk_trailer_bytes'] / 1e6:>7.2f}", flush=True)
             print("measured " + json.dumps(dict(n=n, code=name, oldest=args.oldest, **r)), flush=True)
         shutil.rmtree(remote, ignore_errors=True)
+    for n in [int(float(x)) for x in args.push.split(",") if x]:
+        for name, code in [("new", new)] + ([("old", args.old)] if args.old else []):
+            push_next(name, code, work, n)
     if args.sharded:
         for saves in [int(x) for x in args.saves.split(",") if x]:
             for name, code in [("new", new)] + ([("old", args.old)] if args.old else []):
-                sharded(name, code, work, saves, args.sharded_pack_bytes, args.hosts)
+                sharded(name, code, work, saves, args.sharded_pack_bytes, args.hosts, args.frozen)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 

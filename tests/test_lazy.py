@@ -463,3 +463,157 @@ def test_remote_gc_deletes_the_hints_of_the_object_packs_it_deletes_and_loads_st
     origin.remotes.push()
     with mvc.Repository.clone(str(remote), tmp_path / "lz", lazy=True) as lazy:
         assert same(lazy.load("main"), state(0)) and lazy.fsck().ok
+
+
+# -- saving from a lazy clone: reads in proportion to what it saves ----------------------------
+
+def listings(tmp_path) -> dict:
+    """{chunk id: how many of the remote's chunk packs list it}."""
+    remote, out = FolderBucket(tmp_path / "remote"), {}
+    for key, _ in remote.list("packs/"):
+        for cid, _, _ in read_trailer(remote, key):
+            out[cid] = out.get(cid, 0) + 1
+    return out
+
+
+def all_chunks(repo, rev: str) -> set:
+    return {cid for key in KEYS for cid in chunks_of(repo, key, rev)}
+
+
+def test_read_named_reads_the_unread_trailers_named_and_hinted_packs_names_a_tensors_packs(origin, tmp_path):
+    """The catalogue's two steps of a lazy push: ``hinted_packs`` of main's tensors names the packs
+    that hold main's chunks; ``read_named`` reads those of them still unread, once, in one batch."""
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+        catalogue = Catalogue(lazy.dir, "origin")
+        try:
+            catalogue.source = lambda: FolderBucket(tmp_path / "remote")
+            tids = {leaf(lazy, key) for key in KEYS}
+            named = catalogue.hinted_packs(tids)
+            assert named == holding(tmp_path, all_chunks(origin, "main"))
+            before = set(catalogue.unread())
+            assert catalogue.read_named(named | {"packs/" + "ab" * 16 + ".pack"}) == len(named)
+            assert catalogue.trailers_read == catalogue.trailers_hinted == len(named)
+            assert set(catalogue.unread()) == before - named
+            assert catalogue.read_named(named) == 0 and catalogue.trailers_read == len(named)
+            assert set(catalogue.chunks(all_chunks(origin, "main"), complete=False)) == all_chunks(origin, "main")
+        finally:
+            catalogue.close()
+
+
+def test_a_lazy_clones_push_of_a_new_commit_reads_only_the_trailers_its_hints_name(origin, tmp_path):
+    """A lazy clone commits main's state with "a" changed and pushes. It reads the trailers the
+    where hints name of main's tensors it keeps and of main's "a" (the new "a"'s predecessor), not
+    those of main~1's packs, and sends the new "a"'s chunks only. A fresh clone loads it all bit for bit."""
+    hinted = holding(tmp_path, all_chunks(origin, "main"))
+    older = holding(tmp_path, all_chunks(origin, "main~1")) - hinted
+    assert older
+    new = state(1) | {"a": torch.randn(500, generator=torch.Generator().manual_seed(9))}
+    listed = remote_keys(tmp_path)
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+        lazy.commit(new, "third")
+        report = lazy.remotes.push()
+        read = listed - set(unread(lazy))
+        assert read <= hinted and not read & older, (len(read), len(hinted))
+        assert report.chunks == len(set(chunks_of(lazy, "a")))  # nothing main holds is sent again
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "full") as full:
+        assert same(full.load("main"), new) and same(full.load("main~1"), state(1))
+        assert same(full.load("main~2"), state(0)) and full.fsck().ok
+    assert max(listings(tmp_path).values()) == 1
+
+
+def test_a_chunk_a_lazy_push_sends_again_survives_remote_gc(origin, tmp_path):
+    """A new key "z" holds main~1's "a" but for its last value: no hint leads a lazy clone's push to
+    the packs of main~1 (no tensor at "z" before, a tensor object of its own), so it sends those
+    chunks again; the remote then lists them twice. Retention keeping two commits drops main~1's
+    data; every kept commit loads bit for bit from a fresh clone, and fsck --remote is clean."""
+    z = state(0)["a"].clone()
+    z[-1] = 0.5
+    new = state(1) | {"z": z}
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "lz", lazy=True) as lazy:
+        lazy.commit(new, "third")
+        lazy.remotes.push()
+        twice = {cid for cid, n in listings(tmp_path).items() if n > 1}
+        assert twice and twice <= set(chunks_of(lazy, "z"))  # sent again: a duplicate, not a loss
+    report = origin.remotes.gc(grace=0, keep_last=2)
+    assert report.pruned
+    check = origin.remotes.fsck()
+    assert check.ok, check
+    for lazy in (False, True):
+        with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"after{lazy}", lazy=lazy) as fresh:
+            assert same(fresh.load("main"), new) and same(fresh.load("main~1"), state(1))
+            with pytest.raises(mvc.CommitPruned):
+                fresh.load("main~2")
+
+
+def test_a_full_clones_push_still_sends_no_chunk_the_remote_holds(origin, tmp_path):
+    """The same new key "z" pushed from a full clone (every trailer read): nothing is sent twice."""
+    z = state(0)["a"].clone()
+    z[-1] = 0.5
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "full") as full:
+        full.commit(state(1) | {"z": z}, "third")
+        report = full.remotes.push()
+        assert report.chunks == 1  # the last chunk of "z", the one that changed
+    assert max(listings(tmp_path).values()) == 1
+
+
+def save_across_hosts(tmp_path, tag: str, full: dict, step, world: int = 4, rows: int = 16) -> tuple:
+    """One sharded save across ``world`` fresh lazy clones (the DCP writer's path, as in
+    ``test_ranks_saving_across_hosts...``), committed and pushed by rank 0's host. Returns per rank
+    (the chunk pack keys whose trailers its ``upload_shards`` read, (packs, bytes) it sent)."""
+    names = tuple(full)
+    hosts = [mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"{tag}{r}", lazy=True) for r in range(world)]
+    read, sent = [], []
+    try:
+        start, descs = hosts[0].shards.begin("main"), []
+        for rank, host in enumerate(hosts):
+            parts = [full[n][rank * rows:(rank + 1) * rows].contiguous() for n in names]
+            descs.append(host.shards.write(parts + ([step] if rank == 1 else [])))
+            before = set(unread(host))
+            sent.append(host.remotes.upload_shards("origin", descs[-1]["locations"],
+                                                   [cid for t in descs[-1]["tensors"] for cid in t["chunks"]]))
+            read.append(before - set(unread(host)))
+        leaves = {(n,): mvc.ShardedTensor(descs[0]["tensors"][i]["dtype"], tuple(full[n].shape),
+                                          [((r * rows, 0), (rows, full[n].shape[1]), descs[r]["tensors"][i]["chunks"])
+                                           for r in range(world)]) for i, n in enumerate(names)}
+        leaves[("step",)] = mvc.ShardedTensor(descs[1]["tensors"][len(names)]["dtype"], (),
+                                              [((), (), descs[1]["tensors"][len(names)]["chunks"])])
+        hosts[0].remotes.refresh("origin")
+        hosts[0].shards.commit(start, leaves, {}, None, tag)
+        hosts[0].remotes.push("origin", ("main",))
+    finally:
+        for host in hosts:
+            host.close()
+    return read, sent
+
+
+def test_a_rank_on_a_fresh_host_reads_only_its_own_packs_trailers_to_upload_its_shards(tmp_path, monkeypatch):
+    """Checkpoint 1 is saved across 4 hosts. For checkpoint 2 ("w" unchanged, "m" and "v" new) each
+    rank, on a fresh lazy clone, uploads its shards: it reads the trailers the where hints of
+    checkpoint 1's tensors name for its chunks, its own rank's packs (at most 30% of the trailer
+    bytes), and sends none of "w"'s chunks again. A fresh clone reads every rank's pieces bit for bit."""
+    monkeypatch.setattr(layout, "PACK_BYTES", 4096)
+    world, rows = 4, 16
+    g = torch.Generator().manual_seed(5)
+    first = {n: torch.randn(world * rows, 32, generator=g) for n in ("w", "m", "v")}
+    second = {"w": first["w"], "m": torch.randn(world * rows, 32, generator=g),
+              "v": torch.randn(world * rows, 32, generator=g)}
+    step = torch.tensor(7.0)
+    with mvc.Repository.init(tmp_path / "seed", chunk_size=SMALL) as seed:
+        seed.commit({"seed": torch.zeros(4)}, "seed")
+        seed.remotes.add("origin", str(tmp_path / "remote"))
+        seed.remotes.push()
+    save_across_hosts(tmp_path, "one", first, step)
+    sizes = trailer_sizes(tmp_path)
+    total = sum(sizes.values())
+    read, _ = save_across_hosts(tmp_path, "two", second, step)
+    for rank in range(world):
+        assert read[rank] and sum(sizes[key] for key in read[rank]) <= 0.30 * total, (rank, read[rank], total)
+    counts = listings(tmp_path)
+    with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "after", lazy=True) as host:
+        view = host.shards.view("main")
+        objs = {n: view["tensors"][(n,)] for n in second}
+        assert all(counts[cid] == 1 for cid in objs["w"].chunks)  # none of "w"'s sent again
+        for rank in range(world):
+            got = mvc.reader.read_pieces(host, [(objs[n], rank, 0, objs[n].pieces()[rank][3]) for n in second])
+            for n, data in zip(second, got):
+                assert data.tobytes() == second[n][rank * rows:(rank + 1) * rows].contiguous().numpy().tobytes()

@@ -20,7 +20,12 @@ tensor's chunks, written by the push) choose the trailers read first:
 ``near(ids)`` (set by the cache) names the packs the hints of the tensors
 holding ``ids`` give, and those are read before the newest-first search,
 which reads on only for ids they did not list. ``where:KEY`` caches object
-pack KEY's hint (empty: it has none). An unread pack listed again with
+pack KEY's hint (empty: it has none). A push or a rank's upload from a lazy
+clone does not prove a chunk absent (that reads every trailer): it reads the
+trailers the hints of what it sends and of their predecessors name
+(``read_named``, ``hinted_packs``) and sends again a chunk none read lists
+(``mvc.remote.sync._held``), so the remote may list an id in several packs;
+an id is indexed here at the first pack read that lists it. An unread pack listed again with
 another size or stamp, or whose trailer does not read when it is needed, is
 **damaged**
 (``damaged:KEY`` -> its stamp): packs are written whole and never modified.
@@ -164,6 +169,39 @@ class Catalogue:
                     if not wanted:
                         break
             return done
+
+    def lazy(self) -> bool:
+        """Whether some listed chunk pack's trailer is unread (a lazy clone's catalogue)."""
+        with self.index.read() as txn:
+            return any(True for _ in txn.ids("meta", b"unread:"))
+
+    def read_named(self, keys: Iterable[str]) -> int:
+        """Read now, in one batch, the trailers of those of chunk packs ``keys`` still unread (where
+        hints named them: a push's lookups, ``mvc.remote.sync``); how many. RemoteError."""
+        keys = set(keys)
+        if not keys or self.source is None:
+            return 0
+        with self._reading:
+            pending = self.unread()
+            batch = {key: pending[key] for key in keys if key in pending}
+            if batch:
+                self._read_packs(self.source(), batch)
+                self._settle()
+                self.trailers_hinted += len(batch)
+            return len(batch)
+
+    def hinted_packs(self, tids: Iterable[bytes]) -> set:
+        """The chunk pack keys the where hints of tensor objects ``tids`` name, every run's (those
+        the remote holds no object or hint of name none). RemoteError."""
+        out = set()
+        for tid in tids:
+            try:
+                hint = self.hint(tid)
+            except CorruptObject:
+                continue
+            if hint is not None:
+                out.update(layout.pack_key(layout.CHUNK_PACKS, name) for name in hint[1] if name is not None)
+        return out
 
     def _hinted(self, wanted: Optional[set], pending: dict) -> list:
         """The unread packs (``pending``) the hints name for ``wanted``, in reading order."""

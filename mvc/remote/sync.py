@@ -129,6 +129,7 @@ def _outgoing(txn, objects, tips: list, conn: Connection, behind) -> _Outgoing:
     objects of a deleted branch in a pack a gc keeps whole, can hold a commit whose chunks are gone."""
     out, seen = _Outgoing(), set()
     has = conn.catalogue.has_objects
+    lazy = conn.catalogue.lazy()
     for oid, commit in reach.ancestors(lambda c: objects.commit(txn, c), tips, stop=behind):  # verified
         if not has([oid]):
             out.records.append((oid, txn.get("commits", oid)))
@@ -138,8 +139,45 @@ def _outgoing(txn, objects, tips: list, conn: Connection, behind) -> _Outgoing:
             data = layout.encode_pruned(oid, note)
             out.records.append((object_id(data), data))
         else:
-            _outgoing_tree(txn, objects, commit.tree, out, seen, has, conn)
+            before = _parent_leaves(txn, objects, commit) if lazy else None
+            _outgoing_tree(txn, objects, commit.tree, out, seen, has, conn, before)
     return out
+
+
+def _parent_leaves(txn, objects, commit) -> dict:
+    """{path: {tensor ids}} of the tensors of ``commit``'s parents' trees (those held here): a lazy
+    push reads the trailers their where hints name, where the unchanged chunks of a new state lie."""
+    out: dict = {}
+    for parent in commit.parents:
+        if txn.get("commits", parent) is None:
+            continue
+        try:
+            tree = objects.commit_tree(txn, parent)
+        except (CorruptObject, ObjectNotFound):
+            continue  # a parent this repository cannot read only gives no hint
+        for path, leaf in walk_tree(tree.root):
+            if isinstance(leaf, TensorLeaf):
+                out.setdefault(path, set()).add(leaf.id)
+    return out
+
+
+def _held(conn: Connection, txn, ids, lazy: bool) -> dict:
+    """{id: Location} of the chunks ``ids`` the remote holds, as far as a push must know to send the rest.
+
+    A full catalogue read every trailer: the lookup is complete. A lazy one (unread trailers)
+    answers from the trailers read so far (the caller read first those the where hints of what
+    it sends and of their predecessors name): proving a chunk absent would read every trailer,
+    in proportion to the remote, not to what is sent. An id none lists is sent again: a
+    duplicate on the remote, content-addressed, costs bytes, never data (a remote gc keeps every
+    pack that lists an id it needs). An id not held here (a lazy clone left it on the remote)
+    cannot be sent, so it alone is looked for in every unread trailer, as before."""
+    if not lazy:
+        return conn.catalogue.chunks(ids)
+    known = conn.catalogue.chunks(ids, complete=False)
+    away = [cid for cid in ids if cid not in known and txn.chunk(cid) is None]
+    if away:
+        known.update(conn.catalogue.chunks(away))
+    return known
 
 
 def _behind(repo, conn: Connection, tips: list) -> set:
@@ -181,20 +219,26 @@ def _read_targets(conn: Connection, targets: dict) -> tuple:
     return current, dict(conn.deleted), dict(conn.damaged)  # later reads replace conn's
 
 
-def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has, conn) -> None:
+def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has, conn,
+                   before: Optional[dict] = None) -> None:
     """The records and chunks of tree ``tree_id`` the remote lacks. A tree or tensor object the remote
     holds is no proof that it holds the chunks: a remote gc keeps the objects of a commit its
     retention pruned (in packs it keeps whole) and deletes their chunks, so a new commit of the same
-    state would otherwise send none. Every chunk is asked of the listing (taken under the lease)."""
+    state would otherwise send none. Every chunk is asked of the listing (taken under the lease).
+
+    ``before`` ({path: tensor ids} of the parents' trees) is given on a lazy catalogue: the
+    trailers the where hints of this tree's tensors and of the parents' tensors at the same paths
+    name are read first, in one batch, and chunks are looked up as ``_held`` says."""
     if tree_id in seen:
         return
     seen.add(tree_id)
     tree = objects.tree(txn, tree_id)
     if not has([tree_id]):
         out.records.append((tree_id, txn.get("trees", tree_id)))
-    leaves = [tid for tid in dict.fromkeys(leaf.id for _, leaf in walk_tree(tree.root) if isinstance(leaf, TensorLeaf))
-              if tid not in seen]
+    named = [(path, leaf.id) for path, leaf in walk_tree(tree.root) if isinstance(leaf, TensorLeaf)]
+    leaves = [tid for tid in dict.fromkeys(tid for _, tid in named) if tid not in seen]
     present = has(leaves)
+    lazy, hinted = before is not None, before is None
     for tid in leaves:  # in tree order, so chunks keep their neighbours
         seen.add(tid)
         tensor = objects.tensor(txn, tid)
@@ -202,7 +246,13 @@ def _outgoing_tree(txn, objects, tree_id: bytes, out: _Outgoing, seen: set, has,
             out.records.append((tid, getattr(objects, "raw", lambda t, k, o: t.get(k, o))(txn, "tensors", tid)))
             out.tensors.add(tid)
         spans = {cid: n for cid, _, n in tensor.chunk_spans() if cid not in out.chunks}
-        known = conn.catalogue.chunks(spans)
+        if not hinted and len(conn.catalogue.chunks(spans, complete=False)) < len(spans):
+            # a chunk no trailer read lists: the trailers the hints name for the whole tree, in one batch
+            # (none when every chunk is known already: a coordinator's commit read its ranks' packs)
+            hinted, fresh = True, set(leaves)
+            like = set(present) | {old for path, t in named if t in fresh for old in before.get(path, ())}
+            conn.catalogue.read_named(conn.catalogue.hinted_packs(like))
+        known = _held(conn, txn, spans, lazy)
         out.chunks.update({cid: n for cid, n in spans.items() if cid not in known})
         if len(tensor.chunks) == 1 and tensor.chunks[0] in out.chunks:
             out.lone.add(tensor.chunks[0])
@@ -272,7 +322,9 @@ def push(repo, name: Optional[str] = None, names: tuple = (), force: bool = Fals
                 # (docs/format.md 11.6); one that did so before is seen here and its packs avoided
                 read = _read_targets(conn, targets)
                 conn.catalogue.shun(lease.condemned(conn.bucket))
-                conn.catalogue.refresh(conn.bucket)
+                # a lazy clone lists the chunk packs without reading their trailers: _outgoing reads
+                # those the where hints of what it sends name (``_held``)
+                conn.catalogue.refresh(conn.bucket, trailers=not lazy_for(repo, conn.name))
                 behind = _behind(repo, conn, [oid for oid, _, _ in read[0].values()])
                 with repo.index.read() as txn:
                     out = _outgoing(txn, repo.objects, [oid for oid, _ in targets.values()], conn, behind)
@@ -396,10 +448,11 @@ def _in_pack_order(repo, chunks: dict, lone: set = frozenset()) -> tuple:
 
 def refresh(repo, name: str) -> int:
     """Learn the packs remote ``name`` gained since it was last listed (their
-    trailers); how many were new. RemoteError if it cannot be read."""
+    trailers; a lazy clone's remote: only the listing, trailers read when a
+    lookup needs them); how many were new. RemoteError if it cannot be read."""
     conn = Connection(repo, name)
     try:
-        return conn.catalogue.refresh(conn.bucket)
+        return conn.catalogue.refresh(conn.bucket, trailers=not lazy_for(repo, conn.name))
     finally:
         conn.close()
 
@@ -414,19 +467,29 @@ def upload_shards(repo, name: str, locations: dict, ids) -> tuple:
     lacks is uploaded in packs, read back verified as every push reads.
     Returns (packs, bytes) sent. Once this returns they are durable on the
     remote, so the coordinator may commit a tree that names them.
+
+    On a lazy clone (a fresh host) the remote's chunk pack trailers are not
+    all read: those the where hints of the tensors of this repository's
+    last checkpoint name for ``ids`` are (``_rank_packs``), and a chunk none
+    read lists is uploaded again (``_held``: a duplicate costs bytes, never data).
     """
     conn = Connection(repo, name)
     try:
         with lease.held(conn, lease.PUSH), repo.gc_lock.shared():
             conn.catalogue.shun(lease.condemned(conn.bucket))
-            conn.catalogue.refresh(conn.bucket)
+            conn.catalogue.refresh(conn.bucket, trailers=not lazy_for(repo, conn.name))
             if locations:
                 batch = repo.chunks.adopt(locations)
                 with repo.index.write() as txn:
                     batch.publish(txn)
+            ids = list(dict.fromkeys(ids))  # in tensor order
+            lazy = conn.catalogue.lazy()
+            if lazy and len(conn.catalogue.chunks(ids, complete=False)) < len(ids):
+                conn.catalogue.read_named(_rank_packs(repo, conn, ids))
             with repo.index.read() as txn:
+                held = _held(conn, txn, ids, lazy)
                 lacking = [(cid, repo.chunks.length(cid, txn, "a chunk of this rank's shards"))
-                           for cid in dict.fromkeys(ids) if not conn.catalogue.has_chunk(cid)]  # in tensor order
+                           for cid in ids if cid not in held]
             # the short chunks last, in packs of their own (their trailers list a few entries): among
             # them a value DCP saves on one rank only (an optimizer's step), which every rank reads,
             # so no rank reads the trailer of a whole pack of another rank's shards for it
@@ -436,6 +499,40 @@ def upload_shards(repo, name: str, locations: dict, ids) -> tuple:
                                           hard=len(full) if full and short else None)
     finally:
         conn.close()
+
+
+def _rank_packs(repo, conn: Connection, ids: list) -> set:
+    """The chunk pack keys where hints name for those of chunks ``ids`` that the last checkpoint
+    held: the tensor objects of HEAD's commit and of its branch's tracking ref of this remote
+    (a rank's host that resumed from it, or a fresh clone of it), and those this process read
+    (a resume load), are looked up by chunk id (``where.Noted``), so a rank reads the trailers
+    of its own shards' packs, not every rank's. RemoteError."""
+    noted = getattr(repo.chunks, "noted", None) or where.Noted()
+    with repo.index.read() as txn:
+        try:
+            branch, head = repo.refs.head(txn)
+        except MvcError:  # no HEAD: no hint
+            branch, head = None, None
+        tips = {head} if head is not None else set()
+        if branch is not None:
+            value = txn.ref(REMOTES + conn.name + "/" + refnames.short_name(branch))
+            if value is not None and value.id is not None:
+                tips.add(value.id)
+        tids = set()
+        for tip in tips:
+            if txn.get("commits", tip) is None:
+                continue
+            try:
+                tree = repo.objects.commit_tree(txn, tip)
+            except (CorruptObject, ObjectNotFound):
+                continue  # only a speed matter
+            tids.update(leaf.id for _, leaf in walk_tree(tree.root) if isinstance(leaf, TensorLeaf))
+        for tid in tids:
+            try:
+                noted.note(tid, repo.objects.tensor(txn, tid).chunks)
+            except MvcError:  # not read (damaged, pruned, the remote failing): only a speed matter
+                continue
+    return where.packs_for(noted.holders(ids), conn.catalogue.hint)
 
 
 def _move_refs(repo, conn: Connection, targets: dict, force: bool, current: dict, deleted: dict,

@@ -22,6 +22,13 @@ push that did not know, none at all) newest first as before. So a rank of
 a sharded load reads its own packs' trailers, not the other ranks', and a
 tensor only old packs hold does not read every newer trailer first.
 
+A lazy clone's push (and a rank's ``upload_shards`` on a fresh host) uses
+the hints the other way round: it reads the trailers the hints of the
+tensors it sends and of their predecessors name, so a chunk the last
+checkpoint holds is found there, and sends again one no trailer it read
+lists rather than read every trailer to prove it absent
+(``mvc.remote.sync._held``; docs/format.md 11.8).
+
 A hint is only ever a speed matter: it chooses which trailers to read
 first; the locations come from those trailers, and every byte read is
 verified against its BLAKE3 id. A hint that is missing (an older pusher, a

@@ -389,8 +389,6 @@ def commit_series(c: int, work: Path, repeat: int) -> dict:
     out["log_all"] = _best(lambda: sum(1 for _ in repo.log()), repeat)
     out["fsck_quick"], out["fsck_quick_cpu"] = _best_both(lambda: repo.fsck(quick=True), repeat)
     out["gc_plan"], out["gc_plan_cpu"] = _best_both(lambda: repo.gc(dry_run=True), repeat)
-    for key in ("fsck_quick", "fsck_quick_cpu", "gc_plan", "gc_plan_cpu"):
-        out[f"{key}_us_per_chunk"] = out[key] / n * 1e6
     repo.remotes.add("origin", str(work / f"remote-c{c}"))
     out["push_plan_all"] = _best(lambda: _plan_push(repo, "origin"), repeat)
     repo.close()

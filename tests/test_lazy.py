@@ -168,7 +168,6 @@ def test_one_rank_of_a_sharded_load_reads_only_its_own_packs_trailers(tmp_path, 
     rank 1 also a value every rank loads, as DCP saves an optimizer's replicated ``step``), pushed;
     then each rank, on a lazy clone of its own, reads its own pieces and the value (``read_pieces``,
     the DCP reader's path): it reads the trailers of its own packs, a quarter of the trailer bytes."""
-    from mvc.remote import catalogue as catalogues
     monkeypatch.setattr(layout, "PACK_BYTES", 4096)
     world, rows, names = 4, 16, ("w", "m", "v")
     g = torch.Generator().manual_seed(3)
@@ -188,13 +187,25 @@ def test_one_rank_of_a_sharded_load_reads_only_its_own_packs_trailers(tmp_path, 
         repo.shards.commit(start, leaves, locations, None, "sharded")
         repo.remotes.add("origin", str(tmp_path / "remote"))
         repo.remotes.push()
-    remote = FolderBucket(tmp_path / "remote")
-    sizes = {}
+    assert len(trailer_sizes(tmp_path)) > world
+    each_rank_loads_its_rows_reading_its_own_trailers(tmp_path, world, rows, names, full, step)
+
+
+def trailer_sizes(tmp_path) -> dict:
+    """{chunk pack key: the bytes of its trailer and footer} of the folder remote."""
+    from mvc.remote import catalogue as catalogues
+    remote, sizes = FolderBucket(tmp_path / "remote"), {}
     for key, _ in remote.list("packs/"):
         body, footer, _ = catalogues._trailer_bytes(remote, key)
         sizes[key] = len(body) + len(footer)
+    return sizes
+
+
+def each_rank_loads_its_rows_reading_its_own_trailers(tmp_path, world, rows, names, full, step) -> None:
+    """Each rank, on a lazy clone of its own of the folder remote, reads its rows of ``names`` (and
+    the one-chunk ``step``) bit for bit, reading at most 30% of the remote's chunk trailer bytes."""
+    sizes = trailer_sizes(tmp_path)
     total = sum(sizes.values())
-    assert len(sizes) > world
     for rank in range(world):
         with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"host{rank}", lazy=True) as host:
             view = host.shards.view("main")
@@ -207,16 +218,6 @@ def test_one_rank_of_a_sharded_load_reads_only_its_own_packs_trailers(tmp_path, 
             read = sum(sizes[key] for key in sizes.keys() - unread(host).keys())  # the trailers it read
             assert read <= 0.30 * total, (rank, read, total)
             assert host.chunks.conn.catalogue.trailer_bytes == read
-
-
-def trailer_sizes(tmp_path) -> dict:
-    """{chunk pack key: the bytes of its trailer and footer} of the folder remote."""
-    from mvc.remote import catalogue as catalogues
-    remote, sizes = FolderBucket(tmp_path / "remote"), {}
-    for key, _ in remote.list("packs/"):
-        body, footer, _ = catalogues._trailer_bytes(remote, key)
-        sizes[key] = len(body) + len(footer)
-    return sizes
 
 
 def test_ranks_saving_across_hosts_load_reading_only_their_own_packs_trailers(tmp_path, monkeypatch):
@@ -252,19 +253,7 @@ def test_ranks_saving_across_hosts_load_reading_only_their_own_packs_trailers(tm
     finally:
         for host in hosts:
             host.close()
-    sizes = trailer_sizes(tmp_path)
-    total = sum(sizes.values())
-    for rank in range(world):
-        with mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"host{rank}", lazy=True) as host:
-            view = host.shards.view("main")
-            objs = [view["tensors"][(n,)] for n in names + ("step",)]
-            got = mvc.reader.read_pieces(host, [(obj, rank, 0, obj.pieces()[rank][3]) for obj in objs[:-1]] +
-                                         [(objs[-1], 0, 0, 4)])
-            for n, data in zip(names, got):
-                assert data.tobytes() == full[n][rank * rows:(rank + 1) * rows].contiguous().numpy().tobytes()
-            assert got[-1].tobytes() == step.numpy().tobytes()
-            read = sum(sizes[key] for key in sizes.keys() - unread(host).keys())
-            assert read <= 0.30 * total, (rank, read, total)
+    each_rank_loads_its_rows_reading_its_own_trailers(tmp_path, world, rows, names, full, step)
 
 
 def test_fetch_into_a_lazy_clone_reads_no_tensor_object_nor_new_chunk_trailer(origin, tmp_path):

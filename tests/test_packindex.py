@@ -453,3 +453,23 @@ def test_a_commit_builds_on_its_view_without_scanning_the_multi_pack_indexes_on_
     assert len(scans) == 1 and set(view.names) == _pack_names(repo)
     for i, cid in enumerate(ids):
         assert torch.equal(repo.load(cid)["w"], _state(100 + i)["w"])
+
+
+def test_the_views_stay_mapped_through_weakrefs_exit_pass(tmp_path):
+    # a Checkpointer registers its close at exit; where weakref's own exit pass (which calls every
+    # finalizer still pending) runs before it, an unmapping finalizer would leave the close reading
+    # freed pages: that pass is run here first, as such an order would, then the index is read
+    script = (
+        "import sys, weakref, torch, mvc\n"
+        "repo = mvc.Repository.init(sys.argv[1], chunk_size=64)\n"
+        "for i in range(12):\n"
+        "    repo.commit({'w': torch.full((64,), float(i))}, f'c{i}')\n"
+        "with repo.index.read() as txn:\n"
+        "    before = [b.ids.tobytes() for b in txn.chunk_batches()]\n"
+        "weakref.finalize._exitfunc()\n"
+        "with repo.index.read() as txn:\n"
+        "    after = [b.ids.tobytes() for b in txn.chunk_batches()]\n"
+        "print(after == before, flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "r")], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr[-2000:]

@@ -194,7 +194,9 @@ def _mapped(fd: int, size: int):
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     buf = (ctypes.c_char * size).from_address(addr)
-    weakref.finalize(buf, _LIBC.munmap, addr, size)
+    # unmapped when the last view goes, never at interpreter exit: an exit hook that runs after
+    # weakref's own (closing a repository, a push waited for) may still read through a view
+    weakref.finalize(buf, _LIBC.munmap, addr, size).atexit = False
     return buf
 
 

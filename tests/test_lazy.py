@@ -163,27 +163,48 @@ def test_a_remote_without_where_hints_still_loads(origin, tmp_path):
         assert same(lazy.load("main"), origin.load("main")) and lazy.fsck().ok
 
 
+def sharded_state(seed: int) -> tuple:
+    """(world, rows, names, full, step) of the sharded tests: 4 ranks, each saving its 16 rows of
+    three (64, 32) tensors; rank 1 also a one-chunk ``step`` every rank loads."""
+    world, rows, names = 4, 16, ("w", "m", "v")
+    g = torch.Generator().manual_seed(seed)
+    return world, rows, names, {n: torch.randn(world * rows, 32, generator=g) for n in names}, torch.tensor(7.0)
+
+
+def sharded_leaves(descs: list, full: dict, rows: int) -> dict:
+    """The tree of a sharded commit of the ranks' ``shards.write`` results: rank r's ``rows`` rows
+    of each tensor of ``full``, in order, then the one-chunk ``step`` rank 1 saved after them."""
+    last = len(full)
+    leaves = {(n,): mvc.ShardedTensor(descs[0]["tensors"][i]["dtype"], tuple(t.shape),
+                                      [((r * rows, 0), (rows, t.shape[1]), descs[r]["tensors"][i]["chunks"])
+                                       for r in range(len(descs))]) for i, (n, t) in enumerate(full.items())}
+    leaves[("step",)] = mvc.ShardedTensor(descs[1]["tensors"][last]["dtype"], (),
+                                          [((), (), descs[1]["tensors"][last]["chunks"])])
+    return leaves
+
+
+def seed_remote(tmp_path) -> None:
+    """A folder remote at ``tmp_path/remote`` holding one small commit on main."""
+    with mvc.Repository.init(tmp_path / "seed", chunk_size=SMALL) as seed:
+        seed.commit({"seed": torch.zeros(4)}, "seed")
+        seed.remotes.add("origin", str(tmp_path / "remote"))
+        seed.remotes.push()
+
+
 def test_one_rank_of_a_sharded_load_reads_only_its_own_packs_trailers(tmp_path, monkeypatch):
     """A 4-rank sharded save (``repo.shards``, the DCP writer's path: each rank writes its own pack;
     rank 1 also a value every rank loads, as DCP saves an optimizer's replicated ``step``), pushed;
     then each rank, on a lazy clone of its own, reads its own pieces and the value (``read_pieces``,
     the DCP reader's path): it reads the trailers of its own packs, a quarter of the trailer bytes."""
     monkeypatch.setattr(layout, "PACK_BYTES", 4096)
-    world, rows, names = 4, 16, ("w", "m", "v")
-    g = torch.Generator().manual_seed(3)
-    full = {n: torch.randn(world * rows, 32, generator=g) for n in names}
-    step = torch.tensor(7.0)
+    world, rows, names, full, step = sharded_state(3)
     with mvc.Repository.init(tmp_path / "a", chunk_size=SMALL) as repo:
         start, locations, descs = repo.shards.begin("main"), {}, []
         for rank in range(world):
             parts = [full[n][rank * rows:(rank + 1) * rows].contiguous() for n in names]
             descs.append(repo.shards.write(parts + ([step] if rank == 1 else [])))
             locations.update(descs[-1]["locations"])
-        leaves = {(n,): mvc.ShardedTensor(descs[0]["tensors"][i]["dtype"], (world * rows, 32),
-                                          [((r * rows, 0), (rows, 32), descs[r]["tensors"][i]["chunks"])
-                                           for r in range(world)]) for i, n in enumerate(names)}
-        leaves[("step",)] = mvc.ShardedTensor(descs[1]["tensors"][3]["dtype"], (),
-                                              [((), (), descs[1]["tensors"][3]["chunks"])])
+        leaves = sharded_leaves(descs, full, rows)
         repo.shards.commit(start, leaves, locations, None, "sharded")
         repo.remotes.add("origin", str(tmp_path / "remote"))
         repo.remotes.push()
@@ -226,33 +247,9 @@ def test_ranks_saving_across_hosts_load_reading_only_their_own_packs_trailers(tm
     saves an optimizer's ``step``, replicated, on one rank). The coordinator commits and pushes.
     Each rank, on a fresh clone, reads its own pieces and the value: at most 30% of the trailer bytes."""
     monkeypatch.setattr(layout, "PACK_BYTES", 4096)
-    world, rows, names = 4, 16, ("w", "m", "v")
-    g = torch.Generator().manual_seed(4)
-    full = {n: torch.randn(world * rows, 32, generator=g) for n in names}
-    step = torch.tensor(7.0)
-    with mvc.Repository.init(tmp_path / "seed", chunk_size=SMALL) as seed:
-        seed.commit({"seed": torch.zeros(4)}, "seed")
-        seed.remotes.add("origin", str(tmp_path / "remote"))
-        seed.remotes.push()
-    hosts = [mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"saver{r}", lazy=True) for r in range(world)]
-    try:
-        start, descs = hosts[0].shards.begin("main"), []
-        for rank, host in enumerate(hosts):
-            parts = [full[n][rank * rows:(rank + 1) * rows].contiguous() for n in names]
-            descs.append(host.shards.write(parts + ([step] if rank == 1 else [])))
-            host.remotes.upload_shards("origin", descs[-1]["locations"],
-                                       [cid for t in descs[-1]["tensors"] for cid in t["chunks"]])
-        leaves = {(n,): mvc.ShardedTensor(descs[0]["tensors"][i]["dtype"], (world * rows, 32),
-                                          [((r * rows, 0), (rows, 32), descs[r]["tensors"][i]["chunks"])
-                                           for r in range(world)]) for i, n in enumerate(names)}
-        leaves[("step",)] = mvc.ShardedTensor(descs[1]["tensors"][3]["dtype"], (),
-                                              [((), (), descs[1]["tensors"][3]["chunks"])])
-        hosts[0].remotes.refresh("origin")
-        hosts[0].shards.commit(start, leaves, {}, None, "sharded")
-        hosts[0].remotes.push("origin", ("main",))
-    finally:
-        for host in hosts:
-            host.close()
+    world, rows, names, full, step = sharded_state(4)
+    seed_remote(tmp_path)
+    save_across_hosts(tmp_path, "saver", full, step, world, rows)
     each_rank_loads_its_rows_reading_its_own_trailers(tmp_path, world, rows, names, full, step)
 
 
@@ -546,8 +543,7 @@ def test_a_full_clones_push_still_sends_no_chunk_the_remote_holds(origin, tmp_pa
 
 
 def save_across_hosts(tmp_path, tag: str, full: dict, step, world: int = 4, rows: int = 16) -> tuple:
-    """One sharded save across ``world`` fresh lazy clones (the DCP writer's path, as in
-    ``test_ranks_saving_across_hosts...``), committed and pushed by rank 0's host. Returns per rank
+    """One sharded save across ``world`` fresh lazy clones (the DCP writer's path), committed and pushed by rank 0's host. Returns per rank
     (the chunk pack keys whose trailers its ``upload_shards`` read, (packs, bytes) it sent)."""
     names = tuple(full)
     hosts = [mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / f"{tag}{r}", lazy=True) for r in range(world)]
@@ -561,11 +557,7 @@ def save_across_hosts(tmp_path, tag: str, full: dict, step, world: int = 4, rows
             sent.append(host.remotes.upload_shards("origin", descs[-1]["locations"],
                                                    [cid for t in descs[-1]["tensors"] for cid in t["chunks"]]))
             read.append(before - set(unread(host)))
-        leaves = {(n,): mvc.ShardedTensor(descs[0]["tensors"][i]["dtype"], tuple(full[n].shape),
-                                          [((r * rows, 0), (rows, full[n].shape[1]), descs[r]["tensors"][i]["chunks"])
-                                           for r in range(world)]) for i, n in enumerate(names)}
-        leaves[("step",)] = mvc.ShardedTensor(descs[1]["tensors"][len(names)]["dtype"], (),
-                                              [((), (), descs[1]["tensors"][len(names)]["chunks"])])
+        leaves = sharded_leaves(descs, full, rows)
         hosts[0].remotes.refresh("origin")
         hosts[0].shards.commit(start, leaves, {}, None, tag)
         hosts[0].remotes.push("origin", ("main",))
@@ -587,10 +579,7 @@ def test_a_rank_on_a_fresh_host_reads_only_its_own_packs_trailers_to_upload_its_
     second = {"w": first["w"], "m": torch.randn(world * rows, 32, generator=g),
               "v": torch.randn(world * rows, 32, generator=g)}
     step = torch.tensor(7.0)
-    with mvc.Repository.init(tmp_path / "seed", chunk_size=SMALL) as seed:
-        seed.commit({"seed": torch.zeros(4)}, "seed")
-        seed.remotes.add("origin", str(tmp_path / "remote"))
-        seed.remotes.push()
+    seed_remote(tmp_path)
     save_across_hosts(tmp_path, "one", first, step)
     sizes = trailer_sizes(tmp_path)
     total = sum(sizes.values())

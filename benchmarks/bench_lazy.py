@@ -74,6 +74,19 @@ import numpy as np
 CHUNK = 64
 COMMITS, TENSORS = 10, 10
 
+# chunk-pack trailers a child reads (counted where they are read: the old code has no counters)
+_COUNT_TRAILERS = r"""
+from mvc.remote import catalogue
+trailers = {"n": 0, "bytes": 0}
+real_trailer = catalogue._trailer_bytes
+def trailer(bucket, key):
+    body, footer, size = real_trailer(bucket, key)
+    if key.startswith("packs/"):
+        trailers["n"] += 1; trailers["bytes"] += len(body) + len(footer)
+    return body, footer, size
+catalogue._trailer_bytes = trailer
+"""
+
 _CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -87,15 +100,7 @@ def counted(self, key, start=0, stop=None):
     read["bytes"] += len(data); read["calls"] += 1
     return data, size
 buckets.FolderBucket._read = counted
-from mvc.remote import catalogue
-trailers = {"n": 0, "bytes": 0}
-real_trailer = catalogue._trailer_bytes
-def trailer(bucket, key):
-    body, footer, size = real_trailer(bucket, key)
-    if key.startswith("packs/"):
-        trailers["n"] += 1; trailers["bytes"] += len(body) + len(footer)
-    return body, footer, size
-catalogue._trailer_bytes = trailer
+""" + _COUNT_TRAILERS + r"""
 remote, target, rev = sys.argv[2], sys.argv[3], sys.argv[4]
 start = time.perf_counter()
 repo = mvc.Repository.clone(remote, target, lazy=True)
@@ -383,14 +388,7 @@ import torch
 import mvc
 from mvc.remote import catalogue, sync
 remote, target, n = sys.argv[2], sys.argv[3], int(sys.argv[4])
-trailers = {"n": 0, "bytes": 0}
-real_trailer = catalogue._trailer_bytes
-def trailer(bucket, key):
-    body, footer, size = real_trailer(bucket, key)
-    if key.startswith("packs/"):
-        trailers["n"] += 1; trailers["bytes"] += len(body) + len(footer)
-    return body, footer, size
-catalogue._trailer_bytes = trailer
+""" + _COUNT_TRAILERS + r"""
 planning = {"s": 0.0}
 def timed(f):
     def wrapper(*a, **k):

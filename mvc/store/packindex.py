@@ -581,9 +581,9 @@ class Registered:
     walks (``entries``, ``counts``: fsck, gc) first check the checksum of each multi-pack index
     (``trust``), since an entry missing there would look like a chunk that is not located."""
 
-    def __init__(self, folder: Path, packs: tuple, tiers: list, broken: dict):
+    def __init__(self, folder: Path, packs: tuple, tiers: list, broken: dict, stamp=None):
         self.folder, self.packs, self.tiers, self.broken = folder, packs, tiers, broken
-        self.stamp = None  # the registry stamp it was built under (``unchanged``)
+        self.stamp = stamp  # the registry stamp it was built under (``unchanged``)
         self.names = [name for _, name in packs]
         number = {name: i for i, name in enumerate(self.names)}
         self.numbers = [np.array([number[n] for n in tier.names], dtype=np.int64) for tier in tiers]
@@ -701,8 +701,7 @@ def registered(folder, packs: tuple, stamp=None) -> Registered:
             got.append(single)
         at += 1
     tiers = _fewer(got + tiers, lambda group: merged_tier(folder, group))
-    view = Registered(folder, packs, tiers, broken)
-    view.stamp = stamp
+    view = Registered(folder, packs, tiers, broken, stamp)
     if last is not None:  # packs taken out of the index: no mapping may keep their space
         kept = set(view.names)
         forget_trailer_views(folder / pack_filename(n) for n in last.names if n not in kept)

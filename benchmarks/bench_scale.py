@@ -197,7 +197,7 @@ def chunk_series(n: int, work: Path, repeat: int, remote_too: bool = True, old: 
         out["gc_mem_per_chunk"] = _peak_bytes(repo.dir.parent, "gc") / n
     remote = work / f"remote-{n}"
     if remote_too:
-        _remote_part(repo, remote, work / f"clone-{n}", g, repeat, out)
+        _remote_part(repo, remote, work / f"clone-{n}", g, repeat, out, old)
     repo.close()
     out["chunk_db_per_chunk"] = (_db_bytes(repo.dir / "index", "chunks") + _pidx_bytes(repo)) / n
     out["tensor_db_per_chunk"] = _db_bytes(repo.dir / "index", "tensors") / n
@@ -355,7 +355,54 @@ def _merge_peak(folder: Path) -> int:
     return int(out.stdout)
 
 
-def _remote_part(repo, remote: Path, clone: Path, g, repeat: int, out: dict) -> None:
+_CATALOGUE = """
+import json, os, random, sys, time
+import mvc
+from mvc.remote import catalogue, layout
+from mvc.remote.connection import Connection
+repo = mvc.Repository.open(sys.argv[1])
+catalogue.forget(repo.dir, "origin")
+conn = Connection(repo, "origin")
+start = time.perf_counter()
+conn.catalogue.refresh(conn.bucket)
+refresh = time.perf_counter() - start
+ids = [cid for key, listed in conn.catalogue.pack_ids().items() if key.startswith(layout.CHUNK_PACKS) for cid in listed]
+sample = random.Random(0).sample(ids, min(len(ids), 100000))
+start = time.perf_counter()
+found = conn.catalogue.chunks(sample, complete=False)
+lookup = (time.perf_counter() - start) / len(sample)
+assert len(found) == len(sample)
+conn.close()
+folder = catalogue.folder(repo.dir, "origin")
+size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs if not f.endswith(".lock"))
+print(json.dumps([refresh, lookup * 1e6, size, len(ids)]))
+"""
+
+
+def _catalogue_costs(clone: Path, repeat: int, old: str, out: dict) -> None:
+    """A host's catalogue of the whole remote, as a full clone or a pusher of everything holds it
+    (every trailer read): seconds to build it from the remote, µs per chunk of a lookup of 10⁵ of
+    them, bytes per remote chunk entry; each in a fresh process, this code's and (``old``) the
+    older code's alternating, best of ``repeat``."""
+    runs = {"": [], "old_": []}
+    for _ in range(repeat):
+        for tag, code in (("old_", old), ("", "")) if old else (("", ""),):
+            env = dict(os.environ)
+            if code:
+                env["PYTHONPATH"] = os.pathsep.join([code] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+            got = subprocess.run([sys.executable, "-c", _CATALOGUE, str(clone)], capture_output=True, text=True,
+                                 env=env, cwd=clone)
+            if got.returncode:
+                raise RuntimeError(f"the catalogue run of {code or 'this code'} failed: {got.stderr[-2000:]}")
+            runs[tag].append(json.loads(got.stdout))
+    for tag, got in runs.items():
+        if got:
+            out[f"{tag}catalogue_refresh"] = min(r[0] for r in got)
+            out[f"{tag}catalogue_lookup_us"] = min(r[1] for r in got)
+            out[f"{tag}catalogue_bytes_per_chunk"] = min(r[2] / r[3] for r in got)
+
+
+def _remote_part(repo, remote: Path, clone: Path, g, repeat: int, out: dict, old: str = "") -> None:
     """Push planning, the push, planning one more commit, a lazy clone and opening it."""
     repo.remotes.add("origin", str(remote))
     out["push_plan_all"] = _best(lambda: _plan_push(repo, "origin"), repeat)
@@ -375,6 +422,7 @@ def _remote_part(repo, remote: Path, clone: Path, g, repeat: int, out: dict) -> 
         r.resolve("HEAD")
         r.close()
     out["lazy_open"] = _best(open_clone, repeat)
+    _catalogue_costs(clone, repeat, old, out)
 
 
 def commit_series(c: int, work: Path, repeat: int) -> dict:
@@ -461,7 +509,8 @@ def projection(chunks: list, commits: list, tensors: list) -> list:
     for name, rows, n, keys in (("chunks", chunks, PROJECT["chunks"],
                                  ["index_bytes_per_chunk", "fsck_quick", "gc_plan", "fsck_mem_per_chunk",
                                   "gc_mem_per_chunk", "push_plan_all",
-                                  "push_plan_one", "lazy_clone", "lazy_open"]),
+                                  "push_plan_one", "lazy_clone", "lazy_open", "catalogue_refresh",
+                                  "catalogue_bytes_per_chunk"]),
                                 ("commits", commits, PROJECT["commits"], ["log_all", "fsck_quick", "gc_plan"]),
                                 ("tensors", tensors, PROJECT["tensors"], ["commit", "commit_again", "load"])):
         if not rows:
@@ -484,7 +533,7 @@ def _linear(key: str, row: dict, n: int) -> float:
 def _projected(key: str, value: float, n: int) -> str:
     if key == "index_bytes_per_chunk":
         return f"{value:.0f} B per chunk, {value * n / 1e9:.0f} GB of index"
-    if key.endswith("_mem_per_chunk"):
+    if key.endswith("_mem_per_chunk") or key == "catalogue_bytes_per_chunk":
         return f"{value:.0f} B per chunk, {value * n / 1e9:.0f} GB"
     return _human(value)
 
@@ -516,6 +565,11 @@ def report(chunks: list, commits: list, tensors: list) -> list:
                         "old_fsck_mem_per_chunk", "gc_mem_per_chunk", "old_gc_mem_per_chunk",
                         "fsck_anon_per_chunk", "old_fsck_anon_per_chunk", "gc_anon_per_chunk",
                         "old_gc_anon_per_chunk"])
+    if chunks and any("catalogue_refresh" in r for r in chunks):
+        lines += table("a host's catalogue of the whole remote (every trailer read; fresh processes): seconds to "
+                       "build, µs per chunk looked up, bytes per remote chunk entry; old_: the --old code", chunks,
+                       [f"{old}catalogue_{what}" for what in ("refresh", "lookup_us", "bytes_per_chunk")
+                        for old in ("", "old_") if any(f"{old}catalogue_refresh" in r for r in chunks)])
     lines += table("commit series (seconds)", commits, ["build", "log_all", "fsck_quick", "gc_plan",
                                                         "push_plan_all"]) if commits else []
     lines += table("tensor series (seconds)", tensors, ["commit", "commit_again", "load"]) if tensors else []

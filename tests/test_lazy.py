@@ -307,8 +307,7 @@ def _delete_remote_pack_of(lazy, remote, key: str) -> bytes:
         first = lazy.objects.tensor(txn, leaf(lazy, key)).chunks[0]
     catalogue = Catalogue(lazy.dir, "origin")
     try:
-        with catalogue.index.read() as txn:
-            name = catalogue.chunk(first, txn).pack
+        name = catalogue.chunk(first).pack
     finally:
         catalogue.close()
     (remote / layout.pack_key(layout.CHUNK_PACKS, name)).unlink()
@@ -411,24 +410,6 @@ def test_a_lost_pack_a_lazy_clone_relied_on_is_named_at_every_fetch_until_repair
             assert first in err.value.ids
         origin.remotes.repair()
         assert lazy.remotes.fetch().lost == 0 and same(lazy.load("main"), state(1))
-
-
-def test_a_catalogued_trailer_lists_its_ids_as_every_mvc_reads_them(tmp_path):
-    """add_table (a trailer read as arrays) stores a pack's ids as a msgpack list of ids, as
-    add_pack and every earlier mvc do: an older mvc opening the same repository reads it."""
-    import numpy as np
-    from mvc import encoding
-    (tmp_path / ".mvc").mkdir()
-    catalogue = Catalogue(tmp_path / ".mvc", "origin")
-    try:
-        ids = [bytes([i]) * 32 for i in range(100)]
-        key = layout.pack_key(layout.CHUNK_PACKS, bytes(16))
-        catalogue.add_table(key, ids, np.arange(100, dtype=np.uint64) * 64, np.full(100, 64, dtype=np.uint32))
-        with catalogue.index.read() as txn:
-            assert encoding.unpack(txn.meta("pack:" + key), "entry") == ids
-        assert catalogue.chunks(ids[:3]) == {cid: catalogue.chunk(cid) for cid in ids[:3]}
-    finally:
-        catalogue.close()
 
 
 def test_remote_gc_deletes_the_hints_of_the_object_packs_it_deletes_and_loads_stay_exact(origin, tmp_path):

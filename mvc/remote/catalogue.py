@@ -1,12 +1,18 @@
 """The catalogue: what one remote holds and where, as this repository last saw it.
 
 Built from the trailers of the remote's packs (each read once: packs are
-immutable), kept in an LMDB environment of its own at
-``.mvc/remotes/NAME/`` (an ``mvc.store.index.Index``, whose ``chunks``
-database maps chunk id -> (remote pack name, data offset, length), whose
-``tensors`` database maps object id -> the same for object packs, and whose
-``meta`` holds ``pack:KEY`` -> the ids a pack lists and ``used:PACK`` -> when
-this repository last read local pack PACK, for LRU eviction).
+immutable), kept at ``.mvc/remotes/NAME/``: chunk locations, chunk id ->
+(remote pack name, data offset, length), in sorted table files
+(``mvc.remote.tables``, 48 bytes an entry, under ``tables/``); the rest in an
+LMDB environment of its own (an ``mvc.store.index.Index``), whose ``meta``
+holds ``tables`` -> [generation, the table names, newest first], ``in:KEY``
+-> the table holding chunk pack KEY's entries (its **home**: an entry of
+another table naming it is stale), ``pack:KEY`` -> the ids object pack KEY
+lists, ``used:PACK`` -> when this repository last read local pack PACK (LRU
+eviction), and whose ``tensors`` database maps object id -> its location in
+an object pack. A catalogue from before the tables (chunk entries in LMDB) is
+converted when first opened: its chunk packs become unread (below), so they
+are read again as lookups need them.
 
 A lazy clone lists the chunk packs without reading their trailers
 (``refresh(bucket, trailers=False)``): such a pack is **unread**
@@ -25,13 +31,14 @@ clone does not prove a chunk absent (that reads every trailer): it reads the
 trailers the hints of what it sends and of their predecessors name
 (``read_named``, ``hinted_packs``) and sends again a chunk none read lists
 (``mvc.remote.sync._held``), so the remote may list an id in several packs;
-an id is indexed here at the first pack read that lists it. An unread pack listed again with
+a lookup takes the newest table's entry. An unread pack listed again with
 another size or stamp, or whose trailer does not read when it is needed, is
 **damaged**
 (``damaged:KEY`` -> its stamp): packs are written whole and never modified.
 
 It is derived data: deleting the folder loses nothing; the next command
-that needs it lists the remote and reads the trailers again. ``refresh``
+that needs it lists the remote and reads the trailers again; a table file
+found missing or damaged is dropped and its packs marked unread. ``refresh``
 also forgets packs that are no longer listed (deleted on the remote), so
 nothing is evicted locally on the strength of a copy that is gone.
 """
@@ -49,10 +56,10 @@ import numpy as np
 
 from .. import encoding
 from ..errors import CorruptObject
-from ..store import fs
+from ..store import fs, idarray
 from ..store.index import Index
-from ..store.packs import INDEX_RAW, Location
-from . import layout, where
+from ..store.packs import Location
+from . import layout, tables, where
 from .bucket import NotFound, RemoteError
 
 TAIL_BYTES = 64 << 10  # read from a pack's end first: footer and (usually) the whole trailer
@@ -61,8 +68,10 @@ MIN_PACK_BYTES = len(layout.HEADER) + 4 + layout.FOOTER.size  # header, an empty
 _LOC = struct.Struct("<16sQI")
 OBJECTS_DB = "tensors"  # this environment's object table: id -> location in an object pack
 LOST = "lost:"  # meta key prefix: chunk id (hex) -> b"", see Catalogue.lost
-_INDEX_RAW = np.dtype([("pack", "V16"), ("offset", "<u8"), ("length", "<u4")])
-assert _INDEX_RAW.itemsize == INDEX_RAW.size
+TABLES = "tables"  # meta: [generation, [table names, newest first]]
+HOME = "in:"  # meta key prefix: chunk pack key -> the name of the table holding its entries
+FORMAT = "format"  # meta: b"2" once chunk locations are in tables (a catalogue from before is converted)
+FLUSH = 1 << 22  # entries of trailers read that one table holds at most (about 200 MiB while written)
 
 
 def folder(repo_dir: Path, name: str) -> Path:
@@ -74,6 +83,44 @@ def forget(repo_dir: Path, name: str) -> None:
     shutil.rmtree(folder(repo_dir, name), ignore_errors=True)
 
 
+class _View:
+    """The tables as one generation of the listing names them, mapped: ``homed[t]``, a flag per
+    pack table t lists, says the table is that pack's home; ``live`` is ``homed`` less the packs
+    a command avoids."""
+
+    def __init__(self, gen: int, got: list, homes: dict, avoid: frozenset, reuse: Optional[dict] = None):
+        self.gen, self.tables, self.homes, self.avoid = gen, got, homes, avoid
+        reuse = reuse or {}
+        self.homed, self.live = [], []
+        for t in got:
+            homed, live = reuse.get(t.name) or _flags(t, homes, avoid)
+            self.homed.append(homed)
+            self.live.append(live)
+
+    def then(self, gen: int, got: list, changes: dict) -> "_View":
+        """The view of generation ``gen``, this one's writer having listed tables ``got`` and
+        moved the packs ``changes`` ({pack name: new home, None: none}): flags are computed
+        again only for the tables that gained or lost a home (a view costs the packs it lists,
+        and a push adds a table a pack)."""
+        homes, touched = dict(self.homes), set()
+        for name, home in changes.items():
+            touched |= {homes.get(name), home}
+            if home is None:
+                homes.pop(name, None)
+            else:
+                homes[name] = home
+        reuse = {t.name: (h, v) for t, h, v in zip(self.tables, self.homed, self.live) if t.name not in touched}
+        return _View(gen, got, homes, self.avoid, reuse)
+
+
+def _flags(table, homes: dict, avoid: frozenset) -> tuple:
+    """(homed, live) flags of ``table``'s packs."""
+    homed = np.array([homes.get(n) == table.name for n in table.names], dtype=bool)
+    if not avoid:
+        return homed, homed
+    return homed, homed & np.array([n not in avoid for n in table.names], dtype=bool)
+
+
 class Catalogue:
     def __init__(self, repo_dir: Path, name: str):
         path = folder(repo_dir, name)
@@ -81,6 +128,10 @@ class Catalogue:
         fs.ensure_dir(path)
         # opened without create once it exists, so a planted link in place of data.mdb is refused
         self.index = Index(path, create=not os.path.lexists(path / "data.mdb"))
+        self.tables_dir = path / "tables"
+        if not self.index.readonly:
+            fs.ensure_dir(self.tables_dir)
+            self._convert()
         # names of packs the lookups treat as absent: those a remote gc condemned (a push must
         # not count on them, docs/format.md 11.6)
         self.avoid: frozenset = frozenset()
@@ -92,21 +143,20 @@ class Catalogue:
         # and footer), and how many of them a hint named
         self.trailers_read = self.trailer_bytes = self.trailers_hinted = 0
         self._reading = threading.Lock()
+        self._writing = threading.RLock()
         self._hints: dict = {}  # object pack key -> its decoded where hint ({} if none)
+        self._view: Optional[_View] = None
 
     def shun(self, keys) -> None:
         """Treat the packs ``keys`` as absent in every lookup from now on (for this command)."""
         self.avoid = frozenset(name for key in keys if (name := layout.pack_name(key)) is not None)
+        self._view = None
 
     # -- lookups ----------------------------------------------------------------
 
-    def chunk(self, cid: bytes, txn=None) -> Optional[Location]:
-        """Where the remote holds chunk ``cid`` (None: nowhere); with ``txn``, as far as the
-        trailers read so far say (no unread trailer is read)."""
-        if txn is None:
-            return self.chunks([cid]).get(cid)
-        loc = txn.chunk(cid)
-        return None if loc is None or loc.pack in self.avoid else loc
+    def chunk(self, cid: bytes) -> Optional[Location]:
+        """Where the remote holds chunk ``cid`` (None: nowhere)."""
+        return self.chunks([cid]).get(cid)
 
     def has_chunk(self, cid: bytes) -> bool:
         return self.chunk(cid) is not None
@@ -115,13 +165,78 @@ class Catalogue:
         """{id: Location} of the ids the remote holds. ``complete``: an id no trailer read so far
         lists is looked for in the unread ones (read until it is found); False: only those read."""
         ids = list(ids)
-        with self.index.read() as txn:
-            out = {cid: loc for cid in ids if (loc := self.chunk(cid, txn)) is not None}
-        if complete and len(out) < len(ids) and self.source is not None:
+        out = self._find(ids)
+        if complete and len(out) < len(set(ids)) and self.source is not None:
             found: dict = {}
             self.read_unread({cid for cid in ids if cid not in out}, found)
             out.update(found)
         return out
+
+    def _find(self, ids: list, homed: bool = False) -> dict:
+        """{id: Location} of those of ``ids`` the tables list (``homed``: packs avoided too)."""
+        if not ids:
+            return {}
+        view = self.view()
+        arr = idarray.pack(ids)
+        at, entry = tables.locate(view.tables, view.homed if homed else view.live, arr)
+        out = {}
+        for t in np.unique(at[at >= 0]).tolist():
+            sel = np.flatnonzero(at == t)
+            table, rows = view.tables[t], entry[sel]
+            for i, k, offset, length in zip(sel.tolist(), table.packs[rows].tolist(), table.offsets[rows].tolist(),
+                                            table.lengths[rows].tolist()):
+                out[ids[i]] = Location(table.names[k], offset, length)
+        return out
+
+    def view(self) -> _View:
+        """The tables of the listing's newest generation, mapped (the last one built, if current).
+        A table the listing names that is missing or damaged is dropped (its packs become unread)
+        and the listing read again."""
+        while True:
+            with self.index.read() as txn:
+                gen, names = _listing(txn)
+                last = self._view
+                if last is not None and last.gen == gen:
+                    return last
+                homes = _homes(txn)
+            opened = {t.name: t for t in last.tables} if last is not None else {}
+            got, bad = [], []
+            for name in names:
+                table = opened.get(name)
+                if table is None:
+                    try:
+                        table = tables.open_table(self.tables_dir, name)
+                    except CorruptObject:
+                        table = None
+                if table is None:
+                    bad.append(name)
+                else:
+                    got.append(table)
+            if not bad:
+                view = _View(gen, got, homes, self.avoid)
+                self._view = view
+                return view
+            self._drop_tables(gen, bad)
+
+    def _drop_tables(self, gen: int, names: list) -> None:
+        """Drop tables ``names`` from the listing if it is still generation ``gen`` (a merge may have
+        replaced them since: then nothing), the packs whose home they were noted unread
+        (``_unread_again``). CorruptObject where this cannot write."""
+        if self.index.readonly:
+            raise CorruptObject(f"catalogue table {names[0]} of {self.tables_dir.parent.name!r} is missing or "
+                                "damaged and this repository is read-only; it is derived data: delete "
+                                f"{self.tables_dir.parent} where it can be written", kind="catalogue-table")
+        lost = set(names)
+        with self._writing, self.index.write() as txn:
+            now, listed = _listing(txn)
+            if now != gen:
+                return
+            for key in [k.decode() for k in txn.ids("meta", HOME.encode())]:
+                if txn.meta(key).decode() in lost:
+                    _unread_again(txn, key[len(HOME):], HOME)
+            txn.put_meta(TABLES, encoding.pack([gen + 1, [n for n in listed if n not in lost]]))
+        for name in names:
+            tables.unlink(tables.path_of(self.tables_dir, name))
 
     def unread(self) -> dict:
         """{chunk pack key: its listing stamp} of the packs listed whose trailers were not read."""
@@ -159,13 +274,11 @@ class Catalogue:
                 done += len(batch)
                 if wanted is not None:
                     hits = [cid for ids in listed for cid in ids if cid in wanted]  # only these can be found now
-                    with self.index.read() as txn:
-                        for cid in hits:
-                            loc = self.chunk(cid, txn)
-                            if loc is not None and cid in wanted:
-                                wanted.discard(cid)
-                                if found is not None:
-                                    found[cid] = loc
+                    for cid, loc in self._find(hits).items():
+                        if cid in wanted:
+                            wanted.discard(cid)
+                            if found is not None:
+                                found[cid] = loc
                     if not wanted:
                         break
             return done
@@ -236,9 +349,9 @@ class Catalogue:
         return self._hints[key].get(tid)
 
     def _read_packs(self, bucket, stamps: dict) -> list:
-        """Read the trailers of packs {key: (size, stamp)} and catalogue them; one that does not
-        read (damaged, or deleted since it was listed) is noted damaged or forgotten. Returns
-        the id lists of those read."""
+        """Read the trailers of packs {key: (size, stamp)} and catalogue them (the chunk packs of
+        up to FLUSH entries in one table); one that does not read (damaged, or deleted since it
+        was listed) is noted damaged or forgotten. Returns the id lists of those read."""
         def read(key):
             if stamps[key][0] < MIN_PACK_BYTES:  # a zero-byte object, say: no reader can parse it
                 return key, CorruptObject
@@ -248,20 +361,27 @@ class Catalogue:
                 return key, CorruptObject
             except NotFound:
                 return key, NotFound
-        listed = []
+        listed, batch = [], []
         with ThreadPoolExecutor(THREADS) as pool:
             for key, entries in pool.map(read, sorted(stamps)):
                 self.trailers_read += 1
                 if isinstance(entries, tuple):
                     entries, nbytes = entries
                     self.trailer_bytes += nbytes
-                    self.add_table(key, *entries, stamps[key])
                     listed.append(entries[0])
+                    if key.startswith(layout.OBJECT_PACKS):
+                        self.add_table(key, *entries, stamps[key])
+                        continue
+                    batch.append((key, idarray.pack(entries[0]), entries[1], entries[2], stamps[key], None))
+                    if sum(len(b[1]) for b in batch) >= FLUSH:
+                        self._catalogue(batch)
+                        batch = []
                     continue
                 with self.index.write() as txn:
                     txn.delete("meta", ("unread:" + key).encode())
                     if entries is CorruptObject and key.startswith(layout.CHUNK_PACKS):
                         txn.put_meta("damaged:" + key, encoding.pack(_plain(stamps[key])))
+        self._catalogue(batch)
         return listed
 
     def has_objects(self, ids: Iterable[bytes]) -> set:
@@ -278,15 +398,32 @@ class Catalogue:
             return out
 
     def pack_ids(self) -> dict:
-        """{pack key: [ids its trailer lists]} of every catalogued pack."""
-        with self.index.read() as txn:
-            return {key.decode()[5:]: _listed_ids(txn.meta(key.decode())) for key in txn.ids("meta", b"pack:")}
+        """{pack key: [ids its trailer lists]} of every catalogued pack (a chunk pack's in id order)."""
+        out = self.object_packs()
+        view = self.view()
+        for table, homed in zip(view.tables, view.homed):
+            rows = np.flatnonzero(homed[table.packs]) if len(table.names) else np.zeros(0, dtype=np.int64)
+            packs = table.packs[rows]
+            order = np.argsort(packs, kind="stable")
+            rows, packs = rows[order], packs[order]
+            cuts = np.flatnonzero(np.diff(packs)) + 1
+            for part in np.split(np.arange(len(rows)), cuts) if len(rows) else []:
+                ids = tables.joined(table.heads[rows[part]], table.rests[rows[part]])
+                out[layout.pack_key(layout.CHUNK_PACKS, table.names[int(packs[part[0]])])] = idarray.ids(ids)
+        for key in self._homes_keys():  # a pack whose trailer lists no record
+            out.setdefault(key, [])
+        return out
 
     def pack_keys(self) -> set:
         """Keys of the packs catalogued (their trailers read) or listed unread."""
         with self.index.read() as txn:
             return {key.decode()[5:] for key in txn.ids("meta", b"pack:")} | \
+                {key.decode()[len(HOME):] for key in txn.ids("meta", HOME.encode())} | \
                 {key.decode()[7:] for key in txn.ids("meta", b"unread:")}
+
+    def _homes_keys(self) -> set:
+        with self.index.read() as txn:
+            return {key.decode()[len(HOME):] for key in txn.ids("meta", HOME.encode())}
 
     def object_locations(self, ids: Iterable[bytes]) -> dict:
         """{id: (object pack key, data offset, length)} of the ids the remote's object packs hold."""
@@ -303,12 +440,8 @@ class Catalogue:
     def remote_bytes(self) -> tuple:
         """(chunks, bytes of chunk data) the remote holds, as catalogued (unread trailers read first)."""
         self.read_unread()
-        with self.index.read() as txn:
-            n = total = 0
-            for _, loc in txn.chunks():
-                n += 1
-                total += loc.length
-            return n, total
+        view = self.view()
+        return tables.distinct(view.tables, view.homed)
 
     # -- updates ----------------------------------------------------------------
 
@@ -318,70 +451,142 @@ class Catalogue:
         this repository just uploaded, whose stamp no listing gave yet: the next refresh takes
         the listed stamp if the listing shows that upload (same size, and same etag where the
         listing has one) and reads the trailer once more otherwise (neither known: always)."""
+        if key.startswith(layout.CHUNK_PACKS):
+            self._catalogue([(key, idarray.pack([cid for cid, _, _ in entries]),
+                              np.array([o for _, o, _ in entries], dtype=np.uint64),
+                              np.array([n for _, _, n in entries], dtype=np.uint64), stamp, sent)])
+            return
         name = layout.pack_name(key)
-        is_objects = key.startswith(layout.OBJECT_PACKS)
         with self.index.write() as txn:
             for cid, offset, length in entries:
-                if is_objects:
-                    txn.put(OBJECTS_DB, cid, _LOC.pack(name, offset, length))
-                else:
-                    txn.put_chunk(cid, Location(name, offset, length))
+                txn.put(OBJECTS_DB, cid, _LOC.pack(name, offset, length))
             txn.put_meta("pack:" + key, encoding.pack([cid for cid, _, _ in entries]))
-            txn.delete("meta", ("unread:" + key).encode())
-            txn.delete("meta", ("damaged:" + key).encode())
-            if stamp is not None:
-                txn.put_meta("stamp:" + key, encoding.pack(_plain(stamp)))
-            elif sent is not None:
-                txn.put_meta("sent:" + key, encoding.pack(list(sent)))
+            _mark_read(txn, key, stamp, sent)
 
     def add_table(self, key: str, ids: list, offsets, lengths, stamp: Optional[tuple] = None) -> None:
-        """``add_pack`` of a trailer as ``read_trailer_table`` gives it: a chunk pack's entries go in
-        with one ``putmulti`` (an id some pack catalogued before keeps that entry, as in ``add_pack``)."""
-        if key.startswith(layout.OBJECT_PACKS) or len(ids) < 64:
+        """``add_pack`` of a trailer as ``read_trailer_table`` gives it."""
+        if key.startswith(layout.CHUNK_PACKS):
+            self._catalogue([(key, idarray.pack(ids), offsets, lengths, stamp, None)])
+        else:
             self.add_pack(key, list(zip(ids, offsets.tolist(), lengths.tolist())), stamp)
+
+    def _catalogue(self, packs: list) -> None:
+        """Catalogue chunk packs ``packs``, (key, id array, offsets, lengths, stamp, sent) each,
+        in one new table that becomes their home; then merge tables if there are too many."""
+        if not packs:
             return
-        joined = b"".join(ids)
-        # in id order: LMDB puts sorted keys 3-4x faster than random ones (this is derived data,
-        # so the full pages that leaves, which the repository's own index avoids, do no harm)
-        order = np.argsort(np.frombuffer(joined, dtype="S32"), kind="stable")
-        values = np.zeros(len(ids), dtype=_INDEX_RAW)  # packs.INDEX_RAW (a raw record) as an array
-        values["pack"] = np.void(layout.pack_name(key))
-        values["offset"], values["length"] = offsets[order], lengths[order]
-        raw = values.tobytes()
-        width = _INDEX_RAW.itemsize
-        ordered = np.frombuffer(joined, dtype="V32")[order].tobytes()
+        table = tables.write(self.tables_dir, [(layout.pack_name(key), ids, offsets, lengths)
+                                               for key, ids, offsets, lengths, _, _ in packs])
+        with self._writing:
+            with self.index.write() as txn:
+                gen, names = _listing(txn)
+                for key, _, _, _, stamp, sent in packs:
+                    txn.put_meta(HOME + key, table.name.encode())
+                    _mark_read(txn, key, stamp, sent)
+                txn.put_meta(TABLES, encoding.pack([gen + 1, [table.name] + names]))
+            self._advance(gen, lambda view: [table] + view.tables, dict.fromkeys(table.names, table.name))
+        self._compact()
+
+    def _advance(self, gen: int, got: Callable, changes: dict) -> None:
+        """After this catalogue's own write took the listing from generation ``gen`` to the next:
+        the next view from the last (``_View.then``; ``got(view)``: its tables) where the last is
+        of ``gen``, else none (built afresh when next needed)."""
+        last = self._view
+        self._view = last.then(gen + 1, got(last), changes) if last is not None and last.gen == gen else None
+
+    def _compact(self) -> None:
+        """Merge the newest tables into one while there are more than ``tables.MAX_TABLES`` (one
+        step of ``tables.group``'s policy a call, as each call adds one table), keeping only the
+        entries of packs whose home they are; the merged table becomes those packs' home unless
+        another writer changed it meanwhile (then their entries there are stale)."""
+        with self._writing:
+            view = self.view()
+            k = tables.group([len(t) for t in view.tables])
+            if not k:
+                return
+            inputs = view.tables[:k]
+            merged = tables.merge(self.tables_dir, inputs, view.homed[:k])
+            was = [t.name for t in inputs]
+            with self.index.write() as txn:
+                gen, names = _listing(txn)
+                at = next((i for i in range(len(names) - k + 1) if names[i:i + k] == was), None)
+                moved = {}
+                if at is not None:
+                    for table in inputs:
+                        for name in table.names:
+                            key = HOME + layout.pack_key(layout.CHUNK_PACKS, name)
+                            if txn.meta(key) == table.name.encode():
+                                txn.put_meta(key, merged.name.encode())
+                                moved[name] = merged.name
+                    names = names[:at] + [merged.name] + names[at + k:]
+                    txn.put_meta(TABLES, encoding.pack([gen + 1, names]))
+            if at is None:  # another writer merged them first
+                tables.unlink(merged.path)
+                return
+            self._advance(gen, lambda view: view.tables[:at] + [merged] + view.tables[at + k:], moved)
+            for table in inputs:
+                tables.unlink(table.path)  # a process that maps one keeps its pages
+            tables.sweep(self.tables_dir, set(names))
+
+    def _convert(self) -> None:
+        """Convert a catalogue from before the tables (its chunk entries in LMDB): its chunk packs
+        become unread (``_unread_again``: read again as lookups need them), its chunk entries
+        are dropped."""
+        with self.index.read() as txn:
+            if txn.meta(FORMAT) is not None:
+                return
+            old = [key.decode()[5:] for key in txn.ids("meta", ("pack:" + layout.CHUNK_PACKS).encode())]
         with self.index.write() as txn:
-            txn.put_new_chunks([ordered[i:i + 32] for i in range(0, len(ordered), 32)],
-                               [raw[i:i + width] for i in range(0, len(raw), width)])
-            # a list of ids, as add_pack and every earlier mvc write it: one string here would be
-            # misread by an mvc from before it that opens the same repository
-            txn.put_meta("pack:" + key, encoding.pack(list(ids)))
-            txn.delete("meta", ("unread:" + key).encode())
-            txn.delete("meta", ("damaged:" + key).encode())
-            if stamp is not None:
-                txn.put_meta("stamp:" + key, encoding.pack(_plain(stamp)))
+            for key in old:
+                _unread_again(txn, key, "pack:")
+            txn.drop_chunks()
+            txn.put_meta(FORMAT, b"2")
+
+    def _ids_in(self, keys: Iterable[str]) -> list:
+        """The ids the catalogued chunk packs ``keys`` list (from their home tables)."""
+        view, out = self.view(), []
+        by_table: dict = {}
+        for key in keys:
+            home = view.homes.get(layout.pack_name(key))
+            if home is not None:
+                by_table.setdefault(home, []).append(layout.pack_name(key))
+        for table in view.tables:
+            if table.name in by_table:
+                rows = table.entries_of(table.number[n] for n in by_table[table.name] if n in table.number)
+                out += idarray.ids(tables.joined(table.heads[rows], table.rests[rows]))
+        return out
+
+    def forget_packs(self, keys: Iterable[str]) -> set:
+        """Forget the catalogued packs ``keys`` (gone from the remote, or to be read again); the
+        ids they listed (a chunk listed by another pack too included: see ``refresh``)."""
+        keys = set(keys)
+        orphans = set(self._ids_in(key for key in keys if key.startswith(layout.CHUNK_PACKS)))
+        chunk_packs = [key for key in keys if key.startswith(layout.CHUNK_PACKS)]
+        with self._writing:
+            with self.index.write() as txn:
+                for key in keys:
+                    orphans |= self._drop_pack(txn, key)
+                if chunk_packs:
+                    gen, names = _listing(txn)
+                    txn.put_meta(TABLES, encoding.pack([gen + 1, names]))  # their entries are stale now
+            if chunk_packs:
+                self._advance(gen, lambda view: view.tables, dict.fromkeys(map(layout.pack_name, chunk_packs)))
+        return orphans
 
     def _drop_pack(self, txn, key: str) -> set:
-        """Forget pack ``key``; the ids whose entries pointed into it (now unlisted)."""
-        name = layout.pack_name(key)
-        raw = txn.meta("pack:" + key)
-        ids = _listed_ids(raw) if raw else []
+        """Forget pack ``key`` (an object pack: also the ids whose entries pointed into it, which
+        are returned)."""
         orphans = set()
-        for cid in ids:
-            if key.startswith(layout.OBJECT_PACKS):
+        if key.startswith(layout.OBJECT_PACKS):
+            name = layout.pack_name(key)
+            raw = txn.meta("pack:" + key)
+            for cid in _listed_ids(raw) if raw else []:
                 raw_loc = txn.get(OBJECTS_DB, cid)
                 if raw_loc is not None and _LOC.unpack(raw_loc)[0] == name:
                     txn.delete(OBJECTS_DB, cid)
                     orphans.add(cid)
-            else:
-                loc = txn.chunk(cid)
-                if loc is not None and loc.pack == name:
-                    txn.delete_chunk(cid)
-                    orphans.add(cid)
-        txn.delete("meta", ("pack:" + key).encode())
-        txn.delete("meta", ("stamp:" + key).encode())
-        txn.delete("meta", ("sent:" + key).encode())
-        txn.delete("meta", ("where:" + key).encode())
+        for prefix in ("pack:", HOME, "stamp:", "sent:", "where:"):
+            txn.delete("meta", (prefix + key).encode())
         self._hints.pop(key, None)
         return orphans
 
@@ -398,7 +603,8 @@ class Catalogue:
                   for key, size, stamp in bucket.list_stamps(folder) if layout.pack_name(key) is not None}
         listed = {key: size for key, (size, _) in stamps.items()}
         with self.index.read() as txn:
-            known = {key.decode()[5:] for key in txn.ids("meta", b"pack:")}
+            known = {key.decode()[5:] for key in txn.ids("meta", b"pack:")} | \
+                {key.decode()[len(HOME):] for key in txn.ids("meta", HOME.encode())}
             # a pack is written whole and never modified: one listed with another size or stamp (time,
             # etag) than when its trailer was read (cut short, emptied, rewritten) is read again, so a
             # damaged pack is dropped here instead of being relied on (fsck --remote names it)
@@ -408,14 +614,11 @@ class Catalogue:
             adopt = {key for key in differ if _stamp(txn, key) is None and _shows_upload(txn, key, stamps[key])}
             changed = differ - adopt
         unread, damaged = self.unread(), self._damaged_stamps()
-        gone = (known - listed.keys()) | changed
-        orphans = set()
+        orphans = self.forget_packs((known - listed.keys()) | changed)
         with self.index.write() as txn:
             for key in adopt:
                 txn.put_meta("stamp:" + key, encoding.pack(_plain(stamps[key])))
                 txn.delete("meta", ("sent:" + key).encode())
-            for key in gone:
-                orphans |= self._drop_pack(txn, key)
             for key in unread.keys() - listed.keys():
                 txn.delete("meta", ("unread:" + key).encode())
             for key in damaged:
@@ -434,11 +637,13 @@ class Catalogue:
         if trailers:
             self._read_packs(bucket, {key: stamps[key] for key in unread.keys() & listed.keys()
                                       if key not in recheck})
-        self._relist(bucket, stamps, orphans)
-        with self.index.write() as txn:  # chunks located once whose pack went: see lost()
-            for cid in orphans:
-                if txn.chunk(cid) is None and txn.get(OBJECTS_DB, cid) is None:
-                    txn.put_meta(LOST + cid.hex(), b"")
+        if orphans:  # chunks located once whose pack went: see lost()
+            held = self._find(list(orphans), homed=True)
+            still = [cid for cid in orphans if cid not in held]
+            with self.index.write() as txn:
+                for cid in still:
+                    if txn.get(OBJECTS_DB, cid) is None:
+                        txn.put_meta(LOST + cid.hex(), b"")
         self._settle()
         return len(new) - len(changed) - len(recheck)
 
@@ -453,35 +658,17 @@ class Catalogue:
     def _settle(self) -> None:
         """Forget the lost marks of ids a trailer read since lists again (a repair's new pack)."""
         with self.index.read() as txn:
-            found = [key for key in txn.ids("meta", LOST.encode())
-                     if txn.chunk(bytes.fromhex(key.decode()[len(LOST):])) is not None]
+            marked = [bytes.fromhex(key.decode()[len(LOST):]) for key in txn.ids("meta", LOST.encode())]
+        found = self._find(marked, homed=True)
         if found:
             with self.index.write() as txn:
-                for key in found:
-                    txn.delete("meta", key)
+                for cid in found:
+                    txn.delete("meta", (LOST + cid.hex()).encode())
 
     def _damaged_stamps(self) -> dict:
         with self.index.read() as txn:
             return {key.decode()[8:]: encoding.unpack(txn.meta(key.decode()), "catalogue entry")
                     for key in txn.ids("meta", b"damaged:")}
-
-    def _relist(self, bucket, stamps: dict, orphans: set) -> None:
-        """Point ``orphans`` (ids a forgotten pack listed) at another known pack that lists them.
-
-        An id is indexed at the first pack that listed it, so when that pack goes (a remote gc
-        or repair rewrote it) while a pack known since holds the id too (the rewrite itself,
-        catalogued as it was uploaded), the id would be lost from the catalogue: its holders'
-        trailers are read again. Rare, so the scan of every pack's id list is fine."""
-        with self.index.read() as txn:
-            still = {i for i in orphans if txn.chunk(i) is None and txn.get(OBJECTS_DB, i) is None}
-        if not still:
-            return
-        for key, ids in self.pack_ids().items():
-            if key in stamps and still & set(ids):
-                try:
-                    self.add_pack(key, read_trailer(bucket, key, stamps[key][0]), stamps[key])
-                except (CorruptObject, NotFound):
-                    continue
 
     def touch(self, packs: Iterable[bytes]) -> None:
         """Note that local packs ``packs`` were just read (LRU order for eviction)."""
@@ -496,7 +683,51 @@ class Catalogue:
         return struct.unpack("<d", raw)[0] if raw and len(raw) == 8 else None
 
     def close(self) -> None:
+        self._view = None
         self.index.close()
+
+
+def _listing(txn) -> tuple:
+    """(generation, table names newest first) of the catalogue's listing of its tables."""
+    raw = txn.meta(TABLES)
+    if raw is None:
+        return 0, []
+    gen, names = encoding.unpack(raw, "catalogue entry")
+    return gen, list(names)
+
+
+def _homes(txn) -> dict:
+    """{chunk pack name: the name of its home table}."""
+    out = {}
+    for key in txn.ids("meta", HOME.encode()):
+        name = layout.pack_name(key.decode()[len(HOME):])
+        if name is not None:
+            out[name] = txn.meta(key.decode()).decode()
+    return out
+
+
+def _unread_again(txn, key: str, entry: str) -> None:
+    """Note chunk pack ``key`` unread again (its catalogue ``entry`` gone): under the listing
+    stamp its trailer was read after, else the size this repository sent (a stamp no listing
+    gives, so the next refresh reads it at once), else the least a pack can be."""
+    stamp = txn.meta("stamp:" + key)
+    if stamp is None:
+        sent = txn.meta("sent:" + key)
+        size = encoding.unpack(sent, "catalogue entry")[0] if sent else MIN_PACK_BYTES
+        stamp = encoding.pack([size, None])
+    txn.put_meta("unread:" + key, stamp)
+    for prefix in (entry, "stamp:", "sent:"):
+        txn.delete("meta", (prefix + key).encode())
+
+
+def _mark_read(txn, key: str, stamp, sent) -> None:
+    """Note pack ``key``'s trailer read (after the listing ``stamp``, or as ``sent`` by this repository)."""
+    txn.delete("meta", ("unread:" + key).encode())
+    txn.delete("meta", ("damaged:" + key).encode())
+    if stamp is not None:
+        txn.put_meta("stamp:" + key, encoding.pack(_plain(stamp)))
+    elif sent is not None:
+        txn.put_meta("sent:" + key, encoding.pack(list(sent)))
 
 
 def _plain(stamp):

@@ -159,6 +159,9 @@ class CatalogueMachine(RuleBasedStateMachine):
         distinct = {cid for locs in self.packs.values() for cid in locs}
         assert self.catalogue.remote_bytes() == (len(distinct), 64 * len(distinct))
         assert len(os.listdir(self.catalogue.tables_dir)) <= tables.MAX_TABLES + 1
+        needed = set(self.pool[::3])
+        assert self.catalogue.held(needed, set()) == \
+            {key: (len(needed & locs.keys()), len(locs)) for key, locs in self.packs.items()}
 
     def teardown(self):
         import shutil

@@ -161,20 +161,19 @@ def gc_remote(repo, name: Optional[str] = None, keep_last: Optional[int] = None,
 
 def _sweep(conn, held, need_objects: set, need_chunks: set, now: Optional[float], grace: float, dry_run: bool,
            pruned: tuple, fence: dict) -> RemoteGcReport:
-    listed = {key: ids for key, ids in conn.catalogue.pack_ids().items()}
+    counts = conn.catalogue.held(need_chunks, need_objects)
     garbage, young, unreadable, mixed, reclaimed, young_bytes, seen = [], [], [], 0, 0, 0, set()
-    for folder, needed in ((layout.CHUNK_PACKS, need_chunks), (layout.OBJECT_PACKS, need_objects)):
+    for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS):
         for key, size, when in conn.bucket.list_times(folder):
             if layout.pack_name(key) is None:
                 continue
             seen.add(key)
-            ids = listed.get(key)
-            if ids is None:
+            if key not in counts:
                 unreadable.append(key)  # damaged or written after the listing: never deleted here
                 continue
-            live = sum(1 for cid in ids if cid in needed)
+            live, listed = counts[key]
             if live:
-                mixed += live < len(ids)
+                mixed += live < listed
                 continue
             if now is None or now - when < grace:
                 young.append(key)

@@ -283,6 +283,22 @@ def distinct(tables: list, live: list) -> tuple:
     return n, total
 
 
+def held(table: Table, flags, needed: np.ndarray) -> tuple:
+    """(needed entries, entries) per pack number of ``table``'s live entries (``flags``: live per
+    pack number), ``needed`` a sorted id array: a run of first-byte slices at a time."""
+    flags = np.asarray(flags, dtype=bool)
+    live = np.zeros(len(table.names), dtype=np.int64)
+    total = np.zeros(len(table.names), dtype=np.int64)
+    for _, _, s, t in _cuts(table.fanout, MERGE_BUDGET):
+        packs = table.packs[s:t]
+        keep = flags[packs] if len(table.names) else np.zeros(0, dtype=bool)
+        packs = packs[keep].astype(np.intp)
+        ids = joined(table.heads[s:t][keep], table.rests[s:t][keep])
+        total += np.bincount(packs, minlength=len(table.names))
+        live += np.bincount(packs[idarray.find(needed, ids) >= 0], minlength=len(table.names))
+    return live, total
+
+
 def sweep(folder, listed: set) -> list:
     """Delete the table files of ``folder`` no list names (``listed``: their names), and the
     temporary files of killed writers, once GRACE_S old (a younger one may be a write in

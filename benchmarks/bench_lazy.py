@@ -57,6 +57,12 @@ chunk trailers it read and their share, the chunks sent and how many of
 them the remote held already (duplicates).
 
     python benchmarks/bench_lazy.py --chunks "" --push 1e6 --old /tmp/old
+
+``--whole N``: the catalogue a host builds of the whole remote of N chunk entries (every
+trailer read, as a full clone or a pusher of everything holds it): seconds, bytes per entry, µs
+per lookup and peak memory, new and old side by side (``bench_scale._catalogue_costs``).
+
+    python benchmarks/bench_lazy.py --chunks "" --whole 1e7 --old /tmp/old
 """
 
 import argparse
@@ -491,6 +497,22 @@ def sharded(name: str, code: str, work: Path, saves: int, pack_bytes: int, hosts
     shutil.rmtree(root, ignore_errors=True)
 
 
+def whole(work: Path, n: int, repeat: int, old: str) -> None:
+    """The catalogue of a whole remote of ``n`` chunk entries (``bench_scale._catalogue_costs``,
+    the new code and ``old``), built by a host holding a lazy clone of it."""
+    import bench_scale
+    import mvc
+    remote, clone = work / f"remote-{n}", work / "whole"
+    build_remote(remote, n)
+    shutil.rmtree(clone, ignore_errors=True)
+    mvc.Repository.clone(str(remote), clone, lazy=True).close()
+    out = {"n": n}
+    bench_scale._catalogue_costs(clone, repeat, old, out)
+    print("whole catalogue " + " ".join(f"{k}={v:.4g}" for k, v in out.items()), flush=True)
+    shutil.rmtree(clone, ignore_errors=True)
+    shutil.rmtree(remote, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--chunks", default="1e5,1e6", help="chunk entries on the remote, comma-separated")
@@ -507,6 +529,8 @@ def main() -> None:
     ap.add_argument("--frozen", action="store_true",
                     help="sharded: the first layer does not train, so each save repeats its chunks")
     ap.add_argument("--sharded-pack-bytes", type=int, default=128 << 10, help="sharded: the remote's pack size")
+    ap.add_argument("--whole", default="", help="chunk entries on a remote whose whole catalogue a host builds, "
+                    "as a full clone or a pusher of everything holds it (bench_scale's catalogue figures)")
     args = ap.parse_args()
     new = str(Path(__file__).resolve().parent.parent)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-lazy-"))
@@ -534,6 +558,8 @@ def main() -> None:
                   f"{r['chunk_trailers']:>8} {r['chunk_trailer_bytes'] / 1e6:>7.2f}", flush=True)
             print("measured " + json.dumps(dict(n=n, code=name, oldest=args.oldest, **r)), flush=True)
         shutil.rmtree(remote, ignore_errors=True)
+    for n in [int(float(x)) for x in args.whole.split(",") if x]:
+        whole(work, n, args.repeat, args.old or "")
     for n in [int(float(x)) for x in args.push.split(",") if x]:
         for name, code in [("new", new)] + ([("old", args.old)] if args.old else []):
             push_next(name, code, work, n)

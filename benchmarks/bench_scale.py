@@ -375,15 +375,16 @@ assert len(found) == len(sample)
 conn.close()
 folder = catalogue.folder(repo.dir, "origin")
 size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs if not f.endswith(".lock"))
-print(json.dumps([refresh, lookup * 1e6, size, len(ids)]))
+import resource
+print(json.dumps([refresh, lookup * 1e6, size, len(ids), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]))
 """
 
 
 def _catalogue_costs(clone: Path, repeat: int, old: str, out: dict) -> None:
     """A host's catalogue of the whole remote, as a full clone or a pusher of everything holds it
     (every trailer read): seconds to build it from the remote, µs per chunk of a lookup of 10⁵ of
-    them, bytes per remote chunk entry; each in a fresh process, this code's and (``old``) the
-    older code's alternating, best of ``repeat``."""
+    them, bytes per remote chunk entry, the process's peak resident bytes; each in a fresh process,
+    this code's and (``old``) the older code's alternating, best of ``repeat``."""
     runs = {"": [], "old_": []}
     for _ in range(repeat):
         for tag, code in (("old_", old), ("", "")) if old else (("", ""),):
@@ -400,6 +401,7 @@ def _catalogue_costs(clone: Path, repeat: int, old: str, out: dict) -> None:
             out[f"{tag}catalogue_refresh"] = min(r[0] for r in got)
             out[f"{tag}catalogue_lookup_us"] = min(r[1] for r in got)
             out[f"{tag}catalogue_bytes_per_chunk"] = min(r[2] / r[3] for r in got)
+            out[f"{tag}catalogue_peak_rss"] = min(r[4] for r in got)
 
 
 def _remote_part(repo, remote: Path, clone: Path, g, repeat: int, out: dict, old: str = "") -> None:

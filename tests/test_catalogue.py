@@ -160,7 +160,8 @@ class CatalogueMachine(RuleBasedStateMachine):
         assert self.catalogue.remote_bytes() == (len(distinct), 64 * len(distinct))
         assert len(os.listdir(self.catalogue.tables_dir)) <= tables.MAX_TABLES + 1
         needed = set(self.pool[::3])
-        assert self.catalogue.held(needed, set()) == \
+        wanted = np.sort(np.frombuffer(b"".join(needed), dtype="S32"))
+        assert self.catalogue.held([(0, 20, wanted), (20, 256, wanted)], set()) == \
             {key: (len(needed & locs.keys()), len(locs)) for key, locs in self.packs.items()}
 
     def teardown(self):

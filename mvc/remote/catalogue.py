@@ -414,16 +414,15 @@ class Catalogue:
             out.setdefault(key, [])
         return out
 
-    def held(self, chunks: set, objects: set) -> dict:
+    def held(self, chunks: Iterable[tuple], objects: set) -> dict:
         """{pack key: (how many of the ids its trailer lists are needed, how many it lists)} of
-        every catalogued pack, a chunk pack's ids needed if in ``chunks``, an object pack's if in
-        ``objects``: a remote gc's sweep, without every id of the remote in memory."""
-        wanted = np.sort(idarray.pack(list(chunks))) if chunks else np.zeros(0, dtype=idarray.ID)
+        every catalogued pack: a chunk pack's ids are needed if ``chunks`` has them (it yields
+        (first byte, last byte + 1, sorted id array), as ``packindex.IdSpill.slices`` does), an
+        object pack's if in ``objects``. For a remote gc's sweep, in bounded memory."""
         out = {key: (sum(1 for oid in ids if oid in objects), len(ids)) for key, ids in self.object_packs().items()}
         out.update(dict.fromkeys(self._homes_keys(), (0, 0)))  # a chunk pack whose trailer lists no record
         view = self.view()
-        for table, homed in zip(view.tables, view.homed):
-            live, total = tables.held(table, homed, wanted)
+        for table, homed, (live, total) in zip(view.tables, view.homed, tables.held(view.tables, view.homed, chunks)):
             for k in np.flatnonzero(homed).tolist():
                 out[layout.pack_key(layout.CHUNK_PACKS, table.names[k])] = (int(live[k]), int(total[k]))
         return out

@@ -33,10 +33,13 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
+
 from .. import gc as local_gc
 from .. import reach
 from ..errors import ObjectNotFound, RemoteBusy, RemoteDamaged, RemoteError
 from ..objects import object_id
+from ..store import idarray
 from ..store.index import RefValue
 from . import layout, lease, transfer
 from .catalogue import read_trailer
@@ -161,7 +164,8 @@ def gc_remote(repo, name: Optional[str] = None, keep_last: Optional[int] = None,
 
 def _sweep(conn, held, need_objects: set, need_chunks: set, now: Optional[float], grace: float, dry_run: bool,
            pruned: tuple, fence: dict) -> RemoteGcReport:
-    counts = conn.catalogue.held(need_chunks, need_objects)
+    needed = np.sort(idarray.pack(list(need_chunks)))
+    counts = conn.catalogue.held([(0, 256, needed)], need_objects)
     garbage, young, unreadable, mixed, reclaimed, young_bytes, seen = [], [], [], 0, 0, 0, set()
     for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS):
         for key, size, when in conn.bucket.list_times(folder):

@@ -36,7 +36,7 @@ import re
 import struct
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -283,20 +283,24 @@ def distinct(tables: list, live: list) -> tuple:
     return n, total
 
 
-def held(table: Table, flags, needed: np.ndarray) -> tuple:
-    """(needed entries, entries) per pack number of ``table``'s live entries (``flags``: live per
-    pack number), ``needed`` a sorted id array: a run of first-byte slices at a time."""
-    flags = np.asarray(flags, dtype=bool)
-    live = np.zeros(len(table.names), dtype=np.int64)
-    total = np.zeros(len(table.names), dtype=np.int64)
-    for _, _, s, t in _cuts(table.fanout, MERGE_BUDGET):
-        packs = table.packs[s:t]
-        keep = flags[packs] if len(table.names) else np.zeros(0, dtype=bool)
-        packs = packs[keep].astype(np.intp)
-        ids = joined(table.heads[s:t][keep], table.rests[s:t][keep])
-        total += np.bincount(packs, minlength=len(table.names))
-        live += np.bincount(packs[idarray.find(needed, ids) >= 0], minlength=len(table.names))
-    return live, total
+def held(tables: list, live: list, needed: Iterable[tuple]) -> list:
+    """(needed entries, entries) per pack number of each of ``tables``' live entries (``live[t]``:
+    table t's flags per pack number); ``needed`` yields (first byte, last byte + 1, sorted id
+    array of the needed ids there), as ``packindex.IdSpill.slices`` does. Memory: a run of
+    first-byte slices at a time."""
+    out = [(np.zeros(len(t.names), dtype=np.int64), np.zeros(len(t.names), dtype=np.int64)) for t in tables]
+    for table, flags, (_, total) in zip(tables, live, out):
+        for _, _, s, t in _cuts(table.fanout, MERGE_BUDGET):
+            packs = table.packs[s:t]
+            total += np.bincount(packs[np.asarray(flags, dtype=bool)[packs]], minlength=len(table.names))
+    for b, e, ids in needed:
+        for table, flags, (count, _) in zip(tables, live, out):
+            s, t = table.span(b, e)
+            packs = table.packs[s:t]
+            keep = np.asarray(flags, dtype=bool)[packs] if len(table.names) else np.zeros(0, dtype=bool)
+            found = idarray.find(ids, joined(table.heads[s:t][keep], table.rests[s:t][keep])) >= 0
+            count += np.bincount(packs[keep][found], minlength=len(table.names))
+    return out
 
 
 def sweep(folder, listed: set) -> list:

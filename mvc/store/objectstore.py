@@ -56,6 +56,11 @@ class ObjectStore:
             return CORRUPT, "its bytes do not hash to its id"
         return None, obj
 
+    def prefetch(self, txn, kind: str, ids) -> None:
+        """A hint that the objects ``ids`` of ``kind`` are about to be read, each by itself: a store
+        that reads missing objects from elsewhere (a lazy clone's remote) reads them together
+        first. Here every object is local: nothing to do."""
+
     def commit(self, txn, oid: bytes) -> CommitObject:
         return self.get(txn, "commits", oid)
 

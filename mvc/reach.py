@@ -56,7 +56,6 @@ from .store.verify import intact
 from .traverse import format_path, walk as walk_tree
 
 REFLOG = "reflog:"
-PREFETCH = 256  # tensor objects a walk announces to the object store at once (``ObjectStore.prefetch``)
 COLLECT, RAISE = "collect", "raise"
 
 # Kinds of damage, as reports name them.
@@ -406,13 +405,9 @@ class _Walker:
 
     def live_tensors(self) -> Iterator[bytes]:
         """The live tensor ids, a batch at a time announced to the object store first
-        (``prefetch``): a lazy clone reads a batch's tensor objects from its remote in a few
+        (``ahead``): a lazy clone reads a batch's tensor objects from its remote in a few
         requests, not one each."""
-        tids = list(self.reach.tensor_trees)
-        for i in range(0, len(tids), PREFETCH):
-            batch = tids[i:i + PREFETCH]
-            self.objects.prefetch(self.txn, "tensors", batch)
-            yield from batch
+        return self.objects.ahead(self.txn, "tensors", list(self.reach.tensor_trees))
 
     def tensors(self) -> None:
         ids, lengths, owners, held = [], [], [], []

@@ -188,3 +188,30 @@ def test_a_lazy_fsck_of_seaweedfs_reads_tensor_objects_in_a_request_per_object_p
         assert report.ok and lazy.objects.fetched == COMMITS * TENSORS
         assert lazy.objects.requests <= COMMITS
         assert len(tensor_ids(lazy)) == COMMITS * TENSORS
+
+
+def test_a_lazy_load_of_a_whole_commit_reads_its_tensor_objects_in_one_request(remote, tmp_path):
+    with mvc.Repository.clone(str(remote), tmp_path / "lz", lazy=True) as lazy:
+        got = lazy.load("main")
+        want = state(COMMITS - 1)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want if k != "step")
+        assert got["step"] == want["step"]
+        assert lazy.objects.fetched == TENSORS and lazy.objects.requests == 1  # the last push's object pack
+
+
+def test_a_lazy_diff_reads_the_tensor_objects_of_both_trees_in_a_request_each(remote, tmp_path):
+    with mvc.Repository.clone(str(remote), tmp_path / "lz", lazy=True) as lazy:
+        assert len(lazy.diff("main~1", "main", read_data=False).changed()) == TENSORS
+        assert lazy.objects.fetched == 2 * TENSORS and lazy.objects.requests == 2  # an object pack each
+
+
+def test_a_lazy_eviction_reads_the_tensor_objects_of_history_in_a_request_per_object_pack(remote, tmp_path):
+    """Eviction works out which chunks the remote's refs need: every tensor object of history."""
+    with mvc.Repository.clone(str(remote), tmp_path / "lz", lazy=True) as lazy:
+        assert torch.equal(lazy.load("main", only="t0")["t0"], state(COMMITS - 1)["t0"])
+        lazy.checkout("main~1")  # HEAD pins main~1, which shares nothing with main
+        before = lazy.objects.requests
+        assert lazy.cache.evict(0).chunks_evicted > 0
+        assert lazy.objects.fetched == COMMITS * TENSORS
+        assert lazy.objects.requests - before <= 2 * COMMITS  # two walks: the pinned, and what the remote needs
+        assert torch.equal(lazy.load("main", only="t0")["t0"], state(COMMITS - 1)["t0"])

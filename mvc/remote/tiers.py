@@ -40,8 +40,12 @@ A lazy clone holds refs, commits, trees and the small objects (``sync``);
 a tensor object missing here is read when a read or a walk asks for it
 (``LazyObjects``): from the object pack the remote's catalogue names for it
 (the object packs' trailers), verified against its id and decoded, kept
-here, then served, as a chunk is. Chunk pack trailers are read the same
-way, when a lookup needs them (``catalogue``): first those the where hints
+here, then served, as a chunk is. A walk or a read that will need many
+(fsck, gc, eviction, a load, a diff) announces them a batch at a time
+(``ObjectStore.ahead``), and those missing here are read together: a ranged
+read per run of nearby records in an object pack instead of a request each
+(``LazyObjects.prefetch``). Chunk pack trailers are read on demand too,
+when a lookup needs them (``catalogue``): first those the where hints
 of the tensor objects read here name for the chunks looked for
 (``CacheStore.noted``, ``where``), so a load reads the trailers of the
 packs its tensors' chunks lie in.
@@ -632,8 +636,11 @@ def commit_chunks(repo, txn, commits: set) -> set:
         if repo.objects.pruned(txn, oid) is not None:
             continue
         tree = repo.objects.commit_tree(txn, oid)
-        for _, leaf in walk_tree(tree.root):
-            if isinstance(leaf, TensorLeaf) and leaf.id not in seen:  # commits share most tensors
+        leaves = repo.objects.ahead(txn, "tensors", (leaf for _, leaf in walk_tree(tree.root)
+                                                     if isinstance(leaf, TensorLeaf) and leaf.id not in seen),
+                                    lambda leaf: leaf.id)
+        for leaf in leaves:
+            if leaf.id not in seen:  # commits share most tensors
                 seen.add(leaf.id)
                 out.update(repo.objects.tensor(txn, leaf.id).chunks)
     return out

@@ -215,3 +215,15 @@ def test_a_lazy_eviction_reads_the_tensor_objects_of_history_in_a_request_per_ob
         assert lazy.objects.fetched == COMMITS * TENSORS
         assert lazy.objects.requests - before <= 2 * COMMITS  # two walks: the pinned, and what the remote needs
         assert torch.equal(lazy.load("main", only="t0")["t0"], state(COMMITS - 1)["t0"])
+
+
+def test_an_object_pack_moved_on_the_remote_is_read_where_it_is_now_in_one_more_request(remote, tmp_path):
+    """An object pack the catalogue names is gone (a remote gc or repair rewrote it: here, renamed):
+    the batch lists the remote once and reads those objects again where they are now, together."""
+    with mvc.Repository.clone(str(remote), tmp_path / "lz", lazy=True) as lazy:
+        where = locations(lazy)
+    key = sorted({key for key, _, _ in where.values()})[0]
+    (remote / key).rename(remote / key.replace(key.rpartition("/")[2][:4], "ffff", 1))
+    with mvc.Repository.open(tmp_path / "lz") as lazy:
+        assert lazy.fsck().ok and tensor_ids(lazy) == set(where)
+        assert lazy.objects.requests <= COMMITS + 1

@@ -195,10 +195,12 @@ class LazyObjects(ObjectStore):
         located = _within(located, self.PREFETCH_BYTES)  # the rest: one by one
         if not located:
             return
-        failed: dict = {}  # read alone again by their checks: a damaged copy fails only itself
-        got = transfer.read_records(conn.bucket, located, failed=failed)
-        with self._lock:
-            self.requests += transfer.record_reads(located)
+        got, failed = self._read_many(conn, located)
+        gone = [oid for oid, exc in failed.items() if isinstance(exc, NotFound)]
+        if gone:  # a pack went (a remote repair or gc rewrote it): list once, read those where they are now
+            conn.catalogue.refresh(conn.bucket, trailers=False)
+            more, failed = self._read_many(conn, conn.catalogue.object_locations(gone))
+            got.update(more)
         found = {}
         for oid, data in got.items():
             try:
@@ -206,8 +208,8 @@ class LazyObjects(ObjectStore):
             except CorruptObject:  # its check reads it again and says so (RemoteCorrupt)
                 continue
             found[oid] = data
-        with self._lock:
-            self._room = self.MEMO + len(found)
+        with self._lock:  # never less: another thread's batch may not have been served yet
+            self._room = max(self._room, self.MEMO + len(found))
         self._keep(txn, found)
 
     def _remote(self, txn, oid: bytes):
@@ -239,6 +241,15 @@ class LazyObjects(ObjectStore):
                                 f"({exc}); nothing was kept", key=located[oid][0], id=oid) from None
         self._keep(txn, {oid: data})
         return data
+
+    def _read_many(self, conn: Connection, located: dict) -> tuple:
+        """({id: verified bytes}, {id: error}) of the records ``located``: a record that does not read
+        back intact fails only itself (its check reads it alone again and gives its verdict)."""
+        failed: dict = {}
+        got = transfer.read_records(conn.bucket, located, failed=failed)
+        with self._lock:
+            self.requests += transfer.record_reads(located)
+        return got, failed
 
     def _read_one(self, conn: Connection, located: dict) -> dict:
         with self._lock:

@@ -403,9 +403,15 @@ class _Walker:
             return None
         return replace(obj, chunks=()), np.frombuffer(b"".join(obj.chunks), dtype=idarray.ID)
 
+    def live_tensors(self) -> Iterator[bytes]:
+        """The live tensor ids, a batch at a time announced to the object store first
+        (``ahead``): a lazy clone reads a batch's tensor objects from its remote in a few
+        requests, not one each."""
+        return self.objects.ahead(self.txn, "tensors", list(self.reach.tensor_trees))
+
     def tensors(self) -> None:
         ids, lengths, owners, held = [], [], [], []
-        for tid in list(self.reach.tensor_trees):
+        for tid in self.live_tensors():
             got = self.chunk_ids(tid)
             if got is None:
                 continue
@@ -429,7 +435,7 @@ class _Walker:
         """Set every live tensor's chunks aside in ``spill`` (``sliced.Spill`` of
         ``sliced.RECORD``) instead of holding them; the tensor ids, by owner number."""
         held = []
-        for tid in list(self.reach.tensor_trees):
+        for tid in self.live_tensors():
             got = self.chunk_ids(tid)
             if got is None:
                 continue

@@ -75,7 +75,7 @@ def read_tensors(repo, txn, leaves: list, commit_id: bytes, progress=None, into:
     """
     from . import state as states  # torch
     requests, out, scattered = [], {}, []
-    for path, leaf in leaves:
+    for path, leaf in repo.objects.ahead(txn, "tensors", leaves, lambda item: item[1].id):
         if leaf.id in out:
             continue
         obj = repo.objects.tensor(txn, leaf.id)

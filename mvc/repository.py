@@ -172,7 +172,9 @@ class Repository:
         with self.index.read() as txn:
             tree = self.objects.commit_tree(txn, self.refs.resolve(txn, rev))
             out = []
-            for path, leaf in walk(tree.root):
+            leaves = self.objects.ahead(txn, "tensors", walk(tree.root),
+                                        lambda item: item[1].id if isinstance(item[1], TensorLeaf) else None)
+            for path, leaf in leaves:
                 if isinstance(leaf, TensorLeaf):
                     obj = self.objects.tensor(txn, leaf.id)
                     out.append(Entry(path, "tensor", obj.dtype, obj.shape, obj.nbytes, leaf.id.hex(), obj.chunks))

@@ -40,8 +40,12 @@ A lazy clone holds refs, commits, trees and the small objects (``sync``);
 a tensor object missing here is read when a read or a walk asks for it
 (``LazyObjects``): from the object pack the remote's catalogue names for it
 (the object packs' trailers), verified against its id and decoded, kept
-here, then served, as a chunk is. Chunk pack trailers are read the same
-way, when a lookup needs them (``catalogue``): first those the where hints
+here, then served, as a chunk is. A walk or a read that will need many
+(fsck, gc, eviction, a load, a diff) announces them a batch at a time
+(``ObjectStore.ahead``), and those missing here are read together: a ranged
+read per run of nearby records in an object pack instead of a request each
+(``LazyObjects.prefetch``). Chunk pack trailers are read on demand too,
+when a lookup needs them (``catalogue``): first those the where hints
 of the tensor objects read here name for the chunks looked for
 (``CacheStore.noted``, ``where``), so a load reads the trailers of the
 packs its tensors' chunks lie in.
@@ -131,14 +135,17 @@ class LazyObjects(ObjectStore):
     """
 
     MEMO = 32
+    PREFETCH_BYTES = 64 << 20  # tensor object bytes one prefetch reads and holds at most
 
     def __init__(self, index, cache: "CacheStore"):
         self.index, self.cache = index, cache
         self._memo: OrderedDict = OrderedDict()
+        self._room = self.MEMO  # objects the memo holds: a prefetched batch stays whole until the next
         self._lock = threading.Lock()
         self._listed = False  # the catalogue was refreshed once for an object it lacked
         self.fetched = 0  # tensor objects read from the remote
         self.fetched_bytes = 0
+        self.requests = 0  # ranged reads of the remote's object packs made for them
 
     def check(self, txn, kind: str, oid: bytes) -> tuple:
         verdict, value = super().check(txn, kind, oid)
@@ -164,6 +171,47 @@ class LazyObjects(ObjectStore):
             data = self._remote(txn, oid)
         return data
 
+    def prefetch(self, txn, kind: str, ids) -> None:
+        """Read the tensor objects of ``ids`` missing here from the remote together: a ranged read
+        per run of nearby records in an object pack (``transfer.read_records``) instead of one per
+        object. Each is verified against its id and decoded, then kept here in one write and held
+        in the memo, so the ``check`` or ``raw`` of it that follows (in ``txn``, which cannot see
+        that write) is served without a request. One whose copy there does not read back intact
+        or decode, or that the catalogue does not list, is left alone: its own ``check`` reads it
+        again by itself and gives its verdict, as without a prefetch."""
+        if kind != "tensors":
+            return
+        with self._lock:
+            want = [oid for oid in dict.fromkeys(ids) if oid not in self._memo]
+        want = [oid for oid in want if txn.get(kind, oid) is None]
+        if len(want) < 2:  # one alone: its check reads it as it would anyway
+            return
+        conn = self.cache.conn
+        located = conn.catalogue.object_locations(want)
+        if len(located) < len(want) and not self._listed:  # as ``_remote`` would for the first it lacks
+            self._listed = True
+            conn.catalogue.refresh(conn.bucket, trailers=False)
+            located = conn.catalogue.object_locations(want)
+        located = _within(located, self.PREFETCH_BYTES)  # the rest: one by one
+        if not located:
+            return
+        got, failed = self._read_many(conn, located)
+        gone = [oid for oid, exc in failed.items() if isinstance(exc, NotFound)]
+        if gone:  # a pack went (a remote repair or gc rewrote it): list once, read those where they are now
+            conn.catalogue.refresh(conn.bucket, trailers=False)
+            more, failed = self._read_many(conn, conn.catalogue.object_locations(gone))
+            got.update(more)
+        found = {}
+        for oid, data in got.items():
+            try:
+                TensorObject.decode(data)
+            except CorruptObject:  # its check reads it again and says so (RemoteCorrupt)
+                continue
+            found[oid] = data
+        with self._lock:  # never less: another thread's batch may not have been served yet
+            self._room = max(self._room, self.MEMO + len(found))
+        self._keep(txn, found)
+
     def _remote(self, txn, oid: bytes):
         """The verified bytes of tensor object ``oid`` from the remote (kept here), or None if it holds none."""
         with self._lock:
@@ -179,32 +227,67 @@ class LazyObjects(ObjectStore):
         if not located:
             return None
         try:
-            data = transfer.read_records(conn.bucket, located)[oid]
+            data = self._read_one(conn, located)[oid]
         except NotFound:  # its pack went (a remote repair or gc rewrote it): list once, read it where it is now
             conn.catalogue.refresh(conn.bucket, trailers=False)
             located = conn.catalogue.object_locations([oid])
             if not located:
                 return None
-            data = transfer.read_records(conn.bucket, located)[oid]
+            data = self._read_one(conn, located)[oid]
         try:
             TensorObject.decode(data)
         except CorruptObject as exc:  # bytes that hash to the id yet do not decode: a hostile remote
             raise RemoteCorrupt(f"tensor object {oid.hex()[:12]} on remote {self.cache.name!r} does not decode "
                                 f"({exc}); nothing was kept", key=located[oid][0], id=oid) from None
+        self._keep(txn, {oid: data})
+        return data
+
+    def _read_many(self, conn: Connection, located: dict) -> tuple:
+        """({id: verified bytes}, {id: error}) of the records ``located``: a record that does not read
+        back intact fails only itself (its check reads it alone again and gives its verdict)."""
+        failed: dict = {}
+        got = transfer.read_records(conn.bucket, located, failed=failed)
+        with self._lock:
+            self.requests += transfer.record_reads(located)
+        return got, failed
+
+    def _read_one(self, conn: Connection, located: dict) -> dict:
+        with self._lock:
+            self.requests += 1
+        return transfer.read_records(conn.bucket, located)
+
+    def _keep(self, txn, found: dict) -> None:
+        """Keep verified tensor objects ``found`` ({id: bytes}) here, in one write, and in the memo."""
+        if not found:
+            return
         if self.index.writing_here():
             # asked inside this thread's write transaction (``txn`` is it: one writer a thread): kept
             # with it, as a new write transaction here would wait on its own lock
-            txn.put("tensors", oid, data)
+            for oid, data in found.items():
+                txn.put("tensors", oid, data)
         elif not self.index.readonly:
             with self.index.write() as w:
-                w.put("tensors", oid, data)
+                for oid, data in found.items():
+                    w.put("tensors", oid, data)
         with self._lock:
-            self.fetched += 1
-            self.fetched_bytes += len(data)
-            self._memo[oid] = data
-            while len(self._memo) > self.MEMO:
+            self.fetched += len(found)
+            self.fetched_bytes += sum(len(data) for data in found.values())
+            for oid, data in found.items():
+                self._memo[oid] = data
+                self._memo.move_to_end(oid)
+            while len(self._memo) > self._room:
                 self._memo.popitem(last=False)
-        return data
+
+
+def _within(located: dict, budget: int) -> dict:
+    """The first entries of ``located`` ({id: (key, offset, length)}) whose lengths fit ``budget`` (at least one)."""
+    out, total = {}, 0
+    for oid, loc in located.items():
+        if out and total + loc[2] > budget:
+            break
+        out[oid] = loc
+        total += loc[2]
+    return out
 
 
 class CacheStore(Forwarding):
@@ -564,8 +647,11 @@ def commit_chunks(repo, txn, commits: set) -> set:
         if repo.objects.pruned(txn, oid) is not None:
             continue
         tree = repo.objects.commit_tree(txn, oid)
-        for _, leaf in walk_tree(tree.root):
-            if isinstance(leaf, TensorLeaf) and leaf.id not in seen:  # commits share most tensors
+        leaves = repo.objects.ahead(txn, "tensors", (leaf for _, leaf in walk_tree(tree.root)
+                                                     if isinstance(leaf, TensorLeaf) and leaf.id not in seen),
+                                    lambda leaf: leaf.id)
+        for leaf in leaves:
+            if leaf.id not in seen:  # commits share most tensors
                 seen.add(leaf.id)
                 out.update(repo.objects.tensor(txn, leaf.id).chunks)
     return out

@@ -329,24 +329,48 @@ def read_pack_records(bucket, key: str, entries: list) -> dict:
 SMALL_RECORD = 4 << 10
 
 
-def read_records(bucket, located: dict, gap: int = 4 << 10, threads: int = THREADS) -> dict:
+def record_reads(located: dict, gap: int = 4 << 10) -> int:
+    """How many ranged GETs ``read_records`` makes for ``located``."""
+    return len(_runs(((key, offset, length, None) for key, offset, length in located.values()), gap))
+
+
+def read_records(bucket, located: dict, gap: int = 4 << 10, threads: int = THREADS,
+                 failed: Optional[dict] = None) -> dict:
     """{id: bytes} of object records {id: (object pack key, data offset, length)}, read with ranged
     GETs (records of one pack less than ``gap`` bytes apart share one), each verified against its
-    id. Raises RemoteCorrupt (bytes that do not hash to their id, a pack cut short), NotFound."""
+    id. Raises RemoteCorrupt (bytes that do not hash to their id, a pack cut short), NotFound.
+    With ``failed`` (a dict), such a record is put there ({id: the error}) instead, and every
+    other record is still read and verified (a span that does not read fails each of its records)."""
     work = _runs(((key, offset, length, (offset, length, oid)) for oid, (key, offset, length) in located.items()), gap)
     out, guard = {}, threading.Lock()
 
+    def record(key, data, start, offset, length, oid):
+        piece = data[offset - start:offset - start + length]
+        if len(piece) != length:
+            raise RemoteCorrupt(f"remote pack {key} is shorter than its trailer says; nothing was stored",
+                                key=key, id=oid)
+        return bytes(verified(oid, piece, where=f"remote pack {key}", noun="object", key=key))
+
     def one(span):
         key, start, stop, items = span
-        data = memoryview(bucket.get_range(key, start, stop))
-        got = {}
-        for offset, length, oid in items:
-            piece = data[offset - start:offset - start + length]
-            if len(piece) != length:
-                raise RemoteCorrupt(f"remote pack {key} is shorter than its trailer says; nothing was stored",
-                                    key=key, id=oid)
-            got[oid] = bytes(verified(oid, piece, where=f"remote pack {key}", noun="object", key=key))
+        got, bad = {}, {}
+        try:
+            data = memoryview(bucket.get_range(key, start, stop))
+        except NotFound as exc:
+            if failed is None:
+                raise
+            bad = {oid: exc for _, _, oid in items}
+        else:
+            for offset, length, oid in items:
+                try:
+                    got[oid] = record(key, data, start, offset, length, oid)
+                except RemoteCorrupt as exc:
+                    if failed is None:
+                        raise
+                    bad[oid] = exc
         with guard:
             out.update(got)
+            if bad:
+                failed.update(bad)
     _in_threads(one, work, threads)
     return out

@@ -296,3 +296,38 @@ def test_a_catalogue_from_before_the_tables_is_converted_and_read_again(remote, 
             conn.close()
     finally:
         repo.close()
+
+
+def test_a_refresh_of_many_trailers_merges_its_tables_once(tmp_path, monkeypatch):
+    """A bulk read writes a table per FLUSH entries and merges them at its end, not as it goes
+    (so each entry is rewritten once, not once per level of merges)."""
+    from mvc.remote import catalogue as module
+    remote = tmp_path / "remote"
+    repo = pushed_repo(tmp_path / "a", str(remote), None, [(state(0), "c0")], CHUNK)
+    try:
+        for i in (1, 2):  # a pack a push
+            repo.commit(state(i), f"c{i}")
+            repo.remotes.push()
+        conn = Connection(repo, "origin")
+        try:
+            packs = [k for k, _, _ in conn.bucket.list_stamps(layout.CHUNK_PACKS)]
+        finally:
+            conn.close()
+        assert len(packs) == 3
+        monkeypatch.setattr(module, "FLUSH", 1)  # a table per trailer
+        monkeypatch.setattr(tables, "MAX_TABLES", 1)
+        merges = []
+        real = tables.merge
+        monkeypatch.setattr(tables, "merge", lambda folder, inputs, live: merges.append(len(inputs)) or
+                            real(folder, inputs, live))
+        module.forget(repo.dir, "origin")
+        conn = Connection(repo, "origin")
+        try:
+            conn.catalogue.refresh(conn.bucket)
+            assert merges == [len(packs)]
+            assert len(list(conn.catalogue.tables_dir.iterdir())) == 1
+        finally:
+            conn.close()
+        assert repo.load("HEAD~2")["step"] == 0
+    finally:
+        repo.close()

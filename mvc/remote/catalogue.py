@@ -374,14 +374,15 @@ class Catalogue:
                         continue
                     batch.append((key, idarray.pack(entries[0]), entries[1], entries[2], stamps[key], None))
                     if sum(len(b[1]) for b in batch) >= FLUSH:
-                        self._catalogue(batch)
+                        self._catalogue(batch, compact=False)  # merged once, at the end: each entry moves once
                         batch = []
                     continue
                 with self.index.write() as txn:
                     txn.delete("meta", ("unread:" + key).encode())
                     if entries is CorruptObject and key.startswith(layout.CHUNK_PACKS):
                         txn.put_meta("damaged:" + key, encoding.pack(_plain(stamps[key])))
-        self._catalogue(batch)
+        self._catalogue(batch, compact=False)
+        self._compact()
         return listed
 
     def has_objects(self, ids: Iterable[bytes]) -> set:
@@ -483,9 +484,10 @@ class Catalogue:
         else:
             self.add_pack(key, list(zip(ids, offsets.tolist(), lengths.tolist())), stamp)
 
-    def _catalogue(self, packs: list) -> None:
+    def _catalogue(self, packs: list, compact: bool = True) -> None:
         """Catalogue chunk packs ``packs``, (key, id array, offsets, lengths, stamp, sent) each,
-        in one new table that becomes their home; then merge tables if there are too many."""
+        in one new table that becomes their home; then (``compact``) merge tables if there are
+        too many."""
         if not packs:
             return
         table = tables.write(self.tables_dir, [(layout.pack_name(key), ids, offsets, lengths)
@@ -498,7 +500,8 @@ class Catalogue:
                     _mark_read(txn, key, stamp, sent)
                 txn.put_meta(TABLES, encoding.pack([gen + 1, [table.name] + names]))
             self._advance(gen, lambda view: [table] + view.tables, dict.fromkeys(table.names, table.name))
-        self._compact()
+        if compact:
+            self._compact()
 
     def _advance(self, gen: int, got: Callable, changes: dict) -> None:
         """After this catalogue's own write took the listing from generation ``gen`` to the next:
@@ -508,10 +511,10 @@ class Catalogue:
         self._view = last.then(gen + 1, got(last), changes) if last is not None and last.gen == gen else None
 
     def _compact(self) -> None:
-        """Merge the newest tables into one while there are more than ``tables.MAX_TABLES`` (one
-        step of ``tables.group``'s policy a call, as each call adds one table), keeping only the
-        entries of packs whose home they are; the merged table becomes those packs' home unless
-        another writer changed it meanwhile (then their entries there are stale)."""
+        """Where there are more than ``tables.MAX_TABLES`` tables, merge the newest into one (as many
+        as ``tables.group`` says: at most MAX_TABLES are left), keeping only the entries of packs
+        whose home they are; the merged table becomes those packs' home unless another writer
+        changed it meanwhile (then their entries there are stale)."""
         with self._writing:
             view = self.view()
             k = tables.group([len(t) for t in view.tables])

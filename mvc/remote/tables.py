@@ -31,6 +31,7 @@ File layout (little-endian; ``docs/format.md`` 11.5)::
     footer   the checksum of the pack indexes' files (``packindex._Checksum``), 32 bytes
 """
 
+import functools
 import os
 import re
 import struct
@@ -118,7 +119,11 @@ class Table:
             raise _damaged(self.path, "its fan-out table does not add up")
         if len(self.packs) and int(self.packs.max(initial=0)) >= npacks:
             raise _damaged(self.path, "an entry names a pack it does not list")
-        self.number = {name: k for k, name in enumerate(self.names)}
+
+    @functools.cached_property
+    def number(self) -> dict:
+        """{pack name: its pack number}."""
+        return {name: k for k, name in enumerate(self.names)}
 
     def __len__(self) -> int:
         return len(self.heads)

@@ -79,3 +79,13 @@ def test_the_merge_policy_leaves_at_most_max_tables():
     for sizes in ([1] * 30, [1, 2, 4, 8, 16, 32, 64, 128, 256], [5] + [1000] * 8, list(range(40, 0, -1))):
         k = tables.group(sizes)
         assert k >= 2 and len(sizes) - k + 1 <= tables.MAX_TABLES
+
+
+def test_ids_that_share_their_first_eight_bytes_are_kept_in_byte_order(tmp_path):
+    same = bytes(8)
+    ids = np.frombuffer(same + b"\x02" * 24 + same + b"\x01" * 24 + b"\x01" * 32, dtype="S32")
+    table = tables.write(tmp_path, [(b"P" * 16, ids, [0, 1, 2], [1, 1, 1]), (b"Q" * 16, ids[:1], [9], [1])])
+    got = tables.joined(table.heads, table.rests)
+    assert [bytes(x) for x in got.view("V32")] == sorted([bytes(x) for x in ids.view("V32")] + [bytes(ids[:1].view("V32")[0])])
+    assert table.offsets.tolist() == [1, 0, 9, 2]  # the shared id: pack 0's entry, then pack 1's
+    table.verify()

@@ -81,8 +81,14 @@ def joined(heads: np.ndarray, rests: np.ndarray) -> np.ndarray:
 
 
 def _in_order(columns: dict) -> dict:
-    """``columns`` sorted by id, then pack number."""
-    order = np.lexsort((columns["packs"], columns["rests"].view("S24"), columns["heads"]))
+    """``columns`` sorted by id, then pack number: one sort of the heads (numbers) where they are
+    unique, all of the id and the pack number where two share a head (an id in two packs)."""
+    heads = columns["heads"]
+    order = np.argsort(heads, kind="stable")
+    ordered = heads[order]
+    if len(ordered) > 1 and (ordered[1:] == ordered[:-1]).any():
+        rests = np.ascontiguousarray(columns["rests"]).view(">u8").reshape(len(heads), 3)
+        order = np.lexsort((columns["packs"], rests[:, 2], rests[:, 1], rests[:, 0], heads))
     return {name: values[order] for name, values in columns.items()}
 
 

@@ -388,3 +388,27 @@ def test_remote_gc_stops_before_deleting_when_the_refs_need_an_object_no_pack_ho
     assert sorted(k for k, _ in bucket.list("")) == before  # nothing deleted
     bucket.close()
     repo.close()
+
+
+def test_remote_gc_stops_before_deleting_when_a_needed_tensor_object_does_not_decode(tmp_path):
+    from mvc import encoding
+    from mvc.errors import CorruptObject
+    from mvc.objects import CommitObject, TensorLeaf, TreeObject, object_id
+    from mvc.remote import transfer
+    from mvc.remote.connection import Connection
+    repo = _history(tmp_path)
+    bad = encoding.pack({"chunk_size": SMALL, "chunks": [bytes(32)], "dtype": "F32", "shape": [64], "type": "tensor"})
+    tree = TreeObject({"w": TensorLeaf(object_id(bad))}).encode()  # 256 bytes in 64-byte chunks: 4 ids, not 1
+    commit = CommitObject(object_id(tree), (), "bad", "me", 1_700_000_000_000_000).encode()
+    conn = Connection(repo, "origin")
+    transfer.upload_objects(conn.bucket, conn.catalogue, [(object_id(x), x) for x in (bad, tree, commit)])
+    conn.bucket.put(layout.REFS + "heads/bad", layout.encode_ref(object_id(commit), False))
+    conn.close()
+    bucket = open_bucket(str(tmp_path / "remote"))
+    before = sorted(k for k, _ in bucket.list(""))
+    with pytest.raises(CorruptObject) as err:
+        repo.remotes.gc(grace=0)
+    assert err.value.kind == "tensor" and err.value.field == "chunks"
+    assert sorted(k for k, _ in bucket.list("")) == before  # nothing deleted
+    bucket.close()
+    repo.close()

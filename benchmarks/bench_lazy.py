@@ -63,6 +63,12 @@ trailer read, as a full clone or a pusher of everything holds it): seconds, byte
 per lookup and peak memory, new and old side by side (``bench_scale._catalogue_costs``).
 
     python benchmarks/bench_lazy.py --chunks "" --whole 1e7 --old /tmp/old
+
+``--gc N``: ``gc --remote --dry-run`` of a lazy clone of the remote of N chunk entries (every
+record needed: it plans, deletes nothing): seconds and the process's peak resident memory, each
+in a fresh process, new and old side by side.
+
+    python benchmarks/bench_lazy.py --chunks "" --gc 1e5,1e6 --old /tmp/old
 """
 
 import argparse
@@ -513,6 +519,55 @@ def whole(work: Path, n: int, repeat: int, old: str) -> None:
     shutil.rmtree(remote, ignore_errors=True)
 
 
+_GC = r"""
+import json, resource, sys, time
+import mvc
+repo = mvc.Repository.open(sys.argv[1])
+start = time.perf_counter()
+report = repo.remotes.gc("origin", grace=0, dry_run=True)
+try:  # this process image's own peak: ru_maxrss keeps a forking parent's across the exec
+    peak = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+except (OSError, StopIteration):
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"mvc": mvc.__file__, "s": time.perf_counter() - start, "peak_rss": peak,
+                  "deleted": len(report.packs_deleted), "mixed": report.mixed, "reclaimed": report.bytes_reclaimed}))
+repo.close()
+"""
+
+
+def gc_costs(work: Path, n: int, repeat: int, old: str) -> None:
+    """``gc --remote --dry-run`` of a lazy clone of a remote of ``n`` chunk entries, in a fresh process
+    each, this code's and (``old``) the older code's alternating, best of ``repeat``. A first
+    untimed run reads every trailer into the clone's catalogue, so neither version pays that."""
+    import mvc
+    remote, clone = work / f"remote-{n}", work / "gc"
+    start = time.perf_counter()
+    build_remote(remote, n)
+    print(f"# n={n}: built in {time.perf_counter() - start:.1f} s", flush=True)
+    shutil.rmtree(clone, ignore_errors=True)
+    mvc.Repository.clone(str(remote), clone, lazy=True).close()
+    runs = {"new": [], "old": []}
+    new = str(Path(__file__).resolve().parent.parent)
+    for i in range(repeat + 1):
+        for name, code in (("old", old), ("new", new)) if old else (("new", new),):
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join([code] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+            got = subprocess.run([sys.executable, "-c", _GC, str(clone)], capture_output=True, text=True, env=env,
+                                 cwd=clone)
+            if got.returncode:
+                raise RuntimeError(f"the gc run of {name} failed: {got.stderr[-2000:]}")
+            if i:  # the first round warms the catalogue
+                runs[name].append(json.loads(got.stdout))
+    for name, got in runs.items():
+        if got:
+            best = min(got, key=lambda r: r["s"])
+            print(f"gc n={n:.0e} {name:>4} s={best['s']:.2f} peak_rss_MB={min(r['peak_rss'] for r in got) / 1e6:.0f} "
+                  f"deleted={best['deleted']} mixed={best['mixed']} reclaimed={best['reclaimed']}", flush=True)
+            print("measured " + json.dumps(dict(case="gc", n=n, code=name, **best)), flush=True)
+    shutil.rmtree(clone, ignore_errors=True)
+    shutil.rmtree(remote, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--chunks", default="1e5,1e6", help="chunk entries on the remote, comma-separated")
@@ -531,6 +586,7 @@ def main() -> None:
     ap.add_argument("--sharded-pack-bytes", type=int, default=128 << 10, help="sharded: the remote's pack size")
     ap.add_argument("--whole", default="", help="chunk entries on a remote whose whole catalogue a host builds, "
                     "as a full clone or a pusher of everything holds it (bench_scale's catalogue figures)")
+    ap.add_argument("--gc", default="", help="chunk entries on a remote a lazy clone runs gc --remote --dry-run on")
     args = ap.parse_args()
     new = str(Path(__file__).resolve().parent.parent)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-lazy-"))
@@ -560,6 +616,8 @@ def main() -> None:
         shutil.rmtree(remote, ignore_errors=True)
     for n in [int(float(x)) for x in args.whole.split(",") if x]:
         whole(work, n, args.repeat, args.old or "")
+    for n in [int(float(x)) for x in args.gc.split(",") if x]:
+        gc_costs(work, n, args.repeat, args.old or "")
     for n in [int(float(x)) for x in args.push.split(",") if x]:
         for name, code in [("new", new)] + ([("old", args.old)] if args.old else []):
             push_next(name, code, work, n)

@@ -17,8 +17,9 @@ import mvc
 
 from conftest import pushed_repo, same
 from conftest import run_cli as cli
-from mvc.errors import RemoteBusy
-from mvc.remote import layout
+from mvc.errors import RemoteBusy, RemoteDamaged
+from mvc.remote import collect, layout
+from mvc.store import packindex
 from mvc.remote.bucket import open_bucket
 
 CHUNK = 1024
@@ -253,3 +254,161 @@ def test_a_remote_gc_that_deletes_upgrades_a_layout_1_remote_on_s3(tmp_path, sea
             assert same(clone.load("main"), repo.load("main")) and clone.remotes.fsck().ok
     finally:
         repo.close()
+
+
+# -- the walk and sweep in bounded memory (a folder remote: the plan, not the store, is under test) ----
+
+SMALL = 64
+
+
+def _history(tmp_path):
+    """A repository pushed to a folder remote: main with a pruned commit, exp sharing most of
+    main's chunks, a tag, a deleted branch and an orphan object pack's worth of garbage."""
+    repo = mvc.Repository.init(tmp_path / "h", chunk_size=SMALL)
+    repo.remotes.add("origin", str(tmp_path / "remote"))
+    base = {"w": torch.arange(512, dtype=torch.float32), "b": torch.zeros(64)}
+    for i in range(3):
+        s = {k: v.clone() for k, v in base.items()}
+        s["w"][:16 * (i + 1)] = float(i + 1)  # each commit changes a few chunks, shares the rest
+        repo.commit(s, f"main {i}")
+        repo.remotes.push()
+    repo.create_tag("v0", "main~1")
+    s = {k: v.clone() for k, v in base.items()}
+    s["b"][:] = 7.0
+    repo.commit(s, "exp", branch="exp")
+    repo.commit({"gone": torch.randn(256, generator=torch.Generator().manual_seed(5))}, "doomed", branch="doomed")
+    repo.remotes.push(refs=("exp", "v0"))
+    repo.remotes.push(refs=("doomed",))  # packs of its own
+    repo.remotes.gc(keep_last=1, branch="main", grace=0)  # prunes main~2 (main~1 is tagged): a pruned note
+    repo.remotes.push(refs=(":doomed",))  # its packs are garbage now
+    return repo
+
+
+def _old_plan(repo) -> tuple:
+    """(needed chunk ids, {pack key: (needed, listed)}) as remote gc planned before it was
+    sliced: every object decoded, every needed chunk id in one set."""
+    from mvc import reach
+    from mvc.remote import transfer
+    from mvc.remote.catalogue import read_trailer
+    from mvc.remote.connection import Connection, classify
+    conn = Connection(repo, "origin")
+    try:
+        conn.catalogue.refresh(conn.bucket)
+        objects, notes = {}, {}
+        for key in conn.catalogue.object_packs():
+            for oid, data in transfer.read_pack_records(conn.bucket, key, read_trailer(conn.bucket, key)).items():
+                kind, obj = classify(data, oid)
+                if kind == "pruned":
+                    notes[obj["commit"]] = oid
+                else:
+                    objects[oid] = (kind, obj)
+        need = set()
+
+        def get(kind, oid):
+            need.add(oid)
+            return objects[oid][1]
+        tips = [oid for oid, _, _ in conn.remote_refs().values()]
+        chunks = {cid for cid, _ in reach.closure(get, tips, notes.__contains__)}
+        need |= {notes[oid] for oid in need if oid in notes} | chunks
+        counts = {key: (sum(1 for i in ids if i in need), len(ids)) for key, ids in conn.catalogue.pack_ids().items()}
+        return chunks, counts
+    finally:
+        conn.close()
+
+
+def _expected(repo, tmp_path) -> tuple:
+    """(garbage keys, mixed count, reclaimed bytes) of the old plan, every pack older than the grace."""
+    _, counts = _old_plan(repo)
+    bucket = open_bucket(str(tmp_path / "remote"))
+    try:
+        sizes = {k: n for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS) for k, n, _ in bucket.list_times(folder)
+                 if layout.pack_name(k) is not None}
+    finally:
+        bucket.close()
+    garbage = sorted(k for k, (live, _) in counts.items() if not live)
+    return garbage, sum(0 < live < listed for live, listed in counts.values()), sum(sizes[k] for k in garbage)
+
+
+def test_sliced_remote_gc_plans_what_the_whole_remote_in_memory_planned(tmp_path):
+    repo = _history(tmp_path)
+    garbage, mixed, reclaimed = _expected(repo, tmp_path)
+    assert garbage and mixed  # the history makes both: the deleted branch's packs, shared ones
+    one = repo.remotes.gc(grace=0, dry_run=True)
+    assert (sorted(one.packs_deleted), one.mixed, one.bytes_reclaimed) == (garbage, mixed, reclaimed)
+    assert one.young == () and one.unreadable == ()
+    tiny = collect.gc_remote(repo, "origin", grace=0, dry_run=True, budget=1)  # a step per first byte
+    assert tiny == one
+    done = repo.remotes.gc(grace=0)
+    assert sorted(done.packs_deleted) == garbage and done.bytes_reclaimed == reclaimed
+    assert repo.remotes.fsck().ok
+    clone = mvc.Repository.clone(str(tmp_path / "remote"), tmp_path / "c")
+    for rev, here in (("main", "main"), ("main~1", "main~1"), ("v0", "v0"), ("origin/exp", "exp")):
+        assert same(clone.load(rev), repo.load(here))
+    with pytest.raises(mvc.CommitPruned):
+        clone.load("main~2")
+    clone.close()
+    assert not [p for p in (repo.dir / "tmp").iterdir() if p.name.startswith("walk-")]  # the scratch is gone
+    repo.close()
+
+
+def test_remote_gc_sends_the_needed_chunk_ids_through_a_spill_read_a_slice_at_a_time(tmp_path, monkeypatch):
+    repo = _history(tmp_path)
+    chunks, _ = _old_plan(repo)
+    seen = {"slices": [], "files": set()}
+
+    class Watched(packindex.IdSpill):
+        def slices(self, budget):
+            for b, e, ids in super().slices(budget):
+                seen["files"] |= {p.name for p in self.folder.iterdir()}
+                seen["slices"].append((b, e, ids))
+                yield b, e, ids
+    monkeypatch.setattr(collect, "IdSpill", Watched)
+    collect.gc_remote(repo, "origin", grace=0, dry_run=True, budget=8)
+    got = seen["slices"]
+    assert len(got) > 1 and all(b < e for b, e, _ in got) and [e for _, e, _ in got][-1] == 256
+    assert all(b == e0 for (_, e0, _), (b, _, _) in zip(got, got[1:]))  # consecutive slices, the id space once
+    ids = [cid for _, _, part in got for cid in part.tolist()]
+    assert ids == sorted(set(ids)) and set(ids) == chunks  # each needed chunk once, in order, none else
+    assert seen["files"] == {f"{cid[0]:02x}" for cid in chunks}  # on disk, a file per first byte
+    repo.close()
+
+
+def test_remote_gc_stops_before_deleting_when_the_refs_need_an_object_no_pack_holds(tmp_path):
+    repo = _history(tmp_path)
+    bucket = open_bucket(str(tmp_path / "remote"))
+    tip = bytes.fromhex(repo.resolve("exp"))
+    key = next(k for k, _ in bucket.list(layout.OBJECT_PACKS)
+               if layout.pack_name(k) is not None and tip in dict(
+                   (oid, 0) for oid, _, _ in collect.read_trailer(bucket, k)))
+    bucket.delete(key)
+    before = sorted(k for k, _ in bucket.list(""))
+    with pytest.raises(RemoteDamaged) as err:
+        repo.remotes.gc(grace=0)
+    assert err.value.remote == "origin" and tip in err.value.ids
+    assert sorted(k for k, _ in bucket.list("")) == before  # nothing deleted
+    bucket.close()
+    repo.close()
+
+
+def test_remote_gc_stops_before_deleting_when_a_needed_tensor_object_does_not_decode(tmp_path):
+    from mvc import encoding
+    from mvc.errors import CorruptObject
+    from mvc.objects import CommitObject, TensorLeaf, TreeObject, object_id
+    from mvc.remote import transfer
+    from mvc.remote.connection import Connection
+    repo = _history(tmp_path)
+    bad = encoding.pack({"chunk_size": SMALL, "chunks": [bytes(32)], "dtype": "F32", "shape": [64], "type": "tensor"})
+    tree = TreeObject({"w": TensorLeaf(object_id(bad))}).encode()  # 256 bytes in 64-byte chunks: 4 ids, not 1
+    commit = CommitObject(object_id(tree), (), "bad", "me", 1_700_000_000_000_000).encode()
+    conn = Connection(repo, "origin")
+    transfer.upload_objects(conn.bucket, conn.catalogue, [(object_id(x), x) for x in (bad, tree, commit)])
+    conn.bucket.put(layout.REFS + "heads/bad", layout.encode_ref(object_id(commit), False))
+    conn.close()
+    bucket = open_bucket(str(tmp_path / "remote"))
+    before = sorted(k for k, _ in bucket.list(""))
+    with pytest.raises(CorruptObject) as err:
+        repo.remotes.gc(grace=0)
+    assert err.value.kind == "tensor" and err.value.field == "chunks"
+    assert sorted(k for k, _ in bucket.list("")) == before  # nothing deleted
+    bucket.close()
+    repo.close()

@@ -15,9 +15,12 @@ Vocabulary:
 
 The protocol (``docs/format.md`` 11.6): take the gc lease (no push lease
 may be live; none can start while it is); list refs, read every object
-pack whole (verified), walk the refs; prune by retention, uploading the
-``pruned`` notes before anything is deleted; then condemn the garbage packs
-older than the grace (name them in the lease), fence every ref (rewrite it by
+pack (verified); prune by retention, uploading the
+``pruned`` notes before anything is deleted; walk the refs down to tensor
+objects and read the needed ones' chunk ids into a scratch folder
+(``packindex.IdSpill``), which the sweep reads back a slice of the id space
+at a time, so memory is bounded by the objects, not the chunks; then condemn
+the garbage packs older than the grace (name them in the lease), fence every ref (rewrite it by
 If-Match, so a push that read it earlier cannot move it any more), and delete
 them, checking the lease before each. Any damage seen
 (a ref or object pack that does not decode, an object the refs need that
@@ -33,14 +36,12 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
-
 from .. import gc as local_gc
-from .. import reach
-from ..errors import ObjectNotFound, RemoteBusy, RemoteDamaged, RemoteError
-from ..objects import object_id
-from ..store import idarray
+from .. import reach, sliced
+from ..errors import CorruptObject, ObjectNotFound, RemoteBusy, RemoteDamaged, RemoteError
+from ..objects import decode_tensor_ids, object_id
 from ..store.index import RefValue
+from ..store.packindex import IdSpill
 from . import layout, lease, transfer
 from .catalogue import read_trailer
 from .bucket import NotFound, PreconditionFailed
@@ -85,39 +86,101 @@ class _View:
 
 
 def _read_objects(conn) -> tuple:
-    """({id: (kind, object)}, {commit id: note id}) of every record of every object pack, verified."""
-    objects, notes = {}, {}
+    """(commits {id: object}, trees {id: object}, tensors {id: (object pack key, offset, length)},
+    {commit id: note id}) of every record of every object pack, verified, a pack at a time. A
+    tensor object is checked here like every record (one that does not decode stops the gc), but
+    only where it lies is kept: its chunk ids, most of a remote's ids, are read again for the
+    needed tensors alone (``_spill_chunks``)."""
+    commits, trees, tensors, notes = {}, {}, {}, {}
     for key in sorted(conn.catalogue.object_packs()):
-        for oid, data in transfer.read_pack_records(conn.bucket, key, read_trailer(conn.bucket, key)).items():
+        entries = read_trailer(conn.bucket, key)
+        where = {oid: (key, offset, length) for oid, offset, length in entries}
+        for oid, data in transfer.read_pack_records(conn.bucket, key, entries).items():
+            if _is_tensor(data):
+                tensors[oid] = where[oid]
+                continue
             kind, obj = classify(data, oid)
             if kind == "pruned":
                 notes[obj["commit"]] = oid
+            elif kind == "tensors":  # not in the canonical form _is_tensor knows: decoded whole, then dropped
+                tensors[oid] = where[oid]
             else:
-                objects[oid] = (kind, obj)
-    return objects, notes
+                (commits if kind == "commits" else trees)[oid] = obj
+    return commits, trees, tensors, notes
 
 
-def _needed(remote: str, tips: list, objects: dict, pruned: set) -> tuple:
-    """(object ids, chunk ids) the histories of ``tips`` need; RemoteDamaged if one is on no pack."""
-    need_objects, lost = set(), []
+def _is_tensor(data: bytes) -> bool:
+    """Whether a record is a tensor object that decodes, checked without a Python bytes object
+    per chunk id (``decode_tensor_ids``). False for any other record, and for a tensor that does not
+    decode, which ``classify`` then names. A canonical tensor's first key is its chunk size
+    (the keys are sorted): other records skip the try."""
+    if data[1:12] != b"\xaachunk_size":
+        return False
+    try:
+        decode_tensor_ids(data)
+    except CorruptObject:
+        return False
+    return True
+
+
+def _needed(remote: str, tips: list, commits: dict, trees: dict, tensors: dict, pruned: set) -> tuple:
+    """(object ids, tensor ids) the histories of ``tips`` need; RemoteDamaged if one is on no pack.
+    The walk stops at tensor objects: their chunks are ``_spill_chunks``'s."""
+    need_objects, need_tensors, lost = set(), [], []
 
     def get(kind: str, oid: bytes):
-        entry = objects.get(oid)
-        if entry is None or entry[0] != kind:
+        if kind == "tensors":
+            if oid not in tensors:
+                lost.append(oid)
+            else:
+                need_objects.add(oid)
+                need_tensors.append(oid)
+            return None  # the walk goes no further down: a tensor's chunk ids are read a pack at a time
+        obj = (commits if kind == "commits" else trees).get(oid)
+        if obj is None:
             lost.append(oid)
             return None
         need_objects.add(oid)
-        return entry[1]
-    need_chunks = {cid for cid, _ in reach.closure(get, tips, pruned.__contains__)}
+        return obj
+    for _ in reach.closure(get, tips, pruned.__contains__):
+        pass  # nothing comes out: get gives it no tensor
     if lost:
         raise RemoteDamaged(f"{len(lost)} objects the remote's refs need are on no intact pack (commit, tree or "
                             f"tensor {lost[0].hex()[:12]} ...); remote gc deleted nothing", remote=remote, ids=lost)
-    return need_objects, need_chunks
+    return need_objects, need_tensors
+
+
+READ_BYTES = 32 << 20  # tensor object records _spill_chunks reads at once
+
+
+def _spill_chunks(conn, tensors: dict, need: list, spill) -> None:
+    """Add the chunk ids of the tensors ``need`` (ids in ``tensors``, as ``_read_objects`` gives
+    it) to ``spill``: their records read again (verified), a pack and at most READ_BYTES at a time,
+    and decoded one at a time, so that no more than that many of them are in memory at once."""
+    by_pack = {}
+    for oid in need:
+        by_pack.setdefault(tensors[oid][0], []).append(oid)
+    for key in sorted(by_pack):
+        batch, size = {}, 0
+        for oid in sorted(by_pack[key], key=lambda oid: tensors[oid][1]):
+            batch[oid] = tensors[oid]
+            size += tensors[oid][2]
+            if size >= READ_BYTES:
+                _spill_records(conn, batch, spill)
+                batch, size = {}, 0
+        _spill_records(conn, batch, spill)
+
+
+def _spill_records(conn, located: dict, spill) -> None:
+    records = transfer.read_records(conn.bucket, located)
+    for oid in located:
+        _, ids = decode_tensor_ids(records.pop(oid))
+        spill.add(ids)
 
 
 def gc_remote(repo, name: Optional[str] = None, keep_last: Optional[int] = None, branch: Optional[str] = None,
               keep_best: Optional[str] = None, mode: str = "min", top: int = 1, force: bool = False,
-              grace: float = GRACE_S, dry_run: bool = False) -> RemoteGcReport:
+              grace: float = GRACE_S, dry_run: bool = False, budget: Optional[int] = None) -> RemoteGcReport:
     """Prune the remote's history by retention (local gc's rules, on the remote's refs) and delete its
     garbage packs older than ``grace`` seconds.
 
@@ -125,9 +188,14 @@ def gc_remote(repo, name: Optional[str] = None, keep_last: Optional[int] = None,
     (deleting nothing) when the remote's refs need something no intact pack
     holds, BadInput / ProtectedRef / UnknownRevision for a retention policy
     local gc would refuse, RemoteError for the store's failures.
+
+    Memory: the remote's commits, trees and the places of its tensor objects;
+    the needed chunk ids go to a scratch folder and the sweep reads them back
+    ``budget`` at a time (``mvc.sliced``; default ``MVC_WALK_BUDGET`` or 2**20).
     """
     policy = local_gc.Retention(keep_last, branch, keep_best, mode, top)
     policy.check()
+    budget = sliced.budget(budget)
     conn = Connection(repo, name)
     try:
         if conn.marker(create=False) is None:  # and a layout this mvc does not read is refused here
@@ -141,11 +209,11 @@ def gc_remote(repo, name: Optional[str] = None, keep_last: Optional[int] = None,
             if conn.damaged:
                 raise RemoteDamaged(f"remote ref {sorted(conn.damaged)[0]} does not decode; remote gc deleted "
                                     "nothing", remote=conn.name)
-            objects, notes = _read_objects(conn)
+            commits, trees, tensors, notes = _read_objects(conn)
             pruned = set(notes)
             prune = set()
             if policy.active:
-                view = _View(refs, {oid: obj for oid, (kind, obj) in objects.items() if kind == "commits"}, pruned)
+                view = _View(refs, commits, pruned)
                 prune, _ = local_gc._retention(view, view, policy, force)
             if prune and not dry_run:  # the notes are durable before any data goes
                 note = {"time": time.time_ns() // 1000, "policy": policy.describe()}  # as local gc writes it
@@ -154,18 +222,21 @@ def gc_remote(repo, name: Optional[str] = None, keep_last: Optional[int] = None,
                 transfer.upload_objects(conn.bucket, conn.catalogue, records)
                 notes.update({oid: rid for oid, (rid, _) in zip(sorted(prune), records)})
             tips = [oid for oid, _, _ in refs.values()]
-            need_objects, need_chunks = _needed(conn.name, tips, objects, pruned | prune)
+            need_objects, need_tensors = _needed(conn.name, tips, commits, trees, tensors, pruned | prune)
             need_objects |= {notes[oid] for oid in need_objects if oid in notes}
-            return _sweep(conn, held, need_objects, need_chunks, now, grace, dry_run,
-                          tuple(sorted(oid.hex() for oid in prune)), fence)
+            with sliced.Scratch(repo.dir) as where:
+                spill = IdSpill(where.folder())
+                _spill_chunks(conn, tensors, need_tensors, spill)
+                return _sweep(conn, held, need_objects, spill.slices(budget), now, grace, dry_run,
+                              tuple(sorted(oid.hex() for oid in prune)), fence)
     finally:
         conn.close()
 
 
-def _sweep(conn, held, need_objects: set, need_chunks: set, now: Optional[float], grace: float, dry_run: bool,
+def _sweep(conn, held, need_objects: set, need_chunks, now: Optional[float], grace: float, dry_run: bool,
            pruned: tuple, fence: dict) -> RemoteGcReport:
-    needed = np.sort(idarray.pack(list(need_chunks)))
-    counts = conn.catalogue.held([(0, 256, needed)], need_objects)
+    """``need_chunks``: the needed chunk ids, a slice of the id space at a time (``IdSpill.slices``)."""
+    counts = conn.catalogue.held(need_chunks, need_objects)
     garbage, young, unreadable, mixed, reclaimed, young_bytes, seen = [], [], [], 0, 0, 0, set()
     for folder in (layout.CHUNK_PACKS, layout.OBJECT_PACKS):
         for key, size, when in conn.bucket.list_times(folder):

@@ -71,7 +71,7 @@ LOST = "lost:"  # meta key prefix: chunk id (hex) -> b"", see Catalogue.lost
 TABLES = "tables"  # meta: [generation, [table names, newest first]]
 HOME = "in:"  # meta key prefix: chunk pack key -> the name of the table holding its entries
 FORMAT = "format"  # meta: b"2" once chunk locations are in tables (a catalogue from before is converted)
-FLUSH = 1 << 22  # entries of trailers read that one table holds at most (about 200 MiB while written)
+FLUSH = 1 << 20  # entries of trailers read that one table holds at most (about 150 MiB while written)
 
 
 def folder(repo_dir: Path, name: str) -> Path:
@@ -269,7 +269,7 @@ class Catalogue:
                     size, hinted = len(hinted), []
                     self.trailers_hinted += size
                 batch, keys = keys[:size], keys[size:]
-                listed = self._read_packs(bucket, {key: pending[key] for key in batch})
+                listed = self._read_packs(bucket, {key: pending[key] for key in batch}, wanted is not None)
                 self._settle()
                 done += len(batch)
                 if wanted is not None:
@@ -348,10 +348,11 @@ class Catalogue:
                 self._hints[key] = {}
         return self._hints[key].get(tid)
 
-    def _read_packs(self, bucket, stamps: dict) -> list:
+    def _read_packs(self, bucket, stamps: dict, ids: bool = False) -> list:
         """Read the trailers of packs {key: (size, stamp)} and catalogue them (the chunk packs of
         up to FLUSH entries in one table); one that does not read (damaged, or deleted since it
-        was listed) is noted damaged or forgotten. Returns the id lists of those read."""
+        was listed) is noted damaged or forgotten. Returns the id lists of those read if ``ids``
+        (a lookup's; a whole refresh keeps none: they are in the tables)."""
         def read(key):
             if stamps[key][0] < MIN_PACK_BYTES:  # a zero-byte object, say: no reader can parse it
                 return key, CorruptObject
@@ -368,7 +369,8 @@ class Catalogue:
                 if isinstance(entries, tuple):
                     entries, nbytes = entries
                     self.trailer_bytes += nbytes
-                    listed.append(entries[0])
+                    if ids:
+                        listed.append(entries[0])
                     if key.startswith(layout.OBJECT_PACKS):
                         self.add_table(key, *entries, stamps[key])
                         continue

@@ -331,3 +331,32 @@ def test_a_refresh_of_many_trailers_merges_its_tables_once(tmp_path, monkeypatch
         assert repo.load("HEAD~2")["step"] == 0
     finally:
         repo.close()
+
+
+def test_a_table_with_a_flipped_bit_is_never_counted_by_a_sweep(tmp_path):
+    """``held`` (what remote gc deletes by) checks each table's checksum first: the packs of a
+    damaged one are left out (a gc keeps a pack it cannot count) and noted unread."""
+    remote = tmp_path / "remote"
+    repo = pushed_repo(tmp_path / "a", str(remote), None, [(state(0), "c0")], CHUNK)
+    try:
+        repo.commit(state(1), "c1")
+        repo.remotes.push()  # a second pack, a second table
+        conn = Connection(repo, "origin")
+        try:
+            files = sorted(conn.catalogue.tables_dir.iterdir(), key=lambda p: p.stat().st_mtime)
+            assert len(files) == 2
+            whole = conn.catalogue.held([], set())
+        finally:
+            conn.close()
+        raw = bytearray(files[0].read_bytes())
+        raw[len(raw) - 40] ^= 0x01  # a length of the last entry: lookups would not notice
+        files[0].write_bytes(bytes(raw))
+        conn = Connection(repo, "origin")
+        try:
+            got = conn.catalogue.held([], set())
+            gone = {key for key in whole if key.startswith(layout.CHUNK_PACKS)} - set(got)
+            assert len(gone) == 1 and set(conn.catalogue.unread()) == gone
+        finally:
+            conn.close()
+    finally:
+        repo.close()

@@ -146,6 +146,7 @@ class Catalogue:
         self._writing = threading.RLock()
         self._hints: dict = {}  # object pack key -> its decoded where hint ({} if none)
         self._view: Optional[_View] = None
+        self._trusted: set = set()  # tables whose checksum this process checked, or which it wrote
 
     def shun(self, keys) -> None:
         """Treat the packs ``keys`` as absent in every lookup from now on (for this command)."""
@@ -405,7 +406,7 @@ class Catalogue:
         out = self.object_packs()
         view = self.view()
         for table, homed in zip(view.tables, view.homed):
-            rows = np.flatnonzero(homed[table.packs]) if len(table.names) else np.zeros(0, dtype=np.int64)
+            rows = np.flatnonzero(tables.live_of(homed, table.packs))
             packs = table.packs[rows]
             order = np.argsort(packs, kind="stable")
             rows, packs = rows[order], packs[order]
@@ -422,13 +423,31 @@ class Catalogue:
         every catalogued pack: a chunk pack's ids are needed if ``chunks`` has them (it yields
         (first byte, last byte + 1, sorted id array), as ``packindex.IdSpill.slices`` does), an
         object pack's if in ``objects``. For a remote gc's sweep, in bounded memory."""
+        view = self._checked()
         out = {key: (sum(1 for oid in ids if oid in objects), len(ids)) for key, ids in self.object_packs().items()}
         out.update(dict.fromkeys(self._homes_keys(), (0, 0)))  # a chunk pack whose trailer lists no record
-        view = self.view()
         for table, homed, (live, total) in zip(view.tables, view.homed, tables.held(view.tables, view.homed, chunks)):
             for k in np.flatnonzero(homed).tolist():
                 out[layout.pack_key(layout.CHUNK_PACKS, table.names[k])] = (int(live[k]), int(total[k]))
         return out
+
+    def _checked(self) -> _View:
+        """The view, each of its tables' checksums checked (once in this process: those it wrote
+        need none). One that fails is dropped, its packs noted unread: a count that a sweep
+        deletes by must not come from a damaged table (a pack not counted is kept)."""
+        while True:
+            view = self.view()
+            bad = []
+            for table in view.tables:
+                if table.name not in self._trusted:
+                    try:
+                        table.verify()
+                        self._trusted.add(table.name)
+                    except CorruptObject:
+                        bad.append(table.name)
+            if not bad:
+                return view
+            self._drop_tables(view.gen, bad)
 
     def pack_keys(self) -> set:
         """Keys of the packs catalogued (their trailers read) or listed unread."""
@@ -494,6 +513,7 @@ class Catalogue:
             return
         table = tables.write(self.tables_dir, [(layout.pack_name(key), ids, offsets, lengths)
                                                for key, ids, offsets, lengths, _, _ in packs])
+        self._trusted.add(table.name)
         with self._writing:
             with self.index.write() as txn:
                 gen, names = _listing(txn)
@@ -524,6 +544,8 @@ class Catalogue:
                 return
             inputs = view.tables[:k]
             merged = tables.merge(self.tables_dir, inputs, view.homed[:k])
+            if all(t.name in self._trusted for t in inputs):
+                self._trusted.add(merged.name)
             was = [t.name for t in inputs]
             with self.index.write() as txn:
                 gen, names = _listing(txn)

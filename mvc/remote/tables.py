@@ -123,8 +123,6 @@ class Table:
             at += count * np.dtype(dtype).itemsize
         if count and (int(self.fanout[-1]) != count or (np.diff(self.fanout.astype(np.int64)) < 0).any()):
             raise _damaged(self.path, "its fan-out table does not add up")
-        if len(self.packs) and int(self.packs.max(initial=0)) >= npacks:
-            raise _damaged(self.path, "an entry names a pack it does not list")
 
     @functools.cached_property
     def number(self) -> dict:
@@ -135,12 +133,15 @@ class Table:
         return len(self.heads)
 
     def verify(self) -> None:
-        """CorruptObject unless its checksum matches."""
+        """CorruptObject unless its checksum matches and every entry names a pack it lists."""
         check, view = _Checksum(), memoryview(self._buf).cast("B")
         for at in range(0, len(view) - DIGEST, 1 << 20):
             check.update(view[at:min(at + (1 << 20), len(view) - DIGEST)])
         if check.digest() != bytes(view[-DIGEST:]):
             raise _damaged(self.path, "its checksum does not match")
+        for _, _, s, t in _cuts(self.fanout, MERGE_BUDGET):
+            if t > s and int(self.packs[s:t].max()) >= len(self.names):
+                raise _damaged(self.path, "an entry names a pack it does not list")
 
     def span(self, first: int, last: int) -> tuple:
         """(start, stop) of the entries whose id's first byte is in [first, last)."""
@@ -150,6 +151,13 @@ class Table:
     def entries_of(self, numbers) -> np.ndarray:
         """Indices of the entries that name the packs ``numbers`` (one pass over the table)."""
         return np.flatnonzero(np.isin(self.packs, np.asarray(list(numbers), dtype="<u4")))
+
+
+def live_of(flags, packs: np.ndarray) -> np.ndarray:
+    """``flags[packs]``: whether each entry's pack is live, False for a pack number the table does
+    not list (a damaged table: ``Table`` does not read the whole column when it opens)."""
+    flags = np.append(np.asarray(flags, dtype=bool), False)
+    return flags[np.minimum(packs, len(flags) - 1)]
 
 
 def path_of(folder, name: str) -> Path:
@@ -217,16 +225,16 @@ def merge(folder, inputs: list, live: list) -> Table:
     def picked(k: int, b: int, e: int) -> dict:
         table = inputs[k]
         s, t = table.span(b, e)
-        sel = np.asarray(live[k], dtype=bool)[table.packs[s:t]] if len(table.names) else np.zeros(0, bool)
+        sel = live_of(live[k], table.packs[s:t])
         out = {column: getattr(table, column)[s:t][sel] for column, _ in COLUMNS}
         out["packs"] = maps[k][out["packs"]]
         return out
 
     counts = np.zeros(FANOUT, dtype=np.int64)
     for k, table in enumerate(inputs):
-        if len(table):
-            keep = np.asarray(live[k], dtype=bool)[table.packs]
-            counts += np.bincount((table.heads[keep] >> np.uint64(56)).astype(np.intp), minlength=FANOUT)
+        for _, _, s, t in _cuts(table.fanout, MERGE_BUDGET):
+            keep = live_of(live[k], table.packs[s:t])
+            counts += np.bincount((table.heads[s:t][keep] >> np.uint64(56)).astype(np.intp), minlength=FANOUT)
     fanout = np.cumsum(counts).astype("<u8")
 
     def parts() -> Iterator[dict]:
@@ -263,12 +271,12 @@ def locate(tables: list, live: list, ids: np.ndarray) -> tuple:
             continue
         lo = np.searchsorted(table.heads, heads[todo], "left")
         hi = np.searchsorted(table.heads, heads[todo], "right")
-        flags = np.asarray(live[t], dtype=bool)
+        flags = live[t]
         for step in range(int((hi - lo).max(initial=0))):  # most often one step: ids are unique
             open_ = (lo + step < hi) & (where[todo] < 0)
             at = (lo + step)[open_]
             mine = todo[open_]
-            ok = (table.rests[at] == rests[mine]) & flags[table.packs[at]]
+            ok = (table.rests[at] == rests[mine]) & live_of(flags, table.packs[at])
             where[mine[ok]], entry[mine[ok]] = t, at[ok]
     return where, entry
 
@@ -284,7 +292,7 @@ def distinct(tables: list, live: list) -> tuple:
         ids, lengths = [], []
         for table, flags in zip(tables, live):
             s, t = table.span(b, e)
-            sel = np.asarray(flags, dtype=bool)[table.packs[s:t]] if len(table.names) else slice(0, 0)
+            sel = live_of(flags, table.packs[s:t])
             ids.append(joined(table.heads[s:t][sel], table.rests[s:t][sel]))
             lengths.append(table.lengths[s:t][sel])
         if ids:
@@ -303,12 +311,12 @@ def held(tables: list, live: list, needed: Iterable[tuple]) -> list:
     for table, flags, (_, total) in zip(tables, live, out):
         for _, _, s, t in _cuts(table.fanout, MERGE_BUDGET):
             packs = table.packs[s:t]
-            total += np.bincount(packs[np.asarray(flags, dtype=bool)[packs]], minlength=len(table.names))
+            total += np.bincount(packs[live_of(flags, packs)], minlength=len(table.names))
     for b, e, ids in needed:
         for table, flags, (count, _) in zip(tables, live, out):
             s, t = table.span(b, e)
             packs = table.packs[s:t]
-            keep = np.asarray(flags, dtype=bool)[packs] if len(table.names) else np.zeros(0, dtype=bool)
+            keep = live_of(flags, packs)
             found = idarray.find(ids, joined(table.heads[s:t][keep], table.rests[s:t][keep])) >= 0
             count += np.bincount(packs[keep][found], minlength=len(table.names))
     return out

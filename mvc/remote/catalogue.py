@@ -364,8 +364,11 @@ class Catalogue:
             except NotFound:
                 return key, NotFound
         listed, batch = [], []
+        keys = sorted(stamps)
         with ThreadPoolExecutor(THREADS) as pool:
-            for key, entries in pool.map(read, sorted(stamps)):
+            # a window of trailers at a time: read ahead of the tables written, never all of them in memory
+            for key, entries in (got for at in range(0, len(keys), 2 * THREADS)
+                                 for got in pool.map(read, keys[at:at + 2 * THREADS])):
                 self.trailers_read += 1
                 if isinstance(entries, tuple):
                     entries, nbytes = entries

@@ -31,6 +31,12 @@ run. It prints µs per new chunk: the commit, hashing, writing, and the rest (bo
 wall time and in CPU time of the process (all threads; on a shared machine the steadier one).
 ``--profile FILE`` also writes a cProfile of one commit there.
 
+``--views P`` measures only the view of the registered packs: a pack registered (``Txn.register_pack``,
+which builds the view a commit then reads) in a repository of P registered packs, whose
+multi-pack indexes are those a process registering them one at a time would have written;
+milliseconds per registration, wall and CPU, in fresh processes (with ``--old``, that code's
+too, alternating).
+
 ``--old DIR`` (a folder holding an export of older mvc code, e.g. ``git archive REV mvc | tar -x
 -C DIR``) also runs ``fsck --quick`` and ``gc --dry-run`` of the chunk series with that code, each
 in a fresh process alternating with this code's, and prints their times and peak memory side
@@ -428,15 +434,99 @@ def _remote_part(repo, remote: Path, clone: Path, g, repeat: int, out: dict, old
     _catalogue_costs(clone, repeat, old, out)
 
 
+_VIEW = """
+import json, os, sys, time
+from pathlib import Path
+import numpy as np
+import mvc
+from mvc.store import idarray, index, packindex
+
+path, n, k, entries = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+repo = mvc.Repository.init(path, chunk_size=64)
+folder = repo.dir / "packs"
+rng = np.random.default_rng(n)
+names = [rng.bytes(16) for _ in range(n + k)]  # oldest first
+
+
+class Size:  # a tier of this many packs, for the merge policy
+    def __init__(self, packs):
+        self.packs = packs
+
+    def __len__(self):
+        return self.packs * entries
+
+
+tiers = []  # the tiers of a process that registered the n packs one at a time, newest first
+for _ in range(n):
+    tiers = packindex._fewer([Size(1)] + tiers, lambda group: Size(sum(t.packs for t in group)))
+fsync, os.fsync = os.fsync, lambda fd: None  # the setup's files: their durability is not measured
+newest_first, at = names[:n][::-1], 0
+for tier in tiers:  # each tier's file as that process left it, found on disk by the first view
+    group = newest_first[at:at + tier.packs]
+    at += tier.packs
+    where = packindex.pidx_path(folder, group[0]) if len(group) == 1 else packindex.midx_path(folder, group)
+    packindex.write(where, group, [np.frombuffer(rng.bytes(32 * entries), dtype=idarray.ID) for _ in group])
+for name in names[n:]:
+    packindex.write(packindex.pidx_path(folder, name), [name], [np.frombuffer(rng.bytes(32 * entries), dtype=idarray.ID)])
+with repo.index.write() as txn:
+    db = txn._packidx_db()
+    for seq, name in enumerate(names[:n]):
+        txn._txn.put(name, index.REGISTRATION.pack(seq, entries), db=db)
+    txn._txn.put(index.NEXT_SEQ, index._SEQ.pack(n), db=db)
+    txn._txn.put(index.VERSION, os.urandom(8), db=db)
+with repo.index.read() as txn:
+    view = txn._view()
+    assert len(view.names) == n and len(view.tiers) == len(tiers) and not view.broken
+os.fsync = fsync
+wall, cpu = time.perf_counter(), time.process_time()
+for name in names[n:]:  # as k commits register their packs, each in a write transaction of its own
+    with repo.index.write() as txn:
+        txn.register_pack(name, entries)
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+with repo.index.read() as txn:
+    assert len(txn._view().names) == n + k
+repo.close()
+print(json.dumps([wall / k, cpu / k]))
+"""
+VIEW_REGISTRATIONS = 50  # registrations timed per run of the view series
+VIEW_ENTRIES = 4  # chunk entries per pack there (the commit series' packs hold a few)
+
+
+def view_series(n: int, work: Path, repeat: int, old: str = "") -> dict:
+    """The registered-pack view alone: a pack registered (``Txn.register_pack``, its view built)
+    in a repository of ``n`` registered packs, whose multi-pack indexes are those a process that
+    registered them one at a time would have written; in a fresh process, this code and the code
+    at ``old`` alternating ``repeat`` times (milliseconds per registration, wall and CPU)."""
+    runs = {"": [], "old_": []}
+    for _ in range(repeat):
+        for tag, code in (("old_", old), ("", "")) if old else (("", ""),):
+            env = dict(os.environ)
+            if code:
+                env["PYTHONPATH"] = os.pathsep.join([code] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                              if p])
+            path = work / f"views-{n}"
+            shutil.rmtree(path, ignore_errors=True)
+            done = subprocess.run([sys.executable, "-c", _VIEW, str(path), str(n), str(VIEW_REGISTRATIONS),
+                                   str(VIEW_ENTRIES)], check=True, capture_output=True, text=True, env=env, cwd=work)
+            runs[tag].append(json.loads(done.stdout))
+            shutil.rmtree(path, ignore_errors=True)
+    out = dict(n=n)
+    for tag, got in runs.items():
+        if got:
+            out[f"{tag}register_ms"] = min(w for w, _ in got) * 1e3
+            out[f"{tag}register_cpu_ms"] = min(c for _, c in got) * 1e3
+    return out
+
+
 def commit_series(c: int, work: Path, repeat: int) -> dict:
     """Measurements of a repository with ``c`` commits of a small changing state."""
     repo = mvc.Repository.init(work / f"commits-{c}", chunk_size=CHUNK)
     w = torch.zeros(64)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for i in range(c):
         w[i % 64] += 1.0
         repo.commit({"w": w, "step": i}, f"step {i}", step=i, metrics={"loss": 1.0 / (i + 1)})
-    out = dict(n=c, build=time.perf_counter() - start)
+    out = dict(n=c, build=time.perf_counter() - start, build_cpu=time.process_time() - cpu)
     out["log_all"] = _best(lambda: sum(1 for _ in repo.log()), repeat)
     out["fsck_quick"], out["fsck_quick_cpu"] = _best_both(lambda: repo.fsck(quick=True), repeat)
     out["gc_plan"], out["gc_plan_cpu"] = _best_both(lambda: repo.gc(dry_run=True), repeat)
@@ -573,7 +663,7 @@ def report(chunks: list, commits: list, tensors: list) -> list:
                        "build, µs per chunk looked up, bytes per remote chunk entry; old_: the --old code", chunks,
                        [f"{old}catalogue_{what}" for what in ("refresh", "lookup_us", "bytes_per_chunk")
                         for old in ("", "old_") if any(f"{old}catalogue_refresh" in r for r in chunks)])
-    lines += table("commit series (seconds)", commits, ["build", "log_all", "fsck_quick", "gc_plan",
+    lines += table("commit series (seconds)", commits, ["build", "build_cpu", "log_all", "fsck_quick", "gc_plan",
                                                         "push_plan_all"]) if commits else []
     lines += table("tensor series (seconds)", tensors, ["commit", "commit_again", "load"]) if tensors else []
     lines += projection(chunks, commits, tensors)
@@ -650,6 +740,9 @@ def main():
                     "output (a file), measuring nothing")
     ap.add_argument("--index", default="", help="entries of the index series: the LMDB chunk table and pack "
                     "indexes side by side (comma separated; run alone with --chunks '' --commits '' --tensors '')")
+    ap.add_argument("--views", default="", help="registered packs of the view series: a pack registered (its view "
+                    "built) at that many, this code and --old side by side (comma separated; run alone with "
+                    "--chunks '' --commits '' --tensors '')")
     ap.add_argument("--bookkeeping", type=float, default=0, help="only a commit of this many new 64-byte chunks: "
                     "µs per new chunk, beyond hashing and writing")
     ap.add_argument("--profile", default="", help="with --bookkeeping: write a cProfile of one commit to this file")
@@ -685,6 +778,12 @@ def main():
             print("\n".join(table("index series (microseconds per entry or lookup; bytes per entry; "
                                    "old = LMDB chunk table, new = pack indexes)", rows, list(rows[0])[1:])))
         old = str(Path(args.old).resolve()) if args.old else ""
+        rows = [view_series(n, work, args.repeat, old) for n in _sizes(args.views)]
+        for row in rows:
+            print("measured " + " ".join(f"{k}={v:.6g}" for k, v in row.items()))
+        if rows:
+            print("\n".join(table("view series (milliseconds per pack registered, its view built, at n registered "
+                                   "packs; old_: the --old code)", rows, list(rows[0])[1:])))
         chunks = [_shown(chunk_series(n, work, args.repeat, not args.no_remote, old)) for n in _sizes(args.chunks)]
         commits = [_shown(commit_series(c, work, args.repeat)) for c in _sizes(args.commits)]
         tensors = [_shown(tensor_series(t, work, args.repeat)) for t in _sizes(args.tensors)]

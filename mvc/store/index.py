@@ -436,7 +436,7 @@ class Txn:
         """Make the pack index of pack ``name`` (``pack-<name>.pidx`` beside it, written and
         fsynced) part of the chunk index when this transaction commits, as the newest pack."""
         db = self._packidx_db()
-        before = self._known_packs()
+        known, before = self._known_view()
         raw = self._txn.get(NEXT_SEQ, db=db)
         if raw is not None and len(raw) == _SEQ.size:
             seq = _SEQ.unpack(raw)[0]
@@ -445,20 +445,23 @@ class Txn:
         self._txn.put(name, REGISTRATION.pack(seq, entries), db=db)
         self._txn.put(NEXT_SEQ, _SEQ.pack(seq + 1), db=db)
         self._txn.put(VERSION, os.urandom(8), db=db)
-        self._changed(None if before is None else ((seq, name),) + tuple(p for p in before if p[1] != name))
+        self.memo.pop("pack indexes", None)
+        if known:  # the view of the registry now, built from the one before: a tier more, not every pack again
+            folder, stamp = self.repo_dir / "packs", self.registry_stamp()
+            self.memo["pack indexes"] = packindex.registered(folder, ((seq, name),), stamp) if before is None \
+                else packindex.added(folder, before, seq, name, stamp)
 
-    def _known_packs(self) -> Optional[tuple]:
-        """The registered (sequence, name) pairs, newest first, as a view this process built for
-        the registry as it is now knows them; None if it has none (nothing is read)."""
+    def _known_view(self) -> tuple:
+        """(True, the view of the registry as it is now, None if it has no packs) where this process
+        has it without reading every registration, else (False, None)."""
         if "pack indexes" in self.memo:
-            view = self.memo["pack indexes"]
-            return () if view is None else view.packs
+            return True, self.memo["pack indexes"]
         view = packindex.unchanged(self.repo_dir / "packs", self.registry_stamp())
-        return None if view is None else view.packs
+        return view is not None, view
 
     def _changed(self, packs: Optional[tuple]) -> None:
         """The registry changed to ``packs`` (None: not known): the view of them, built from the one
-        before (one tier more or fewer), so that the transactions after this one find the registry
+        before (some tiers fewer), so that the transactions after this one find the registry
         as their view was built under instead of reading every registration again."""
         self.memo.pop("pack indexes", None)
         if packs is not None:
@@ -625,11 +628,11 @@ class Txn:
         if view is None or len(cid) != idarray.WIDTH:
             return None
         head, tail = int.from_bytes(cid[:8], "big"), int.from_bytes(cid[8:16], "big")
-        for tier, numbers in zip(view.tiers, view.numbers):
+        for tier in view.tiers:
             heads, j = tier.heads, int(tier.heads.searchsorted(np.uint64(head)))
             while j < len(heads) and int(heads[j]) == head:
                 if int(tier.tails[j]) == tail:
-                    name = view.names[int(numbers[int(tier.packs[j])])]
+                    name = tier.names[int(tier.packs[j])]
                     t = self._trailer(name)
                     row = int(tier.rows[j])
                     if t is MISSING or row >= len(t.table):  # a pack that cannot say where: offset 0

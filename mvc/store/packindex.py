@@ -39,7 +39,9 @@ the kernel keeps mapped (and may drop), not an array per entry in its own memory
 holds no file descriptor (``_mapped``), so thousands of packs can be mapped at once. Past
 MAX_TIERS tiers, runs of the newest are merged (``_fewer``, a geometric policy) into a
 multi-pack index ``multi-<id>.midx``, ``<id>`` naming the exact ordered list of packs it
-covers (``midx_path``):
+covers (``midx_path``). A commit's view is built from the one before (``added``): it shares
+that view's tiers and its list of packs (``_Order``, appended to), so it costs the new pack and
+the tiers, not every registered pack. The multi-pack indexes:
 
 - **derived data**: a cache of the packs' own ``.pidx`` files, written by whichever process
   first needs it (a reader too) under a name of its own, fsynced and renamed into place
@@ -58,12 +60,14 @@ covers (``midx_path``):
 
 import ctypes
 import mmap
+import operator
 import os
 import re
 import struct
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -518,6 +522,7 @@ class Tier:
         self.fanout = _fanout(heads) if fanout is None else fanout
         self.index = index
         self.trusted = not self.derived
+        self.placed = None  # (order, each pack's place there) as a view last numbered them: ``_placed``
 
     def __len__(self) -> int:
         return len(self.heads)
@@ -572,22 +577,139 @@ def _unlink(path: Path) -> None:
         pass
 
 
+class _Order:
+    """The registered packs oldest first ((sequence, name) as two lists, and {name: place}),
+    shared by the views built one from another so that a commit's view costs what its new pack
+    does, not a list of every pack: only ever appended to, so a view that sees its first
+    ``count`` sees the same packs however many a later view adds."""
+
+    def __init__(self, packs=()):
+        self.seqs = [seq for seq, _ in packs]
+        self.names = [name for _, name in packs]
+        self.place = {name: i for i, name in enumerate(self.names)}
+        self._lock = threading.Lock()
+
+    def extended(self, count: int, packs) -> "_Order":
+        """An order of this one's first ``count`` packs and then ``packs`` ((sequence, name),
+        oldest first): this one, appended to, where no view was built on its first ``count``
+        yet; else a copy (a view built on one that another was built on already, as after a
+        transaction that registered a pack and aborted)."""
+        with self._lock:
+            if len(self.names) == count:
+                for seq, name in packs:
+                    self.place[name] = len(self.names)
+                    self.seqs.append(seq)
+                    self.names.append(name)
+                return self
+        return _Order(list(zip(self.seqs[:count], self.names[:count])) + list(packs))
+
+
+class _Names(Sequence):
+    """A view's pack names, newest first (a pack's number is its place here), read through the
+    order it shares with the views built from it: no list of every pack per view."""
+
+    __slots__ = ("_order", "_count")
+
+    def __init__(self, order: _Order, count: int):
+        self._order, self._count = order, count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self._count))]
+        k = operator.index(k)
+        if k < 0:
+            k += self._count
+        if not 0 <= k < self._count:
+            raise IndexError("pack number out of range")
+        return self._order.names[self._count - 1 - k]
+
+    def __iter__(self):
+        return reversed(self._order.names[:self._count])
+
+    def __contains__(self, name) -> bool:
+        place = self._order.place.get(name)
+        return place is not None and place < self._count
+
+    def index(self, name, start: int = 0, stop: Optional[int] = None) -> int:
+        if name not in self:
+            raise ValueError(f"{name!r} is not a registered pack")
+        k = self._count - 1 - self._order.place[name]
+        if k < start or (stop is not None and k >= stop):
+            raise ValueError(f"{name!r} is not in that range")
+        return k
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (list, tuple, _Names)):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"_Names({list(self)!r})"
+
+
+def _placed(tier: "Tier", order: _Order) -> np.ndarray:
+    """Where each of ``tier``'s packs is in ``order`` (a view that sees ``count`` packs numbers
+    the tier's pack k ``count - 1 - places[k]``), kept with the tier: a pack's place never
+    changes, while its number changes with every newer pack."""
+    got = tier.placed
+    if got is None or got[0] is not order:
+        got = (order, np.array([order.place[n] for n in tier.names], dtype=np.int64))
+        tier.placed = got
+    return got[1]
+
+
 class Registered:
     """The pack indexes a transaction's snapshot registers, newest pack first, as a few tiers.
 
-    ``names``: the packs, newest first (a pack's number is its place here); ``broken``: {pack
-    name: why} of registered packs whose index file cannot be read (their chunks look absent).
-    Lookups (``locate``) prove every hit against its pack's trailer, so they search any tier;
-    walks (``entries``, ``counts``: fsck, gc) first check the checksum of each multi-pack index
-    (``trust``), since an entry missing there would look like a chunk that is not located."""
+    ``names``: the packs, newest first (a pack's number is its place here); ``packs``: their
+    (sequence, name) pairs, likewise; ``broken``: {pack name: why} of registered packs whose
+    index file cannot be read (their chunks look absent). Lookups (``locate``) prove every hit
+    against its pack's trailer, so they search any tier; walks (``entries``, ``counts``: fsck,
+    gc) first check the checksum of each multi-pack index (``trust``), since an entry missing
+    there would look like a chunk that is not located.
+
+    A view built from the one before (``added``) shares its list of packs (``_Order``) and its
+    tiers, and numbers a tier's packs from their places in that list when asked: a commit's view
+    costs its new pack and the tiers, not every registered pack."""
 
     def __init__(self, folder: Path, packs: tuple, tiers: list, broken: dict, stamp=None):
-        self.folder, self.packs, self.tiers, self.broken = folder, packs, tiers, broken
+        self._setup(folder, _Order(packs[::-1]), len(packs), tiers, broken, stamp)
+
+    @classmethod
+    def _of(cls, folder: Path, order: _Order, count: int, tiers: list, broken: dict, stamp) -> "Registered":
+        view = cls.__new__(cls)
+        view._setup(folder, order, count, tiers, broken, stamp)
+        return view
+
+    def _setup(self, folder, order: _Order, count: int, tiers: list, broken: dict, stamp) -> None:
+        self.folder, self.tiers, self.broken = folder, tiers, broken
         self.stamp = stamp  # the registry stamp it was built under (``unchanged``)
-        self.names = [name for _, name in packs]
-        number = {name: i for i, name in enumerate(self.names)}
-        self.numbers = [np.array([number[n] for n in tier.names], dtype=np.int64) for tier in tiers]
+        self._order, self._count = order, count
+        self.names = _Names(order, count)
+        self._packs = None
         self._lock = threading.Lock()
+
+    @property
+    def packs(self) -> tuple:
+        """(sequence, name) of the packs, newest first: made when first asked (a commit never asks)."""
+        if self._packs is None:
+            seqs, names = self._order.seqs[:self._count], self._order.names[:self._count]
+            self._packs = tuple(zip(reversed(seqs), reversed(names)))
+        return self._packs
+
+    def newest(self) -> Optional[int]:
+        """The sequence number of the newest pack (None: no packs)."""
+        return self._order.seqs[self._count - 1] if self._count else None
+
+    @property
+    def numbers(self) -> list:
+        """Per tier, the pack number of each of its packs (made when asked: O(packs))."""
+        return [self._count - 1 - _placed(tier, self._order) for tier in self.tiers]
 
     def locate(self, ids: np.ndarray, full_ids) -> tuple:
         """(pack number, row) per id of ``ids`` (an id array), -1 where no registered pack lists it;
@@ -596,13 +718,15 @@ class Registered:
         pack = np.full(len(ids), -1, dtype=np.int64)
         row = np.full(len(ids), -1, dtype=np.int64)
         todo = np.arange(len(ids))
-        for tier, numbers in zip(self.tiers, self.numbers):
+        top = self._count - 1
+        for tier in self.tiers:
             if not len(todo):
                 break
+            places = _placed(tier, self._order)
             want = ids[todo]
-            p, r = tier.candidates(want).verify(want, lambda k, rows: full_ids(int(numbers[k]), rows))
+            p, r = tier.candidates(want).verify(want, lambda k, rows: full_ids(top - int(places[k]), rows))
             hit = p >= 0
-            pack[todo[hit]], row[todo[hit]] = numbers[p[hit]], r[hit]
+            pack[todo[hit]], row[todo[hit]] = top - places[p[hit]], r[hit]
             todo = todo[~hit]
         return pack, row
 
@@ -626,17 +750,16 @@ class Registered:
                 fresh = merged_tier(self.folder, singles) if len(singles) > 1 else \
                     singles[0] if singles else Tier(names, *(np.zeros(0, dtype=d) for d in COLUMNS))
                 self.tiers[i] = fresh
-                number = {name: k for k, name in enumerate(self.names)}
-                self.numbers[i] = np.array([number[n] for n in fresh.names], dtype=np.int64)
 
     def entries(self, first: int, last: int) -> tuple:
         """(pack numbers, rows) of every entry whose id's first byte is in [first, last), all tiers."""
         self.trust()
         packs, rows = [], []
-        for tier, numbers in zip(self.tiers, self.numbers):
+        top = self._count - 1
+        for tier in self.tiers:
             start = _starts(tier.fanout)
             s, t = int(start[first]), int(start[last])
-            packs.append(numbers[tier.packs[s:t].astype(np.int64)])
+            packs.append(top - _placed(tier, self._order)[tier.packs[s:t].astype(np.int64)])
             rows.append(tier.rows[s:t].astype(np.int64))
         if not packs:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -669,17 +792,21 @@ def unchanged(folder, stamp) -> Optional[Registered]:
 
 def registered(folder, packs: tuple, stamp=None) -> Registered:
     """The Registered set of ``packs`` ((sequence, name), newest first) in pack folder ``folder``.
-    Built from the one built last for that folder where it can be (a new commit adds one small
-    tier), else from the multi-pack indexes on disk that cover runs of them, the packs' own
-    indexes for the rest; tiers past MAX_TIERS are merged (``_fewer``) into a multi-pack index.
-    ``stamp``: the registry's stamp these packs were read under (see ``unchanged``)."""
+    Built from the one built last for that folder where it can be (packs registered since, as
+    another process's commits add them: ``_extended``), else from the multi-pack indexes on disk
+    that cover runs of them, the packs' own indexes for the rest; tiers past MAX_TIERS are merged
+    (``_fewer``) into a multi-pack index. ``stamp``: the registry's stamp these packs were read
+    under (see ``unchanged``)."""
     folder = Path(folder)
     key = (os.getpid(), str(folder))
     with _VIEWS_LOCK:
         last = _VIEWS.get(key)
-    if last is not None and last.packs == packs:
+    if last is not None and len(last.names) == len(packs) and last.packs == packs:
         last.stamp = stamp
         return last
+    new = len(packs) - len(last.names) if last is not None else 0
+    if new > 0 and packs[new:] == last.packs:  # only newer packs than the last view's
+        return _remember(folder, _extended(folder, last, packs[:new], stamp))
     tiers, broken = _reuse(last, packs) if last is not None else ([], {})
     names = [name for _, name in packs]
     covered = {name for tier in tiers for name in tier.names} | set(broken)
@@ -705,8 +832,49 @@ def registered(folder, packs: tuple, stamp=None) -> Registered:
     if last is not None:  # packs taken out of the index: no mapping may keep their space
         kept = set(view.names)
         forget_trailer_views(folder / pack_filename(n) for n in last.names if n not in kept)
+    return _remember(folder, view)
+
+
+def added(folder, last: Registered, seq: int, name: bytes, stamp=None) -> Registered:
+    """The Registered set of ``last``'s packs and pack ``name`` registered as the newest, with
+    sequence number ``seq`` (a commit's): built from ``last`` (``_extended``) in time independent
+    of the number of packs, where ``name`` is new and newer than them; else as ``registered``
+    builds it."""
+    folder = Path(folder)
+    if name in last.names or (last.newest() is not None and seq <= last.newest()):
+        packs = [(seq, name)] + [p for p in last.packs if p[1] != name]
+        return registered(folder, tuple(sorted(packs, reverse=True)), stamp)
+    return _remember(folder, _extended(folder, last, ((seq, name),), stamp))
+
+
+def _extended(folder: Path, last: Registered, new: tuple, stamp) -> Registered:
+    """The Registered set of ``last``'s packs and ``new`` ((sequence, name), newest first, each
+    newer than every pack of ``last``): ``last``'s tiers and list of packs (appended to, not
+    copied), a tier per new pack, the newest tiers merged past MAX_TIERS. Costs the new packs and
+    the tiers (and the merges, whose sizes grow geometrically), not every registered pack."""
+    order = last._order.extended(last._count, new[::-1])
+    got, broken = [], dict(last.broken)
+    for seq, name in new:
+        single, why = _single(folder, name)
+        if single is None:
+            broken[name] = why
+            continue
+        single.placed = (order, np.array([order.place[name]], dtype=np.int64))
+        got.append(single)
+
+    def merged(group: list) -> Tier:
+        tier = merged_tier(folder, group)
+        if tier.names == [n for g in group for n in g.names]:  # numbered as the tiers it merges
+            tier.placed = (order, np.concatenate([_placed(g, order) for g in group]))
+        return tier
+    tiers = _fewer(got + last.tiers, merged)
+    return Registered._of(folder, order, last._count + len(new), tiers, broken, stamp)
+
+
+def _remember(folder: Path, view: Registered) -> Registered:
+    """``view``, kept as the one built last for pack folder ``folder`` (``unchanged``, ``registered``)."""
     with _VIEWS_LOCK:
-        _VIEWS[key] = view
+        _VIEWS[(os.getpid(), str(folder))] = view
     return view
 
 

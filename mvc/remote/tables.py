@@ -28,7 +28,7 @@ File layout (little-endian; ``docs/format.md`` 11.5)::
     offsets  entry count x u64: the record's data offset in its pack
     lengths  entry count x u32: its length
     (entries ascending by id, then pack number)
-    footer   the checksum of the pack indexes' files (``packindex._Checksum``), 32 bytes
+    footer   the checksum of the pack indexes' files (``packindex.write_summed``), 32 bytes
 """
 
 import functools
@@ -44,7 +44,8 @@ import numpy as np
 from ..errors import CorruptObject
 from ..store import idarray
 from ..store.fs import open_file
-from ..store.packindex import FANOUT, NAME, _Checksum, _cuts, _fanout, _mapped, _starts
+from ..store.packindex import (FANOUT, NAME, fanout_of, map_readonly, merge_group, slice_runs, slice_starts, summed,
+                               write_summed)
 
 MAGIC = b"MVCCTAB1"
 HEAD = struct.Struct("<8sIQ")
@@ -102,7 +103,7 @@ class Table:
         fd = open_file(self.path)
         try:
             size = os.fstat(fd).st_size
-            buf = _mapped(fd, size) if size else None
+            buf = map_readonly(fd, size) if size else None
         finally:
             os.close(fd)
         if size < HEAD.size or buf is None:
@@ -134,18 +135,15 @@ class Table:
 
     def verify(self) -> None:
         """CorruptObject unless its checksum matches and every entry names a pack it lists."""
-        check, view = _Checksum(), memoryview(self._buf).cast("B")
-        for at in range(0, len(view) - DIGEST, 1 << 20):
-            check.update(view[at:min(at + (1 << 20), len(view) - DIGEST)])
-        if check.digest() != bytes(view[-DIGEST:]):
+        if not summed(self._buf):
             raise _damaged(self.path, "its checksum does not match")
-        for _, _, s, t in _cuts(self.fanout, MERGE_BUDGET):
+        for _, _, s, t in slice_runs(self.fanout, MERGE_BUDGET):
             if t > s and int(self.packs[s:t].max()) >= len(self.names):
                 raise _damaged(self.path, "an entry names a pack it does not list")
 
     def span(self, first: int, last: int) -> tuple:
         """(start, stop) of the entries whose id's first byte is in [first, last)."""
-        starts = _starts(self.fanout)
+        starts = slice_starts(self.fanout)
         return int(starts[first]), int(starts[last])
 
     def entries_of(self, numbers) -> np.ndarray:
@@ -167,31 +165,16 @@ def path_of(folder, name: str) -> Path:
 def _write(folder, names: list, count: int, fanout: np.ndarray, parts) -> Table:
     """Write a table whose entries are ``parts()``'s column dicts, in order (each column in a pass
     of its own over them), under a new name: fsynced, renamed into place, opened."""
-    name = os.urandom(16).hex()
-    path = path_of(folder, name)
-    tmp = Path(str(path) + ".tmp")
-    check = _Checksum()
-    try:
-        with open(tmp, "wb") as f:
-            def out(data) -> None:
-                f.write(data)
-                check.update(data)
-            out(HEAD.pack(MAGIC, len(names), count))
-            out(b"".join(names))
-            out(fanout.astype("<u8").tobytes())
-            for column, dtype in COLUMNS:
-                for part in parts():
-                    out(np.ascontiguousarray(part[column]).astype(dtype).tobytes())
-            f.write(check.digest())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    path = path_of(folder, os.urandom(16).hex())
+
+    def pieces():
+        yield HEAD.pack(MAGIC, len(names), count)
+        yield b"".join(names)
+        yield fanout.astype("<u8").tobytes()
+        for column, dtype in COLUMNS:
+            for part in parts():
+                yield np.ascontiguousarray(part[column]).astype(dtype).tobytes()
+    write_summed(path, pieces())
     return Table(path)
 
 
@@ -208,7 +191,7 @@ def write(folder, packs: list) -> Table:
         packs=np.repeat(np.arange(len(packs), dtype="<u4"), [len(p[1]) for p in packs]),
         offsets=np.concatenate([np.asarray(p[2], dtype="<u8") for p in packs]) if packs else np.zeros(0, "<u8"),
         lengths=np.concatenate([np.asarray(p[3], dtype="<u4") for p in packs]) if packs else np.zeros(0, "<u4")))
-    return _write(folder, names, len(heads), _fanout(columns["heads"]), lambda: iter([columns]))
+    return _write(folder, names, len(heads), fanout_of(columns["heads"]), lambda: iter([columns]))
 
 
 def merge(folder, inputs: list, live: list) -> Table:
@@ -232,13 +215,13 @@ def merge(folder, inputs: list, live: list) -> Table:
 
     counts = np.zeros(FANOUT, dtype=np.int64)
     for k, table in enumerate(inputs):
-        for _, _, s, t in _cuts(table.fanout, MERGE_BUDGET):
+        for _, _, s, t in slice_runs(table.fanout, MERGE_BUDGET):
             keep = live_of(live[k], table.packs[s:t])
             counts += np.bincount((table.heads[s:t][keep] >> np.uint64(56)).astype(np.intp), minlength=FANOUT)
     fanout = np.cumsum(counts).astype("<u8")
 
     def parts() -> Iterator[dict]:
-        for b, e, _, _ in _cuts(fanout, MERGE_BUDGET):
+        for b, e, _, _ in slice_runs(fanout, MERGE_BUDGET):
             got = [picked(k, b, e) for k in range(len(inputs))]
             yield _in_order({column: np.concatenate([g[column] for g in got]) if got else np.zeros(0, dtype)
                              for column, dtype in COLUMNS})
@@ -247,15 +230,8 @@ def merge(folder, inputs: list, live: list) -> Table:
 
 def group(sizes: list) -> int:
     """How many of the newest tables (``sizes``, newest first) to merge into one now (0: none):
-    while there are more than MAX_TABLES, the newest as long as they hold at least half as many
-    entries as the next older one, so sizes grow geometrically (``packindex._fewer``'s policy)."""
-    if len(sizes) <= MAX_TABLES:
-        return 0
-    j, total = 1, sizes[0] + sizes[1]
-    while j + 1 < len(sizes) and (total * 2 > sizes[j + 1] or len(sizes) - j > MAX_TABLES):
-        j += 1
-        total += sizes[j]
-    return j + 1
+    the pack indexes' policy (``packindex.merge_group``), leaving at most MAX_TABLES."""
+    return merge_group(sizes, MAX_TABLES)
 
 
 def locate(tables: list, live: list, ids: np.ndarray) -> tuple:
@@ -286,9 +262,9 @@ def distinct(tables: list, live: list) -> tuple:
     a run of first-byte slices at a time (bounded memory)."""
     counts = np.zeros(FANOUT, dtype=np.int64)
     for table in tables:
-        counts += np.diff(_starts(table.fanout))
+        counts += np.diff(slice_starts(table.fanout))
     n = total = 0
-    for b, e, _, _ in _cuts(np.cumsum(counts), MERGE_BUDGET):
+    for b, e, _, _ in slice_runs(np.cumsum(counts), MERGE_BUDGET):
         ids, lengths = [], []
         for table, flags in zip(tables, live):
             s, t = table.span(b, e)
@@ -309,7 +285,7 @@ def held(tables: list, live: list, needed: Iterable[tuple]) -> list:
     first-byte slices at a time."""
     out = [(np.zeros(len(t.names), dtype=np.int64), np.zeros(len(t.names), dtype=np.int64)) for t in tables]
     for table, flags, (_, total) in zip(tables, live, out):
-        for _, _, s, t in _cuts(table.fanout, MERGE_BUDGET):
+        for _, _, s, t in slice_runs(table.fanout, MERGE_BUDGET):
             packs = table.packs[s:t]
             total += np.bincount(packs[live_of(flags, packs)], minlength=len(table.names))
     for b, e, ids in needed:

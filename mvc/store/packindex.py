@@ -36,7 +36,7 @@ An entry costs 24 bytes, whatever the number of packs.
 
 The view (``registered``): every tier is a file, memory-mapped, so a process holds the pages
 the kernel keeps mapped (and may drop), not an array per entry in its own memory; a mapping
-holds no file descriptor (``_mapped``), so thousands of packs can be mapped at once. Past
+holds no file descriptor (``map_readonly``), so thousands of packs can be mapped at once. Past
 MAX_TIERS tiers, runs of the newest are merged (``_fewer``, a geometric policy) into a
 multi-pack index ``multi-<id>.midx``, ``<id>`` naming the exact ordered list of packs it
 covers (``midx_path``). A commit's view is built from the one before (``added``): it shares
@@ -107,7 +107,7 @@ def _first_bytes(heads: np.ndarray) -> np.ndarray:
     return (heads >> np.uint64(56)).astype(np.intp)
 
 
-def _fanout(heads: np.ndarray) -> np.ndarray:
+def fanout_of(heads: np.ndarray) -> np.ndarray:
     return np.cumsum(np.bincount(_first_bytes(heads), minlength=FANOUT)).astype("<u8")
 
 
@@ -138,23 +138,19 @@ class _Checksum:
         return hashing.digest(b"".join(self.digests + [hashing.digest(bytes(self.pending))]))
 
 
-def _write_parts(path: Path, names: list, count: int, fanout: np.ndarray, parts, tmp=None) -> None:
-    """Write an index file whose entries are ``parts()``'s (heads, tails, packs, rows) slices, in
-    order; each column is written in a pass of its own over them. ``tmp``: the temporary name
-    (default ``path`` + ``.tmp``), deleted if the write fails."""
+def write_summed(path, pieces, tmp=None) -> None:
+    """Write ``pieces`` (bytes-like, in order) to ``path``, then their checksum (``_Checksum``, 32
+    bytes): under ``tmp`` (default ``path`` + ``.tmp``), fsynced and renamed into place; the
+    temporary file is deleted if the write fails. A derived file's writer (a pack index, a
+    remote catalogue's table) whose readers check it with ``summed``."""
+    path = Path(path)
     tmp = Path(str(path) + ".tmp") if tmp is None else Path(tmp)
     check = _Checksum()
     try:
         with open(tmp, "wb") as f:
-            def out(data: bytes) -> None:
-                f.write(data)
-                check.update(data)
-            out(HEAD.pack(MAGIC, len(names), count, PREFIX, bytes(3)))
-            out(b"".join(names))
-            out(fanout.astype("<u8").tobytes())
-            for column, dtype in enumerate(COLUMNS):
-                for part in parts():
-                    out(np.ascontiguousarray(part[column]).astype(dtype).tobytes())
+            for piece in pieces:
+                f.write(piece)
+                check.update(piece)
             f.write(check.digest())
             f.flush()
             os.fsync(f.fileno())
@@ -165,6 +161,29 @@ def _write_parts(path: Path, names: list, count: int, fanout: np.ndarray, parts,
         except OSError:
             pass
         raise
+
+
+def summed(buf) -> bool:
+    """Whether the file ``buf`` (its bytes, mapped) ends with the checksum ``write_summed`` gives
+    the bytes before it (read a block at a time)."""
+    check, view = _Checksum(), memoryview(buf).cast("B")
+    for at in range(0, len(view) - DIGEST, BLOCK):
+        check.update(view[at:min(at + BLOCK, len(view) - DIGEST)])
+    return check.digest() == bytes(view[-DIGEST:])
+
+
+def _write_parts(path: Path, names: list, count: int, fanout: np.ndarray, parts, tmp=None) -> None:
+    """Write an index file whose entries are ``parts()``'s (heads, tails, packs, rows) slices, in
+    order; each column is written in a pass of its own over them. ``tmp``: the temporary name
+    (default ``path`` + ``.tmp``), deleted if the write fails."""
+    def pieces():
+        yield HEAD.pack(MAGIC, len(names), count, PREFIX, bytes(3))
+        yield b"".join(names)
+        yield fanout.astype("<u8").tobytes()
+        for column, dtype in enumerate(COLUMNS):
+            for part in parts():
+                yield np.ascontiguousarray(part[column]).astype(dtype).tobytes()
+    write_summed(path, pieces(), tmp)
 
 
 def write(path, names: list, ids_by_pack: list) -> None:
@@ -179,7 +198,7 @@ def write(path, names: list, ids_by_pack: list) -> None:
     rows = np.concatenate([np.arange(len(x), dtype="<u4") for x in ids_by_pack]) if ids_by_pack else \
         np.zeros(0, dtype="<u4")
     columns = _sorted(heads, tails, packs, rows)
-    _write_parts(Path(path), list(names), len(ids), _fanout(columns[0]), lambda: iter([columns]))
+    _write_parts(Path(path), list(names), len(ids), fanout_of(columns[0]), lambda: iter([columns]))
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -189,7 +208,7 @@ _LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _FAILED = ctypes.c_void_p(-1).value
 
 
-def _mapped(fd: int, size: int):
+def map_readonly(fd: int, size: int):
     """The file ``fd`` read-only mapped, as a buffer that unmaps itself when its last view goes.
     Not ``mmap.mmap``: CPython's mapping keeps a descriptor open, and a view of many packs (or a
     merge of their indexes) would run out of them; the kernel's mapping needs none."""
@@ -219,7 +238,7 @@ class PackIndex:
                     self._map = f.read()
                 size = len(self._map)
             else:
-                self._map = _mapped(fd, size) if size else None
+                self._map = map_readonly(fd, size) if size else None
         finally:
             os.close(fd)
         if size < HEAD.size or self._map is None:
@@ -253,13 +272,10 @@ class PackIndex:
         """CorruptObject unless the checksum matches and the entries are sorted, in range and
         counted by the fan-out table: read a run of first-byte slices of about ``budget`` entries
         at a time (bounded memory whatever the index's size)."""
-        check, view = _Checksum(), memoryview(self._map).cast("B")
-        for at in range(0, len(view) - DIGEST, BLOCK):
-            check.update(view[at:min(at + BLOCK, len(view) - DIGEST)])
-        if check.digest() != bytes(view[-DIGEST:]):
+        if not summed(self._map):
             raise _damaged(self.path, "its checksum does not match")
-        starts = _starts(self.fanout)
-        for b, e, s, t in _cuts(self.fanout, budget):
+        starts = slice_starts(self.fanout)
+        for b, e, s, t in slice_runs(self.fanout, budget):
             heads, tails = self.heads[s:t], self.tails[s:t]
             down = (heads[1:] < heads[:-1]) | ((heads[1:] == heads[:-1]) & (tails[1:] < tails[:-1]))
             if down.any() or (t > s and int(self.packs[s:t].max()) >= len(self.names)):
@@ -288,7 +304,7 @@ class PackIndex:
         """(first byte, last byte + 1, entry start, entry stop) of runs of the 256 first-byte
         slices holding ``budget`` entries at most (one slice above it alone): the id space in
         pieces a planner can hold in bounded memory."""
-        return _cuts(self.fanout, budget)
+        return slice_runs(self.fanout, budget)
 
     def close(self) -> None:
         """Drop this object's arrays; the mapping goes with the last array that views it."""
@@ -355,7 +371,7 @@ def merge(path, inputs: list, budget: int = 1 << 22, tmp=None) -> None:
 
     def picked(k: int, b: int, e: int) -> tuple:
         """Input k's entries whose first byte is in [b, e): (heads, tails, packs, rows), its own packs only."""
-        idx, start = inputs[k], _starts(inputs[k].fanout)
+        idx, start = inputs[k], slice_starts(inputs[k].fanout)
         s, t = start[b], start[e]
         heads, tails, packs, rows = idx.heads[s:t], idx.tails[s:t], idx.packs[s:t], idx.rows[s:t]
         if not keep[k].all():
@@ -366,29 +382,29 @@ def merge(path, inputs: list, budget: int = 1 << 22, tmp=None) -> None:
     counts = np.zeros(FANOUT, dtype=np.int64)
     for k, idx in enumerate(inputs):
         if keep[k].all():
-            counts += np.diff(_starts(idx.fanout))
+            counts += np.diff(slice_starts(idx.fanout))
         else:
             for b in range(FANOUT):
                 counts[b] += len(picked(k, b, b + 1)[0])
     fanout = np.cumsum(counts).astype("<u8")
 
     def parts():
-        for b, e, _, _ in _cuts(fanout, budget):
+        for b, e, _, _ in slice_runs(fanout, budget):
             got = [picked(k, b, e) for k in range(len(inputs))]
             yield _sorted(*(np.concatenate([g[c] for g in got]).astype(d) if got else np.zeros(0, dtype=d)
                             for c, d in enumerate(COLUMNS)))
     _write_parts(Path(path), names, int(fanout[-1]), fanout, parts, tmp)
 
 
-def _starts(fanout: np.ndarray) -> np.ndarray:
+def slice_starts(fanout: np.ndarray) -> np.ndarray:
     """Where each first-byte slice starts, and the end: 257 offsets."""
     return np.concatenate([[0], fanout.astype(np.int64)])
 
 
-def _cuts(fanout: np.ndarray, budget: int) -> Iterator[tuple]:
+def slice_runs(fanout: np.ndarray, budget: int) -> Iterator[tuple]:
     """(first byte, last byte + 1, entry start, entry stop) of runs of first-byte slices holding
     ``budget`` entries at most (one slice above it alone)."""
-    starts, b = _starts(fanout), 0
+    starts, b = slice_starts(fanout), 0
     while b < FANOUT:
         e = b + 1
         while e < FANOUT and starts[e + 1] - starts[b] <= budget:
@@ -444,7 +460,7 @@ class IdSpill:
         self._pending, self._size = [], 0
         first = np.ascontiguousarray(ids).view(np.uint8).reshape(len(ids), idarray.WIDTH)[:, 0]
         order = np.argsort(first, kind="stable")
-        starts = _starts(np.cumsum(np.bincount(first, minlength=FANOUT)))
+        starts = slice_starts(np.cumsum(np.bincount(first, minlength=FANOUT)))
         ids = ids[order]
         for b in np.flatnonzero(np.diff(starts)).tolist():
             with open(self.folder / f"{b:02x}", "ab") as f:
@@ -454,7 +470,7 @@ class IdSpill:
     def slices(self, budget: int) -> Iterator[tuple]:
         """(first byte, last byte + 1, sorted unique id array of the ids added there)."""
         self.flush()
-        for b, e, _, _ in _cuts(np.cumsum(self.counts), budget):
+        for b, e, _, _ in slice_runs(np.cumsum(self.counts), budget):
             parts = [np.fromfile(self.folder / f"{x:02x}", dtype=idarray.ID) for x in range(b, e) if self.counts[x]]
             yield b, e, _unique(np.concatenate(parts) if parts else np.zeros(0, dtype=idarray.ID))
 
@@ -475,7 +491,7 @@ def classify(index: PackIndex, spill: IdSpill, full_ids, budget: int = 1 << 20) 
     """Per run of first-byte slices, a walk's ids against the index: (ids, pack number and row
     of each, -1 where the index lacks it, and the index positions of the entries none of the
     ids uses: garbage). What gc's sweep and fsck's locate step need, a slice at a time."""
-    starts = _starts(index.fanout)
+    starts = slice_starts(index.fanout)
     for b, e, ids in spill.slices(budget):
         s, t = int(starts[b]), int(starts[e])
         found = index.candidates(ids, s, t)
@@ -519,7 +535,7 @@ class Tier:
 
     def __init__(self, names: list, heads, tails, packs, rows, fanout=None, index: Optional[PackIndex] = None):
         self.names, self.heads, self.tails, self.packs, self.rows = names, heads, tails, packs, rows
-        self.fanout = _fanout(heads) if fanout is None else fanout
+        self.fanout = fanout_of(heads) if fanout is None else fanout
         self.index = index
         self.trusted = not self.derived
         self.placed = None  # (order, each pack's place there) as a view last numbered them: ``_placed``
@@ -757,7 +773,7 @@ class Registered:
         packs, rows = [], []
         top = self._count - 1
         for tier in self.tiers:
-            start = _starts(tier.fanout)
+            start = slice_starts(tier.fanout)
             s, t = int(start[first]), int(start[last])
             packs.append(top - _placed(tier, self._order)[tier.packs[s:t].astype(np.int64)])
             rows.append(tier.rows[s:t].astype(np.int64))
@@ -770,7 +786,7 @@ class Registered:
         self.trust()
         out = np.zeros(FANOUT, dtype=np.int64)
         for tier in self.tiers:
-            out += np.diff(_starts(tier.fanout))
+            out += np.diff(slice_starts(tier.fanout))
         return out
 
 
@@ -1011,15 +1027,23 @@ def _reuse(last: Registered, packs: tuple) -> tuple:
     return tiers, {n: why for n, why in last.broken.items() if n in keep}
 
 
+def merge_group(sizes: list, most: int) -> int:
+    """How many of the newest of files of ``sizes`` entries (newest first) to merge into one now
+    (0: none): where there are more than ``most``, the newest as long as they hold at least half
+    as many entries as the next older one (and enough that at most ``most`` are left), so sizes
+    grow geometrically and each entry is merged a few times at most."""
+    if len(sizes) <= most:
+        return 0
+    j, total = 1, sizes[0] + sizes[1]
+    while j + 1 < len(sizes) and (total * 2 > sizes[j + 1] or len(sizes) - j > most):
+        j += 1
+        total += sizes[j]
+    return j + 1
+
+
 def _fewer(tiers: list, merged=merge_tiers) -> list:
     """``tiers`` (newest first) with runs of the newest merged (``merged``) while there are more
-    than MAX_TIERS: each merge takes the newest tiers as long as they hold at least half as many
-    entries as the next older one, so sizes grow geometrically and each entry is merged a few
-    times at most."""
-    while len(tiers) > MAX_TIERS:
-        j, total = 1, len(tiers[0]) + len(tiers[1])
-        while j + 1 < len(tiers) and (total * 2 > len(tiers[j + 1]) or len(tiers) - j > MAX_TIERS):
-            j += 1
-            total += len(tiers[j])
-        tiers = [merged(tiers[:j + 1])] + tiers[j + 1:]
+    than MAX_TIERS (``merge_group``)."""
+    while k := merge_group([len(t) for t in tiers], MAX_TIERS):
+        tiers = [merged(tiers[:k])] + tiers[k:]
     return tiers

@@ -44,7 +44,7 @@ import numpy as np
 from ..errors import CorruptObject
 from ..store import idarray
 from ..store.fs import open_file
-from ..store.packindex import (FANOUT, NAME, fanout_of, map_readonly, merge_group, slice_runs, slice_starts, summed,
+from ..store.packindex import (FANOUT, NAME, delete_stale, fanout_of, map_readonly, merge_group, slice_runs, slice_starts, summed,
                                write_summed)
 
 MAGIC = b"MVCCTAB1"
@@ -302,21 +302,13 @@ def sweep(folder, listed: set) -> list:
     """Delete the table files of ``folder`` no list names (``listed``: their names), and the
     temporary files of killed writers, once GRACE_S old (a younger one may be a write in
     progress in another process); returns the paths deleted."""
-    gone = []
     try:
         with os.scandir(folder) as it:
             found = [Path(e.path) for e in it if (FILE.fullmatch(e.name) and e.name[:32] not in listed)
                      or TMP.fullmatch(e.name)]
     except OSError:
-        return gone
-    for path in found:
-        try:
-            if time.time() - os.lstat(path).st_mtime > GRACE_S:
-                os.unlink(path)
-                gone.append(path)
-        except OSError:
-            pass
-    return gone
+        return []
+    return delete_stale(found, GRACE_S)
 
 
 def unlink(path: Path) -> None:

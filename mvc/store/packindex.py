@@ -992,12 +992,19 @@ def collect(folder) -> list:
             tmps = [Path(e.path) for e in it if MIDX_TMP.fullmatch(e.name)]
     except OSError:
         tmps = []
-    for path in tmps:
+    return gone + delete_stale(tmps, TMP_GRACE_S)
+
+
+def delete_stale(paths, grace: float) -> list:
+    """Delete those of ``paths`` untouched for ``grace`` seconds (a younger one may be a write in
+    progress in another process); the paths deleted."""
+    gone = []
+    for path in paths:
         try:
-            if time.time() - os.lstat(path).st_mtime > TMP_GRACE_S:
+            if time.time() - os.lstat(path).st_mtime > grace:
                 os.unlink(path)
                 gone.append(path)
-        except OSError:
+        except OSError:  # gone already, or a read-only folder
             pass
     return gone
 

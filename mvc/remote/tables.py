@@ -35,7 +35,6 @@ import functools
 import os
 import re
 import struct
-import time
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
@@ -44,8 +43,8 @@ import numpy as np
 from ..errors import CorruptObject
 from ..store import idarray
 from ..store.fs import open_file
-from ..store.packindex import (FANOUT, NAME, delete_stale, fanout_of, map_readonly, merge_group, slice_runs, slice_starts, summed,
-                               write_summed)
+from ..store.packindex import (FANOUT, NAME, delete_stale, fanout_of, map_readonly, merge_group, slice_runs,
+                               slice_starts, summed, write_summed)
 
 MAGIC = b"MVCCTAB1"
 HEAD = struct.Struct("<8sIQ")

@@ -194,13 +194,15 @@ def main() -> None:
     print(f"{'chunk':>8} {'chunks':>7} {'commit':>8} {'/save':>6} {'packs':>9} {'index':>9} {'idx/chunk':>9} "
           f"{'edit':>7} {'/save':>6} {'edit wrote':>11} {'dense':>7} {'/save':>6} {'dense wrote':>11} "
           f"{'load':>7} {'/load':>6}")
+    figures = {size: dict(rows[size], **{op: best.t[(op, size)] for op in ("commit", "edit", "dense", "load")})
+               for size in sizes}  # one record per size: the table and the measured lines print the same values
     for size in sizes:
-        r, t = rows[size], best.t
-        print(f"{size // KiB:>5}KiB {r['chunks']:>7} {t[('commit', size)]:7.3f}s {t[('commit', size)] / save:6.3f} "
-              f"{r['packs'] / MiB:8.1f}M {r['index'] / KiB:8.1f}K {r['index'] / r['chunks']:9.0f} "
-              f"{t[('edit', size)]:6.3f}s {t[('edit', size)] / save:6.3f} {r['edit_bytes'] / MiB:10.2f}M "
-              f"{t[('dense', size)]:6.3f}s {t[('dense', size)] / save:6.3f} {r['dense_bytes'] / MiB:10.1f}M "
-              f"{t[('load', size)]:6.3f}s {t[('load', size)] / load:6.3f}")
+        f = figures[size]
+        print(f"{size // KiB:>5}KiB {f['chunks']:>7} {f['commit']:7.3f}s {f['commit'] / save:6.3f} "
+              f"{f['packs'] / MiB:8.1f}M {f['index'] / KiB:8.1f}K {f['index'] / f['chunks']:9.0f} "
+              f"{f['edit']:6.3f}s {f['edit'] / save:6.3f} {f['edit_bytes'] / MiB:10.2f}M "
+              f"{f['dense']:6.3f}s {f['dense'] / save:6.3f} {f['dense_bytes'] / MiB:10.1f}M "
+              f"{f['load']:6.3f}s {f['load'] / load:6.3f}")
     if repacked:
         changed = args.rows * state["w0"].shape[1] * state["w0"].element_size()
         print(f"\nthe small edit once repacked (bytes of the {args.rows} rows that changed: {changed / KiB:.0f} KiB)")
@@ -210,11 +212,9 @@ def main() -> None:
             print(f"{size // KiB:>5}KiB {base / MiB:8.1f}M {both / MiB:9.1f}M {(both - base) / KiB:10.0f}K "
                   f"{(both - base) / changed:10.2f} {seconds:7.2f}s")
     for size in sizes:
-        r, t = rows[size], best.t
-        print(f"measured chunk={size} chunks={r['chunks']} commit={t[('commit', size)]:.4f} "
-              f"edit={t[('edit', size)]:.4f} dense={t[('dense', size)]:.4f} load={t[('load', size)]:.4f} "
-              f"save={save:.4f} torch_load={load:.4f} packs={r['packs']} index={r['index']} "
-              f"edit_bytes={r['edit_bytes']} dense_bytes={r['dense_bytes']}"
+        f = dict(figures[size], save=save, torch_load=load)
+        print(f"measured chunk={size} " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                                                   for k, v in f.items())
               + (f" repacked_base={repacked[size][0]} repacked_edit={repacked[size][1]}" if repacked else ""))
 
 

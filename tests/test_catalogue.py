@@ -1,5 +1,7 @@
 """The catalogue of a remote: what a refresh reads again after this repository's own push."""
 
+from contextlib import closing
+
 import pytest
 import torch
 
@@ -28,12 +30,9 @@ def remote(request, tmp_path):
 
 def refresh(repo) -> tuple:
     """(new packs, trailers read) of a refresh of origin's catalogue."""
-    conn = Connection(repo, "origin")
-    try:
+    with closing(Connection(repo, "origin")) as conn:
         new = conn.catalogue.refresh(conn.bucket)
         return new, conn.catalogue.trailers_read
-    finally:
-        conn.close()
 
 
 def test_a_refresh_after_a_push_reads_none_of_the_trailers_the_push_wrote(remote, tmp_path):
@@ -53,21 +52,15 @@ def test_a_pack_changed_after_its_upload_is_read_again_and_left_out(remote, tmp_
     url, endpoint, put = remote
     repo = pushed_repo(tmp_path / "a", url, endpoint, [(state(0), "first")], CHUNK)
     try:
-        conn = Connection(repo, "origin")
-        try:
+        with closing(Connection(repo, "origin")) as conn:
             key, size = next((k, n) for k, n, _ in conn.bucket.list_stamps(layout.CHUNK_PACKS))
             data = conn.bucket.get(key)
             ids = conn.catalogue.pack_ids()[key]
-        finally:
-            conn.close()
         put(key, data[:size // 2])  # cut short before any listing was read: not the pack sent
         assert refresh(repo)[1] == 1
-        conn = Connection(repo, "origin")
-        try:
+        with closing(Connection(repo, "origin")) as conn:
             assert key not in conn.catalogue.pack_ids()  # its damaged trailer: not relied on
             assert not conn.catalogue.chunks(ids, complete=False)
-        finally:
-            conn.close()
     finally:
         repo.close()
 
@@ -237,24 +230,18 @@ def test_a_damaged_table_makes_its_packs_unread_and_lookups_read_them_again(remo
     url, endpoint, _ = remote
     repo = pushed_repo(tmp_path / "a", url, endpoint, [(state(0), "first"), (state(1), "second")], CHUNK)
     try:
-        conn = Connection(repo, "origin")
-        try:
+        with closing(Connection(repo, "origin")) as conn:
             ids = {k: v for k, v in conn.catalogue.pack_ids().items() if k.startswith(layout.CHUNK_PACKS)}
             files = sorted(conn.catalogue.tables_dir.iterdir())
-        finally:
-            conn.close()
         with open(files[0], "r+b") as f:  # cut short
             f.truncate(f.seek(0, 2) - 7)
-        conn = Connection(repo, "origin")
-        try:
+        with closing(Connection(repo, "origin")) as conn:
             want = [cid for v in ids.values() for cid in v]
             assert set(conn.catalogue.chunks(want, complete=False)) < set(want)
             assert conn.catalogue.unread()
             assert set(conn.catalogue.chunks(want)) == set(want)  # read again from the remote
             assert conn.catalogue.trailers_read >= 1
             assert not files[0].exists()
-        finally:
-            conn.close()
         assert repo.load("HEAD~1")["step"] == 0
     finally:
         repo.close()
@@ -267,12 +254,9 @@ def test_a_catalogue_from_before_the_tables_is_converted_and_read_again(remote, 
     url, endpoint, _ = remote
     repo = pushed_repo(tmp_path / "a", url, endpoint, [(state(0), "first")], CHUNK)
     try:
-        conn = Connection(repo, "origin")
-        try:
+        with closing(Connection(repo, "origin")) as conn:
             listed = [(k, n, s) for k, n, s in conn.bucket.list_stamps(layout.CHUNK_PACKS)]
             old = {k: read_trailer(conn.bucket, k) for k, _, _ in listed}
-        finally:
-            conn.close()
         forget(repo.dir, "origin")
         folder(repo.dir, "origin").mkdir(parents=True)
         index = Index(folder(repo.dir, "origin"), create=True)
@@ -283,8 +267,7 @@ def test_a_catalogue_from_before_the_tables_is_converted_and_read_again(remote, 
                 txn.put_meta("pack:" + key, encoding.pack([cid for cid, _, _ in old[key]]))
                 txn.put_meta("stamp:" + key, encoding.pack([size, stamp]))
         index.close()
-        conn = Connection(repo, "origin")
-        try:
+        with closing(Connection(repo, "origin")) as conn:
             assert set(conn.catalogue.unread()) == {k for k, _, _ in listed}
             with conn.catalogue.index.read() as txn:
                 assert txn.meta(FORMAT) == b"2" and not list(txn.ids("chunks"))
@@ -292,8 +275,6 @@ def test_a_catalogue_from_before_the_tables_is_converted_and_read_again(remote, 
             got = conn.catalogue.chunks(want)
             assert {cid: (loc.offset, loc.length) for cid, loc in got.items()} == \
                 {cid: (o, n) for entries in old.values() for cid, o, n in entries}
-        finally:
-            conn.close()
     finally:
         repo.close()
 
@@ -308,11 +289,8 @@ def test_a_refresh_of_many_trailers_merges_its_tables_once(tmp_path, monkeypatch
         for i in (1, 2):  # a pack a push
             repo.commit(state(i), f"c{i}")
             repo.remotes.push()
-        conn = Connection(repo, "origin")
-        try:
+        with closing(Connection(repo, "origin")) as conn:
             packs = [k for k, _, _ in conn.bucket.list_stamps(layout.CHUNK_PACKS)]
-        finally:
-            conn.close()
         assert len(packs) == 3
         monkeypatch.setattr(module, "FLUSH", 1)  # a table per trailer
         monkeypatch.setattr(tables, "MAX_TABLES", 1)
@@ -321,13 +299,10 @@ def test_a_refresh_of_many_trailers_merges_its_tables_once(tmp_path, monkeypatch
         monkeypatch.setattr(tables, "merge", lambda folder, inputs, live: merges.append(len(inputs)) or
                             real(folder, inputs, live))
         module.forget(repo.dir, "origin")
-        conn = Connection(repo, "origin")
-        try:
+        with closing(Connection(repo, "origin")) as conn:
             conn.catalogue.refresh(conn.bucket)
             assert merges == [len(packs)]
             assert len(list(conn.catalogue.tables_dir.iterdir())) == 1
-        finally:
-            conn.close()
         assert repo.load("HEAD~2")["step"] == 0
     finally:
         repo.close()
@@ -341,22 +316,16 @@ def test_a_table_with_a_flipped_bit_is_never_counted_by_a_sweep(tmp_path):
     try:
         repo.commit(state(1), "c1")
         repo.remotes.push()  # a second pack, a second table
-        conn = Connection(repo, "origin")
-        try:
+        with closing(Connection(repo, "origin")) as conn:
             files = sorted(conn.catalogue.tables_dir.iterdir(), key=lambda p: p.stat().st_mtime)
             assert len(files) == 2
             whole = conn.catalogue.held([], set())
-        finally:
-            conn.close()
         raw = bytearray(files[0].read_bytes())
         raw[len(raw) - 40] ^= 0x01  # a length of the last entry: lookups would not notice
         files[0].write_bytes(bytes(raw))
-        conn = Connection(repo, "origin")
-        try:
+        with closing(Connection(repo, "origin")) as conn:
             got = conn.catalogue.held([], set())
             gone = {key for key in whole if key.startswith(layout.CHUNK_PACKS)} - set(got)
             assert len(gone) == 1 and set(conn.catalogue.unread()) == gone
-        finally:
-            conn.close()
     finally:
         repo.close()

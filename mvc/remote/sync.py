@@ -879,7 +879,7 @@ def _plan_fetch(repo, conn: Connection, tips: list, lazy: bool) -> tuple:
                     inc.pruned_here = tuple(sorted(oid.hex() for oid in away))
                 seen: set = set()
                 absent = _absent_chunks(repo, txn, conn, tips, inc, fetched, seen) if lazy else \
-                    [cid for cid in inc.chunks if not conn.catalogue.has_chunk(cid)]
+                    _unlisted(conn.catalogue, inc.chunks)
                 if lazy and not absent:
                     inc.lost = _lost_here(repo, txn, conn, inc, fetched, seen)
             if absent:
@@ -901,6 +901,13 @@ def _lost_here(repo, txn, conn: Connection, inc: _Incoming, fetched: dict, seen:
         return len(_absent_chunks(repo, txn, conn, mine, inc, fetched, seen))
     except MvcError:
         return 0
+
+
+def _unlisted(catalogue, ids) -> list:
+    """Those of chunk ids ``ids`` the remote's catalogue does not list, in one batched lookup (a
+    lookup an id costs the tables' search overhead each time)."""
+    held = catalogue.chunks(ids)
+    return [cid for cid in ids if cid not in held]
 
 
 def _absent_chunks(repo, txn, conn: Connection, tips: list, inc: _Incoming, fetched: dict,

@@ -100,17 +100,20 @@ class Shards:
 
             def publish(txn):
                 batch.publish(txn)
-                for obj, _ in objs.values():
-                    for cid, _, n in obj.chunk_spans():
-                        loc = txn.chunk(cid)
-                        if loc is not None:
-                            size = loc.size  # decoded (a repacked record may be encoded)
-                        else:  # written by a rank on another host: it must be on the cached remote
-                            size = self.repo.chunks.length(cid, txn) if self.repo.chunks.has(cid, txn) else None
-                        if size != n:
-                            raise BadInput(f"chunk {cid.hex()[:12]} of a sharded save is neither written by a "
-                                           "rank nor in the repository (gc ran meanwhile?); nothing was "
-                                           "committed, save again")
+                spans = [(cid, n) for obj, _ in objs.values() for cid, _, n in obj.chunk_spans()]
+                sizes, elsewhere = {}, []
+                for cid, _ in spans:
+                    loc = txn.chunk(cid)
+                    if loc is not None:
+                        sizes[cid] = loc.size  # decoded (a repacked record may be encoded)
+                    else:  # written by a rank on another host: it must be on the cached remote
+                        elsewhere.append(cid)
+                sizes.update(self.repo.chunks.lengths(elsewhere, txn))  # asked together: one remote lookup
+                for cid, n in spans:
+                    if sizes.get(cid) != n:
+                        raise BadInput(f"chunk {cid.hex()[:12]} of a sharded save is neither written by a "
+                                       "rank nor in the repository (gc ran meanwhile?); nothing was "
+                                       "committed, save again")
             with self.repo.index.write() as txn:
                 oid, obj = commits.land(self.repo, txn, start["ref"], start["parent"], False, me, record, publish,
                                         {tid: data for tid, (_, data) in objs.items()}, tree_data)

@@ -465,6 +465,25 @@ def v_check_packs(k):
     k.check_all()
 
 
+def v_lengths(k):
+    """``ChunkStore.lengths`` of every chunk of the history at once (a lazy clone's looked up in its
+    remote's catalogue together): each one's length as its tensor's chunk spans say, an id no
+    store holds left out; the same as ``length`` one id at a time."""
+    spans = {}
+    for oid in k.truth:
+        for entry in k.repo.entries(oid):
+            if entry.kind == "tensor":
+                with k.repo.index.read() as txn:
+                    obj = k.repo.objects.tensor(txn, bytes.fromhex(entry.tensor_id))
+                spans.update((cid, n) for cid, _, n in obj.chunk_spans())
+    assert spans, k.name
+    nowhere = b"\xee" * 32
+    with k.repo.index.read() as txn:
+        got = k.repo.chunks.lengths(list(spans) + [nowhere], txn)
+        assert got == spans, k.name
+        assert {cid: k.repo.chunks.length(cid, txn) for cid in spans} == spans
+
+
 def _gc(k, **kwargs):
     if _refuses_when_read_only(k, lambda: k.repo.gc(grace=0, **kwargs)):
         return

@@ -330,6 +330,14 @@ class CacheStore(Forwarding):
         absent = self.inner.missing(ids, txn)
         return absent - set(self.conn.catalogue.chunks(absent)) if absent else set()
 
+    def lengths(self, ids, txn) -> dict:
+        ids = list(ids)
+        absent = self.inner.missing(ids, txn)
+        out = self.inner.lengths([cid for cid in ids if cid not in absent], txn)
+        # remote records are raw: stored and decoded lengths agree
+        out.update((cid, loc.length) for cid, loc in self.conn.catalogue.chunks(absent).items())
+        return out
+
     def remote_only(self, ids, txn) -> set:
         absent = set()
         for cid in ids:

@@ -216,6 +216,13 @@ class ChunkStore(ABC):
         """The chunk's decoded length: what a read's buffer must hold."""
         return self.locate(cid, txn, what).size
 
+    def lengths(self, ids: Iterable[bytes], txn) -> dict:
+        """{id: decoded length} of those of ``ids`` this store can read (a store that looks ids up
+        elsewhere asks for them together)."""
+        ids = list(ids)
+        absent = self.missing(ids, txn)
+        return {cid: self.length(cid, txn) for cid in ids if cid not in absent}
+
     @abstractmethod
     def records(self, txn) -> Iterator[tuple]:
         """(id, Location) of every record this store holds locally (what compaction may rewrite)."""
